@@ -1,1 +1,19 @@
-//! reference
+//! The CPU reference interpreter of tile-kernel launches: the executable specification of tilegrad
+//! (the embedded default backend, like Triton's `TRITON_INTERPRET=1`).
+//!
+//! A [`Launch`] runs every program instance of its grid (in parallel, with results identical for
+//! any thread count) with the launch semantics of tilegrad's design: a load sees the launch's
+//! initial memory overlaid with the program's own earlier stores; masked-off lanes yield `other`;
+//! an unmasked out-of-bounds lane is an error naming kernel, op, source location, program id, lane
+//! and offset; cross-program write/write and write/read conflicts are races, found from the access
+//! sets; `atomic_add` contributions are summed in a deterministic order.
+#![warn(missing_docs)]
+
+mod error;
+mod exec;
+mod launch;
+mod tensor;
+
+pub use error::{ExecError, Race, RaceKind, Site};
+pub use launch::{Arg, Grid, Launch, LaunchSummary, Memory, Options, RaceMode, TensorId};
+pub use tensor::{round_bf16, round_f16, round_to, Data, HostTensor};

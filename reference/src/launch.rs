@@ -1,0 +1,294 @@
+//! Launches: a kernel, a grid and arguments bound by parameter name, run against a [`Memory`] of
+//! named host tensors.
+
+use crate::error::ExecError;
+use crate::tensor::HostTensor;
+use std::collections::BTreeMap;
+use tilegrad_ir::{DType, Inst, Kernel, Lit, Loc, ParamKind};
+
+/// Identifies a tensor in a [`Memory`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(pub u32);
+
+/// The tensors a launch may read and write, each with a name used in diagnostics.
+#[derive(Clone, Debug, Default)]
+pub struct Memory {
+    tensors: Vec<(String, HostTensor)>,
+}
+
+impl Memory {
+    /// An empty memory.
+    pub fn new() -> Memory {
+        Memory::default()
+    }
+
+    /// Adds a tensor.
+    pub fn add(&mut self, name: &str, t: HostTensor) -> TensorId {
+        self.tensors.push((name.to_string(), t));
+        TensorId(self.tensors.len() as u32 - 1)
+    }
+
+    /// A tensor. Panics on an id from another memory.
+    pub fn get(&self, id: TensorId) -> &HostTensor {
+        &self.tensors[id.0 as usize].1
+    }
+
+    /// A tensor, mutably.
+    pub fn get_mut(&mut self, id: TensorId) -> &mut HostTensor {
+        &mut self.tensors[id.0 as usize].1
+    }
+
+    /// A tensor's name.
+    pub fn name(&self, id: TensorId) -> &str {
+        &self.tensors[id.0 as usize].0
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// True when there are no tensors.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// A tensor by id, if the id is valid.
+    pub(crate) fn try_get(&self, id: TensorId) -> Option<&HostTensor> {
+        self.tensors.get(id.0 as usize).map(|t| &t.1)
+    }
+
+    pub(crate) fn set(&mut self, id: TensorId, t: HostTensor) {
+        self.tensors[id.0 as usize].1 = t;
+    }
+}
+
+impl std::ops::Index<TensorId> for Memory {
+    type Output = HostTensor;
+    fn index(&self, id: TensorId) -> &HostTensor {
+        self.get(id)
+    }
+}
+
+/// A launch argument.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arg {
+    /// A tensor, for a pointer parameter.
+    Tensor(TensorId),
+    /// A scalar, for a scalar or constexpr parameter.
+    Scalar(Lit),
+}
+
+impl From<TensorId> for Arg {
+    fn from(t: TensorId) -> Arg {
+        Arg::Tensor(t)
+    }
+}
+macro_rules! arg_from_lit {
+    ($($t:ty),*) => { $(impl From<$t> for Arg { fn from(x: $t) -> Arg { Arg::Scalar(Lit::from(x)) } })* };
+}
+arg_from_lit!(bool, i32, i64, f32, f64);
+impl From<usize> for Arg {
+    fn from(x: usize) -> Arg {
+        Arg::Scalar(Lit::Int(x as i64))
+    }
+}
+
+/// A launch grid (g0, g1, g2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grid(pub [u32; 3]);
+
+impl Grid {
+    /// Number of program instances.
+    pub fn programs(&self) -> u64 {
+        self.0.iter().map(|&g| g as u64).product()
+    }
+
+    /// The program id of linear index `i` (axis 0 fastest, as CUDA orders blocks).
+    pub fn pid(&self, i: u64) -> [u32; 3] {
+        let g = self.0;
+        let p0 = i % g[0] as u64;
+        let p1 = (i / g[0] as u64) % g[1] as u64;
+        let p2 = i / (g[0] as u64 * g[1] as u64);
+        [p0 as u32, p1 as u32, p2 as u32]
+    }
+}
+
+impl From<u32> for Grid {
+    fn from(g: u32) -> Grid {
+        Grid([g, 1, 1])
+    }
+}
+impl From<usize> for Grid {
+    fn from(g: usize) -> Grid {
+        Grid([g as u32, 1, 1])
+    }
+}
+impl From<(u32, u32)> for Grid {
+    fn from(g: (u32, u32)) -> Grid {
+        Grid([g.0, g.1, 1])
+    }
+}
+impl From<(u32, u32, u32)> for Grid {
+    fn from(g: (u32, u32, u32)) -> Grid {
+        Grid([g.0, g.1, g.2])
+    }
+}
+impl From<[u32; 3]> for Grid {
+    fn from(g: [u32; 3]) -> Grid {
+        Grid(g)
+    }
+}
+
+/// What to do when a race is found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RaceMode {
+    /// Fail the launch (the default).
+    #[default]
+    Error,
+    /// Report races in the summary and resolve them as the sequential emulation would (the
+    /// program with the highest linear id wins).
+    Warn,
+}
+
+/// Launch options.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Race handling.
+    pub races: RaceMode,
+    /// Programs run per parallel chunk (memory bound for store logs). Results do not depend on it.
+    pub chunk_programs: usize,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { races: RaceMode::Error, chunk_programs: 4096 }
+    }
+}
+
+/// What a launch did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LaunchSummary {
+    /// Program instances run.
+    pub programs: u64,
+    /// Active (unmasked) lanes loaded.
+    pub elements_loaded: u64,
+    /// Active lanes stored.
+    pub elements_stored: u64,
+    /// Active lanes atomically added.
+    pub elements_atomic: u64,
+    /// For each loop, the largest trip count any program took (by the `for` instruction).
+    pub max_trips: BTreeMap<Inst, u64>,
+    /// Races found (only filled with [`RaceMode::Warn`]).
+    pub races: Vec<crate::error::Race>,
+}
+
+/// A kernel launch: kernel, grid and arguments by parameter name.
+#[derive(Clone, Debug)]
+pub struct Launch<'k> {
+    pub(crate) kernel: &'k Kernel,
+    pub(crate) grid: Grid,
+    pub(crate) args: Vec<(String, Arg)>,
+    pub(crate) options: Options,
+}
+
+/// A parameter bound to its argument, after checking.
+#[derive(Clone, Debug)]
+pub(crate) enum Bound {
+    Tensor(TensorId),
+    Scalar(Lit, DType),
+}
+
+impl<'k> Launch<'k> {
+    /// A launch of `kernel` on `grid`.
+    pub fn new(kernel: &'k Kernel, grid: impl Into<Grid>) -> Launch<'k> {
+        Launch { kernel, grid: grid.into(), args: Vec::new(), options: Options::default() }
+    }
+
+    /// Binds parameter `name`.
+    pub fn arg(mut self, name: &str, value: impl Into<Arg>) -> Launch<'k> {
+        self.args.push((name.to_string(), value.into()));
+        self
+    }
+
+    /// Sets the options.
+    pub fn options(mut self, options: Options) -> Launch<'k> {
+        self.options = options;
+        self
+    }
+
+    /// Runs the launch: on success the written tensors of `mem` hold their final contents.
+    pub fn run(&self, mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
+        tilegrad_ir::verify(self.kernel)?;
+        let bound = self.bind(mem)?;
+        crate::exec::execute(self, &bound, mem)
+    }
+
+    /// Checks the arguments against the parameters and returns them in parameter order.
+    pub(crate) fn bind(&self, mem: &Memory) -> Result<Vec<Bound>, ExecError> {
+        let k = self.kernel;
+        let err = |param: &str, message: String| ExecError::Argument { kernel: k.name.clone(), param: param.into(), message };
+        if self.grid.0.contains(&0) {
+            return Err(ExecError::Grid { kernel: k.name.clone(), grid: self.grid.0, message: "every axis must be at least 1".into() });
+        }
+        if self.grid.0.iter().any(|&g| g > i32::MAX as u32) {
+            return Err(ExecError::Grid { kernel: k.name.clone(), grid: self.grid.0, message: "an axis exceeds i32::MAX".into() });
+        }
+        for (i, (name, _)) in self.args.iter().enumerate() {
+            if k.param(name).is_none() {
+                let known: Vec<&str> = k.params.iter().map(|p| p.name.as_str()).collect();
+                return Err(err(name, format!("the kernel has no such parameter (parameters: {})", known.join(", "))));
+            }
+            if self.args[..i].iter().any(|(n, _)| n == name) {
+                return Err(err(name, "given twice".into()));
+            }
+        }
+        let mut out = Vec::with_capacity(k.params.len());
+        for p in &k.params {
+            let given = self.args.iter().find(|(n, _)| *n == p.name).map(|(_, a)| *a);
+            let b = match (&p.kind, given) {
+                (ParamKind::Ptr(d), Some(Arg::Tensor(t))) => {
+                    let Some(ten) = mem.try_get(t) else { return Err(err(&p.name, format!("tensor id {} is not in this memory", t.0))) };
+                    if ten.dtype() != *d {
+                        return Err(err(&p.name, format!("expected a tensor of {d}, got `{}` of {}", mem.name(t), ten.dtype())));
+                    }
+                    Bound::Tensor(t)
+                }
+                (ParamKind::Ptr(d), Some(Arg::Scalar(l))) => return Err(err(&p.name, format!("expected a tensor of {d}, got the scalar {l}"))),
+                (ParamKind::Scalar(d), Some(Arg::Scalar(l))) => Bound::Scalar(check_lit(l, *d).map_err(|m| err(&p.name, m))?, *d),
+                (ParamKind::Constexpr(d, v), Some(Arg::Scalar(l))) => {
+                    let l = check_lit(l, *d).map_err(|m| err(&p.name, m))?;
+                    if l != *v {
+                        return Err(err(&p.name, format!("the kernel was built with {} = {v}, the launch passes {l}", p.name)));
+                    }
+                    Bound::Scalar(*v, *d)
+                }
+                (ParamKind::Scalar(d) | ParamKind::Constexpr(d, _), Some(Arg::Tensor(_))) => {
+                    return Err(err(&p.name, format!("expected a {d} scalar, got a tensor")))
+                }
+                (ParamKind::Constexpr(d, v), None) => Bound::Scalar(*v, *d),
+                (_, None) => return Err(err(&p.name, "missing argument".into())),
+            };
+            out.push(b);
+        }
+        Ok(out)
+    }
+}
+
+/// Converts a literal argument to a scalar parameter's dtype, refusing lossy conversions.
+fn check_lit(l: Lit, d: DType) -> Result<Lit, String> {
+    match (l, d) {
+        (Lit::Bool(_), DType::I1) => Ok(l),
+        (Lit::Int(i), DType::I1) if i == 0 || i == 1 => Ok(Lit::Bool(i == 1)),
+        (Lit::Int(i), DType::I32) if i32::try_from(i).is_ok() => Ok(l),
+        (Lit::Int(_), DType::I64) => Ok(l),
+        (Lit::Int(i), f) if f.is_float() => Ok(Lit::Float(i as f64)),
+        (Lit::Float(_), f) if f.is_float() => Ok(l),
+        _ => Err(format!("expected a {d} scalar, got {l}")),
+    }
+}
+
+/// Location used for errors not tied to an op.
+pub(crate) fn kernel_loc(k: &Kernel) -> Loc {
+    k.loc.clone()
+}

@@ -1,0 +1,245 @@
+//! Host tensors: a dtype, a shape and contiguous row-major data.
+//!
+//! f16 and bf16 elements are held as f32 values that are exactly representable in the narrow
+//! dtype (every write rounds), so arithmetic on them is f32 arithmetic followed by rounding, as on
+//! a GPU.
+
+use crate::ExecError;
+use tilegrad_ir::{DType, Shape};
+
+/// Typed element storage. f16/bf16 use `F32` storage (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    /// i1.
+    I1(Vec<bool>),
+    /// i32.
+    I32(Vec<i32>),
+    /// i64.
+    I64(Vec<i64>),
+    /// f16, bf16 and f32.
+    F32(Vec<f32>),
+    /// f64.
+    F64(Vec<f64>),
+}
+
+impl Data {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Data::I1(v) => v.len(),
+            Data::I32(v) => v.len(),
+            Data::I64(v) => v.len(),
+            Data::F32(v) => v.len(),
+            Data::F64(v) => v.len(),
+        }
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Zeros in the storage of `dtype`.
+    pub fn zeros(dtype: DType, n: usize) -> Data {
+        match dtype {
+            DType::I1 => Data::I1(vec![false; n]),
+            DType::I32 => Data::I32(vec![0; n]),
+            DType::I64 => Data::I64(vec![0; n]),
+            DType::F16 | DType::BF16 | DType::F32 => Data::F32(vec![0.0; n]),
+            DType::F64 => Data::F64(vec![0.0; n]),
+        }
+    }
+
+    /// Element `i` as f64.
+    pub fn get_f64(&self, i: usize) -> f64 {
+        match self {
+            Data::I1(v) => v[i] as i64 as f64,
+            Data::I32(v) => v[i] as f64,
+            Data::I64(v) => v[i] as f64,
+            Data::F32(v) => v[i] as f64,
+            Data::F64(v) => v[i],
+        }
+    }
+}
+
+/// Rounds an f32 to the nearest f16 value (as f32).
+pub fn round_f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// Rounds an f32 to the nearest bf16 value (as f32).
+pub fn round_bf16(x: f32) -> f32 {
+    half::bf16::from_f32(x).to_f32()
+}
+
+/// Converts an f64 to the value dtype `d` holds, in the storage of `d` (as f64).
+pub fn round_to(d: DType, x: f64) -> f64 {
+    match d {
+        DType::I1 => (x != 0.0) as i64 as f64,
+        DType::I32 => (x as i32) as f64,
+        DType::I64 => (x as i64) as f64,
+        DType::F16 => round_f16(x as f32) as f64,
+        DType::BF16 => round_bf16(x as f32) as f64,
+        DType::F32 => x as f32 as f64,
+        DType::F64 => x,
+    }
+}
+
+/// A tensor in host memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    dtype: DType,
+    shape: Shape,
+    data: Data,
+}
+
+impl HostTensor {
+    /// Checks that data matches dtype and shape.
+    pub fn new(dtype: DType, shape: &[usize], data: Data) -> Result<HostTensor, ExecError> {
+        let n: usize = shape.iter().product();
+        let storage_ok = matches!(
+            (&data, dtype),
+            (Data::I1(_), DType::I1)
+                | (Data::I32(_), DType::I32)
+                | (Data::I64(_), DType::I64)
+                | (Data::F32(_), DType::F16 | DType::BF16 | DType::F32)
+                | (Data::F64(_), DType::F64)
+        );
+        if !storage_ok || data.len() != n {
+            return Err(ExecError::BadTensor {
+                message: format!("{} elements of the wrong storage or count for a {dtype} tensor of shape {shape:?}", data.len()),
+            });
+        }
+        let mut t = HostTensor { dtype, shape: Shape::from_slice(shape), data };
+        if let Data::F32(v) = &mut t.data {
+            match dtype {
+                DType::F16 => v.iter_mut().for_each(|x| *x = round_f16(*x)),
+                DType::BF16 => v.iter_mut().for_each(|x| *x = round_bf16(*x)),
+                _ => {}
+            }
+        }
+        Ok(t)
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(dtype: DType, shape: &[usize]) -> HostTensor {
+        let n = shape.iter().product();
+        HostTensor { dtype, shape: Shape::from_slice(shape), data: Data::zeros(dtype, n) }
+    }
+
+    /// An f32 tensor. Panics if `data.len()` does not match the shape (a programming error).
+    pub fn from_f32(shape: &[usize], data: Vec<f32>) -> HostTensor {
+        HostTensor::new(DType::F32, shape, Data::F32(data)).expect("data length matches shape")
+    }
+
+    /// An f64 tensor. Panics if `data.len()` does not match the shape.
+    pub fn from_f64(shape: &[usize], data: Vec<f64>) -> HostTensor {
+        HostTensor::new(DType::F64, shape, Data::F64(data)).expect("data length matches shape")
+    }
+
+    /// An i32 tensor. Panics if `data.len()` does not match the shape.
+    pub fn from_i32(shape: &[usize], data: Vec<i32>) -> HostTensor {
+        HostTensor::new(DType::I32, shape, Data::I32(data)).expect("data length matches shape")
+    }
+
+    /// An i64 tensor. Panics if `data.len()` does not match the shape.
+    pub fn from_i64(shape: &[usize], data: Vec<i64>) -> HostTensor {
+        HostTensor::new(DType::I64, shape, Data::I64(data)).expect("data length matches shape")
+    }
+
+    /// A tensor of any dtype from f64 values, rounded/converted to `dtype`. Panics if the length
+    /// does not match the shape.
+    pub fn from_f64_as(dtype: DType, shape: &[usize], values: &[f64]) -> HostTensor {
+        let n: usize = shape.iter().product();
+        assert_eq!(n, values.len(), "data length matches shape");
+        let data = match dtype {
+            DType::I1 => Data::I1(values.iter().map(|&x| x != 0.0).collect()),
+            DType::I32 => Data::I32(values.iter().map(|&x| x as i32).collect()),
+            DType::I64 => Data::I64(values.iter().map(|&x| x as i64).collect()),
+            DType::F16 | DType::BF16 | DType::F32 => Data::F32(values.iter().map(|&x| round_to(dtype, x) as f32).collect()),
+            DType::F64 => Data::F64(values.to_vec()),
+        };
+        HostTensor { dtype, shape: Shape::from_slice(shape), data }
+    }
+
+    /// Element dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Contiguous (row-major) strides in elements.
+    pub fn strides(&self) -> Vec<i64> {
+        let mut s = vec![1i64; self.shape.len()];
+        for d in (0..self.shape.len().saturating_sub(1)).rev() {
+            s[d] = s[d + 1] * self.shape[d + 1] as i64;
+        }
+        s
+    }
+
+    /// Stride of dimension `d` in elements (as `x.stride(d)` in PyTorch).
+    pub fn stride(&self, d: usize) -> i64 {
+        self.strides()[d]
+    }
+
+    /// The storage.
+    pub fn data(&self) -> &Data {
+        &self.data
+    }
+
+    /// The storage, mutably. Writes to f16/bf16 tensors must store representable values.
+    pub fn data_mut(&mut self) -> &mut Data {
+        &mut self.data
+    }
+
+    /// f32 storage (f16, bf16 and f32 tensors).
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match &self.data {
+            Data::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// f64 storage.
+    pub fn as_f64(&self) -> Option<&[f64]> {
+        match &self.data {
+            Data::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// i32 storage.
+    pub fn as_i32(&self) -> Option<&[i32]> {
+        match &self.data {
+            Data::I32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// i64 storage.
+    pub fn as_i64(&self) -> Option<&[i64]> {
+        match &self.data {
+            Data::I64(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// All elements converted to f64.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        (0..self.numel()).map(|i| self.data.get_f64(i)).collect()
+    }
+
+    /// Element at flat index `i`, as f64.
+    pub fn get_f64(&self, i: usize) -> f64 {
+        self.data.get_f64(i)
+    }
+}

@@ -4,7 +4,7 @@
 use crate::error::ExecError;
 use crate::tensor::HostTensor;
 use std::collections::BTreeMap;
-use tilegrad_ir::{DType, Inst, Kernel, Lit, Loc, ParamKind};
+use tilegrad_ir::{DType, Inst, Kernel, Lit, ParamKind};
 
 /// Identifies a tensor in a [`Memory`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -122,6 +122,12 @@ impl From<u32> for Grid {
 impl From<usize> for Grid {
     fn from(g: usize) -> Grid {
         Grid([g as u32, 1, 1])
+    }
+}
+/// Integer literals: a negative size becomes an empty (rejected) axis.
+impl From<i32> for Grid {
+    fn from(g: i32) -> Grid {
+        Grid([g.max(0) as u32, 1, 1])
     }
 }
 impl From<(u32, u32)> for Grid {
@@ -286,9 +292,4 @@ fn check_lit(l: Lit, d: DType) -> Result<Lit, String> {
         (Lit::Float(_), f) if f.is_float() => Ok(l),
         _ => Err(format!("expected a {d} scalar, got {l}")),
     }
-}
-
-/// Location used for errors not tied to an op.
-pub(crate) fn kernel_loc(k: &Kernel) -> Loc {
-    k.loc.clone()
 }

@@ -16,4 +16,5 @@ mod tensor;
 
 pub use error::{ExecError, Race, RaceKind, Site};
 pub use launch::{Arg, Grid, Launch, LaunchSummary, Memory, Options, RaceMode, TensorId};
+pub use exec::round_tf32;
 pub use tensor::{round_bf16, round_f16, round_to, Data, HostTensor};

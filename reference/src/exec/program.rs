@@ -1,0 +1,545 @@
+//! One program instance: walks the kernel's blocks, evaluating each op on [`RV`]s, and records its
+//! memory accesses. Loads see the launch's initial memory overlaid with this program's own earlier
+//! stores and atomics; stores and atomics are logged (not applied) so that every program sees the
+//! same initial memory whatever the execution order, and the driver commits them afterwards.
+
+use super::ops;
+use super::plan::Plan;
+use super::tile::{PtrTile, Tile, RV};
+use crate::error::{ExecError, Site};
+use crate::tensor::Data;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tilegrad_ir::{Block, DType, Inst, Kernel, Lit, Op, Value};
+
+/// A tensor of the launch, as programs see it.
+pub(crate) struct Slot<'m> {
+    pub name: String,
+    pub dtype: DType,
+    pub initial: &'m Data,
+    /// Some op may write it: loads from it are logged for race detection.
+    pub written: bool,
+}
+
+/// What every program of a launch shares.
+pub(crate) struct Shared<'a> {
+    pub kernel: &'a Kernel,
+    pub plan: &'a Plan,
+    pub slots: Vec<Slot<'a>>,
+    /// Initial values of the parameters (pointer params: slot and offset 0).
+    pub params: Vec<RV>,
+    pub grid: [u32; 3],
+}
+
+/// A logged store or atomic: active lanes only.
+pub(crate) struct Event {
+    pub inst: Inst,
+    pub atomic: bool,
+    pub offs: Vec<i64>,
+    pub vals: Data,
+}
+
+/// A logged load from a tensor that some op may write.
+pub(crate) struct ReadLog {
+    pub inst: Inst,
+    pub offs: Vec<i64>,
+}
+
+/// Per-slot record of one program.
+#[derive(Default)]
+pub(crate) struct SlotLog {
+    pub events: Vec<Event>,
+    pub reads: Vec<ReadLog>,
+    /// Element -> value bits as this program sees them after its own writes; built on the first
+    /// load after a write.
+    overlay: Option<HashMap<i64, u64>>,
+}
+
+/// The outcome of one program.
+pub(crate) struct ProgramOut {
+    pub logs: Vec<SlotLog>,
+    pub trips: Vec<(Inst, u64)>,
+    pub loaded: u64,
+    pub stored: u64,
+    pub atomic: u64,
+}
+
+pub(crate) struct Program<'a> {
+    sh: &'a Shared<'a>,
+    pid: [u32; 3],
+    env: Vec<Option<RV>>,
+    logs: Vec<SlotLog>,
+    trips: Vec<(Inst, u64)>,
+    loaded: u64,
+    stored: u64,
+    atomic: u64,
+}
+
+fn bits_of(d: &Data, i: usize) -> u64 {
+    match d {
+        Data::I1(v) => v[i] as u64,
+        Data::I32(v) => v[i] as i64 as u64,
+        Data::I64(v) => v[i] as u64,
+        Data::F32(v) => v[i].to_bits() as u64,
+        Data::F64(v) => v[i].to_bits(),
+    }
+}
+
+/// Adds `a` (bits of `d`'s element type) to `b`.
+fn add_bits(dtype: DType, a: u64, b: u64) -> u64 {
+    match dtype {
+        DType::I1 => a | b,
+        DType::I32 => (a as i64 as i32).wrapping_add(b as i64 as i32) as i64 as u64,
+        DType::I64 => (a as i64).wrapping_add(b as i64) as u64,
+        DType::F16 | DType::BF16 | DType::F32 => {
+            let mut s = [f32::from_bits(a as u32) + f32::from_bits(b as u32)];
+            ops::round_narrow(dtype, &mut s);
+            s[0].to_bits() as u64
+        }
+        DType::F64 => (f64::from_bits(a) + f64::from_bits(b)).to_bits(),
+    }
+}
+
+impl<'a> Program<'a> {
+    pub fn new(sh: &'a Shared<'a>, pid: [u32; 3]) -> Program<'a> {
+        let mut env = vec![None; sh.kernel.values.len()];
+        for (p, v) in sh.kernel.params.iter().zip(&sh.params) {
+            env[p.value.index()] = Some(v.clone());
+        }
+        Program {
+            sh,
+            pid,
+            env,
+            logs: (0..sh.slots.len()).map(|_| SlotLog::default()).collect(),
+            trips: Vec::new(),
+            loaded: 0,
+            stored: 0,
+            atomic: 0,
+        }
+    }
+
+    pub fn run(mut self) -> Result<ProgramOut, ExecError> {
+        self.block(self.sh.kernel.body)?;
+        Ok(ProgramOut { logs: self.logs, trips: self.trips, loaded: self.loaded, stored: self.stored, atomic: self.atomic })
+    }
+
+    fn site(&self, i: Inst) -> Site {
+        let d = self.sh.kernel.inst(i);
+        Site { kernel: self.sh.kernel.name.clone(), op: d.op.mnemonic(), loc: d.loc.clone(), pid: self.pid }
+    }
+
+    fn runtime(&self, i: Inst, message: String) -> ExecError {
+        ExecError::Runtime { site: self.site(i), message }
+    }
+
+    fn get(&self, v: Value) -> &RV {
+        self.env[v.index()].as_ref().expect("verified kernels define values before use")
+    }
+
+    fn num(&self, v: Value) -> &Tile {
+        match self.get(v) {
+            RV::Num(t) => t,
+            RV::Ptr(_) => unreachable!("the verifier checked this operand is numeric"),
+        }
+    }
+
+    fn ptr(&self, v: Value) -> &PtrTile {
+        match self.get(v) {
+            RV::Ptr(p) => p,
+            RV::Num(_) => unreachable!("the verifier checked this operand is a pointer"),
+        }
+    }
+
+    /// Runs a block up to (not including) a final `yield`, whose operands it returns.
+    fn block(&mut self, b: Block) -> Result<Vec<RV>, ExecError> {
+        let k = self.sh.kernel;
+        for &i in &k.block(b).insts {
+            let d = k.inst(i);
+            if let Op::Yield = d.op {
+                return Ok(d.args.iter().map(|&a| self.get(a).clone()).collect());
+            }
+            self.inst(i)?;
+            for &v in &self.sh.plan.free_after[i.index()] {
+                self.env[v.index()] = None;
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    fn set(&mut self, v: Value, x: RV) {
+        self.env[v.index()] = Some(x);
+    }
+
+    fn inst(&mut self, i: Inst) -> Result<(), ExecError> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        let a = &d.args;
+        let res = |n: usize| d.results[n];
+        let rty = |n: usize| k.ty(d.results[n]);
+        let num = |t: Tile| RV::Num(t);
+        match &d.op {
+            Op::ProgramId { axis } => {
+                let p = self.pid[*axis as usize] as i32;
+                self.set(res(0), num(Tile::scalar(DType::I32, Data::I32(vec![p]))));
+            }
+            Op::NumPrograms { axis } => {
+                let g = self.sh.grid[*axis as usize] as i32;
+                self.set(res(0), num(Tile::scalar(DType::I32, Data::I32(vec![g]))));
+            }
+            Op::Const { value } => {
+                let dt = rty(0).dtype().expect("verified const is numeric");
+                self.set(res(0), num(Tile::scalar(dt, lit_data(*value, dt))));
+            }
+            Op::Arange { start, end } => {
+                let v: Vec<i32> = (*start as i32..*end as i32).collect();
+                let n = v.len();
+                self.set(res(0), num(Tile::dense(DType::I32, &[n], Data::I32(v))));
+            }
+            Op::Broadcast => {
+                let shape = rty(0).shape.clone();
+                let out = match self.get(a[0]) {
+                    RV::Num(t) => RV::Num(t.broadcast(&shape)),
+                    RV::Ptr(p) => RV::Ptr(PtrTile { slot: p.slot, offs: p.offs.broadcast(&shape) }),
+                };
+                self.set(res(0), out);
+            }
+            Op::ExpandDims { axis } => {
+                let ax = *axis as usize;
+                let out = match self.get(a[0]) {
+                    RV::Num(t) => RV::Num(t.expand_dims(ax)),
+                    RV::Ptr(p) => RV::Ptr(PtrTile { slot: p.slot, offs: p.offs.expand_dims(ax) }),
+                };
+                self.set(res(0), out);
+            }
+            Op::Reshape => {
+                let shape = rty(0).shape.clone();
+                let out = match self.get(a[0]) {
+                    RV::Num(t) => RV::Num(t.reshape(&shape)),
+                    RV::Ptr(p) => RV::Ptr(PtrTile { slot: p.slot, offs: p.offs.reshape(&shape) }),
+                };
+                self.set(res(0), out);
+            }
+            Op::Permute { perm } => {
+                let out = match self.get(a[0]) {
+                    RV::Num(t) => RV::Num(ops::permute(t, perm)),
+                    RV::Ptr(p) => RV::Ptr(PtrTile { slot: p.slot, offs: ops::permute(&p.offs, perm) }),
+                };
+                self.set(res(0), out);
+            }
+            Op::Unary(u) => {
+                let t = ops::unary(*u, self.num(a[0])).map_err(|m| self.runtime(i, m))?;
+                self.set(res(0), num(t));
+            }
+            Op::Binary(b) => {
+                let t = ops::binary(*b, self.num(a[0]), self.num(a[1])).map_err(|m| self.runtime(i, m))?;
+                self.set(res(0), num(t));
+            }
+            Op::Cmp(c) => {
+                let t = ops::cmp(*c, self.num(a[0]), self.num(a[1])).map_err(|m| self.runtime(i, m))?;
+                self.set(res(0), num(t));
+            }
+            Op::Where => {
+                let c = self.num(a[0]);
+                let out = match (self.get(a[1]), self.get(a[2])) {
+                    (RV::Num(x), RV::Num(y)) => RV::Num(ops::select(c, x, y).map_err(|m| self.runtime(i, m))?),
+                    (RV::Ptr(x), RV::Ptr(y)) => {
+                        if x.slot != y.slot {
+                            return Err(self.runtime(
+                                i,
+                                format!(
+                                    "`where` selects between pointers into `{}` and `{}`; a pointer tile must point into one tensor",
+                                    self.sh.slots[x.slot as usize].name, self.sh.slots[y.slot as usize].name
+                                ),
+                            ));
+                        }
+                        RV::Ptr(PtrTile { slot: x.slot, offs: ops::select(c, &x.offs, &y.offs).map_err(|m| self.runtime(i, m))? })
+                    }
+                    _ => unreachable!("the verifier checked both branches have one type"),
+                };
+                self.set(res(0), out);
+            }
+            Op::Cast => {
+                let dt = rty(0).dtype().expect("verified cast is numeric");
+                let t = ops::cast(self.num(a[0]), dt);
+                self.set(res(0), num(t));
+            }
+            Op::Reduce { kind, axis, .. } => {
+                let ty = rty(0);
+                let t = ops::reduce(*kind, self.num(a[0]), *axis as usize, ty.dtype().expect("numeric"), &ty.shape)
+                    .map_err(|m| self.runtime(i, m))?;
+                self.set(res(0), num(t));
+            }
+            Op::Cumsum { axis, reverse } => {
+                let t = ops::cumsum(self.num(a[0]), *axis as usize, *reverse).map_err(|m| self.runtime(i, m))?;
+                self.set(res(0), num(t));
+            }
+            Op::Dot { precision } => {
+                let t = ops::dot(self.num(a[0]), self.num(a[1]), self.num(a[2]), *precision).map_err(|m| self.runtime(i, m))?;
+                self.set(res(0), num(t));
+            }
+            Op::AddPtr => {
+                let p = self.ptr(a[0]);
+                let o = ops::cast(self.num(a[1]), DType::I64);
+                let offs = ops::binary(tilegrad_ir::BinaryOp::Add, &p.offs, &o).map_err(|m| self.runtime(i, m))?;
+                let out = RV::Ptr(PtrTile { slot: p.slot, offs });
+                self.set(res(0), out);
+            }
+            Op::Load { mask, other } => {
+                let m = mask.then(|| a[1]);
+                let o = other.then(|| a[2]);
+                let t = self.load(i, a[0], m, o)?;
+                self.set(res(0), num(t));
+            }
+            Op::Store { mask } => self.store(i, false, a[0], a[1], mask.then(|| a[2]))?,
+            Op::AtomicAdd { mask } => self.store(i, true, a[0], a[1], mask.then(|| a[2]))?,
+            Op::For { body, max_iters } => self.for_loop(i, *body, *max_iters)?,
+            Op::If { then_block, else_block } => {
+                let c = self.num(a[0]).bool_scalar();
+                let outs = self.block(if c { *then_block } else { *else_block })?;
+                for (r, v) in d.results.iter().zip(outs) {
+                    self.set(*r, v);
+                }
+            }
+            Op::Yield => unreachable!("yield is handled by the enclosing block"),
+        }
+        Ok(())
+    }
+
+    fn for_loop(&mut self, i: Inst, body: Block, max_iters: Option<u32>) -> Result<(), ExecError> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        let lo = self.num(d.args[0]).i64_scalar();
+        let hi = self.num(d.args[1]).i64_scalar();
+        let step = self.num(d.args[2]).i64_scalar();
+        if step == 0 {
+            return Err(self.runtime(i, "loop step is zero".into()));
+        }
+        let (lo128, hi128, st128) = (lo as i128, hi as i128, step as i128);
+        let span = if step > 0 { hi128 - lo128 } else { lo128 - hi128 };
+        let trips = if span <= 0 { 0 } else { ((span + st128.abs() - 1) / st128.abs()) as u64 };
+        if let Some(m) = max_iters {
+            if trips > m as u64 {
+                return Err(ExecError::LoopBound { site: self.site(i), trips, max_iters: m });
+            }
+        }
+        match self.trips.iter_mut().find(|(j, _)| *j == i) {
+            Some((_, t)) => *t = (*t).max(trips),
+            None => self.trips.push((i, trips)),
+        }
+        let iv_ty = k.ty(d.args[0]).dtype().expect("verified bounds are integers");
+        let params = k.block(body).params.clone();
+        let mut carried: Vec<RV> = d.args[3..].iter().map(|&a| self.get(a).clone()).collect();
+        for t in 0..trips {
+            let iv = (lo128 + st128 * t as i128) as i64;
+            let ivd = match iv_ty {
+                DType::I32 => Data::I32(vec![iv as i32]),
+                _ => Data::I64(vec![iv]),
+            };
+            self.set(params[0], RV::Num(Tile::scalar(iv_ty, ivd)));
+            for (p, v) in params[1..].iter().zip(carried.drain(..)) {
+                self.set(*p, v);
+            }
+            carried = self.block(body)?;
+        }
+        for (r, v) in d.results.iter().zip(carried) {
+            self.set(*r, v);
+        }
+        Ok(())
+    }
+
+    /// Flat lane index -> multi-index in `shape`.
+    fn lane(shape: &[usize], mut l: usize) -> Vec<usize> {
+        let mut idx = vec![0; shape.len()];
+        for d in (0..shape.len()).rev() {
+            idx[d] = l % shape[d];
+            l /= shape[d];
+        }
+        idx
+    }
+
+    fn oob(&self, i: Inst, slot: u32, offset: i64, shape: &[usize], lane: usize) -> ExecError {
+        let s = &self.sh.slots[slot as usize];
+        ExecError::OutOfBounds { site: self.site(i), tensor: s.name.clone(), offset, numel: s.initial.len(), lane: Self::lane(shape, lane) }
+    }
+
+    /// The active lanes of an access: offsets checked against the tensor's bounds.
+    fn active(&self, i: Inst, p: &PtrTile, mask: Option<Value>) -> Result<(Arc<Data>, Option<Arc<Data>>), ExecError> {
+        let offs = p.offs.materialize();
+        let Data::I64(ov) = &*offs else { unreachable!("pointer offsets are i64") };
+        let numel = self.sh.slots[p.slot as usize].initial.len() as i64;
+        let md = mask.map(|m| self.num(m).materialize());
+        match md.as_deref() {
+            Some(Data::I1(mv)) => {
+                for (l, (&o, &m)) in ov.iter().zip(mv).enumerate() {
+                    if m && !(0..numel).contains(&o) {
+                        return Err(self.oob(i, p.slot, o, &p.offs.shape, l));
+                    }
+                }
+            }
+            _ => {
+                if let Some(l) = ov.iter().position(|&o| !(0..numel).contains(&o)) {
+                    return Err(self.oob(i, p.slot, ov[l], &p.offs.shape, l));
+                }
+            }
+        }
+        Ok((offs, md))
+    }
+
+    fn load(&mut self, i: Inst, ptr: Value, mask: Option<Value>, other: Option<Value>) -> Result<Tile, ExecError> {
+        let p = self.ptr(ptr).clone();
+        let (offs, md) = self.active(i, &p, mask)?;
+        let Data::I64(ov) = &*offs else { unreachable!("pointer offsets are i64") };
+        let slot = &self.sh.slots[p.slot as usize];
+        let n = ov.len();
+        let mv: Option<&[bool]> = match md.as_deref() {
+            Some(Data::I1(m)) => Some(m),
+            _ => None,
+        };
+        let od = other.map(|o| self.num(o).materialize());
+        let active = mv.map_or(n, |m| m.iter().filter(|&&b| b).count());
+        self.loaded += active as u64;
+        let log = &mut self.logs[p.slot as usize];
+        if log.overlay.is_none() && !log.events.is_empty() {
+            log.overlay = Some(build_overlay(slot.dtype, slot.initial, &log.events));
+        }
+        let overlay = log.overlay.as_ref();
+        macro_rules! gather {
+            ($var:ident, $init:expr, $from_bits:expr, $zero:expr) => {{
+                let other_v: Option<&Vec<_>> = match od.as_deref() {
+                    Some(Data::$var(v)) => Some(v),
+                    _ => None,
+                };
+                let read = |o: i64| -> _ {
+                    match overlay.and_then(|ov| ov.get(&o)) {
+                        Some(&b) => $from_bits(b),
+                        None => $init[o as usize],
+                    }
+                };
+                let out: Vec<_> = match (mv, overlay) {
+                    (None, None) => ov.iter().map(|&o| $init[o as usize]).collect(),
+                    (None, Some(_)) => ov.iter().map(|&o| read(o)).collect(),
+                    (Some(m), _) => (0..n).map(|l| if m[l] { read(ov[l]) } else { other_v.map_or($zero, |v| v[l]) }).collect(),
+                };
+                Data::$var(out)
+            }};
+        }
+        let data = match slot.initial {
+            Data::I1(init) => gather!(I1, init, |b: u64| b != 0, false),
+            Data::I32(init) => gather!(I32, init, |b: u64| b as i64 as i32, 0),
+            Data::I64(init) => gather!(I64, init, |b: u64| b as i64, 0),
+            Data::F32(init) => gather!(F32, init, |b: u64| f32::from_bits(b as u32), 0.0),
+            Data::F64(init) => gather!(F64, init, f64::from_bits, 0.0),
+        };
+        if slot.written {
+            let offs_active: Vec<i64> = match mv {
+                None => ov.clone(),
+                Some(m) => ov.iter().zip(m).filter(|(_, &b)| b).map(|(&o, _)| o).collect(),
+            };
+            self.logs[p.slot as usize].reads.push(ReadLog { inst: i, offs: offs_active });
+        }
+        Ok(Tile::dense(slot.dtype, &p.offs.shape, data))
+    }
+
+    fn store(&mut self, i: Inst, atomic: bool, ptr: Value, val: Value, mask: Option<Value>) -> Result<(), ExecError> {
+        let p = self.ptr(ptr).clone();
+        let (offs, md) = self.active(i, &p, mask)?;
+        let Data::I64(ov) = &*offs else { unreachable!("pointer offsets are i64") };
+        let vd = self.num(val).materialize();
+        let mv: Option<&[bool]> = match md.as_deref() {
+            Some(Data::I1(m)) => Some(m),
+            _ => None,
+        };
+        macro_rules! pick {
+            ($v:expr) => {
+                match mv {
+                    None => $v.clone(),
+                    Some(m) => $v.iter().zip(m).filter(|(_, &b)| b).map(|(x, _)| *x).collect(),
+                }
+            };
+        }
+        let offs_active: Vec<i64> = pick!(ov);
+        let vals = match &*vd {
+            Data::I1(v) => Data::I1(pick!(v)),
+            Data::I32(v) => Data::I32(pick!(v)),
+            Data::I64(v) => Data::I64(pick!(v)),
+            Data::F32(v) => Data::F32(pick!(v)),
+            Data::F64(v) => Data::F64(pick!(v)),
+        };
+        if !atomic {
+            if let Some(dup) = duplicate(&offs_active) {
+                let site = self.site(i);
+                return Err(ExecError::Race(Box::new(crate::error::Race {
+                    kind: crate::error::RaceKind::DuplicateLanes,
+                    tensor: self.sh.slots[p.slot as usize].name.clone(),
+                    offset: dup,
+                    first: site.clone(),
+                    second: site,
+                })));
+            }
+            self.stored += offs_active.len() as u64;
+        } else {
+            self.atomic += offs_active.len() as u64;
+        }
+        let slot = &self.sh.slots[p.slot as usize];
+        let log = &mut self.logs[p.slot as usize];
+        if let Some(overlay) = &mut log.overlay {
+            for (l, &o) in offs_active.iter().enumerate() {
+                let b = bits_of(&vals, l);
+                if atomic {
+                    let cur = overlay.get(&o).copied().unwrap_or_else(|| bits_of(slot.initial, o as usize));
+                    overlay.insert(o, add_bits(slot.dtype, cur, b));
+                } else {
+                    overlay.insert(o, b);
+                }
+            }
+        }
+        log.events.push(Event { inst: i, atomic, offs: offs_active, vals });
+        Ok(())
+    }
+}
+
+/// Replays a program's writes to one tensor into an overlay map.
+fn build_overlay(dtype: DType, initial: &Data, events: &[Event]) -> HashMap<i64, u64> {
+    let mut m: HashMap<i64, u64> = HashMap::new();
+    for e in events {
+        for (l, &o) in e.offs.iter().enumerate() {
+            let b = bits_of(&e.vals, l);
+            if e.atomic {
+                let cur = m.get(&o).copied().unwrap_or_else(|| bits_of(initial, o as usize));
+                m.insert(o, add_bits(dtype, cur, b));
+            } else {
+                m.insert(o, b);
+            }
+        }
+    }
+    m
+}
+
+/// An offset that occurs twice, if any.
+fn duplicate(offs: &[i64]) -> Option<i64> {
+    if offs.windows(2).all(|w| w[0] < w[1]) {
+        return None;
+    }
+    let mut s = offs.to_vec();
+    s.sort_unstable();
+    s.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+}
+
+/// A literal as one-element data of dtype `dt`.
+pub(crate) fn lit_data(l: Lit, dt: DType) -> Data {
+    match dt {
+        DType::I1 => Data::I1(vec![l.as_i64() != 0]),
+        DType::I32 => Data::I32(vec![l.as_i64() as i32]),
+        DType::I64 => Data::I64(vec![l.as_i64()]),
+        DType::F16 | DType::BF16 | DType::F32 => {
+            let mut v = vec![match dt {
+                DType::F16 => half::f16::from_f64(l.as_f64()).to_f32(),
+                DType::BF16 => half::bf16::from_f64(l.as_f64()).to_f32(),
+                _ => l.as_f64() as f32,
+            }];
+            ops::round_narrow(dt, &mut v);
+            Data::F32(v)
+        }
+        DType::F64 => Data::F64(vec![l.as_f64()]),
+    }
+}

@@ -189,7 +189,7 @@ impl KernelBuilder {
     #[track_caller]
     pub fn arange(&mut self, start: i64, end: i64) -> Value {
         let loc = Loc::caller();
-        let n = if end > start { (end - start) as usize } else { 1 };
+        let n = if end > start { end.abs_diff(start) as usize } else { 1 };
         if end <= start {
             self.error("arange", &loc, format!("empty range {start}..{end}"));
         }
@@ -756,7 +756,8 @@ impl KernelBuilder {
             if bp.offsets.len() <= d || bp.strides.len() <= d || bp.shape.len() <= d {
                 break;
             }
-            let ar = self.emit1(Op::Arange { start: 0, end: bp.block_shape[d] as i64 }, &[], Type::tile(DType::I32, &[bp.block_shape[d]]), loc);
+            let ar =
+                self.emit1(Op::Arange { start: 0, end: bp.block_shape[d] as i64 }, &[], Type::tile(DType::I32, &[bp.block_shape[d]]), loc);
             let ar = self.cast_at(ar, DType::I64, loc);
             let idx = self.binary_at(BinaryOp::Add, ar, bp.offsets[d], loc);
             let mut s = vec![1usize; n];

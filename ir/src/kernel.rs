@@ -255,9 +255,7 @@ impl Kernel {
                 let iid = ni.len();
                 ni.push(InstData { op: Op::Yield, args, results, loc: d.loc.clone() });
                 let op = match &d.op {
-                    Op::For { body, max_iters } => {
-                        Op::For { body: visit(k, *body, vmap, nv, ni, nb, map_v), max_iters: *max_iters }
-                    }
+                    Op::For { body, max_iters } => Op::For { body: visit(k, *body, vmap, nv, ni, nb, map_v), max_iters: *max_iters },
                     Op::If { then_block, else_block } => {
                         let t = visit(k, *then_block, vmap, nv, ni, nb, map_v);
                         let e = visit(k, *else_block, vmap, nv, ni, nb, map_v);

@@ -33,15 +33,7 @@ pub enum DType {
 
 impl DType {
     /// All dtypes, in promotion order within each kind.
-    pub const ALL: [DType; 7] = [
-        DType::I1,
-        DType::I32,
-        DType::I64,
-        DType::F16,
-        DType::BF16,
-        DType::F32,
-        DType::F64,
-    ];
+    pub const ALL: [DType; 7] = [DType::I1, DType::I32, DType::I64, DType::F16, DType::BF16, DType::F32, DType::F64];
 
     /// The name used by the text format (`f32`, `i1`, ...).
     pub fn name(self) -> &'static str {

@@ -43,7 +43,13 @@ impl<'k> Verifier<'k> {
     fn define(&mut self, v: Value, what: &str, loc: &Loc) {
         match self.defined.get(v.index()) {
             None => self.err(what, loc, format!("defines {v}, which is not in the value table")),
-            Some(_) => self.defined[v.index()] = true,
+            Some(_) => {
+                self.defined[v.index()] = true;
+                let ty = &self.k.values[v.index()].ty;
+                for msg in value_type_problems(v, ty) {
+                    self.err(what, loc, msg);
+                }
+            }
         }
     }
 
@@ -104,12 +110,13 @@ impl<'k> Verifier<'k> {
                 self.err("kernel", &k.loc, format!("value %{i} is defined {c} times"));
             }
         }
+        // Types of defined values are checked where they are defined (`define`), so that the
+        // error names the op; values nothing defines are checked here.
         for (i, v) in k.values.iter().enumerate() {
-            if v.ty.rank() > MAX_RANK {
-                self.err("kernel", &k.loc, format!("value %{i} has rank {}, above the maximum {MAX_RANK}", v.ty.rank()));
-            }
-            if v.ty.shape.contains(&0) {
-                self.err("kernel", &k.loc, format!("value %{i} has an empty dimension: {}", v.ty));
+            if def_count[i] == 0 {
+                for msg in value_type_problems(Value(i as u32), &v.ty) {
+                    self.err("kernel", &k.loc, msg);
+                }
             }
         }
         self.block(k.body, BlockRole::Body, &[]);
@@ -204,7 +211,8 @@ impl<'k> Verifier<'k> {
             }
             Op::Arange { start, end } => {
                 if arity(0, 1, &mut errs) {
-                    let n = end - start;
+                    // In i128: the difference of two i64 may overflow i64.
+                    let n = *end as i128 - *start as i128;
                     check!(n > 0, "empty range {start}..{end}");
                     check!(n <= 0 || (n as u64).is_power_of_two(), "range length {n} is not a power of two (Triton requires one)");
                     check!(i32::try_from(*start).is_ok() && i32::try_from(*end).is_ok(), "bounds do not fit i32");
@@ -217,8 +225,7 @@ impl<'k> Verifier<'k> {
                 if arity(1, 1, &mut errs) {
                     let (a, r) = (args[0], res[0]);
                     check!(a.elem == r.elem, "element type changes from {} to {}", a.elem, r.elem);
-                    let ok = a.is_scalar()
-                        || (a.rank() == r.rank() && a.shape.iter().zip(&r.shape).all(|(x, y)| x == y || *x == 1));
+                    let ok = a.is_scalar() || (a.rank() == r.rank() && a.shape.iter().zip(&r.shape).all(|(x, y)| x == y || *x == 1));
                     check!(ok, "cannot broadcast {a} to {r}");
                 }
             }
@@ -238,7 +245,9 @@ impl<'k> Verifier<'k> {
                 if arity(1, 1, &mut errs) {
                     let (a, r) = (args[0], res[0]);
                     check!(a.elem == r.elem, "element type changes from {} to {}", a.elem, r.elem);
-                    check!(a.numel() == r.numel(), "cannot reshape {a} ({} elements) to {r} ({} elements)", a.numel(), r.numel());
+                    let (na, nr) = (checked_numel(a), checked_numel(r));
+                    let count = |n: Option<usize>| n.map_or("too many elements".to_string(), |n| format!("{n} elements"));
+                    check!(na.is_some() && na == nr, "cannot reshape {a} ({}) to {r} ({})", count(na), count(nr));
                 }
             }
             Op::Permute { perm } => {
@@ -416,7 +425,10 @@ impl<'k> Verifier<'k> {
                     ));
                 } else {
                     let (lo, hi, st) = (args[0], args[1], args[2]);
-                    check!(lo.is_scalar() && lo.dtype().is_some_and(|d| d.is_int()), "lower bound must be an i32 or i64 scalar, found {lo}");
+                    check!(
+                        lo.is_scalar() && lo.dtype().is_some_and(|d| d.is_int()),
+                        "lower bound must be an i32 or i64 scalar, found {lo}"
+                    );
                     check!(hi == lo && st == lo, "bounds and step must have one type, found {lo}, {hi}, {st}");
                     check!(max_iters.is_none_or(|m| m > 0), "max_iters must be positive");
                     for (j, (init, r)) in args[3..].iter().zip(&res).enumerate() {
@@ -464,4 +476,23 @@ impl<'k> Verifier<'k> {
             self.err(name, loc, e);
         }
     }
+}
+
+/// The element count of `t`, or `None` when it overflows `usize`.
+fn checked_numel(t: &Type) -> Option<usize> {
+    t.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
+/// What is wrong with the type of value `v` on its own (rank, empty or overflowing shape).
+fn value_type_problems(v: Value, ty: &Type) -> Vec<String> {
+    let mut out = Vec::new();
+    if ty.rank() > MAX_RANK {
+        out.push(format!("value {v} has rank {}, above the maximum {MAX_RANK}", ty.rank()));
+    }
+    if ty.shape.contains(&0) {
+        out.push(format!("value {v} has an empty dimension: {ty}"));
+    } else if checked_numel(ty).is_none() {
+        out.push(format!("value {v} has too many elements: {ty}"));
+    }
+    out
 }

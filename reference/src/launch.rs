@@ -260,7 +260,9 @@ impl<'k> Launch<'k> {
                     }
                     Bound::Tensor(t)
                 }
-                (ParamKind::Ptr(d), Some(Arg::Scalar(l))) => return Err(err(&p.name, format!("expected a tensor of {d}, got the scalar {l}"))),
+                (ParamKind::Ptr(d), Some(Arg::Scalar(l))) => {
+                    return Err(err(&p.name, format!("expected a tensor of {d}, got the scalar {l}")))
+                }
                 (ParamKind::Scalar(d), Some(Arg::Scalar(l))) => Bound::Scalar(check_lit(l, *d).map_err(|m| err(&p.name, m))?, *d),
                 (ParamKind::Constexpr(d, v), Some(Arg::Scalar(l))) => {
                     let l = check_lit(l, *d).map_err(|m| err(&p.name, m))?;

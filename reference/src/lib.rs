@@ -15,6 +15,6 @@ mod launch;
 mod tensor;
 
 pub use error::{ExecError, Race, RaceKind, Site};
-pub use launch::{Arg, Grid, Launch, LaunchSummary, Memory, Options, RaceMode, TensorId};
 pub use exec::round_tf32;
+pub use launch::{Arg, Grid, Launch, LaunchSummary, Memory, Options, RaceMode, TensorId};
 pub use tensor::{round_bf16, round_f16, round_to, Data, HostTensor};

@@ -397,10 +397,14 @@ fn if_else_on_scalar_and_num_programs() {
     let r = b.rem(pid, two);
     let zero = b.i32(0);
     let even = b.eq(r, zero);
-    let v = b.if_else(even, |_| vec![pid], |b| {
-        let np = b.num_programs(0);
-        vec![b.neg(np)]
-    });
+    let v = b.if_else(
+        even,
+        |_| vec![pid],
+        |b| {
+            let np = b.num_programs(0);
+            vec![b.neg(np)]
+        },
+    );
     let p = b.add(out, pid);
     b.store(p, v[0], None);
     let k = b.finish().unwrap();

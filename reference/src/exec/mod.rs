@@ -3,6 +3,7 @@
 //! access sets: a per-element owner table for stores and atomics, checked against every logged
 //! load.
 
+mod fast;
 mod ops;
 mod plan;
 mod program;
@@ -61,21 +62,180 @@ pub(crate) fn execute(l: &Launch, bound: &[Bound], mem: &mut Memory) -> Result<L
         .iter()
         .zip(&param_slot)
         .map(|(b, s)| match b {
-            Bound::Tensor(_) => RV::Ptr(PtrTile {
-                slot: s.expect("tensor params have slots"),
-                offs: Tile::scalar(DType::I64, Data::I64(vec![0])),
-            }),
+            Bound::Tensor(_) => {
+                RV::Ptr(PtrTile { slot: s.expect("tensor params have slots"), offs: Tile::scalar(DType::I64, Data::I64(vec![0])) })
+            }
             Bound::Scalar(lit, dt) => RV::Num(Tile::scalar(*dt, lit_data(*lit, *dt))),
         })
         .collect();
-    let mut commits: Vec<Option<Commit>> = slot_ids
+    let shared = Shared {
+        kernel: k,
+        plan: &plan,
+        slots: slot_ids
+            .iter()
+            .zip(&slot_written)
+            .map(|(t, &w)| {
+                let ten = mem.get(*t);
+                Slot { name: mem.name(*t).to_string(), dtype: ten.dtype(), initial: ten.data(), written: w }
+            })
+            .collect(),
+        params,
+        grid: l.grid.0,
+    };
+    let fast = if l.options.races == RaceMode::Error { run_fast(l, &shared)? } else { None };
+    let (summary, finals) = match fast {
+        Some(r) => r,
+        None => run_exact(l, &shared)?,
+    };
+    drop(shared);
+    for (s, d) in finals.into_iter().enumerate() {
+        if let Some(d) = d {
+            let t = mem.get(slot_ids[s]);
+            let nt = HostTensor::new(t.dtype(), &t.shape().to_vec(), d)?;
+            mem.set(slot_ids[s], nt);
+        }
+    }
+    Ok(summary)
+}
+
+type Finals = Vec<Option<Data>>;
+
+/// Runs every program in chunks of the grid, in parallel, handing each program's outcome to
+/// `sink` in program order; the first error in program order stops the launch.
+fn run_programs(
+    l: &Launch,
+    shared: &Shared,
+    fast: Option<&[Option<fast::FastBuf>]>,
+    mut sink: impl FnMut(u32, ProgramOut) -> Result<(), ExecError>,
+) -> Result<LaunchSummary, ExecError> {
+    let mut summary = LaunchSummary { programs: l.grid.programs(), ..Default::default() };
+    let total = l.grid.programs();
+    let chunk = l.options.chunk_programs.max(1) as u64;
+    let mut start = 0u64;
+    while start < total {
+        let end = (start + chunk).min(total);
+        let outs: Vec<Result<ProgramOut, ExecError>> =
+            (start..end).into_par_iter().map(|p| Program::new(shared, l.grid.pid(p)).run(fast)).collect();
+        for (off, out) in outs.into_iter().enumerate() {
+            let out = out?;
+            summary.elements_loaded += out.loaded;
+            summary.elements_stored += out.stored;
+            summary.elements_atomic += out.atomic;
+            for (inst, t) in &out.trips {
+                let e = summary.max_trips.entry(*inst).or_insert(0);
+                *e = (*e).max(*t);
+            }
+            sink((start + off as u64) as u32, out)?;
+        }
+        start = end;
+    }
+    Ok(summary)
+}
+
+/// The fast path: stores go straight to the outputs; ownership is checked afterwards, in
+/// parallel over element ranges. Returns `None` when anything conflicts (a race, or a program
+/// mixing stores and atomics on one tensor): the exact path then decides, deterministically.
+fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals)>, ExecError> {
+    let bufs: Vec<Option<fast::FastBuf>> = shared.slots.iter().map(|s| s.written.then(|| fast::FastBuf::from_data(s.initial))).collect();
+    let mut outs: Vec<Vec<program::SlotLog>> = Vec::new();
+    let mut mixed = false;
+    let summary = run_programs(l, shared, Some(&bufs), |_, out| {
+        mixed |= out.mixed;
+        outs.push(out.logs);
+        Ok(())
+    })?;
+    if mixed {
+        return Ok(None);
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let mut finals: Finals = Vec::new();
+    for (s, (slot, buf)) in shared.slots.iter().zip(bufs).enumerate() {
+        let Some(buf) = buf else {
+            finals.push(None);
+            continue;
+        };
+        let n = slot.initial.len();
+        // Store owners: program + 1, 0 for none. Each thread owns one range of elements and
+        // walks every program's runs in order.
+        let mut owner = vec![0u32; n];
+        let per = n.div_ceil(threads).max(1);
+        let conflict = owner.par_chunks_mut(per).enumerate().any(|(c, part)| {
+            let lo = (c * per) as i64;
+            let hi = lo + part.len() as i64;
+            for (p, logs) in outs.iter().enumerate() {
+                let me = p as u32 + 1;
+                for (_, runs) in &logs[s].store_runs {
+                    for &(st, len) in runs {
+                        let (a, b) = (st.max(lo), (st + len as i64).min(hi));
+                        if a >= b {
+                            continue;
+                        }
+                        let mut bad = false;
+                        for w in &mut part[(a - lo) as usize..(b - lo) as usize] {
+                            bad |= *w != 0 && *w != me;
+                            *w = me;
+                        }
+                        if bad {
+                            return true;
+                        }
+                    }
+                }
+            }
+            false
+        });
+        if conflict {
+            return Ok(None);
+        }
+        // Atomics, in program order.
+        let mut atomic_owner: Vec<u32> = Vec::new();
+        for (p, logs) in outs.iter().enumerate() {
+            let me = p as u32 + 1;
+            for e in &logs[s].events {
+                if atomic_owner.is_empty() {
+                    atomic_owner = vec![0u32; n];
+                }
+                for (lane, o) in e.lanes() {
+                    let o = o as usize;
+                    if owner[o] != 0 && owner[o] != me {
+                        return Ok(None);
+                    }
+                    atomic_owner[o] = if atomic_owner[o] == 0 || atomic_owner[o] == me { me } else { MANY };
+                    buf.add(o, &e.vals, lane, slot.dtype);
+                }
+            }
+        }
+        // Loads of elements another program writes.
+        let racy_read = outs.par_iter().enumerate().any(|(p, logs)| {
+            let me = p as u32 + 1;
+            logs[s].reads.iter().any(|r| {
+                r.runs.iter().any(|&(st, len)| {
+                    (st as usize..st as usize + len as usize).any(|o| {
+                        (owner[o] != 0 && owner[o] != me) || (!atomic_owner.is_empty() && atomic_owner[o] != 0 && atomic_owner[o] != me)
+                    })
+                })
+            })
+        });
+        if racy_read {
+            return Ok(None);
+        }
+        finals.push(Some(buf.into_data()));
+    }
+    Ok(Some((summary, finals)))
+}
+
+/// The exact path: every program's writes are committed in program order with per-element
+/// owner tables, so the first race in program order is reported (or, in warn mode, every race is
+/// listed and the highest program wins, as a sequential emulation would have it).
+fn run_exact(l: &Launch, shared: &Shared) -> Result<(LaunchSummary, Finals), ExecError> {
+    let k = shared.kernel;
+    let mut commits: Vec<Option<Commit>> = shared
+        .slots
         .iter()
-        .zip(&slot_written)
-        .map(|(t, &w)| {
-            w.then(|| {
-                let n = mem.get(*t).numel();
+        .map(|s| {
+            s.written.then(|| {
+                let n = s.initial.len();
                 Commit {
-                    data: mem.get(*t).data().clone(),
+                    data: s.initial.clone(),
                     owner: vec![NONE; n],
                     owner_inst: vec![NONE; n],
                     atomic_owner: vec![NONE; n],
@@ -84,61 +244,29 @@ pub(crate) fn execute(l: &Launch, bound: &[Bound], mem: &mut Memory) -> Result<L
             })
         })
         .collect();
-
-    let mut summary = LaunchSummary { programs: l.grid.programs(), ..Default::default() };
+    let mut races: Vec<Race> = Vec::new();
     let mut reads: Vec<(u32, Vec<program::SlotLog>)> = Vec::new();
-    {
-        let shared = Shared {
-            kernel: k,
-            plan: &plan,
-            slots: slot_ids
-                .iter()
-                .zip(&slot_written)
-                .map(|(t, &w)| {
-                    let ten = mem.get(*t);
-                    Slot { name: mem.name(*t).to_string(), dtype: ten.dtype(), initial: ten.data(), written: w }
-                })
-                .collect(),
-            params,
-            grid: l.grid.0,
-        };
-        let total = l.grid.programs();
-        let chunk = l.options.chunk_programs.max(1) as u64;
-        let mut start = 0u64;
-        while start < total {
-            let end = (start + chunk).min(total);
-            let outs: Vec<Result<ProgramOut, ExecError>> =
-                (start..end).into_par_iter().map(|p| Program::new(&shared, l.grid.pid(p)).run()).collect();
-            for (off, out) in outs.into_iter().enumerate() {
-                let p = (start + off as u64) as u32;
-                let out = out?;
-                summary.elements_loaded += out.loaded;
-                summary.elements_stored += out.stored;
-                summary.elements_atomic += out.atomic;
-                for (inst, t) in &out.trips {
-                    let e = summary.max_trips.entry(*inst).or_insert(0);
-                    *e = (*e).max(*t);
-                }
-                let mut logs = out.logs;
-                for (s, log) in logs.iter_mut().enumerate() {
-                    if let Some(c) = commits[s].as_mut() {
-                        commit(k, l, &shared.slots[s], c, p, log, &mut summary.races)?;
-                    }
-                }
-                if logs.iter().any(|g| !g.reads.is_empty()) {
-                    logs.iter_mut().for_each(|g| g.events = Vec::new());
-                    reads.push((p, logs));
-                }
+    let mut summary = run_programs(l, shared, None, |p, out| {
+        let mut logs = out.logs;
+        for (s, log) in logs.iter_mut().enumerate() {
+            if let Some(c) = commits[s].as_mut() {
+                commit(k, l, &shared.slots[s], c, p, log, &mut races)?;
             }
-            start = end;
         }
-        // Loads against the final owner tables.
-        for (p, logs) in &reads {
-            for (s, log) in logs.iter().enumerate() {
-                let Some(c) = commits[s].as_ref() else { continue };
-                for r in &log.reads {
-                    for &o in &r.offs {
-                        let o = o as usize;
+        if logs.iter().any(|g| !g.reads.is_empty()) {
+            logs.iter_mut().for_each(|g| g.events = Vec::new());
+            reads.push((p, logs));
+        }
+        Ok(())
+    })?;
+    summary.races = races;
+    // Loads against the final owner tables.
+    for (p, logs) in &reads {
+        for (s, log) in logs.iter().enumerate() {
+            let Some(c) = commits[s].as_ref() else { continue };
+            'reads: for r in &log.reads {
+                for &(st, len) in &r.runs {
+                    for o in st as usize..st as usize + len as usize {
                         let (w, wi) = if c.owner[o] != NONE && c.owner[o] != *p {
                             (c.owner[o], c.owner_inst[o])
                         } else if c.atomic_owner[o] != NONE && c.atomic_owner[o] != *p {
@@ -150,14 +278,16 @@ pub(crate) fn execute(l: &Launch, bound: &[Bound], mem: &mut Memory) -> Result<L
                             kind: RaceKind::ReadWrite,
                             tensor: shared.slots[s].name.clone(),
                             offset: o as i64,
-                            first: site(k, l, w, wi),
+                            first: site(k, l, if w == MANY { *p } else { w }, wi),
                             second: site(k, l, *p, r.inst.0),
                         };
                         match l.options.races {
                             RaceMode::Error => return Err(ExecError::Race(Box::new(race))),
                             RaceMode::Warn => {
-                                summary.races.push(race);
-                                break;
+                                if summary.races.len() < 100 {
+                                    summary.races.push(race);
+                                }
+                                break 'reads;
                             }
                         }
                     }
@@ -165,14 +295,7 @@ pub(crate) fn execute(l: &Launch, bound: &[Bound], mem: &mut Memory) -> Result<L
             }
         }
     }
-    for (s, c) in commits.into_iter().enumerate() {
-        if let Some(c) = c {
-            let t = mem.get(slot_ids[s]);
-            let nt = HostTensor::new(t.dtype(), &t.shape().to_vec(), c.data)?;
-            mem.set(slot_ids[s], nt);
-        }
-    }
-    Ok(summary)
+    Ok((summary, commits.into_iter().map(|c| c.map(|c| c.data)).collect()))
 }
 
 fn site(k: &Kernel, l: &Launch, p: u32, inst: u32) -> Site {
@@ -196,7 +319,7 @@ fn commit(
     races: &mut Vec<Race>,
 ) -> Result<(), ExecError> {
     for e in &log.events {
-        for (lane, &o) in e.offs.iter().enumerate() {
+        for (lane, o) in e.lanes() {
             let o = o as usize;
             let conflict = if e.atomic {
                 (c.owner[o] != NONE && c.owner[o] != p).then(|| (RaceKind::StoreAtomic, c.owner[o], c.owner_inst[o]))

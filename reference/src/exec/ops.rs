@@ -183,6 +183,17 @@ macro_rules! cmp_map {
     };
 }
 
+/// Pointer arithmetic: i64 offsets plus an integer tile of the same shape, in one pass.
+pub(crate) fn add_offsets(base: &Tile, delta: &Tile) -> Tile {
+    let Data::I64(b) = &*base.data else { unreachable!("pointer offsets are i64") };
+    let v: Vec<i64> = match &*delta.data {
+        Data::I32(d) => map2(base, b, delta, d.as_slice(), |x, y| x.wrapping_add(y as i64)),
+        Data::I64(d) => map2(base, b, delta, d.as_slice(), |x, y| x.wrapping_add(y)),
+        _ => unreachable!("the verifier checked offsets are integers"),
+    };
+    result(base, delta, DType::I64, Data::I64(v))
+}
+
 /// Elementwise comparison.
 pub(crate) fn cmp(op: CmpOp, a: &Tile, b: &Tile) -> Result<Tile, String> {
     let v = match (&*a.data, &*b.data) {
@@ -347,6 +358,12 @@ impl Reducible for i64 {
 fn reduce_typed<T: Reducible>(kind: ReduceOp, v: &[T], outer: usize, n: usize, inner: usize) -> Result<Vec<T>, Vec<i32>> {
     match kind {
         ReduceOp::Sum if inner == 1 => Ok((0..outer).map(|o| sum_run(&v[o * n..(o + 1) * n])).collect()),
+        ReduceOp::Max if inner == 1 => {
+            Ok((0..outer).map(|o| v[o * n..(o + 1) * n].iter().copied().reduce(T::max2).expect("n > 0")).collect())
+        }
+        ReduceOp::Min if inner == 1 => {
+            Ok((0..outer).map(|o| v[o * n..(o + 1) * n].iter().copied().reduce(T::min2).expect("n > 0")).collect())
+        }
         ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min => {
             let mut out = Vec::with_capacity(outer * inner);
             for o in 0..outer {
@@ -453,8 +470,12 @@ pub(crate) fn cumsum(x: &Tile, axis: usize, reverse: bool) -> Result<Tile, Strin
             Data::F32(r)
         }
         Data::F64(v) => Data::F64(scan(v, outer, n, inner, reverse)),
-        Data::I32(v) => Data::I32(scan(&v.iter().map(|&x| std::num::Wrapping(x)).collect::<Vec<_>>(), outer, n, inner, reverse).iter().map(|w| w.0).collect()),
-        Data::I64(v) => Data::I64(scan(&v.iter().map(|&x| std::num::Wrapping(x)).collect::<Vec<_>>(), outer, n, inner, reverse).iter().map(|w| w.0).collect()),
+        Data::I32(v) => Data::I32(
+            scan(&v.iter().map(|&x| std::num::Wrapping(x)).collect::<Vec<_>>(), outer, n, inner, reverse).iter().map(|w| w.0).collect(),
+        ),
+        Data::I64(v) => Data::I64(
+            scan(&v.iter().map(|&x| std::num::Wrapping(x)).collect::<Vec<_>>(), outer, n, inner, reverse).iter().map(|w| w.0).collect(),
+        ),
         Data::I1(_) => return Err("cannot scan i1".into()),
     };
     Ok(Tile::dense(x.dtype, &x.shape, data))

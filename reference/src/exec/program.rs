@@ -31,18 +31,47 @@ pub(crate) struct Shared<'a> {
     pub grid: [u32; 3],
 }
 
-/// A logged store or atomic: active lanes only.
+/// A logged store or atomic: the access's offsets, values and mask as the (shared, dense) tiles
+/// of the program, so logging copies nothing.
 pub(crate) struct Event {
     pub inst: Inst,
     pub atomic: bool,
-    pub offs: Vec<i64>,
-    pub vals: Data,
+    offs: Arc<Data>,
+    pub vals: Arc<Data>,
+    mask: Option<Arc<Data>>,
+}
+
+impl Event {
+    /// Active lanes as (lane, offset), in lane order.
+    pub fn lanes(&self) -> impl Iterator<Item = (usize, i64)> + '_ {
+        let Data::I64(ov) = &*self.offs else { unreachable!("pointer offsets are i64") };
+        let m: Option<&[bool]> = match self.mask.as_deref() {
+            Some(Data::I1(m)) => Some(m),
+            _ => None,
+        };
+        ov.iter().enumerate().filter(move |(l, _)| m.is_none_or(|m| m[*l])).map(|(l, &o)| (l, o))
+    }
+}
+
+/// Offsets as runs of consecutive elements: (first, length).
+pub(crate) type Runs = Vec<(i64, u32)>;
+
+/// Run-length encodes offsets (in their order).
+pub(crate) fn runs_of(offs: impl IntoIterator<Item = i64>) -> Runs {
+    let mut runs: Runs = Vec::new();
+    for o in offs {
+        match runs.last_mut() {
+            Some((s, l)) if *s + *l as i64 == o && *l < u32::MAX => *l += 1,
+            _ => runs.push((o, 1)),
+        }
+    }
+    runs
 }
 
 /// A logged load from a tensor that some op may write.
 pub(crate) struct ReadLog {
     pub inst: Inst,
-    pub offs: Vec<i64>,
+    pub runs: Runs,
 }
 
 /// Per-slot record of one program.
@@ -50,6 +79,8 @@ pub(crate) struct ReadLog {
 pub(crate) struct SlotLog {
     pub events: Vec<Event>,
     pub reads: Vec<ReadLog>,
+    /// Fast mode: the stores already written to the output, as runs per store instruction.
+    pub store_runs: Vec<(Inst, Runs)>,
     /// Element -> value bits as this program sees them after its own writes; built on the first
     /// load after a write.
     overlay: Option<HashMap<i64, u64>>,
@@ -62,6 +93,9 @@ pub(crate) struct ProgramOut {
     pub loaded: u64,
     pub stored: u64,
     pub atomic: u64,
+    /// Fast mode: this program both stored and atomically updated one tensor (the fast path
+    /// cannot order those; the exact path can).
+    pub mixed: bool,
 }
 
 pub(crate) struct Program<'a> {
@@ -118,9 +152,34 @@ impl<'a> Program<'a> {
         }
     }
 
-    pub fn run(mut self) -> Result<ProgramOut, ExecError> {
+    /// Runs the program. With `fast` outputs, its stores are written there at the end (in
+    /// program order) and kept only as runs; atomics stay logged.
+    pub fn run(mut self, fast: Option<&[Option<super::fast::FastBuf>]>) -> Result<ProgramOut, ExecError> {
         self.block(self.sh.kernel.body)?;
-        Ok(ProgramOut { logs: self.logs, trips: self.trips, loaded: self.loaded, stored: self.stored, atomic: self.atomic })
+        let mut mixed = false;
+        if let Some(bufs) = fast {
+            for (s, log) in self.logs.iter_mut().enumerate() {
+                if log.events.is_empty() {
+                    continue;
+                }
+                let buf = bufs[s].as_ref().expect("written slots have fast buffers");
+                let events = std::mem::take(&mut log.events);
+                let (mut st, mut at) = (false, false);
+                for e in events {
+                    if e.atomic {
+                        at = true;
+                        log.events.push(e);
+                    } else {
+                        st = true;
+                        buf.write(e.lanes(), &e.vals);
+                        log.store_runs.push((e.inst, runs_of(e.lanes().map(|(_, o)| o))));
+                    }
+                }
+                mixed |= st && at;
+                log.overlay = None;
+            }
+        }
+        Ok(ProgramOut { logs: self.logs, trips: self.trips, loaded: self.loaded, stored: self.stored, atomic: self.atomic, mixed })
     }
 
     fn site(&self, i: Inst) -> Site {
@@ -279,8 +338,7 @@ impl<'a> Program<'a> {
             }
             Op::AddPtr => {
                 let p = self.ptr(a[0]);
-                let o = ops::cast(self.num(a[1]), DType::I64);
-                let offs = ops::binary(tilegrad_ir::BinaryOp::Add, &p.offs, &o).map_err(|m| self.runtime(i, m))?;
+                let offs = ops::add_offsets(&p.offs, self.num(a[1]));
                 let out = RV::Ptr(PtrTile { slot: p.slot, offs });
                 self.set(res(0), out);
             }
@@ -362,25 +420,25 @@ impl<'a> Program<'a> {
         ExecError::OutOfBounds { site: self.site(i), tensor: s.name.clone(), offset, numel: s.initial.len(), lane: Self::lane(shape, lane) }
     }
 
-    /// The active lanes of an access: offsets checked against the tensor's bounds.
+    /// The active lanes of an access: offsets (dense i64) and mask, checked against the tensor's
+    /// bounds.
     fn active(&self, i: Inst, p: &PtrTile, mask: Option<Value>) -> Result<(Arc<Data>, Option<Arc<Data>>), ExecError> {
         let offs = p.offs.materialize();
         let Data::I64(ov) = &*offs else { unreachable!("pointer offsets are i64") };
-        let numel = self.sh.slots[p.slot as usize].initial.len() as i64;
+        let numel = self.sh.slots[p.slot as usize].initial.len() as u64;
         let md = mask.map(|m| self.num(m).materialize());
-        match md.as_deref() {
-            Some(Data::I1(mv)) => {
-                for (l, (&o, &m)) in ov.iter().zip(mv).enumerate() {
-                    if m && !(0..numel).contains(&o) {
-                        return Err(self.oob(i, p.slot, o, &p.offs.shape, l));
-                    }
-                }
-            }
-            _ => {
-                if let Some(l) = ov.iter().position(|&o| !(0..numel).contains(&o)) {
-                    return Err(self.oob(i, p.slot, ov[l], &p.offs.shape, l));
-                }
-            }
+        // Branch-free scan first (vectorises); locate the offending lane only on failure.
+        let bad = match md.as_deref() {
+            Some(Data::I1(mv)) => ov.iter().zip(mv).fold(false, |acc, (&o, &m)| acc | (m & (o as u64 >= numel))),
+            _ => ov.iter().fold(false, |acc, &o| acc | (o as u64 >= numel)),
+        };
+        if bad {
+            let mv: Option<&[bool]> = match md.as_deref() {
+                Some(Data::I1(m)) => Some(m),
+                _ => None,
+            };
+            let l = (0..ov.len()).find(|&l| mv.is_none_or(|m| m[l]) && ov[l] as u64 >= numel).expect("a bad lane exists");
+            return Err(self.oob(i, p.slot, ov[l], &p.offs.shape, l));
         }
         Ok((offs, md))
     }
@@ -395,7 +453,9 @@ impl<'a> Program<'a> {
             Some(Data::I1(m)) => Some(m),
             _ => None,
         };
-        let od = other.map(|o| self.num(o).materialize());
+        // `other`: a splat is read as one value, anything else densely.
+        let other_t = other.map(|o| self.num(o).clone());
+        let od = other_t.as_ref().map(|t| if t.is_splat() { t.data.clone() } else { t.materialize() });
         let active = mv.map_or(n, |m| m.iter().filter(|&&b| b).count());
         self.loaded += active as u64;
         let log = &mut self.logs[p.slot as usize];
@@ -415,10 +475,19 @@ impl<'a> Program<'a> {
                         None => $init[o as usize],
                     }
                 };
-                let out: Vec<_> = match (mv, overlay) {
-                    (None, None) => ov.iter().map(|&o| $init[o as usize]).collect(),
-                    (None, Some(_)) => ov.iter().map(|&o| read(o)).collect(),
-                    (Some(m), _) => (0..n).map(|l| if m[l] { read(ov[l]) } else { other_v.map_or($zero, |v| v[l]) }).collect(),
+                let out: Vec<_> = match (mv, overlay, other_v) {
+                    (None, None, _) => ov.iter().map(|&o| $init[o as usize]).collect(),
+                    (None, Some(_), _) => ov.iter().map(|&o| read(o)).collect(),
+                    (Some(m), None, ot) => {
+                        let splat = ot.filter(|v| v.len() == 1).map_or($zero, |v| v[0]);
+                        match ot.filter(|v| v.len() > 1) {
+                            Some(v) => (0..n).map(|l| if m[l] { $init[ov[l] as usize] } else { v[l] }).collect(),
+                            None => (0..n).map(|l| if m[l] { $init[ov[l] as usize] } else { splat }).collect(),
+                        }
+                    }
+                    (Some(m), Some(_), ot) => (0..n)
+                        .map(|l| if m[l] { read(ov[l]) } else { ot.map_or($zero, |v| if v.len() == 1 { v[0] } else { v[l] }) })
+                        .collect(),
                 };
                 Data::$var(out)
             }};
@@ -431,11 +500,11 @@ impl<'a> Program<'a> {
             Data::F64(init) => gather!(F64, init, f64::from_bits, 0.0),
         };
         if slot.written {
-            let offs_active: Vec<i64> = match mv {
-                None => ov.clone(),
-                Some(m) => ov.iter().zip(m).filter(|(_, &b)| b).map(|(&o, _)| o).collect(),
+            let runs = match mv {
+                None => runs_of(ov.iter().copied()),
+                Some(m) => runs_of(ov.iter().zip(m).filter(|(_, &b)| b).map(|(&o, _)| o)),
             };
-            self.logs[p.slot as usize].reads.push(ReadLog { inst: i, offs: offs_active });
+            self.logs[p.slot as usize].reads.push(ReadLog { inst: i, runs });
         }
         Ok(Tile::dense(slot.dtype, &p.offs.shape, data))
     }
@@ -443,30 +512,11 @@ impl<'a> Program<'a> {
     fn store(&mut self, i: Inst, atomic: bool, ptr: Value, val: Value, mask: Option<Value>) -> Result<(), ExecError> {
         let p = self.ptr(ptr).clone();
         let (offs, md) = self.active(i, &p, mask)?;
-        let Data::I64(ov) = &*offs else { unreachable!("pointer offsets are i64") };
-        let vd = self.num(val).materialize();
-        let mv: Option<&[bool]> = match md.as_deref() {
-            Some(Data::I1(m)) => Some(m),
-            _ => None,
-        };
-        macro_rules! pick {
-            ($v:expr) => {
-                match mv {
-                    None => $v.clone(),
-                    Some(m) => $v.iter().zip(m).filter(|(_, &b)| b).map(|(x, _)| *x).collect(),
-                }
-            };
-        }
-        let offs_active: Vec<i64> = pick!(ov);
-        let vals = match &*vd {
-            Data::I1(v) => Data::I1(pick!(v)),
-            Data::I32(v) => Data::I32(pick!(v)),
-            Data::I64(v) => Data::I64(pick!(v)),
-            Data::F32(v) => Data::F32(pick!(v)),
-            Data::F64(v) => Data::F64(pick!(v)),
-        };
+        let vals = self.num(val).materialize();
+        let e = Event { inst: i, atomic, offs, vals, mask: md };
+        let active = e.lanes().count() as u64;
         if !atomic {
-            if let Some(dup) = duplicate(&offs_active) {
+            if let Some(dup) = duplicate(&e) {
                 let site = self.site(i);
                 return Err(ExecError::Race(Box::new(crate::error::Race {
                     kind: crate::error::RaceKind::DuplicateLanes,
@@ -476,25 +526,30 @@ impl<'a> Program<'a> {
                     second: site,
                 })));
             }
-            self.stored += offs_active.len() as u64;
+            self.stored += active;
         } else {
-            self.atomic += offs_active.len() as u64;
+            self.atomic += active;
         }
         let slot = &self.sh.slots[p.slot as usize];
         let log = &mut self.logs[p.slot as usize];
         if let Some(overlay) = &mut log.overlay {
-            for (l, &o) in offs_active.iter().enumerate() {
-                let b = bits_of(&vals, l);
-                if atomic {
-                    let cur = overlay.get(&o).copied().unwrap_or_else(|| bits_of(slot.initial, o as usize));
-                    overlay.insert(o, add_bits(slot.dtype, cur, b));
-                } else {
-                    overlay.insert(o, b);
-                }
-            }
+            apply(overlay, slot.dtype, slot.initial, &e);
         }
-        log.events.push(Event { inst: i, atomic, offs: offs_active, vals });
+        log.events.push(e);
         Ok(())
+    }
+}
+
+/// Applies one write event to an overlay map.
+fn apply(m: &mut HashMap<i64, u64>, dtype: DType, initial: &Data, e: &Event) {
+    for (l, o) in e.lanes() {
+        let b = bits_of(&e.vals, l);
+        if e.atomic {
+            let cur = m.get(&o).copied().unwrap_or_else(|| bits_of(initial, o as usize));
+            m.insert(o, add_bits(dtype, cur, b));
+        } else {
+            m.insert(o, b);
+        }
     }
 }
 
@@ -502,25 +557,23 @@ impl<'a> Program<'a> {
 fn build_overlay(dtype: DType, initial: &Data, events: &[Event]) -> HashMap<i64, u64> {
     let mut m: HashMap<i64, u64> = HashMap::new();
     for e in events {
-        for (l, &o) in e.offs.iter().enumerate() {
-            let b = bits_of(&e.vals, l);
-            if e.atomic {
-                let cur = m.get(&o).copied().unwrap_or_else(|| bits_of(initial, o as usize));
-                m.insert(o, add_bits(dtype, cur, b));
-            } else {
-                m.insert(o, b);
-            }
-        }
+        apply(&mut m, dtype, initial, e);
     }
     m
 }
 
-/// An offset that occurs twice, if any.
-fn duplicate(offs: &[i64]) -> Option<i64> {
-    if offs.windows(2).all(|w| w[0] < w[1]) {
+/// An element that two active lanes of one store write, if any.
+fn duplicate(e: &Event) -> Option<i64> {
+    let mut prev = i64::MIN;
+    let mut increasing = true;
+    for (_, o) in e.lanes() {
+        increasing &= o > prev;
+        prev = o;
+    }
+    if increasing {
         return None;
     }
-    let mut s = offs.to_vec();
+    let mut s: Vec<i64> = e.lanes().map(|(_, o)| o).collect();
     s.sort_unstable();
     s.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }

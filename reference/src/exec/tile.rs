@@ -201,7 +201,7 @@ pub(crate) fn dense_strides(shape: &[usize]) -> Strides {
 }
 
 /// Elementwise map of two tiles of one logical shape.
-pub(crate) fn map2<T: Copy, U: Copy>(a: &Tile, x: &[T], b: &Tile, y: &[T], f: impl Fn(T, T) -> U) -> Vec<U> {
+pub(crate) fn map2<T: Copy, S: Copy, U: Copy>(a: &Tile, x: &[T], b: &Tile, y: &[S], f: impl Fn(T, S) -> U) -> Vec<U> {
     let n = a.numel();
     let (sa, sb) = (a.strides(), b.strides());
     if sa.is_none() && sb.is_none() {
@@ -261,10 +261,7 @@ mod tests {
     #[test]
     fn broadcast_middle_dim_of_rank3() {
         let a = t(&[2, 1, 2], vec![1.0, 2.0, 3.0, 4.0]).broadcast(&[2, 3, 2]);
-        assert_eq!(
-            *a.materialize(),
-            Data::F64(vec![1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0, 3.0, 4.0])
-        );
+        assert_eq!(*a.materialize(), Data::F64(vec![1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0, 3.0, 4.0]));
         let s = t(&[], vec![5.0]).broadcast(&[2, 2]).expand_dims(0);
         assert_eq!(s.shape.as_slice(), &[1, 2, 2]);
         assert_eq!(*s.materialize(), Data::F64(vec![5.0; 4]));

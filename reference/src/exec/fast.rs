@@ -1,0 +1,109 @@
+//! Output buffers of the fast commit path: programs write their stores straight into these at
+//! the end of their run. Elements are atomics with relaxed ordering (plain loads and stores on
+//! every target) so that a racy kernel, whose programs write one element concurrently, is not
+//! undefined behaviour; the race itself is found afterwards from the owner table and the launch
+//! is re-run on the exact path.
+
+use crate::tensor::Data;
+use std::mem::{align_of, size_of, ManuallyDrop};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use tilegrad_ir::DType;
+
+/// Reinterprets a vector's elements as another type of identical size and alignment, without
+/// copying.
+///
+/// # Safety
+/// Every bit pattern a `T` holds must be a valid `U`.
+unsafe fn cast_vec<T, U>(v: Vec<T>) -> Vec<U> {
+    assert!(size_of::<T>() == size_of::<U>() && align_of::<T>() == align_of::<U>());
+    let mut v = ManuallyDrop::new(v);
+    // SAFETY: same size and alignment (asserted), so the allocation's layout is unchanged, and
+    // the caller guarantees bit validity.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr() as *mut U, v.len(), v.capacity()) }
+}
+
+pub(crate) enum FastBuf {
+    I1(Vec<AtomicBool>),
+    I32(Vec<AtomicU32>),
+    I64(Vec<AtomicU64>),
+    F32(Vec<AtomicU32>),
+    F64(Vec<AtomicU64>),
+}
+
+impl FastBuf {
+    /// A copy of `d` that programs may write concurrently.
+    pub fn from_data(d: &Data) -> FastBuf {
+        // SAFETY (all arms): bool, i32, i64, f32 and f64 are plain bit patterns valid as the
+        // atomic integer (or atomic bool) of their size, which has the same layout.
+        unsafe {
+            match d.clone() {
+                Data::I1(v) => FastBuf::I1(cast_vec(v)),
+                Data::I32(v) => FastBuf::I32(cast_vec(v)),
+                Data::I64(v) => FastBuf::I64(cast_vec(v)),
+                Data::F32(v) => FastBuf::F32(cast_vec(v)),
+                Data::F64(v) => FastBuf::F64(cast_vec(v)),
+            }
+        }
+    }
+
+    /// Writes lane values of `vals` at their offsets (in order).
+    pub fn write(&self, lanes: impl Iterator<Item = (usize, i64)>, vals: &Data) {
+        match (self, vals) {
+            (FastBuf::I1(b), Data::I1(v)) => lanes.for_each(|(l, o)| b[o as usize].store(v[l], Relaxed)),
+            (FastBuf::I32(b), Data::I32(v)) => lanes.for_each(|(l, o)| b[o as usize].store(v[l] as u32, Relaxed)),
+            (FastBuf::F32(b), Data::F32(v)) => lanes.for_each(|(l, o)| b[o as usize].store(v[l].to_bits(), Relaxed)),
+            (FastBuf::I64(b), Data::I64(v)) => lanes.for_each(|(l, o)| b[o as usize].store(v[l] as u64, Relaxed)),
+            (FastBuf::F64(b), Data::F64(v)) => lanes.for_each(|(l, o)| b[o as usize].store(v[l].to_bits(), Relaxed)),
+            _ => unreachable!("the verifier checked stored values have the pointee dtype"),
+        }
+    }
+
+    /// Adds lane `lane` of `vals` to element `o` (single-threaded use: the atomic commit).
+    pub fn add(&self, o: usize, vals: &Data, lane: usize, dtype: DType) {
+        match (self, vals) {
+            (FastBuf::I1(b), Data::I1(v)) => b[o].store(b[o].load(Relaxed) | v[lane], Relaxed),
+            (FastBuf::I32(b), Data::I32(v)) => b[o].store((b[o].load(Relaxed) as i32).wrapping_add(v[lane]) as u32, Relaxed),
+            (FastBuf::F32(b), Data::F32(v)) => {
+                let mut s = [f32::from_bits(b[o].load(Relaxed)) + v[lane]];
+                super::ops::round_narrow(dtype, &mut s);
+                b[o].store(s[0].to_bits(), Relaxed)
+            }
+            (FastBuf::I64(b), Data::I64(v)) => b[o].store((b[o].load(Relaxed) as i64).wrapping_add(v[lane]) as u64, Relaxed),
+            (FastBuf::F64(b), Data::F64(v)) => b[o].store((f64::from_bits(b[o].load(Relaxed)) + v[lane]).to_bits(), Relaxed),
+            _ => unreachable!("the verifier checked atomic values have the pointee dtype"),
+        }
+    }
+
+    /// The final contents.
+    pub fn into_data(self) -> Data {
+        // SAFETY (all arms): the atomics hold bit patterns written from values of the element
+        // type (or the initial data), all valid for it; layouts are identical.
+        unsafe {
+            match self {
+                FastBuf::I1(b) => Data::I1(cast_vec(b)),
+                FastBuf::I32(b) => Data::I32(cast_vec(b)),
+                FastBuf::I64(b) => Data::I64(cast_vec(b)),
+                FastBuf::F32(b) => Data::F32(cast_vec(b)),
+                FastBuf::F64(b) => Data::F64(cast_vec(b)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_without_loss() {
+        let d = Data::F32(vec![1.5, -0.0, f32::NAN, 3.25]);
+        let b = FastBuf::from_data(&d);
+        b.write([(0usize, 3i64)].into_iter(), &Data::F32(vec![7.0]));
+        b.add(1, &Data::F32(vec![2.0]), 0, DType::F32);
+        let Data::F32(v) = b.into_data() else { panic!() };
+        assert_eq!(v[0], 1.5);
+        assert_eq!(v[1], 2.0);
+        assert!(v[2].is_nan());
+        assert_eq!(v[3], 7.0);
+    }
+}

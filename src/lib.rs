@@ -1,1 +1,6 @@
-//! tilegrad
+//! tilegrad: ground-truth gradients for GPU tile kernels, to check hand-written backward kernels.
+//!
+//! - [`zoo`]: classic Triton kernels built with the Rust builder, with f64 references.
+#![warn(missing_docs)]
+
+pub mod zoo;

@@ -46,14 +46,20 @@ impl FastBuf {
         }
     }
 
-    /// Writes lane values of `vals` at their offsets (in order).
-    pub fn write(&self, lanes: impl Iterator<Item = (usize, i64)>, vals: &Data) {
+    /// Writes the active lanes of `vals` at their offsets (in lane order).
+    pub fn write(&self, offs: &[i64], mask: Option<&[bool]>, vals: &Data) {
+        fn go<A, T: Copy>(b: &[A], offs: &[i64], mask: Option<&[bool]>, v: &[T], st: impl Fn(&A, T)) {
+            match mask {
+                None => offs.iter().zip(v).for_each(|(&o, &x)| st(&b[o as usize], x)),
+                Some(m) => offs.iter().zip(v).zip(m).filter(|(_, &k)| k).for_each(|((&o, &x), _)| st(&b[o as usize], x)),
+            }
+        }
         match (self, vals) {
-            (FastBuf::I1(b), Data::I1(v)) => lanes.for_each(|(l, o)| b[o as usize].store(v[l], Relaxed)),
-            (FastBuf::I32(b), Data::I32(v)) => lanes.for_each(|(l, o)| b[o as usize].store(v[l] as u32, Relaxed)),
-            (FastBuf::F32(b), Data::F32(v)) => lanes.for_each(|(l, o)| b[o as usize].store(v[l].to_bits(), Relaxed)),
-            (FastBuf::I64(b), Data::I64(v)) => lanes.for_each(|(l, o)| b[o as usize].store(v[l] as u64, Relaxed)),
-            (FastBuf::F64(b), Data::F64(v)) => lanes.for_each(|(l, o)| b[o as usize].store(v[l].to_bits(), Relaxed)),
+            (FastBuf::I1(b), Data::I1(v)) => go(b, offs, mask, v, |a, x| a.store(x, Relaxed)),
+            (FastBuf::I32(b), Data::I32(v)) => go(b, offs, mask, v, |a, x| a.store(x as u32, Relaxed)),
+            (FastBuf::F32(b), Data::F32(v)) => go(b, offs, mask, v, |a, x| a.store(x.to_bits(), Relaxed)),
+            (FastBuf::I64(b), Data::I64(v)) => go(b, offs, mask, v, |a, x| a.store(x as u64, Relaxed)),
+            (FastBuf::F64(b), Data::F64(v)) => go(b, offs, mask, v, |a, x| a.store(x.to_bits(), Relaxed)),
             _ => unreachable!("the verifier checked stored values have the pointee dtype"),
         }
     }
@@ -98,7 +104,7 @@ mod tests {
     fn round_trips_without_loss() {
         let d = Data::F32(vec![1.5, -0.0, f32::NAN, 3.25]);
         let b = FastBuf::from_data(&d);
-        b.write([(0usize, 3i64)].into_iter(), &Data::F32(vec![7.0]));
+        b.write(&[3, 0], Some(&[true, false]), &Data::F32(vec![7.0, 9.0]));
         b.add(1, &Data::F32(vec![2.0]), 0, DType::F32);
         let Data::F32(v) = b.into_data() else { panic!() };
         assert_eq!(v[0], 1.5);

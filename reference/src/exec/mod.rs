@@ -3,7 +3,9 @@
 //! access sets: a per-element owner table for stores and atomics, checked against every logged
 //! load.
 
+mod alloc;
 mod fast;
+mod fastmath;
 mod ops;
 mod plan;
 mod program;
@@ -35,6 +37,7 @@ struct Commit {
 }
 
 pub(crate) fn execute(l: &Launch, bound: &[Bound], mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
+    alloc::tune();
     let k = l.kernel;
     let plan = plan::Plan::new(k);
     // Slots: distinct tensors bound to pointer parameters (aliasing parameters share a slot).

@@ -21,7 +21,7 @@ fn with_data(t: &Tile, data: Data) -> Tile {
 }
 
 fn sigmoid32(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + super::fastmath::exp1(-x))
 }
 fn sigmoid64(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
@@ -32,11 +32,16 @@ pub(crate) fn unary(op: UnaryOp, x: &Tile) -> Result<Tile, String> {
     use UnaryOp::*;
     let bad = || format!("`{}` is not defined on {}", op.name(), x.dtype);
     let data = match &*x.data {
+        Data::F32(v) if op == Exp => {
+            let mut out = super::fastmath::exp_f32(v);
+            round_narrow(x.dtype, &mut out);
+            Data::F32(out)
+        }
         Data::F32(v) => {
             let f: fn(f32) -> f32 = match op {
                 Neg => |a| -a,
                 Abs => f32::abs,
-                Exp => f32::exp,
+                Exp => super::fastmath::exp1,
                 Exp2 => f32::exp2,
                 Log => f32::ln,
                 Log2 => f32::log2,

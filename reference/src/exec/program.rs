@@ -42,6 +42,20 @@ pub(crate) struct Event {
 }
 
 impl Event {
+    /// All offsets of the access (active or not).
+    pub fn offsets(&self) -> &[i64] {
+        let Data::I64(ov) = &*self.offs else { unreachable!("pointer offsets are i64") };
+        ov
+    }
+
+    /// The mask, when some lane is inactive.
+    pub fn mask(&self) -> Option<&[bool]> {
+        match self.mask.as_deref() {
+            Some(Data::I1(m)) => Some(m),
+            _ => None,
+        }
+    }
+
     /// Active lanes as (lane, offset), in lane order.
     pub fn lanes(&self) -> impl Iterator<Item = (usize, i64)> + '_ {
         let Data::I64(ov) = &*self.offs else { unreachable!("pointer offsets are i64") };
@@ -171,8 +185,12 @@ impl<'a> Program<'a> {
                         log.events.push(e);
                     } else {
                         st = true;
-                        buf.write(e.lanes(), &e.vals);
-                        log.store_runs.push((e.inst, runs_of(e.lanes().map(|(_, o)| o))));
+                        buf.write(e.offsets(), e.mask(), &e.vals);
+                        let runs = match e.mask() {
+                            None => runs_of(e.offsets().iter().copied()),
+                            Some(_) => runs_of(e.lanes().map(|(_, o)| o)),
+                        };
+                        log.store_runs.push((e.inst, runs));
                     }
                 }
                 mixed |= st && at;
@@ -440,6 +458,8 @@ impl<'a> Program<'a> {
             let l = (0..ov.len()).find(|&l| mv.is_none_or(|m| m[l]) && ov[l] as u64 >= numel).expect("a bad lane exists");
             return Err(self.oob(i, p.slot, ov[l], &p.offs.shape, l));
         }
+        // An all-true mask is no mask: later passes take their unmasked fast paths.
+        let md = md.filter(|m| !matches!(&**m, Data::I1(v) if v.iter().fold(true, |a, &b| a & b)));
         Ok((offs, md))
     }
 
@@ -564,12 +584,18 @@ fn build_overlay(dtype: DType, initial: &Data, events: &[Event]) -> HashMap<i64,
 
 /// An element that two active lanes of one store write, if any.
 fn duplicate(e: &Event) -> Option<i64> {
-    let mut prev = i64::MIN;
-    let mut increasing = true;
-    for (_, o) in e.lanes() {
-        increasing &= o > prev;
-        prev = o;
-    }
+    let increasing = match e.mask() {
+        None => e.offsets().windows(2).all(|w| w[0] < w[1]),
+        Some(_) => {
+            let mut prev = i64::MIN;
+            let mut inc = true;
+            for (_, o) in e.lanes() {
+                inc &= o > prev;
+                prev = o;
+            }
+            inc
+        }
+    };
     if increasing {
         return None;
     }

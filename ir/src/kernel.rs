@@ -220,62 +220,82 @@ impl Kernel {
     /// unreachable. Two kernels that print the same are equal after this, which makes
     /// `parse(print(k)) == k` a meaningful check.
     pub fn canonicalize(&mut self) {
-        let mut vmap = vec![u32::MAX; self.values.len()];
-        let mut new_values = Vec::with_capacity(self.values.len());
-        let mut new_insts = Vec::with_capacity(self.insts.len());
-        let mut new_blocks = Vec::with_capacity(self.blocks.len());
-        let mut map_v = |v: Value, vmap: &mut Vec<u32>, nv: &mut Vec<ValueData>| -> Value {
-            if vmap[v.index()] == u32::MAX {
-                vmap[v.index()] = nv.len() as u32;
-                nv.push(self.values[v.index()].clone());
-            }
-            Value(vmap[v.index()])
+        let mut r = Renumber {
+            k: self,
+            vmap: vec![u32::MAX; self.values.len()],
+            values: Vec::with_capacity(self.values.len()),
+            insts: Vec::with_capacity(self.insts.len()),
+            blocks: Vec::with_capacity(self.blocks.len()),
         };
-        for p in &mut self.params {
-            p.value = map_v(p.value, &mut vmap, &mut new_values);
+        let params: Vec<Value> = self.params.iter().map(|p| r.def(p.value)).collect();
+        let body = r.block(self.body);
+        let Renumber { values, insts, blocks, .. } = r;
+        for (p, v) in self.params.iter_mut().zip(params) {
+            p.value = v;
         }
-        // Iterative pre-order walk that reserves block ids before filling them.
-        fn visit(
-            k: &Kernel,
-            b: Block,
-            vmap: &mut Vec<u32>,
-            nv: &mut Vec<ValueData>,
-            ni: &mut Vec<InstData>,
-            nb: &mut Vec<BlockData>,
-            map_v: &mut dyn FnMut(Value, &mut Vec<u32>, &mut Vec<ValueData>) -> Value,
-        ) -> Block {
-            let id = nb.len();
-            nb.push(BlockData::default());
-            let params = k.block(b).params.iter().map(|&v| map_v(v, vmap, nv)).collect();
-            let mut insts = Vec::new();
-            for &i in &k.block(b).insts {
-                let d = k.inst(i);
-                let args = d.args.iter().map(|&v| Value(vmap.get(v.index()).copied().unwrap_or(u32::MAX))).collect();
-                let results = d.results.iter().map(|&v| map_v(v, vmap, nv)).collect();
-                let iid = ni.len();
-                ni.push(InstData { op: Op::Yield, args, results, loc: d.loc.clone() });
-                let op = match &d.op {
-                    Op::For { body, max_iters } => Op::For { body: visit(k, *body, vmap, nv, ni, nb, map_v), max_iters: *max_iters },
-                    Op::If { then_block, else_block } => {
-                        let t = visit(k, *then_block, vmap, nv, ni, nb, map_v);
-                        let e = visit(k, *else_block, vmap, nv, ni, nb, map_v);
-                        Op::If { then_block: t, else_block: e }
-                    }
-                    other => other.clone(),
-                };
-                ni[iid].op = op;
-                insts.push(Inst(iid as u32));
-            }
-            nb[id] = BlockData { params, insts };
-            Block(id as u32)
-        }
-        // Operands are mapped when their instruction is visited; in a well-formed kernel every
-        // operand is defined earlier, so the mapping exists. Malformed uses map to u32::MAX,
-        // which the verifier reports.
-        let body = visit(self, self.body, &mut vmap, &mut new_values, &mut new_insts, &mut new_blocks, &mut map_v);
-        self.values = new_values;
-        self.insts = new_insts;
-        self.blocks = new_blocks;
+        self.values = values;
+        self.insts = insts;
+        self.blocks = blocks;
         self.body = body;
+    }
+}
+
+/// State of [`Kernel::canonicalize`]: the new arenas and the old-to-new value map.
+struct Renumber<'k> {
+    k: &'k Kernel,
+    vmap: Vec<u32>,
+    values: Vec<ValueData>,
+    insts: Vec<InstData>,
+    blocks: Vec<BlockData>,
+}
+
+impl Renumber<'_> {
+    /// Assigns the next id to a value at its definition.
+    fn def(&mut self, v: Value) -> Value {
+        if let Some(slot) = self.vmap.get_mut(v.index()) {
+            if *slot == u32::MAX {
+                *slot = self.values.len() as u32;
+                self.values.push(self.k.values[v.index()].clone());
+            }
+            Value(*slot)
+        } else {
+            // Out of the arena: left for the verifier to report.
+            v
+        }
+    }
+
+    /// Maps a use. Operands are defined before their uses in a well-formed kernel; others map
+    /// to an id past the arena, which the verifier reports.
+    fn use_(&self, v: Value) -> Value {
+        Value(self.vmap.get(v.index()).copied().unwrap_or(u32::MAX))
+    }
+
+    fn block(&mut self, b: Block) -> Block {
+        let id = self.blocks.len();
+        self.blocks.push(BlockData::default());
+        let old = &self.k.blocks[b.index()];
+        let params = old.params.iter().map(|&v| self.def(v)).collect();
+        let mut insts = Vec::with_capacity(old.insts.len());
+        for &i in &old.insts {
+            let d = &self.k.insts[i.index()];
+            let args = d.args.iter().map(|&v| self.use_(v)).collect();
+            let results = d.results.iter().map(|&v| self.def(v)).collect();
+            let iid = self.insts.len();
+            // Reserve the instruction's id before its blocks' contents (pre-order).
+            self.insts.push(InstData { op: Op::Yield, args, results, loc: d.loc.clone() });
+            let op = match &d.op {
+                Op::For { body, max_iters } => Op::For { body: self.block(*body), max_iters: *max_iters },
+                Op::If { then_block, else_block } => {
+                    let t = self.block(*then_block);
+                    let e = self.block(*else_block);
+                    Op::If { then_block: t, else_block: e }
+                }
+                other => other.clone(),
+            };
+            self.insts[iid].op = op;
+            insts.push(Inst(iid as u32));
+        }
+        self.blocks[id] = BlockData { params, insts };
+        Block(id as u32)
     }
 }

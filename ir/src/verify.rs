@@ -59,10 +59,16 @@ impl<'k> Verifier<'k> {
             self.err("kernel", &k.loc, "the body block does not exist".into());
             return;
         }
+        if !is_ident(&k.name) {
+            self.err("kernel", &k.loc, format!("kernel name `{}` is not an identifier", k.name));
+        }
         let mut seen_names = std::collections::HashSet::new();
         let mut def_count = vec![0u32; k.values.len()];
         for p in &k.params {
             let what = format!("param {}", p.name);
+            if !is_ident(&p.name) {
+                self.err(&what, &k.loc, format!("parameter name `{}` is not an identifier", p.name));
+            }
             if !seen_names.insert(p.name.as_str()) {
                 self.err(&what, &k.loc, format!("parameter `{}` is declared twice", p.name));
             }
@@ -495,4 +501,10 @@ fn value_type_problems(v: Value, ty: &Type) -> Vec<String> {
         out.push(format!("value {v} has too many elements: {ty}"));
     }
     out
+}
+
+/// `[A-Za-z_][A-Za-z0-9_]*`: what the text format and Triton accept as a name.
+fn is_ident(s: &str) -> bool {
+    let mut c = s.chars();
+    c.next().is_some_and(|f| f.is_ascii_alphabetic() || f == '_') && c.all(|x| x.is_ascii_alphanumeric() || x == '_')
 }

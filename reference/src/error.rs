@@ -98,7 +98,7 @@ pub enum ExecError {
     #[error("{site}: out-of-bounds access to `{tensor}` (numel {numel}) at offset {offset}, lane {lane:?}")]
     OutOfBounds {
         /// Where.
-        site: Site,
+        site: Box<Site>,
         /// Tensor name.
         tensor: String,
         /// Offending flat offset.
@@ -115,7 +115,7 @@ pub enum ExecError {
     #[error("{site}: loop ran {trips} iterations, more than its max_iters = {max_iters}")]
     LoopBound {
         /// Where (the `for` op).
-        site: Site,
+        site: Box<Site>,
         /// Trip count this program needed.
         trips: u64,
         /// The bound.
@@ -126,7 +126,7 @@ pub enum ExecError {
     #[error("{site}: {message}")]
     Runtime {
         /// Where.
-        site: Site,
+        site: Box<Site>,
         /// What.
         message: String,
     },

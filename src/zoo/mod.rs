@@ -23,7 +23,6 @@
 
 // `ExecError` (the reference crate's error, which the launch helpers return as the interpreter
 // does) is large; boxing it here would only hide that from the interpreter's own API.
-#![allow(clippy::result_large_err)]
 
 mod atomic_sum;
 mod copy;

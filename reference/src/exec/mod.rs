@@ -94,7 +94,7 @@ pub(crate) fn execute(l: &Launch, bound: &[Bound], mem: &mut Memory) -> Result<L
     for (s, d) in finals.into_iter().enumerate() {
         if let Some(d) = d {
             let t = mem.get(slot_ids[s]);
-            let nt = HostTensor::new(t.dtype(), &t.shape().to_vec(), d)?;
+            let nt = HostTensor::new(t.dtype(), t.shape(), d)?;
             mem.set(slot_ids[s], nt);
         }
     }

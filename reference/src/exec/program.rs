@@ -206,7 +206,7 @@ impl<'a> Program<'a> {
     }
 
     fn runtime(&self, i: Inst, message: String) -> ExecError {
-        ExecError::Runtime { site: self.site(i), message }
+        ExecError::Runtime { site: Box::new(self.site(i)), message }
     }
 
     fn get(&self, v: Value) -> &RV {
@@ -395,7 +395,7 @@ impl<'a> Program<'a> {
         let trips = if span <= 0 { 0 } else { ((span + st128.abs() - 1) / st128.abs()) as u64 };
         if let Some(m) = max_iters {
             if trips > m as u64 {
-                return Err(ExecError::LoopBound { site: self.site(i), trips, max_iters: m });
+                return Err(ExecError::LoopBound { site: Box::new(self.site(i)), trips, max_iters: m });
             }
         }
         match self.trips.iter_mut().find(|(j, _)| *j == i) {
@@ -435,7 +435,13 @@ impl<'a> Program<'a> {
 
     fn oob(&self, i: Inst, slot: u32, offset: i64, shape: &[usize], lane: usize) -> ExecError {
         let s = &self.sh.slots[slot as usize];
-        ExecError::OutOfBounds { site: self.site(i), tensor: s.name.clone(), offset, numel: s.initial.len(), lane: Self::lane(shape, lane) }
+        ExecError::OutOfBounds {
+            site: Box::new(self.site(i)),
+            tensor: s.name.clone(),
+            offset,
+            numel: s.initial.len(),
+            lane: Self::lane(shape, lane),
+        }
     }
 
     /// The active lanes of an access: offsets (dense i64) and mask, checked against the tensor's

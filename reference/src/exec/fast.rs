@@ -4,7 +4,9 @@
 //! undefined behaviour; the race itself is found afterwards from the owner table and the launch
 //! is re-run on the exact path.
 
+use super::offs::{with_offs, Off};
 use crate::tensor::Data;
+use rayon::prelude::*;
 use std::mem::{align_of, size_of, ManuallyDrop};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use tilegrad_ir::DType;
@@ -33,10 +35,22 @@ pub(crate) enum FastBuf {
 impl FastBuf {
     /// A copy of `d` that programs may write concurrently.
     pub fn from_data(d: &Data) -> FastBuf {
+        fn par_clone<T: Copy + Send + Sync>(v: &[T]) -> Vec<T> {
+            let mut out = Vec::with_capacity(v.len());
+            v.par_iter().copied().collect_into_vec(&mut out);
+            out
+        }
+        let copy = match d {
+            Data::I1(v) => Data::I1(par_clone(v)),
+            Data::I32(v) => Data::I32(par_clone(v)),
+            Data::I64(v) => Data::I64(par_clone(v)),
+            Data::F32(v) => Data::F32(par_clone(v)),
+            Data::F64(v) => Data::F64(par_clone(v)),
+        };
         // SAFETY (all arms): bool, i32, i64, f32 and f64 are plain bit patterns valid as the
         // atomic integer (or atomic bool) of their size, which has the same layout.
         unsafe {
-            match d.clone() {
+            match copy {
                 Data::I1(v) => FastBuf::I1(cast_vec(v)),
                 Data::I32(v) => FastBuf::I32(cast_vec(v)),
                 Data::I64(v) => FastBuf::I64(cast_vec(v)),
@@ -46,20 +60,40 @@ impl FastBuf {
         }
     }
 
-    /// Writes the active lanes of `vals` at their offsets (in lane order).
-    pub fn write(&self, offs: &[i64], mask: Option<&[bool]>, vals: &Data) {
-        fn go<A, T: Copy>(b: &[A], offs: &[i64], mask: Option<&[bool]>, v: &[T], st: impl Fn(&A, T)) {
+    /// Writes the active lanes of `vals` at their offsets (i32 or i64 data, in lane order).
+    pub fn write(&self, offs: &Data, mask: Option<&[bool]>, vals: &Data) {
+        fn go<A, T: Off, V: Copy>(b: &[A], offs: &[T], mask: Option<&[bool]>, v: &[V], st: impl Fn(&A, V)) {
             match mask {
-                None => offs.iter().zip(v).for_each(|(&o, &x)| st(&b[o as usize], x)),
-                Some(m) => offs.iter().zip(v).zip(m).filter(|(_, &k)| k).for_each(|((&o, &x), _)| st(&b[o as usize], x)),
+                None => offs.iter().zip(v).for_each(|(&o, &x)| st(&b[o.i() as usize], x)),
+                Some(m) => offs.iter().zip(v).zip(m).filter(|(_, &k)| k).for_each(|((&o, &x), _)| st(&b[o.i() as usize], x)),
+            }
+        }
+        with_offs!(offs, |ov| match (self, vals) {
+            (FastBuf::I1(b), Data::I1(v)) => go(b, ov, mask, v, |a, x| a.store(x, Relaxed)),
+            (FastBuf::I32(b), Data::I32(v)) => go(b, ov, mask, v, |a, x| a.store(x as u32, Relaxed)),
+            (FastBuf::F32(b), Data::F32(v)) => go(b, ov, mask, v, |a, x| a.store(x.to_bits(), Relaxed)),
+            (FastBuf::I64(b), Data::I64(v)) => go(b, ov, mask, v, |a, x| a.store(x as u64, Relaxed)),
+            (FastBuf::F64(b), Data::F64(v)) => go(b, ov, mask, v, |a, x| a.store(x.to_bits(), Relaxed)),
+            _ => unreachable!("the verifier checked stored values have the pointee dtype"),
+        })
+    }
+
+    /// Writes all lanes of `vals`, whose offsets are the consecutive runs `runs` (in order).
+    pub fn write_runs(&self, runs: &[(i64, u32)], vals: &Data) {
+        fn go<A, V: Copy>(b: &[A], runs: &[(i64, u32)], v: &[V], st: impl Fn(&A, V)) {
+            let mut lane = 0;
+            for &(start, len) in runs {
+                let (start, len) = (start as usize, len as usize);
+                b[start..start + len].iter().zip(&v[lane..lane + len]).for_each(|(a, &x)| st(a, x));
+                lane += len;
             }
         }
         match (self, vals) {
-            (FastBuf::I1(b), Data::I1(v)) => go(b, offs, mask, v, |a, x| a.store(x, Relaxed)),
-            (FastBuf::I32(b), Data::I32(v)) => go(b, offs, mask, v, |a, x| a.store(x as u32, Relaxed)),
-            (FastBuf::F32(b), Data::F32(v)) => go(b, offs, mask, v, |a, x| a.store(x.to_bits(), Relaxed)),
-            (FastBuf::I64(b), Data::I64(v)) => go(b, offs, mask, v, |a, x| a.store(x as u64, Relaxed)),
-            (FastBuf::F64(b), Data::F64(v)) => go(b, offs, mask, v, |a, x| a.store(x.to_bits(), Relaxed)),
+            (FastBuf::I1(b), Data::I1(v)) => go(b, runs, v, |a, x| a.store(x, Relaxed)),
+            (FastBuf::I32(b), Data::I32(v)) => go(b, runs, v, |a, x| a.store(x as u32, Relaxed)),
+            (FastBuf::F32(b), Data::F32(v)) => go(b, runs, v, |a, x| a.store(x.to_bits(), Relaxed)),
+            (FastBuf::I64(b), Data::I64(v)) => go(b, runs, v, |a, x| a.store(x as u64, Relaxed)),
+            (FastBuf::F64(b), Data::F64(v)) => go(b, runs, v, |a, x| a.store(x.to_bits(), Relaxed)),
             _ => unreachable!("the verifier checked stored values have the pointee dtype"),
         }
     }
@@ -104,7 +138,7 @@ mod tests {
     fn round_trips_without_loss() {
         let d = Data::F32(vec![1.5, -0.0, f32::NAN, 3.25]);
         let b = FastBuf::from_data(&d);
-        b.write(&[3, 0], Some(&[true, false]), &Data::F32(vec![7.0, 9.0]));
+        b.write(&Data::I64(vec![3, 0]), Some(&[true, false]), &Data::F32(vec![7.0, 9.0]));
         b.add(1, &Data::F32(vec![2.0]), 0, DType::F32);
         let Data::F32(v) = b.into_data() else { panic!() };
         assert_eq!(v[0], 1.5);

@@ -6,6 +6,7 @@
 mod alloc;
 mod fast;
 mod fastmath;
+mod offs;
 mod ops;
 mod plan;
 mod program;
@@ -158,8 +159,80 @@ fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals
             continue;
         };
         let n = slot.initial.len();
-        // Store owners: program + 1, 0 for none. Each thread owns one range of elements and
-        // walks every program's runs in order.
+        let Some(owner) = Owners::build(&outs, s, n, threads) else { return Ok(None) };
+        // Atomics, in program order.
+        let mut atomic_owner: Vec<u32> = Vec::new();
+        for (p, logs) in outs.iter().enumerate() {
+            let me = p as u32 + 1;
+            for e in &logs[s].events {
+                if atomic_owner.is_empty() {
+                    atomic_owner = vec![0u32; n];
+                }
+                for (lane, o) in e.lanes() {
+                    if owner.other_than(o, o + 1, me) {
+                        return Ok(None);
+                    }
+                    let o = o as usize;
+                    atomic_owner[o] = if atomic_owner[o] == 0 || atomic_owner[o] == me { me } else { MANY };
+                    buf.add(o, &e.vals, lane, slot.dtype);
+                }
+            }
+        }
+        // Loads of elements another program writes.
+        let racy_read = outs.par_iter().enumerate().any(|(p, logs)| {
+            let me = p as u32 + 1;
+            logs[s].reads.iter().any(|r| {
+                r.runs.iter().any(|&(st, len)| {
+                    owner.other_than(st, st + len as i64, me)
+                        || (!atomic_owner.is_empty()
+                            && atomic_owner[st as usize..st as usize + len as usize].iter().any(|&a| a != 0 && a != me))
+                })
+            })
+        });
+        if racy_read {
+            return Ok(None);
+        }
+        finals.push(Some(buf.into_data()));
+    }
+    Ok(Some((summary, finals)))
+}
+
+/// Which program stores each element of a tensor, found from every program's store runs: as
+/// sorted disjoint intervals when runs are few (rows of tiles), else as a per-element table
+/// filled in parallel over element ranges. Program ids are stored +1 (0: nobody).
+enum Owners {
+    Intervals(Vec<(i64, i64, u32)>),
+    Table(Vec<u32>),
+}
+
+impl Owners {
+    /// `None` when two programs store to one element.
+    fn build(outs: &[Vec<program::SlotLog>], s: usize, n: usize, threads: usize) -> Option<Owners> {
+        let runs: usize = outs.iter().map(|l| l[s].store_runs.iter().map(|(_, r)| r.len()).sum::<usize>()).sum();
+        if runs.saturating_mul(32) <= n {
+            let mut iv: Vec<(i64, i64, u32)> = Vec::with_capacity(runs);
+            for (p, logs) in outs.iter().enumerate() {
+                for (_, r) in &logs[s].store_runs {
+                    iv.extend(r.iter().map(|&(st, len)| (st, st + len as i64, p as u32 + 1)));
+                }
+            }
+            iv.sort_unstable();
+            // Sweep: a run that starts inside the furthest-reaching earlier run of another
+            // program overlaps some run of another program. Same-program overlaps merge.
+            let mut merged: Vec<(i64, i64, u32)> = Vec::with_capacity(iv.len());
+            for (st, en, p) in iv {
+                match merged.last_mut() {
+                    Some(last) if st < last.1 => {
+                        if last.2 != p {
+                            return None;
+                        }
+                        last.1 = last.1.max(en);
+                    }
+                    _ => merged.push((st, en, p)),
+                }
+            }
+            return Some(Owners::Intervals(merged));
+        }
         let mut owner = vec![0u32; n];
         let per = n.div_ceil(threads).max(1);
         let conflict = owner.par_chunks_mut(per).enumerate().any(|(c, part)| {
@@ -186,44 +259,19 @@ fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals
             }
             false
         });
-        if conflict {
-            return Ok(None);
-        }
-        // Atomics, in program order.
-        let mut atomic_owner: Vec<u32> = Vec::new();
-        for (p, logs) in outs.iter().enumerate() {
-            let me = p as u32 + 1;
-            for e in &logs[s].events {
-                if atomic_owner.is_empty() {
-                    atomic_owner = vec![0u32; n];
-                }
-                for (lane, o) in e.lanes() {
-                    let o = o as usize;
-                    if owner[o] != 0 && owner[o] != me {
-                        return Ok(None);
-                    }
-                    atomic_owner[o] = if atomic_owner[o] == 0 || atomic_owner[o] == me { me } else { MANY };
-                    buf.add(o, &e.vals, lane, slot.dtype);
-                }
+        (!conflict).then_some(Owners::Table(owner))
+    }
+
+    /// True when a program other than `me` stores some element of `[a, b)`.
+    fn other_than(&self, a: i64, b: i64, me: u32) -> bool {
+        match self {
+            Owners::Table(t) => t[a as usize..b as usize].iter().any(|&w| w != 0 && w != me),
+            Owners::Intervals(iv) => {
+                let first = iv.partition_point(|&(_, en, _)| en <= a);
+                iv[first..].iter().take_while(|&&(st, _, _)| st < b).any(|&(_, _, p)| p != me)
             }
         }
-        // Loads of elements another program writes.
-        let racy_read = outs.par_iter().enumerate().any(|(p, logs)| {
-            let me = p as u32 + 1;
-            logs[s].reads.iter().any(|r| {
-                r.runs.iter().any(|&(st, len)| {
-                    (st as usize..st as usize + len as usize).any(|o| {
-                        (owner[o] != 0 && owner[o] != me) || (!atomic_owner.is_empty() && atomic_owner[o] != 0 && atomic_owner[o] != me)
-                    })
-                })
-            })
-        });
-        if racy_read {
-            return Ok(None);
-        }
-        finals.push(Some(buf.into_data()));
     }
-    Ok(Some((summary, finals)))
 }
 
 /// The exact path: every program's writes are committed in program order with per-element

@@ -188,13 +188,20 @@ macro_rules! cmp_map {
     };
 }
 
-/// Pointer arithmetic: i64 offsets plus an integer tile of the same shape, in one pass.
+/// Pointer arithmetic: offsets plus an integer tile of the same shape. A pointer fresh from a
+/// parameter (offset 0) takes the index tile as it is (no copy: offsets stay i32 when the
+/// indices are i32); otherwise the sum is computed in i64.
 pub(crate) fn add_offsets(base: &Tile, delta: &Tile) -> Tile {
-    let Data::I64(b) = &*base.data else { unreachable!("pointer offsets are i64") };
-    let v: Vec<i64> = match &*delta.data {
-        Data::I32(d) => map2(base, b, delta, d.as_slice(), |x, y| x.wrapping_add(y as i64)),
-        Data::I64(d) => map2(base, b, delta, d.as_slice(), |x, y| x.wrapping_add(y)),
-        _ => unreachable!("the verifier checked offsets are integers"),
+    let zero_base = base.is_splat() && base.i64_scalar() == 0;
+    if zero_base {
+        return Tile { dtype: delta.dtype, shape: base.shape.clone(), data: delta.data.clone(), src: delta.src.clone() };
+    }
+    let v: Vec<i64> = match (&*base.data, &*delta.data) {
+        (Data::I64(b), Data::I32(d)) => map2(base, b, delta, d.as_slice(), |x, y| x.wrapping_add(y as i64)),
+        (Data::I64(b), Data::I64(d)) => map2(base, b, delta, d.as_slice(), |x, y| x.wrapping_add(y)),
+        (Data::I32(b), Data::I32(d)) => map2(base, b, delta, d.as_slice(), |x, y| (x as i64).wrapping_add(y as i64)),
+        (Data::I32(b), Data::I64(d)) => map2(base, b, delta, d.as_slice(), |x, y| (x as i64).wrapping_add(y)),
+        _ => unreachable!("pointer offsets and deltas are integers"),
     };
     result(base, delta, DType::I64, Data::I64(v))
 }

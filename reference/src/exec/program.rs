@@ -3,6 +3,7 @@
 //! stores and atomics; stores and atomics are logged (not applied) so that every program sees the
 //! same initial memory whatever the execution order, and the driver commits them afterwards.
 
+use super::offs::{self, with_offs, Off};
 use super::ops;
 use super::plan::Plan;
 use super::tile::{PtrTile, Tile, RV};
@@ -39,13 +40,14 @@ pub(crate) struct Event {
     offs: Arc<Data>,
     pub vals: Arc<Data>,
     mask: Option<Arc<Data>>,
+    /// The offsets as runs, when every lane is active (computed once, at the store).
+    runs: Option<Runs>,
 }
 
 impl Event {
-    /// All offsets of the access (active or not).
-    pub fn offsets(&self) -> &[i64] {
-        let Data::I64(ov) = &*self.offs else { unreachable!("pointer offsets are i64") };
-        ov
+    /// All offsets of the access (active or not): i32 or i64 data.
+    pub fn offsets(&self) -> &Data {
+        &self.offs
     }
 
     /// The mask, when some lane is inactive.
@@ -56,14 +58,15 @@ impl Event {
         }
     }
 
+    /// Offset of lane `l`.
+    fn off(&self, l: usize) -> i64 {
+        with_offs!(&*self.offs, |ov| ov[l].i())
+    }
+
     /// Active lanes as (lane, offset), in lane order.
     pub fn lanes(&self) -> impl Iterator<Item = (usize, i64)> + '_ {
-        let Data::I64(ov) = &*self.offs else { unreachable!("pointer offsets are i64") };
-        let m: Option<&[bool]> = match self.mask.as_deref() {
-            Some(Data::I1(m)) => Some(m),
-            _ => None,
-        };
-        ov.iter().enumerate().filter(move |(l, _)| m.is_none_or(|m| m[*l])).map(|(l, &o)| (l, o))
+        let m = self.mask();
+        (0..self.offs.len()).filter(move |&l| m.is_none_or(|m| m[l])).map(move |l| (l, self.off(l)))
     }
 }
 
@@ -114,6 +117,10 @@ pub(crate) struct ProgramOut {
 
 pub(crate) struct Program<'a> {
     sh: &'a Shared<'a>,
+    /// The last successful bounds scan: (offsets, mask, numel, all lanes active). Loads and
+    /// stores through `x + offs` and `y + offs` share one offsets buffer (and usually one mask),
+    /// so the second access skips the scan. Holding the buffers keeps them from being reused.
+    scanned: Option<(Arc<Data>, Option<Arc<Data>>, i64, bool)>,
     pid: [u32; 3],
     env: Vec<Option<RV>>,
     logs: Vec<SlotLog>,
@@ -156,6 +163,7 @@ impl<'a> Program<'a> {
         }
         Program {
             sh,
+            scanned: None,
             pid,
             env,
             logs: (0..sh.slots.len()).map(|_| SlotLog::default()).collect(),
@@ -185,10 +193,15 @@ impl<'a> Program<'a> {
                         log.events.push(e);
                     } else {
                         st = true;
-                        buf.write(e.offsets(), e.mask(), &e.vals);
-                        let runs = match e.mask() {
-                            None => runs_of(e.offsets().iter().copied()),
-                            Some(_) => runs_of(e.lanes().map(|(_, o)| o)),
+                        let runs = match e.runs {
+                            Some(runs) => {
+                                buf.write_runs(&runs, &e.vals);
+                                runs
+                            }
+                            None => {
+                                buf.write(e.offsets(), e.mask(), &e.vals);
+                                runs_of(e.lanes().map(|(_, o)| o))
+                            }
                         };
                         log.store_runs.push((e.inst, runs));
                     }
@@ -329,7 +342,13 @@ impl<'a> Program<'a> {
                                 ),
                             ));
                         }
-                        RV::Ptr(PtrTile { slot: x.slot, offs: ops::select(c, &x.offs, &y.offs).map_err(|m| self.runtime(i, m))? })
+                        // Offsets may be stored as i32 on one side and i64 on the other.
+                        let (xo, yo) = if x.offs.dtype == y.offs.dtype {
+                            (x.offs.clone(), y.offs.clone())
+                        } else {
+                            (ops::cast(&x.offs, DType::I64), ops::cast(&y.offs, DType::I64))
+                        };
+                        RV::Ptr(PtrTile { slot: x.slot, offs: ops::select(c, &xo, &yo).map_err(|m| self.runtime(i, m))? })
                     }
                     _ => unreachable!("the verifier checked both branches have one type"),
                 };
@@ -446,35 +465,46 @@ impl<'a> Program<'a> {
 
     /// The active lanes of an access: offsets (dense i64) and mask, checked against the tensor's
     /// bounds.
-    fn active(&self, i: Inst, p: &PtrTile, mask: Option<Value>) -> Result<(Arc<Data>, Option<Arc<Data>>), ExecError> {
+    fn active(&mut self, i: Inst, p: &PtrTile, mask: Option<Value>) -> Result<(Arc<Data>, Option<Arc<Data>>), ExecError> {
         let offs = p.offs.materialize();
-        let Data::I64(ov) = &*offs else { unreachable!("pointer offsets are i64") };
-        let numel = self.sh.slots[p.slot as usize].initial.len() as u64;
+        let numel = self.sh.slots[p.slot as usize].initial.len() as i64;
         let md = mask.map(|m| self.num(m).materialize());
-        // Branch-free scan first (vectorises); locate the offending lane only on failure.
-        let bad = match md.as_deref() {
-            Some(Data::I1(mv)) => ov.iter().zip(mv).fold(false, |acc, (&o, &m)| acc | (m & (o as u64 >= numel))),
-            _ => ov.iter().fold(false, |acc, &o| acc | (o as u64 >= numel)),
+        let mv: Option<&[bool]> = match md.as_deref() {
+            Some(Data::I1(m)) => Some(m),
+            _ => None,
         };
+        let same = |c: &(Arc<Data>, Option<Arc<Data>>, i64, bool)| {
+            Arc::ptr_eq(&c.0, &offs)
+                && c.2 == numel
+                && match (&c.1, &md) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    _ => false,
+                }
+        };
+        let (bad, all) = match &self.scanned {
+            Some(c) if same(c) => (false, c.3),
+            _ => with_offs!(&*offs, |ov| offs::scan(ov, mv, numel)),
+        };
+        if !bad {
+            self.scanned = Some((offs.clone(), md.clone(), numel, all));
+        }
         if bad {
-            let mv: Option<&[bool]> = match md.as_deref() {
-                Some(Data::I1(m)) => Some(m),
-                _ => None,
-            };
-            let l = (0..ov.len()).find(|&l| mv.is_none_or(|m| m[l]) && ov[l] as u64 >= numel).expect("a bad lane exists");
-            return Err(self.oob(i, p.slot, ov[l], &p.offs.shape, l));
+            let l = with_offs!(&*offs, |ov| (0..ov.len()).find(|&l| mv.is_none_or(|m| m[l]) && !(0..numel).contains(&ov[l].i())))
+                .expect("a bad lane exists");
+            let o = with_offs!(&*offs, |ov| ov[l].i());
+            return Err(self.oob(i, p.slot, o, &p.offs.shape, l));
         }
         // An all-true mask is no mask: later passes take their unmasked fast paths.
-        let md = md.filter(|m| !matches!(&**m, Data::I1(v) if v.iter().fold(true, |a, &b| a & b)));
+        let md = if all { None } else { md };
         Ok((offs, md))
     }
 
     fn load(&mut self, i: Inst, ptr: Value, mask: Option<Value>, other: Option<Value>) -> Result<Tile, ExecError> {
         let p = self.ptr(ptr).clone();
         let (offs, md) = self.active(i, &p, mask)?;
-        let Data::I64(ov) = &*offs else { unreachable!("pointer offsets are i64") };
         let slot = &self.sh.slots[p.slot as usize];
-        let n = ov.len();
+        let n = offs.len();
         let mv: Option<&[bool]> = match md.as_deref() {
             Some(Data::I1(m)) => Some(m),
             _ => None,
@@ -484,6 +514,8 @@ impl<'a> Program<'a> {
         let od = other_t.as_ref().map(|t| if t.is_splat() { t.data.clone() } else { t.materialize() });
         let active = mv.map_or(n, |m| m.iter().filter(|&&b| b).count());
         self.loaded += active as u64;
+        // Runs of an unmasked access: for a contiguous copy, and for the read log.
+        let runs: Runs = if mv.is_none() { with_offs!(&*offs, |ov| offs::runs(ov)) } else { Vec::new() };
         let log = &mut self.logs[p.slot as usize];
         if log.overlay.is_none() && !log.events.is_empty() {
             log.overlay = Some(build_overlay(slot.dtype, slot.initial, &log.events));
@@ -501,20 +533,28 @@ impl<'a> Program<'a> {
                         None => $init[o as usize],
                     }
                 };
-                let out: Vec<_> = match (mv, overlay, other_v) {
-                    (None, None, _) => ov.iter().map(|&o| $init[o as usize]).collect(),
-                    (None, Some(_), _) => ov.iter().map(|&o| read(o)).collect(),
+                let out: Vec<_> = with_offs!(&*offs, |ov| match (mv, overlay, other_v) {
+                    (None, None, _) if runs.len() * 8 <= n => {
+                        // Mostly contiguous rows: copy run by run.
+                        let mut out = Vec::with_capacity(n);
+                        for &(st, len) in &runs {
+                            out.extend_from_slice(&$init[st as usize..st as usize + len as usize]);
+                        }
+                        out
+                    }
+                    (None, None, _) => ov.iter().map(|&o| $init[o.i() as usize]).collect(),
+                    (None, Some(_), _) => ov.iter().map(|&o| read(o.i())).collect(),
                     (Some(m), None, ot) => {
                         let splat = ot.filter(|v| v.len() == 1).map_or($zero, |v| v[0]);
                         match ot.filter(|v| v.len() > 1) {
-                            Some(v) => (0..n).map(|l| if m[l] { $init[ov[l] as usize] } else { v[l] }).collect(),
-                            None => (0..n).map(|l| if m[l] { $init[ov[l] as usize] } else { splat }).collect(),
+                            Some(v) => (0..n).map(|l| if m[l] { $init[ov[l].i() as usize] } else { v[l] }).collect(),
+                            None => (0..n).map(|l| if m[l] { $init[ov[l].i() as usize] } else { splat }).collect(),
                         }
                     }
                     (Some(m), Some(_), ot) => (0..n)
-                        .map(|l| if m[l] { read(ov[l]) } else { ot.map_or($zero, |v| if v.len() == 1 { v[0] } else { v[l] }) })
+                        .map(|l| if m[l] { read(ov[l].i()) } else { ot.map_or($zero, |v| if v.len() == 1 { v[0] } else { v[l] }) })
                         .collect(),
-                };
+                });
                 Data::$var(out)
             }};
         }
@@ -527,8 +567,8 @@ impl<'a> Program<'a> {
         };
         if slot.written {
             let runs = match mv {
-                None => runs_of(ov.iter().copied()),
-                Some(m) => runs_of(ov.iter().zip(m).filter(|(_, &b)| b).map(|(&o, _)| o)),
+                None => runs,
+                Some(m) => with_offs!(&*offs, |ov| runs_of(ov.iter().zip(m).filter(|(_, &b)| b).map(|(&o, _)| o.i()))),
             };
             self.logs[p.slot as usize].reads.push(ReadLog { inst: i, runs });
         }
@@ -539,8 +579,12 @@ impl<'a> Program<'a> {
         let p = self.ptr(ptr).clone();
         let (offs, md) = self.active(i, &p, mask)?;
         let vals = self.num(val).materialize();
-        let e = Event { inst: i, atomic, offs, vals, mask: md };
-        let active = e.lanes().count() as u64;
+        let runs = md.is_none().then(|| with_offs!(&*offs, |ov| offs::runs(ov)));
+        let e = Event { inst: i, atomic, offs, vals, mask: md, runs };
+        let active = match e.mask() {
+            None => e.offsets().len(),
+            Some(m) => m.iter().filter(|&&b| b).count(),
+        } as u64;
         if !atomic {
             if let Some(dup) = duplicate(&e) {
                 let site = self.site(i);
@@ -590,9 +634,11 @@ fn build_overlay(dtype: DType, initial: &Data, events: &[Event]) -> HashMap<i64,
 
 /// An element that two active lanes of one store write, if any.
 fn duplicate(e: &Event) -> Option<i64> {
-    let increasing = match e.mask() {
-        None => e.offsets().windows(2).all(|w| w[0] < w[1]),
-        Some(_) => {
+    let increasing = match (&e.runs, e.mask()) {
+        // Runs that each start past the end of the previous one never repeat an element.
+        (Some(runs), _) => runs.windows(2).all(|w| w[1].0 >= w[0].0 + w[0].1 as i64),
+        (None, None) => with_offs!(e.offsets(), |ov| offs::increasing(ov)),
+        (None, Some(_)) => {
             let mut prev = i64::MIN;
             let mut inc = true;
             for (_, o) in e.lanes() {

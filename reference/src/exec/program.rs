@@ -115,12 +115,20 @@ pub(crate) struct ProgramOut {
     pub mixed: bool,
 }
 
+/// A bounds scan that passed (see `Program::scanned`).
+struct Scanned {
+    offs: Arc<Data>,
+    mask: Option<Arc<Data>>,
+    numel: i64,
+    all_active: bool,
+}
+
 pub(crate) struct Program<'a> {
     sh: &'a Shared<'a>,
     /// The last successful bounds scan: (offsets, mask, numel, all lanes active). Loads and
     /// stores through `x + offs` and `y + offs` share one offsets buffer (and usually one mask),
     /// so the second access skips the scan. Holding the buffers keeps them from being reused.
-    scanned: Option<(Arc<Data>, Option<Arc<Data>>, i64, bool)>,
+    scanned: Option<Scanned>,
     pid: [u32; 3],
     env: Vec<Option<RV>>,
     logs: Vec<SlotLog>,
@@ -473,21 +481,21 @@ impl<'a> Program<'a> {
             Some(Data::I1(m)) => Some(m),
             _ => None,
         };
-        let same = |c: &(Arc<Data>, Option<Arc<Data>>, i64, bool)| {
-            Arc::ptr_eq(&c.0, &offs)
-                && c.2 == numel
-                && match (&c.1, &md) {
+        let same = |c: &Scanned| {
+            Arc::ptr_eq(&c.offs, &offs)
+                && c.numel == numel
+                && match (&c.mask, &md) {
                     (None, None) => true,
                     (Some(a), Some(b)) => Arc::ptr_eq(a, b),
                     _ => false,
                 }
         };
         let (bad, all) = match &self.scanned {
-            Some(c) if same(c) => (false, c.3),
+            Some(c) if same(c) => (false, c.all_active),
             _ => with_offs!(&*offs, |ov| offs::scan(ov, mv, numel)),
         };
         if !bad {
-            self.scanned = Some((offs.clone(), md.clone(), numel, all));
+            self.scanned = Some(Scanned { offs: offs.clone(), mask: md.clone(), numel, all_active: all });
         }
         if bad {
             let l = with_offs!(&*offs, |ov| (0..ov.len()).find(|&l| mv.is_none_or(|m| m[l]) && !(0..numel).contains(&ov[l].i())))

@@ -223,6 +223,32 @@ impl<'k> Launch<'k> {
         self
     }
 
+    /// The kernel.
+    pub fn kernel(&self) -> &'k Kernel {
+        self.kernel
+    }
+
+    /// The grid.
+    pub fn grid(&self) -> Grid {
+        self.grid
+    }
+
+    /// The arguments, by parameter name, as given.
+    pub fn args(&self) -> &[(String, Arg)] {
+        &self.args
+    }
+
+    /// The options.
+    pub fn get_options(&self) -> &Options {
+        &self.options
+    }
+
+    /// The same launch of another kernel with the same parameters (e.g. the kernel promoted to
+    /// f64).
+    pub fn with_kernel<'j>(&self, kernel: &'j Kernel) -> Launch<'j> {
+        Launch { kernel, grid: self.grid, args: self.args.clone(), options: self.options.clone() }
+    }
+
     /// Runs the launch: on success the written tensors of `mem` hold their final contents.
     pub fn run(&self, mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
         tilegrad_ir::verify(self.kernel)?;

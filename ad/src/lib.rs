@@ -1,0 +1,14 @@
+//! Reverse-mode automatic differentiation of tile-kernel launches: tilegrad's ground truth.
+//!
+//! A launch is a function from the initial contents of its differentiable input tensors to the
+//! final contents of its output tensors. This crate computes its vector-Jacobian product in f64
+//! and checks itself against central finite differences run through the reference interpreter.
+#![warn(missing_docs)]
+
+mod btile;
+mod error;
+pub mod fd;
+pub mod rules;
+
+pub use btile::BTile;
+pub use error::AdError;

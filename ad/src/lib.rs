@@ -8,7 +8,12 @@
 mod btile;
 mod error;
 pub mod fd;
+mod grad;
+pub mod graph;
+mod program;
 pub mod rules;
 
 pub use btile::BTile;
 pub use error::AdError;
+pub use grad::{vjp, GradOptions, Gradient};
+pub use rules::Precision;

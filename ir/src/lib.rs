@@ -28,10 +28,12 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod analysis;
 mod builder;
 mod error;
 mod kernel;
 mod op;
+pub mod passes;
 pub mod text;
 mod types;
 mod verify;

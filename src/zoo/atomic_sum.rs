@@ -32,9 +32,14 @@ pub fn atomic_sum_ref(x: &[f64]) -> f64 {
     x.iter().sum()
 }
 
-/// Launches [`atomic_sum`] on `x` (f32, taken flat), adding into `out[0]` (f32).
-pub fn launch_atomic_sum(kernel: &Kernel, mem: &mut Memory, x: TensorId, out: TensorId) -> Result<LaunchSummary, ExecError> {
+/// The launch of [`atomic_sum`] on `x` (f32, taken flat), adding into `out[0]` (f32).
+pub fn atomic_sum_launch<'k>(kernel: &'k Kernel, mem: &Memory, x: TensorId, out: TensorId) -> Result<Launch<'k>, ExecError> {
     let n = mem.get(x).numel();
     let block = tile(kernel, "BLOCK")?;
-    Launch::new(kernel, grid_for(n, block)).arg("x_ptr", x).arg("out_ptr", out).arg("n", n).run(mem)
+    Ok(Launch::new(kernel, grid_for(n, block)).arg("x_ptr", x).arg("out_ptr", out).arg("n", n))
+}
+
+/// Launches [`atomic_sum`] on `x` (f32, taken flat), adding into `out[0]` (f32).
+pub fn launch_atomic_sum(kernel: &Kernel, mem: &mut Memory, x: TensorId, out: TensorId) -> Result<LaunchSummary, ExecError> {
+    atomic_sum_launch(kernel, mem, x, out)?.run(mem)
 }

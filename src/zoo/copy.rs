@@ -30,9 +30,14 @@ pub fn copy_ref(x: &[f64]) -> Vec<f64> {
     x.to_vec()
 }
 
-/// Launches [`copy`] from `src` to `dst` (f32, same number of elements).
-pub fn launch_copy(kernel: &Kernel, mem: &mut Memory, src: TensorId, dst: TensorId) -> Result<LaunchSummary, ExecError> {
+/// The launch of [`copy`] from `src` to `dst` (f32, same number of elements).
+pub fn copy_launch<'k>(kernel: &'k Kernel, mem: &Memory, src: TensorId, dst: TensorId) -> Result<Launch<'k>, ExecError> {
     let n = mem.get(src).numel();
     let block = tile(kernel, "BLOCK")?;
-    Launch::new(kernel, grid_for(n, block)).arg("src_ptr", src).arg("dst_ptr", dst).arg("n", n).run(mem)
+    Ok(Launch::new(kernel, grid_for(n, block)).arg("src_ptr", src).arg("dst_ptr", dst).arg("n", n))
+}
+
+/// Launches [`copy`] from `src` to `dst` (f32, same number of elements).
+pub fn launch_copy(kernel: &Kernel, mem: &mut Memory, src: TensorId, dst: TensorId) -> Result<LaunchSummary, ExecError> {
+    copy_launch(kernel, mem, src, dst)?.run(mem)
 }

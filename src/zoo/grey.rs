@@ -80,13 +80,13 @@ pub fn rgb_to_grey_ref(img: &[f64], h: usize, w: usize) -> Vec<f64> {
     out
 }
 
-/// Launches [`rgb_to_grey`] on `img` (`[H, W, 3]` f32) writing `grey` (`[H, W]` f32).
-pub fn launch_rgb_to_grey(kernel: &Kernel, mem: &mut Memory, img: TensorId, grey: TensorId) -> Result<LaunchSummary, ExecError> {
+/// The launch of [`rgb_to_grey`] on `img` (`[H, W, 3]` f32) writing `grey` (`[H, W]` f32).
+pub fn rgb_to_grey_launch<'k>(kernel: &'k Kernel, mem: &Memory, img: TensorId, grey: TensorId) -> Result<Launch<'k>, ExecError> {
     let s = dims(kernel, mem, img, "img_ptr", 3)?;
     dims(kernel, mem, grey, "grey_ptr", 2)?;
     let (bh, bw) = (tile(kernel, "BLOCK_H")?, tile(kernel, "BLOCK_W")?);
     let (ti, tg) = (mem.get(img), mem.get(grey));
-    Launch::new(kernel, (grid_for(s[0], bh), grid_for(s[1], bw)))
+    Ok(Launch::new(kernel, (grid_for(s[0], bh), grid_for(s[1], bw)))
         .arg("img_ptr", img)
         .arg("grey_ptr", grey)
         .arg("H", s[0])
@@ -95,6 +95,10 @@ pub fn launch_rgb_to_grey(kernel: &Kernel, mem: &mut Memory, img: TensorId, grey
         .arg("stride_iw", ti.stride(1))
         .arg("stride_ic", ti.stride(2))
         .arg("stride_gh", tg.stride(0))
-        .arg("stride_gw", tg.stride(1))
-        .run(mem)
+        .arg("stride_gw", tg.stride(1)))
+}
+
+/// Launches [`rgb_to_grey`] on `img` (`[H, W, 3]` f32) writing `grey` (`[H, W]` f32).
+pub fn launch_rgb_to_grey(kernel: &Kernel, mem: &mut Memory, img: TensorId, grey: TensorId) -> Result<LaunchSummary, ExecError> {
+    rgb_to_grey_launch(kernel, mem, img, grey)?.run(mem)
 }

@@ -72,18 +72,29 @@ pub fn l2_norm_ref(x: &[f64]) -> f64 {
     x.iter().map(|v| v * v).sum::<f64>().sqrt()
 }
 
+/// The launch of [`l2_norm_partial`] on `x` (f32, any shape, taken flat) writing `partial` (f32,
+/// [`l2_norm_num_partials`] elements).
+pub fn l2_norm_partial_launch<'k>(kernel: &'k Kernel, mem: &Memory, x: TensorId, partial: TensorId) -> Result<Launch<'k>, ExecError> {
+    let n = mem.get(x).numel();
+    let block = tile(kernel, "BLOCK")?;
+    Ok(Launch::new(kernel, grid_for(n, block)).arg("x_ptr", x).arg("partial_ptr", partial).arg("n", n))
+}
+
 /// Launches [`l2_norm_partial`] on `x` (f32, any shape, taken flat) writing `partial` (f32,
 /// [`l2_norm_num_partials`] elements).
 pub fn launch_l2_norm_partial(kernel: &Kernel, mem: &mut Memory, x: TensorId, partial: TensorId) -> Result<LaunchSummary, ExecError> {
-    let n = mem.get(x).numel();
-    let block = tile(kernel, "BLOCK")?;
-    Launch::new(kernel, grid_for(n, block)).arg("x_ptr", x).arg("partial_ptr", partial).arg("n", n).run(mem)
+    l2_norm_partial_launch(kernel, mem, x, partial)?.run(mem)
+}
+
+/// The launch of [`l2_norm_finish`] (one program) over all of `partial`, writing `out[0]`.
+pub fn l2_norm_finish_launch<'k>(kernel: &'k Kernel, mem: &Memory, partial: TensorId, out: TensorId) -> Result<Launch<'k>, ExecError> {
+    let num = mem.get(partial).numel();
+    Ok(Launch::new(kernel, 1u32).arg("partial_ptr", partial).arg("out_ptr", out).arg("num_partials", num))
 }
 
 /// Launches [`l2_norm_finish`] (one program) over all of `partial`, writing `out[0]`.
 pub fn launch_l2_norm_finish(kernel: &Kernel, mem: &mut Memory, partial: TensorId, out: TensorId) -> Result<LaunchSummary, ExecError> {
-    let num = mem.get(partial).numel();
-    Launch::new(kernel, 1u32).arg("partial_ptr", partial).arg("out_ptr", out).arg("num_partials", num).run(mem)
+    l2_norm_finish_launch(kernel, mem, partial, out)?.run(mem)
 }
 
 /// Both stages: the summaries of the two launches.

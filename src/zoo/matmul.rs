@@ -115,14 +115,14 @@ pub fn matmul_scale(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f
     matmul_ref(&abs(a), &abs(b), m, n, k)
 }
 
-/// Launches [`matmul`]: `a` `[M, K]`, `b` `[K, N]`, writing `c` `[M, N]`.
-pub fn launch_matmul(kernel: &Kernel, mem: &mut Memory, a: TensorId, b: TensorId, c: TensorId) -> Result<LaunchSummary, ExecError> {
+/// The launch of [`matmul`]: `a` `[M, K]`, `b` `[K, N]`, writing `c` `[M, N]`.
+pub fn matmul_launch<'k>(kernel: &'k Kernel, mem: &Memory, a: TensorId, b: TensorId, c: TensorId) -> Result<Launch<'k>, ExecError> {
     let sa = dims(kernel, mem, a, "a_ptr", 2)?;
     let sb = dims(kernel, mem, b, "b_ptr", 2)?;
     dims(kernel, mem, c, "c_ptr", 2)?;
     let (bm, bn) = (tile(kernel, "BLOCK_M")?, tile(kernel, "BLOCK_N")?);
     let (ta, tb, tc) = (mem.get(a), mem.get(b), mem.get(c));
-    Launch::new(kernel, (grid_for(sa[0], bm), grid_for(sb[1], bn)))
+    Ok(Launch::new(kernel, (grid_for(sa[0], bm), grid_for(sb[1], bn)))
         .arg("a_ptr", a)
         .arg("b_ptr", b)
         .arg("c_ptr", c)
@@ -134,6 +134,10 @@ pub fn launch_matmul(kernel: &Kernel, mem: &mut Memory, a: TensorId, b: TensorId
         .arg("stride_bk", tb.stride(0))
         .arg("stride_bn", tb.stride(1))
         .arg("stride_cm", tc.stride(0))
-        .arg("stride_cn", tc.stride(1))
-        .run(mem)
+        .arg("stride_cn", tc.stride(1)))
+}
+
+/// Launches [`matmul`]: `a` `[M, K]`, `b` `[K, N]`, writing `c` `[M, N]`.
+pub fn launch_matmul(kernel: &Kernel, mem: &mut Memory, a: TensorId, b: TensorId, c: TensorId) -> Result<LaunchSummary, ExecError> {
+    matmul_launch(kernel, mem, a, b, c)?.run(mem)
 }

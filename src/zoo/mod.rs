@@ -34,20 +34,15 @@ mod softmax;
 mod vector_add;
 mod weighted_sum;
 
-pub use atomic_sum::{atomic_sum, atomic_sum_ref, launch_atomic_sum};
-pub use copy::{copy, copy_ref, launch_copy};
-pub use grey::{launch_rgb_to_grey, rgb_to_grey, rgb_to_grey_ref, GREY_WEIGHTS};
-pub use l2_norm::{
-    l2_norm_finish, l2_norm_num_partials, l2_norm_partial, l2_norm_ref, launch_l2_norm, launch_l2_norm_finish, launch_l2_norm_partial,
-};
-pub use matmul::{launch_matmul, matmul, matmul_ref, matmul_scale, round_tf32};
-pub use segment_sum::{launch_segment_sum, segment_sum, segment_sum_ref};
-pub use softmax::{launch_softmax, softmax, softmax_ref};
-pub use vector_add::{launch_vector_add, vector_add, vector_add_ref};
-pub use weighted_sum::{
-    launch_weighted_sum_bwd, launch_weighted_sum_fwd, sum_partial_grad_weight, weighted_sum_bwd, weighted_sum_bwd_ref, weighted_sum_fwd,
-    weighted_sum_fwd_ref,
-};
+pub use atomic_sum::*;
+pub use copy::*;
+pub use grey::*;
+pub use l2_norm::*;
+pub use matmul::*;
+pub use segment_sum::*;
+pub use softmax::*;
+pub use vector_add::*;
+pub use weighted_sum::*;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -48,6 +48,28 @@ pub fn segment_sum_ref(values: &[f64], starts: &[i32], lengths: &[i32]) -> Vec<f
     starts.iter().zip(lengths).map(|(&s, &l)| values[s as usize..(s + l) as usize].iter().sum()).collect()
 }
 
+/// The launch of [`segment_sum`] with one program per segment (`starts`, `lengths`: i32 `[S]`;
+/// `values`: f32; `out`: f32 `[S]`).
+pub fn segment_sum_launch<'k>(
+    kernel: &'k Kernel,
+    mem: &Memory,
+    values: TensorId,
+    starts: TensorId,
+    lengths: TensorId,
+    out: TensorId,
+) -> Result<Launch<'k>, ExecError> {
+    let s = dims(kernel, mem, lengths, "lengths_ptr", 1)?;
+    tile(kernel, "BLOCK")?;
+    if s[0] == 0 {
+        return Err(ExecError::Argument {
+            kernel: kernel.name.clone(),
+            param: "lengths_ptr".into(),
+            message: "no segments to launch".into(),
+        });
+    }
+    Ok(Launch::new(kernel, s[0]).arg("values_ptr", values).arg("starts_ptr", starts).arg("lengths_ptr", lengths).arg("out_ptr", out))
+}
+
 /// Launches [`segment_sum`] with one program per segment (`starts`, `lengths`: i32 `[S]`;
 /// `values`: f32; `out`: f32 `[S]`).
 pub fn launch_segment_sum(
@@ -58,14 +80,5 @@ pub fn launch_segment_sum(
     lengths: TensorId,
     out: TensorId,
 ) -> Result<LaunchSummary, ExecError> {
-    let s = dims(kernel, mem, lengths, "lengths_ptr", 1)?;
-    tile(kernel, "BLOCK")?;
-    if s[0] == 0 {
-        return Err(ExecError::Argument {
-            kernel: kernel.name.clone(),
-            param: "lengths_ptr".into(),
-            message: "no segments to launch".into(),
-        });
-    }
-    Launch::new(kernel, s[0]).arg("values_ptr", values).arg("starts_ptr", starts).arg("lengths_ptr", lengths).arg("out_ptr", out).run(mem)
+    segment_sum_launch(kernel, mem, values, starts, lengths, out)?.run(mem)
 }

@@ -66,9 +66,9 @@ pub fn softmax_ref(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
     out
 }
 
-/// Launches [`softmax`] on `x` (`[rows, cols]`) writing `y` (same shape). Fails with an argument
+/// The launch of [`softmax`] on `x` (`[rows, cols]`) writing `y` (same shape). Fails with an argument
 /// error when the kernel's `BLOCK_COLS` is smaller than the row.
-pub fn launch_softmax(kernel: &Kernel, mem: &mut Memory, x: TensorId, y: TensorId) -> Result<LaunchSummary, ExecError> {
+pub fn softmax_launch<'k>(kernel: &'k Kernel, mem: &Memory, x: TensorId, y: TensorId) -> Result<Launch<'k>, ExecError> {
     let s = dims(kernel, mem, x, "x_ptr", 2)?;
     dims(kernel, mem, y, "y_ptr", 2)?;
     let (br, bc) = (tile(kernel, "BLOCK_ROWS")?, tile(kernel, "BLOCK_COLS")?);
@@ -80,12 +80,17 @@ pub fn launch_softmax(kernel: &Kernel, mem: &mut Memory, x: TensorId, y: TensorI
         });
     }
     let (tx, ty) = (mem.get(x), mem.get(y));
-    Launch::new(kernel, grid_for(s[0], br))
+    Ok(Launch::new(kernel, grid_for(s[0], br))
         .arg("x_ptr", x)
         .arg("y_ptr", y)
         .arg("x_row_stride", tx.stride(0))
         .arg("y_row_stride", ty.stride(0))
         .arg("n_rows", s[0])
-        .arg("n_cols", s[1])
-        .run(mem)
+        .arg("n_cols", s[1]))
+}
+
+/// Launches [`softmax`] on `x` (`[rows, cols]`) writing `y` (same shape). Fails with an argument
+/// error when the kernel's `BLOCK_COLS` is smaller than the row.
+pub fn launch_softmax(kernel: &Kernel, mem: &mut Memory, x: TensorId, y: TensorId) -> Result<LaunchSummary, ExecError> {
+    softmax_launch(kernel, mem, x, y)?.run(mem)
 }

@@ -35,9 +35,14 @@ pub fn vector_add_ref(x: &[f64], y: &[f64]) -> Vec<f64> {
     x.iter().zip(y).map(|(a, b)| a + b).collect()
 }
 
-/// Launches [`vector_add`] on `x`, `y` (f32, `n` elements) writing `out`.
-pub fn launch_vector_add(kernel: &Kernel, mem: &mut Memory, x: TensorId, y: TensorId, out: TensorId) -> Result<LaunchSummary, ExecError> {
+/// The launch of [`vector_add`] on `x`, `y` (f32, `n` elements) writing `out`.
+pub fn vector_add_launch<'k>(kernel: &'k Kernel, mem: &Memory, x: TensorId, y: TensorId, out: TensorId) -> Result<Launch<'k>, ExecError> {
     let n = mem.get(x).numel();
     let block = tile(kernel, "BLOCK")?;
-    Launch::new(kernel, grid_for(n, block)).arg("x_ptr", x).arg("y_ptr", y).arg("out_ptr", out).arg("n", n).run(mem)
+    Ok(Launch::new(kernel, grid_for(n, block)).arg("x_ptr", x).arg("y_ptr", y).arg("out_ptr", out).arg("n", n))
+}
+
+/// Launches [`vector_add`] on `x`, `y` (f32, `n` elements) writing `out`.
+pub fn launch_vector_add(kernel: &Kernel, mem: &mut Memory, x: TensorId, y: TensorId, out: TensorId) -> Result<LaunchSummary, ExecError> {
+    vector_add_launch(kernel, mem, x, y, out)?.run(mem)
 }

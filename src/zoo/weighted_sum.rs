@@ -162,20 +162,20 @@ pub fn sum_partial_grad_weight(partial: &HostTensor) -> Vec<f64> {
     out
 }
 
-/// Launches [`weighted_sum_fwd`]: `x` `[ROWS, D]`, `weight` `[D]`, writing `output` `[ROWS]`.
-pub fn launch_weighted_sum_fwd(
-    kernel: &Kernel,
-    mem: &mut Memory,
+/// The launch of [`weighted_sum_fwd`]: `x` `[ROWS, D]`, `weight` `[D]`, writing `output` `[ROWS]`.
+pub fn weighted_sum_fwd_launch<'k>(
+    kernel: &'k Kernel,
+    mem: &Memory,
     x: TensorId,
     weight: TensorId,
     output: TensorId,
-) -> Result<LaunchSummary, ExecError> {
+) -> Result<Launch<'k>, ExecError> {
     let s = dims(kernel, mem, x, "x_ptr", 2)?;
     dims(kernel, mem, weight, "weight_ptr", 1)?;
     dims(kernel, mem, output, "output_ptr", 1)?;
     let rt = tile(kernel, "ROWS_TILE_SIZE")?;
     let (tx, tw, to) = (mem.get(x), mem.get(weight), mem.get(output));
-    Launch::new(kernel, grid_for(s[0], rt))
+    Ok(Launch::new(kernel, grid_for(s[0], rt))
         .arg("x_ptr", x)
         .arg("weight_ptr", weight)
         .arg("output_ptr", output)
@@ -184,22 +184,32 @@ pub fn launch_weighted_sum_fwd(
         .arg("weight_stride_dim", tw.stride(0))
         .arg("output_stride_row", to.stride(0))
         .arg("ROWS", s[0])
-        .arg("D", s[1])
-        .run(mem)
+        .arg("D", s[1]))
 }
 
-/// Launches [`weighted_sum_bwd`] with one program per row tile: `x` `[ROWS, D]`, `weight` `[D]`,
-/// `grad_output` `[ROWS]`, writing `grad_x` `[ROWS, D]` and `partial_grad_weight`
-/// `[cdiv(ROWS, ROWS_TILE_SIZE), D]` (reduce it with [`sum_partial_grad_weight`]).
-pub fn launch_weighted_sum_bwd(
+/// Launches [`weighted_sum_fwd`]: `x` `[ROWS, D]`, `weight` `[D]`, writing `output` `[ROWS]`.
+pub fn launch_weighted_sum_fwd(
     kernel: &Kernel,
     mem: &mut Memory,
+    x: TensorId,
+    weight: TensorId,
+    output: TensorId,
+) -> Result<LaunchSummary, ExecError> {
+    weighted_sum_fwd_launch(kernel, mem, x, weight, output)?.run(mem)
+}
+
+/// The launch of [`weighted_sum_bwd`] with one program per row tile: `x` `[ROWS, D]`, `weight` `[D]`,
+/// `grad_output` `[ROWS]`, writing `grad_x` `[ROWS, D]` and `partial_grad_weight`
+/// `[cdiv(ROWS, ROWS_TILE_SIZE), D]` (reduce it with [`sum_partial_grad_weight`]).
+pub fn weighted_sum_bwd_launch<'k>(
+    kernel: &'k Kernel,
+    mem: &Memory,
     x: TensorId,
     weight: TensorId,
     grad_output: TensorId,
     grad_x: TensorId,
     partial_grad_weight: TensorId,
-) -> Result<LaunchSummary, ExecError> {
+) -> Result<Launch<'k>, ExecError> {
     let s = dims(kernel, mem, x, "x_ptr", 2)?;
     dims(kernel, mem, weight, "weight_ptr", 1)?;
     dims(kernel, mem, grad_output, "grad_output_ptr", 1)?;
@@ -207,7 +217,7 @@ pub fn launch_weighted_sum_bwd(
     dims(kernel, mem, partial_grad_weight, "partial_grad_weight_ptr", 2)?;
     let rt = tile(kernel, "ROWS_TILE_SIZE")?;
     let (tx, tw, tg, tgx, tp) = (mem.get(x), mem.get(weight), mem.get(grad_output), mem.get(grad_x), mem.get(partial_grad_weight));
-    Launch::new(kernel, grid_for(s[0], rt))
+    Ok(Launch::new(kernel, grid_for(s[0], rt))
         .arg("x_ptr", x)
         .arg("weight_ptr", weight)
         .arg("grad_output_ptr", grad_output)
@@ -222,6 +232,20 @@ pub fn launch_weighted_sum_bwd(
         .arg("stride_gwb", tp.stride(0))
         .arg("stride_gwd", tp.stride(1))
         .arg("NUM_ROWS", s[0])
-        .arg("D", s[1])
-        .run(mem)
+        .arg("D", s[1]))
+}
+
+/// Launches [`weighted_sum_bwd`] with one program per row tile: `x` `[ROWS, D]`, `weight` `[D]`,
+/// `grad_output` `[ROWS]`, writing `grad_x` `[ROWS, D]` and `partial_grad_weight`
+/// `[cdiv(ROWS, ROWS_TILE_SIZE), D]` (reduce it with [`sum_partial_grad_weight`]).
+pub fn launch_weighted_sum_bwd(
+    kernel: &Kernel,
+    mem: &mut Memory,
+    x: TensorId,
+    weight: TensorId,
+    grad_output: TensorId,
+    grad_x: TensorId,
+    partial_grad_weight: TensorId,
+) -> Result<LaunchSummary, ExecError> {
+    weighted_sum_bwd_launch(kernel, mem, x, weight, grad_output, grad_x, partial_grad_weight)?.run(mem)
 }

@@ -312,27 +312,33 @@ fn split(shape: &[usize], axis: usize) -> (usize, usize, usize) {
 }
 
 /// Sum of a contiguous run with eight interleaved accumulators (vectorisable, deterministic).
-fn sum_run<T: Copy + Default + std::ops::Add<Output = T>>(v: &[T]) -> T {
+fn sum_run<T: Reducible>(v: &[T]) -> T {
     let mut acc = [T::default(); 8];
     let chunks = v.chunks_exact(8);
     let rest = chunks.remainder();
     for c in chunks {
         for j in 0..8 {
-            acc[j] = acc[j] + c[j];
+            acc[j] = T::plus(acc[j], c[j]);
         }
     }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    let p = |a, b| T::plus(a, b);
+    let mut s = p(p(p(acc[0], acc[4]), p(acc[1], acc[5])), p(p(acc[2], acc[6]), p(acc[3], acc[7])));
     for &x in rest {
-        s = s + x;
+        s = T::plus(s, x);
     }
     s
 }
 
-trait Reducible: Copy + Default + std::ops::Add<Output = Self> + PartialOrd {
+/// Element types of reductions: addition wraps for integers (Triton/C semantics).
+trait Reducible: Copy + Default + PartialOrd {
+    fn plus(a: Self, b: Self) -> Self;
     fn max2(a: Self, b: Self) -> Self;
     fn min2(a: Self, b: Self) -> Self;
 }
 impl Reducible for f32 {
+    fn plus(a: f32, b: f32) -> f32 {
+        a + b
+    }
     fn max2(a: f32, b: f32) -> f32 {
         a.max(b)
     }
@@ -341,6 +347,9 @@ impl Reducible for f32 {
     }
 }
 impl Reducible for f64 {
+    fn plus(a: f64, b: f64) -> f64 {
+        a + b
+    }
     fn max2(a: f64, b: f64) -> f64 {
         a.max(b)
     }
@@ -349,6 +358,9 @@ impl Reducible for f64 {
     }
 }
 impl Reducible for i32 {
+    fn plus(a: i32, b: i32) -> i32 {
+        a.wrapping_add(b)
+    }
     fn max2(a: i32, b: i32) -> i32 {
         a.max(b)
     }
@@ -357,6 +369,9 @@ impl Reducible for i32 {
     }
 }
 impl Reducible for i64 {
+    fn plus(a: i64, b: i64) -> i64 {
+        a.wrapping_add(b)
+    }
     fn max2(a: i64, b: i64) -> i64 {
         a.max(b)
     }
@@ -384,7 +399,7 @@ fn reduce_typed<T: Reducible>(kind: ReduceOp, v: &[T], outer: usize, n: usize, i
                 for k in 1..n {
                     let row = &v[base + k * inner..base + (k + 1) * inner];
                     match kind {
-                        ReduceOp::Sum => acc.iter_mut().zip(row).for_each(|(a, &b)| *a = *a + b),
+                        ReduceOp::Sum => acc.iter_mut().zip(row).for_each(|(a, &b)| *a = T::plus(*a, b)),
                         ReduceOp::Max => acc.iter_mut().zip(row).for_each(|(a, &b)| *a = T::max2(*a, b)),
                         _ => acc.iter_mut().zip(row).for_each(|(a, &b)| *a = T::min2(*a, b)),
                     }
@@ -627,6 +642,12 @@ mod tests {
         let am = reduce(ReduceOp::Argmax, &x, 1, DType::I32, &[2]).unwrap();
         assert_eq!(*am.data, Data::I32(vec![1, 0]));
         let s0 = reduce(ReduceOp::Sum, &x, 0, DType::F32, &[3]).unwrap();
+        // Integer sums wrap (no panic in debug builds).
+        let big = Tile::dense(DType::I32, &[2, 9], Data::I32(vec![i32::MAX; 18]));
+        let w = reduce(ReduceOp::Sum, &big, 1, DType::I32, &[2]).unwrap();
+        assert_eq!(*w.data, Data::I32(vec![i32::MAX.wrapping_mul(9); 2]));
+        let w0 = reduce(ReduceOp::Sum, &big, 0, DType::I32, &[9]).unwrap();
+        assert_eq!(*w0.data, Data::I32(vec![i32::MAX.wrapping_mul(2); 9]));
         assert_eq!(*s0.data, Data::F32(vec![3.0, 5.0, 7.0]));
         let mn = reduce(ReduceOp::Min, &x, 1, DType::F32, &[2]).unwrap();
         assert_eq!(*mn.data, Data::F32(vec![1.0, 0.0]));

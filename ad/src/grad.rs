@@ -1,0 +1,177 @@
+//! The vector-Jacobian product of a whole launch.
+//!
+//! A launch maps the initial contents of its input tensors to the final contents of its output
+//! tensors. Given cotangents of the outputs, [`vjp`] returns cotangents of the inputs, with the
+//! design's semantics: an element's final value comes from its last writer (whose stored value
+//! receives the cotangent); an element no program stores passes its cotangent through to its
+//! initial value (in-place tensors); `atomic_add` passes it through and to every contribution; a
+//! load sends its cotangent to the element it read. Programs are differentiated in parallel and
+//! their contributions summed in program order, so the result does not depend on the thread
+//! count.
+
+use crate::graph::KernelGraph;
+use crate::program::{Program, ProgramGrad, Shared, SlotData, V};
+use crate::rules::Precision;
+use crate::{AdError, BTile};
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+use tilegrad_ir::{Inst, Lit, ParamKind};
+use tilegrad_reference::{Arg, Launch, Memory, TensorId};
+
+/// Options of a gradient computation.
+#[derive(Clone, Debug)]
+pub struct GradOptions {
+    /// f64 ground truth (the default) or the kernel's own dtypes.
+    pub precision: Precision,
+    /// Programs differentiated per parallel chunk (bounds the memory of pending contributions).
+    pub chunk_programs: usize,
+}
+
+impl Default for GradOptions {
+    fn default() -> GradOptions {
+        GradOptions { precision: Precision::F64, chunk_programs: 1024 }
+    }
+}
+
+/// The result of [`vjp`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gradient {
+    /// Cotangent of each requested input's initial contents, in the order requested.
+    pub inputs: Vec<Vec<f64>>,
+    /// For each loop, the largest trip count any program took: the `max_iters` a loop without
+    /// one is bounded by (inferred from this launch's inputs).
+    pub max_trips: BTreeMap<Inst, u64>,
+}
+
+/// The VJP of `launch` on `mem`: cotangents of the initial contents of `inputs` (float tensors)
+/// given cotangents of the final contents of `outputs`.
+///
+/// The launch is first run by the reference interpreter (on a copy of `mem`), which rejects
+/// out-of-bounds accesses, races and loops beyond their `max_iters` with their locations and
+/// measures every loop's trip count.
+pub fn vjp(
+    launch: &Launch,
+    mem: &Memory,
+    inputs: &[TensorId],
+    outputs: &[(TensorId, Vec<f64>)],
+    opts: &GradOptions,
+) -> Result<Gradient, AdError> {
+    let k = launch.kernel();
+    tilegrad_ir::verify(k)?;
+    let mut scratch = mem.clone();
+    let summary = launch.run(&mut scratch)?;
+    drop(scratch);
+
+    // Bind parameters: tensors to slots (aliases share one), scalars to values.
+    let mut slot_ids: Vec<TensorId> = Vec::new();
+    let mut param_slot: Vec<Option<u32>> = Vec::new();
+    let mut params: Vec<V> = Vec::new();
+    for p in &k.params {
+        let given = launch.args().iter().find(|(n, _)| *n == p.name).map(|(_, a)| *a);
+        match (&p.kind, given) {
+            (ParamKind::Ptr(_), Some(Arg::Tensor(t))) => {
+                let s = match slot_ids.iter().position(|x| *x == t) {
+                    Some(s) => s,
+                    None => {
+                        slot_ids.push(t);
+                        slot_ids.len() - 1
+                    }
+                } as u32;
+                param_slot.push(Some(s));
+                params.push(V::Ptr(s, BTile::new(1, &[], vec![0.0])));
+            }
+            (ParamKind::Scalar(_), Some(Arg::Scalar(l))) => {
+                param_slot.push(None);
+                params.push(V::Num(BTile::new(1, &[], vec![lit(l)])));
+            }
+            (ParamKind::Constexpr(_, l), Some(Arg::Scalar(_)) | None) => {
+                param_slot.push(None);
+                params.push(V::Num(BTile::new(1, &[], vec![lit(*l)])));
+            }
+            // The reference run above has already rejected every other combination.
+            _ => return Err(AdError::Spec(format!("kernel `{}`: argument `{}` does not match its parameter", k.name, p.name))),
+        }
+    }
+    let slot_of = |t: TensorId, what: &str| -> Result<usize, AdError> {
+        slot_ids
+            .iter()
+            .position(|x| *x == t)
+            .ok_or_else(|| AdError::Spec(format!("{what} tensor `{}` is not an argument of the launch of `{}`", mem.name(t), k.name)))
+    };
+    let mut slots: Vec<SlotData> = slot_ids
+        .iter()
+        .map(|&t| SlotData { name: mem.name(t).to_string(), initial: mem.get(t).to_f64_vec(), out_cot: None, is_input: false })
+        .collect();
+    for &t in inputs {
+        let s = slot_of(t, "input")?;
+        if !mem.get(t).dtype().is_float() {
+            return Err(AdError::Spec(format!("input tensor `{}` is {}, not a float tensor", mem.name(t), mem.get(t).dtype())));
+        }
+        slots[s].is_input = true;
+    }
+    for (t, c) in outputs {
+        let s = slot_of(*t, "output")?;
+        if c.len() != mem.get(*t).numel() {
+            return Err(AdError::Spec(format!(
+                "cotangent of output `{}` has {} elements, the tensor has {}",
+                mem.name(*t),
+                c.len(),
+                mem.get(*t).numel()
+            )));
+        }
+        slots[s].out_cot = Some(c.clone());
+    }
+
+    let facts = KernelGraph::build(k, &param_slot).facts();
+    let shared = Shared { kernel: k, facts: &facts, slots: &slots, params: &params, grid: launch.grid().0, precision: opts.precision };
+    let mut grads: Vec<Vec<f64>> = slots.iter().map(|s| if s.is_input { vec![0.0; s.initial.len()] } else { Vec::new() }).collect();
+    let mut stored: Vec<Vec<bool>> =
+        slots.iter().map(|s| if s.out_cot.is_some() && s.is_input { vec![false; s.initial.len()] } else { Vec::new() }).collect();
+    let mut max_trips: BTreeMap<Inst, u64> = BTreeMap::new();
+    let total = launch.grid().programs();
+    let chunk = opts.chunk_programs.max(1) as u64;
+    let mut start = 0;
+    while start < total {
+        let end = (start + chunk).min(total);
+        let outs: Vec<Result<ProgramGrad, AdError>> =
+            (start..end).into_par_iter().map(|p| Program::new(&shared, launch.grid().pid(p)).run()).collect();
+        for out in outs {
+            let out = out?;
+            for (s, c) in out.contrib.iter().enumerate() {
+                for &(e, v) in c {
+                    grads[s][e as usize] += v;
+                }
+            }
+            for (s, st) in out.stored.iter().enumerate() {
+                if !stored[s].is_empty() {
+                    for &e in st {
+                        stored[s][e as usize] = true;
+                    }
+                }
+            }
+            for (i, t) in out.trips {
+                let e = max_trips.entry(i).or_insert(0);
+                *e = (*e).max(t);
+            }
+        }
+        start = end;
+    }
+    // Elements of in-place tensors that no program stores keep their initial value (plus any
+    // atomic contributions): their output cotangent passes through.
+    for (s, sd) in slots.iter().enumerate() {
+        if let (true, Some(oc)) = (sd.is_input, &sd.out_cot) {
+            for (e, g) in grads[s].iter_mut().enumerate() {
+                if !stored[s][e] {
+                    *g += oc[e];
+                }
+            }
+        }
+    }
+    debug_assert_eq!(max_trips, summary.max_trips);
+    let inputs = inputs.iter().map(|&t| grads[slot_ids.iter().position(|x| *x == t).expect("checked above")].clone()).collect();
+    Ok(Gradient { inputs, max_trips })
+}
+
+fn lit(l: Lit) -> f64 {
+    l.as_f64()
+}

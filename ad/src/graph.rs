@@ -1,0 +1,222 @@
+//! The gather/scatter dataflow graph of a kernel as launched: one node per instruction (loads are
+//! Gather nodes, stores Scatter nodes, atomics AtomicAdd nodes, loops and branches one node each
+//! with their bodies' nodes nested under them), SSA edges from definitions to uses, and memory
+//! edges from each store to the later accesses of the same tensor (the memory versions a load
+//! may read). Tensors are identified by the launch's binding of pointer parameters, so two
+//! parameters bound to one tensor alias.
+//!
+//! The engine uses the graph for the facts it needs before running programs: whether any load
+//! may read a version written by its own program (then programs track an overlay of their own
+//! stores), and which tensors each memory node may touch.
+
+use petgraph::stable_graph::{NodeIndex, StableDiGraph};
+use std::collections::HashMap;
+use tilegrad_ir::{Block, Inst, Kernel, Loc, Op};
+
+/// What a node does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeKind {
+    /// A load: reads memory through offsets (and a mask).
+    Gather,
+    /// A store: writes memory.
+    Scatter,
+    /// An atomic add.
+    AtomicAdd,
+    /// A structured loop; its body's nodes have it as `parent`.
+    Loop,
+    /// A branch; its blocks' nodes have it as `parent`.
+    Branch,
+    /// Any other op (compute, layout, program id, yield).
+    Compute,
+}
+
+/// A graph node.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// The instruction.
+    pub inst: Inst,
+    /// Its kind.
+    pub kind: NodeKind,
+    /// The op's mnemonic.
+    pub op: &'static str,
+    /// Source location of the op.
+    pub loc: Loc,
+    /// The loop or branch node it is nested in.
+    pub parent: Option<NodeIndex>,
+    /// Tensor slots a memory node may access (empty otherwise).
+    pub slots: Vec<u32>,
+}
+
+/// A graph edge.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Edge {
+    /// The source defines operand `n` of the target.
+    Data(usize),
+    /// The target may read or overwrite what the source stored.
+    Memory,
+}
+
+/// The dataflow graph of a kernel under one launch binding, and the facts derived from it.
+pub struct KernelGraph {
+    /// The graph.
+    pub graph: StableDiGraph<Node, Edge>,
+    /// Node of each instruction.
+    pub node_of: HashMap<Inst, NodeIndex>,
+}
+
+/// Facts the engine needs about a launch of a kernel.
+pub struct KernelFacts {
+    /// Some load may read a store of its own program (a load after a store to the same tensor,
+    /// or both in one loop): programs then keep an overlay of their own stores.
+    pub needs_overlay: bool,
+}
+
+impl KernelGraph {
+    /// Builds the graph; `param_slot` maps each parameter (by position) to its tensor slot.
+    pub fn build(k: &Kernel, param_slot: &[Option<u32>]) -> KernelGraph {
+        let src = tilegrad_ir::analysis::pointer_sources(k);
+        let mut g = KernelGraph { graph: StableDiGraph::new(), node_of: HashMap::new() };
+        let mut def: HashMap<tilegrad_ir::Value, NodeIndex> = HashMap::new();
+        let mut memory: Vec<NodeIndex> = Vec::new();
+        g.add_block(k, k.body, None, &src, param_slot, &mut def, &mut memory);
+        g
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn add_block(
+        &mut self,
+        k: &Kernel,
+        b: Block,
+        parent: Option<NodeIndex>,
+        src: &[Vec<bool>],
+        param_slot: &[Option<u32>],
+        def: &mut HashMap<tilegrad_ir::Value, NodeIndex>,
+        memory: &mut Vec<NodeIndex>,
+    ) {
+        for &i in &k.block(b).insts {
+            let d = k.inst(i);
+            let kind = match d.op {
+                Op::Load { .. } => NodeKind::Gather,
+                Op::Store { .. } => NodeKind::Scatter,
+                Op::AtomicAdd { .. } => NodeKind::AtomicAdd,
+                Op::For { .. } => NodeKind::Loop,
+                Op::If { .. } => NodeKind::Branch,
+                _ => NodeKind::Compute,
+            };
+            let slots: Vec<u32> = if matches!(kind, NodeKind::Gather | NodeKind::Scatter | NodeKind::AtomicAdd) {
+                let mut s: Vec<u32> = src[d.args[0].index()]
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &b)| b)
+                    .filter_map(|(j, _)| param_slot.get(j).copied().flatten())
+                    .collect();
+                s.sort_unstable();
+                s.dedup();
+                s
+            } else {
+                Vec::new()
+            };
+            let n = self.graph.add_node(Node { inst: i, kind: kind.clone(), op: d.op.mnemonic(), loc: d.loc.clone(), parent, slots });
+            self.node_of.insert(i, n);
+            for (j, a) in d.args.iter().enumerate() {
+                if let Some(&from) = def.get(a) {
+                    self.graph.add_edge(from, n, Edge::Data(j));
+                }
+            }
+            if kind != NodeKind::Compute && kind != NodeKind::Loop && kind != NodeKind::Branch {
+                // Memory edges from earlier writes of an aliasing tensor.
+                for &m in memory.iter() {
+                    let earlier = &self.graph[m];
+                    let writes = matches!(earlier.kind, NodeKind::Scatter | NodeKind::AtomicAdd);
+                    if writes && earlier.slots.iter().any(|s| self.graph[n].slots.contains(s)) {
+                        self.graph.add_edge(m, n, Edge::Memory);
+                    }
+                }
+                memory.push(n);
+            }
+            for &r in &d.results {
+                def.insert(r, n);
+            }
+            for nb in d.op.blocks() {
+                for &p in &k.block(nb).params {
+                    def.insert(p, n);
+                }
+                let before = memory.len();
+                self.add_block(k, nb, Some(n), src, param_slot, def, memory);
+                if matches!(d.op, Op::For { .. }) {
+                    // Loop-carried memory: a write late in the body reaches reads early in the
+                    // next iteration.
+                    let body: Vec<NodeIndex> = memory[before..].to_vec();
+                    for &w in &body {
+                        for &r in &body {
+                            let (wn, rn) = (&self.graph[w], &self.graph[r]);
+                            if matches!(wn.kind, NodeKind::Scatter | NodeKind::AtomicAdd)
+                                && wn.slots.iter().any(|s| rn.slots.contains(s))
+                                && w.index() >= r.index()
+                            {
+                                self.graph.add_edge(w, r, Edge::Memory);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The facts the engine needs.
+    pub fn facts(&self) -> KernelFacts {
+        let needs_overlay = self.graph.edge_indices().any(|e| {
+            let (_, to) = self.graph.edge_endpoints(e).expect("edge exists");
+            self.graph[e] == Edge::Memory && self.graph[to].kind == NodeKind::Gather
+        });
+        KernelFacts { needs_overlay }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tilegrad_ir::{DType, KernelBuilder};
+
+    #[test]
+    fn memory_edges_link_stores_to_later_loads_of_aliasing_tensors() {
+        let mut b = KernelBuilder::new("k");
+        let x = b.ptr_param("x", DType::F32);
+        let y = b.ptr_param("y", DType::F32);
+        let ar = b.arange(0, 16);
+        let px = b.add(x, ar);
+        let v = b.load(px, None, None);
+        let py = b.add(y, ar);
+        b.store(py, v, None);
+        let w = b.load(py, None, None);
+        b.store(px, w, None);
+        let k = b.finish().unwrap();
+        // x and y are distinct tensors: the second load reads y after the store to y.
+        let g = KernelGraph::build(&k, &[Some(0), Some(1)]);
+        assert!(g.facts().needs_overlay);
+        let gathers = g.graph.node_indices().filter(|&n| g.graph[n].kind == NodeKind::Gather).count();
+        let scatters = g.graph.node_indices().filter(|&n| g.graph[n].kind == NodeKind::Scatter).count();
+        assert_eq!((gathers, scatters), (2, 2));
+        let mem = g.graph.edge_indices().filter(|&e| g.graph[e] == Edge::Memory).count();
+        // store y -> load y, store y -> store x? (no: other tensor), so exactly one memory edge.
+        assert_eq!(mem, 1);
+        // Bound to one tensor, every later access aliases.
+        let g = KernelGraph::build(&k, &[Some(0), Some(0)]);
+        let mem = g.graph.edge_indices().filter(|&e| g.graph[e] == Edge::Memory).count();
+        assert_eq!(mem, 2);
+    }
+
+    #[test]
+    fn a_pure_gather_then_scatter_kernel_needs_no_overlay() {
+        let mut b = KernelBuilder::new("copy");
+        let x = b.ptr_param("x", DType::F32);
+        let y = b.ptr_param("y", DType::F32);
+        let ar = b.arange(0, 16);
+        let px = b.add(x, ar);
+        let v = b.load(px, None, None);
+        let py = b.add(y, ar);
+        b.store(py, v, None);
+        let k = b.finish().unwrap();
+        assert!(!KernelGraph::build(&k, &[Some(0), Some(1)]).facts().needs_overlay);
+    }
+}

@@ -1,0 +1,564 @@
+//! One program instance, forward then reverse.
+//!
+//! The forward sweep evaluates the kernel body in f64 (through [`crate::rules`]) and records a
+//! tape: the carried values of every loop iteration, and a log of memory events (stores and
+//! atomics with their active lanes and values; for loads that read this program's own earlier
+//! stores, which store lane each lane read). Intermediate values of a loop body are *not* kept:
+//! the reverse sweep recomputes each iteration from its taped carried values, so the tape of a
+//! program holds at most `trips x carried` values per loop.
+//!
+//! The reverse sweep walks the body backwards applying one VJP rule per op. Memory follows the
+//! launch semantics of the design: a store's value receives the launch-output cotangent of the
+//! elements it is the last writer of, plus the cotangents of this program's later loads that
+//! read it; a load's cotangent goes to the element it read (an input tensor, or this program's
+//! earlier store); an atomic contribution receives the output cotangent of its element.
+
+use crate::graph::KernelFacts;
+use crate::rules::{self, Precision};
+use crate::{AdError, BTile};
+use std::collections::HashMap;
+use tilegrad_ir::{Block, DType, Inst, Kernel, Op, Value};
+
+/// A runtime value: a number tile, or a pointer tile (tensor slot and element offsets).
+#[derive(Clone, Debug)]
+pub(crate) enum V {
+    Num(BTile),
+    Ptr(u32, BTile),
+}
+
+impl V {
+    fn num(&self) -> &BTile {
+        match self {
+            V::Num(t) => t,
+            V::Ptr(_, o) => o,
+        }
+    }
+}
+
+/// A tensor of the launch as the AD engine sees it.
+pub(crate) struct SlotData {
+    pub name: String,
+    pub initial: Vec<f64>,
+    /// Cotangent of the final contents, when the tensor is a differentiated output.
+    pub out_cot: Option<Vec<f64>>,
+    /// Gradient of the initial contents is requested.
+    pub is_input: bool,
+}
+
+/// What all programs share.
+pub(crate) struct Shared<'a> {
+    pub kernel: &'a Kernel,
+    pub facts: &'a KernelFacts,
+    pub slots: &'a [SlotData],
+    pub params: &'a [V],
+    pub grid: [u32; 3],
+    pub precision: Precision,
+}
+
+/// A logged store or atomic of one program.
+struct Event {
+    slot: u32,
+    atomic: bool,
+    /// Active lanes: (lane, element).
+    lanes: Vec<(u32, i64)>,
+    /// Values of all lanes of the tile.
+    vals: Vec<f64>,
+    numel: usize,
+}
+
+/// Where each lane of a load came from, when some lane read this program's own store.
+type Provenance = Vec<Option<(u32, u32)>>;
+
+/// What one program hands back: its gradient contributions and the elements it stored.
+#[derive(Default)]
+pub(crate) struct ProgramGrad {
+    /// Per slot: (element, cotangent) contributions to the gradient of initial contents.
+    pub contrib: Vec<Vec<(i64, f64)>>,
+    /// Per slot: elements this program stored (they do not pass their cotangent through).
+    pub stored: Vec<Vec<i64>>,
+    /// Largest trip count per loop in this program.
+    pub trips: Vec<(Inst, u64)>,
+}
+
+/// Identifies one dynamic execution of a memory op: the op and the iteration indices of the
+/// loops around it.
+type Instance = (Inst, Vec<u32>);
+
+pub(crate) struct Program<'a> {
+    sh: &'a Shared<'a>,
+    pid: [u32; 3],
+    env: Vec<Option<V>>,
+    cot: Vec<Option<BTile>>,
+    /// Current iteration indices of the enclosing loops.
+    path: Vec<u32>,
+    /// Loop tapes: carried values at the start of each iteration, per dynamic loop instance.
+    tapes: HashMap<Instance, Vec<Vec<V>>>,
+    events: Vec<Event>,
+    event_of: HashMap<Instance, usize>,
+    loads: HashMap<Instance, Provenance>,
+    /// (slot, element) -> latest (event, lane) of this program, when the kernel loads after
+    /// stores.
+    overlay: HashMap<(u32, i64), (u32, u32)>,
+    /// Per event: accumulated cotangent of its values, by lane.
+    acc: Vec<Vec<f64>>,
+    /// True while the reverse sweep recomputes a loop body (memory ops must not log again).
+    replay: bool,
+    out: ProgramGrad,
+}
+
+fn rule_err(k: &Kernel, i: Inst, e: AdError) -> AdError {
+    let d = k.inst(i);
+    match e {
+        AdError::Rule { op, message } => AdError::Unsupported { kernel: k.name.clone(), op, loc: d.loc.clone(), message },
+        other => other,
+    }
+}
+
+impl<'a> Program<'a> {
+    pub fn new(sh: &'a Shared<'a>, pid: [u32; 3]) -> Program<'a> {
+        let n = sh.kernel.values.len();
+        let mut env = vec![None; n];
+        for (p, v) in sh.kernel.params.iter().zip(sh.params) {
+            env[p.value.index()] = Some(v.clone());
+        }
+        Program {
+            sh,
+            pid,
+            env,
+            cot: vec![None; n],
+            path: Vec::new(),
+            tapes: HashMap::new(),
+            events: Vec::new(),
+            event_of: HashMap::new(),
+            loads: HashMap::new(),
+            overlay: HashMap::new(),
+            acc: Vec::new(),
+            replay: false,
+            out: ProgramGrad { contrib: vec![Vec::new(); sh.slots.len()], stored: vec![Vec::new(); sh.slots.len()], trips: Vec::new() },
+        }
+    }
+
+    /// Forward, then reverse; returns this program's contributions.
+    pub fn run(mut self) -> Result<ProgramGrad, AdError> {
+        let body = self.sh.kernel.body;
+        self.forward_block(body)?;
+        self.seed_store_cotangents();
+        self.reverse_block(body)?;
+        for st in self.out.stored.iter_mut() {
+            st.sort_unstable();
+            st.dedup();
+        }
+        Ok(self.out)
+    }
+
+    fn get(&self, v: Value) -> &V {
+        self.env[v.index()].as_ref().expect("verified kernels define values before use")
+    }
+
+    fn instance(&self, i: Inst) -> Instance {
+        (i, self.path.clone())
+    }
+
+    // ---- forward -------------------------------------------------------------------------
+
+    /// Runs a block; returns the operands of its final `yield` (if any).
+    fn forward_block(&mut self, b: Block) -> Result<Vec<V>, AdError> {
+        let k = self.sh.kernel;
+        for &i in &k.block(b).insts {
+            let d = k.inst(i);
+            if let Op::Yield = d.op {
+                return Ok(d.args.iter().map(|&a| self.get(a).clone()).collect());
+            }
+            self.forward_inst(i)?;
+        }
+        Ok(Vec::new())
+    }
+
+    fn set(&mut self, v: Value, x: V) {
+        self.env[v.index()] = Some(x);
+    }
+
+    fn scalar(&self, v: Value) -> f64 {
+        self.get(v).num().data[0]
+    }
+
+    fn forward_inst(&mut self, i: Inst) -> Result<(), AdError> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        match &d.op {
+            Op::ProgramId { axis } => {
+                let x = self.pid[*axis as usize] as f64;
+                self.set(d.results[0], V::Num(BTile::new(1, &[], vec![x])));
+            }
+            Op::NumPrograms { axis } => {
+                let x = self.sh.grid[*axis as usize] as f64;
+                self.set(d.results[0], V::Num(BTile::new(1, &[], vec![x])));
+            }
+            Op::AddPtr => {
+                let (V::Ptr(slot, offs), V::Num(delta)) = (self.get(d.args[0]), self.get(d.args[1])) else {
+                    unreachable!("verified addptr takes a pointer and integers")
+                };
+                let data = offs.data.iter().zip(&delta.data).map(|(a, b)| a + b).collect();
+                let r = V::Ptr(*slot, BTile::new(1, &offs.shape, data));
+                self.set(d.results[0], r);
+            }
+            Op::Broadcast | Op::ExpandDims { .. } | Op::Reshape | Op::Permute { .. } | Op::Where
+                if d.args.iter().any(|&a| matches!(self.get(a), V::Ptr(..))) =>
+            {
+                // Pointer tiles: the layout op applies to the offsets.
+                let slot = d.args.iter().find_map(|&a| if let V::Ptr(s, _) = self.get(a) { Some(*s) } else { None }).expect("a pointer");
+                if let Op::Where = d.op {
+                    if let (V::Ptr(a, _), V::Ptr(b, _)) = (self.get(d.args[1]), self.get(d.args[2])) {
+                        if a != b {
+                            return Err(self.unsupported(i, "`where` selects between pointers into different tensors".into()));
+                        }
+                    }
+                }
+                let r = self.compute(i, Precision::F64)?;
+                self.set(d.results[0], V::Ptr(slot, r));
+            }
+            Op::Load { mask, other } => {
+                let r = self.load(i, *mask, *other)?;
+                self.set(d.results[0], V::Num(r));
+            }
+            Op::Store { mask } | Op::AtomicAdd { mask } => {
+                if !self.replay {
+                    self.store(i, *mask, matches!(d.op, Op::AtomicAdd { .. }))?;
+                }
+            }
+            Op::For { body, .. } => {
+                let (lo, hi, st) = (self.scalar(d.args[0]) as i64, self.scalar(d.args[1]) as i64, self.scalar(d.args[2]) as i64);
+                if st == 0 {
+                    return Err(self.unsupported(i, "loop step is zero".into()));
+                }
+                let trips = trip_count(lo, hi, st);
+                match self.out.trips.iter_mut().find(|(j, _)| *j == i) {
+                    Some((_, t)) => *t = (*t).max(trips),
+                    None => self.out.trips.push((i, trips)),
+                }
+                let mut carried: Vec<V> = d.args[3..].iter().map(|&a| self.get(a).clone()).collect();
+                let key = self.instance(i);
+                let mut tape = Vec::with_capacity(trips as usize);
+                for t in 0..trips {
+                    tape.push(carried.clone());
+                    carried = self.iterate(i, *body, lo, st, t, carried)?;
+                }
+                // Also while replaying an outer iteration: the reverse of this (inner) loop in that
+                // iteration needs its tape.
+                self.tapes.insert(key, tape);
+                for (r, v) in d.results.iter().zip(carried) {
+                    self.set(*r, v);
+                }
+            }
+            Op::If { then_block, else_block } => {
+                let c = self.scalar(d.args[0]) != 0.0;
+                let outs = self.forward_block(if c { *then_block } else { *else_block })?;
+                for (r, v) in d.results.iter().zip(outs) {
+                    self.set(*r, v);
+                }
+            }
+            Op::Yield => unreachable!("yield ends its block"),
+            _ => {
+                let r = self.compute(i, self.sh.precision)?;
+                self.set(d.results[0], V::Num(r));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs iteration `t` of loop `i` from `carried`, returning the next carried values.
+    fn iterate(&mut self, i: Inst, body: Block, lo: i64, st: i64, t: u64, carried: Vec<V>) -> Result<Vec<V>, AdError> {
+        let k = self.sh.kernel;
+        let params = &k.block(body).params;
+        let iv = lo + st * t as i64;
+        let iv = if k.ty(params[0]).dtype() == Some(DType::I32) { iv as i32 as f64 } else { iv as f64 };
+        self.env[params[0].index()] = Some(V::Num(BTile::new(1, &[], vec![iv])));
+        for (p, v) in params[1..].iter().zip(carried) {
+            self.env[p.index()] = Some(v);
+        }
+        self.path.push(t as u32);
+        let _ = i;
+        let r = self.forward_block(body);
+        self.path.pop();
+        r
+    }
+
+    fn unsupported(&self, i: Inst, message: String) -> AdError {
+        let d = self.sh.kernel.inst(i);
+        AdError::Unsupported { kernel: self.sh.kernel.name.clone(), op: d.op.mnemonic().into(), loc: d.loc.clone(), message }
+    }
+
+    /// A compute op through the rule table.
+    fn compute(&self, i: Inst, precision: Precision) -> Result<BTile, AdError> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        let args: Vec<&BTile> = d.args.iter().map(|&a| self.get(a).num()).collect();
+        let tys: Vec<&tilegrad_ir::Type> = d.args.iter().map(|&a| k.ty(a)).collect();
+        let mut rt = k.ty(d.results[0]).clone();
+        if rt.is_ptr() {
+            rt = rt.with_dtype(DType::I64);
+        }
+        let tys: Vec<tilegrad_ir::Type> = tys.iter().map(|t| if t.is_ptr() { t.with_dtype(DType::I64) } else { (*t).clone() }).collect();
+        let tyr: Vec<&tilegrad_ir::Type> = tys.iter().collect();
+        rules::eval(&d.op, &args, &tyr, &rt, precision).map_err(|e| rule_err(k, i, e))
+    }
+
+    fn load(&mut self, i: Inst, has_mask: bool, has_other: bool) -> Result<BTile, AdError> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        let V::Ptr(slot, offs) = self.get(d.args[0]).clone() else { unreachable!("verified load takes a pointer") };
+        let mask = has_mask.then(|| self.get(d.args[1]).num().data.clone());
+        let other = has_other.then(|| self.get(d.args[2]).num().clone());
+        let sd = &self.sh.slots[slot as usize];
+        let n = offs.data.len();
+        let key = self.instance(i);
+        let prov: Option<Provenance> = if self.replay { self.loads.get(&key).cloned().flatten_prov() } else { None };
+        let mut out = vec![0.0; n];
+        let mut own: Provenance = vec![None; n];
+        let mut any_own = false;
+        for l in 0..n {
+            let active = mask.as_ref().is_none_or(|m| m[l] != 0.0);
+            if !active {
+                out[l] = other.as_ref().map_or(0.0, |o| o.data[if o.data.len() == 1 { 0 } else { l }]);
+                continue;
+            }
+            let e = offs.data[l] as i64;
+            if e < 0 || e as usize >= sd.initial.len() {
+                return Err(
+                    self.unsupported(i, format!("out-of-bounds load from `{}` at offset {e}, lane {l}, program {:?}", sd.name, self.pid))
+                );
+            }
+            let src = if self.replay { prov.as_ref().and_then(|p| p[l]) } else { self.overlay.get(&(slot, e)).copied() };
+            match src {
+                Some((ev, lane)) => {
+                    let evd = &self.events[ev as usize];
+                    if evd.atomic {
+                        return Err(self.unsupported(
+                            i,
+                            "a load of an element this program updated with atomic_add cannot be differentiated (its value depends on other programs)".into(),
+                        ));
+                    }
+                    out[l] = evd.vals[lane as usize];
+                    own[l] = Some((ev, lane));
+                    any_own = true;
+                }
+                None => out[l] = sd.initial[e as usize],
+            }
+        }
+        if !self.replay {
+            self.loads.insert(key, if any_own { own } else { Vec::new() });
+        }
+        // Memory holds values of the tensor's dtype, so loads need no rounding in native mode.
+        Ok(BTile::new(1, &offs.shape, out))
+    }
+
+    fn store(&mut self, i: Inst, has_mask: bool, atomic: bool) -> Result<(), AdError> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        let V::Ptr(slot, offs) = self.get(d.args[0]).clone() else { unreachable!("verified store takes a pointer") };
+        let vals = self.get(d.args[1]).num().data.clone();
+        let mask = has_mask.then(|| self.get(d.args[2]).num().data.clone());
+        let sd = &self.sh.slots[slot as usize];
+        let n = offs.data.len();
+        let mut lanes = Vec::new();
+        for l in 0..n {
+            if mask.as_ref().is_some_and(|m| m[l] == 0.0) {
+                continue;
+            }
+            let e = offs.data[l] as i64;
+            if e < 0 || e as usize >= sd.initial.len() {
+                return Err(
+                    self.unsupported(i, format!("out-of-bounds store to `{}` at offset {e}, lane {l}, program {:?}", sd.name, self.pid))
+                );
+            }
+            lanes.push((l as u32, e));
+        }
+        let ev = self.events.len() as u32;
+        if self.sh.facts.needs_overlay || !atomic {
+            for &(l, e) in &lanes {
+                self.overlay.insert((slot, e), (ev, l));
+            }
+        }
+        if !atomic {
+            self.out.stored[slot as usize].extend(lanes.iter().map(|&(_, e)| e));
+        }
+        let key = self.instance(i);
+        self.event_of.insert(key, ev as usize);
+        self.events.push(Event { slot, atomic, lanes, vals, numel: n });
+        Ok(())
+    }
+
+    // ---- reverse -------------------------------------------------------------------------
+
+    /// Initial cotangents of every event's values: a store lane that is its element's last
+    /// writer in this program receives the launch-output cotangent of that element; every
+    /// atomic contribution does.
+    fn seed_store_cotangents(&mut self) {
+        self.acc = self.events.iter().map(|e| vec![0.0; e.numel]).collect();
+        for (ev, e) in self.events.iter().enumerate() {
+            let Some(oc) = &self.sh.slots[e.slot as usize].out_cot else { continue };
+            for &(l, el) in &e.lanes {
+                let live = e.atomic || self.overlay.get(&(e.slot, el)) == Some(&(ev as u32, l));
+                if live {
+                    self.acc[ev][l as usize] += oc[el as usize];
+                }
+            }
+        }
+    }
+
+    fn add_cot(&mut self, v: Value, c: BTile) {
+        let k = self.sh.kernel;
+        if !k.ty(v).dtype().is_some_and(|d| d.is_float()) {
+            return;
+        }
+        match &mut self.cot[v.index()] {
+            Some(x) => x.data.iter_mut().zip(&c.data).for_each(|(a, b)| *a += b),
+            slot => *slot = Some(c),
+        }
+    }
+
+    fn take_cot(&mut self, v: Value) -> Option<BTile> {
+        self.cot[v.index()].take()
+    }
+
+    fn reverse_block(&mut self, b: Block) -> Result<(), AdError> {
+        let k = self.sh.kernel;
+        for &i in k.block(b).insts.iter().rev() {
+            let d = k.inst(i);
+            if let Op::Yield = d.op {
+                continue;
+            }
+            self.reverse_inst(i)?;
+        }
+        Ok(())
+    }
+
+    fn reverse_inst(&mut self, i: Inst) -> Result<(), AdError> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        match &d.op {
+            Op::ProgramId { .. } | Op::NumPrograms { .. } | Op::AddPtr => {}
+            Op::Load { mask, other } => {
+                let Some(c) = self.take_cot(d.results[0]) else { return Ok(()) };
+                let V::Ptr(slot, offs) = self.get(d.args[0]).clone() else { unreachable!("verified load takes a pointer") };
+                let m = mask.then(|| self.get(d.args[1]).num().data.clone());
+                let prov = self.loads.get(&self.instance(i)).cloned().unwrap_or_default();
+                let mut other_cot = other.then(|| vec![0.0; offs.data.len()]);
+                for l in 0..offs.data.len() {
+                    if m.as_ref().is_some_and(|m| m[l] == 0.0) {
+                        if let Some(oc) = &mut other_cot {
+                            oc[l] = c.data[l];
+                        }
+                        continue;
+                    }
+                    match prov.get(l).copied().flatten() {
+                        Some((ev, lane)) => self.acc[ev as usize][lane as usize] += c.data[l],
+                        None => {
+                            if self.sh.slots[slot as usize].is_input {
+                                self.out.contrib[slot as usize].push((offs.data[l] as i64, c.data[l]));
+                            }
+                        }
+                    }
+                }
+                if let Some(oc) = other_cot {
+                    let ot = k.ty(d.args[2]);
+                    self.add_cot(d.args[2], BTile::new(1, &ot.shape, oc));
+                }
+            }
+            Op::Store { .. } | Op::AtomicAdd { .. } => {
+                let Some(&ev) = self.event_of.get(&self.instance(i)) else { return Ok(()) };
+                let vt = k.ty(d.args[1]);
+                let c = std::mem::take(&mut self.acc[ev]);
+                self.add_cot(d.args[1], BTile::new(1, &vt.shape, c));
+            }
+            Op::For { body, .. } => self.reverse_loop(i, *body)?,
+            Op::If { then_block, else_block } => {
+                let c = self.scalar(d.args[0]) != 0.0;
+                let blk = if c { *then_block } else { *else_block };
+                let y = k.block(blk).insts.last().map(|&l| k.inst(l).args.clone()).unwrap_or_default();
+                for (r, yv) in d.results.iter().zip(y) {
+                    if let Some(c) = self.take_cot(*r) {
+                        self.add_cot(yv, c);
+                    }
+                }
+                self.reverse_block(blk)?;
+            }
+            Op::Yield => {}
+            _ => {
+                let Some(c) = self.take_cot(d.results[0]) else { return Ok(()) };
+                let args: Vec<&BTile> = d.args.iter().map(|&a| self.get(a).num()).collect();
+                let tys: Vec<tilegrad_ir::Type> =
+                    d.args.iter().map(|&a| k.ty(a)).map(|t| if t.is_ptr() { t.with_dtype(DType::I64) } else { t.clone() }).collect();
+                let tyr: Vec<&tilegrad_ir::Type> = tys.iter().collect();
+                let res = self.get(d.results[0]).num();
+                let rt = k.ty(d.results[0]);
+                let grads = rules::vjp(&d.op, &args, &tyr, res, rt, &c).map_err(|e| rule_err(k, i, e))?;
+                for (a, g) in d.args.clone().iter().zip(grads) {
+                    if let Some(g) = g {
+                        self.add_cot(*a, g);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reverse of a loop: iterations last to first, each recomputed from its taped carried
+    /// values, then swept backwards.
+    fn reverse_loop(&mut self, i: Inst, body: Block) -> Result<(), AdError> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        let key = self.instance(i);
+        let Some(tape) = self.tapes.remove(&key) else { return Ok(()) };
+        let (lo, st) = (self.scalar(d.args[0]) as i64, self.scalar(d.args[2]) as i64);
+        let params = k.block(body).params.clone();
+        let yields = k.block(body).insts.last().map(|&l| k.inst(l).args.clone()).unwrap_or_default();
+        // Cotangents of the loop results are those of the last iteration's yields.
+        let mut carried_cot: Vec<Option<BTile>> = d.results.iter().map(|&r| self.take_cot(r)).collect();
+        for t in (0..tape.len()).rev() {
+            // Recompute the body's values of iteration t.
+            let saved = self.replay;
+            self.replay = true;
+            self.iterate(i, body, lo, st, t as u64, tape[t].clone())?;
+            self.replay = saved;
+            for (y, c) in yields.iter().zip(carried_cot.drain(..)) {
+                if let Some(c) = c {
+                    self.add_cot(*y, c);
+                }
+            }
+            self.path.push(t as u32);
+            let r = self.reverse_block(body);
+            self.path.pop();
+            r?;
+            carried_cot = params[1..].iter().map(|&p| self.take_cot(p)).collect();
+            // Values of the body are dead once swept; cotangents of body values are consumed.
+        }
+        for (a, c) in d.args[3..].iter().zip(carried_cot) {
+            if let Some(c) = c {
+                self.add_cot(*a, c);
+            }
+        }
+        Ok(())
+    }
+}
+
+trait FlattenProv {
+    fn flatten_prov(self) -> Option<Provenance>;
+}
+impl FlattenProv for Option<Provenance> {
+    /// An empty provenance means "every lane read the launch's initial memory".
+    fn flatten_prov(self) -> Option<Provenance> {
+        self.filter(|p| !p.is_empty())
+    }
+}
+
+/// Trip count of `range(lo, hi, step)`.
+pub(crate) fn trip_count(lo: i64, hi: i64, step: i64) -> u64 {
+    let (lo, hi, st) = (lo as i128, hi as i128, step as i128);
+    let span = if st > 0 { hi - lo } else { lo - hi };
+    if span <= 0 {
+        0
+    } else {
+        ((span + st.abs() - 1) / st.abs()) as u64
+    }
+}

@@ -1,0 +1,427 @@
+//! Rules of the elementwise ops (`const`, unary and binary maths, comparisons, `where`, `cast`),
+//! with the integer semantics of Triton/C and the rounding of the reference interpreter.
+//!
+//! Floats in [`Precision::Native`] with dtype f32, f16 or bf16 are computed with the f32 function
+//! the reference uses, then rounded to the dtype; f64 values (and every float in
+//! [`Precision::F64`]) use the f64 function. One exception: the reference's f32 `exp` (and
+//! `sigmoid`, built on it) is a private polynomial; here it is `(x as f64).exp() as f32`, the
+//! correctly rounded result, which the polynomial (relative error below 2e-14) matches except
+//! when e^x lies within ~1e-14 of an f32 rounding boundary: then the two differ by 1 ulp.
+
+use super::{Ctx, Precision};
+use crate::{AdError, BTile};
+use tilegrad_ir::{BinaryOp, CmpOp, DType, Lit, UnaryOp};
+use tilegrad_reference::{round_bf16, round_f16};
+
+/// 2^53: the largest magnitude an i64 value may have here (f64 holds it exactly).
+const I64_LIMIT: i128 = 1 << 53;
+
+/// How float arithmetic of one dtype is carried out.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Arith {
+    /// In f64, unrounded.
+    F64,
+    /// In f32, then rounded to this dtype (f32, f16 or bf16), as the reference computes.
+    F32(DType),
+}
+
+impl Arith {
+    /// The arithmetic of float dtype `d` under `p`.
+    pub(super) fn of(d: DType, p: Precision) -> Arith {
+        match (p, d) {
+            (Precision::Native, DType::F32 | DType::F16 | DType::BF16) => Arith::F32(d),
+            _ => Arith::F64,
+        }
+    }
+}
+
+/// Rounds an f32 to `d` when `d` is f16 or bf16 (the reference's `round_narrow`).
+pub(super) fn narrow(d: DType, x: f32) -> f32 {
+    match d {
+        DType::F16 => round_f16(x),
+        DType::BF16 => round_bf16(x),
+        _ => x,
+    }
+}
+
+/// An exact integer result as the dtype `d` holds it: i32 wraps, i64 must stay within +-2^53.
+pub(super) fn int_result(c: &Ctx<'_>, d: DType, r: i128) -> Result<f64, AdError> {
+    match d {
+        DType::I32 => Ok(r as i32 as f64),
+        DType::I1 => Ok((r & 1) as f64),
+        _ => {
+            if r.abs() > I64_LIMIT {
+                Err(c.err(format!("i64 result {r} is beyond +-2^53, which the f64 ground truth cannot hold exactly")))
+            } else {
+                Ok(r as f64)
+            }
+        }
+    }
+}
+
+/// `const`: the literal converted to the result dtype as the reference converts it (floats
+/// unrounded in F64 mode).
+pub(super) fn constant(c: &Ctx<'_>, value: Lit, p: Precision) -> Result<BTile, AdError> {
+    let d = c.rdtype();
+    let v = match d {
+        DType::I1 => (value.as_i64() != 0) as i64 as f64,
+        DType::I32 | DType::I64 => int_result(c, d, value.as_i64() as i128)?,
+        _ => match Arith::of(d, p) {
+            Arith::F64 => value.as_f64(),
+            Arith::F32(DType::F16) => half::f16::from_f64(value.as_f64()).to_f64(),
+            Arith::F32(DType::BF16) => half::bf16::from_f64(value.as_f64()).to_f64(),
+            Arith::F32(_) => value.as_f64() as f32 as f64,
+        },
+    };
+    Ok(BTile::full(1, c.rshape(), v))
+}
+
+/// Applies `f` to every element of operand 0.
+fn map1(c: &Ctx<'_>, mut f: impl FnMut(f64) -> Result<f64, AdError>) -> Result<BTile, AdError> {
+    let n = c.rty.numel();
+    let mut out = Vec::with_capacity(c.batch * n);
+    for b in 0..c.batch {
+        for &x in c.row(0, b) {
+            out.push(f(x)?);
+        }
+    }
+    Ok(c.out(out))
+}
+
+/// Applies `f` to every pair of elements of operands 0 and 1.
+fn map2(c: &Ctx<'_>, mut f: impl FnMut(f64, f64) -> Result<f64, AdError>) -> Result<BTile, AdError> {
+    let n = c.rty.numel();
+    if c.args[0].numel() != n || c.args[1].numel() != n {
+        return Err(c.err(format!("operands of {} and {} elements for a result of {n}", c.args[0].numel(), c.args[1].numel())));
+    }
+    let mut out = Vec::with_capacity(c.batch * n);
+    for b in 0..c.batch {
+        for (&x, &y) in c.row(0, b).iter().zip(c.row(1, b)) {
+            out.push(f(x, y)?);
+        }
+    }
+    Ok(c.out(out))
+}
+
+/// The reference's f32 function of each unary float op (`None` for `not`).
+fn unary_f32(op: UnaryOp) -> Option<fn(f32) -> f32> {
+    use UnaryOp::*;
+    Some(match op {
+        Neg => |a| -a,
+        Abs => f32::abs,
+        // The reference's polynomial agrees except in rare 1-ulp ties (see the module docs).
+        Exp => |a| (a as f64).exp() as f32,
+        Exp2 => f32::exp2,
+        Log => f32::ln,
+        Log2 => f32::log2,
+        Sqrt => f32::sqrt,
+        Rsqrt => |a| 1.0 / a.sqrt(),
+        Sin => f32::sin,
+        Cos => f32::cos,
+        Tanh => f32::tanh,
+        Sigmoid => |a| 1.0 / (1.0 + (-a as f64).exp() as f32),
+        Erf => libm::erff,
+        Floor => f32::floor,
+        Ceil => f32::ceil,
+        Not => return None,
+    })
+}
+
+/// The f64 function of each unary float op (`None` for `not`).
+fn unary_f64(op: UnaryOp) -> Option<fn(f64) -> f64> {
+    use UnaryOp::*;
+    Some(match op {
+        Neg => |a| -a,
+        Abs => f64::abs,
+        Exp => f64::exp,
+        Exp2 => f64::exp2,
+        Log => f64::ln,
+        Log2 => f64::log2,
+        Sqrt => f64::sqrt,
+        Rsqrt => |a| 1.0 / a.sqrt(),
+        Sin => f64::sin,
+        Cos => f64::cos,
+        Tanh => f64::tanh,
+        Sigmoid => |a| 1.0 / (1.0 + (-a).exp()),
+        Erf => libm::erf,
+        Floor => f64::floor,
+        Ceil => f64::ceil,
+        Not => return None,
+    })
+}
+
+/// Elementwise unary op.
+pub(super) fn unary(c: &Ctx<'_>, op: UnaryOp, p: Precision) -> Result<BTile, AdError> {
+    let d = c.dtype(0);
+    let bad = || c.err(format!("`{}` is not defined on {d}", op.name()));
+    if d.is_float() {
+        return match Arith::of(d, p) {
+            Arith::F64 => {
+                let f = unary_f64(op).ok_or_else(bad)?;
+                map1(c, |x| Ok(f(x)))
+            }
+            Arith::F32(d) => {
+                let f = unary_f32(op).ok_or_else(bad)?;
+                map1(c, |x| Ok(narrow(d, f(x as f32)) as f64))
+            }
+        };
+    }
+    if d.is_bool() {
+        return match op {
+            UnaryOp::Not => map1(c, |x| Ok((x == 0.0) as i64 as f64)),
+            _ => Err(bad()),
+        };
+    }
+    match op {
+        UnaryOp::Neg => map1(c, |x| int_result(c, d, -(x as i128))),
+        UnaryOp::Abs => map1(c, |x| int_result(c, d, (x as i128).abs())),
+        UnaryOp::Not => map1(c, |x| int_result(c, d, !(x as i128))),
+        _ => Err(bad()),
+    }
+}
+
+/// The VJP of a unary op on a float operand (`None` for `floor`/`ceil`: piecewise constant).
+pub(super) fn unary_vjp(c: &Ctx<'_>, op: UnaryOp, cot: &BTile) -> Option<BTile> {
+    use std::f64::consts::{LN_2, PI};
+    use UnaryOp::*;
+    let d: fn(f64) -> f64 = match op {
+        Neg => |_| -1.0,
+        Abs => |x| {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                0.0
+            }
+        },
+        Exp => f64::exp,
+        Exp2 => |x| LN_2 * x.exp2(),
+        Log => |x| 1.0 / x,
+        Log2 => |x| 1.0 / (x * LN_2),
+        Sqrt => |x| 0.5 / x.sqrt(),
+        Rsqrt => |x| -0.5 * x.powf(-1.5),
+        Sin => f64::cos,
+        Cos => |x| -x.sin(),
+        Tanh => |x| 1.0 - x.tanh().powi(2),
+        Sigmoid => |x| {
+            let s = 1.0 / (1.0 + (-x).exp());
+            s * (1.0 - s)
+        },
+        Erf => |x| 2.0 / PI.sqrt() * (-x * x).exp(),
+        Floor | Ceil | Not => return None,
+    };
+    let mut g = cot.clone();
+    for b in 0..g.batch {
+        let x = c.row(0, b);
+        g.row_mut(b).iter_mut().zip(x).for_each(|(g, &x)| *g *= d(x));
+    }
+    Some(c.unbatch(0, g))
+}
+
+/// A float binary op in f64 (`None` for integer-only ops).
+fn binary_f64(op: BinaryOp, a: f64, b: f64) -> Option<f64> {
+    use BinaryOp::*;
+    Some(match op {
+        Add => a + b,
+        Sub => a - b,
+        Mul => a * b,
+        Div => a / b,
+        Mod => a % b,
+        Min => a.min(b),
+        Max => a.max(b),
+        Pow => a.powf(b),
+        FloorDiv | And | Or | Xor => return None,
+    })
+}
+
+/// A float binary op in f32, as the reference computes it (`None` for integer-only ops).
+fn binary_f32(op: BinaryOp, a: f32, b: f32) -> Option<f32> {
+    use BinaryOp::*;
+    Some(match op {
+        Add => a + b,
+        Sub => a - b,
+        Mul => a * b,
+        Div => a / b,
+        Mod => a % b,
+        Min => a.min(b),
+        Max => a.max(b),
+        Pow => a.powf(b),
+        FloorDiv | And | Or | Xor => return None,
+    })
+}
+
+/// An integer binary op in exact arithmetic (C semantics: `//` and `%` truncate toward zero).
+fn binary_int(c: &Ctx<'_>, op: BinaryOp, d: DType, a: f64, b: f64) -> Result<f64, AdError> {
+    use BinaryOp::*;
+    let (x, y) = (a as i128, b as i128);
+    let r = match op {
+        Add => x + y,
+        Sub => x - y,
+        Mul => x * y,
+        FloorDiv | Mod => {
+            if y == 0 {
+                return Err(c.err("integer division by zero"));
+            }
+            // i32::MIN / -1 wraps to i32::MIN (and % gives 0), as `wrapping_div` does.
+            if op == FloorDiv {
+                x / y
+            } else {
+                x % y
+            }
+        }
+        Min => x.min(y),
+        Max => x.max(y),
+        And => x & y,
+        Or => x | y,
+        Xor => x ^ y,
+        Div | Pow => return Err(c.err(format!("`{}` is not defined on integers", op.name()))),
+    };
+    int_result(c, d, r)
+}
+
+/// Elementwise binary op on two operands of one type.
+pub(super) fn binary(c: &Ctx<'_>, op: BinaryOp, p: Precision) -> Result<BTile, AdError> {
+    let d = c.dtype(0);
+    if c.dtype(1) != d {
+        return Err(c.err(format!("operands have different dtypes {d} and {}", c.dtype(1))));
+    }
+    let bad = || c.err(format!("`{}` is not defined on {d}", op.name()));
+    if d.is_float() {
+        return match Arith::of(d, p) {
+            Arith::F64 => map2(c, |a, b| binary_f64(op, a, b).ok_or_else(bad)),
+            Arith::F32(d) => map2(c, |a, b| binary_f32(op, a as f32, b as f32).map(|r| narrow(d, r) as f64).ok_or_else(bad)),
+        };
+    }
+    if d.is_bool() {
+        let f: fn(bool, bool) -> bool = match op {
+            BinaryOp::And => |x, y| x & y,
+            BinaryOp::Or => |x, y| x | y,
+            BinaryOp::Xor => |x, y| x ^ y,
+            _ => return Err(bad()),
+        };
+        return map2(c, |a, b| Ok(f(a != 0.0, b != 0.0) as i64 as f64));
+    }
+    map2(c, |a, b| binary_int(c, op, d, a, b))
+}
+
+/// True where `max(a, b)` (or `min` when `max` is false) selects `a`: ties go to `a`; a NaN
+/// operand yields the other one (both NaN: `a`).
+pub(super) fn selects_first(max: bool, a: f64, b: f64) -> bool {
+    if a.is_nan() || b.is_nan() {
+        return !a.is_nan() || b.is_nan();
+    }
+    if max {
+        a >= b
+    } else {
+        a <= b
+    }
+}
+
+/// The VJP of a binary op: cotangents for the float operands.
+pub(super) fn binary_vjp(c: &Ctx<'_>, op: BinaryOp, cot: &BTile) -> Result<Vec<Option<BTile>>, AdError> {
+    use BinaryOp::*;
+    // d(result)/da and d(result)/db at (a, b).
+    let partials: fn(f64, f64) -> (f64, f64) = match op {
+        Add => |_, _| (1.0, 1.0),
+        Sub => |_, _| (1.0, -1.0),
+        Mul => |a, b| (b, a),
+        Div => |a, b| (1.0 / b, -a / (b * b)),
+        Mod => |a, b| (1.0, -(a / b).trunc()),
+        Pow => |a, b| {
+            let da = if b == 0.0 { 0.0 } else { b * a.powf(b - 1.0) };
+            let db = if a == 0.0 { 0.0 } else { a.powf(b) * a.ln() };
+            (da, db)
+        },
+        Min => |a, b| if selects_first(false, a, b) { (1.0, 0.0) } else { (0.0, 1.0) },
+        Max => |a, b| if selects_first(true, a, b) { (1.0, 0.0) } else { (0.0, 1.0) },
+        FloorDiv | And | Or | Xor => return Ok(vec![None, None]),
+    };
+    let mut out = Vec::with_capacity(2);
+    for i in 0..2 {
+        out.push(c.when_diff(i, || {
+            let mut g = cot.clone();
+            for bt in 0..g.batch {
+                let (x, y) = (c.row(0, bt), c.row(1, bt));
+                for ((g, &a), &b) in g.row_mut(bt).iter_mut().zip(x).zip(y) {
+                    let (da, db) = partials(a, b);
+                    let p = if i == 0 { da } else { db };
+                    // A zero partial is a symbolic zero: it does not turn an infinite cotangent
+                    // into NaN.
+                    *g = if p == 0.0 { 0.0 } else { *g * p };
+                }
+            }
+            Ok(c.unbatch(i, g))
+        })?);
+    }
+    Ok(out)
+}
+
+/// Elementwise comparison: 1.0 where true, 0.0 where false.
+pub(super) fn cmp(c: &Ctx<'_>, op: CmpOp) -> Result<BTile, AdError> {
+    let f: fn(f64, f64) -> bool = match op {
+        CmpOp::Eq => |a, b| a == b,
+        CmpOp::Ne => |a, b| a != b,
+        CmpOp::Lt => |a, b| a < b,
+        CmpOp::Le => |a, b| a <= b,
+        CmpOp::Gt => |a, b| a > b,
+        CmpOp::Ge => |a, b| a >= b,
+    };
+    map2(c, |a, b| Ok(f(a, b) as i64 as f64))
+}
+
+/// `where(cond, a, b)`.
+pub(super) fn select(c: &Ctx<'_>) -> Result<BTile, AdError> {
+    let n = c.rty.numel();
+    if c.args.iter().any(|a| a.numel() != n) {
+        return Err(c.err("condition and branches have different shapes"));
+    }
+    let mut out = Vec::with_capacity(c.batch * n);
+    for b in 0..c.batch {
+        let (m, x, y) = (c.row(0, b), c.row(1, b), c.row(2, b));
+        out.extend((0..n).map(|j| if m[j] != 0.0 { x[j] } else { y[j] }));
+    }
+    Ok(c.out(out))
+}
+
+/// The VJP of `where`: the cotangent goes to `a` where the condition holds, to `b` elsewhere.
+pub(super) fn select_vjp(c: &Ctx<'_>, cot: &BTile) -> Vec<Option<BTile>> {
+    let branch = |i: usize| {
+        if !super::is_differentiable(c.tys[i]) {
+            return None;
+        }
+        let mut g = cot.clone();
+        for b in 0..g.batch {
+            let m = c.row(0, b);
+            g.row_mut(b).iter_mut().zip(m).for_each(|(g, &m)| {
+                if (m != 0.0) != (i == 1) {
+                    *g = 0.0;
+                }
+            });
+        }
+        Some(c.unbatch(i, g))
+    };
+    vec![None, branch(1), branch(2)]
+}
+
+/// `cast`: C/Triton conversions (float to int truncates and saturates, NaN to 0; to i1 is
+/// `!= 0`); float results rounded as the reference rounds them in native mode, unrounded in F64.
+pub(super) fn cast(c: &Ctx<'_>, p: Precision) -> Result<BTile, AdError> {
+    let (s, d) = (c.dtype(0), c.rdtype());
+    map1(c, |x| match d {
+        DType::I1 => Ok((x != 0.0) as i64 as f64),
+        // `as` truncates toward zero, saturates, and maps NaN to 0; i64 -> i32 wraps.
+        DType::I32 if s.is_float() => Ok(x as i32 as f64),
+        DType::I32 => Ok(x as i64 as i32 as f64),
+        DType::I64 => int_result(c, d, x as i64 as i128),
+        _ => Ok(match Arith::of(d, p) {
+            Arith::F64 => x,
+            Arith::F32(DType::F32) => x as f32 as f64,
+            // From f32 storage (f32, f16, bf16) the reference rounds the f32; from f64 and
+            // integers it rounds the f64 once.
+            Arith::F32(t) if matches!(s, DType::F32 | DType::F16 | DType::BF16) => narrow(t, x as f32) as f64,
+            Arith::F32(DType::F16) => half::f16::from_f64(x).to_f64(),
+            Arith::F32(_) => half::bf16::from_f64(x).to_f64(),
+        }),
+    })
+}

@@ -1,0 +1,290 @@
+//! Rules of the ops that combine elements along an axis (`reduce`, `cumsum`, `dot`), with the
+//! reference interpreter's summation orders, so that native-precision sums are bit-identical.
+
+use super::elementwise::{int_result, narrow, Arith};
+use super::{split, Ctx, Precision};
+use crate::{AdError, BTile};
+use tilegrad_ir::{DotPrecision, ReduceOp};
+use tilegrad_reference::round_tf32;
+
+/// Sum of a contiguous run with eight interleaved accumulators: the reference's `sum_run`.
+fn sum_run<T: Copy + Default + std::ops::Add<Output = T>>(v: &[T]) -> T {
+    let mut acc = [T::default(); 8];
+    let chunks = v.chunks_exact(8);
+    let rest = chunks.remainder();
+    for ch in chunks {
+        for j in 0..8 {
+            acc[j] = acc[j] + ch[j];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for &x in rest {
+        s = s + x;
+    }
+    s
+}
+
+/// Sums `v`, laid out as [outer, n, inner], along the middle, in the reference's order: a
+/// contiguous run (`inner == 1`) with [`sum_run`], otherwise in order of the reduced index.
+fn sum_axis<T: Copy + Default + std::ops::Add<Output = T>>(v: &[T], outer: usize, n: usize, inner: usize) -> Vec<T> {
+    if inner == 1 {
+        return (0..outer).map(|o| sum_run(&v[o * n..(o + 1) * n])).collect();
+    }
+    let mut out = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        let base = o * n * inner;
+        let mut acc: Vec<T> = v[base..base + inner].to_vec();
+        for k in 1..n {
+            let row = &v[base + k * inner..base + (k + 1) * inner];
+            acc.iter_mut().zip(row).for_each(|(a, &b)| *a = *a + b);
+        }
+        out.extend(acc);
+    }
+    out
+}
+
+/// The index along the axis that argmax (`max`) or argmin selects: the first extreme; NaN is
+/// never selected unless every element is NaN (the reference's rule).
+fn arg_extreme(max: bool, n: usize, at: impl Fn(usize) -> f64) -> usize {
+    let mut best = 0usize;
+    for k in 1..n {
+        let (x, b) = (at(k), at(best));
+        let better = if max { x > b } else { x < b };
+        if better || (b.is_nan() && !x.is_nan()) {
+            best = k;
+        }
+    }
+    best
+}
+
+/// Checks the axis and returns (outer, n, inner) of operand 0.
+fn axis_split(c: &Ctx<'_>, axis: usize) -> Result<(usize, usize, usize), AdError> {
+    let shape = &c.tys[0].shape;
+    if axis >= shape.len() {
+        return Err(c.err(format!("axis {axis} is out of range for {}", c.tys[0])));
+    }
+    let s = split(shape, axis);
+    if s.0 * s.2 != c.rty.numel() && !matches!(c.op, tilegrad_ir::Op::Cumsum { .. }) {
+        return Err(c.err(format!("reducing {} along axis {axis} does not give {}", c.tys[0], c.rty)));
+    }
+    Ok(s)
+}
+
+/// `reduce` along `axis`.
+pub(super) fn reduce(c: &Ctx<'_>, kind: ReduceOp, axis: usize, p: Precision) -> Result<BTile, AdError> {
+    let (outer, n, inner) = axis_split(c, axis)?;
+    let d = c.dtype(0);
+    if d.is_bool() {
+        return Err(c.err("cannot reduce i1 values"));
+    }
+    if n == 0 {
+        return Err(c.err("cannot reduce an empty axis"));
+    }
+    let mut out = Vec::with_capacity(c.batch * outer * inner);
+    for b in 0..c.batch {
+        let v = c.row(0, b);
+        match kind {
+            ReduceOp::Sum if d.is_float() => match Arith::of(d, p) {
+                Arith::F64 => out.extend(sum_axis(v, outer, n, inner)),
+                Arith::F32(d) => {
+                    let v32: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+                    out.extend(sum_axis(&v32, outer, n, inner).into_iter().map(|s| narrow(d, s) as f64));
+                }
+            },
+            ReduceOp::Sum => {
+                let vi: Vec<i128> = v.iter().map(|&x| x as i128).collect();
+                for s in sum_axis(&vi, outer, n, inner) {
+                    out.push(int_result(c, d, s)?);
+                }
+            }
+            ReduceOp::Max | ReduceOp::Min => {
+                // f64::max/min ignore NaN as the reference's f32/f64 max/min do; no rounding.
+                let f: fn(f64, f64) -> f64 = if kind == ReduceOp::Max { f64::max } else { f64::min };
+                for o in 0..outer {
+                    for i in 0..inner {
+                        let at = |k: usize| v[(o * n + k) * inner + i];
+                        out.push((1..n).fold(at(0), |acc, k| f(acc, at(k))));
+                    }
+                }
+            }
+            ReduceOp::Argmax | ReduceOp::Argmin => {
+                for o in 0..outer {
+                    for i in 0..inner {
+                        out.push(arg_extreme(kind == ReduceOp::Argmax, n, |k| v[(o * n + k) * inner + i]) as f64);
+                    }
+                }
+            }
+        }
+    }
+    Ok(c.out(out))
+}
+
+/// The VJP of `reduce` on a float operand: `sum` broadcasts the cotangent back; `max`/`min`
+/// send it to the first index attaining the extreme (as `argmax`/`argmin` pick); arg-reductions
+/// have none.
+pub(super) fn reduce_vjp(c: &Ctx<'_>, kind: ReduceOp, axis: usize, cot: &BTile) -> Result<Option<BTile>, AdError> {
+    let (outer, n, inner) = axis_split(c, axis)?;
+    if matches!(kind, ReduceOp::Argmax | ReduceOp::Argmin) {
+        return Ok(None);
+    }
+    let m = c.args[0].numel();
+    let mut data = vec![0.0; cot.batch * m];
+    for b in 0..cot.batch {
+        let (v, g, row) = (c.row(0, b), cot.row(b), &mut data[b * m..(b + 1) * m]);
+        for o in 0..outer {
+            for i in 0..inner {
+                let gi = g[o * inner + i];
+                let idx = |k: usize| (o * n + k) * inner + i;
+                match kind {
+                    ReduceOp::Sum => (0..n).for_each(|k| row[idx(k)] = gi),
+                    _ => row[idx(arg_extreme(kind == ReduceOp::Max, n, |k| v[idx(k)]))] = gi,
+                }
+            }
+        }
+    }
+    Ok(Some(c.unbatch(0, BTile::new(cot.batch, &c.args[0].shape, data))))
+}
+
+/// Inclusive scan of `v` ([outer, n, inner]) along the middle, with `add` combining the running
+/// value with the next element, from the end when `reverse`.
+fn scan(
+    v: &mut [f64],
+    (outer, n, inner): (usize, usize, usize),
+    reverse: bool,
+    mut add: impl FnMut(f64, f64) -> Result<f64, AdError>,
+) -> Result<(), AdError> {
+    for o in 0..outer {
+        for i in 0..inner {
+            let idx = |k: usize| (o * n + k) * inner + i;
+            for s in 1..n {
+                let (k, prev) = if reverse { (n - 1 - s, n - s) } else { (s, s - 1) };
+                v[idx(k)] = add(v[idx(prev)], v[idx(k)])?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `cumsum` along `axis` (f16/bf16 rounded after every step, as the reference does).
+pub(super) fn cumsum(c: &Ctx<'_>, axis: usize, reverse: bool, p: Precision) -> Result<BTile, AdError> {
+    let sp = axis_split(c, axis)?;
+    let d = c.dtype(0);
+    if d.is_bool() {
+        return Err(c.err("cannot scan i1 values"));
+    }
+    let mut out = Vec::with_capacity(c.batch * c.rty.numel());
+    for b in 0..c.batch {
+        let start = out.len();
+        out.extend_from_slice(c.row(0, b));
+        let v = &mut out[start..];
+        if d.is_float() {
+            match Arith::of(d, p) {
+                Arith::F64 => scan(v, sp, reverse, |a, x| Ok(a + x))?,
+                Arith::F32(d) => scan(v, sp, reverse, |a, x| Ok(narrow(d, a as f32 + x as f32) as f64))?,
+            }
+        } else {
+            // Exact running sums, each wrapped (i32) or checked (i64): wrapping partial sums are
+            // the exact ones modulo 2^32.
+            let mut exact: Vec<i128> = v.iter().map(|&x| x as i128).collect();
+            let (outer, n, inner) = sp;
+            for o in 0..outer {
+                for i in 0..inner {
+                    let idx = |k: usize| (o * n + k) * inner + i;
+                    for s in 1..n {
+                        let (k, prev) = if reverse { (n - 1 - s, n - s) } else { (s, s - 1) };
+                        exact[idx(k)] += exact[idx(prev)];
+                    }
+                }
+            }
+            for (o, e) in v.iter_mut().zip(exact) {
+                *o = int_result(c, d, e)?;
+            }
+        }
+    }
+    Ok(c.out(out))
+}
+
+/// The VJP of `cumsum`: a cumsum of the cotangent in the opposite direction.
+pub(super) fn cumsum_vjp(c: &Ctx<'_>, axis: usize, reverse: bool, cot: &BTile) -> Result<BTile, AdError> {
+    let sp = axis_split(c, axis)?;
+    let mut g = cot.clone();
+    for b in 0..g.batch {
+        scan(g.row_mut(b), sp, !reverse, |a, x| Ok(a + x))?;
+    }
+    Ok(c.unbatch(0, g))
+}
+
+/// Checks `dot`'s shapes and returns (M, K, N).
+fn dot_dims(c: &Ctx<'_>) -> Result<(usize, usize, usize), AdError> {
+    let (a, b, acc) = (&c.tys[0].shape, &c.tys[1].shape, &c.tys[2].shape);
+    let ok = a.len() == 2 && b.len() == 2 && acc.len() == 2 && a[1] == b[0] && acc[0] == a[0] && acc[1] == b[1];
+    if !ok || c.rshape() != acc.as_slice() {
+        return Err(c.err(format!("shapes {} x {} + {} do not match [M, K] x [K, N] + [M, N]", c.tys[0], c.tys[1], c.tys[2])));
+    }
+    Ok((a[0], a[1], b[1]))
+}
+
+/// `dot(a, b, acc)`: acc + sum over k in order of a[i, k] * b[k, j]. In native mode with an
+/// f32/f16/bf16 accumulator the operands are converted to f32 (rounded to tf32 for f32 operands
+/// with `tf32` precision), the sum runs in f32 and the result is rounded to acc's dtype once.
+pub(super) fn dot(c: &Ctx<'_>, dp: DotPrecision, p: Precision) -> Result<BTile, AdError> {
+    let (m, k, n) = dot_dims(c)?;
+    let arith = Arith::of(c.rdtype(), p);
+    let tf32 = dp == DotPrecision::Tf32 && c.dtype(0) == tilegrad_ir::DType::F32;
+    let mut out = Vec::with_capacity(c.batch * m * n);
+    for bt in 0..c.batch {
+        let (a, b, acc) = (c.row(0, bt), c.row(1, bt), c.row(2, bt));
+        match arith {
+            Arith::F64 => {
+                for i in 0..m {
+                    for j in 0..n {
+                        out.push((0..k).fold(acc[i * n + j], |s, kk| s + a[i * k + kk] * b[kk * n + j]));
+                    }
+                }
+            }
+            Arith::F32(d) => {
+                let conv = |x: f64| if tf32 { round_tf32(x as f32) } else { x as f32 };
+                let (a32, b32): (Vec<f32>, Vec<f32>) = (a.iter().map(|&x| conv(x)).collect(), b.iter().map(|&x| conv(x)).collect());
+                for i in 0..m {
+                    for j in 0..n {
+                        let s = (0..k).fold(acc[i * n + j] as f32, |s, kk| s + a32[i * k + kk] * b32[kk * n + j]);
+                        out.push(narrow(d, s) as f64);
+                    }
+                }
+            }
+        }
+    }
+    Ok(c.out(out))
+}
+
+/// The VJP of `dot`: a_bar = cot b^T, b_bar = a^T cot, acc_bar = cot (exact, in f64).
+pub(super) fn dot_vjp(c: &Ctx<'_>, cot: &BTile) -> Result<Vec<Option<BTile>>, AdError> {
+    let (m, k, n) = dot_dims(c)?;
+    let bsz = cot.batch;
+    let a_bar = c.when_diff(0, || {
+        let mut g = vec![0.0; bsz * m * k];
+        for bt in 0..bsz {
+            let (b, ct) = (c.row(1, bt), cot.row(bt));
+            for i in 0..m {
+                for kk in 0..k {
+                    g[bt * m * k + i * k + kk] = (0..n).map(|j| ct[i * n + j] * b[kk * n + j]).sum();
+                }
+            }
+        }
+        Ok(c.unbatch(0, BTile::new(bsz, &[m, k], g)))
+    })?;
+    let b_bar = c.when_diff(1, || {
+        let mut g = vec![0.0; bsz * k * n];
+        for bt in 0..bsz {
+            let (a, ct) = (c.row(0, bt), cot.row(bt));
+            for kk in 0..k {
+                for j in 0..n {
+                    g[bt * k * n + kk * n + j] = (0..m).map(|i| a[i * k + kk] * ct[i * n + j]).sum();
+                }
+            }
+        }
+        Ok(c.unbatch(1, BTile::new(bsz, &[k, n], g)))
+    })?;
+    let acc_bar = c.when_diff(2, || Ok(c.unbatch(2, cot.clone())))?;
+    Ok(vec![a_bar, b_bar, acc_bar])
+}

@@ -103,6 +103,20 @@ fn map2(c: &Ctx<'_>, mut f: impl FnMut(f64, f64) -> Result<f64, AdError>) -> Res
     Ok(c.out(out))
 }
 
+/// Applies an infallible `f` to every pair of elements of operands 0 and 1 (a tight loop the
+/// compiler vectorises).
+fn map2_ok(c: &Ctx<'_>, f: impl Fn(f64, f64) -> f64) -> Result<BTile, AdError> {
+    let n = c.rty.numel();
+    if c.args[0].numel() != n || c.args[1].numel() != n {
+        return Err(c.err(format!("operands of {} and {} elements for a result of {n}", c.args[0].numel(), c.args[1].numel())));
+    }
+    let mut out = Vec::with_capacity(c.batch * n);
+    for b in 0..c.batch {
+        out.extend(c.row(0, b).iter().zip(c.row(1, b)).map(|(&x, &y)| f(x, y)));
+    }
+    Ok(c.out(out))
+}
+
 /// The reference's f32 function of each unary float op (`None` for `not`).
 fn unary_f32(op: UnaryOp) -> Option<fn(f32) -> f32> {
     use UnaryOp::*;
@@ -289,7 +303,14 @@ pub(super) fn binary(c: &Ctx<'_>, op: BinaryOp, p: Precision) -> Result<BTile, A
     let bad = || c.err(format!("`{}` is not defined on {d}", op.name()));
     if d.is_float() {
         return match Arith::of(d, p) {
-            Arith::F64 => map2(c, |a, b| binary_f64(op, a, b).ok_or_else(bad)),
+            // The ground truth's hot path: one monomorphised loop per op.
+            Arith::F64 => match op {
+                BinaryOp::Add => map2_ok(c, |a, b| a + b),
+                BinaryOp::Sub => map2_ok(c, |a, b| a - b),
+                BinaryOp::Mul => map2_ok(c, |a, b| a * b),
+                BinaryOp::Div => map2_ok(c, |a, b| a / b),
+                _ => map2(c, |a, b| binary_f64(op, a, b).ok_or_else(bad)),
+            },
             Arith::F32(d) => map2(c, |a, b| binary_f32(op, a as f32, b as f32).map(|r| narrow(d, r) as f64).ok_or_else(bad)),
         };
     }
@@ -301,6 +322,29 @@ pub(super) fn binary(c: &Ctx<'_>, op: BinaryOp, p: Precision) -> Result<BTile, A
             _ => return Err(bad()),
         };
         return map2(c, |a, b| Ok(f(a != 0.0, b != 0.0) as i64 as f64));
+    }
+    if d == DType::I32 && matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul) {
+        // i32 operands: exact in i64, then wrapped as i32 arithmetic wraps.
+        return match op {
+            BinaryOp::Add => map2_ok(c, |a, b| (a as i64).wrapping_add(b as i64) as i32 as f64),
+            BinaryOp::Sub => map2_ok(c, |a, b| (a as i64).wrapping_sub(b as i64) as i32 as f64),
+            _ => map2_ok(c, |a, b| (a as i64).wrapping_mul(b as i64) as i32 as f64),
+        };
+    }
+    if d == DType::I64 && matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul) {
+        // Exact in i64 for operands within 2^53; results beyond are rejected below.
+        // Checked in i64 before converting back: beyond +-2^53 becomes infinite and is rejected.
+        let lim = I64_LIMIT as i64;
+        let exact = move |r: Option<i64>| r.filter(|r| r.abs() <= lim).map_or(f64::INFINITY, |r| r as f64);
+        let t = match op {
+            BinaryOp::Add => map2_ok(c, |a, b| exact((a as i64).checked_add(b as i64))),
+            BinaryOp::Sub => map2_ok(c, |a, b| exact((a as i64).checked_sub(b as i64))),
+            _ => map2_ok(c, |a, b| exact((a as i64).checked_mul(b as i64))),
+        }?;
+        if t.data.iter().any(|v| v.abs() > I64_LIMIT as f64) {
+            return Err(c.err("an i64 result is beyond +-2^53, which the f64 ground truth cannot hold exactly"));
+        }
+        return Ok(t);
     }
     map2(c, |a, b| binary_int(c, op, d, a, b))
 }

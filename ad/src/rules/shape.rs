@@ -48,32 +48,102 @@ fn broadcast_map(c: &Ctx<'_>) -> Result<Vec<usize>, AdError> {
     if !ok {
         return Err(c.err(format!("cannot broadcast {} to {}", c.tys[0], c.rty)));
     }
+    Ok(bcast_index(src, dst))
+}
+
+/// For each element of `dst` (row-major), the element of `src` (same rank, 1s where broadcast)
+/// it reads: a walk that moves the operand index by its stride (0 along broadcast dimensions),
+/// O(1) per element.
+fn bcast_index(src: &[usize], dst: &[usize]) -> Vec<usize> {
+    let n: usize = dst.iter().product();
     let sst = strides(src);
-    let dst_st = strides(dst);
-    Ok((0..n)
-        .map(|flat| {
-            (0..dst.len())
-                .map(|d| {
-                    let i = (flat / dst_st[d]) % dst[d];
-                    if src[d] == 1 {
-                        0
-                    } else {
-                        i * sst[d]
-                    }
-                })
-                .sum()
-        })
-        .collect())
+    let bst: Vec<usize> = (0..dst.len()).map(|d| if src[d] == 1 { 0 } else { sst[d] }).collect();
+    let mut out = Vec::with_capacity(n);
+    let mut idx = vec![0usize; dst.len()];
+    let mut base = 0usize;
+    for _ in 0..n {
+        out.push(base);
+        let mut d = dst.len();
+        while d > 0 {
+            d -= 1;
+            idx[d] += 1;
+            base += bst[d];
+            if idx[d] < dst[d] {
+                break;
+            }
+            base -= bst[d] * dst[d];
+            idx[d] = 0;
+        }
+    }
+    out
 }
 
 /// `broadcast` of a scalar, or of a tile with 1s where the result is larger.
 pub(super) fn broadcast(c: &Ctx<'_>) -> Result<BTile, AdError> {
-    Ok(gather(c, &broadcast_map(c)?))
+    let (src, dst) = (&c.tys[0].shape, c.rshape());
+    let n: usize = dst.iter().product();
+    if src.is_empty() || src.iter().product::<usize>() == 1 {
+        // A scalar (or single element) fills the tile.
+        let mut out = Vec::with_capacity(c.batch * n);
+        for b in 0..c.batch {
+            out.extend(std::iter::repeat_n(c.row(0, b)[0], n));
+        }
+        return Ok(c.out(out));
+    }
+    if src.len() != dst.len() || dst.is_empty() {
+        return Ok(gather(c, &broadcast_map(c)?));
+    }
+    broadcast_map(c)?; // validates the shapes
+                       // Row by row (last dimension): a broadcast last dimension repeats one value, otherwise the
+                       // operand's row is copied; the operand row's offset comes from the outer index map.
+    let r = dst.len();
+    let inner = dst[r - 1];
+    let outer_map = bcast_index(&src[..r - 1], &dst[..r - 1]);
+    let last_bcast = src[r - 1] == 1;
+    let row_len = src[r - 1];
+    let mut out = Vec::with_capacity(c.batch * n);
+    for b in 0..c.batch {
+        let x = c.row(0, b);
+        for &o in &outer_map {
+            let start = o * row_len;
+            if last_bcast {
+                out.extend(std::iter::repeat_n(x[start], inner));
+            } else {
+                out.extend_from_slice(&x[start..start + inner]);
+            }
+        }
+    }
+    Ok(c.out(out))
 }
 
 /// The VJP of `broadcast`: sums over the broadcast dimensions.
 pub(super) fn broadcast_vjp(c: &Ctx<'_>, cot: &BTile) -> Result<BTile, AdError> {
-    Ok(scatter_add(c, &broadcast_map(c)?, cot))
+    let (src, dst) = (&c.tys[0].shape, c.rshape());
+    if src.len() != dst.len() || dst.is_empty() {
+        return Ok(scatter_add(c, &broadcast_map(c)?, cot));
+    }
+    broadcast_map(c)?; // validates the shapes
+                       // Row by row, the transpose of `broadcast`: a broadcast last dimension sums the row into
+                       // one element, otherwise the row is added onto the operand's row.
+    let r = dst.len();
+    let inner = dst[r - 1];
+    let outer_map = bcast_index(&src[..r - 1], &dst[..r - 1]);
+    let last_bcast = src[r - 1] == 1;
+    let row_len = src[r - 1];
+    let n = c.args[0].numel();
+    let mut data = vec![0.0; cot.batch * n];
+    for b in 0..cot.batch {
+        let (g, acc) = (cot.row(b), &mut data[b * n..(b + 1) * n]);
+        for (k, &o) in outer_map.iter().enumerate() {
+            let (row, start) = (&g[k * inner..(k + 1) * inner], o * row_len);
+            if last_bcast {
+                acc[start] += row.iter().sum::<f64>();
+            } else {
+                acc[start..start + inner].iter_mut().zip(row).for_each(|(a, &x)| *a += x);
+            }
+        }
+    }
+    Ok(c.unbatch(0, BTile::new(cot.batch, &c.args[0].shape, data)))
 }
 
 /// `expand_dims` and `reshape`: the same elements in row-major order, another shape.

@@ -306,50 +306,72 @@ impl<'a> Program<'a> {
     fn load(&mut self, i: Inst, has_mask: bool, has_other: bool) -> Result<BTile, AdError> {
         let k = self.sh.kernel;
         let d = k.inst(i);
-        let V::Ptr(slot, offs) = self.get(d.args[0]).clone() else { unreachable!("verified load takes a pointer") };
-        let mask = has_mask.then(|| self.get(d.args[1]).num().data.clone());
-        let other = has_other.then(|| self.get(d.args[2]).num().clone());
+        let key = self.instance(i);
+        // Borrow the operands in place (no copies of the tiles).
+        let env = &self.env;
+        let val = |v: Value| env[v.index()].as_ref().expect("verified kernels define values before use");
+        let V::Ptr(slot, offs) = val(d.args[0]) else { unreachable!("verified load takes a pointer") };
+        let slot = *slot;
+        let mask = has_mask.then(|| &val(d.args[1]).num().data);
+        let other = has_other.then(|| val(d.args[2]).num());
         let sd = &self.sh.slots[slot as usize];
         let n = offs.data.len();
-        let key = self.instance(i);
-        let prov: Option<Provenance> = if self.replay { self.loads.get(&key).cloned().flatten_prov() } else { None };
+        // Only a kernel that may load after its own stores consults the overlay (or, when
+        // replaying a loop body, the provenance recorded by the forward sweep).
+        let prov: Option<&Provenance> = if self.replay { self.loads.get(&key).filter(|p| !p.is_empty()) } else { None };
+        let use_overlay = !self.replay && self.sh.facts.needs_overlay && !self.overlay.is_empty();
         let mut out = vec![0.0; n];
-        let mut own: Provenance = vec![None; n];
-        let mut any_own = false;
+        let mut own: Provenance = Vec::new();
+        let mut bad: Option<(usize, i64)> = None;
+        let mut atomic_src = false;
         for l in 0..n {
-            let active = mask.as_ref().is_none_or(|m| m[l] != 0.0);
-            if !active {
-                out[l] = other.as_ref().map_or(0.0, |o| o.data[if o.data.len() == 1 { 0 } else { l }]);
+            if mask.is_some_and(|m| m[l] == 0.0) {
+                out[l] = other.map_or(0.0, |o| o.data[if o.data.len() == 1 { 0 } else { l }]);
                 continue;
             }
             let e = offs.data[l] as i64;
             if e < 0 || e as usize >= sd.initial.len() {
-                return Err(
-                    self.unsupported(i, format!("out-of-bounds load from `{}` at offset {e}, lane {l}, program {:?}", sd.name, self.pid))
-                );
+                bad = Some((l, e));
+                break;
             }
-            let src = if self.replay { prov.as_ref().and_then(|p| p[l]) } else { self.overlay.get(&(slot, e)).copied() };
+            let src = if let Some(p) = prov {
+                p[l]
+            } else if use_overlay {
+                self.overlay.get(&(slot, e)).copied()
+            } else {
+                None
+            };
             match src {
                 Some((ev, lane)) => {
                     let evd = &self.events[ev as usize];
-                    if evd.atomic {
-                        return Err(self.unsupported(
-                            i,
-                            "a load of an element this program updated with atomic_add cannot be differentiated (its value depends on other programs)".into(),
-                        ));
-                    }
+                    atomic_src |= evd.atomic;
                     out[l] = evd.vals[lane as usize];
+                    if own.is_empty() {
+                        own = vec![None; n];
+                    }
                     own[l] = Some((ev, lane));
-                    any_own = true;
                 }
                 None => out[l] = sd.initial[e as usize],
             }
         }
+        if let Some((l, e)) = bad {
+            let msg = format!("out-of-bounds load from `{}` at offset {e}, lane {l}, program {:?}", sd.name, self.pid);
+            return Err(self.unsupported(i, msg));
+        }
+        if atomic_src {
+            return Err(self.unsupported(
+                i,
+                "a load of an element this program updated with atomic_add cannot be differentiated (its value depends on other programs)"
+                    .into(),
+            ));
+        }
+        let shape = offs.shape.clone();
         if !self.replay {
-            self.loads.insert(key, if any_own { own } else { Vec::new() });
+            // An empty provenance means "every lane read the launch's initial memory".
+            self.loads.insert(key, own);
         }
         // Memory holds values of the tensor's dtype, so loads need no rounding in native mode.
-        Ok(BTile::new(1, &offs.shape, out))
+        Ok(BTile::new(1, &shape, out))
     }
 
     fn store(&mut self, i: Inst, has_mask: bool, atomic: bool) -> Result<(), AdError> {
@@ -440,22 +462,28 @@ impl<'a> Program<'a> {
             Op::ProgramId { .. } | Op::NumPrograms { .. } | Op::AddPtr => {}
             Op::Load { mask, other } => {
                 let Some(c) = self.take_cot(d.results[0]) else { return Ok(()) };
-                let V::Ptr(slot, offs) = self.get(d.args[0]).clone() else { unreachable!("verified load takes a pointer") };
-                let m = mask.then(|| self.get(d.args[1]).num().data.clone());
-                let prov = self.loads.get(&self.instance(i)).cloned().unwrap_or_default();
+                let key = self.instance(i);
+                let env = &self.env;
+                let val = |v: Value| env[v.index()].as_ref().expect("verified kernels define values before use");
+                let V::Ptr(slot, offs) = val(d.args[0]) else { unreachable!("verified load takes a pointer") };
+                let slot = *slot as usize;
+                let m = mask.then(|| &val(d.args[1]).num().data);
+                let prov = self.loads.get(&key).filter(|p| !p.is_empty());
+                let is_input = self.sh.slots[slot].is_input;
                 let mut other_cot = other.then(|| vec![0.0; offs.data.len()]);
+                let contrib = &mut self.out.contrib[slot];
                 for l in 0..offs.data.len() {
-                    if m.as_ref().is_some_and(|m| m[l] == 0.0) {
+                    if m.is_some_and(|m| m[l] == 0.0) {
                         if let Some(oc) = &mut other_cot {
                             oc[l] = c.data[l];
                         }
                         continue;
                     }
-                    match prov.get(l).copied().flatten() {
+                    match prov.and_then(|p| p[l]) {
                         Some((ev, lane)) => self.acc[ev as usize][lane as usize] += c.data[l],
                         None => {
-                            if self.sh.slots[slot as usize].is_input {
-                                self.out.contrib[slot as usize].push((offs.data[l] as i64, c.data[l]));
+                            if is_input {
+                                contrib.push((offs.data[l] as i64, c.data[l]));
                             }
                         }
                     }
@@ -539,16 +567,6 @@ impl<'a> Program<'a> {
             }
         }
         Ok(())
-    }
-}
-
-trait FlattenProv {
-    fn flatten_prov(self) -> Option<Provenance>;
-}
-impl FlattenProv for Option<Provenance> {
-    /// An empty provenance means "every lane read the launch's initial memory".
-    fn flatten_prov(self) -> Option<Provenance> {
-        self.filter(|p| !p.is_empty())
     }
 }
 

@@ -51,6 +51,16 @@ fn broadcast_map(c: &Ctx<'_>) -> Result<Vec<usize>, AdError> {
     Ok(bcast_index(src, dst))
 }
 
+/// Checks that operand 0 broadcasts to the result (same rank, 1s where they differ).
+fn check_broadcast(c: &Ctx<'_>) -> Result<(), AdError> {
+    let (src, dst) = (&c.tys[0].shape, c.rshape());
+    if src.len() == dst.len() && src.iter().zip(dst).all(|(s, d)| s == d || *s == 1) {
+        Ok(())
+    } else {
+        Err(c.err(format!("cannot broadcast {} to {}", c.tys[0], c.rty)))
+    }
+}
+
 /// For each element of `dst` (row-major), the element of `src` (same rank, 1s where broadcast)
 /// it reads: a walk that moves the operand index by its stride (0 along broadcast dimensions),
 /// O(1) per element.
@@ -93,9 +103,9 @@ pub(super) fn broadcast(c: &Ctx<'_>) -> Result<BTile, AdError> {
     if src.len() != dst.len() || dst.is_empty() {
         return Ok(gather(c, &broadcast_map(c)?));
     }
-    broadcast_map(c)?; // validates the shapes
-                       // Row by row (last dimension): a broadcast last dimension repeats one value, otherwise the
-                       // operand's row is copied; the operand row's offset comes from the outer index map.
+    check_broadcast(c)?;
+    // Row by row (last dimension): a broadcast last dimension repeats one value, otherwise the
+    // operand's row is copied; the operand row's offset comes from the outer index map.
     let r = dst.len();
     let inner = dst[r - 1];
     let outer_map = bcast_index(&src[..r - 1], &dst[..r - 1]);
@@ -122,9 +132,9 @@ pub(super) fn broadcast_vjp(c: &Ctx<'_>, cot: &BTile) -> Result<BTile, AdError> 
     if src.len() != dst.len() || dst.is_empty() {
         return Ok(scatter_add(c, &broadcast_map(c)?, cot));
     }
-    broadcast_map(c)?; // validates the shapes
-                       // Row by row, the transpose of `broadcast`: a broadcast last dimension sums the row into
-                       // one element, otherwise the row is added onto the operand's row.
+    check_broadcast(c)?;
+    // Row by row, the transpose of `broadcast`: a broadcast last dimension sums the row into
+    // one element, otherwise the row is added onto the operand's row.
     let r = dst.len();
     let inner = dst[r - 1];
     let outer_map = bcast_index(&src[..r - 1], &dst[..r - 1]);

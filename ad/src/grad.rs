@@ -25,11 +25,15 @@ pub struct GradOptions {
     pub precision: Precision,
     /// Programs differentiated per parallel chunk (bounds the memory of pending contributions).
     pub chunk_programs: usize,
+    /// Bytes of loop-body values each program may keep for its reverse sweep. Within it, loop
+    /// bodies are not recomputed; beyond it, the tape holds only each iteration's carried values
+    /// and the reverse sweep recomputes the body from them (bounded memory).
+    pub tape_budget: usize,
 }
 
 impl Default for GradOptions {
     fn default() -> GradOptions {
-        GradOptions { precision: Precision::F64, chunk_programs: 1024 }
+        GradOptions { precision: Precision::F64, chunk_programs: 1024, tape_budget: 16 << 20 }
     }
 }
 
@@ -123,7 +127,15 @@ pub fn vjp(
     }
 
     let facts = KernelGraph::build(k, &param_slot).facts();
-    let shared = Shared { kernel: k, facts: &facts, slots: &slots, params: &params, grid: launch.grid().0, precision: opts.precision };
+    let shared = Shared {
+        kernel: k,
+        facts: &facts,
+        slots: &slots,
+        params: &params,
+        grid: launch.grid().0,
+        precision: opts.precision,
+        tape_budget: opts.tape_budget,
+    };
     let mut grads: Vec<Vec<f64>> = slots.iter().map(|s| if s.is_input { vec![0.0; s.initial.len()] } else { Vec::new() }).collect();
     let mut stored: Vec<Vec<bool>> =
         slots.iter().map(|s| if s.out_cot.is_some() && s.is_input { vec![false; s.initial.len()] } else { Vec::new() }).collect();

@@ -53,6 +53,9 @@ pub(crate) struct Shared<'a> {
     pub params: &'a [V],
     pub grid: [u32; 3],
     pub precision: Precision,
+    /// Bytes of loop-body values a program may keep for its reverse sweep; beyond it, loop bodies
+    /// are recomputed from their taped carried values.
+    pub tape_budget: usize,
 }
 
 /// A logged store or atomic of one program.
@@ -93,6 +96,13 @@ pub(crate) struct Program<'a> {
     path: Vec<u32>,
     /// Loop tapes: carried values at the start of each iteration, per dynamic loop instance.
     tapes: HashMap<Instance, Vec<Vec<V>>>,
+    /// Loop snapshots: every value of each iteration's body, while within the tape budget (the
+    /// reverse sweep then restores instead of recomputing).
+    snaps: HashMap<Instance, Vec<Vec<(Value, V)>>>,
+    /// Bytes held in snapshots.
+    snap_bytes: usize,
+    /// Values defined in each loop body (and its branches), by body block.
+    body_values: HashMap<Block, Vec<Value>>,
     events: Vec<Event>,
     event_of: HashMap<Instance, usize>,
     loads: HashMap<Instance, Provenance>,
@@ -128,6 +138,9 @@ impl<'a> Program<'a> {
             cot: vec![None; n],
             path: Vec::new(),
             tapes: HashMap::new(),
+            snaps: HashMap::new(),
+            snap_bytes: 0,
+            body_values: HashMap::new(),
             events: Vec::new(),
             event_of: HashMap::new(),
             loads: HashMap::new(),
@@ -239,9 +252,27 @@ impl<'a> Program<'a> {
                 let mut carried: Vec<V> = d.args[3..].iter().map(|&a| self.get(a).clone()).collect();
                 let key = self.instance(i);
                 let mut tape = Vec::with_capacity(trips as usize);
+                let values = self.body_values(*body);
+                let mut snaps: Option<Vec<Vec<(Value, V)>>> = (!self.replay).then(|| Vec::with_capacity(trips as usize));
                 for t in 0..trips {
                     tape.push(carried.clone());
                     carried = self.iterate(i, *body, lo, st, t, carried)?;
+                    if let Some(sn) = &mut snaps {
+                        // The body's values are out of scope after the iteration: move them.
+                        let snap: Vec<(Value, V)> = values.iter().filter_map(|&v| self.env[v.index()].take().map(|x| (v, x))).collect();
+                        let bytes: usize = snap.iter().map(|(_, x)| x.num().data.len() * 8).sum();
+                        if self.snap_bytes + bytes <= self.sh.tape_budget {
+                            self.snap_bytes += bytes;
+                            sn.push(snap);
+                        } else {
+                            // Over budget: this loop is recomputed in reverse instead.
+                            self.snap_bytes -= sn.iter().flatten().map(|(_, x)| x.num().data.len() * 8).sum::<usize>();
+                            snaps = None;
+                        }
+                    }
+                }
+                if let Some(sn) = snaps {
+                    self.snaps.insert(key.clone(), sn);
                 }
                 // Also while replaying an outer iteration: the reverse of this (inner) loop in that
                 // iteration needs its tape.
@@ -264,6 +295,31 @@ impl<'a> Program<'a> {
             }
         }
         Ok(())
+    }
+
+    /// The values defined in a loop body: its parameters, its instructions' results, and the
+    /// values of its `if` branches (nested loops keep their own tapes).
+    fn body_values(&mut self, b: Block) -> Vec<Value> {
+        fn collect(k: &Kernel, b: Block, out: &mut Vec<Value>) {
+            out.extend(k.block(b).params.iter().copied());
+            for &i in &k.block(b).insts {
+                let d = k.inst(i);
+                out.extend(d.results.iter().copied());
+                if let Op::If { then_block, else_block } = d.op {
+                    collect(k, then_block, out);
+                    collect(k, else_block, out);
+                }
+            }
+        }
+        let k = self.sh.kernel;
+        self.body_values
+            .entry(b)
+            .or_insert_with(|| {
+                let mut v = Vec::new();
+                collect(k, b, &mut v);
+                v
+            })
+            .clone()
     }
 
     /// Runs iteration `t` of loop `i` from `carried`, returning the next carried values.
@@ -543,12 +599,23 @@ impl<'a> Program<'a> {
         let yields = k.block(body).insts.last().map(|&l| k.inst(l).args.clone()).unwrap_or_default();
         // Cotangents of the loop results are those of the last iteration's yields.
         let mut carried_cot: Vec<Option<BTile>> = d.results.iter().map(|&r| self.take_cot(r)).collect();
+        let mut snaps = self.snaps.remove(&key);
         for t in (0..tape.len()).rev() {
-            // Recompute the body's values of iteration t.
-            let saved = self.replay;
-            self.replay = true;
-            self.iterate(i, body, lo, st, t as u64, tape[t].clone())?;
-            self.replay = saved;
+            match snaps.as_mut().and_then(|s| s.pop()) {
+                // Restore the body's values of iteration t.
+                Some(snap) => {
+                    for (v, x) in snap {
+                        self.env[v.index()] = Some(x);
+                    }
+                }
+                // Recompute them from the iteration's carried values.
+                None => {
+                    let saved = self.replay;
+                    self.replay = true;
+                    self.iterate(i, body, lo, st, t as u64, tape[t].clone())?;
+                    self.replay = saved;
+                }
+            }
             for (y, c) in yields.iter().zip(carried_cot.drain(..)) {
                 if let Some(c) = c {
                     self.add_cot(*y, c);

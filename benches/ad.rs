@@ -37,6 +37,48 @@ fn weighted_sum(rows: usize, d: usize) -> (String, Box<dyn FnMut()>, Box<dyn FnM
     )
 }
 
+/// Softmax 4096x1024 (16 rows per program) and matmul 512^3 (64x64x32 tiles).
+#[allow(clippy::type_complexity)]
+fn others() -> Vec<(String, Box<dyn FnMut()>, Box<dyn FnMut()>)> {
+    let mut out: Vec<(String, Box<dyn FnMut()>, Box<dyn FnMut()>)> = Vec::new();
+    let (rows, cols) = (4096, 1024);
+    let k = Box::leak(Box::new(zoo::softmax(16, 1024).expect("zoo kernel")));
+    let mut mem = Memory::new();
+    let xt = mem.add("x", HostTensor::from_f32(&[rows, cols], rand_f32(rows * cols, 4)));
+    let yt = mem.add("y", HostTensor::zeros(DType::F32, &[rows, cols]));
+    let g: Vec<f64> = rand_f32(rows * cols, 5).iter().map(|&v| v as f64).collect();
+    let launch = zoo::softmax_launch(k, &mem, xt, yt).expect("launch");
+    let (l2, mut m2) = (launch.clone(), mem.clone());
+    out.push((
+        "softmax_4096x1024".into(),
+        Box::new(move || {
+            vjp(&launch, &mem, &[xt], &[(yt, g.clone())], &GradOptions::default()).expect("gradient");
+        }),
+        Box::new(move || {
+            l2.run(&mut m2).expect("forward");
+        }),
+    ));
+    let s = 512;
+    let k = Box::leak(Box::new(zoo::matmul(64, 64, 32, None).expect("zoo kernel")));
+    let mut mem = Memory::new();
+    let at = mem.add("a", HostTensor::from_f32(&[s, s], rand_f32(s * s, 6)));
+    let bt = mem.add("b", HostTensor::from_f32(&[s, s], rand_f32(s * s, 7)));
+    let ct = mem.add("c", HostTensor::zeros(DType::F32, &[s, s]));
+    let g: Vec<f64> = rand_f32(s * s, 8).iter().map(|&v| v as f64).collect();
+    let launch = zoo::matmul_launch(k, &mem, at, bt, ct).expect("launch");
+    let (l2, mut m2) = (launch.clone(), mem.clone());
+    out.push((
+        "matmul_512".into(),
+        Box::new(move || {
+            vjp(&launch, &mem, &[at, bt], &[(ct, g.clone())], &GradOptions::default()).expect("gradient");
+        }),
+        Box::new(move || {
+            l2.run(&mut m2).expect("forward");
+        }),
+    ));
+    out
+}
+
 fn bench(c: &mut Criterion) {
     let (name, mut grad, mut fwd) = weighted_sum(4096, 512);
     let mut g = c.benchmark_group(name);
@@ -68,7 +110,10 @@ fn main() {
     }
     println!("\nsummary (median of 5 runs)");
     println!("{:<24} {:>12} {:>12} {:>8}", "workload", "gradient", "forward", "ratio");
-    let (name, mut grad, mut fwd) = weighted_sum(4096, 512);
-    let (tg, tf) = (median(&mut grad, 5), median(&mut fwd, 5));
-    println!("{:<24} {:>10.1}ms {:>10.1}ms {:>7.1}x", name, tg * 1e3, tf * 1e3, tg / tf);
+    let mut all = vec![weighted_sum(4096, 512)];
+    all.extend(others());
+    for (name, mut grad, mut fwd) in all {
+        let (tg, tf) = (median(&mut grad, 3), median(&mut fwd, 3));
+        println!("{:<24} {:>10.1}ms {:>10.1}ms {:>7.1}x", name, tg * 1e3, tf * 1e3, tg / tf);
+    }
 }

@@ -452,7 +452,7 @@ impl<'a> Program<'a> {
             lanes.push((l as u32, e));
         }
         let ev = self.events.len() as u32;
-        if self.sh.facts.needs_overlay || !atomic {
+        if self.sh.facts.needs_overlay {
             for &(l, e) in &lanes {
                 self.overlay.insert((slot, e), (ev, l));
             }
@@ -473,15 +473,45 @@ impl<'a> Program<'a> {
     /// atomic contribution does.
     fn seed_store_cotangents(&mut self) {
         self.acc = self.events.iter().map(|e| vec![0.0; e.numel]).collect();
+        let live = self.live_lanes();
         for (ev, e) in self.events.iter().enumerate() {
             let Some(oc) = &self.sh.slots[e.slot as usize].out_cot else { continue };
             for &(l, el) in &e.lanes {
-                let live = e.atomic || self.overlay.get(&(e.slot, el)) == Some(&(ev as u32, l));
-                if live {
+                if e.atomic || live.as_ref().is_none_or(|m| m.get(&(e.slot, el)) == Some(&(ev as u32, l))) {
                     self.acc[ev][l as usize] += oc[el as usize];
                 }
             }
         }
+    }
+
+    /// The last writer (event, lane) of every element this program stores, or `None` when every
+    /// stored lane is its element's last writer (no two stores of this program overlap, which
+    /// is checked on sorted runs of elements rather than element by element).
+    fn live_lanes(&self) -> Option<HashMap<(u32, i64), (u32, u32)>> {
+        if self.sh.facts.needs_overlay {
+            return Some(self.overlay.clone());
+        }
+        let mut runs: Vec<(u32, i64, i64)> = Vec::new();
+        for e in self.events.iter().filter(|e| !e.atomic) {
+            for &(_, el) in &e.lanes {
+                match runs.last_mut() {
+                    Some((s, _, end)) if *s == e.slot && *end == el => *end += 1,
+                    _ => runs.push((e.slot, el, el + 1)),
+                }
+            }
+        }
+        runs.sort_unstable();
+        let overlap = runs.windows(2).any(|w| w[0].0 == w[1].0 && w[1].1 < w[0].2);
+        if !overlap {
+            return None;
+        }
+        let mut last = HashMap::new();
+        for (ev, e) in self.events.iter().enumerate().filter(|(_, e)| !e.atomic) {
+            for &(l, el) in &e.lanes {
+                last.insert((e.slot, el), (ev as u32, l));
+            }
+        }
+        Some(last)
     }
 
     fn add_cot(&mut self, v: Value, c: BTile) {

@@ -236,9 +236,15 @@ pub(super) fn dot(c: &Ctx<'_>, dp: DotPrecision, p: Precision) -> Result<BTile, 
         let (a, b, acc) = (c.row(0, bt), c.row(1, bt), c.row(2, bt));
         match arith {
             Arith::F64 => {
+                // Row by row, k ascending: each element is `acc + a0*b0 + a1*b1 + ...` in that
+                // order, with contiguous (vectorisable) inner loops.
                 for i in 0..m {
-                    for j in 0..n {
-                        out.push((0..k).fold(acc[i * n + j], |s, kk| s + a[i * k + kk] * b[kk * n + j]));
+                    let start = out.len();
+                    out.extend_from_slice(&acc[i * n..(i + 1) * n]);
+                    let row = &mut out[start..start + n];
+                    for kk in 0..k {
+                        let x = a[i * k + kk];
+                        row.iter_mut().zip(&b[kk * n..(kk + 1) * n]).for_each(|(o, &y)| *o += x * y);
                     }
                 }
             }
@@ -277,9 +283,12 @@ pub(super) fn dot_vjp(c: &Ctx<'_>, cot: &BTile) -> Result<Vec<Option<BTile>>, Ad
         let mut g = vec![0.0; bsz * k * n];
         for bt in 0..bsz {
             let (a, ct) = (c.row(0, bt), cot.row(bt));
-            for kk in 0..k {
-                for j in 0..n {
-                    g[bt * k * n + kk * n + j] = (0..m).map(|i| a[i * k + kk] * ct[i * n + j]).sum();
+            // b_bar[kk, :] = sum over i (ascending) of a[i, kk] * cot[i, :], row by row.
+            let gb = &mut g[bt * k * n..(bt + 1) * k * n];
+            for i in 0..m {
+                for kk in 0..k {
+                    let x = a[i * k + kk];
+                    gb[kk * n..(kk + 1) * n].iter_mut().zip(&ct[i * n..(i + 1) * n]).for_each(|(o, &y)| *o += x * y);
                 }
             }
         }

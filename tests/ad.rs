@@ -2,6 +2,8 @@
 //! in-place updates, loads after a program's own stores, atomics, data-dependent loops, max
 //! reductions, masked boundary tiles; races rejected; results independent of the thread count.
 
+mod common;
+
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tilegrad::zoo;
 use tilegrad_ad::{vjp, AdError, GradOptions};
@@ -332,33 +334,7 @@ fn recomputing_loop_bodies_gives_the_same_gradient() {
     assert_eq!(kept.inputs, re.inputs);
 
     // Nested loops, the inner one reading and writing memory.
-    let mut b = KernelBuilder::new("nested");
-    let x = b.ptr_param("x", DType::F32);
-    let acc = b.ptr_param("acc", DType::F32);
-    let pid = b.program_id(0);
-    let bs = b.i32(16);
-    let start = b.mul(pid, bs);
-    let ar = b.arange(0, 16);
-    let offs = b.add(start, ar);
-    let px = b.add(x, offs);
-    let pa = b.add(acc, offs);
-    let xv = b.load(px, None, None);
-    let (zero, two, three, one) = (b.i32(0), b.i32(2), b.i32(3), b.i32(1));
-    let init = b.zeros(&[16], DType::F32);
-    let res = b.for_range(zero, two, one, None, &[init], |b, _, c| {
-        let inner = b.for_range(zero, three, one, None, &[c[0]], |b, _, c| {
-            let a = b.load(pa, None, None);
-            let s = b.sin(a);
-            let v = b.mul(s, xv);
-            let n = b.add(v, c[0]);
-            b.store(pa, n, None);
-            vec![n]
-        });
-        vec![b.mul(inner[0], xv)]
-    });
-    let px2 = b.add(x, offs);
-    b.store(px2, res[0], None);
-    let k = b.finish().unwrap();
+    let k = common::nested_loops_through_memory();
     let (xs, accs) = (rand_vec(&mut r, 48), rand_vec(&mut r, 48));
     let mut mem = Memory::new();
     let xt = mem.add("x", HostTensor::from_f32(&[48], f32s(&xs)));

@@ -13,11 +13,7 @@ pub fn copy(block: usize) -> Result<Kernel, IrError> {
     let dst = b.ptr_param("dst_ptr", DType::F32);
     let n = b.scalar_param("n", DType::I32);
     let block_v = b.constexpr("BLOCK", block as i64);
-    let pid = b.program_id(0);
-    let start = b.mul(pid, block_v);
-    let lanes = b.arange(0, block as i64);
-    let offs = b.add(start, lanes);
-    let mask = b.lt(offs, n);
+    let (offs, mask) = super::block_offsets(&mut b, block_v, block, n);
     let ps = b.add(src, offs);
     let v = b.load(ps, Some(mask), None);
     let pd = b.add(dst, offs);

@@ -16,16 +16,13 @@ pub fn l2_norm_partial(block: usize) -> Result<Kernel, IrError> {
     let partial = b.ptr_param("partial_ptr", DType::F32);
     let n = b.scalar_param("n", DType::I32);
     let block_v = b.constexpr("BLOCK", block as i64);
-    let pid = b.program_id(0);
-    let start = b.mul(pid, block_v);
-    let lanes = b.arange(0, block as i64);
-    let offs = b.add(start, lanes);
-    let mask = b.lt(offs, n);
+    let (offs, mask) = super::block_offsets(&mut b, block_v, block, n);
     let px = b.add(x, offs);
     let zf = b.f32(0.0);
     let v = b.load(px, Some(mask), Some(zf));
     let sq = b.mul(v, v);
     let s = b.sum(sq, None, false);
+    let pid = b.program_id(0);
     let p = b.add(partial, pid);
     b.store(p, s, None);
     b.finish()

@@ -432,6 +432,23 @@ fn tile(kernel: &Kernel, name: &str) -> Result<usize, ExecError> {
 }
 
 /// The shape of tensor `id`, checked to have rank `rank`, for launch helpers.
+/// The prologue of a 1-D blocked kernel: offsets `program_id(0) * BLOCK + arange(0, BLOCK)` and
+/// the mask `offsets < n`. The ops are attributed to the caller's line.
+#[track_caller]
+fn block_offsets(
+    b: &mut tilegrad_ir::KernelBuilder,
+    block_v: tilegrad_ir::Value,
+    block: usize,
+    n: tilegrad_ir::Value,
+) -> (tilegrad_ir::Value, tilegrad_ir::Value) {
+    let pid = b.program_id(0);
+    let start = b.mul(pid, block_v);
+    let lanes = b.arange(0, block as i64);
+    let offs = b.add(start, lanes);
+    let mask = b.lt(offs, n);
+    (offs, mask)
+}
+
 fn dims(kernel: &Kernel, mem: &Memory, id: TensorId, param: &str, rank: usize) -> Result<Vec<usize>, ExecError> {
     let s = mem.get(id).shape();
     if s.len() != rank {

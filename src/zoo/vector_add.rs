@@ -15,11 +15,7 @@ pub fn vector_add(block: usize) -> Result<Kernel, IrError> {
     let out = b.ptr_param("out_ptr", DType::F32);
     let n = b.scalar_param("n", DType::I32);
     let block_v = b.constexpr("BLOCK", block as i64);
-    let pid = b.program_id(0);
-    let start = b.mul(pid, block_v);
-    let lanes = b.arange(0, block as i64);
-    let offs = b.add(start, lanes);
-    let mask = b.lt(offs, n);
+    let (offs, mask) = super::block_offsets(&mut b, block_v, block, n);
     let px = b.add(x, offs);
     let py = b.add(y, offs);
     let xv = b.load(px, Some(mask), None);

@@ -280,7 +280,7 @@ fn gradients_do_not_depend_on_the_thread_count() {
             let wt = mem.add("w", HostTensor::from_f32(&[d], f32s(&w)));
             let ot = mem.add("out", HostTensor::zeros(DType::F32, &[rows]));
             let launch = zoo::weighted_sum_fwd_launch(&k, &mem, xt, wt, ot).unwrap();
-            let opts = GradOptions { chunk_programs: 5, ..GradOptions::default() };
+            let opts = GradOptions { chunk_programs: Some(5), ..GradOptions::default() };
             vjp(&launch, &mem, &[xt, wt], &[(ot, g.clone())], &opts).unwrap().inputs
         })
     };

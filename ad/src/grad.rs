@@ -23,8 +23,11 @@ use tilegrad_reference::{Arg, Launch, Memory, TensorId};
 pub struct GradOptions {
     /// f64 ground truth (the default) or the kernel's own dtypes.
     pub precision: Precision,
-    /// Programs differentiated per parallel chunk (bounds the memory of pending contributions).
-    pub chunk_programs: usize,
+    /// Memory for the programs in flight (their tapes and pending gradient contributions):
+    /// programs are differentiated in parallel chunks sized to it. Default 2 GiB.
+    pub memory_budget: usize,
+    /// Programs per chunk, overriding the size derived from `memory_budget`.
+    pub chunk_programs: Option<usize>,
     /// Bytes of loop-body values each program may keep for its reverse sweep. Within it, loop
     /// bodies are not recomputed; beyond it, the tape holds only each iteration's carried values
     /// and the reverse sweep recomputes the body from them (bounded memory).
@@ -33,7 +36,7 @@ pub struct GradOptions {
 
 impl Default for GradOptions {
     fn default() -> GradOptions {
-        GradOptions { precision: Precision::F64, chunk_programs: 1024, tape_budget: 16 << 20 }
+        GradOptions { precision: Precision::F64, memory_budget: 2 << 30, chunk_programs: None, tape_budget: 16 << 20 }
     }
 }
 
@@ -141,7 +144,12 @@ pub fn vjp(
         slots.iter().map(|s| if s.out_cot.is_some() && s.is_input { vec![false; s.initial.len()] } else { Vec::new() }).collect();
     let mut max_trips: BTreeMap<Inst, u64> = BTreeMap::new();
     let total = launch.grid().programs();
-    let chunk = opts.chunk_programs.max(1) as u64;
+    // Per program in flight: its pending contributions and stores (~24 bytes per element it
+    // loads or stores) and at most its tape budget.
+    let per_program = (summary.elements_loaded + summary.elements_stored + summary.elements_atomic) / total.max(1) * 24
+        + opts.tape_budget.min(64 << 20) as u64
+        + 4096;
+    let chunk = opts.chunk_programs.map_or_else(|| (opts.memory_budget as u64 / per_program).clamp(1, 1 << 16), |c| c as u64).max(1);
     let mut start = 0;
     while start < total {
         let end = (start + chunk).min(total);

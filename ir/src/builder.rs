@@ -55,6 +55,8 @@ pub struct KernelBuilder {
     k: Kernel,
     stack: Vec<Block>,
     errors: Vec<Diagnostic>,
+    /// Location that overrides the caller's for every op and error (see [`KernelBuilder::set_loc`]).
+    loc_override: Option<Loc>,
 }
 
 impl KernelBuilder {
@@ -63,7 +65,7 @@ impl KernelBuilder {
     pub fn new(name: &str) -> KernelBuilder {
         let k = Kernel::new(name, Loc::caller());
         let body = k.body;
-        KernelBuilder { k, stack: vec![body], errors: Vec::new() }
+        KernelBuilder { k, stack: vec![body], errors: Vec::new(), loc_override: None }
     }
 
     /// Verifies and returns the kernel, or every error found.
@@ -86,14 +88,23 @@ impl KernelBuilder {
         self.k.ty(v).shape.clone()
     }
 
+    /// Sets the location recorded for every op emitted and every error found from now on, instead
+    /// of the Rust call site (`None` restores the call site). Front ends that translate another
+    /// language (the Triton front end) use it to point ops at the user's source line.
+    pub fn set_loc(&mut self, loc: Option<Loc>) {
+        self.loc_override = loc;
+    }
+
     fn error(&mut self, op: &str, loc: &Loc, message: String) {
-        self.errors.push(Diagnostic { kernel: self.k.name.clone(), op: op.into(), loc: loc.clone(), message });
+        let loc = self.loc_override.as_ref().unwrap_or(loc).clone();
+        self.errors.push(Diagnostic { kernel: self.k.name.clone(), op: op.into(), loc, message });
     }
 
     /// Appends an instruction to the current block and returns its results.
     fn emit(&mut self, op: Op, args: &[Value], result_types: Vec<Type>, loc: &Loc) -> SmallVec<[Value; 2]> {
         let results: SmallVec<[Value; 2]> = result_types.into_iter().map(|t| self.k.new_value(t)).collect();
-        self.k.insts.push(InstData { op, args: SmallVec::from_slice(args), results: results.clone(), loc: loc.clone() });
+        let loc = self.loc_override.as_ref().unwrap_or(loc).clone();
+        self.k.insts.push(InstData { op, args: SmallVec::from_slice(args), results: results.clone(), loc });
         let inst = crate::kernel::Inst(self.k.insts.len() as u32 - 1);
         let cur = *self.stack.last().expect("builder block stack is never empty");
         self.k.blocks[cur.index()].insts.push(inst);

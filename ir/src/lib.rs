@@ -35,6 +35,7 @@ mod kernel;
 mod op;
 pub mod passes;
 pub mod text;
+pub mod triton;
 mod types;
 mod verify;
 

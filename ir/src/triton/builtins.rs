@@ -1,0 +1,580 @@
+//! The Triton language functions (`tl.load`, `tl.sum`, `tl.make_block_ptr`, ...), tensor methods
+//! (`x.to(...)`, `bp.advance(...)`) and the few Python builtins a kernel may call, each mapped to
+//! the builder method that implements it.
+
+use super::convert::{off, Cx};
+use super::errors::{fail, R};
+use super::value::{literal_like, tensor, Val};
+use crate::{BlockPtr, DType, DotPrecision, Padding, Value};
+use ruff_python_ast::{self as ast, Expr};
+
+/// The evaluated arguments of a call.
+pub(crate) struct Args {
+    pos: Vec<(Val, u32)>,
+    kw: Vec<(String, Val, u32)>,
+    off: u32,
+}
+
+impl Args {
+    /// Binds the arguments to the parameter `names` of function `f` (positional first, then by
+    /// keyword); unknown keywords and surplus arguments are errors.
+    pub(crate) fn bind(self, f: &str, names: &[&str]) -> R<Vec<Option<Val>>> {
+        let mut out: Vec<Option<Val>> = vec![None; names.len()];
+        if self.pos.len() > names.len() {
+            return fail(self.pos[names.len()].1, format!("`{f}` takes at most {} positional arguments", names.len()));
+        }
+        for (i, (v, _)) in self.pos.into_iter().enumerate() {
+            out[i] = Some(v);
+        }
+        for (k, v, o) in self.kw {
+            match names.iter().position(|n| *n == k) {
+                Some(i) if out[i].is_none() => out[i] = Some(v),
+                Some(_) => return fail(o, format!("`{f}` got argument `{k}` twice")),
+                None => return fail(o, format!("`{f}` has no parameter `{k}` (parameters: {})", names.join(", "))),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The short name of a qualified path: `triton.language.x` becomes `tl.x`,
+/// `triton.language.math.x` and the libdevice modules `tl.math.x`, `builtins.x` becomes `x`.
+pub(crate) fn canonical(path: &str) -> String {
+    for (prefix, short) in [
+        ("triton.language.extra.cuda.libdevice.", "tl.math."),
+        ("triton.language.extra.libdevice.", "tl.math."),
+        ("triton.language.libdevice.", "tl.math."),
+        ("triton.language.core.", "tl."),
+        ("triton.language.", "tl."),
+        ("builtins.", ""),
+    ] {
+        if let Some(rest) = path.strip_prefix(prefix) {
+            return format!("{short}{rest}");
+        }
+    }
+    path.to_string()
+}
+
+/// Triton's dtype names (`float32`, `int1`, ...).
+pub(crate) fn dtype_name(s: &str) -> Option<DType> {
+    if matches!(s, "i1" | "i32" | "i64" | "f16" | "f32" | "f64" | "bf16" | "fp16" | "fp32" | "fp64") {
+        return None;
+    }
+    DType::from_name(s)
+}
+
+const UNARY: &[&str] = &["exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "abs", "sigmoid", "floor", "ceil", "erf", "tanh"];
+
+fn need_int(v: &Option<Val>, what: &str, o: u32) -> R<i64> {
+    match v {
+        Some(Val::Int(i)) => Ok(*i),
+        Some(Val::Bool(b)) => Ok(*b as i64),
+        Some(other) => fail(o, format!("{what} must be a constant int, found {}", other.kind())),
+        None => fail(o, format!("{what} is missing")),
+    }
+}
+
+fn opt_axis(v: &Option<Val>, o: u32) -> R<Option<isize>> {
+    match v {
+        None | Some(Val::None) => Ok(None),
+        Some(v) => Ok(Some(need_int(&Some(v.clone()), "`axis`", o)? as isize)),
+    }
+}
+
+fn flag(v: &Option<Val>, what: &str, o: u32) -> R<bool> {
+    match v {
+        None | Some(Val::None) => Ok(false),
+        Some(Val::Bool(b)) => Ok(*b),
+        Some(Val::Int(i)) => Ok(*i != 0),
+        Some(other) => fail(o, format!("{what} must be a constant bool, found {}", other.kind())),
+    }
+}
+
+/// A static shape: a tuple or list of positive constant ints (or one int).
+fn shape(v: &Option<Val>, o: u32) -> R<Vec<usize>> {
+    let items = match v {
+        Some(Val::Tuple(items)) => items.clone(),
+        Some(Val::Int(i)) => vec![Val::Int(*i)],
+        Some(other) => return fail(o, format!("a shape must be a tuple of constant ints, found {}", other.kind())),
+        None => return fail(o, "the shape is missing"),
+    };
+    if items.len() > crate::MAX_RANK {
+        return fail(o, format!("a tile has at most {} dims", crate::MAX_RANK));
+    }
+    items
+        .iter()
+        .map(|x| match x {
+            Val::Int(i) if *i > 0 && *i <= 1 << 24 => Ok(*i as usize),
+            other => fail(o, format!("shape entries must be positive constant ints (at most 2^24), found {}", other.kind())),
+        })
+        .collect()
+}
+
+fn ints(v: &Option<Val>, what: &str, o: u32) -> R<Vec<i64>> {
+    match v {
+        None | Some(Val::None) => Ok(Vec::new()),
+        Some(Val::Tuple(items)) => items.iter().map(|x| need_int(&Some(x.clone()), what, o)).collect(),
+        Some(Val::Int(i)) => Ok(vec![*i]),
+        Some(other) => fail(o, format!("{what} must be a tuple of constant ints, found {}", other.kind())),
+    }
+}
+
+fn dtype(v: &Option<Val>, o: u32) -> R<Option<DType>> {
+    match v {
+        None | Some(Val::None) => Ok(None),
+        Some(Val::DType(d)) => Ok(Some(*d)),
+        Some(other) => fail(o, format!("expected a dtype such as `tl.float32`, found {}", other.kind())),
+    }
+}
+
+/// `tl.where(c, a, b)` (also the conditional expression on tensors).
+pub(crate) fn where_(cx: &mut Cx, c: Val, a: Val, b: Val, o: u32) -> R<Val> {
+    let c = tensor(&mut cx.b, &c, o, "the condition")?;
+    let (a, b) = match (&a, &b) {
+        (Val::Tensor(x), v) if v.is_const() => (*x, literal_like(&mut cx.b, v, *x, o, "a value")?),
+        (v, Val::Tensor(y)) if v.is_const() => (literal_like(&mut cx.b, v, *y, o, "a value")?, *y),
+        _ => (tensor(&mut cx.b, &a, o, "a value")?, tensor(&mut cx.b, &b, o, "a value")?),
+    };
+    Ok(Val::Tensor(cx.b.where_(c, a, b)))
+}
+
+impl Cx<'_> {
+    /// Evaluates the arguments of a call.
+    pub(crate) fn args(&mut self, c: &ast::ExprCall) -> R<Args> {
+        let mut pos = Vec::new();
+        for a in c.arguments.args.iter() {
+            if let Expr::Starred(s) = a {
+                return fail(off(s), "`*args` in calls is not supported");
+            }
+            pos.push((self.expr(a)?, off(a)));
+        }
+        let mut kw = Vec::new();
+        for k in c.arguments.keywords.iter() {
+            let Some(name) = &k.arg else { return fail(off(k), "`**kwargs` in calls is not supported") };
+            kw.push((name.id.to_string(), self.expr(&k.value)?, off(k)));
+        }
+        Ok(Args { pos, kw, off: off(c) })
+    }
+
+    /// A call expression: a Triton function, a method, a helper, or a Python builtin.
+    pub(crate) fn call(&mut self, c: &ast::ExprCall) -> R<Val> {
+        let o = off(c);
+        if let Expr::Attribute(a) = &*c.func {
+            let recv = self.expr(&a.value)?;
+            if !matches!(recv, Val::Module(_)) {
+                let mut args = self.args(c)?;
+                self.at(o);
+                return self.method(recv, &a.attr.id, &mut args, o);
+            }
+        }
+        let f = self.expr(&c.func)?;
+        let args = self.args(c)?;
+        self.at(o);
+        match f {
+            Val::Func(name) => self.call_helper(&name, args, o),
+            Val::Module(p) => {
+                let name = canonical(&p);
+                self.builtin(&name, args, o)
+            }
+            other => fail(o, format!("{} is not callable", other.kind())),
+        }
+    }
+
+    fn method(&mut self, recv: Val, name: &str, args: &mut Args, o: u32) -> R<Val> {
+        let a = std::mem::replace(args, Args { pos: Vec::new(), kw: Vec::new(), off: o });
+        match (name, &recv) {
+            ("to", Val::Tensor(t)) => {
+                let b = a.bind("to", &["dtype", "fp_downcast_rounding", "bitcast"])?;
+                match dtype(&b[0], o)? {
+                    Some(d) => Ok(Val::Tensor(self.b.cast(*t, d))),
+                    None => fail(o, "`.to` needs a dtype"),
+                }
+            }
+            ("advance", Val::BlockPtr(_)) => {
+                let mut a = a;
+                a.pos.insert(0, (recv, o));
+                self.builtin("tl.advance", a, o)
+            }
+            (_, Val::Tensor(_)) => {
+                let mut a = a;
+                a.pos.insert(0, (recv, o));
+                self.builtin(&format!("tl.{name}"), a, o)
+            }
+            _ => fail(o, format!("{} has no method `{name}`", recv.kind())),
+        }
+    }
+
+    fn t(&mut self, v: &Option<Val>, what: &str, o: u32) -> R<Value> {
+        match v {
+            Some(v) => tensor(&mut self.b, v, o, what),
+            None => fail(o, format!("{what} is missing")),
+        }
+    }
+
+    fn opt_t(&mut self, v: &Option<Val>, what: &str, o: u32) -> R<Option<Value>> {
+        match v {
+            None | Some(Val::None) => Ok(None),
+            Some(v) => Ok(Some(tensor(&mut self.b, v, o, what)?)),
+        }
+    }
+
+    fn scalars(&mut self, v: &Option<Val>, what: &str, o: u32) -> R<Vec<Value>> {
+        match v {
+            Some(Val::Tuple(items)) => items.iter().map(|x| tensor(&mut self.b, x, o, what)).collect(),
+            Some(other) => fail(o, format!("{what} must be a tuple, found {}", other.kind())),
+            None => fail(o, format!("{what} is missing")),
+        }
+    }
+
+    fn padding(&mut self, v: &Option<Val>, o: u32) -> R<Padding> {
+        match v {
+            None | Some(Val::None) => Ok(Padding::None),
+            Some(Val::Str(s)) if s.is_empty() => Ok(Padding::None),
+            Some(Val::Str(s)) if s == "zero" => Ok(Padding::Zero),
+            Some(Val::Str(s)) if s == "nan" => Ok(Padding::Nan),
+            Some(other) => fail(o, format!("`padding_option` must be \"zero\" or \"nan\", found {}", other.kind())),
+        }
+    }
+
+    fn boundary(&mut self, v: &Option<Val>, o: u32) -> R<Vec<usize>> {
+        ints(v, "`boundary_check`", o)?
+            .into_iter()
+            .map(|d| usize::try_from(d).map_or_else(|_| fail(o, "`boundary_check` dims must be non-negative"), Ok))
+            .collect()
+    }
+
+    /// A Triton function or Python builtin, by canonical name (see [`canonical`]).
+    fn builtin(&mut self, name: &str, a: Args, o: u32) -> R<Val> {
+        let short = name.strip_prefix("tl.math.").or_else(|| name.strip_prefix("tl.")).unwrap_or(name);
+        if name.starts_with("tl.") && UNARY.contains(&short) {
+            let b = a.bind(name, &["x"])?;
+            let x = self.t(&b[0], "the operand", o)?;
+            let r = match short {
+                "exp" => self.b.exp(x),
+                "exp2" => self.b.exp2(x),
+                "log" => self.b.log(x),
+                "log2" => self.b.log2(x),
+                "sqrt" => self.b.sqrt(x),
+                "rsqrt" => self.b.rsqrt(x),
+                "sin" => self.b.sin(x),
+                "cos" => self.b.cos(x),
+                "abs" => self.b.abs(x),
+                "sigmoid" => self.b.sigmoid(x),
+                "floor" => self.b.floor(x),
+                "ceil" => self.b.ceil(x),
+                "erf" => self.b.erf(x),
+                _ => self.b.tanh(x),
+            };
+            return Ok(Val::Tensor(r));
+        }
+        let ao = a.off;
+        match name {
+            "tl.program_id" | "tl.num_programs" => {
+                let b = a.bind(name, &["axis"])?;
+                let axis = need_int(&b[0], "`axis`", o)?;
+                if !(0..3).contains(&axis) {
+                    return fail(o, format!("`axis` must be 0, 1 or 2, found {axis}"));
+                }
+                Ok(Val::Tensor(if name == "tl.program_id" { self.b.program_id(axis as u8) } else { self.b.num_programs(axis as u8) }))
+            }
+            "tl.arange" => {
+                let b = a.bind(name, &["start", "end"])?;
+                let (s, e) = (need_int(&b[0], "`start`", o)?, need_int(&b[1], "`end`", o)?);
+                if e <= s || e - s > 1 << 24 {
+                    return fail(o, format!("`tl.arange({s}, {e})` needs start < end (and at most 2^24 lanes)"));
+                }
+                Ok(Val::Tensor(self.b.arange(s, e)))
+            }
+            "tl.zeros" | "tl.full" => {
+                let full = name == "tl.full";
+                let b = if full { a.bind(name, &["shape", "value", "dtype"])? } else { a.bind(name, &["shape", "dtype"])? };
+                let s = shape(&b[0], o)?;
+                let d = dtype(&b[if full { 2 } else { 1 }], o)?.map_or_else(|| fail(o, format!("`{name}` needs a dtype")), Ok)?;
+                if !full {
+                    return Ok(Val::Tensor(self.b.zeros(&s, d)));
+                }
+                let v = match &b[1] {
+                    Some(Val::Int(i)) => crate::Lit::Int(*i),
+                    Some(Val::Float(f)) => crate::Lit::Float(*f),
+                    Some(Val::Bool(x)) => crate::Lit::Bool(*x),
+                    Some(Val::Tensor(t)) => {
+                        let c = self.b.cast(*t, d);
+                        return Ok(Val::Tensor(self.b.broadcast_to(c, &s)));
+                    }
+                    _ => return fail(o, "`tl.full` needs a value"),
+                };
+                Ok(Val::Tensor(self.b.full(&s, v, d)))
+            }
+            "tl.load" => {
+                let b = a.bind(
+                    name,
+                    &["pointer", "mask", "other", "boundary_check", "padding_option", "cache_modifier", "eviction_policy", "volatile"],
+                )?;
+                if let Some(Val::BlockPtr(bp)) = &b[0] {
+                    if b[1].is_some() || b[2].is_some() {
+                        return fail(o, "`mask`/`other` cannot be used with a block pointer: use `boundary_check` and `padding_option`");
+                    }
+                    let bc = self.boundary(&b[3], o)?;
+                    let pad = self.padding(&b[4], o)?;
+                    return Ok(Val::Tensor(self.b.load_block(bp, &bc, pad)));
+                }
+                let p = self.t(&b[0], "the pointer", o)?;
+                let m = self.opt_t(&b[1], "the mask", o)?;
+                let other = self.opt_t(&b[2], "`other`", o)?;
+                Ok(Val::Tensor(self.b.load(p, m, other)))
+            }
+            "tl.store" => {
+                let b = a.bind(name, &["pointer", "value", "mask", "boundary_check", "cache_modifier", "eviction_policy"])?;
+                if let Some(Val::BlockPtr(bp)) = &b[0] {
+                    if b[2].is_some() {
+                        return fail(o, "`mask` cannot be used with a block pointer: use `boundary_check`");
+                    }
+                    let bc = self.boundary(&b[3], o)?;
+                    let v = self.t(&b[1], "the value", o)?;
+                    self.b.store_block(bp, v, &bc);
+                    return Ok(Val::None);
+                }
+                let p = self.t(&b[0], "the pointer", o)?;
+                let v = self.t(&b[1], "the value", o)?;
+                let m = self.opt_t(&b[2], "the mask", o)?;
+                self.b.store(p, v, m);
+                Ok(Val::None)
+            }
+            "tl.atomic_add" => {
+                let b = a.bind(name, &["pointer", "val", "mask", "sem", "scope"])?;
+                let p = self.t(&b[0], "the pointer", o)?;
+                let v = self.t(&b[1], "the value", o)?;
+                let m = self.opt_t(&b[2], "the mask", o)?;
+                self.b.atomic_add(p, v, m);
+                Ok(Val::None)
+            }
+            "tl.dot" => {
+                let b = a.bind(name, &["input", "other", "acc", "input_precision", "allow_tf32", "max_num_imprecise_acc", "out_dtype"])?;
+                let x = self.t(&b[0], "the first operand", o)?;
+                let y = self.t(&b[1], "the second operand", o)?;
+                let acc = self.opt_t(&b[2], "the accumulator", o)?;
+                let prec = match (&b[3], &b[4]) {
+                    (Some(Val::Str(s)), _) => match s.as_str() {
+                        "ieee" => Some(DotPrecision::Ieee),
+                        "tf32" | "tf32x3" => Some(DotPrecision::Tf32),
+                        _ => return fail(o, format!("unknown `input_precision` \"{s}\" (supported: \"ieee\", \"tf32\")")),
+                    },
+                    (_, Some(Val::Bool(false))) => Some(DotPrecision::Ieee),
+                    _ => None,
+                };
+                Ok(Val::Tensor(match prec {
+                    Some(p) => self.b.dot_with(x, y, acc, p),
+                    None => self.b.dot(x, y, acc),
+                }))
+            }
+            "tl.sum" | "tl.max" | "tl.min" | "tl.argmax" | "tl.argmin" => {
+                let b =
+                    a.bind(name, &["input", "axis", "keep_dims", "return_indices", "return_indices_tie_break_left", "tie_break_left"])?;
+                if flag(&b[3], "`return_indices`", o)? {
+                    return fail(o, "`return_indices=True` is not supported: call `tl.argmax`/`tl.argmin`");
+                }
+                let x = self.t(&b[0], "the input", o)?;
+                let axis = opt_axis(&b[1], o)?;
+                let keep = flag(&b[2], "`keep_dims`", o)?;
+                Ok(Val::Tensor(match name {
+                    "tl.sum" => self.b.sum(x, axis, keep),
+                    "tl.max" => self.b.max(x, axis, keep),
+                    "tl.min" => self.b.min(x, axis, keep),
+                    "tl.argmax" => self.b.argmax(x, axis, keep),
+                    _ => self.b.argmin(x, axis, keep),
+                }))
+            }
+            "tl.cumsum" => {
+                let b = a.bind(name, &["input", "axis", "reverse"])?;
+                let x = self.t(&b[0], "the input", o)?;
+                let axis = opt_axis(&b[1], o)?.unwrap_or(0);
+                let rev = flag(&b[2], "`reverse`", o)?;
+                Ok(Val::Tensor(self.b.cumsum(x, axis, rev)))
+            }
+            "tl.where" => {
+                let b = a.bind(name, &["condition", "x", "y"])?;
+                match (&b[0], &b[1], &b[2]) {
+                    (Some(c), Some(x), Some(y)) => where_(self, c.clone(), x.clone(), y.clone(), o),
+                    _ => fail(o, "`tl.where` needs a condition and two values"),
+                }
+            }
+            "tl.maximum" | "tl.minimum" => {
+                let b = a.bind(name, &["x", "y", "propagate_nan"])?;
+                let (Some(x), Some(y)) = (&b[0], &b[1]) else { return fail(o, format!("`{name}` needs two operands")) };
+                let (x, y) = match (x, y) {
+                    (Val::Tensor(x), v) if v.is_const() => (*x, literal_like(&mut self.b, v, *x, o, "an operand")?),
+                    (v, Val::Tensor(y)) if v.is_const() => (literal_like(&mut self.b, v, *y, o, "an operand")?, *y),
+                    _ => (tensor(&mut self.b, x, o, "an operand")?, tensor(&mut self.b, y, o, "an operand")?),
+                };
+                Ok(Val::Tensor(if name == "tl.maximum" { self.b.maximum(x, y) } else { self.b.minimum(x, y) }))
+            }
+            "tl.cdiv" | "triton.cdiv" => {
+                let b = a.bind(name, &["x", "div"])?;
+                let (Some(x), Some(y)) = (&b[0], &b[1]) else { return fail(o, "`cdiv` needs two operands") };
+                if let (Val::Int(x), Val::Int(y)) = (x, y) {
+                    if *y == 0 {
+                        return fail(o, "`cdiv` by zero");
+                    }
+                    return Ok(Val::Int(x.div_euclid(*y) + (x.rem_euclid(*y) != 0) as i64));
+                }
+                let (x, y) = match (x, y) {
+                    (Val::Tensor(x), v) if v.is_const() => (*x, literal_like(&mut self.b, v, *x, o, "an operand")?),
+                    (v, Val::Tensor(y)) if v.is_const() => (literal_like(&mut self.b, v, *y, o, "an operand")?, *y),
+                    _ => (tensor(&mut self.b, x, o, "an operand")?, tensor(&mut self.b, y, o, "an operand")?),
+                };
+                Ok(Val::Tensor(self.b.cdiv(x, y)))
+            }
+            "tl.cast" => {
+                let b = a.bind(name, &["input", "dtype", "fp_downcast_rounding", "bitcast"])?;
+                let x = self.t(&b[0], "the input", o)?;
+                let d = dtype(&b[1], o)?.map_or_else(|| fail(o, "`tl.cast` needs a dtype"), Ok)?;
+                Ok(Val::Tensor(self.b.cast(x, d)))
+            }
+            "tl.trans" | "tl.permute" => {
+                let (x, dims) = match a.pos.len() {
+                    n if n > 2 && name == "tl.trans" => {
+                        let mut it = a.pos.into_iter();
+                        let x = it.next().map(|v| v.0);
+                        let dims: Vec<Val> = it.map(|v| v.0).collect();
+                        (x, Some(Val::Tuple(dims)))
+                    }
+                    _ => {
+                        let b = a.bind(name, &["input", "dims"])?;
+                        (b[0].clone(), b[1].clone())
+                    }
+                };
+                let x = self.t(&x, "the input", o)?;
+                let dims = ints(&dims, "`dims`", o)?;
+                if dims.is_empty() {
+                    return Ok(Val::Tensor(self.b.trans(x)));
+                }
+                let perm: Vec<usize> = dims.iter().map(|&d| d.clamp(0, 64) as usize).collect();
+                Ok(Val::Tensor(self.b.permute(x, &perm)))
+            }
+            "tl.reshape" | "tl.view" => {
+                let b = a.bind(name, &["input", "shape", "can_reorder"])?;
+                let x = self.t(&b[0], "the input", o)?;
+                let s = shape(&b[1], o)?;
+                Ok(Val::Tensor(self.b.reshape(x, &s)))
+            }
+            "tl.expand_dims" => {
+                let b = a.bind(name, &["input", "axis"])?;
+                let x = self.t(&b[0], "the input", o)?;
+                let axis = need_int(&b[1], "`axis`", o)?;
+                if self.b.ty(x).rank() >= crate::MAX_RANK {
+                    return fail(o, format!("a tile has at most {} dims", crate::MAX_RANK));
+                }
+                Ok(Val::Tensor(self.b.expand_dims(x, axis.clamp(-64, 64) as isize)))
+            }
+            "tl.broadcast_to" => {
+                let b = a.bind(name, &["input", "shape"])?;
+                let x = self.t(&b[0], "the input", o)?;
+                let s = shape(&b[1], o)?;
+                Ok(Val::Tensor(self.b.broadcast_to(x, &s)))
+            }
+            "tl.make_block_ptr" => {
+                let b = a.bind(name, &["base", "shape", "strides", "offsets", "block_shape", "order"])?;
+                let base = self.t(&b[0], "the base", o)?;
+                let sh = self.scalars(&b[1], "`shape`", o)?;
+                let st = self.scalars(&b[2], "`strides`", o)?;
+                let of = self.scalars(&b[3], "`offsets`", o)?;
+                let bs = shape(&b[4], o)?;
+                let order: Vec<usize> = ints(&b[5], "`order`", o)?.iter().map(|&d| d.clamp(0, 64) as usize).collect();
+                if sh.len() != bs.len() || st.len() != bs.len() || of.len() != bs.len() || order.len() != bs.len() {
+                    return fail(o, "`shape`, `strides`, `offsets`, `block_shape` and `order` must have one length");
+                }
+                Ok(Val::BlockPtr(self.b.make_block_ptr(base, &sh, &st, &of, &bs, &order)))
+            }
+            "tl.advance" => {
+                let b = a.bind(name, &["base", "offsets"])?;
+                let Some(Val::BlockPtr(bp)) = &b[0] else { return fail(o, "`tl.advance` needs a block pointer") };
+                let bp: BlockPtr = bp.clone();
+                let d = self.scalars(&b[1], "`offsets`", o)?;
+                if d.len() != bp.offsets.len() {
+                    return fail(o, format!("{} offsets for a block pointer of rank {}", d.len(), bp.offsets.len()));
+                }
+                Ok(Val::BlockPtr(self.b.advance(&bp, &d)))
+            }
+            "tl.static_assert" | "tl.device_assert" => {
+                let b = a.bind(name, &["cond", "msg", "mask"])?;
+                let msg = match &b[1] {
+                    Some(Val::Str(s)) => s.clone(),
+                    _ => String::new(),
+                };
+                match &b[0] {
+                    Some(v) if v.is_const() => {
+                        if super::value::truthy(v) == Some(false) {
+                            return fail(o, format!("`{name}` failed: {msg}"));
+                        }
+                        Ok(Val::None)
+                    }
+                    Some(Val::Tensor(_)) if name == "tl.device_assert" => Ok(Val::None),
+                    _ => fail(o, format!("`{name}` needs a constant condition")),
+                }
+            }
+            "tl.multiple_of" | "tl.max_contiguous" | "tl.max_constancy" => {
+                let b = a.bind(name, &["input", "values"])?;
+                b[0].clone().map_or_else(|| fail(o, format!("`{name}` needs an input")), Ok)
+            }
+            "tl.constexpr" => {
+                let b = a.bind(name, &["value"])?;
+                b[0].clone().map_or_else(|| fail(o, "`tl.constexpr` needs a value"), Ok)
+            }
+            "tl.debug_barrier" | "tl.static_print" | "tl.device_print" | "print" => Ok(Val::None),
+            "min" | "max" => {
+                let mut best: Option<Val> = None;
+                for (v, vo) in a.pos {
+                    best = Some(match best {
+                        None => v,
+                        Some(b) => {
+                            let lt = super::value::fold_binary("<", &v, &b, vo)?;
+                            match lt {
+                                Some(Val::Bool(l)) => {
+                                    if l == (name == "min") {
+                                        v
+                                    } else {
+                                        b
+                                    }
+                                }
+                                _ => return fail(vo, format!("`{name}` is only supported on constants: use `tl.minimum`/`tl.maximum`")),
+                            }
+                        }
+                    });
+                }
+                best.map_or_else(|| fail(ao, format!("`{name}` needs arguments")), Ok)
+            }
+            "int" | "float" | "abs" => {
+                let b = a.bind(name, &["x"])?;
+                match (name, &b[0]) {
+                    ("int", Some(Val::Int(i))) => Ok(Val::Int(*i)),
+                    ("int", Some(Val::Float(f))) if f.is_finite() && f.abs() < 9e18 => Ok(Val::Int(*f as i64)),
+                    ("float", Some(Val::Int(i))) => Ok(Val::Float(*i as f64)),
+                    ("float", Some(Val::Float(f))) => Ok(Val::Float(*f)),
+                    ("float", Some(Val::Str(s))) => match s.trim().to_ascii_lowercase().as_str() {
+                        "inf" | "+inf" | "infinity" => Ok(Val::Float(f64::INFINITY)),
+                        "-inf" | "-infinity" => Ok(Val::Float(f64::NEG_INFINITY)),
+                        "nan" => Ok(Val::Float(f64::NAN)),
+                        t => t.parse::<f64>().map(Val::Float).map_or_else(|_| fail(o, format!("cannot convert \"{s}\" to float")), Ok),
+                    },
+                    ("abs", Some(Val::Int(i))) => i.checked_abs().map(Val::Int).map_or_else(|| fail(o, "integer overflow"), Ok),
+                    ("abs", Some(Val::Float(f))) => Ok(Val::Float(f.abs())),
+                    ("abs", Some(Val::Tensor(t))) => Ok(Val::Tensor(self.b.abs(*t))),
+                    _ => fail(o, format!("`{name}` is only supported on constants")),
+                }
+            }
+            "range" | "tl.range" | "tl.static_range" => fail(o, format!("`{name}` can only be iterated by a `for` loop")),
+            "tl.make_tensor_descriptor" => fail(
+                o,
+                "tensor descriptors (`tl.make_tensor_descriptor`) are not supported yet: use `tl.make_block_ptr` or pointer arithmetic",
+            ),
+            _ => fail(
+                o,
+                format!(
+                    "unsupported function `{name}` (supported: tl.load/store/atomic_add, arange, zeros/full, program_id, num_programs, \
+                     dot, sum/max/min/argmax/argmin, cumsum, where, maximum/minimum, exp/log/sqrt/... and tl.math.*, cdiv, \
+                     trans/permute/reshape/expand_dims/broadcast_to, make_block_ptr/advance, static_assert, helpers of this file)"
+                ),
+            ),
+        }
+    }
+}

@@ -26,10 +26,14 @@ enum Command {
         #[arg(long)]
         list: bool,
     },
-    /// Parse and verify a text-IR file and print its kernels.
+    /// Print the IR of a text-IR file (`FILE.tgir`) or of a Triton kernel (`FILE.py::NAME`),
+    /// verified.
     Ir {
-        /// A `.tgir` file.
-        file: std::path::PathBuf,
+        /// A `.tgir` file, or `path/to/file.py::kernel_name`.
+        file: String,
+        /// Constexpr bindings for a Triton kernel, `NAME=VALUE` (repeatable).
+        #[arg(long = "const", value_name = "NAME=VALUE")]
+        consts: Vec<String>,
     },
 }
 
@@ -85,11 +89,28 @@ fn run(cli: Cli) -> Result<bool> {
             println!("{passed} of {} cases match their reference (seed {seed})", cases.len());
             Ok(passed == cases.len())
         }
-        Command::Ir { file } => {
-            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-            let kernels = tilegrad_ir::text::parse(&text, &file.display().to_string())?;
+        Command::Ir { file, consts } => {
+            if let Some((path, name)) = file.split_once("::") {
+                let src = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+                let mut bindings = Vec::new();
+                for c in &consts {
+                    let (n, v) = c.split_once('=').with_context(|| format!("--const `{c}`: expected NAME=VALUE"))?;
+                    let v: i64 = v.trim().parse().with_context(|| format!("--const `{c}`: `{v}` is not an integer"))?;
+                    bindings.push((n.trim().to_string(), v));
+                }
+                let refs: Vec<(&str, i64)> = bindings.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+                let opts = tilegrad_ir::triton::ConvertOptions::with_constexprs(&refs);
+                let k = tilegrad_ir::triton::convert(&src, path, name, &opts)?;
+                print!("{k}");
+                return Ok(true);
+            }
+            if !consts.is_empty() {
+                bail!("--const applies to Triton kernels (FILE.py::NAME)");
+            }
+            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
+            let kernels = tilegrad_ir::text::parse(&text, &file)?;
             if kernels.is_empty() {
-                bail!("{}: no kernels", file.display());
+                bail!("{file}: no kernels");
             }
             print!("{}", tilegrad_ir::text::print_module(&kernels));
             Ok(true)

@@ -1,0 +1,37 @@
+//! The `tilegrad` binary: the README's main job, `ir` on text IR and on Triton source, and
+//! exit codes (0 ok, 1 a check failed, 2 bad input).
+
+use std::process::Command;
+
+fn tilegrad(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tilegrad")).args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+#[test]
+fn zoo_cases_run_and_match_their_references() {
+    let (code, out, err) = tilegrad(&["zoo", "weighted_sum_fwd", "softmax", "--seed", "3"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("weighted_sum_fwd") && out.contains("softmax"), "{out}");
+    assert!(out.contains("2 of 2 cases match their reference (seed 3)"), "{out}");
+    let (code, _, err) = tilegrad(&["zoo", "no_such_case"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no zoo case named `no_such_case`"), "{err}");
+}
+
+#[test]
+fn ir_prints_text_ir_and_converted_triton() {
+    let (code, out, err) = tilegrad(&["ir", "examples/vector_add.tgir"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("kernel vector_add("), "{out}");
+    let (code, out, err) = tilegrad(&["ir", "examples/triton/vector_add.py::vector_add", "--const", "BLOCK=64"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("%BLOCK: constexpr i32 = 64") && out.contains("arange 0, 64"), "{out}");
+    assert!(out.contains("\"examples/triton/vector_add.py\":8:11"), "{out}");
+    let (code, _, err) = tilegrad(&["ir", "examples/triton/vector_add.py::vector_add"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("examples/triton/vector_add.py:7:42: constexpr parameter `BLOCK` has no value"), "{err}");
+    let (code, _, err) = tilegrad(&["ir", "examples/triton/vector_add.py::vector_add", "--const", "BLOCK"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("expected NAME=VALUE"), "{err}");
+}

@@ -37,6 +37,14 @@ pub(crate) fn unary(op: UnaryOp, x: &Tile) -> Result<Tile, String> {
             round_narrow(x.dtype, &mut out);
             Data::F32(out)
         }
+        Data::F32(v) if op == Sigmoid => {
+            // 1 / (1 + e^-x), with the vectorised exp.
+            let neg: Vec<f32> = v.iter().map(|&a| -a).collect();
+            let mut out = super::fastmath::exp_f32(&neg);
+            out.iter_mut().for_each(|e| *e = 1.0 / (1.0 + *e));
+            round_narrow(x.dtype, &mut out);
+            Data::F32(out)
+        }
         Data::F32(v) => {
             let f: fn(f32) -> f32 = match op {
                 Neg => |a| -a,

@@ -256,7 +256,7 @@ impl<'a> Program<'a> {
                 let mut snaps: Option<Vec<Vec<(Value, V)>>> = (!self.replay).then(|| Vec::with_capacity(trips as usize));
                 for t in 0..trips {
                     tape.push(carried.clone());
-                    carried = self.iterate(i, *body, lo, st, t, carried)?;
+                    carried = self.iterate(*body, lo, st, t, carried)?;
                     if let Some(sn) = &mut snaps {
                         // The body's values are out of scope after the iteration: move them.
                         let snap: Vec<(Value, V)> = values.iter().filter_map(|&v| self.env[v.index()].take().map(|x| (v, x))).collect();
@@ -322,8 +322,8 @@ impl<'a> Program<'a> {
             .clone()
     }
 
-    /// Runs iteration `t` of loop `i` from `carried`, returning the next carried values.
-    fn iterate(&mut self, i: Inst, body: Block, lo: i64, st: i64, t: u64, carried: Vec<V>) -> Result<Vec<V>, AdError> {
+    /// Runs iteration `t` of a loop from `carried`, returning the next carried values.
+    fn iterate(&mut self, body: Block, lo: i64, st: i64, t: u64, carried: Vec<V>) -> Result<Vec<V>, AdError> {
         let k = self.sh.kernel;
         let params = &k.block(body).params;
         let iv = lo + st * t as i64;
@@ -333,7 +333,6 @@ impl<'a> Program<'a> {
             self.env[p.index()] = Some(v);
         }
         self.path.push(t as u32);
-        let _ = i;
         let r = self.forward_block(body);
         self.path.pop();
         r
@@ -642,7 +641,7 @@ impl<'a> Program<'a> {
                 None => {
                     let saved = self.replay;
                     self.replay = true;
-                    self.iterate(i, body, lo, st, t as u64, tape[t].clone())?;
+                    self.iterate(body, lo, st, t as u64, tape[t].clone())?;
                     self.replay = saved;
                 }
             }

@@ -1,7 +1,10 @@
-//! Execution of a launch: programs run in parallel in chunks; their logged writes are committed
-//! in program order (so results do not depend on the thread count), and races are found from the
-//! access sets: a per-element owner table for stores and atomics, checked against every logged
-//! load.
+//! Execution of a launch. Programs run in parallel in chunks and log their writes. The fast path
+//! writes stores straight to the outputs, then proves from the access sets that no two programs
+//! wrote one element and no program read what another wrote (store runs as sorted intervals, or
+//! a per-element owner table when runs are many); atomics are then added in program order. Any
+//! conflict sends the launch to the exact path, which commits every program's writes in program
+//! order with per-element owner tables and reports the first race in program order (or, in warn
+//! mode, lists them). Either way the results do not depend on the thread count.
 
 mod alloc;
 mod fast;

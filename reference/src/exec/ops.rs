@@ -153,12 +153,9 @@ macro_rules! float_binary {
     }};
 }
 
-fn result(a: &Tile, b: &Tile, dtype: DType, data: Data) -> Tile {
-    // The result of two lazily broadcast splats is a splat; otherwise dense.
-    let n = data.len();
-    let src = if n == 1 && a.numel() != 1 { Some(Shape::new()) } else { None };
-    let _ = b;
-    Tile { dtype, shape: a.shape.clone(), data: Arc::new(data), src }
+/// A dense result with `a`'s logical shape.
+fn result(a: &Tile, dtype: DType, data: Data) -> Tile {
+    Tile { dtype, shape: a.shape.clone(), data: Arc::new(data), src: None }
 }
 
 /// Elementwise binary op on two tiles of one type.
@@ -180,7 +177,7 @@ pub(crate) fn binary(op: BinaryOp, a: &Tile, b: &Tile) -> Result<Tile, String> {
         }),
         _ => return Err(format!("operands of `{}` have different dtypes", op.name())),
     };
-    Ok(result(a, b, a.dtype, data))
+    Ok(result(a, a.dtype, data))
 }
 
 macro_rules! cmp_map {
@@ -211,7 +208,7 @@ pub(crate) fn add_offsets(base: &Tile, delta: &Tile) -> Tile {
         (Data::I32(b), Data::I64(d)) => map2(base, b, delta, d.as_slice(), |x, y| (x as i64).wrapping_add(y)),
         _ => unreachable!("pointer offsets and deltas are integers"),
     };
-    result(base, delta, DType::I64, Data::I64(v))
+    result(base, DType::I64, Data::I64(v))
 }
 
 /// Elementwise comparison.
@@ -224,7 +221,7 @@ pub(crate) fn cmp(op: CmpOp, a: &Tile, b: &Tile) -> Result<Tile, String> {
         (Data::I1(x), Data::I1(y)) => cmp_map!(op, a, x, b, y),
         _ => return Err("operands of `cmp` have different dtypes".into()),
     };
-    Ok(result(a, b, DType::I1, Data::I1(v)))
+    Ok(result(a, DType::I1, Data::I1(v)))
 }
 
 /// Converts data to dtype `to` (C/Triton conversions: float to int truncates and saturates,

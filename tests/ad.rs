@@ -347,3 +347,23 @@ fn recomputing_loop_bodies_gives_the_same_gradient() {
     assert_eq!(kept.inputs, re.inputs);
     assert!(kept.inputs[0].iter().any(|&v| v != 0.0) && kept.inputs[1].iter().any(|&v| v != 0.0));
 }
+
+/// Native precision evaluates the kernel's own dtypes (f32 here): its gradient is within f32
+/// rounding of the f64 ground truth, and differs from it (so the option is not a no-op).
+#[test]
+fn native_precision_gradient_is_close_to_the_f64_one() {
+    let mut r = StdRng::seed_from_u64(9);
+    let (rows, cols) = (37, 300);
+    let (x, gy) = (rand_vec(&mut r, rows * cols), rand_vec(&mut r, rows * cols));
+    let k = zoo::softmax(16, 512).unwrap();
+    let mut mem = Memory::new();
+    let xt = mem.add("x", HostTensor::from_f32(&[rows, cols], f32s(&x)));
+    let yt = mem.add("y", HostTensor::zeros(DType::F32, &[rows, cols]));
+    let launch = zoo::softmax_launch(&k, &mem, xt, yt).unwrap();
+    let outs = [(yt, gy)];
+    let exact = vjp(&launch, &mem, &[xt], &outs, &GradOptions::default()).unwrap();
+    let native = GradOptions { precision: tilegrad_ad::Precision::Native, ..GradOptions::default() };
+    let approx = vjp(&launch, &mem, &[xt], &outs, &native).unwrap();
+    assert_close("native softmax dx", &approx.inputs[0], &exact.inputs[0], 1e-5);
+    assert_ne!(approx.inputs[0], exact.inputs[0]);
+}

@@ -195,9 +195,29 @@ pub(super) fn unary(c: &Ctx<'_>, op: UnaryOp, p: Precision) -> Result<BTile, AdE
 }
 
 /// The VJP of a unary op on a float operand (`None` for `floor`/`ceil`: piecewise constant).
-pub(super) fn unary_vjp(c: &Ctx<'_>, op: UnaryOp, cot: &BTile) -> Option<BTile> {
+pub(super) fn unary_vjp(c: &Ctx<'_>, op: UnaryOp, result: &BTile, cot: &BTile) -> Option<BTile> {
     use std::f64::consts::{LN_2, PI};
     use UnaryOp::*;
+    // Derivatives that are functions of the result use it (no second evaluation of exp, tanh,
+    // ...): in f64 mode it is exactly f(x); in native mode it is f(x) rounded to the kernel's
+    // dtype, as the kernel itself would have it.
+    let from_result: Option<fn(f64) -> f64> = match op {
+        Exp => Some(|r| r),
+        Exp2 => Some(|r| LN_2 * r),
+        Sqrt => Some(|r| 0.5 / r),
+        Rsqrt => Some(|r| -0.5 * r * r * r),
+        Tanh => Some(|r| 1.0 - r * r),
+        Sigmoid => Some(|r| r * (1.0 - r)),
+        _ => None,
+    };
+    if let Some(d) = from_result {
+        let mut g = cot.clone();
+        for b in 0..g.batch {
+            let r = result.row(if result.batch == 1 { 0 } else { b });
+            g.row_mut(b).iter_mut().zip(r).for_each(|(g, &r)| *g *= d(r));
+        }
+        return Some(c.unbatch(0, g));
+    }
     let d: fn(f64) -> f64 = match op {
         Neg => |_| -1.0,
         Abs => |x| {
@@ -209,20 +229,12 @@ pub(super) fn unary_vjp(c: &Ctx<'_>, op: UnaryOp, cot: &BTile) -> Option<BTile> 
                 0.0
             }
         },
-        Exp => f64::exp,
-        Exp2 => |x| LN_2 * x.exp2(),
         Log => |x| 1.0 / x,
         Log2 => |x| 1.0 / (x * LN_2),
-        Sqrt => |x| 0.5 / x.sqrt(),
-        Rsqrt => |x| -0.5 * x.powf(-1.5),
         Sin => f64::cos,
         Cos => |x| -x.sin(),
-        Tanh => |x| 1.0 - x.tanh().powi(2),
-        Sigmoid => |x| {
-            let s = 1.0 / (1.0 + (-x).exp());
-            s * (1.0 - s)
-        },
         Erf => |x| 2.0 / PI.sqrt() * (-x * x).exp(),
+        Exp | Exp2 | Sqrt | Rsqrt | Tanh | Sigmoid => unreachable!("handled from the result above"),
         Floor | Ceil | Not => return None,
     };
     let mut g = cot.clone();

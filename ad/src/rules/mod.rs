@@ -122,7 +122,7 @@ pub fn vjp(
         Op::Broadcast => vec![c.when_diff(0, || shape::broadcast_vjp(&c, cot))?],
         Op::ExpandDims { .. } | Op::Reshape => vec![c.when_diff(0, || Ok(shape::reshape_vjp(&c, cot)))?],
         Op::Permute { perm } => vec![c.when_diff(0, || shape::permute_vjp(&c, perm, cot))?],
-        Op::Unary(u) => vec![c.when_diff(0, || Ok(elementwise::unary_vjp(&c, *u, cot)))?.flatten()],
+        Op::Unary(u) => vec![c.when_diff(0, || Ok(elementwise::unary_vjp(&c, *u, result, cot)))?.flatten()],
         Op::Binary(b) => elementwise::binary_vjp(&c, *b, cot)?,
         Op::Where => elementwise::select_vjp(&c, cot),
         Op::Cast => vec![if is_differentiable(c.tys[0]) && is_differentiable(c.rty) { Some(c.unbatch(0, cot.clone())) } else { None }],

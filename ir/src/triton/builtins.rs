@@ -1,10 +1,11 @@
-//! The Triton language functions (`tl.load`, `tl.sum`, `tl.make_block_ptr`, ...), tensor methods
-//! (`x.to(...)`, `bp.advance(...)`) and the few Python builtins a kernel may call, each mapped to
+//! The Triton language functions (`tl.load`, `tl.sum`, `tl.make_block_ptr`,
+//! `tl.make_tensor_descriptor`, ...), tensor methods (`x.to(...)`, `bp.advance(...)`,
+//! `desc.load(...)`, `desc.store(...)`) and the few Python builtins a kernel may call, each mapped to
 //! the builder method that implements it.
 
 use super::convert::{off, Cx};
 use super::errors::{fail, R};
-use super::value::{literal_like, tensor, Val};
+use super::value::{literal_like, tensor, TensorDesc, Val};
 use crate::{BlockPtr, DType, DotPrecision, Padding, Value};
 use ruff_python_ast::{self as ast, Expr};
 
@@ -19,16 +20,21 @@ impl Args {
     /// Binds the arguments to the parameter `names` of function `f` (positional first, then by
     /// keyword); unknown keywords and surplus arguments are errors.
     pub(crate) fn bind(self, f: &str, names: &[&str]) -> R<Vec<Option<Val>>> {
-        let mut out: Vec<Option<Val>> = vec![None; names.len()];
+        Ok(self.bind_at(f, names)?.into_iter().map(|a| a.map(|(v, _)| v)).collect())
+    }
+
+    /// Like [`Args::bind`], with the offset of each argument given (for errors that point at it).
+    pub(crate) fn bind_at(self, f: &str, names: &[&str]) -> R<Vec<Option<(Val, u32)>>> {
+        let mut out: Vec<Option<(Val, u32)>> = vec![None; names.len()];
         if self.pos.len() > names.len() {
             return fail(self.pos[names.len()].1, format!("`{f}` takes at most {} positional arguments", names.len()));
         }
-        for (i, (v, _)) in self.pos.into_iter().enumerate() {
-            out[i] = Some(v);
+        for (i, a) in self.pos.into_iter().enumerate() {
+            out[i] = Some(a);
         }
         for (k, v, o) in self.kw {
             match names.iter().position(|n| *n == k) {
-                Some(i) if out[i].is_none() => out[i] = Some(v),
+                Some(i) if out[i].is_none() => out[i] = Some((v, o)),
                 Some(_) => return fail(o, format!("`{f}` got argument `{k}` twice")),
                 None => return fail(o, format!("`{f}` has no parameter `{k}` (parameters: {})", names.join(", "))),
             }
@@ -190,6 +196,31 @@ impl Cx<'_> {
                     None => fail(o, "`.to` needs a dtype"),
                 }
             }
+            ("load", Val::TensorDesc(d)) => {
+                let b = a.bind_at("load", &["offsets"])?;
+                let offs = self.desc_offsets(d, &b[0], o)?;
+                Ok(Val::Tensor(self.desc_load(d, &offs)))
+            }
+            ("store", Val::TensorDesc(d)) => {
+                let b = a.bind_at("store", &["offsets", "value"])?;
+                let offs = self.desc_offsets(d, &b[0], o)?;
+                let v = match &b[1] {
+                    Some((v, vo)) => tensor(&mut self.b, v, *vo, "the value")?,
+                    None => return fail(o, "`desc.store` needs offsets and a value: `desc.store([off0, ...], value)`"),
+                };
+                self.desc_store(d, &offs, v);
+                Ok(Val::None)
+            }
+            (_, Val::TensorDesc(_)) => {
+                fail(o, format!("a tensor descriptor has no method `{name}` (supported: `.load(offsets)`, `.store(offsets, value)`)"))
+            }
+            ("load" | "store", _) => fail(
+                o,
+                format!(
+                    "`.{name}` is a method of tensor descriptors (`tl.make_tensor_descriptor`), not of {}: use `tl.{name}(pointer, ...)`",
+                    recv.kind()
+                ),
+            ),
             ("advance", Val::BlockPtr(_)) => {
                 let mut a = a;
                 a.pos.insert(0, (recv, o));
@@ -202,6 +233,117 @@ impl Cx<'_> {
             }
             _ => fail(o, format!("{} has no method `{name}`", recv.kind())),
         }
+    }
+
+    /// `tl.make_tensor_descriptor(base, shape, strides, block_shape, padding_option="zero")`.
+    fn make_tensor_descriptor(&mut self, a: Args, o: u32) -> R<Val> {
+        let name = "tl.make_tensor_descriptor";
+        let b = a.bind_at(name, &["base", "shape", "strides", "block_shape", "padding_option"])?;
+        let missing =
+            |what: &str| fail(o, format!("`{name}` needs `{what}` (`{name}(base, shape=[...], strides=[...], block_shape=[...])`)"));
+        let Some((base, bo)) = &b[0] else { return missing("base") };
+        let base = tensor(&mut self.b, base, *bo, "the base")?;
+        let bt = self.b.ty(base);
+        if !bt.is_ptr() || !bt.is_scalar() {
+            return fail(*bo, format!("the base of a tensor descriptor must be a scalar pointer, found {bt}"));
+        }
+        let Some((bs, bso)) = &b[3] else { return missing("block_shape") };
+        let bso = *bso;
+        let block_shape = match bs {
+            Val::Tuple(items) if !items.is_empty() && items.len() <= crate::MAX_RANK => items
+                .iter()
+                .map(|x| match x {
+                    Val::Int(i) if *i > 0 && *i <= 1 << 24 => Ok(*i as usize),
+                    other => {
+                        fail(bso, format!("`block_shape` entries must be positive constant ints (constexprs), found {}", other.kind()))
+                    }
+                })
+                .collect::<R<Vec<usize>>>()?,
+            Val::Tuple(items) => return fail(bso, format!("a tensor descriptor has 1 to {} dims, found {}", crate::MAX_RANK, items.len())),
+            other => return fail(bso, format!("`block_shape` must be a list of constant ints, found {}", other.kind())),
+        };
+        let n = block_shape.len();
+        let mut parts = Vec::new();
+        for (i, what) in [(1, "shape"), (2, "strides")] {
+            let Some((v, vo)) = &b[i] else { return missing(what) };
+            let Val::Tuple(items) = v else { return fail(*vo, format!("`{what}` must be a list or tuple, found {}", v.kind())) };
+            if items.len() != n {
+                return fail(*vo, format!("`{what}` has {} entries but `block_shape` has {n}: they must have one length", items.len()));
+            }
+            if what == "strides" {
+                if let Some(last @ (Val::Int(_) | Val::Bool(_) | Val::Float(_))) = items.last() {
+                    if !matches!(last, Val::Int(1)) {
+                        return fail(*vo, format!("the last stride of a tensor descriptor must be 1 (contiguous), found {}", last.kind()));
+                    }
+                }
+            }
+            let mut vals = Vec::new();
+            for x in items {
+                let t = tensor(&mut self.b, x, *vo, &format!("`{what}` entries"))?;
+                let ty = self.b.ty(t);
+                if !ty.is_scalar() || !ty.dtype().is_some_and(|d| d.is_int()) {
+                    return fail(*vo, format!("`{what}` entries must be integer scalars, found {ty}"));
+                }
+                vals.push(t);
+            }
+            parts.push(vals);
+        }
+        match &b[4] {
+            None | Some((Val::None, _)) => {}
+            Some((Val::Str(s), _)) if s == "zero" => {}
+            Some((v, vo)) => {
+                return fail(*vo, format!("tensor descriptors pad with zeros: `padding_option` must be \"zero\", found {}", v.kind()))
+            }
+        }
+        let strides = parts.pop().unwrap_or_default();
+        let shape = parts.pop().unwrap_or_default();
+        Ok(Val::TensorDesc(TensorDesc { base, shape, strides, block_shape }))
+    }
+
+    /// The offsets of a descriptor access: a list or tuple of one integer scalar per dim.
+    fn desc_offsets(&mut self, d: &TensorDesc, v: &Option<(Val, u32)>, o: u32) -> R<Vec<Value>> {
+        let n = d.block_shape.len();
+        let Some((v, vo)) = v else {
+            return fail(o, format!("a descriptor access needs offsets: a list of {n} element offsets, e.g. `desc.load([off0, ...])`"));
+        };
+        let items = match v {
+            Val::Tuple(items) => items,
+            other => return fail(*vo, format!("descriptor offsets must be a list or tuple of {n} ints, found {}", other.kind())),
+        };
+        if items.len() != n {
+            return fail(*vo, format!("{} offsets for a tensor descriptor of rank {n}", items.len()));
+        }
+        items
+            .iter()
+            .map(|x| {
+                let t = tensor(&mut self.b, x, *vo, "an offset")?;
+                let ty = self.b.ty(t);
+                if !ty.is_scalar() || !ty.dtype().is_some_and(|d| d.is_int()) {
+                    return fail(*vo, format!("descriptor offsets must be integer scalars, found {ty}"));
+                }
+                Ok(t)
+            })
+            .collect()
+    }
+
+    /// The block pointer of a descriptor access (row-major order).
+    fn desc_block_ptr(&mut self, d: &TensorDesc, offsets: &[Value]) -> BlockPtr {
+        let order: Vec<usize> = (0..d.block_shape.len()).rev().collect();
+        self.b.make_block_ptr(d.base, &d.shape, &d.strides, offsets, &d.block_shape, &order)
+    }
+
+    /// `desc.load(offsets)`: the block at `offsets`, zero outside the view in every dim.
+    fn desc_load(&mut self, d: &TensorDesc, offsets: &[Value]) -> Value {
+        let bp = self.desc_block_ptr(d, offsets);
+        let all: Vec<usize> = (0..d.block_shape.len()).collect();
+        self.b.load_block(&bp, &all, Padding::Zero)
+    }
+
+    /// `desc.store(offsets, value)`: writes the in-bounds elements of the block at `offsets`.
+    fn desc_store(&mut self, d: &TensorDesc, offsets: &[Value], value: Value) {
+        let bp = self.desc_block_ptr(d, offsets);
+        let all: Vec<usize> = (0..d.block_shape.len()).collect();
+        self.b.store_block(&bp, value, &all);
     }
 
     fn t(&mut self, v: &Option<Val>, what: &str, o: u32) -> R<Value> {
@@ -310,6 +452,9 @@ impl Cx<'_> {
                     name,
                     &["pointer", "mask", "other", "boundary_check", "padding_option", "cache_modifier", "eviction_policy", "volatile"],
                 )?;
+                if let Some(Val::TensorDesc(_)) = &b[0] {
+                    return fail(o, "`tl.load` does not take a tensor descriptor: use `desc.load([off0, ...])`");
+                }
                 if let Some(Val::BlockPtr(bp)) = &b[0] {
                     if b[1].is_some() || b[2].is_some() {
                         return fail(o, "`mask`/`other` cannot be used with a block pointer: use `boundary_check` and `padding_option`");
@@ -325,6 +470,9 @@ impl Cx<'_> {
             }
             "tl.store" => {
                 let b = a.bind(name, &["pointer", "value", "mask", "boundary_check", "cache_modifier", "eviction_policy"])?;
+                if let Some(Val::TensorDesc(_)) = &b[0] {
+                    return fail(o, "`tl.store` does not take a tensor descriptor: use `desc.store([off0, ...], value)`");
+                }
                 if let Some(Val::BlockPtr(bp)) = &b[0] {
                     if b[2].is_some() {
                         return fail(o, "`mask` cannot be used with a block pointer: use `boundary_check`");
@@ -563,16 +711,32 @@ impl Cx<'_> {
                 }
             }
             "range" | "tl.range" | "tl.static_range" => fail(o, format!("`{name}` can only be iterated by a `for` loop")),
-            "tl.make_tensor_descriptor" => fail(
-                o,
-                "tensor descriptors (`tl.make_tensor_descriptor`) are not supported yet: use `tl.make_block_ptr` or pointer arithmetic",
-            ),
+            "tl.make_tensor_descriptor" => self.make_tensor_descriptor(a, o),
+            "tl.load_tensor_descriptor" | "tl.store_tensor_descriptor" => {
+                let load = name == "tl.load_tensor_descriptor";
+                let b = if load { a.bind_at(name, &["desc", "offsets"])? } else { a.bind_at(name, &["desc", "offsets", "value"])? };
+                let d = match &b[0] {
+                    Some((Val::TensorDesc(d), _)) => d.clone(),
+                    Some((v, vo)) => return fail(*vo, format!("`{name}` needs a tensor descriptor, found {}", v.kind())),
+                    None => return fail(o, format!("`{name}` needs a tensor descriptor")),
+                };
+                let offs = self.desc_offsets(&d, &b[1], o)?;
+                if load {
+                    return Ok(Val::Tensor(self.desc_load(&d, &offs)));
+                }
+                let v = match &b[2] {
+                    Some((v, vo)) => tensor(&mut self.b, v, *vo, "the value")?,
+                    None => return fail(o, format!("`{name}` needs a value")),
+                };
+                self.desc_store(&d, &offs, v);
+                Ok(Val::None)
+            }
             _ => fail(
                 o,
                 format!(
                     "unsupported function `{name}` (supported: tl.load/store/atomic_add, arange, zeros/full, program_id, num_programs, \
                      dot, sum/max/min/argmax/argmin, cumsum, where, maximum/minimum, exp/log/sqrt/... and tl.math.*, cdiv, \
-                     trans/permute/reshape/expand_dims/broadcast_to, make_block_ptr/advance, static_assert, helpers of this file)"
+                     trans/permute/reshape/expand_dims/broadcast_to, make_block_ptr/advance, make_tensor_descriptor, static_assert, helpers of this file)"
                 ),
             ),
         }

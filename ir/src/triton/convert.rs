@@ -579,6 +579,15 @@ impl<'a> Cx<'a> {
                 "shape" => Ok(Val::Tuple(self.b.shape(t).iter().map(|&d| Val::Int(d as i64)).collect())),
                 _ => fail(o, format!("unknown tensor attribute `.{attr}` (supported: `.T`, `.dtype`, `.shape`, and methods)")),
             },
+            Val::TensorDesc(d) => match attr {
+                "block_shape" => Ok(Val::Tuple(d.block_shape.iter().map(|&n| Val::Int(n as i64)).collect())),
+                "shape" => Ok(Val::Tuple(d.shape.iter().map(|&v| Val::Tensor(v)).collect())),
+                "strides" => Ok(Val::Tuple(d.strides.iter().map(|&v| Val::Tensor(v)).collect())),
+                _ => fail(
+                    o,
+                    format!("unknown tensor descriptor attribute `.{attr}` (supported: `.shape`, `.strides`, `.block_shape`, `.load`, `.store`)"),
+                ),
+            },
             other => fail(o, format!("{} has no attribute `{attr}`", other.kind())),
         }
     }

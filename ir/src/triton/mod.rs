@@ -20,8 +20,17 @@
 //! its body is carried (a block pointer is carried through its offsets). `tl.static_range` is
 //! unrolled. `if` on a compile-time constant converts only the branch taken; `if` on a scalar
 //! tensor is an IR `if` whose results are the variables assigned in it (defined before it, or in
-//! both branches). Helper `@triton.jit` functions are inlined. Tensor descriptors are not
-//! supported yet.
+//! both branches). Helper `@triton.jit` functions are inlined.
+//!
+//! Tensor descriptors (Triton 3.9 replaced block pointers with them):
+//! `desc = tl.make_tensor_descriptor(base, shape=[...], strides=[...], block_shape=[...])` (also
+//! positional) names a strided view with a constant block shape; the last stride must be 1 when it
+//! is a constant. `desc.load([off0, ...])` (or `tl.load_tensor_descriptor(desc, offsets)`) reads
+//! the block at those element offsets, zero where an index is outside `0 <= idx < shape` in any
+//! dim; `desc.store([off0, ...], value)` (or `tl.store_tensor_descriptor`) writes the in-bounds
+//! elements only. Each access lowers like a block pointer at those offsets with every dim
+//! boundary-checked. A descriptor made before a loop can be used inside it; one reassigned inside a
+//! loop or a tensor `if` is carried (base, shape and strides; the block shape must not change).
 //!
 //! ```
 //! use tilegrad_ir::triton::{convert, ConvertOptions};

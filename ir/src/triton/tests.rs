@@ -6,6 +6,7 @@ use crate::{DType, IrError, Kernel, Op, ParamKind, Type};
 
 const VECTOR_ADD: &str = include_str!("../../../examples/triton/vector_add.py");
 const WEIGHTED_SUM: &str = include_str!("../../../examples/triton/weighted_sum.py");
+const WEIGHTED_SUM_DESC: &str = include_str!("../../../examples/triton/weighted_sum_desc.py");
 const MATMUL: &str = include_str!("../../../examples/triton/matmul.py");
 const L2: &str = include_str!("../../../examples/triton/l2_norm.py");
 const SOFTMAX: &str = include_str!("../../../examples/triton/softmax.py");
@@ -13,6 +14,7 @@ const GREY: &str = include_str!("../../../examples/triton/grey.py");
 const ALL: &[&str] = &[
     VECTOR_ADD,
     WEIGHTED_SUM,
+    WEIGHTED_SUM_DESC,
     MATMUL,
     L2,
     SOFTMAX,
@@ -226,9 +228,9 @@ fn errors_at_line_and_column() {
     let (l, c, m) = e("    for i in range(n):\n        if i > 1:\n            return\n");
     assert_eq!((l, c), (8, 13));
     assert!(m.contains("`return` inside a loop"), "{m}");
-    let (l, _, m) = e("    d = tl.make_tensor_descriptor(x_ptr, [n], [1], [B])\n");
-    assert_eq!(l, 6);
-    assert!(m.contains("tensor descriptors"), "{m}");
+    let (l, c, m) = e("    d = tl.make_tensor_descriptor(x_ptr, [n], [1], [B])\n    d.advance([0])\n");
+    assert_eq!((l, c), (7, 5));
+    assert!(m.contains("a tensor descriptor has no method `advance`"), "{m}");
 }
 
 #[test]
@@ -323,4 +325,152 @@ fn mutated_sources_never_panic() {
         }
     }
     assert!(outcomes.0 > 0 && outcomes.1 > 0, "{outcomes:?}");
+}
+
+// ---- tensor descriptors ------------------------------------------------------------------------
+
+/// 1-based line and column of the first occurrence of `pat` in `src`.
+fn line_col_of(src: &str, pat: &str) -> (u32, u32) {
+    let i = src.find(pat).unwrap_or_else(|| panic!("`{pat}` not in source"));
+    let line = src[..i].matches('\n').count() as u32 + 1;
+    let col = src[..i].rsplit('\n').next().map_or(0, |l| l.chars().count()) as u32 + 1;
+    (line, col)
+}
+
+#[test]
+fn weighted_sum_with_descriptors_lowers_like_block_pointers() {
+    let consts = [("ROWS_TILE_SIZE", 16), ("D_TILE_SIZE", 32)];
+    let k = conv(WEIGHTED_SUM_DESC, "weighted_sum_fwd", &consts).unwrap();
+    let bp = conv(WEIGHTED_SUM, "weighted_sum_fwd", &consts).unwrap();
+    assert_eq!(k.params.len(), bp.params.len());
+    // The descriptors are made before the loop and used inside it: only the accumulator is carried.
+    let mut fors = Vec::new();
+    k.walk(&mut |_, d| {
+        if let Op::For { .. } = d.op {
+            fors.push(d.results.iter().map(|&v| k.ty(v).clone()).collect::<Vec<_>>());
+        }
+    });
+    assert_eq!(fors, vec![vec![Type::tile(DType::F32, &[16])]]);
+    // Every dim is boundary-checked: masked, zero-padded loads and a masked store, with the same
+    // bounds comparisons as the block-pointer version (x: 2 dims, weight: 1, output: 1).
+    for kk in [&k, &bp] {
+        assert_eq!(count(kk, |o| matches!(o, Op::Load { mask: true, other: true })), 2);
+        assert_eq!(count(kk, |o| matches!(o, Op::Load { .. })), 2);
+        assert_eq!(count(kk, |o| matches!(o, Op::Store { mask: true })), 1);
+        assert_eq!(count(kk, |o| matches!(o, Op::Store { .. })), 1);
+        assert_eq!(count(kk, |o| matches!(o, Op::Cmp(_))), 8);
+    }
+    // Ops carry the Python location of the access that produced them.
+    let (xl, xc) = line_col_of(WEIGHTED_SUM_DESC, "x_desc.load");
+    let (wl, wc) = line_col_of(WEIGHTED_SUM_DESC, "weight_desc.load");
+    let (sl, sc) = line_col_of(WEIGHTED_SUM_DESC, "output_desc.store");
+    let (mut loads, mut stores, mut cmps) = (Vec::new(), Vec::new(), Vec::new());
+    k.walk(&mut |_, d| {
+        assert_eq!(&*d.loc.file, "k.py");
+        match d.op {
+            Op::Load { .. } => loads.push((d.loc.line, d.loc.col)),
+            Op::Store { .. } => stores.push((d.loc.line, d.loc.col)),
+            Op::Cmp(_) => cmps.push(d.loc.line),
+            _ => {}
+        }
+    });
+    assert_eq!(loads, vec![(xl, xc), (wl, wc)]);
+    assert_eq!(stores, vec![(sl, sc)]);
+    assert_eq!(cmps, vec![xl, xl, xl, xl, wl, wl, sl, sl]);
+}
+
+#[test]
+fn descriptor_forms_helpers_and_attributes() {
+    // Positional and keyword forms, tuple offsets, constant offsets, 3 dims, the functional forms,
+    // `.block_shape`, a descriptor passed to a helper and used in a loop and a tensor `if`.
+    let src = format!(
+        "{HEAD}def put(d, o, v):\n    d.store([o, 0, 0], v)\n\n@triton.jit\ndef k(x_ptr, y_ptr, n, B: tl.constexpr):\n    \
+         dx = tl.make_tensor_descriptor(x_ptr, [n, 4, 8], [32, 8, 1], [B, 2, 8])\n    \
+         dy = tl.make_tensor_descriptor(base=y_ptr, shape=(n, 4, 8), strides=(32, 8, 1), block_shape=(B, 2, 8), padding_option=\"zero\")\n    \
+         acc = tl.zeros(dx.block_shape, dtype=tl.float32)\n    \
+         for i in range(2):\n        acc += dx.load((0, i * 2, 0))\n    \
+         if n > 3:\n        acc += tl.load_tensor_descriptor(dx, [1, 0, 0])\n    \
+         put(dy, 0, acc)\n    tl.store_tensor_descriptor(dy, [B, 0, 0], acc)\n"
+    );
+    let k = conv(&src, "k", &[("B", 4)]).unwrap();
+    assert_eq!(count(&k, |o| matches!(o, Op::Load { mask: true, other: true })), 2);
+    assert_eq!(count(&k, |o| matches!(o, Op::Store { mask: true })), 2);
+    // 3 dims: 6 comparisons per access, and `n > 3`.
+    assert_eq!(count(&k, |o| matches!(o, Op::Cmp(_))), 25);
+    // A runtime last stride is accepted.
+    let src = format!(
+        "{HEAD}def k(x_ptr, n, s, B: tl.constexpr):\n    d = tl.make_tensor_descriptor(x_ptr, [n], [s], [B])\n    d.store([0], d.load([0]) * 2)\n"
+    );
+    assert!(conv(&src, "k", &[("B", 8)]).is_ok());
+}
+
+#[test]
+fn descriptor_errors_at_line_and_column() {
+    let e = |body: &str| err(&format!("{HEAD}def k(x_ptr, n, m, B: tl.constexpr):\n{body}"), &[("B", 4)]);
+    let mk = "    d = tl.make_tensor_descriptor(x_ptr, [n, m], [m, 1], [B, B])\n";
+    // Wrong number of offsets: at the offsets argument.
+    let (l, c, m) = e(&format!("{mk}    x = d.load([0])\n"));
+    assert_eq!((l, c), (7, 16), "{m}");
+    assert!(m.contains("1 offsets for a tensor descriptor of rank 2"), "{m}");
+    let (l, c, m) = e(&format!("{mk}    d.store((0, 1, 2), tl.zeros((B, B), dtype=tl.float32))\n"));
+    assert_eq!((l, c), (7, 13), "{m}");
+    assert!(m.contains("3 offsets"), "{m}");
+    let (l, c, m) = e(&format!("{mk}    x = d.load(0)\n"));
+    assert_eq!((l, c), (7, 16), "{m}");
+    assert!(m.contains("list or tuple"), "{m}");
+    // block_shape not constant: at the argument (positional or keyword).
+    let (l, c, m) = e("    d = tl.make_tensor_descriptor(x_ptr, [n, m], [m, 1], [B, n])\n");
+    assert_eq!((l, c), (6, 58), "{m}");
+    assert!(m.contains("`block_shape` entries must be positive constant ints"), "{m}");
+    let (l, c, m) = e("    d = tl.make_tensor_descriptor(x_ptr, shape=[n], strides=[1],\n        block_shape=[m])\n");
+    assert_eq!((l, c), (7, 9), "{m}");
+    assert!(m.contains("constant ints"), "{m}");
+    // The last stride, when constant, must be 1.
+    let (l, c, m) = e("    d = tl.make_tensor_descriptor(x_ptr, [n, m], [m, 2], [B, B])\n");
+    assert_eq!((l, c), (6, 50), "{m}");
+    assert!(m.contains("last stride of a tensor descriptor must be 1"), "{m}");
+    let (l, c, m) = e("    d = tl.make_tensor_descriptor(x_ptr, [n], strides=[2], block_shape=[B])\n");
+    assert_eq!((l, c), (6, 47), "{m}");
+    assert!(m.contains("found the int 2"), "{m}");
+    // `.load`/`.store` on something other than a descriptor.
+    let (l, c, m) = e("    x = x_ptr.load([0])\n");
+    assert_eq!((l, c), (6, 9), "{m}");
+    assert!(m.contains("`.load` is a method of tensor descriptors"), "{m}");
+    let (l, c, m) = e("    p = tl.make_block_ptr(x_ptr, (n,), (1,), (0,), (B,), (0,))\n    p.store([0], 1.0)\n");
+    assert_eq!((l, c), (7, 5), "{m}");
+    assert!(
+        m.contains("`.store` is a method of tensor descriptors, not of a block pointer") || m.contains("not of a block pointer"),
+        "{m}"
+    );
+    // Mismatched lengths, a non-pointer base, `tl.load` of a descriptor, reassignment in a loop.
+    let (l, c, m) = e("    d = tl.make_tensor_descriptor(x_ptr, [n], [m, 1], [B, B])\n");
+    assert_eq!((l, c), (6, 42), "{m}");
+    assert!(m.contains("`shape` has 1 entries"), "{m}");
+    let (l, c, m) = e("    d = tl.make_tensor_descriptor(n, [n], [1], [B])\n");
+    assert_eq!((l, c), (6, 35), "{m}");
+    assert!(m.contains("scalar pointer"), "{m}");
+    let (l, _, m) = e(&format!("{mk}    x = tl.load(d)\n"));
+    assert_eq!(l, 7);
+    assert!(m.contains("desc.load"), "{m}");
+    let (l, c, m) = e(&format!("{mk}    for i in range(n):\n        d = tl.make_tensor_descriptor(x_ptr, [n, m], [m, 1], [B, 2 * B])\n"));
+    assert_eq!((l, c), (7, 5));
+    assert!(m.contains("changes from a tensor descriptor of block shape [4, 4] to one of block shape [4, 8]"), "{m}");
+}
+
+#[test]
+fn descriptor_reassigned_in_a_loop_is_carried() {
+    // A descriptor rebuilt on another base each iteration: the loop carries its base, shape and
+    // strides, and the store after the loop uses the last one.
+    let src = format!(
+        "{HEAD}def k(x_ptr, n, B: tl.constexpr):\n    d = tl.make_tensor_descriptor(x_ptr, [n], [1], [B])\n    \
+         for i in range(3):\n        d = tl.make_tensor_descriptor(x_ptr + i * n, [n], [1], [B])\n    d.store([0], d.load([0]) + 1)\n"
+    );
+    let k = conv(&src, "k", &[("B", 8)]).unwrap();
+    let mut fors = Vec::new();
+    k.walk(&mut |_, d| {
+        if let Op::For { .. } = d.op {
+            fors.push(d.results.iter().map(|&v| k.ty(v).clone()).collect::<Vec<_>>());
+        }
+    });
+    assert_eq!(fors, vec![vec![Type::ptr(DType::F32, &[]), Type::scalar(DType::I32), Type::scalar(DType::I32)]]);
 }

@@ -1,5 +1,6 @@
 //! What a Python expression evaluates to during conversion: an IR value, a compile-time Python
-//! constant (Triton's constexprs and literals), a dtype, a block pointer, a tuple, or a name
+//! constant (Triton's constexprs and literals), a dtype, a block pointer, a tensor descriptor, a
+//! tuple, or a name
 //! (module or helper function). Also Triton's literal rules (a literal takes the dtype of the
 //! tensor it meets) and the flattening of values carried through loops and `if`s.
 
@@ -27,6 +28,8 @@ pub(crate) enum Val {
     Tuple(Vec<Val>),
     /// A block pointer (`tl.make_block_ptr`).
     BlockPtr(BlockPtr),
+    /// A tensor descriptor (`tl.make_tensor_descriptor`).
+    TensorDesc(TensorDesc),
     /// A module or a name inside one, fully qualified (`triton.language.math`).
     Module(String),
     /// A `@triton.jit` helper function of the file.
@@ -46,6 +49,7 @@ impl Val {
             Val::DType(d) => format!("the dtype {d}"),
             Val::Tuple(_) => "a tuple".into(),
             Val::BlockPtr(_) => "a block pointer".into(),
+            Val::TensorDesc(_) => "a tensor descriptor".into(),
             Val::Module(m) => format!("`{m}`"),
             Val::Func(f) => format!("the function `{f}`"),
         }
@@ -55,6 +59,25 @@ impl Val {
     pub(crate) fn is_const(&self) -> bool {
         matches!(self, Val::Int(_) | Val::Float(_) | Val::Bool(_))
     }
+}
+
+/// A tensor descriptor (`tl.make_tensor_descriptor(base, shape, strides, block_shape)`): a strided
+/// N-d view of the tensor at `base` read and written a block at a time. Its parts are fixed IR
+/// values (defined where it is created, so it may be used inside later loops and `if`s); each
+/// `desc.load(offsets)`/`desc.store(offsets, value)` lowers to a block pointer at those offsets
+/// with every dimension boundary-checked. Offsets are given at each access, so a descriptor is
+/// carried through a loop or a tensor `if` only when it is reassigned there (its base, shape and
+/// strides; the block shape must stay the same).
+#[derive(Clone, Debug)]
+pub(crate) struct TensorDesc {
+    /// Base pointer (scalar).
+    pub base: Value,
+    /// Logical shape of the view (integer scalars).
+    pub shape: Vec<Value>,
+    /// Strides in elements (integer scalars).
+    pub strides: Vec<Value>,
+    /// The block every access reads or writes.
+    pub block_shape: Vec<usize>,
 }
 
 /// The IR value of `v`, materialising a Python constant with its default dtype (int: i32, or i64
@@ -183,11 +206,13 @@ pub(crate) fn truthy(v: &Val) -> Option<bool> {
 }
 
 /// The IR values a carried Python value consists of: a tensor itself, a constant materialised, a
-/// block pointer's offsets, a tuple's elements in order. Other values cannot be carried.
+/// block pointer's offsets, a tensor descriptor's base, shape and strides, a tuple's elements in
+/// order. Other values cannot be carried.
 pub(crate) fn flatten(b: &mut KernelBuilder, v: &Val, off: u32, name: &str, out: &mut Vec<Value>) -> R<()> {
     match v {
         Val::Tensor(_) | Val::Int(_) | Val::Float(_) | Val::Bool(_) => out.push(tensor(b, v, off, name)?),
         Val::BlockPtr(bp) => out.extend_from_slice(&bp.offsets),
+        Val::TensorDesc(d) => desc_parts(d, out),
         Val::Tuple(vs) => {
             for x in vs {
                 flatten(b, x, off, name, out)?;
@@ -201,7 +226,7 @@ pub(crate) fn flatten(b: &mut KernelBuilder, v: &Val, off: u32, name: &str, out:
 /// Whether `v` can be carried (see [`flatten`]).
 pub(crate) fn carriable(v: &Val) -> bool {
     match v {
-        Val::Tensor(_) | Val::Int(_) | Val::Float(_) | Val::Bool(_) | Val::BlockPtr(_) => true,
+        Val::Tensor(_) | Val::Int(_) | Val::Float(_) | Val::Bool(_) | Val::BlockPtr(_) | Val::TensorDesc(_) => true,
         Val::Tuple(vs) => vs.iter().all(carriable),
         _ => false,
     }
@@ -215,13 +240,24 @@ pub(crate) fn flatten_like(b: &mut KernelBuilder, template: &Val, v: &Val, off: 
             out.extend_from_slice(&x.offsets);
             Ok(())
         }
+        (Val::TensorDesc(t), Val::TensorDesc(x)) if t.block_shape == x.block_shape => {
+            desc_parts(x, out);
+            Ok(())
+        }
         (Val::Tuple(t), Val::Tuple(x)) if t.len() == x.len() => {
             for (tt, xx) in t.iter().zip(x) {
                 flatten_like(b, tt, xx, off, name, out)?;
             }
             Ok(())
         }
-        (Val::BlockPtr(_) | Val::Tuple(_), _) | (_, Val::BlockPtr(_) | Val::Tuple(_)) => {
+        (Val::TensorDesc(t), Val::TensorDesc(x)) => fail(
+            off,
+            format!(
+                "`{name}` changes from a tensor descriptor of block shape {:?} to one of block shape {:?} inside a loop or an `if`",
+                t.block_shape, x.block_shape
+            ),
+        ),
+        (Val::BlockPtr(_) | Val::TensorDesc(_) | Val::Tuple(_), _) | (_, Val::BlockPtr(_) | Val::TensorDesc(_) | Val::Tuple(_)) => {
             fail(off, format!("`{name}` changes from {} to {} inside a loop or an `if`", template.kind(), v.kind()))
         }
         _ => {
@@ -238,10 +274,24 @@ pub(crate) fn rebuild(template: &Val, vals: &mut impl Iterator<Item = Value>) ->
             let offs: Vec<Value> = bp.offsets.iter().map(|&o| vals.next().unwrap_or(o)).collect();
             Val::BlockPtr(bp.with_offsets(&offs))
         }
+        Val::TensorDesc(d) => {
+            let mut next = |v: &Value| vals.next().unwrap_or(*v);
+            let base = next(&d.base);
+            let shape = d.shape.iter().map(&mut next).collect();
+            let strides = d.strides.iter().map(&mut next).collect();
+            Val::TensorDesc(TensorDesc { base, shape, strides, block_shape: d.block_shape.clone() })
+        }
         Val::Tuple(vs) => Val::Tuple(vs.iter().map(|t| rebuild(t, vals)).collect()),
         other => match vals.next() {
             Some(v) => Val::Tensor(v),
             None => other.clone(),
         },
     }
+}
+
+/// The carried parts of a tensor descriptor: base, shape, strides.
+fn desc_parts(d: &TensorDesc, out: &mut Vec<Value>) {
+    out.push(d.base);
+    out.extend_from_slice(&d.shape);
+    out.extend_from_slice(&d.strides);
 }

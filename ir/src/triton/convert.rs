@@ -5,7 +5,7 @@
 use super::errors::{fail, Lines, R};
 use super::value::{carriable, flatten, flatten_like, fold_binary, literal_like, rebuild, tensor, truthy, Val};
 use super::{dotted, ConvertOptions, Module};
-use crate::{IrError, Kernel, KernelBuilder, Value};
+use crate::{Elem, IrError, Kernel, KernelBuilder, Value};
 use ruff_python_ast::{self as ast, ElifElseClause, Expr, Stmt, StmtFunctionDef};
 use ruff_text_size::Ranged;
 use std::cell::RefCell;
@@ -572,9 +572,9 @@ impl<'a> Cx<'a> {
             }
             Val::Tensor(t) => match attr {
                 "T" => Ok(Val::Tensor(self.b.trans(t))),
-                "dtype" => match self.b.ty(t).dtype() {
-                    Some(d) => Ok(Val::DType(d)),
-                    None => fail(o, "`.dtype` of a pointer is not supported"),
+                "dtype" | "type" => match self.b.ty(t).elem {
+                    Elem::Num(d) => Ok(Val::DType(d)),
+                    Elem::Ptr(d) => Ok(Val::PtrType(d)),
                 },
                 "shape" => Ok(Val::Tuple(self.b.shape(t).iter().map(|&d| Val::Int(d as i64)).collect())),
                 _ => fail(o, format!("unknown tensor attribute `.{attr}` (supported: `.T`, `.dtype`, `.shape`, and methods)")),
@@ -588,6 +588,7 @@ impl<'a> Cx<'a> {
                     format!("unknown tensor descriptor attribute `.{attr}` (supported: `.shape`, `.strides`, `.block_shape`, `.load`, `.store`)"),
                 ),
             },
+            Val::PtrType(d) if attr == "element_ty" => Ok(Val::DType(d)),
             other => fail(o, format!("{} has no attribute `{attr}`", other.kind())),
         }
     }

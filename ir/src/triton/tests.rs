@@ -474,3 +474,25 @@ fn descriptor_reassigned_in_a_loop_is_carried() {
     });
     assert_eq!(fors, vec![vec![Type::ptr(DType::F32, &[]), Type::scalar(DType::I32), Type::scalar(DType::I32)]]);
 }
+
+/// `Y.dtype.element_ty` and `Out.type.element_ty` name a pointer's element dtype, as kernels
+/// write when casting a result to the output's dtype.
+#[test]
+fn pointer_element_types() {
+    let src = "import triton\nimport triton.language as tl\n\n@triton.jit\ndef k(X, Y, Out, BLOCK: tl.constexpr):\n    offs = tl.arange(0, BLOCK)\n    x = tl.load(X + offs)\n    tl.store(Y + offs, (x * 2).to(Y.dtype.element_ty))\n    tl.store(Out + offs, x.to(Out.type.element_ty))\n";
+    let opts = ConvertOptions {
+        constexprs: vec![("BLOCK".into(), 16)],
+        pointer_dtypes: vec![("X".into(), DType::F32), ("Y".into(), DType::F16), ("Out".into(), DType::BF16)],
+        ..ConvertOptions::default()
+    };
+    let k = convert(src, "k.py", "k", &opts).unwrap();
+    let mut casts = Vec::new();
+    k.walk(&mut |_, d| {
+        if let Op::Cast = d.op {
+            casts.push(k.ty(d.results[0]).dtype());
+        }
+    });
+    assert_eq!(casts, vec![Some(DType::F16), Some(DType::BF16)]);
+    let e = convert(&src.replace("Y.dtype.element_ty", "Y.dtype.shape"), "k.py", "k", &opts).unwrap_err();
+    assert!(e.to_string().contains("the pointer type ptr<f16> has no attribute `shape`"), "{e}");
+}

@@ -24,6 +24,8 @@ pub(crate) enum Val {
     None,
     /// A dtype such as `tl.float32`.
     DType(DType),
+    /// The type of a pointer (`ptr.dtype` or `ptr.type`); `.element_ty` is the pointee dtype.
+    PtrType(DType),
     /// A tuple or list.
     Tuple(Vec<Val>),
     /// A block pointer (`tl.make_block_ptr`).
@@ -47,6 +49,7 @@ impl Val {
             Val::Str(_) => "a string".into(),
             Val::None => "None".into(),
             Val::DType(d) => format!("the dtype {d}"),
+            Val::PtrType(d) => format!("the pointer type ptr<{d}>"),
             Val::Tuple(_) => "a tuple".into(),
             Val::BlockPtr(_) => "a block pointer".into(),
             Val::TensorDesc(_) => "a tensor descriptor".into(),

@@ -58,8 +58,9 @@ impl Memory {
         self.tensors.get(id.0 as usize).map(|t| &t.1)
     }
 
-    pub(crate) fn set(&mut self, id: TensorId, t: HostTensor) {
-        self.tensors[id.0 as usize].1 = t;
+    /// Replaces a tensor, returning the old one.
+    pub(crate) fn set(&mut self, id: TensorId, t: HostTensor) -> HostTensor {
+        std::mem::replace(&mut self.tensors[id.0 as usize].1, t)
     }
 }
 

@@ -201,6 +201,11 @@ impl HostTensor {
         &mut self.data
     }
 
+    /// The storage, taken.
+    pub fn into_data(self) -> Data {
+        self.data
+    }
+
     /// f32 storage (f16, bf16 and f32 tensors).
     pub fn as_f32(&self) -> Option<&[f32]> {
         match &self.data {

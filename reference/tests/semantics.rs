@@ -495,3 +495,47 @@ fn aliased_parameters_share_one_tensor() {
     let e = Launch::new(&k, 5).arg("x", t).arg("y", t).run(&mut mem).unwrap_err();
     assert!(matches!(&e, ExecError::Race(r) if r.kind == RaceKind::ReadWrite && r.tensor == "t"), "{e}");
 }
+
+/// Large outputs reuse buffers released by earlier launches; elements no program stores must
+/// still come out with their initial values (contiguous stores: interval ownership; strided
+/// stores: the per-element owner table).
+#[test]
+fn reused_output_buffers_keep_unstored_elements() {
+    let n = 200_000;
+    let k = scale_kernel(1024);
+    let xs = rand_vec(n, 10);
+    // Every launch leaves its replaced output buffer to the next ones.
+    let mut mem = Memory::new();
+    let x = mem.add("x", HostTensor::from_f32(&[n], xs.clone()));
+    for round in 0..3 {
+        let y = mem.add("y", HostTensor::from_f32(&[n], vec![7.0 + round as f32; n]));
+        let half = n / 2 + round * 1000;
+        Launch::new(&k, n.div_ceil(1024)).arg("x", x).arg("y", y).arg("n", half as i32).run(&mut mem).unwrap();
+        let got = mem[y].as_f32().unwrap();
+        for i in [0, half - 1, half, half + 1, n - 1] {
+            let want = if i < half { xs[i] * 2.0 + 1.0 } else { 7.0 + round as f32 };
+            assert_eq!(got[i], want, "round {round}, element {i}");
+        }
+        assert!(got[half..].iter().all(|&v| v == 7.0 + round as f32), "round {round}");
+    }
+    // Strided stores (every other element): too many runs for intervals.
+    let mut b = KernelBuilder::new("evens");
+    let y = b.ptr_param("y", DType::F32);
+    let m = b.scalar_param("m", DType::I32);
+    let (offs, mask) = lanes(&mut b, 1024, m);
+    let two = b.i32(2);
+    let even = b.mul(offs, two);
+    let p = b.add(y, even);
+    let v = b.cast(offs, DType::F32);
+    b.store(p, v, Some(mask));
+    let k = b.finish().unwrap();
+    for round in 0..3 {
+        let y = mem.add("y", HostTensor::from_f32(&[n], vec![-3.0 - round as f32; n]));
+        Launch::new(&k, (n / 2).div_ceil(1024)).arg("y", y).arg("m", (n / 2) as i32).run(&mut mem).unwrap();
+        let got = mem[y].as_f32().unwrap();
+        for i in 0..n {
+            let want = if i % 2 == 0 { (i / 2) as f32 } else { -3.0 - round as f32 };
+            assert_eq!(got[i], want, "round {round}, element {i}");
+        }
+    }
+}

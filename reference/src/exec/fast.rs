@@ -32,7 +32,88 @@ pub(crate) enum FastBuf {
     F64(Vec<AtomicU64>),
 }
 
+/// Output buffers released by earlier launches (the tensors their commits replaced), reused as
+/// the next launch's output buffers: they hold valid but stale values, so the launch then copies
+/// initial values only into the elements no program stored (for a kernel that overwrites its
+/// whole output, nothing), instead of copying the whole tensor up front.
+static POOL: std::sync::Mutex<Vec<Data>> = std::sync::Mutex::new(Vec::new());
+
+/// Buffers smaller than this are copied (not worth pooling); at most this many, and this many
+/// bytes in all, are kept.
+const POOL_MIN_ELEMS: usize = 1 << 16;
+const POOL_MAX_BUFFERS: usize = 4;
+const POOL_MAX_BYTES: usize = 256 << 20;
+
+fn bytes(d: &Data) -> usize {
+    d.len()
+        * match d {
+            Data::I1(_) => 1,
+            Data::I32(_) | Data::F32(_) => 4,
+            Data::I64(_) | Data::F64(_) => 8,
+        }
+}
+
+/// Offers a released tensor's storage for reuse.
+pub(crate) fn recycle(d: Data) {
+    if d.len() < POOL_MIN_ELEMS || bytes(&d) > POOL_MAX_BYTES / 2 {
+        return;
+    }
+    if let Ok(mut pool) = POOL.lock() {
+        while !pool.is_empty() && (pool.len() >= POOL_MAX_BUFFERS || pool.iter().map(bytes).sum::<usize>() + bytes(&d) > POOL_MAX_BYTES) {
+            pool.remove(0);
+        }
+        pool.push(d);
+    }
+}
+
+/// A pooled buffer with the storage kind and length of `like`.
+fn take_pooled(like: &Data) -> Option<Data> {
+    let mut pool = POOL.lock().ok()?;
+    let i = pool.iter().position(|d| d.len() == like.len() && std::mem::discriminant(d) == std::mem::discriminant(like))?;
+    Some(pool.swap_remove(i))
+}
+
 impl FastBuf {
+    /// A buffer for the final contents of a tensor whose initial contents are `d`, and whether
+    /// it still needs [`FastBuf::fill_unstored`] (a reused buffer holds stale values; a fresh
+    /// one is a copy of `d`).
+    pub fn for_output(d: &Data) -> (FastBuf, bool) {
+        match take_pooled(d) {
+            Some(stale) => (FastBuf::from_owned(stale), true),
+            None => (FastBuf::from_data(d), false),
+        }
+    }
+
+    /// Takes ownership of a buffer's storage.
+    fn from_owned(d: Data) -> FastBuf {
+        // SAFETY (all arms): bool, i32, i64, f32 and f64 are plain bit patterns valid as the
+        // atomic integer (or atomic bool) of their size, which has the same layout.
+        unsafe {
+            match d {
+                Data::I1(v) => FastBuf::I1(cast_vec(v)),
+                Data::I32(v) => FastBuf::I32(cast_vec(v)),
+                Data::I64(v) => FastBuf::I64(cast_vec(v)),
+                Data::F32(v) => FastBuf::F32(cast_vec(v)),
+                Data::F64(v) => FastBuf::F64(cast_vec(v)),
+            }
+        }
+    }
+
+    /// Copies `initial[a..b]` into the buffer (single-threaded use, after the programs ran).
+    pub fn fill_range(&self, initial: &Data, a: usize, b: usize) {
+        fn go<A, T: Copy>(dst: &[A], src: &[T], a: usize, b: usize, st: impl Fn(&A, T)) {
+            dst[a..b].iter().zip(&src[a..b]).for_each(|(d, &x)| st(d, x));
+        }
+        match (self, initial) {
+            (FastBuf::I1(d), Data::I1(v)) => go(d, v, a, b, |d, x| d.store(x, Relaxed)),
+            (FastBuf::I32(d), Data::I32(v)) => go(d, v, a, b, |d, x| d.store(x as u32, Relaxed)),
+            (FastBuf::F32(d), Data::F32(v)) => go(d, v, a, b, |d, x| d.store(x.to_bits(), Relaxed)),
+            (FastBuf::I64(d), Data::I64(v)) => go(d, v, a, b, |d, x| d.store(x as u64, Relaxed)),
+            (FastBuf::F64(d), Data::F64(v)) => go(d, v, a, b, |d, x| d.store(x.to_bits(), Relaxed)),
+            _ => unreachable!("a tensor's buffer has its storage kind"),
+        }
+    }
+
     /// A copy of `d` that programs may write concurrently.
     pub fn from_data(d: &Data) -> FastBuf {
         fn par_clone<T: Copy + Send + Sync>(v: &[T]) -> Vec<T> {

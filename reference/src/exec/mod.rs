@@ -99,7 +99,8 @@ pub(crate) fn execute(l: &Launch, bound: &[Bound], mem: &mut Memory) -> Result<L
         if let Some(d) = d {
             let t = mem.get(slot_ids[s]);
             let nt = HostTensor::new(t.dtype(), t.shape(), d)?;
-            mem.set(slot_ids[s], nt);
+            let old = mem.set(slot_ids[s], nt);
+            fast::recycle(old.into_data());
         }
     }
     Ok(summary)
@@ -143,7 +144,17 @@ fn run_programs(
 /// parallel over element ranges. Returns `None` when anything conflicts (a race, or a program
 /// mixing stores and atomics on one tensor): the exact path then decides, deterministically.
 fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals)>, ExecError> {
-    let bufs: Vec<Option<fast::FastBuf>> = shared.slots.iter().map(|s| s.written.then(|| fast::FastBuf::from_data(s.initial))).collect();
+    let (bufs, stale): (Vec<Option<fast::FastBuf>>, Vec<bool>) = shared
+        .slots
+        .iter()
+        .map(|s| match s.written {
+            true => {
+                let (b, stale) = fast::FastBuf::for_output(s.initial);
+                (Some(b), stale)
+            }
+            false => (None, false),
+        })
+        .unzip();
     let mut outs: Vec<Vec<program::SlotLog>> = Vec::new();
     let mut mixed = false;
     let summary = run_programs(l, shared, Some(&bufs), |_, out| {
@@ -163,6 +174,11 @@ fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals
         };
         let n = slot.initial.len();
         let Some(owner) = Owners::build(&outs, s, n, threads) else { return Ok(None) };
+        if stale[s] {
+            // A reused buffer: elements no program stored take their initial values (before the
+            // atomics add onto them).
+            owner.for_each_unstored(n, |a, b| buf.fill_range(slot.initial, a, b));
+        }
         // Atomics, in program order.
         let mut atomic_owner: Vec<u32> = Vec::new();
         for (p, logs) in outs.iter().enumerate() {
@@ -263,6 +279,38 @@ impl Owners {
             false
         });
         (!conflict).then_some(Owners::Table(owner))
+    }
+
+    /// Calls `f(a, b)` for every maximal range `[a, b)` of elements that no program stores.
+    fn for_each_unstored(&self, n: usize, mut f: impl FnMut(usize, usize)) {
+        match self {
+            Owners::Intervals(iv) => {
+                let mut at = 0usize;
+                for &(st, en, _) in iv {
+                    if st as usize > at {
+                        f(at, st as usize);
+                    }
+                    at = at.max(en as usize);
+                }
+                if at < n {
+                    f(at, n);
+                }
+            }
+            Owners::Table(t) => {
+                let mut i = 0;
+                while i < n {
+                    if t[i] != 0 {
+                        i += 1;
+                        continue;
+                    }
+                    let start = i;
+                    while i < n && t[i] == 0 {
+                        i += 1;
+                    }
+                    f(start, i);
+                }
+            }
+        }
     }
 
     /// True when a program other than `me` stores some element of `[a, b)`.

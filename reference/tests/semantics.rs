@@ -532,10 +532,9 @@ fn reused_output_buffers_keep_unstored_elements() {
     for round in 0..3 {
         let y = mem.add("y", HostTensor::from_f32(&[n], vec![-3.0 - round as f32; n]));
         Launch::new(&k, (n / 2).div_ceil(1024)).arg("y", y).arg("m", (n / 2) as i32).run(&mut mem).unwrap();
-        let got = mem[y].as_f32().unwrap();
-        for i in 0..n {
+        for (i, &got) in mem[y].as_f32().unwrap().iter().enumerate() {
             let want = if i % 2 == 0 { (i / 2) as f32 } else { -3.0 - round as f32 };
-            assert_eq!(got[i], want, "round {round}, element {i}");
+            assert_eq!(got, want, "round {round}, element {i}");
         }
     }
 }

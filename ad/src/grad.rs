@@ -15,7 +15,7 @@ use crate::rules::Precision;
 use crate::{AdError, BTile};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
-use tilegrad_ir::{Inst, Lit, ParamKind};
+use tilegrad_ir::{Inst, ParamKind};
 use tilegrad_reference::{Arg, Launch, Memory, TensorId};
 
 /// Options of a gradient computation.
@@ -89,11 +89,11 @@ pub fn vjp(
             }
             (ParamKind::Scalar(_), Some(Arg::Scalar(l))) => {
                 param_slot.push(None);
-                params.push(V::Num(BTile::new(1, &[], vec![lit(l)])));
+                params.push(V::Num(BTile::new(1, &[], vec![l.as_f64()])));
             }
             (ParamKind::Constexpr(_, l), Some(Arg::Scalar(_)) | None) => {
                 param_slot.push(None);
-                params.push(V::Num(BTile::new(1, &[], vec![lit(*l)])));
+                params.push(V::Num(BTile::new(1, &[], vec![l.as_f64()])));
             }
             // The reference run above has already rejected every other combination.
             _ => return Err(AdError::Spec(format!("kernel `{}`: argument `{}` does not match its parameter", k.name, p.name))),
@@ -190,8 +190,4 @@ pub fn vjp(
     debug_assert_eq!(max_trips, summary.max_trips);
     let inputs = inputs.iter().map(|&t| grads[slot_ids.iter().position(|x| *x == t).expect("checked above")].clone()).collect();
     Ok(Gradient { inputs, max_trips })
-}
-
-fn lit(l: Lit) -> f64 {
-    l.as_f64()
 }

@@ -340,50 +340,22 @@ trait Reducible: Copy + Default + PartialOrd {
     fn max2(a: Self, b: Self) -> Self;
     fn min2(a: Self, b: Self) -> Self;
 }
-impl Reducible for f32 {
-    fn plus(a: f32, b: f32) -> f32 {
-        a + b
-    }
-    fn max2(a: f32, b: f32) -> f32 {
-        a.max(b)
-    }
-    fn min2(a: f32, b: f32) -> f32 {
-        a.min(b)
-    }
+macro_rules! reducible {
+    ($($t:ty => $plus:expr),*) => {$(
+        impl Reducible for $t {
+            fn plus(a: $t, b: $t) -> $t {
+                $plus(a, b)
+            }
+            fn max2(a: $t, b: $t) -> $t {
+                a.max(b)
+            }
+            fn min2(a: $t, b: $t) -> $t {
+                a.min(b)
+            }
+        }
+    )*};
 }
-impl Reducible for f64 {
-    fn plus(a: f64, b: f64) -> f64 {
-        a + b
-    }
-    fn max2(a: f64, b: f64) -> f64 {
-        a.max(b)
-    }
-    fn min2(a: f64, b: f64) -> f64 {
-        a.min(b)
-    }
-}
-impl Reducible for i32 {
-    fn plus(a: i32, b: i32) -> i32 {
-        a.wrapping_add(b)
-    }
-    fn max2(a: i32, b: i32) -> i32 {
-        a.max(b)
-    }
-    fn min2(a: i32, b: i32) -> i32 {
-        a.min(b)
-    }
-}
-impl Reducible for i64 {
-    fn plus(a: i64, b: i64) -> i64 {
-        a.wrapping_add(b)
-    }
-    fn max2(a: i64, b: i64) -> i64 {
-        a.max(b)
-    }
-    fn min2(a: i64, b: i64) -> i64 {
-        a.min(b)
-    }
-}
+reducible!(f32 => |a, b| a + b, f64 => |a, b| a + b, i32 => i32::wrapping_add, i64 => i64::wrapping_add);
 
 /// Reduces `v` laid out as [outer, n, inner] along the middle; arg-reductions return i32 indices
 /// (first index among ties; NaN is never selected unless every element is NaN).

@@ -16,6 +16,9 @@ impl Plan {
     pub fn new(k: &Kernel) -> Plan {
         let mut free_after = vec![Vec::new(); k.insts.len()];
         plan_block(k, k.body, true, &mut free_after);
+        for f in &mut free_after {
+            f.sort();
+        }
         Plan { free_after, param_written: tilegrad_ir::analysis::param_uses(k).iter().map(|u| u.stored || u.atomic).collect() }
     }
 }
@@ -69,8 +72,5 @@ fn plan_block(k: &Kernel, b: Block, is_body: bool, free_after: &mut [Vec<Value>]
         if !yielded.contains(&v) {
             free_after[bd.insts[pos].index()].push(v);
         }
-    }
-    for f in free_after.iter_mut() {
-        f.sort();
     }
 }

@@ -1,0 +1,804 @@
+//! TABLE
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tilegrad_ad::{vjp, GradOptions};
+use tilegrad_ir::triton::{convert, ConvertOptions};
+use tilegrad_ir::{DType, Kernel};
+use tilegrad_reference::{ExecError, HostTensor, Launch, Memory, TensorId};
+
+// ---------------------------------------------------------------- shared helpers
+
+/// One gradient per differentiable input, in f64.
+type Grads = Vec<Vec<f64>>;
+
+/// Converts `name` of `examples/triton/{file}` with these constexprs and f32 scalars (f32
+/// pointers, i32 for every other scalar).
+fn kernel(file: &str, name: &str, consts: &[(&str, i64)], f32_scalars: &[&str]) -> Kernel {
+    let path = format!("{}/examples/triton/{file}", env!("CARGO_MANIFEST_DIR"));
+    let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut opts = ConvertOptions::with_constexprs(consts);
+    opts.scalar_dtypes = f32_scalars.iter().map(|s| (s.to_string(), DType::F32)).collect();
+    convert(&src, &path, name, &opts).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// `n` random values with magnitudes in [0.25, 1) and random signs: never zero.
+fn nonzero(r: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| r.gen_range(0.25f32..1.0) * if r.gen::<bool>() { 1.0 } else { -1.0 }).collect()
+}
+
+fn f64s(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+fn cdiv(a: usize, b: usize) -> usize {
+    a.div_ceil(b)
+}
+
+/// A gradient buffer allocated "empty": poisoned with NaN, so that an element no program writes
+/// shows up.
+fn empty(shape: &[usize]) -> HostTensor {
+    HostTensor::from_f32(shape, vec![f32::NAN; shape.iter().product()])
+}
+
+fn zeros(shape: &[usize]) -> HostTensor {
+    HostTensor::zeros(DType::F32, shape)
+}
+
+/// Host step: the sum over axis 0 of a `[rows, cols]` buffer.
+fn sum_rows(t: &HostTensor) -> Vec<f64> {
+    let (rows, cols) = (t.shape()[0], t.shape()[1]);
+    let v = t.to_f64_vec();
+    (0..cols).map(|c| (0..rows).map(|r| v[r * cols + c]).sum()).collect()
+}
+
+/// Ground truth: `tilegrad_ad::vjp` of one launch for cotangents of its outputs.
+fn truth(launch: &Launch, mem: &Memory, inputs: &[TensorId], outputs: &[(TensorId, &[f32])]) -> Grads {
+    let outs: Vec<(TensorId, Vec<f64>)> = outputs.iter().map(|(t, c)| (*t, f64s(c))).collect();
+    let g = vjp(launch, mem, inputs, &outs, &GradOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", launch.kernel().name));
+    g.inputs
+}
+
+/// How a deliberately broken backward must fail.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Expect {
+    /// The reference run fails with [`ExecError::OutOfBounds`].
+    OutOfBounds,
+    /// The reference run fails with [`ExecError::Race`].
+    Race,
+    /// The run succeeds but some gradient element is NaN (never written) or off by far more than
+    /// the tolerance.
+    Wrong,
+}
+
+/// The worst element of `got` against `expected`: `(ratio, index)` where ratio is
+/// `|got - exp| / (1e-4 |exp| + 1e-5 max|exp|)` (infinite for a non-finite `got`): at most 1 is
+/// within f32 tolerance.
+fn worst(got: &[f64], expected: &[f64]) -> (f64, usize) {
+    assert_eq!(got.len(), expected.len(), "gradient length");
+    let scale = expected.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let mut w = (0.0, 0);
+    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        let r = if g.is_finite() { (g - e).abs() / (1e-4 * e.abs() + 1e-5 * scale) } else { f64::INFINITY };
+        if r > w.0 {
+            w = (r, i);
+        }
+    }
+    w
+}
+
+/// Runs the correct backward `correct` and each broken variant through `run` (which converts the
+/// named kernel(s), allocates, launches on the reference interpreter, does the host steps and
+/// returns one gradient per input, in the order of `names`), and checks them against `truth`.
+fn verify(names: &[&str], truth: &Grads, run: impl Fn(&str) -> Result<Grads, ExecError>, correct: &str, broken: &[(&str, Expect)]) {
+    assert_eq!(truth.len(), names.len());
+    for (n, t) in names.iter().zip(truth) {
+        assert!(t.iter().all(|x| x.is_finite()) && t.iter().any(|&x| x != 0.0), "{correct}: ground truth of {n} is zero or not finite");
+    }
+    let got = run(correct).unwrap_or_else(|e| panic!("{correct}: {e}"));
+    assert_eq!(got.len(), names.len(), "{correct}: number of gradients");
+    for ((n, g), t) in names.iter().zip(&got).zip(truth) {
+        let (r, i) = worst(g, t);
+        assert!(r <= 1.0, "{correct}: {n}[{i}] = {} but the ground truth is {} ({r:.1} x the tolerance)", g[i], t[i]);
+    }
+    for &(b, expect) in broken {
+        match (run(b), expect) {
+            (Err(e @ ExecError::OutOfBounds { .. }), Expect::OutOfBounds) | (Err(e @ ExecError::Race(_)), Expect::Race) => {
+                eprintln!("{b}: fails as expected: {e}");
+            }
+            (Ok(got), Expect::Wrong) => {
+                let r: Vec<(f64, usize)> = got.iter().zip(truth).map(|(g, t)| worst(g, t)).collect();
+                let (k, &(ratio, i)) = r.iter().enumerate().max_by(|a, b| a.1 .0.total_cmp(&b.1 .0)).unwrap();
+                assert!(ratio > 10.0, "{b}: expected a wrong gradient, but every gradient is within {ratio:.2} x the tolerance");
+                eprintln!("{b}: wrong as expected: {}[{i}] = {} vs {} ({ratio:.3e} x the tolerance)", names[k], got[k][i], truth[k][i]);
+            }
+            (Ok(_), e) => panic!("{b}: expected {e:?}, but the backward ran"),
+            (Err(err), e) => panic!("{b}: expected {e:?}, got {err}"),
+        }
+    }
+}
+
+/// The body (the lines after the signature, up to the next decorator) of `@triton.jit def name`
+/// in `src`, with the 1-based line number of its first line.
+fn body<'s>(src: &'s str, name: &str) -> (usize, Vec<&'s str>) {
+    let lines: Vec<&str> = src.lines().collect();
+    let def = lines.iter().position(|l| l.starts_with(&format!("def {name}("))).unwrap_or_else(|| panic!("no kernel {name}"));
+    let start = def + lines[def..].iter().position(|l| l.trim_end().ends_with("):")).unwrap() + 1;
+    let end = start + lines[start..].iter().position(|l| l.starts_with('@')).unwrap_or(lines.len() - start);
+    let mut b = lines[start..end].to_vec();
+    while b.last().is_some_and(|l| l.trim().is_empty()) {
+        b.pop();
+    }
+    (start + 1, b)
+}
+
+/// Every broken variant differs from its correct kernel (the name before `_broken_`) in exactly
+/// one line of the body, and that line carries a `# BUG:` comment: a checker that blames a line
+/// can be held to it. Returns `(variant, line number)` for each.
+fn bug_lines(file: &str) -> Vec<(String, usize)> {
+    let path = format!("{}/examples/triton/{file}", env!("CARGO_MANIFEST_DIR"));
+    let src = std::fs::read_to_string(&path).unwrap();
+    let names: Vec<&str> = src.lines().filter_map(|l| l.strip_prefix("def ")?.split('(').next()).collect();
+    let mut out = Vec::new();
+    for name in names.iter().filter(|n| n.contains("_broken_")) {
+        let correct = &name[..name.find("_broken_").unwrap()];
+        let ((_, good), (first, bad)) = (body(&src, correct), body(&src, name));
+        assert_eq!(good.len(), bad.len(), "{name}: not the same number of lines as {correct}");
+        let diff: Vec<usize> = (0..good.len()).filter(|&i| good[i] != bad[i]).collect();
+        assert_eq!(diff.len(), 1, "{name}: differs from {correct} in lines {diff:?} of the body");
+        assert!(bad[diff[0]].contains("# BUG: "), "{name}: the differing line has no `# BUG: ` comment: {}", bad[diff[0]]);
+        let without = bad[diff[0]].split("  # BUG: ").next().unwrap();
+        assert_ne!(without.trim_end(), good[diff[0]].trim_end(), "{name}: only the comment differs");
+        out.push((name.to_string(), first + diff[0]));
+    }
+    out
+}
+
+#[test]
+fn broken_variants_differ_in_one_marked_line() {
+    let files = [
+        "vector_add_bwd.py",
+        "copy_bwd.py",
+        "grey_bwd.py",
+        "weighted_sum_bwd.py",
+        "matmul_bwd.py",
+        "l2_norm_bwd.py",
+        "atomic_sum_bwd.py",
+        "softmax_bwd.py",
+        "layer_norm_bwd.py",
+        "flash_attention_bwd.py",
+    ];
+    let mut total = 0;
+    for f in files {
+        let lines = bug_lines(f);
+        assert!(lines.len() >= 3, "{f}: {} broken variants", lines.len());
+        for (name, line) in &lines {
+            eprintln!("{f}:{line}: {name}");
+        }
+        total += lines.len();
+    }
+    assert_eq!(total, 34);
+}
+
+// ---------------------------------------------------------------- elementwise
+
+#[test]
+fn vector_add_bwd() {
+    let (n, block) = (1000, 128);
+    let mut r = StdRng::seed_from_u64(1);
+    let (x, y, cot) = (nonzero(&mut r, n), nonzero(&mut r, n), nonzero(&mut r, n));
+    let fwd = kernel("vector_add.py", "vector_add", &[("BLOCK", block as i64)], &[]);
+    let mut mem = Memory::new();
+    let (xi, yi) = (mem.add("x", HostTensor::from_f32(&[n], x)), mem.add("y", HostTensor::from_f32(&[n], y)));
+    let out = mem.add("out", zeros(&[n]));
+    let l = Launch::new(&fwd, cdiv(n, block)).arg("x_ptr", xi).arg("y_ptr", yi).arg("out_ptr", out).arg("n", n);
+    let t = truth(&l, &mem, &[xi, yi], &[(out, &cot[..])]);
+    let run = |name: &str| -> Result<Grads, ExecError> {
+        let k = kernel("vector_add_bwd.py", name, &[("BLOCK", block as i64)], &[]);
+        let mut m = Memory::new();
+        let g = m.add("grad_out", HostTensor::from_f32(&[n], cot.clone()));
+        let (gx, gy) = (m.add("grad_x", empty(&[n])), m.add("grad_y", empty(&[n])));
+        Launch::new(&k, cdiv(n, block)).arg("grad_out_ptr", g).arg("grad_x_ptr", gx).arg("grad_y_ptr", gy).arg("n", n).run(&mut m)?;
+        Ok(vec![m.get(gx).to_f64_vec(), m.get(gy).to_f64_vec()])
+    };
+    verify(
+        &["grad_x", "grad_y"],
+        &t,
+        run,
+        "vector_add_bwd",
+        &[
+            ("vector_add_bwd_broken_mask", Expect::OutOfBounds),
+            ("vector_add_bwd_broken_off_by_one", Expect::Wrong),
+            ("vector_add_bwd_broken_tile_start", Expect::Race),
+        ],
+    );
+}
+
+#[test]
+fn copy_bwd() {
+    let (n, block) = (777, 64);
+    let mut r = StdRng::seed_from_u64(2);
+    let (x, cot) = (nonzero(&mut r, n), nonzero(&mut r, n));
+    let fwd = kernel("copy.py", "copy", &[("BLOCK", block as i64)], &[]);
+    let mut mem = Memory::new();
+    let src = mem.add("src", HostTensor::from_f32(&[n], x));
+    let dst = mem.add("dst", zeros(&[n]));
+    let l = Launch::new(&fwd, cdiv(n, block)).arg("src_ptr", src).arg("dst_ptr", dst).arg("n", n);
+    let t = truth(&l, &mem, &[src], &[(dst, &cot[..])]);
+    let run = |name: &str| -> Result<Grads, ExecError> {
+        let k = kernel("copy_bwd.py", name, &[("BLOCK", block as i64)], &[]);
+        let mut m = Memory::new();
+        let g = m.add("grad_dst", HostTensor::from_f32(&[n], cot.clone()));
+        let gs = m.add("grad_src", empty(&[n]));
+        Launch::new(&k, cdiv(n, block)).arg("grad_dst_ptr", g).arg("grad_src_ptr", gs).arg("n", n).run(&mut m)?;
+        Ok(vec![m.get(gs).to_f64_vec()])
+    };
+    verify(
+        &["grad_src"],
+        &t,
+        run,
+        "copy_bwd",
+        &[
+            ("copy_bwd_broken_mask", Expect::OutOfBounds),
+            ("copy_bwd_broken_shift", Expect::Wrong),
+            ("copy_bwd_broken_accumulate", Expect::Wrong),
+        ],
+    );
+}
+
+#[test]
+fn rgb_to_grey_bwd() {
+    let (h, w, bh, bw) = (53, 37, 16, 32);
+    let consts = [("BLOCK_H", bh as i64), ("BLOCK_W", bw as i64)];
+    let mut r = StdRng::seed_from_u64(3);
+    let (img, cot) = (nonzero(&mut r, h * w * 3), nonzero(&mut r, h * w));
+    let fwd = kernel("grey.py", "rgb_to_grey", &consts, &[]);
+    let mut mem = Memory::new();
+    let ii = mem.add("img", HostTensor::from_f32(&[h, w, 3], img));
+    let gi = mem.add("grey", zeros(&[h, w]));
+    let (ti, tg) = (mem.get(ii).strides(), mem.get(gi).strides());
+    let l = Launch::new(&fwd, (cdiv(h, bh) as u32, cdiv(w, bw) as u32))
+        .arg("img_ptr", ii)
+        .arg("grey_ptr", gi)
+        .arg("H", h)
+        .arg("W", w)
+        .arg("stride_ih", ti[0])
+        .arg("stride_iw", ti[1])
+        .arg("stride_ic", ti[2])
+        .arg("stride_gh", tg[0])
+        .arg("stride_gw", tg[1]);
+    let t = truth(&l, &mem, &[ii], &[(gi, &cot[..])]);
+    let run = |name: &str| -> Result<Grads, ExecError> {
+        let k = kernel("grey_bwd.py", name, &consts, &[]);
+        let mut m = Memory::new();
+        let g = m.add("grad_grey", HostTensor::from_f32(&[h, w], cot.clone()));
+        let gimg = m.add("grad_img", empty(&[h, w, 3]));
+        let (ti, tg) = (m.get(gimg).strides(), m.get(g).strides());
+        Launch::new(&k, (cdiv(h, bh) as u32, cdiv(w, bw) as u32))
+            .arg("grad_grey_ptr", g)
+            .arg("grad_img_ptr", gimg)
+            .arg("H", h)
+            .arg("W", w)
+            .arg("stride_ih", ti[0])
+            .arg("stride_iw", ti[1])
+            .arg("stride_ic", ti[2])
+            .arg("stride_gh", tg[0])
+            .arg("stride_gw", tg[1])
+            .run(&mut m)?;
+        Ok(vec![m.get(gimg).to_f64_vec()])
+    };
+    verify(
+        &["grad_img"],
+        &t,
+        run,
+        "rgb_to_grey_bwd",
+        &[
+            ("rgb_to_grey_bwd_broken_transpose", Expect::Wrong),
+            ("rgb_to_grey_bwd_broken_channel_stride", Expect::OutOfBounds),
+            ("rgb_to_grey_bwd_broken_col_mask", Expect::OutOfBounds),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------- block pointers, dot
+
+#[test]
+fn weighted_sum_bwd() {
+    let (rows, d, rt, dt) = (45, 300, 16, 64);
+    let consts = [("ROWS_TILE_SIZE", rt as i64), ("D_TILE_SIZE", dt as i64)];
+    let mut r = StdRng::seed_from_u64(4);
+    let (x, w, cot) = (nonzero(&mut r, rows * d), nonzero(&mut r, d), nonzero(&mut r, rows));
+    let fwd = kernel("weighted_sum.py", "weighted_sum_fwd", &consts, &[]);
+    let mut mem = Memory::new();
+    let xi = mem.add("x", HostTensor::from_f32(&[rows, d], x.clone()));
+    let wi = mem.add("w", HostTensor::from_f32(&[d], w.clone()));
+    let out = mem.add("output", zeros(&[rows]));
+    let l = Launch::new(&fwd, cdiv(rows, rt))
+        .arg("x_ptr", xi)
+        .arg("weight_ptr", wi)
+        .arg("output_ptr", out)
+        .arg("x_stride_row", d)
+        .arg("x_stride_dim", 1)
+        .arg("weight_stride_dim", 1)
+        .arg("output_stride_row", 1)
+        .arg("ROWS", rows)
+        .arg("D", d);
+    let t = truth(&l, &mem, &[xi, wi], &[(out, &cot[..])]);
+    let run = |name: &str| -> Result<Grads, ExecError> {
+        let k = kernel("weighted_sum_bwd.py", name, &consts, &[]);
+        let mut m = Memory::new();
+        let xi = m.add("x", HostTensor::from_f32(&[rows, d], x.clone()));
+        let wi = m.add("w", HostTensor::from_f32(&[d], w.clone()));
+        let g = m.add("grad_output", HostTensor::from_f32(&[rows], cot.clone()));
+        let gx = m.add("grad_x", empty(&[rows, d]));
+        let pw = m.add("partial_grad_w", empty(&[cdiv(rows, rt), d]));
+        Launch::new(&k, cdiv(rows, rt))
+            .arg("x_ptr", xi)
+            .arg("weight_ptr", wi)
+            .arg("grad_output_ptr", g)
+            .arg("grad_x_ptr", gx)
+            .arg("partial_grad_weight_ptr", pw)
+            .arg("stride_xr", d)
+            .arg("stride_xd", 1)
+            .arg("stride_wd", 1)
+            .arg("stride_gr", 1)
+            .arg("stride_gxr", d)
+            .arg("stride_gxd", 1)
+            .arg("stride_gwb", d)
+            .arg("stride_gwd", 1)
+            .arg("NUM_ROWS", rows)
+            .arg("D", d)
+            .run(&mut m)?;
+        Ok(vec![m.get(gx).to_f64_vec(), sum_rows(m.get(pw))])
+    };
+    verify(
+        &["grad_x", "grad_w"],
+        &t,
+        run,
+        "weighted_sum_bwd",
+        &[
+            ("weighted_sum_bwd_broken_partial_row", Expect::Race),
+            ("weighted_sum_bwd_broken_no_advance", Expect::Wrong),
+            ("weighted_sum_bwd_broken_boundary", Expect::OutOfBounds),
+        ],
+    );
+}
+
+#[test]
+fn matmul_bwd() {
+    let (mm, nn, kk) = (45, 37, 70);
+    let (bm, bn, bk) = (16, 16, 32);
+    let consts = [("BLOCK_M", bm as i64), ("BLOCK_N", bn as i64), ("BLOCK_K", bk as i64)];
+    let mut r = StdRng::seed_from_u64(5);
+    let (a, b, cot) = (nonzero(&mut r, mm * kk), nonzero(&mut r, kk * nn), nonzero(&mut r, mm * nn));
+    let fwd = kernel("matmul.py", "matmul", &consts, &[]);
+    let mut mem = Memory::new();
+    let ai = mem.add("a", HostTensor::from_f32(&[mm, kk], a.clone()));
+    let bi = mem.add("b", HostTensor::from_f32(&[kk, nn], b.clone()));
+    let c = mem.add("c", zeros(&[mm, nn]));
+    let l = Launch::new(&fwd, (cdiv(mm, bm) as u32, cdiv(nn, bn) as u32))
+        .arg("a_ptr", ai)
+        .arg("b_ptr", bi)
+        .arg("c_ptr", c)
+        .arg("M", mm)
+        .arg("N", nn)
+        .arg("K", kk)
+        .arg("stride_am", kk)
+        .arg("stride_ak", 1)
+        .arg("stride_bk", nn)
+        .arg("stride_bn", 1)
+        .arg("stride_cm", nn)
+        .arg("stride_cn", 1);
+    let t = truth(&l, &mem, &[ai, bi], &[(c, &cot[..])]);
+    // A variant names the kernel it replaces; the other launch is the correct one.
+    let run = |name: &str| -> Result<Grads, ExecError> {
+        let (da_name, db_name) = if name.starts_with("matmul_bwd_db") { ("matmul_bwd_da", name) } else { (name, "matmul_bwd_db") };
+        let (da, db) = (kernel("matmul_bwd.py", da_name, &consts, &[]), kernel("matmul_bwd.py", db_name, &consts, &[]));
+        let mut m = Memory::new();
+        let ai = m.add("a", HostTensor::from_f32(&[mm, kk], a.clone()));
+        let bi = m.add("b", HostTensor::from_f32(&[kk, nn], b.clone()));
+        let g = m.add("grad_c", HostTensor::from_f32(&[mm, nn], cot.clone()));
+        let (ga, gb) = (m.add("grad_a", empty(&[mm, kk])), m.add("grad_b", empty(&[kk, nn])));
+        Launch::new(&da, (cdiv(mm, bm) as u32, cdiv(kk, bk) as u32))
+            .arg("b_ptr", bi)
+            .arg("grad_c_ptr", g)
+            .arg("grad_a_ptr", ga)
+            .arg("M", mm)
+            .arg("N", nn)
+            .arg("K", kk)
+            .arg("stride_bk", nn)
+            .arg("stride_bn", 1)
+            .arg("stride_gcm", nn)
+            .arg("stride_gcn", 1)
+            .arg("stride_gam", kk)
+            .arg("stride_gak", 1)
+            .run(&mut m)?;
+        Launch::new(&db, (cdiv(kk, bk) as u32, cdiv(nn, bn) as u32))
+            .arg("a_ptr", ai)
+            .arg("grad_c_ptr", g)
+            .arg("grad_b_ptr", gb)
+            .arg("M", mm)
+            .arg("N", nn)
+            .arg("K", kk)
+            .arg("stride_am", kk)
+            .arg("stride_ak", 1)
+            .arg("stride_gcm", nn)
+            .arg("stride_gcn", 1)
+            .arg("stride_gbk", nn)
+            .arg("stride_gbn", 1)
+            .run(&mut m)?;
+        Ok(vec![m.get(ga).to_f64_vec(), m.get(gb).to_f64_vec()])
+    };
+    verify(
+        &["grad_a", "grad_b"],
+        &t,
+        run,
+        "matmul_bwd_da",
+        &[
+            ("matmul_bwd_da_broken_transpose", Expect::Wrong),
+            ("matmul_bwd_da_broken_accumulate", Expect::Wrong),
+            ("matmul_bwd_db_broken_mask", Expect::OutOfBounds),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------- global reductions
+
+#[test]
+fn l2_norm_bwd() {
+    let (n, block, finish_block) = (1234, 128, 4);
+    let parts = cdiv(n, block);
+    let mut r = StdRng::seed_from_u64(6);
+    let (x, cot) = (nonzero(&mut r, n), nonzero(&mut r, 1));
+    let k1 = kernel("l2_norm.py", "l2_norm_partial", &[("BLOCK", block as i64)], &[]);
+    let k2 = kernel("l2_norm.py", "l2_norm_finish", &[("BLOCK", finish_block)], &[]);
+    let mut mem = Memory::new();
+    let xi = mem.add("x", HostTensor::from_f32(&[n], x.clone()));
+    let p = mem.add("partial", zeros(&[parts]));
+    let out = mem.add("out", zeros(&[1]));
+    let l1 = Launch::new(&k1, parts).arg("x_ptr", xi).arg("partial_ptr", p).arg("n", n);
+    let l2 = Launch::new(&k2, 1).arg("partial_ptr", p).arg("out_ptr", out).arg("num_partials", parts);
+    // the ground truth through both launches: out's cotangent to partial's, then to x's
+    let mut after1 = mem.clone();
+    l1.run(&mut after1).unwrap();
+    let gp = truth(&l2, &after1, &[p], &[(out, &cot[..])]).remove(0);
+    let gp: Vec<(TensorId, Vec<f64>)> = vec![(p, gp)];
+    let t = vjp(&l1, &mem, &[xi], &gp, &GradOptions::default()).unwrap().inputs;
+    // the saved forward output
+    l2.run(&mut after1).unwrap();
+    let norm = after1.get(out).to_f64_vec()[0] as f32;
+    let run = |name: &str| -> Result<Grads, ExecError> {
+        let k = kernel("l2_norm_bwd.py", name, &[("BLOCK", block as i64)], &[]);
+        let mut m = Memory::new();
+        let xi = m.add("x", HostTensor::from_f32(&[n], x.clone()));
+        let o = m.add("out", HostTensor::from_f32(&[1], vec![norm]));
+        let g = m.add("grad_out", HostTensor::from_f32(&[1], cot.clone()));
+        let gx = m.add("grad_x", empty(&[n]));
+        Launch::new(&k, cdiv(n, block))
+            .arg("x_ptr", xi)
+            .arg("out_ptr", o)
+            .arg("grad_out_ptr", g)
+            .arg("grad_x_ptr", gx)
+            .arg("n", n)
+            .run(&mut m)?;
+        Ok(vec![m.get(gx).to_f64_vec()])
+    };
+    verify(
+        &["grad_x"],
+        &t,
+        run,
+        "l2_norm_bwd",
+        &[
+            ("l2_norm_bwd_broken_scale", Expect::Wrong),
+            ("l2_norm_bwd_broken_factor_two", Expect::Wrong),
+            ("l2_norm_bwd_broken_norm_index", Expect::OutOfBounds),
+        ],
+    );
+}
+
+#[test]
+fn atomic_sum_bwd() {
+    let (n, block) = (999, 64);
+    let mut r = StdRng::seed_from_u64(7);
+    let (x, cot) = (nonzero(&mut r, n), nonzero(&mut r, 1));
+    let fwd = kernel("atomic_sum.py", "atomic_sum", &[("BLOCK", block as i64)], &[]);
+    let mut mem = Memory::new();
+    let xi = mem.add("x", HostTensor::from_f32(&[n], x));
+    let out = mem.add("out", zeros(&[1]));
+    let l = Launch::new(&fwd, cdiv(n, block)).arg("x_ptr", xi).arg("out_ptr", out).arg("n", n);
+    let t = truth(&l, &mem, &[xi], &[(out, &cot[..])]);
+    let run = |name: &str| -> Result<Grads, ExecError> {
+        let k = kernel("atomic_sum_bwd.py", name, &[("BLOCK", block as i64)], &[]);
+        let mut m = Memory::new();
+        let g = m.add("grad_out", HostTensor::from_f32(&[1], cot.clone()));
+        let gx = m.add("grad_x", empty(&[n]));
+        Launch::new(&k, cdiv(n, block)).arg("grad_out_ptr", g).arg("grad_x_ptr", gx).arg("n", n).run(&mut m)?;
+        Ok(vec![m.get(gx).to_f64_vec()])
+    };
+    verify(
+        &["grad_x"],
+        &t,
+        run,
+        "atomic_sum_bwd",
+        &[
+            ("atomic_sum_bwd_broken_mask", Expect::OutOfBounds),
+            ("atomic_sum_bwd_broken_mean", Expect::Wrong),
+            ("atomic_sum_bwd_broken_block_mask", Expect::Wrong),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------- row-wise: softmax, layer norm
+
+#[test]
+fn softmax_bwd() {
+    let (rows, cols, br, bc) = (29, 50, 4, 64);
+    let consts = [("BLOCK_ROWS", br as i64), ("BLOCK_COLS", bc as i64)];
+    let mut r = StdRng::seed_from_u64(8);
+    let x: Vec<f32> = nonzero(&mut r, rows * cols).iter().map(|v| 3.0 * v).collect();
+    let cot = nonzero(&mut r, rows * cols);
+    let fwd = kernel("softmax.py", "softmax", &consts, &[]);
+    let mut mem = Memory::new();
+    let xi = mem.add("x", HostTensor::from_f32(&[rows, cols], x));
+    let y = mem.add("y", zeros(&[rows, cols]));
+    let l = Launch::new(&fwd, cdiv(rows, br))
+        .arg("x_ptr", xi)
+        .arg("y_ptr", y)
+        .arg("x_row_stride", cols)
+        .arg("y_row_stride", cols)
+        .arg("n_rows", rows)
+        .arg("n_cols", cols);
+    let t = truth(&l, &mem, &[xi], &[(y, &cot[..])]);
+    let mut saved = mem.clone();
+    l.run(&mut saved).unwrap();
+    let y_saved = saved.get(y).clone();
+    let run = |name: &str| -> Result<Grads, ExecError> {
+        let k = kernel("softmax_bwd.py", name, &consts, &[]);
+        let mut m = Memory::new();
+        let yi = m.add("y", y_saved.clone());
+        let g = m.add("grad_y", HostTensor::from_f32(&[rows, cols], cot.clone()));
+        let gx = m.add("grad_x", empty(&[rows, cols]));
+        Launch::new(&k, cdiv(rows, br))
+            .arg("y_ptr", yi)
+            .arg("grad_y_ptr", g)
+            .arg("grad_x_ptr", gx)
+            .arg("y_row_stride", cols)
+            .arg("grad_y_row_stride", cols)
+            .arg("grad_x_row_stride", cols)
+            .arg("n_rows", rows)
+            .arg("n_cols", cols)
+            .run(&mut m)?;
+        Ok(vec![m.get(gx).to_f64_vec()])
+    };
+    verify(
+        &["grad_x"],
+        &t,
+        run,
+        "softmax_bwd",
+        &[
+            ("softmax_bwd_broken_row_mask", Expect::OutOfBounds),
+            ("softmax_bwd_broken_axis", Expect::Wrong),
+            ("softmax_bwd_broken_no_dot", Expect::Wrong),
+        ],
+    );
+}
+
+const EPS: f32 = 1e-5;
+
+/// Layer-norm data: rows with different offsets and spreads, weights around 1.
+fn layer_norm_data(rows: usize, cols: usize, seed: u64) -> [Vec<f32>; 4] {
+    let mut r = StdRng::seed_from_u64(seed);
+    let mut x = nonzero(&mut r, rows * cols);
+    for row in x.chunks_mut(cols) {
+        let (off, spread) = (r.gen_range(-2.0f32..2.0), r.gen_range(0.5f32..2.0));
+        row.iter_mut().for_each(|v| *v = *v * spread + off);
+    }
+    let w: Vec<f32> = nonzero(&mut r, cols).iter().map(|v| 1.0 + 0.5 * v).collect();
+    let b = nonzero(&mut r, cols);
+    let cot = nonzero(&mut r, rows * cols);
+    [x, w, b, cot]
+}
+
+#[test]
+fn layer_norm_rows_bwd() {
+    let (rows, cols, bm, bn) = (37, 300, 8, 512);
+    let consts = [("BLOCK_M", bm as i64), ("BLOCK_N", bn as i64)];
+    let [x, w, b, cot] = layer_norm_data(rows, cols, 9);
+    let fwd = kernel("layer_norm.py", "layer_norm_rows", &consts, &["eps"]);
+    let mut mem = Memory::new();
+    let xi = mem.add("x", HostTensor::from_f32(&[rows, cols], x.clone()));
+    let wi = mem.add("w", HostTensor::from_f32(&[cols], w.clone()));
+    let bi = mem.add("b", HostTensor::from_f32(&[cols], b));
+    let y = mem.add("y", zeros(&[rows, cols]));
+    let l = Launch::new(&fwd, cdiv(rows, bm))
+        .arg("x_ptr", xi)
+        .arg("y_ptr", y)
+        .arg("w_ptr", wi)
+        .arg("b_ptr", bi)
+        .arg("n_rows", rows)
+        .arg("n_cols", cols)
+        .arg("x_row_stride", cols)
+        .arg("y_row_stride", cols)
+        .arg("eps", EPS);
+    let t = truth(&l, &mem, &[xi, wi, bi], &[(y, &cot[..])]);
+    let run = |name: &str| -> Result<Grads, ExecError> {
+        let k = kernel("layer_norm_bwd.py", name, &consts, &["eps"]);
+        let mut m = Memory::new();
+        let xi = m.add("x", HostTensor::from_f32(&[rows, cols], x.clone()));
+        let wi = m.add("w", HostTensor::from_f32(&[cols], w.clone()));
+        let g = m.add("grad_y", HostTensor::from_f32(&[rows, cols], cot.clone()));
+        let gx = m.add("grad_x", empty(&[rows, cols]));
+        let (gw, gb) = (m.add("grad_w", zeros(&[cols])), m.add("grad_b", zeros(&[cols])));
+        Launch::new(&k, cdiv(rows, bm))
+            .arg("x_ptr", xi)
+            .arg("w_ptr", wi)
+            .arg("grad_y_ptr", g)
+            .arg("grad_x_ptr", gx)
+            .arg("grad_w_ptr", gw)
+            .arg("grad_b_ptr", gb)
+            .arg("n_rows", rows)
+            .arg("n_cols", cols)
+            .arg("x_row_stride", cols)
+            .arg("grad_y_row_stride", cols)
+            .arg("grad_x_row_stride", cols)
+            .arg("eps", EPS)
+            .run(&mut m)?;
+        Ok(vec![m.get(gx).to_f64_vec(), m.get(gw).to_f64_vec(), m.get(gb).to_f64_vec()])
+    };
+    verify(
+        &["grad_x", "grad_w", "grad_b"],
+        &t,
+        run,
+        "layer_norm_rows_bwd",
+        &[
+            ("layer_norm_rows_bwd_broken_race", Expect::Race),
+            ("layer_norm_rows_bwd_broken_mean_scale", Expect::Wrong),
+            ("layer_norm_rows_bwd_broken_var_mask", Expect::Wrong),
+        ],
+    );
+}
+
+#[test]
+fn layer_norm_fwd_bwd() {
+    let (rows, cols, block) = (37, 300, 128);
+    let consts = [("BLOCK_SIZE", block)];
+    let [x, w, b, cot] = layer_norm_data(rows, cols, 10);
+    let fwd = kernel("layer_norm.py", "layer_norm_fwd", &consts, &["eps"]);
+    let mut mem = Memory::new();
+    let xi = mem.add("x", HostTensor::from_f32(&[rows, cols], x.clone()));
+    let wi = mem.add("w", HostTensor::from_f32(&[cols], w.clone()));
+    let bi = mem.add("b", HostTensor::from_f32(&[cols], b));
+    let y = mem.add("y", zeros(&[rows, cols]));
+    let mean = mem.add("mean", zeros(&[rows]));
+    let rstd = mem.add("rstd", zeros(&[rows]));
+    let l = Launch::new(&fwd, rows)
+        .arg("x_ptr", xi)
+        .arg("y_ptr", y)
+        .arg("w_ptr", wi)
+        .arg("b_ptr", bi)
+        .arg("mean_ptr", mean)
+        .arg("rstd_ptr", rstd)
+        .arg("stride", cols)
+        .arg("N", cols)
+        .arg("eps", EPS);
+    // mean and rstd are saved for the backward, not used by the loss: only y has a cotangent
+    let t = truth(&l, &mem, &[xi, wi, bi], &[(y, &cot[..])]);
+    let mut saved = mem.clone();
+    l.run(&mut saved).unwrap();
+    let (mean_saved, rstd_saved) = (saved.get(mean).clone(), saved.get(rstd).clone());
+    let run = |name: &str| -> Result<Grads, ExecError> {
+        let k = kernel("layer_norm_bwd.py", name, &consts, &[]);
+        let mut m = Memory::new();
+        let xi = m.add("x", HostTensor::from_f32(&[rows, cols], x.clone()));
+        let wi = m.add("w", HostTensor::from_f32(&[cols], w.clone()));
+        let mi = m.add("mean", mean_saved.clone());
+        let ri = m.add("rstd", rstd_saved.clone());
+        let g = m.add("grad_y", HostTensor::from_f32(&[rows, cols], cot.clone()));
+        let gx = m.add("grad_x", empty(&[rows, cols]));
+        let (pw, pb) = (m.add("partial_grad_w", empty(&[rows, cols])), m.add("partial_grad_b", empty(&[rows, cols])));
+        Launch::new(&k, rows)
+            .arg("x_ptr", xi)
+            .arg("w_ptr", wi)
+            .arg("mean_ptr", mi)
+            .arg("rstd_ptr", ri)
+            .arg("grad_y_ptr", g)
+            .arg("grad_x_ptr", gx)
+            .arg("partial_grad_w_ptr", pw)
+            .arg("partial_grad_b_ptr", pb)
+            .arg("stride", cols)
+            .arg("N", cols)
+            .run(&mut m)?;
+        Ok(vec![m.get(gx).to_f64_vec(), sum_rows(m.get(pw)), sum_rows(m.get(pb))])
+    };
+    verify(
+        &["grad_x", "grad_w", "grad_b"],
+        &t,
+        run,
+        "layer_norm_bwd",
+        &[
+            ("layer_norm_bwd_broken_accumulate", Expect::Wrong),
+            ("layer_norm_bwd_broken_partial_row", Expect::Race),
+            ("layer_norm_bwd_broken_mask", Expect::OutOfBounds),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------- flash attention
+
+#[test]
+fn attn_bwd() {
+    let (n, d, bm, bn) = (100, 32, 32, 16);
+    let sm_scale = 0.7f32;
+    let consts = [("HEAD_DIM", d as i64), ("BLOCK_M", bm as i64), ("BLOCK_N", bn as i64)];
+    let mut r = StdRng::seed_from_u64(11);
+    let (q, k, v, cot) = (nonzero(&mut r, n * d), nonzero(&mut r, n * d), nonzero(&mut r, n * d), nonzero(&mut r, n * d));
+    let fwd = kernel("flash_attention.py", "attn_fwd", &consts, &["sm_scale"]);
+    let mut mem = Memory::new();
+    let qi = mem.add("q", HostTensor::from_f32(&[n, d], q.clone()));
+    let ki = mem.add("k", HostTensor::from_f32(&[n, d], k.clone()));
+    let vi = mem.add("v", HostTensor::from_f32(&[n, d], v.clone()));
+    let o = mem.add("o", zeros(&[n, d]));
+    let l = Launch::new(&fwd, cdiv(n, bm))
+        .arg("q_ptr", qi)
+        .arg("k_ptr", ki)
+        .arg("v_ptr", vi)
+        .arg("o_ptr", o)
+        .arg("sm_scale", sm_scale)
+        .arg("stride_qm", d)
+        .arg("stride_qd", 1)
+        .arg("stride_kn", d)
+        .arg("stride_kd", 1)
+        .arg("stride_vn", d)
+        .arg("stride_vd", 1)
+        .arg("stride_om", d)
+        .arg("stride_od", 1)
+        .arg("N_CTX", n);
+    let t = truth(&l, &mem, &[qi, ki, vi], &[(o, &cot[..])]);
+    let mut saved = mem.clone();
+    l.run(&mut saved).unwrap();
+    let o_saved = saved.get(o).clone();
+    let run = |name: &str| -> Result<Grads, ExecError> {
+        let kern = kernel("flash_attention_bwd.py", name, &consts, &["sm_scale"]);
+        let mut m = Memory::new();
+        let qi = m.add("q", HostTensor::from_f32(&[n, d], q.clone()));
+        let ki = m.add("k", HostTensor::from_f32(&[n, d], k.clone()));
+        let vi = m.add("v", HostTensor::from_f32(&[n, d], v.clone()));
+        let oi = m.add("o", o_saved.clone());
+        let g = m.add("grad_o", HostTensor::from_f32(&[n, d], cot.clone()));
+        let gq = m.add("grad_q", empty(&[n, d]));
+        let (gk, gv) = (m.add("grad_k", zeros(&[n, d])), m.add("grad_v", zeros(&[n, d])));
+        Launch::new(&kern, cdiv(n, bm))
+            .arg("q_ptr", qi)
+            .arg("k_ptr", ki)
+            .arg("v_ptr", vi)
+            .arg("o_ptr", oi)
+            .arg("grad_o_ptr", g)
+            .arg("grad_q_ptr", gq)
+            .arg("grad_k_ptr", gk)
+            .arg("grad_v_ptr", gv)
+            .arg("sm_scale", sm_scale)
+            .arg("stride_qm", d)
+            .arg("stride_qd", 1)
+            .arg("stride_kn", d)
+            .arg("stride_kd", 1)
+            .arg("stride_vn", d)
+            .arg("stride_vd", 1)
+            .arg("stride_om", d)
+            .arg("stride_od", 1)
+            .arg("N_CTX", n)
+            .run(&mut m)?;
+        Ok(vec![m.get(gq).to_f64_vec(), m.get(gk).to_f64_vec(), m.get(gv).to_f64_vec()])
+    };
+    verify(
+        &["grad_q", "grad_k", "grad_v"],
+        &t,
+        run,
+        "attn_bwd",
+        &[
+            ("attn_bwd_broken_sm_scale", Expect::Wrong),
+            ("attn_bwd_broken_key_mask", Expect::Wrong),
+            ("attn_bwd_broken_race", Expect::Race),
+            ("attn_bwd_broken_dq_accumulate", Expect::Wrong),
+        ],
+    );
+}

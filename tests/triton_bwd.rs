@@ -6,12 +6,13 @@
 //! cotangent at sizes that are not multiples of the tiles, computes the ground-truth gradient of
 //! the forward launch(es) with `tilegrad_ad::vjp` (in f64), runs the correct backward on the
 //! reference interpreter plus its host steps in plain Rust, and requires every gradient element to
-//! satisfy `|got - exp| <= 1e-4 |exp| + 1e-5 max|exp|`. Every broken variant must fail: the
-//! reference run stops with `ExecError::OutOfBounds` or `ExecError::Race`, or the run succeeds and
-//! some gradient element is NaN (never written: buffers allocated "empty" are filled with NaN) or
-//! more than 10x over that tolerance. `broken_variants_differ_in_one_marked_line` checks that each
-//! broken variant differs from its correct kernel in exactly one line of the body, the line marked
-//! `# BUG:`, so that a checker can be held to blaming it.
+//! satisfy `|got - exp| <= 1e-4 |exp| + 1e-5 max|exp|`. Every broken variant must fail as the
+//! last column of the table of broken variants below says (the test reads that table): the
+//! reference run stops with `ExecError::OutOfBounds` or `ExecError::Race` at the given line, or the
+//! run succeeds and some gradient element is NaN (never written: buffers allocated "empty" are
+//! filled with NaN) or more than 10x over that tolerance. `broken_variants_differ_in_one_marked_line`
+//! checks that each broken variant differs from its correct kernel in exactly one line of the body,
+//! the line marked `# BUG:` and given in the table, so that a checker can be held to blaming it.
 //!
 //! # Backward launches
 //!
@@ -25,6 +26,7 @@
 //! | `copy` (copy.py): src [n] -> dst; n = 777, BLOCK = 64 | `copy_bwd` (copy_bwd.py) | `cdiv(n, BLOCK)` | grad_src empty [n] |
 //! | `rgb_to_grey` (grey.py): img [H, W, 3] -> grey [H, W]; H = 53, W = 37, BLOCK_H = 16, BLOCK_W = 32 | `rgb_to_grey_bwd` (grey_bwd.py) | `(cdiv(H, BLOCK_H), cdiv(W, BLOCK_W))` | grad_img empty [H, W, 3] |
 //! | `weighted_sum_fwd` (weighted_sum.py): x [ROWS, D], w [D] -> output [ROWS]; ROWS = 45, D = 300, ROWS_TILE_SIZE = 16, D_TILE_SIZE = 64 | `weighted_sum_bwd` (weighted_sum_bwd.py) | `cdiv(ROWS, ROWS_TILE_SIZE)` | grad_x empty [ROWS, D], partial_grad_w empty [cdiv(ROWS, ROWS_TILE_SIZE), D]; grad_w = partial_grad_w.sum(axis 0) |
+//! | `weighted_sum_fwd` (weighted_sum_desc.py, tensor descriptors): as above | `weighted_sum_desc_bwd` (weighted_sum_desc_bwd.py) | as above | as above |
 //! | `matmul` (matmul.py): a [M, K], b [K, N] -> c [M, N]; M = 45, N = 37, K = 70, BLOCK_M = BLOCK_N = 16, BLOCK_K = 32 | two launches: `matmul_bwd_da` then `matmul_bwd_db` (matmul_bwd.py) | da: `(cdiv(M, BLOCK_M), cdiv(K, BLOCK_K))`; db: `(cdiv(K, BLOCK_K), cdiv(N, BLOCK_N))` | grad_a empty [M, K], grad_b empty [K, N] |
 //! | `l2_norm_partial` then `l2_norm_finish` (l2_norm.py): x [n] -> partial [cdiv(n, 128)] -> out [1]; n = 1234, BLOCK = 128 then 4 | `l2_norm_bwd` (l2_norm_bwd.py), BLOCK = 128, reads the saved out | `cdiv(n, BLOCK)` | grad_x empty [n] |
 //! | `atomic_sum` (atomic_sum.py): x [n] -> out [1] (zeros); n = 999, BLOCK = 64 | `atomic_sum_bwd` (atomic_sum_bwd.py) | `cdiv(n, BLOCK)` | grad_x empty [n] |
@@ -44,6 +46,7 @@
 //!   grad_x, partial_grad_weight_ptr = partial_grad_w, stride_xr = D, stride_xd = 1, stride_wd = 1,
 //!   stride_gr = 1, stride_gxr = D, stride_gxd = 1, stride_gwb = D, stride_gwd = 1, NUM_ROWS = ROWS,
 //!   D = D.
+//! - `weighted_sum_desc_bwd`: the same parameters and arguments as `weighted_sum_bwd`.
 //! - `matmul_bwd_da`: b_ptr = b, grad_c_ptr = grad_c, grad_a_ptr = grad_a, M, N, K, stride_bk = N,
 //!   stride_bn = 1, stride_gcm = N, stride_gcn = 1, stride_gam = K, stride_gak = 1.
 //! - `matmul_bwd_db`: a_ptr = a, grad_c_ptr = grad_c, grad_b_ptr = grad_b, M, N, K, stride_am = K,
@@ -68,44 +71,50 @@
 //!
 //! Each replaces the correct kernel of its name prefix (for matmul, the other launch stays
 //! correct); the bug is the one line marked `# BUG:`, at the line given (in the file of its
-//! backward). Outcome: OOB = `ExecError::OutOfBounds`, race = `ExecError::Race`, wrong = a
-//! gradient off by far more than the tolerance, NaN = an element never written.
+//! backward). Outcome (what the test requires): `OOB at L` = `ExecError::OutOfBounds` reported at
+//! line L of the same file, `race at L` = `ExecError::Race` whose second access is at line L (the
+//! reported line is the access, which differs from the bug line when the bug is in a mask or a
+//! pointer set up earlier), `wrong` = all gradients finite, some element off by more than 10x the
+//! tolerance, `NaN` = some element never written.
 //!
 //! | variant | line | bug class | what is wrong | outcome |
 //! | --- | --- | --- | --- | --- |
-//! | `vector_add_bwd_broken_mask` | 25 | missing boundary mask | load of grad_out without mask | OOB |
+//! | `vector_add_bwd_broken_mask` | 25 | missing boundary mask | load of grad_out without mask | OOB at 25 |
 //! | `vector_add_bwd_broken_off_by_one` | 34 | wrong boundary mask | `offs < n - 1`: last element unwritten | NaN |
-//! | `vector_add_bwd_broken_tile_start` | 43 | wrong index (tile start) | `pid + arange` without `* BLOCK`: programs overlap | race |
-//! | `copy_bwd_broken_mask` | 25 | missing boundary mask | store of grad_src without mask | OOB |
+//! | `vector_add_bwd_broken_tile_start` | 43 | wrong index (tile start) | `pid + arange` without `* BLOCK`: programs overlap | race at 46 |
+//! | `copy_bwd_broken_mask` | 25 | missing boundary mask | store of grad_src without mask | OOB at 25 |
 //! | `copy_bwd_broken_shift` | 33 | wrong index | grad_dst read at `offs + 1` | wrong |
 //! | `copy_bwd_broken_accumulate` | 42 | accumulates into an unzeroed buffer | adds the initial grad_src (allocated empty) | NaN |
 //! | `rgb_to_grey_bwd_broken_transpose` | 38 | transposed index | grad_grey strides swapped | wrong |
-//! | `rgb_to_grey_bwd_broken_channel_stride` | 57 | wrong stride | blue channel at `2 * stride_iw` instead of `2 * stride_ic` | OOB |
-//! | `rgb_to_grey_bwd_broken_col_mask` | 67 | missing boundary mask | mask on rows only | OOB |
-//! | `weighted_sum_bwd_broken_partial_row` | 93 | partial buffer overwritten instead of one row per program | partial block pointer at row 0 | race |
+//! | `rgb_to_grey_bwd_broken_channel_stride` | 57 | wrong stride | blue channel at `2 * stride_iw` instead of `2 * stride_ic` | OOB at 57 |
+//! | `rgb_to_grey_bwd_broken_col_mask` | 67 | missing boundary mask | mask on rows only | OOB at 68 |
+//! | `weighted_sum_bwd_broken_partial_row` | 93 | partial buffer overwritten instead of one row per program | partial block pointer at row 0 | race at 102 |
 //! | `weighted_sum_bwd_broken_no_advance` | 154 | forgotten accumulation across tiles | partial block pointer not advanced over D | NaN |
-//! | `weighted_sum_bwd_broken_boundary` | 195 | missing boundary check | grad_x store checks dim 0 only | OOB |
+//! | `weighted_sum_bwd_broken_boundary` | 195 | missing boundary check | grad_x store checks dim 0 only | OOB at 195 |
+//! | `weighted_sum_desc_bwd_broken_partial_row` | 78 | partial buffer overwritten instead of one row per program | partial stored at row 0 | race at 78 |
+//! | `weighted_sum_desc_bwd_broken_tile_offset` | 108 | wrong index (tile start) | column offset `i`, not `i * D_TILE_SIZE` | NaN |
+//! | `weighted_sum_desc_bwd_broken_stride` | 134 | wrong stride | grad_output descriptor with x's row stride | OOB at 140 |
 //! | `matmul_bwd_da_broken_transpose` | 65 | transposed index | b read with its strides swapped | wrong |
 //! | `matmul_bwd_da_broken_accumulate` | 86 | forgotten accumulation across tiles | `tl.dot` without the accumulator | wrong |
-//! | `matmul_bwd_db_broken_mask` | 102 | missing boundary mask | a^T tile not masked on M | OOB |
+//! | `matmul_bwd_db_broken_mask` | 102 | missing boundary mask | a^T tile not masked on M | OOB at 103 |
 //! | `l2_norm_bwd_broken_scale` | 30 | dropped scale factor | `1 / norm` dropped | wrong |
 //! | `l2_norm_bwd_broken_factor_two` | 41 | dropped scale factor | the 1/2 of the square root's derivative dropped | wrong |
-//! | `l2_norm_bwd_broken_norm_index` | 50 | wrong index | scalar norm read at `out_ptr + pid` | OOB |
-//! | `atomic_sum_bwd_broken_mask` | 25 | missing boundary mask | store of grad_x without mask | OOB |
+//! | `l2_norm_bwd_broken_norm_index` | 50 | wrong index | scalar norm read at `out_ptr + pid` | OOB at 50 |
+//! | `atomic_sum_bwd_broken_mask` | 25 | missing boundary mask | store of grad_x without mask | OOB at 25 |
 //! | `atomic_sum_bwd_broken_mean` | 33 | extra scale factor | cotangent divided by n | wrong |
 //! | `atomic_sum_bwd_broken_block_mask` | 41 | wrong boundary mask | `offs < BLOCK`: only program 0 writes | NaN |
-//! | `softmax_bwd_broken_row_mask` | 29 | missing boundary mask | row bound `n_rows + BLOCK_ROWS` | OOB |
+//! | `softmax_bwd_broken_row_mask` | 29 | missing boundary mask | row bound `n_rows + BLOCK_ROWS` | OOB at 30 |
 //! | `softmax_bwd_broken_axis` | 45 | transposed reduction | `sum(grad_y * y)` over axis 0 | wrong |
 //! | `softmax_bwd_broken_no_dot` | 59 | dropped term | `y * grad_y` only | wrong |
-//! | `layer_norm_rows_bwd_broken_race` | 66 | race (shared accumulator without atomics) | load-add-store of grad_w | race |
+//! | `layer_norm_rows_bwd_broken_race` | 66 | race (shared accumulator without atomics) | load-add-store of grad_w | race at 66 |
 //! | `layer_norm_rows_bwd_broken_mean_scale` | 88 | dropped scale factor | `1 / n_cols` of c2 dropped | wrong |
 //! | `layer_norm_rows_bwd_broken_var_mask` | 105 | missing mask in a reduction | padded columns enter the variance | wrong |
 //! | `layer_norm_bwd_broken_accumulate` | 178 | forgotten accumulation across tiles | `_c1 =` instead of `_c1 +=` | wrong |
-//! | `layer_norm_bwd_broken_partial_row` | 230 | partial buffer overwritten instead of one row per program | partial_grad_w stored at row 0 | race |
-//! | `layer_norm_bwd_broken_mask` | 261 | missing boundary mask | x loaded without mask in the last column block | OOB |
+//! | `layer_norm_bwd_broken_partial_row` | 230 | partial buffer overwritten instead of one row per program | partial_grad_w stored at row 0 | race at 230 |
+//! | `layer_norm_bwd_broken_mask` | 261 | missing boundary mask | x loaded without mask in the last column block | OOB at 261 |
 //! | `attn_bwd_broken_sm_scale` | 108 | dropped scale factor | grad_q stored without `* sm_scale` | wrong |
 //! | `attn_bwd_broken_key_mask` | 134 | wrong boundary mask | key mask on the tile-local index: padded keys in the softmax denominator | wrong |
-//! | `attn_bwd_broken_race` | 196 | race (shared accumulator without atomics) | load-add-store of grad_v | race |
+//! | `attn_bwd_broken_race` | 196 | race (shared accumulator without atomics) | load-add-store of grad_v | race at 196 |
 //! | `attn_bwd_broken_dq_accumulate` | 246 | forgotten accumulation across tiles | `tl.dot` for grad_q without the accumulator | wrong |
 
 use rand::rngs::StdRng;
@@ -167,16 +176,50 @@ fn truth(launch: &Launch, mem: &Memory, inputs: &[TensorId], outputs: &[(TensorI
     g.inputs
 }
 
-/// How a deliberately broken backward must fail.
+/// How a deliberately broken backward must fail: the last column of the table of broken variants
+/// in this file's documentation.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Expect {
-    /// The reference run fails with [`ExecError::OutOfBounds`].
-    OutOfBounds,
-    /// The reference run fails with [`ExecError::Race`].
-    Race,
-    /// The run succeeds but some gradient element is NaN (never written) or off by far more than
-    /// the tolerance.
+enum Outcome {
+    /// `OOB at L`: the reference run fails with [`ExecError::OutOfBounds`] at line `L` of the
+    /// backward's file, in the broken kernel.
+    OutOfBounds(u32),
+    /// `race at L`: the reference run fails with [`ExecError::Race`] whose second access is at
+    /// line `L`, in the broken kernel.
+    Race(u32),
+    /// `wrong`: the run succeeds, every gradient element is finite, and some element is off by
+    /// more than 10x the tolerance.
     Wrong,
+    /// `NaN`: the run succeeds and some gradient element is NaN (never written).
+    NaN,
+}
+
+/// One row of the table of broken variants in this file's documentation.
+struct Row {
+    name: String,
+    /// Line of the bug in the backward's file.
+    line: usize,
+    outcome: Outcome,
+}
+
+/// The table of broken variants in this file's documentation.
+fn table() -> Vec<Row> {
+    let rows = include_str!("triton_bwd.rs").lines().filter_map(|l| {
+        let cells: Vec<&str> = l.strip_prefix("//! | `")?.split('|').map(str::trim).collect();
+        let name = cells[0].trim_end_matches('`');
+        if !name.contains("_broken_") {
+            return None;
+        }
+        let at = |s: &str| s.parse::<u32>().unwrap_or_else(|_| panic!("{name}: bad line in `{}`", cells[4]));
+        let outcome = match cells[4].split_once(" at ") {
+            Some(("OOB", l)) => Outcome::OutOfBounds(at(l)),
+            Some(("race", l)) => Outcome::Race(at(l)),
+            _ if cells[4] == "wrong" => Outcome::Wrong,
+            _ if cells[4] == "NaN" => Outcome::NaN,
+            _ => panic!("{name}: unknown outcome `{}`", cells[4]),
+        };
+        Some(Row { name: name.to_string(), line: cells[1].parse().unwrap(), outcome })
+    });
+    rows.collect()
 }
 
 /// The worst element of `got` against `expected`: `(ratio, index)` where ratio is
@@ -198,7 +241,7 @@ fn worst(got: &[f64], expected: &[f64]) -> (f64, usize) {
 /// Runs the correct backward `correct` and each broken variant through `run` (which converts the
 /// named kernel(s), allocates, launches on the reference interpreter, does the host steps and
 /// returns one gradient per input, in the order of `names`), and checks them against `truth`.
-fn verify(names: &[&str], truth: &Grads, run: impl Fn(&str) -> Result<Grads, ExecError>, correct: &str, broken: &[(&str, Expect)]) {
+fn verify(names: &[&str], truth: &Grads, run: impl Fn(&str) -> Result<Grads, ExecError>, correct: &str, broken: &[&str]) {
     assert_eq!(truth.len(), names.len());
     for (n, t) in names.iter().zip(truth) {
         assert!(t.iter().all(|x| x.is_finite()) && t.iter().any(|&x| x != 0.0), "{correct}: ground truth of {n} is zero or not finite");
@@ -209,19 +252,33 @@ fn verify(names: &[&str], truth: &Grads, run: impl Fn(&str) -> Result<Grads, Exe
         let (r, i) = worst(g, t);
         assert!(r <= 1.0, "{correct}: {n}[{i}] = {} but the ground truth is {} ({r:.1} x the tolerance)", g[i], t[i]);
     }
-    for &(b, expect) in broken {
-        match (run(b), expect) {
-            (Err(e @ ExecError::OutOfBounds { .. }), Expect::OutOfBounds) | (Err(e @ ExecError::Race(_)), Expect::Race) => {
+    let table = table();
+    for &b in broken {
+        let row = table.iter().find(|r| r.name == b).unwrap_or_else(|| panic!("{b} is not in the table of broken variants"));
+        match (run(b), row.outcome) {
+            (Err(e @ ExecError::OutOfBounds { .. }), Outcome::OutOfBounds(line)) => {
+                let ExecError::OutOfBounds { site, .. } = &e else { unreachable!() };
+                assert!(site.kernel == b && site.loc.line == line, "{b}: expected out of bounds at line {line}, got {e}");
                 eprintln!("{b}: fails as expected: {e}");
             }
-            (Ok(got), Expect::Wrong) => {
+            (Err(ExecError::Race(race)), Outcome::Race(line)) => {
+                let s = &race.second;
+                assert!(s.kernel == b && s.loc.line == line, "{b}: expected a race at line {line}, got {race}");
+                eprintln!("{b}: fails as expected: {race}");
+            }
+            (Ok(got), outcome @ (Outcome::Wrong | Outcome::NaN)) => {
                 let r: Vec<(f64, usize)> = got.iter().zip(truth).map(|(g, t)| worst(g, t)).collect();
                 let (k, &(ratio, i)) = r.iter().enumerate().max_by(|a, b| a.1 .0.total_cmp(&b.1 .0)).unwrap();
+                let nan = got.iter().flatten().any(|x| !x.is_finite());
+                assert_eq!(nan, outcome == Outcome::NaN, "{b}: expected {outcome:?}, got {}[{i}] = {}", names[k], got[k][i]);
                 assert!(ratio > 10.0, "{b}: expected a wrong gradient, but every gradient is within {ratio:.2} x the tolerance");
-                eprintln!("{b}: wrong as expected: {}[{i}] = {} vs {} ({ratio:.3e} x the tolerance)", names[k], got[k][i], truth[k][i]);
+                eprintln!(
+                    "{b}: {outcome:?} as expected: {}[{i}] = {} vs {} ({ratio:.3e} x the tolerance)",
+                    names[k], got[k][i], truth[k][i]
+                );
             }
-            (Ok(_), e) => panic!("{b}: expected {e:?}, but the backward ran"),
-            (Err(err), e) => panic!("{b}: expected {e:?}, got {err}"),
+            (Ok(_), o) => panic!("{b}: expected {o:?}, but the backward ran"),
+            (Err(err), o) => panic!("{b}: expected {o:?}, got {err}"),
         }
     }
 }
@@ -269,6 +326,7 @@ fn broken_variants_differ_in_one_marked_line() {
         "copy_bwd.py",
         "grey_bwd.py",
         "weighted_sum_bwd.py",
+        "weighted_sum_desc_bwd.py",
         "matmul_bwd.py",
         "l2_norm_bwd.py",
         "atomic_sum_bwd.py",
@@ -276,15 +334,7 @@ fn broken_variants_differ_in_one_marked_line() {
         "layer_norm_bwd.py",
         "flash_attention_bwd.py",
     ];
-    // the table of broken variants in this file's documentation: (variant, line)
-    let table: Vec<(String, usize)> = include_str!("triton_bwd.rs")
-        .lines()
-        .filter_map(|l| {
-            let cells: Vec<&str> = l.strip_prefix("//! | `")?.split('|').collect();
-            let name = cells[0].trim().trim_end_matches('`');
-            name.contains("_broken_").then(|| (name.to_string(), cells[1].trim().parse().unwrap()))
-        })
-        .collect();
+    let table: Vec<(String, usize)> = table().into_iter().map(|r| (r.name, r.line)).collect();
     let mut found = Vec::new();
     for f in files {
         let lines = bug_lines(f);
@@ -323,11 +373,7 @@ fn vector_add_bwd() {
         &t,
         run,
         "vector_add_bwd",
-        &[
-            ("vector_add_bwd_broken_mask", Expect::OutOfBounds),
-            ("vector_add_bwd_broken_off_by_one", Expect::Wrong),
-            ("vector_add_bwd_broken_tile_start", Expect::Race),
-        ],
+        &["vector_add_bwd_broken_mask", "vector_add_bwd_broken_off_by_one", "vector_add_bwd_broken_tile_start"],
     );
 }
 
@@ -350,17 +396,7 @@ fn copy_bwd() {
         Launch::new(&k, cdiv(n, block)).arg("grad_dst_ptr", g).arg("grad_src_ptr", gs).arg("n", n).run(&mut m)?;
         Ok(vec![m.get(gs).to_f64_vec()])
     };
-    verify(
-        &["grad_src"],
-        &t,
-        run,
-        "copy_bwd",
-        &[
-            ("copy_bwd_broken_mask", Expect::OutOfBounds),
-            ("copy_bwd_broken_shift", Expect::Wrong),
-            ("copy_bwd_broken_accumulate", Expect::Wrong),
-        ],
-    );
+    verify(&["grad_src"], &t, run, "copy_bwd", &["copy_bwd_broken_mask", "copy_bwd_broken_shift", "copy_bwd_broken_accumulate"]);
 }
 
 #[test]
@@ -409,23 +445,20 @@ fn rgb_to_grey_bwd() {
         &t,
         run,
         "rgb_to_grey_bwd",
-        &[
-            ("rgb_to_grey_bwd_broken_transpose", Expect::Wrong),
-            ("rgb_to_grey_bwd_broken_channel_stride", Expect::OutOfBounds),
-            ("rgb_to_grey_bwd_broken_col_mask", Expect::OutOfBounds),
-        ],
+        &["rgb_to_grey_bwd_broken_transpose", "rgb_to_grey_bwd_broken_channel_stride", "rgb_to_grey_bwd_broken_col_mask"],
     );
 }
 
 // ---------------------------------------------------------------- block pointers, dot
 
-#[test]
-fn weighted_sum_bwd() {
+/// The weighted sum with block pointers or tensor descriptors: forward `weighted_sum_fwd` of
+/// `fwd_file`, backward `correct` of `bwd_file` (same parameters in both versions).
+fn weighted_sum_case(fwd_file: &str, bwd_file: &str, correct: &str, broken: &[&str]) {
     let (rows, d, rt, dt) = (45, 300, 16, 64);
     let consts = [("ROWS_TILE_SIZE", rt as i64), ("D_TILE_SIZE", dt as i64)];
     let mut r = StdRng::seed_from_u64(4);
     let (x, w, cot) = (nonzero(&mut r, rows * d), nonzero(&mut r, d), nonzero(&mut r, rows));
-    let fwd = kernel("weighted_sum.py", "weighted_sum_fwd", &consts, &[]);
+    let fwd = kernel(fwd_file, "weighted_sum_fwd", &consts, &[]);
     let mut mem = Memory::new();
     let xi = mem.add("x", HostTensor::from_f32(&[rows, d], x.clone()));
     let wi = mem.add("w", HostTensor::from_f32(&[d], w.clone()));
@@ -442,7 +475,7 @@ fn weighted_sum_bwd() {
         .arg("D", d);
     let t = truth(&l, &mem, &[xi, wi], &[(out, &cot[..])]);
     let run = |name: &str| -> Result<Grads, ExecError> {
-        let k = kernel("weighted_sum_bwd.py", name, &consts, &[]);
+        let k = kernel(bwd_file, name, &consts, &[]);
         let mut m = Memory::new();
         let xi = m.add("x", HostTensor::from_f32(&[rows, d], x.clone()));
         let wi = m.add("w", HostTensor::from_f32(&[d], w.clone()));
@@ -468,16 +501,26 @@ fn weighted_sum_bwd() {
             .run(&mut m)?;
         Ok(vec![m.get(gx).to_f64_vec(), sum_rows(m.get(pw))])
     };
-    verify(
-        &["grad_x", "grad_w"],
-        &t,
-        run,
+    verify(&["grad_x", "grad_w"], &t, run, correct, broken);
+}
+
+#[test]
+fn weighted_sum_bwd() {
+    weighted_sum_case(
+        "weighted_sum.py",
+        "weighted_sum_bwd.py",
         "weighted_sum_bwd",
-        &[
-            ("weighted_sum_bwd_broken_partial_row", Expect::Race),
-            ("weighted_sum_bwd_broken_no_advance", Expect::Wrong),
-            ("weighted_sum_bwd_broken_boundary", Expect::OutOfBounds),
-        ],
+        &["weighted_sum_bwd_broken_partial_row", "weighted_sum_bwd_broken_no_advance", "weighted_sum_bwd_broken_boundary"],
+    );
+}
+
+#[test]
+fn weighted_sum_desc_bwd() {
+    weighted_sum_case(
+        "weighted_sum_desc.py",
+        "weighted_sum_desc_bwd.py",
+        "weighted_sum_desc_bwd",
+        &["weighted_sum_desc_bwd_broken_partial_row", "weighted_sum_desc_bwd_broken_tile_offset", "weighted_sum_desc_bwd_broken_stride"],
     );
 }
 
@@ -551,11 +594,7 @@ fn matmul_bwd() {
         &t,
         run,
         "matmul_bwd_da",
-        &[
-            ("matmul_bwd_da_broken_transpose", Expect::Wrong),
-            ("matmul_bwd_da_broken_accumulate", Expect::Wrong),
-            ("matmul_bwd_db_broken_mask", Expect::OutOfBounds),
-        ],
+        &["matmul_bwd_da_broken_transpose", "matmul_bwd_da_broken_accumulate", "matmul_bwd_db_broken_mask"],
     );
 }
 
@@ -605,11 +644,7 @@ fn l2_norm_bwd() {
         &t,
         run,
         "l2_norm_bwd",
-        &[
-            ("l2_norm_bwd_broken_scale", Expect::Wrong),
-            ("l2_norm_bwd_broken_factor_two", Expect::Wrong),
-            ("l2_norm_bwd_broken_norm_index", Expect::OutOfBounds),
-        ],
+        &["l2_norm_bwd_broken_scale", "l2_norm_bwd_broken_factor_two", "l2_norm_bwd_broken_norm_index"],
     );
 }
 
@@ -637,11 +672,7 @@ fn atomic_sum_bwd() {
         &t,
         run,
         "atomic_sum_bwd",
-        &[
-            ("atomic_sum_bwd_broken_mask", Expect::OutOfBounds),
-            ("atomic_sum_bwd_broken_mean", Expect::Wrong),
-            ("atomic_sum_bwd_broken_block_mask", Expect::Wrong),
-        ],
+        &["atomic_sum_bwd_broken_mask", "atomic_sum_bwd_broken_mean", "atomic_sum_bwd_broken_block_mask"],
     );
 }
 
@@ -687,17 +718,7 @@ fn softmax_bwd() {
             .run(&mut m)?;
         Ok(vec![m.get(gx).to_f64_vec()])
     };
-    verify(
-        &["grad_x"],
-        &t,
-        run,
-        "softmax_bwd",
-        &[
-            ("softmax_bwd_broken_row_mask", Expect::OutOfBounds),
-            ("softmax_bwd_broken_axis", Expect::Wrong),
-            ("softmax_bwd_broken_no_dot", Expect::Wrong),
-        ],
-    );
+    verify(&["grad_x"], &t, run, "softmax_bwd", &["softmax_bwd_broken_row_mask", "softmax_bwd_broken_axis", "softmax_bwd_broken_no_dot"]);
 }
 
 const EPS: f32 = 1e-5;
@@ -767,11 +788,7 @@ fn layer_norm_rows_bwd() {
         &t,
         run,
         "layer_norm_rows_bwd",
-        &[
-            ("layer_norm_rows_bwd_broken_race", Expect::Race),
-            ("layer_norm_rows_bwd_broken_mean_scale", Expect::Wrong),
-            ("layer_norm_rows_bwd_broken_var_mask", Expect::Wrong),
-        ],
+        &["layer_norm_rows_bwd_broken_race", "layer_norm_rows_bwd_broken_mean_scale", "layer_norm_rows_bwd_broken_var_mask"],
     );
 }
 
@@ -832,11 +849,7 @@ fn layer_norm_fwd_bwd() {
         &t,
         run,
         "layer_norm_bwd",
-        &[
-            ("layer_norm_bwd_broken_accumulate", Expect::Wrong),
-            ("layer_norm_bwd_broken_partial_row", Expect::Race),
-            ("layer_norm_bwd_broken_mask", Expect::OutOfBounds),
-        ],
+        &["layer_norm_bwd_broken_accumulate", "layer_norm_bwd_broken_partial_row", "layer_norm_bwd_broken_mask"],
     );
 }
 
@@ -911,11 +924,6 @@ fn attn_bwd() {
         &t,
         run,
         "attn_bwd",
-        &[
-            ("attn_bwd_broken_sm_scale", Expect::Wrong),
-            ("attn_bwd_broken_key_mask", Expect::Wrong),
-            ("attn_bwd_broken_race", Expect::Race),
-            ("attn_bwd_broken_dq_accumulate", Expect::Wrong),
-        ],
+        &["attn_bwd_broken_sm_scale", "attn_bwd_broken_key_mask", "attn_bwd_broken_race", "attn_bwd_broken_dq_accumulate"],
     );
 }

@@ -251,6 +251,7 @@ fn verify(names: &[&str], truth: &Grads, run: impl Fn(&str) -> Result<Grads, Exe
     for ((n, g), t) in names.iter().zip(&got).zip(truth) {
         let (r, i) = worst(g, t);
         assert!(r <= 1.0, "{correct}: {n}[{i}] = {} but the ground truth is {} ({r:.1} x the tolerance)", g[i], t[i]);
+        eprintln!("{correct}: {n} within {r:.3} x the tolerance");
     }
     let table = table();
     for &b in broken {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use tilegrad_ir::{DType, Inst, Kernel, Lit, ParamKind};
 
 /// Identifies a tensor in a [`Memory`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TensorId(pub u32);
 
 /// The tensors a launch may read and write, each with a name used in diagnostics.
@@ -165,11 +165,41 @@ pub struct Options {
     pub races: RaceMode,
     /// Programs run per parallel chunk (memory bound for store logs). Results do not depend on it.
     pub chunk_programs: usize,
+    /// Masked-off lanes of a float load without `other` read NaN instead of 0. Triton leaves
+    /// them undefined; a checked backward kernel that silently relies on them then fails loudly.
+    pub poison_masked_loads: bool,
+    /// Record which program and store wrote every element of every written tensor
+    /// ([`LaunchSummary::writers`]), for blame in reports. Costs 8 bytes per written element.
+    pub record_writers: bool,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { races: RaceMode::Error, chunk_programs: 4096 }
+        Options { races: RaceMode::Error, chunk_programs: 4096, poison_masked_loads: false, record_writers: false }
+    }
+}
+
+/// Who wrote each element of one tensor in a launch (see [`Options::record_writers`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Writers {
+    /// The tensor.
+    pub tensor: TensorId,
+    /// Per element: the linear program id of its last writer ([`Writers::NONE`] when no program
+    /// wrote it, [`Writers::MANY`] when several programs added to it atomically).
+    pub program: Vec<u32>,
+    /// Per element: the store or `atomic_add` instruction that wrote it (index of an [`Inst`]).
+    pub inst: Vec<u32>,
+}
+
+impl Writers {
+    /// No program wrote the element.
+    pub const NONE: u32 = u32::MAX;
+    /// Several programs wrote the element (atomically).
+    pub const MANY: u32 = u32::MAX - 1;
+
+    /// The writer of element `e`: (linear program id, instruction), or `None` when unwritten.
+    pub fn of(&self, e: usize) -> Option<(u32, Inst)> {
+        (self.program[e] != Writers::NONE).then(|| (self.program[e], Inst(self.inst[e])))
     }
 }
 
@@ -188,6 +218,8 @@ pub struct LaunchSummary {
     pub max_trips: BTreeMap<Inst, u64>,
     /// Races found (only filled with [`RaceMode::Warn`]).
     pub races: Vec<crate::error::Race>,
+    /// Writers of every written tensor (only filled with [`Options::record_writers`]).
+    pub writers: Vec<Writers>,
 }
 
 /// A kernel launch: kernel, grid and arguments by parameter name.

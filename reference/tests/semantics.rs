@@ -538,3 +538,72 @@ fn reused_output_buffers_keep_unstored_elements() {
         }
     }
 }
+
+/// y[i] = sum over the masked tile `x[pid*block .. pid*block + block]` (lanes past `n` masked off,
+/// no `other`), stored to every lane of the program's tile (masked).
+fn tile_sum_kernel(block: usize) -> tilegrad_ir::Kernel {
+    let mut b = KernelBuilder::new("tile_sum");
+    let x = b.ptr_param("x", DType::F32);
+    let y = b.ptr_param("y", DType::F32);
+    let n = b.scalar_param("n", DType::I32);
+    let (offs, mask) = lanes(&mut b, block, n);
+    let px = b.add(x, offs);
+    let v = b.load(px, Some(mask), None);
+    let s = b.sum(v, None, false);
+    let z = b.zeros(&[block], DType::F32);
+    let s = b.add(z, s);
+    let py = b.add(y, offs);
+    b.store(py, s, Some(mask));
+    b.finish().unwrap()
+}
+
+#[test]
+fn poisoned_masked_loads_read_nan_only_when_asked() {
+    let k = tile_sum_kernel(16);
+    let n = 40; // the last tile has 8 masked-off lanes
+    let xs = rand_vec(n, 3);
+    let run = |poison: bool| {
+        let mut mem = Memory::new();
+        let x = mem.add("x", HostTensor::from_f32(&[n], xs.clone()));
+        let y = mem.add("y", HostTensor::zeros(DType::F32, &[n]));
+        let opts = Options { poison_masked_loads: poison, ..Options::default() };
+        Launch::new(&k, 3).arg("x", x).arg("y", y).arg("n", n as i32).options(opts).run(&mut mem).unwrap();
+        mem[y].as_f32().unwrap().to_vec()
+    };
+    let (plain, poisoned) = (run(false), run(true));
+    let last: f32 = xs[32..].iter().sum();
+    assert!((plain[39] - last).abs() < 1e-5, "{} vs {last}", plain[39]);
+    // Full tiles are unaffected; the ragged tile's reduction sees the undefined lanes.
+    assert_eq!(&plain[..32], &poisoned[..32]);
+    assert!(poisoned[32..].iter().all(|v| v.is_nan()));
+}
+
+#[test]
+fn recorded_writers_name_program_and_store() {
+    let k = scale_kernel(16);
+    let n = 40;
+    let mut mem = Memory::new();
+    let x = mem.add("x", HostTensor::from_f32(&[n], rand_vec(n, 4)));
+    let y = mem.add("y", HostTensor::zeros(DType::F32, &[n + 5]));
+    let opts = Options { record_writers: true, ..Options::default() };
+    let s = Launch::new(&k, 3).arg("x", x).arg("y", y).arg("n", n as i32).options(opts).run(&mut mem).unwrap();
+    assert_eq!(s.writers.len(), 1);
+    let w = &s.writers[0];
+    assert_eq!(w.tensor, y);
+    let mut store = None;
+    k.walk(&mut |i, d| {
+        if d.op.mnemonic() == "store" {
+            store = Some(i);
+        }
+    });
+    let store = store.unwrap();
+    for e in 0..n {
+        assert_eq!(w.of(e), Some(((e / 16) as u32, store)), "element {e}");
+    }
+    for e in n..n + 5 {
+        assert_eq!(w.of(e), None, "element {e}");
+    }
+    // Without the option nothing is recorded.
+    let s = Launch::new(&k, 3).arg("x", x).arg("y", y).arg("n", n as i32).run(&mut mem).unwrap();
+    assert!(s.writers.is_empty());
+}

@@ -88,12 +88,16 @@ pub(crate) fn execute(l: &Launch, bound: &[Bound], mem: &mut Memory) -> Result<L
             .collect(),
         params,
         grid: l.grid.0,
+        poison: l.options.poison_masked_loads,
     };
-    let fast = if l.options.races == RaceMode::Error { run_fast(l, &shared)? } else { None };
-    let (summary, finals) = match fast {
+    let fast = if l.options.races == RaceMode::Error && !l.options.record_writers { run_fast(l, &shared)? } else { None };
+    let (mut summary, finals) = match fast {
         Some(r) => r,
         None => run_exact(l, &shared)?,
     };
+    for w in &mut summary.writers {
+        w.tensor = slot_ids[w.tensor.0 as usize];
+    }
     drop(shared);
     for (s, d) in finals.into_iter().enumerate() {
         if let Some(d) = d {
@@ -395,6 +399,16 @@ fn run_exact(l: &Launch, shared: &Shared) -> Result<(LaunchSummary, Finals), Exe
                     }
                 }
             }
+        }
+    }
+    if l.options.record_writers {
+        // Slot indices here; `execute` maps them to tensor ids.
+        for (s, c) in commits.iter_mut().enumerate() {
+            let Some(c) = c else { continue };
+            let (program, inst) = (0..c.owner.len())
+                .map(|o| if c.owner[o] != NONE { (c.owner[o], c.owner_inst[o]) } else { (c.atomic_owner[o], c.atomic_inst[o]) })
+                .unzip();
+            summary.writers.push(crate::launch::Writers { tensor: TensorId(s as u32), program, inst });
         }
     }
     Ok((summary, commits.into_iter().map(|c| c.map(|c| c.data)).collect()))

@@ -30,6 +30,8 @@ pub(crate) struct Shared<'a> {
     /// Initial values of the parameters (pointer params: slot and offset 0).
     pub params: Vec<RV>,
     pub grid: [u32; 3],
+    /// Masked-off float lanes of loads without `other` read NaN.
+    pub poison: bool,
 }
 
 /// A logged store or atomic: the access's offsets, values and mask as the (shared, dense) tiles
@@ -522,6 +524,7 @@ impl<'a> Program<'a> {
         let od = other_t.as_ref().map(|t| if t.is_splat() { t.data.clone() } else { t.materialize() });
         let active = mv.map_or(n, |m| m.iter().filter(|&&b| b).count());
         self.loaded += active as u64;
+        let poison = self.sh.poison && other.is_none();
         // Runs of an unmasked access: for a contiguous copy, and for the read log.
         let runs: Runs = if mv.is_none() { with_offs!(&*offs, |ov| offs::runs(ov)) } else { Vec::new() };
         let log = &mut self.logs[p.slot as usize];
@@ -570,8 +573,8 @@ impl<'a> Program<'a> {
             Data::I1(init) => gather!(I1, init, |b: u64| b != 0, false),
             Data::I32(init) => gather!(I32, init, |b: u64| b as i64 as i32, 0),
             Data::I64(init) => gather!(I64, init, |b: u64| b as i64, 0),
-            Data::F32(init) => gather!(F32, init, |b: u64| f32::from_bits(b as u32), 0.0),
-            Data::F64(init) => gather!(F64, init, f64::from_bits, 0.0),
+            Data::F32(init) => gather!(F32, init, |b: u64| f32::from_bits(b as u32), if poison { f32::NAN } else { 0.0 }),
+            Data::F64(init) => gather!(F64, init, f64::from_bits, if poison { f64::NAN } else { 0.0 }),
         };
         if slot.written {
             let runs = match mv {

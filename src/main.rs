@@ -1,9 +1,14 @@
 //! The `tilegrad` command line.
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use tilegrad::zoo;
+use std::time::{Duration, Instant};
+use tilegrad::check::{self, Backend, CheckOptions, Precision};
+use tilegrad::spec::{self, KernelOverride, Spec};
+use tilegrad::{npy, zoo};
 
 #[derive(Parser)]
 #[command(name = "tilegrad", version, about = "Ground-truth gradients for GPU tile kernels")]
@@ -12,8 +17,116 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum BackendArg {
+    Cpu,
+    Gpu,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PrecisionArg {
+    F64,
+    Native,
+}
+
+/// Options shared by the commands that load a spec.
+#[derive(Args)]
+struct SpecArgs {
+    /// Seed of the random inputs and cotangents (default: the spec's, else 0).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Random cotangent trials (default: the spec's, else 2).
+    #[arg(long)]
+    trials: Option<usize>,
+    /// Where gradients are computed.
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: BackendArg,
+    /// Precision of the ground truth (default: the spec's, else f64).
+    #[arg(long, value_enum)]
+    precision: Option<PrecisionArg>,
+    /// Replace a kernel of the spec: `KEY=FILE::NAME` (relative to the working directory) or
+    /// `KEY=::NAME` (another kernel of the same file). Repeatable.
+    #[arg(long = "kernel", value_name = "KEY=REF")]
+    kernels: Vec<String>,
+}
+
+impl SpecArgs {
+    fn load(&self, path: &Path) -> Result<(Spec, CheckOptions)> {
+        let mut overrides = Vec::new();
+        for k in &self.kernels {
+            let (key, reference) = k.split_once('=').with_context(|| format!("--kernel `{k}`: expected KEY=FILE::NAME or KEY=::NAME"))?;
+            overrides.push(KernelOverride { key: key.trim().to_string(), reference: reference.trim().to_string() });
+        }
+        let spec = spec::load_with(path, &overrides)?;
+        let mut o = spec.options.clone();
+        if let Some(s) = self.seed {
+            o.seed = s;
+        }
+        if let Some(t) = self.trials {
+            o.trials = t;
+        }
+        if let Some(p) = self.precision {
+            o.precision = match p {
+                PrecisionArg::F64 => Precision::F64,
+                PrecisionArg::Native => Precision::Native,
+            };
+        }
+        o.backend = match self.backend {
+            BackendArg::Cpu => Backend::Cpu,
+            BackendArg::Gpu => Backend::Gpu,
+        };
+        Ok((spec, o))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// Check the backward of each spec against the ground-truth gradient of its forward: a table
+    /// of errors per gradient, the worst element and the line that wrote it. Exit status 0 when
+    /// every check passes, 1 when one fails, 2 on bad input.
+    Check {
+        /// Spec files (TOML).
+        #[arg(required = true)]
+        specs: Vec<PathBuf>,
+        /// Print the reports as JSON (an array, one per spec).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        opts: SpecArgs,
+    },
+    /// Write the ground truth of a spec's forward as `.npy` files: inputs, outputs, the random
+    /// cotangent of each output (`grad_<output>.npy`) and the gradient of each differentiable
+    /// input for it (`grad_<input>.npy`, f64).
+    Grad {
+        /// Spec file.
+        spec: PathBuf,
+        /// Output folder (created).
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        opts: SpecArgs,
+    },
+    /// Run a spec's forward only and write its inputs and outputs as `.npy` files.
+    Run {
+        /// Spec file.
+        spec: PathBuf,
+        /// Output folder (created).
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        opts: SpecArgs,
+    },
+    /// The engine's self-check: the ground-truth gradient of a spec's forward against central
+    /// finite differences in f64 along random directions.
+    Gradcheck {
+        /// Spec file.
+        spec: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        opts: SpecArgs,
+    },
     /// Run kernels of the built-in zoo on random data through the CPU reference interpreter and
     /// compare them with plain-Rust f64 references (all cases when none is named).
     Zoo {
@@ -49,9 +162,98 @@ fn main() -> ExitCode {
     }
 }
 
+/// A progress bar on stderr, shown only when stderr is a terminal and the work has taken more
+/// than a second.
+struct Progress {
+    start: Instant,
+    bar: Option<indicatif::ProgressBar>,
+    label: String,
+}
+
+impl Progress {
+    fn new(label: &str) -> Progress {
+        Progress { start: Instant::now(), bar: None, label: label.to_string() }
+    }
+
+    fn update(&mut self, done: usize, total: usize) {
+        if self.bar.is_none() && self.start.elapsed() > Duration::from_secs(1) && std::io::stderr().is_terminal() && done < total {
+            let b = indicatif::ProgressBar::new(total as u64);
+            b.set_message(self.label.clone());
+            b.enable_steady_tick(Duration::from_millis(200));
+            self.bar = Some(b);
+        }
+        if let Some(b) = &self.bar {
+            b.set_position(done as u64);
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+}
+
+fn write_npy(dir: &Path, tensors: &[(String, tilegrad_reference::HostTensor)]) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (n, t) in tensors {
+        let p = dir.join(format!("{n}.npy"));
+        npy::write(&p, t)?;
+        println!("wrote {} {:?} {}", p.display(), t.shape(), t.dtype());
+    }
+    Ok(())
+}
+
 /// Runs a command; `Ok(false)` means it ran and found a failure.
 fn run(cli: Cli) -> Result<bool> {
     match cli.command {
+        Command::Check { specs, json, opts } => {
+            let mut reports = Vec::new();
+            for path in &specs {
+                let (spec, o) = opts.load(path)?;
+                let bwd = spec.backward.as_ref().with_context(|| format!("{}: the spec has no [backward] to check", path.display()))?;
+                let mut progress = Progress::new(&spec.name);
+                let report =
+                    check::check_backward_with(&spec.forward, bwd, &spec.inputs, &o, &spec.name, &mut |d, t| progress.update(d, t))
+                        .with_context(|| format!("{}", path.display()))?;
+                drop(progress);
+                if !json {
+                    println!("{report}");
+                }
+                reports.push(report);
+            }
+            let passed = reports.iter().all(|r| r.passed);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&reports)?);
+            } else if specs.len() > 1 {
+                println!("{} of {} checks passed", reports.iter().filter(|r| r.passed).count(), reports.len());
+            }
+            Ok(passed)
+        }
+        Command::Grad { spec, out, opts } => {
+            let (s, o) = opts.load(&spec)?;
+            let g = check::ground_truth(&s.forward, &s.inputs, &o).with_context(|| format!("{}", spec.display()))?;
+            write_npy(&out, &[g.inputs, g.outputs, g.cotangents, g.gradients].concat())?;
+            Ok(true)
+        }
+        Command::Run { spec, out, opts } => {
+            let (s, o) = opts.load(&spec)?;
+            let t = check::run_forward(&s.forward, &s.inputs, o.seed).with_context(|| format!("{}", spec.display()))?;
+            write_npy(&out, &t)?;
+            Ok(true)
+        }
+        Command::Gradcheck { spec, json, opts } => {
+            let (s, o) = opts.load(&spec)?;
+            let r = check::gradcheck(&s.forward, &s.inputs, &o, &s.name).with_context(|| format!("{}", spec.display()))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!("{r}");
+            }
+            Ok(r.passed)
+        }
         Command::Zoo { cases, seed, list } => {
             if list {
                 for n in zoo::names() {

@@ -1,0 +1,94 @@
+//! Blame: which program instance and which store wrote a compared element, following it back
+//! through host steps (a gradient summed on the host from a partial buffer is blamed on the
+//! stores that wrote the partial buffer's elements it was summed from).
+
+use super::report::{unravel, Blame, BlameSite};
+use super::steps::{Env, Init, Origin, Step, Trace};
+use tilegrad_reference::Writers;
+
+/// Blames element `e` (flat) of tensor `name` of a pass that ran `steps` with `trace`.
+pub(crate) fn blame(trace: &Trace, env: &Env, steps: &[Step], name: &str, e: usize) -> Blame {
+    let mut b = Blame { via: Vec::new(), sites: Vec::new() };
+    go(trace, env, steps, name, &[e], &mut b, 0);
+    b
+}
+
+fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: &mut Blame, depth: usize) {
+    let Some((_, origin, layers)) = trace.get(name) else {
+        b.sites.push(BlameSite::Given { tensor: name.to_string() });
+        return;
+    };
+    let shape = env.tensor(name).map(|t| t.shape().to_vec()).unwrap_or_default();
+    let mut unwritten = Vec::new();
+    for &e in elems {
+        let hit = layers.iter().rev().find_map(|(step, k, grid, w)| w.of(e).map(|(p, inst)| (*step, k, grid, p, inst)));
+        let Some((step, k, grid, p, inst)) = hit else {
+            unwritten.push(e);
+            continue;
+        };
+        let d = k.inst(inst);
+        let loc = d.loc.to_string();
+        if p == Writers::MANY {
+            if !b.sites.iter().any(|s| matches!(s, BlameSite::ManyPrograms { loc: l, step: st, .. } if *l == loc && *st == step)) {
+                b.sites.push(BlameSite::ManyPrograms { step, kernel: k.name.clone(), loc });
+            }
+            continue;
+        }
+        let pid = grid.pid(p as u64);
+        match b.sites.iter_mut().find(|s| matches!(s, BlameSite::Store { loc: l, step: st, .. } if *l == loc && *st == step)) {
+            Some(BlameSite::Store { programs, elements, .. }) => {
+                *elements += 1;
+                if programs.len() < 4 && !programs.contains(&pid) {
+                    programs.push(pid);
+                }
+            }
+            _ => b.sites.push(BlameSite::Store {
+                step,
+                kernel: k.name.clone(),
+                op: d.op.mnemonic().to_string(),
+                loc,
+                programs: vec![pid],
+                elements: 1,
+            }),
+        }
+    }
+    if unwritten.is_empty() {
+        return;
+    }
+    match origin {
+        Origin::Given => b.sites.push(BlameSite::Given { tensor: name.to_string() }),
+        Origin::Alloc { init, .. } => b.sites.push(BlameSite::NeverWritten {
+            tensor: name.to_string(),
+            index: unravel(unwritten[0], &shape),
+            elements: unwritten.len(),
+            init: if *init == Init::Zeros { "zero".into() } else { "NaN".into() },
+        }),
+        Origin::Host { step, src } => {
+            if depth > 16 {
+                return;
+            }
+            let src_shape = env.tensor(src).map(|t| t.shape().to_vec()).unwrap_or_default();
+            let mut from = Vec::new();
+            let what = match &steps[*step] {
+                Step::Sum { axis, .. } => {
+                    let rank = src_shape.len() as i64;
+                    let a = (if *axis < 0 { axis + rank } else { *axis }).clamp(0, rank.max(1) - 1) as usize;
+                    let (n, inner) = (src_shape.get(a).copied().unwrap_or(1), src_shape[a + 1..].iter().product::<usize>());
+                    for &e in &unwritten {
+                        let (o, j) = (e / inner.max(1), e % inner.max(1));
+                        from.extend((0..n).map(|k| (o * n + k) * inner + j));
+                    }
+                    let mut idx: Vec<String> = unravel(from[0], &src_shape).iter().map(|i| i.to_string()).collect();
+                    idx[a] = ":".into();
+                    format!("`{name}` = `{src}`.sum({axis}) (step {step}): from `{src}`[{}]", idx.join(", "))
+                }
+                s => {
+                    from.extend(unwritten.iter().copied());
+                    format!("`{name}` = {} (step {step}): from `{src}`{:?}", s.describe(), unravel(from[0], &src_shape))
+                }
+            };
+            b.via.push(what);
+            go(trace, env, steps, src, &from, b, depth + 1);
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! Reports: how far each gradient (and each forward output) is from the ground truth, the worst
+//! element, and who wrote it. A plain-text table for people ([`std::fmt::Display`]) and JSON for
+//! machines (serde).
+//!
+//! An element passes when `|got - expected| <= atol * scale + rtol * |expected|`, where `scale`
+//! is the largest expected magnitude in its tensor (1 when all are zero): `atol` absorbs the
+//! rounding error of sums whose terms cancel, which is proportional to the terms, not to the
+//! result. Default tolerances by dtype (see [`Tolerance::for_dtype`]):
+//!
+//! | dtype | rtol | atol |
+//! |---|---|---|
+//! | f64 | 1e-9 | 1e-11 |
+//! | f32 | 1e-4 | 1e-5 |
+//! | f32 with a tf32 `dot` in the kernels | 1e-2 | 1e-3 |
+//! | f16 | 1e-2 | 1e-3 |
+//! | bf16 | 5e-2 | 5e-3 |
+//!
+//! A correct f32 backward with reductions of a few thousand terms passes (blocked f32 sums err by
+//! about `sqrt(n)` units of roundoff, 1e-6 relative at n = 4096); an element off by 1e-3 relative
+//! fails.
+
+use serde::Serialize;
+use std::fmt;
+use tilegrad_ir::DType;
+
+/// Tolerances of a comparison (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Tolerance {
+    /// Relative to the element's expected value.
+    pub rtol: f64,
+    /// Relative to the largest expected magnitude of the tensor.
+    pub atol: f64,
+}
+
+impl Tolerance {
+    /// The default for a tensor of `dtype`; `tf32` when the kernels computing it use a tf32 `dot`
+    /// on f32 operands.
+    pub fn for_dtype(dtype: DType, tf32: bool) -> Tolerance {
+        let (rtol, atol) = match dtype {
+            DType::F64 => (1e-9, 1e-11),
+            DType::F32 if tf32 => (1e-2, 1e-3),
+            DType::F16 => (1e-2, 1e-3),
+            DType::BF16 => (5e-2, 5e-3),
+            _ => (1e-4, 1e-5),
+        };
+        Tolerance { rtol, atol }
+    }
+}
+
+/// Where a value came from: the steps it went through after the kernels wrote it, and the writers.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Blame {
+    /// Host steps between the kernels' writes and the compared tensor, outermost first.
+    pub via: Vec<String>,
+    /// Who wrote the element (or the elements it was computed from).
+    pub sites: Vec<BlameSite>,
+}
+
+/// One writer of a blamed element.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum BlameSite {
+    /// A store or `atomic_add` of a kernel.
+    Store {
+        /// Step of the pass (0-based) that launched the kernel.
+        step: usize,
+        /// Kernel name.
+        kernel: String,
+        /// Op mnemonic (`store`, `atomic_add`).
+        op: String,
+        /// Source location of the op (file:line:col).
+        loc: String,
+        /// Program ids that wrote the blamed elements (at most 4 listed).
+        programs: Vec<[u32; 3]>,
+        /// Blamed elements written by this op.
+        elements: usize,
+    },
+    /// Several programs added to the element atomically.
+    ManyPrograms {
+        /// Step of the pass that launched the kernel.
+        step: usize,
+        /// Kernel name.
+        kernel: String,
+        /// Source location of the op.
+        loc: String,
+    },
+    /// No program wrote the element.
+    NeverWritten {
+        /// The tensor.
+        tensor: String,
+        /// The first such element's multi-index.
+        index: Vec<usize>,
+        /// How many of the blamed elements were never written.
+        elements: usize,
+        /// What it was initialised with (`NaN` for an empty allocation, `zero`).
+        init: String,
+    },
+    /// The element is part of a tensor the pass was given, not one it computed.
+    Given {
+        /// The tensor.
+        tensor: String,
+    },
+}
+
+impl fmt::Display for Blame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for v in &self.via {
+            writeln!(f, "      via {v}")?;
+        }
+        for s in &self.sites {
+            match s {
+                BlameSite::Store { step, kernel, op, loc, programs, elements } => {
+                    let p: Vec<String> = programs.iter().map(|p| format!("({}, {}, {})", p[0], p[1], p[2])).collect();
+                    let more = if *elements > programs.len() { format!(" ({elements} elements)") } else { String::new() };
+                    writeln!(f, "      written by `{op}` at {loc} (kernel `{kernel}`, step {step}), program {}{more}", p.join(", "))?
+                }
+                BlameSite::ManyPrograms { step, kernel, loc } => {
+                    writeln!(f, "      added to by several programs at {loc} (kernel `{kernel}`, step {step})")?
+                }
+                BlameSite::NeverWritten { tensor, index, elements, init } => writeln!(
+                    f,
+                    "      never written: `{tensor}`{index:?} kept its initial value ({init}){}",
+                    if *elements > 1 { format!(", and {} more such elements", elements - 1) } else { String::new() }
+                )?,
+                BlameSite::Given { tensor } => writeln!(f, "      taken unchanged from the given tensor `{tensor}`")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The worst element of a comparison.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Worst {
+    /// Multi-index.
+    pub index: Vec<usize>,
+    /// Ground truth.
+    pub expected: f64,
+    /// What the checked code produced.
+    pub got: f64,
+    /// Who wrote it.
+    pub blame: Option<Blame>,
+}
+
+/// One compared tensor.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TensorReport {
+    /// For a gradient, the differentiable input; for a forward output, the output.
+    pub name: String,
+    /// The tensor compared (the backward's gradient tensor, or the output).
+    pub tensor: String,
+    /// Its dtype.
+    pub dtype: String,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Tolerances applied.
+    pub tolerance: Tolerance,
+    /// Largest `|got - expected|`.
+    pub max_abs_err: f64,
+    /// Largest `|got - expected| / max(|expected|, (atol / rtol) * scale)`.
+    pub max_rel_err: f64,
+    /// `||got - expected||_2 / ||expected||_2` (over finite elements).
+    pub normwise_rel_err: f64,
+    /// Elements over tolerance.
+    pub over_tolerance: usize,
+    /// NaN elements in `got`.
+    pub nan: usize,
+    /// Infinite elements in `got`.
+    pub inf: usize,
+    /// The element furthest over (or closest to) its tolerance.
+    pub worst: Option<Worst>,
+    /// The cotangent trial (0-based) this comparison comes from (the worst trial).
+    pub trial: usize,
+    /// Every element within tolerance.
+    pub passed: bool,
+}
+
+/// The backward could not produce gradients (a verdict: the check fails).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Failure {
+    /// Step of the backward (0-based).
+    pub step: usize,
+    /// The step.
+    pub what: String,
+    /// What went wrong, with kernel, op, source location and program id.
+    pub message: String,
+    /// The cotangent trial.
+    pub trial: usize,
+}
+
+/// The outcome of a check.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    /// Name of the check.
+    pub name: String,
+    /// Everything within tolerance and the backward ran cleanly.
+    pub passed: bool,
+    /// Seed of the random inputs and cotangents.
+    pub seed: u64,
+    /// Random cotangent trials.
+    pub trials: usize,
+    /// Precision of the ground truth (`f64` or `native`).
+    pub precision: String,
+    /// The forward's outputs: the kernels in their dtypes against the ground truth's forward.
+    pub forward: Vec<TensorReport>,
+    /// One per differentiable input: the backward's gradient against the ground truth.
+    pub gradients: Vec<TensorReport>,
+    /// Why the backward failed to run, if it did.
+    pub failure: Option<Failure>,
+}
+
+impl Report {
+    /// The report as pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("reports serialise")
+    }
+}
+
+fn table(f: &mut fmt::Formatter<'_>, first: &str, rows: &[TensorReport]) -> fmt::Result {
+    writeln!(
+        f,
+        "  {:<14} {:<16} {:<14} {:<5} {:>11} {:>11} {:>11} {:>9} {:>7}  {:<20} result",
+        first, "tensor", "shape", "dtype", "max abs err", "max rel err", "norm rel", "over tol", "nan/inf", "tolerance"
+    )?;
+    for r in rows {
+        writeln!(
+            f,
+            "  {:<14} {:<16} {:<14} {:<5} {:>11.3e} {:>11.3e} {:>11.3e} {:>9} {:>7}  {:<20} {}",
+            r.name,
+            r.tensor,
+            format!("{:?}", r.shape),
+            r.dtype,
+            r.max_abs_err,
+            r.max_rel_err,
+            r.normwise_rel_err,
+            r.over_tolerance,
+            r.nan + r.inf,
+            format!("rtol {:.0e} atol {:.0e}", r.tolerance.rtol, r.tolerance.atol),
+            if r.passed { "ok" } else { "FAIL" }
+        )?;
+    }
+    for r in rows.iter().filter(|r| !r.passed) {
+        if let Some(w) = &r.worst {
+            writeln!(
+                f,
+                "    worst element of `{}`: {:?} expected {:e}, got {:e} (trial {})",
+                r.tensor, w.index, w.expected, w.got, r.trial
+            )?;
+            if let Some(b) = &w.blame {
+                write!(f, "{b}")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "check `{}`: {} (seed {}, {} cotangent trial{}, ground truth {})",
+            self.name,
+            if self.passed { "PASS" } else { "FAIL" },
+            self.seed,
+            self.trials,
+            if self.trials == 1 { "" } else { "s" },
+            self.precision
+        )?;
+        if !self.forward.is_empty() {
+            writeln!(f, "forward outputs (kernels in their dtypes vs the ground truth's forward)")?;
+            table(f, "output", &self.forward)?;
+        }
+        if let Some(fl) = &self.failure {
+            writeln!(f, "backward failed at step {} ({}), trial {}:", fl.step, fl.what, fl.trial)?;
+            for l in fl.message.lines() {
+                writeln!(f, "  {l}")?;
+            }
+        }
+        if !self.gradients.is_empty() {
+            writeln!(f, "gradients (backward vs ground truth)")?;
+            table(f, "input", &self.gradients)?;
+        }
+        Ok(())
+    }
+}
+
+/// Compares `got` with `expected`; returns the report (without blame) and the flat index of the
+/// worst element.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn compare(
+    name: &str,
+    tensor: &str,
+    dtype: DType,
+    shape: &[usize],
+    tol: Tolerance,
+    expected: &[f64],
+    got: &[f64],
+    trial: usize,
+) -> (TensorReport, Option<usize>) {
+    let scale = expected.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+    let scale = if scale > 0.0 { scale } else { 1.0 };
+    let floor = tol.atol / tol.rtol * scale;
+    let (mut max_abs, mut max_rel, mut over, mut nan, mut inf) = (0.0f64, 0.0f64, 0, 0, 0);
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    let mut worst: Option<(usize, f64)> = None;
+    for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
+        nan += g.is_nan() as usize;
+        inf += g.is_infinite() as usize;
+        let ratio = if !e.is_finite() {
+            if g.is_nan() && e.is_nan() || g == e {
+                0.0
+            } else {
+                f64::INFINITY
+            }
+        } else if !g.is_finite() {
+            f64::INFINITY
+        } else {
+            let d = (g - e).abs();
+            max_abs = max_abs.max(d);
+            max_rel = max_rel.max(d / e.abs().max(floor));
+            num += d * d;
+            den += e * e;
+            d / (tol.atol * scale + tol.rtol * e.abs())
+        };
+        if ratio.is_infinite() {
+            max_abs = f64::INFINITY;
+            max_rel = f64::INFINITY;
+        }
+        over += (ratio > 1.0) as usize;
+        if worst.is_none_or(|(_, r)| ratio > r) {
+            worst = Some((i, ratio));
+        }
+    }
+    let normwise = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
+    let w = worst.map(|(i, _)| i);
+    let report = TensorReport {
+        name: name.to_string(),
+        tensor: tensor.to_string(),
+        dtype: dtype.to_string(),
+        shape: shape.to_vec(),
+        tolerance: tol,
+        max_abs_err: max_abs,
+        max_rel_err: max_rel,
+        normwise_rel_err: normwise,
+        over_tolerance: over,
+        nan,
+        inf,
+        worst: w.map(|i| Worst { index: unravel(i, shape), expected: expected[i], got: got[i], blame: None }),
+        trial,
+        passed: over == 0,
+    };
+    (report, w)
+}
+
+/// The multi-index of flat element `i` of a row-major tensor of `shape`.
+pub(crate) fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for a in (0..shape.len()).rev() {
+        let n = shape[a].max(1);
+        idx[a] = i % n;
+        i /= n;
+    }
+    idx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(expected: &[f64], got: &[f64]) -> TensorReport {
+        compare("x", "grad_x", DType::F32, &[expected.len()], Tolerance::for_dtype(DType::F32, false), expected, got, 0).0
+    }
+
+    #[test]
+    fn f32_rounding_passes_and_a_relative_error_of_1e_minus_3_fails() {
+        let e: Vec<f64> = (0..100).map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0).collect();
+        let rounded: Vec<f64> = e.iter().map(|&x| x as f32 as f64).collect();
+        assert!(run(&e, &rounded).passed);
+        let mut bad = rounded.clone();
+        bad[42] = e[42] * (1.0 + 1e-3);
+        let r = run(&e, &bad);
+        assert!(!r.passed);
+        assert_eq!(r.over_tolerance, 1);
+        assert_eq!(r.worst.as_ref().unwrap().index, vec![42]);
+        assert!((r.max_rel_err - 1e-3).abs() < 1e-6, "{}", r.max_rel_err);
+    }
+
+    #[test]
+    fn nan_and_inf_are_counted_and_fail() {
+        let e = [1.0, 2.0, 3.0];
+        let r = run(&e, &[1.0, f64::NAN, f64::INFINITY]);
+        assert_eq!((r.nan, r.inf, r.over_tolerance), (1, 1, 2));
+        assert_eq!(r.worst.unwrap().index, vec![1]);
+        // A NaN expected value is matched only by NaN.
+        assert!(run(&[f64::NAN, 1.0], &[f64::NAN, 1.0]).passed);
+        assert!(!run(&[f64::NAN, 1.0], &[0.0, 1.0]).passed);
+    }
+
+    #[test]
+    fn unravel_is_row_major() {
+        assert_eq!(unravel(0, &[3, 4, 5]), vec![0, 0, 0]);
+        assert_eq!(unravel(59, &[3, 4, 5]), vec![2, 3, 4]);
+        assert_eq!(unravel(27, &[3, 4, 5]), vec![1, 1, 2]);
+    }
+}

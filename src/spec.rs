@@ -1,0 +1,646 @@
+//! Launch spec files (TOML): everything [`check_backward`](crate::check_backward) needs, said
+//! without writing Rust. Paths in a spec are relative to the spec file.
+//!
+//! ```toml
+//! name = "weighted_sum"                 # optional; the file name otherwise
+//!
+//! [kernels]                             # FILE.py::NAME (Triton), FILE.tgir::NAME or FILE.tgir
+//! fwd = "triton/weighted_sum.py::weighted_sum_fwd"
+//! bwd = "triton/weighted_sum_bwd.py::weighted_sum_bwd"
+//!
+//! [constants]                           # names for expressions
+//! ROWS = 1000
+//! D = 300
+//!
+//! [inputs]                              # shape, dtype (f32), init: normal | normal(m, s) |
+//! x = { shape = ["ROWS", "D"] }         # uniform(lo, hi) | randint(lo, hi) | const(v); or file
+//! w = { shape = ["D"], init = "uniform(-1, 1)" }   # = "w.npy"
+//!
+//! [forward]
+//! differentiable = ["x", "w"]           # default: every float input
+//! outputs = ["out"]
+//! steps = [
+//!   { alloc = "out", shape = ["ROWS"], dtype = "f32" },      # init = "empty" (NaN) | "zeros"
+//!   { launch = "fwd", grid = ["cdiv(ROWS, 16)"], args = { x_ptr = "x", weight_ptr = "w",
+//!     output_ptr = "out", x_stride_row = "x.stride(0)", x_stride_dim = "x.stride(1)",
+//!     weight_stride_dim = "w.stride(0)", output_stride_row = "out.stride(0)", ROWS = "ROWS",
+//!     D = "D", ROWS_TILE_SIZE = 16, D_TILE_SIZE = 64 } },
+//! ]
+//!
+//! [backward]                            # cotangents are `grad_<output>`
+//! gradients = { x = "grad_x", w = "grad_w" }
+//! steps = [
+//!   { alloc = "grad_x", like = "x" },
+//!   { alloc = "partial", shape = ["cdiv(ROWS, 16)", "D"], dtype = "f32" },
+//!   { launch = "bwd", grid = ["cdiv(ROWS, 16)"], args = { ... } },
+//!   { sum = "partial", axis = 0, into = "grad_w" },     # also: reshape = "t", shape = [..],
+//! ]                                                     # into; scale = "t", by = "expr", into
+//!
+//! [check]                               # defaults for the CLI's options
+//! seed = 0
+//! trials = 2
+//! precision = "f64"                     # or "native"
+//! rtol = 1e-4                           # both or neither: override the defaults by dtype
+//! atol = 1e-5
+//! ```
+//!
+//! Launch arguments are expressions (see [`crate::check::expr`]); a bare tensor name passes the
+//! tensor. A Triton kernel is converted per launch: its constexprs from the launch's constant
+//! arguments, its pointer dtypes from the tensors passed, float arguments as f32 scalars. Errors
+//! name the file, the key and what was expected.
+
+use crate::check::{
+    expr::Scope, Backward, CheckOptions, Dist, Expr, Forward, Init, Inputs, KernelLaunch, Precision, Scalar, Source, Step, Tolerance,
+};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tilegrad_ir::triton::{convert, ConvertOptions};
+use tilegrad_ir::{DType, Kernel};
+use toml::{Table, Value};
+
+/// An error in a spec file: the file, the key, what was expected.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {key}: {message}")]
+pub struct SpecError {
+    /// The spec file.
+    pub file: String,
+    /// The key (dotted path), or `-` for the whole file.
+    pub key: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// A loaded spec.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    /// Name of the check.
+    pub name: String,
+    /// The spec file.
+    pub path: PathBuf,
+    /// The forward.
+    pub forward: Forward,
+    /// The backward, when the spec has one.
+    pub backward: Option<Backward>,
+    /// Inputs and constants.
+    pub inputs: Inputs,
+    /// Options from the `[check]` table (the CLI may override them).
+    pub options: CheckOptions,
+}
+
+/// Replaces kernel `key` of a spec with another kernel reference: `FILE::NAME` (relative to the
+/// working directory) or `::NAME` (another kernel of the same file).
+#[derive(Clone, Debug)]
+pub struct KernelOverride {
+    /// Key in `[kernels]`.
+    pub key: String,
+    /// The new reference.
+    pub reference: String,
+}
+
+/// Loads a spec file.
+pub fn load(path: &Path) -> Result<Spec, SpecError> {
+    load_with(path, &[])
+}
+
+/// Loads a spec file with some of its kernels replaced.
+pub fn load_with(path: &Path, overrides: &[KernelOverride]) -> Result<Spec, SpecError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| SpecError { file: file.clone(), key: "-".into(), message: e.to_string() })?;
+    let table: Table = text.parse().map_err(|e: toml::de::Error| {
+        let at = e.span().map(|s| line_col(&text, s.start)).map_or(String::new(), |(l, c)| format!("line {l}, column {c}: "));
+        SpecError { file: file.clone(), key: "-".into(), message: format!("{at}{}", e.message()) }
+    })?;
+    let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let mut l = Loader { file, dir, kernels: HashMap::new(), sources: HashMap::new(), cache: Vec::new(), tensors: Vec::new() };
+    l.load(&table, path, overrides)
+}
+
+fn line_col(text: &str, at: usize) -> (usize, usize) {
+    let before = &text[..at.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    (line, col)
+}
+
+/// A kernel reference: a Triton function (converted per launch) or a text-IR kernel.
+#[derive(Clone, Debug)]
+enum KernelRef {
+    Triton { file: PathBuf, name: String },
+    Text(Arc<Kernel>),
+}
+
+type ConvertKey = (String, Vec<(String, i64)>, Vec<(String, DType)>, Vec<(String, DType)>);
+
+struct Loader {
+    file: String,
+    dir: PathBuf,
+    kernels: HashMap<String, KernelRef>,
+    sources: HashMap<PathBuf, String>,
+    cache: Vec<(ConvertKey, Arc<Kernel>)>,
+    /// Tensors known statically: name, dtype, shape.
+    tensors: Vec<(String, DType, Vec<usize>)>,
+}
+
+struct Static<'a> {
+    constants: &'a [(String, Scalar)],
+    tensors: &'a [(String, DType, Vec<usize>)],
+}
+
+impl Scope for Static<'_> {
+    fn constant(&self, name: &str) -> Option<Scalar> {
+        self.constants.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+    }
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.tensors.iter().find(|(n, ..)| n == name).map(|(_, _, s)| s.clone())
+    }
+}
+
+impl Loader {
+    fn err(&self, key: &str, message: impl Into<String>) -> SpecError {
+        SpecError { file: self.file.clone(), key: key.to_string(), message: message.into() }
+    }
+
+    fn load(&mut self, t: &Table, path: &Path, overrides: &[KernelOverride]) -> Result<Spec, SpecError> {
+        for k in t.keys() {
+            if !["name", "kernels", "constants", "inputs", "forward", "backward", "check"].contains(&k.as_str()) {
+                return Err(self.err(k, "unknown key (expected name, kernels, constants, inputs, forward, backward, check)"));
+            }
+        }
+        let name = match t.get("name") {
+            Some(v) => self.string(v, "name")?,
+            None => path.file_stem().map_or("check".into(), |s| s.to_string_lossy().into_owned()),
+        };
+        self.kernel_table(t.get("kernels"), overrides)?;
+        let mut inputs = Inputs::new();
+        if let Some(c) = t.get("constants") {
+            for (k, v) in self.table(c, "constants")? {
+                let key = format!("constants.{k}");
+                let s = match v {
+                    Value::Integer(i) => Scalar::Int(*i),
+                    Value::Float(f) => Scalar::Float(*f),
+                    _ => return Err(self.err(&key, format!("expected a number, found {}", v.type_str()))),
+                };
+                inputs.constants.push((k.clone(), s));
+            }
+        }
+        if let Some(c) = t.get("inputs") {
+            for (k, v) in self.table(c, "inputs")? {
+                let it = self.input(k, v, &inputs.constants)?;
+                inputs.tensors.push(it);
+            }
+        }
+        if inputs.tensors.is_empty() {
+            return Err(self.err("inputs", "a spec needs at least one input tensor"));
+        }
+        let ftab = self.table(t.get("forward").ok_or_else(|| self.err("forward", "missing table"))?, "forward")?;
+        self.only(ftab, "forward", &["differentiable", "outputs", "steps"])?;
+        let differentiable = match ftab.get("differentiable") {
+            Some(v) => self.strings(v, "forward.differentiable")?,
+            None => self.tensors.iter().filter(|(_, d, _)| d.is_float()).map(|(n, ..)| n.clone()).collect(),
+        };
+        let outputs = self.strings(ftab.get("outputs").ok_or_else(|| self.err("forward.outputs", "missing"))?, "forward.outputs")?;
+        let fsteps = self.steps(ftab.get("steps"), "forward.steps", &inputs.constants)?;
+        let forward = Forward { steps: fsteps, differentiable, outputs: outputs.clone() };
+        for o in &outputs {
+            let Some((_, d, s)) = self.tensors.iter().find(|(n, ..)| n == o).cloned() else {
+                return Err(self.err("forward.outputs", format!("`{o}` is not a tensor of the forward")));
+            };
+            self.tensors.push((format!("grad_{o}"), d, s));
+        }
+        let backward = match t.get("backward") {
+            None => None,
+            Some(b) => {
+                let b = self.table(b, "backward")?;
+                self.only(b, "backward", &["gradients", "steps"])?;
+                let steps = self.steps(b.get("steps"), "backward.steps", &inputs.constants)?;
+                let g = self.table(b.get("gradients").ok_or_else(|| self.err("backward.gradients", "missing"))?, "backward.gradients")?;
+                let mut gradients = Vec::new();
+                for (k, v) in g {
+                    gradients.push((k.clone(), self.string(v, &format!("backward.gradients.{k}"))?));
+                }
+                // In the order of the differentiable inputs (TOML tables are unordered).
+                gradients.sort_by_key(|(i, _)| forward.differentiable.iter().position(|d| d == i).unwrap_or(usize::MAX));
+                Some(Backward { steps, gradients })
+            }
+        };
+        let options = self.options(t.get("check"))?;
+        Ok(Spec { name, path: path.to_path_buf(), forward, backward, inputs, options })
+    }
+
+    fn only(&self, t: &Table, key: &str, allowed: &[&str]) -> Result<(), SpecError> {
+        for k in t.keys() {
+            if !allowed.contains(&k.as_str()) {
+                return Err(self.err(&format!("{key}.{k}"), format!("unknown key (expected {})", allowed.join(", "))));
+            }
+        }
+        Ok(())
+    }
+
+    fn table<'v>(&self, v: &'v Value, key: &str) -> Result<&'v Table, SpecError> {
+        v.as_table().ok_or_else(|| self.err(key, format!("expected a table, found {}", v.type_str())))
+    }
+
+    fn string(&self, v: &Value, key: &str) -> Result<String, SpecError> {
+        v.as_str().map(str::to_string).ok_or_else(|| self.err(key, format!("expected a string, found {}", v.type_str())))
+    }
+
+    fn strings(&self, v: &Value, key: &str) -> Result<Vec<String>, SpecError> {
+        let a = v.as_array().ok_or_else(|| self.err(key, format!("expected an array of strings, found {}", v.type_str())))?;
+        a.iter().enumerate().map(|(i, x)| self.string(x, &format!("{key}[{i}]"))).collect()
+    }
+
+    /// An expression: a string, or a number written as one.
+    fn expr(&self, v: &Value, key: &str) -> Result<Expr, SpecError> {
+        match v {
+            Value::Integer(i) => Ok(Expr::from(*i)),
+            Value::Float(f) => Ok(Expr::from(*f)),
+            Value::Boolean(b) => Ok(Expr::from(*b as i64)),
+            Value::String(s) => Expr::parse(s).map_err(|e| self.err(key, format!("`{s}`: {e}"))),
+            _ => Err(self.err(key, format!("expected an expression (string or number), found {}", v.type_str()))),
+        }
+    }
+
+    fn exprs(&self, v: &Value, key: &str) -> Result<Vec<Expr>, SpecError> {
+        match v {
+            Value::Array(a) => a.iter().enumerate().map(|(i, x)| self.expr(x, &format!("{key}[{i}]"))).collect(),
+            other => Ok(vec![self.expr(other, key)?]),
+        }
+    }
+
+    fn dtype(&self, v: Option<&Value>, key: &str) -> Result<DType, SpecError> {
+        let Some(v) = v else { return Ok(DType::F32) };
+        let s = self.string(v, key)?;
+        let d = match s.trim_start_matches("torch.").trim_start_matches("tl.") {
+            "f32" | "float32" => DType::F32,
+            "f64" | "float64" => DType::F64,
+            "f16" | "float16" => DType::F16,
+            "bf16" | "bfloat16" => DType::BF16,
+            "i32" | "int32" => DType::I32,
+            "i64" | "int64" => DType::I64,
+            "i1" | "bool" => DType::I1,
+            _ => return Err(self.err(key, format!("unknown dtype `{s}` (f32, f64, f16, bf16, i32, i64, bool)"))),
+        };
+        Ok(d)
+    }
+
+    fn kernel_table(&mut self, v: Option<&Value>, overrides: &[KernelOverride]) -> Result<(), SpecError> {
+        let Some(v) = v else { return Err(self.err("kernels", "missing table")) };
+        let mut refs: Vec<(String, String, PathBuf)> = Vec::new();
+        for (k, r) in self.table(v, "kernels")? {
+            refs.push((k.clone(), self.string(r, &format!("kernels.{k}"))?, self.dir.clone()));
+        }
+        for o in overrides {
+            let Some(slot) = refs.iter_mut().find(|(k, ..)| *k == o.key) else {
+                let keys: Vec<&str> = refs.iter().map(|(k, ..)| k.as_str()).collect();
+                return Err(self.err(&format!("kernels.{}", o.key), format!("no such kernel to replace (kernels: {})", keys.join(", "))));
+            };
+            if let Some(name) = o.reference.strip_prefix("::") {
+                let file = slot.1.split("::").next().unwrap_or_default().to_string();
+                slot.1 = format!("{file}::{name}");
+            } else {
+                slot.1 = o.reference.clone();
+                slot.2 = PathBuf::from(".");
+            }
+        }
+        for (k, r, base) in refs {
+            let key = format!("kernels.{k}");
+            let (file, name) = match r.split_once("::") {
+                Some((f, n)) => (f.to_string(), Some(n.to_string())),
+                None => (r.clone(), None),
+            };
+            let path = base.join(&file);
+            let src = match self.sources.get(&path) {
+                Some(s) => s.clone(),
+                None => {
+                    let s = std::fs::read_to_string(&path).map_err(|e| self.err(&key, format!("{}: {e}", path.display())))?;
+                    self.sources.insert(path.clone(), s.clone());
+                    s
+                }
+            };
+            let shown = path.display().to_string();
+            let kr = if file.ends_with(".py") {
+                let name = name.ok_or_else(|| self.err(&key, format!("`{r}`: name the kernel, as `{file}::KERNEL`")))?;
+                let names = tilegrad_ir::triton::kernels(&src, &shown).map_err(|e| self.err(&key, e.to_string()))?;
+                if !names.contains(&name) {
+                    return Err(self.err(&key, format!("{shown} has no @triton.jit function `{name}` (it has: {})", names.join(", "))));
+                }
+                KernelRef::Triton { file: path, name }
+            } else {
+                let ks = tilegrad_ir::text::parse(&src, &shown).map_err(|e| self.err(&key, e.to_string()))?;
+                let found = match &name {
+                    Some(n) => ks.into_iter().find(|k| k.name == *n),
+                    None if ks.len() == 1 => ks.into_iter().next(),
+                    None => return Err(self.err(&key, format!("{shown} holds several kernels: name one, as `{file}::KERNEL`"))),
+                };
+                KernelRef::Text(Arc::new(
+                    found.ok_or_else(|| self.err(&key, format!("{shown} has no kernel `{}`", name.unwrap_or_default())))?,
+                ))
+            };
+            self.kernels.insert(k, kr);
+        }
+        Ok(())
+    }
+
+    fn input(&mut self, name: &str, v: &Value, constants: &[(String, Scalar)]) -> Result<crate::check::InputTensor, SpecError> {
+        let key = format!("inputs.{name}");
+        let t = self.table(v, &key)?;
+        self.only(t, &key, &["shape", "dtype", "init", "file"])?;
+        let source = if let Some(f) = t.get("file") {
+            let f = self.string(f, &format!("{key}.file"))?;
+            let p = self.dir.join(&f);
+            let h = crate::npy::read(&p).map_err(|e| self.err(&format!("{key}.file"), e.to_string()))?;
+            if let Some(d) = t.get("dtype") {
+                let d = self.dtype(Some(d), &format!("{key}.dtype"))?;
+                if d != h.dtype() {
+                    return Err(self.err(&format!("{key}.dtype"), format!("{d}, but {} holds {}", p.display(), h.dtype())));
+                }
+            }
+            Source::Given(h)
+        } else {
+            let dtype = self.dtype(t.get("dtype"), &format!("{key}.dtype"))?;
+            let shape_v = t.get("shape").ok_or_else(|| self.err(&format!("{key}.shape"), "missing (or give `file`)"))?;
+            let shape = self.exprs(shape_v, &format!("{key}.shape"))?;
+            let scope = Static { constants, tensors: &self.tensors };
+            let shape = crate::check::steps_eval_shape(&shape, &scope).map_err(|m| self.err(&format!("{key}.shape"), m))?;
+            let dist = match t.get("init") {
+                None => Dist::default(),
+                Some(v) => self.dist(&self.string(v, &format!("{key}.init"))?, &format!("{key}.init"))?,
+            };
+            Source::Random { dtype, shape, dist }
+        };
+        let (d, s) = match &source {
+            Source::Given(h) => (h.dtype(), h.shape().to_vec()),
+            Source::Random { dtype, shape, .. } => (*dtype, shape.clone()),
+        };
+        self.tensors.push((name.to_string(), d, s));
+        Ok(crate::check::InputTensor { name: name.to_string(), source })
+    }
+
+    fn dist(&self, s: &str, key: &str) -> Result<Dist, SpecError> {
+        let s = s.trim();
+        let (f, args) = match s.split_once('(') {
+            Some((f, rest)) => {
+                let inner = rest.strip_suffix(')').ok_or_else(|| self.err(key, format!("`{s}`: missing `)`")))?;
+                let args: Result<Vec<f64>, _> = inner.split(',').map(|a| a.trim().parse::<f64>()).collect();
+                (f.trim(), args.map_err(|_| self.err(key, format!("`{s}`: arguments must be numbers")))?)
+            }
+            None => (s, Vec::new()),
+        };
+        let d = match (f, &args[..]) {
+            ("normal", []) => Dist::default(),
+            ("normal", [m, sd]) => Dist::Normal { mean: *m, std: *sd },
+            ("uniform", []) => Dist::Uniform { lo: -1.0, hi: 1.0 },
+            ("uniform", [lo, hi]) if lo < hi => Dist::Uniform { lo: *lo, hi: *hi },
+            ("randint", [lo, hi]) if lo < hi && lo.fract() == 0.0 && hi.fract() == 0.0 => Dist::RandInt { lo: *lo as i64, hi: *hi as i64 },
+            ("const", [c]) => Dist::Constant(*c),
+            _ => {
+                return Err(
+                    self.err(key, format!("`{s}`: expected normal, normal(mean, std), uniform(lo, hi), randint(lo, hi) or const(v)"))
+                )
+            }
+        };
+        Ok(d)
+    }
+
+    fn options(&self, v: Option<&Value>) -> Result<CheckOptions, SpecError> {
+        let mut o = CheckOptions::default();
+        let Some(v) = v else { return Ok(o) };
+        let t = self.table(v, "check")?;
+        self.only(t, "check", &["seed", "trials", "precision", "rtol", "atol"])?;
+        let int = |k: &str| -> Result<Option<u64>, SpecError> {
+            t.get(k)
+                .map(|v| {
+                    v.as_integer()
+                        .and_then(|i| u64::try_from(i).ok())
+                        .ok_or_else(|| self.err(&format!("check.{k}"), "expected a non-negative integer"))
+                })
+                .transpose()
+        };
+        if let Some(s) = int("seed")? {
+            o.seed = s;
+        }
+        if let Some(n) = int("trials")? {
+            o.trials = n as usize;
+        }
+        if let Some(p) = t.get("precision") {
+            o.precision = match self.string(p, "check.precision")?.as_str() {
+                "f64" => Precision::F64,
+                "native" => Precision::Native,
+                s => return Err(self.err("check.precision", format!("`{s}`: expected \"f64\" or \"native\""))),
+            };
+        }
+        let num = |k: &str| -> Result<Option<f64>, SpecError> {
+            t.get(k)
+                .map(|v| match v {
+                    Value::Float(f) if *f >= 0.0 => Ok(*f),
+                    Value::Integer(i) if *i >= 0 => Ok(*i as f64),
+                    _ => Err(self.err(&format!("check.{k}"), "expected a non-negative number")),
+                })
+                .transpose()
+        };
+        match (num("rtol")?, num("atol")?) {
+            (Some(rtol), Some(atol)) => o.tolerance = Some(Tolerance { rtol, atol }),
+            (None, None) => {}
+            _ => return Err(self.err("check", "give both rtol and atol, or neither")),
+        }
+        Ok(o)
+    }
+
+    fn steps(&mut self, v: Option<&Value>, key: &str, constants: &[(String, Scalar)]) -> Result<Vec<Step>, SpecError> {
+        let Some(v) = v else { return Ok(Vec::new()) };
+        let a = v.as_array().ok_or_else(|| self.err(key, format!("expected an array of step tables, found {}", v.type_str())))?;
+        let mut out = Vec::new();
+        for (i, s) in a.iter().enumerate() {
+            let key = format!("{key}[{i}]");
+            let t = self.table(s, &key)?;
+            let kinds: Vec<&str> = ["alloc", "launch", "sum", "reshape", "scale"].into_iter().filter(|k| t.contains_key(*k)).collect();
+            let step = match kinds[..] {
+                ["alloc"] => self.alloc(t, &key, constants)?,
+                ["launch"] => self.launch(t, &key, constants)?,
+                ["sum"] | ["reshape"] | ["scale"] => self.host(t, kinds[0], &key, constants)?,
+                _ => return Err(self.err(&key, "a step has exactly one of alloc, launch, sum, reshape, scale")),
+            };
+            out.push(step);
+        }
+        Ok(out)
+    }
+
+    fn alloc(&mut self, t: &Table, key: &str, constants: &[(String, Scalar)]) -> Result<Step, SpecError> {
+        self.only(t, key, &["alloc", "shape", "dtype", "init", "like"])?;
+        let name = self.string(&t["alloc"], &format!("{key}.alloc"))?;
+        let (shape, dtype) = match t.get("like") {
+            Some(l) => {
+                let l = self.string(l, &format!("{key}.like"))?;
+                let (_, d, s) = self
+                    .tensors
+                    .iter()
+                    .find(|(n, ..)| *n == l)
+                    .cloned()
+                    .ok_or_else(|| self.err(&format!("{key}.like"), format!("no tensor `{l}` here")))?;
+                if t.contains_key("shape") {
+                    return Err(self.err(key, "give `like` or `shape`, not both"));
+                }
+                let d = if t.contains_key("dtype") { self.dtype(t.get("dtype"), &format!("{key}.dtype"))? } else { d };
+                (s.iter().map(|&x| Expr::from(x as i64)).collect::<Vec<_>>(), d)
+            }
+            None => {
+                let sv = t.get("shape").ok_or_else(|| self.err(&format!("{key}.shape"), "missing (or give `like`)"))?;
+                (self.exprs(sv, &format!("{key}.shape"))?, self.dtype(t.get("dtype"), &format!("{key}.dtype"))?)
+            }
+        };
+        let init = match t.get("init").map(|v| self.string(v, &format!("{key}.init"))).transpose()?.as_deref() {
+            None | Some("empty") => Init::Empty,
+            Some("zeros") => Init::Zeros,
+            Some(s) => return Err(self.err(&format!("{key}.init"), format!("`{s}`: expected \"empty\" or \"zeros\""))),
+        };
+        let scope = Static { constants, tensors: &self.tensors };
+        let sh = crate::check::steps_eval_shape(&shape, &scope).map_err(|m| self.err(&format!("{key}.shape"), m))?;
+        self.define(&name, dtype, sh, key)?;
+        Ok(Step::Alloc { name, shape, dtype, init })
+    }
+
+    fn define(&mut self, name: &str, dtype: DType, shape: Vec<usize>, key: &str) -> Result<(), SpecError> {
+        if self.tensors.iter().any(|(n, ..)| n == name) {
+            return Err(self.err(key, format!("tensor `{name}` is already defined")));
+        }
+        self.tensors.push((name.to_string(), dtype, shape));
+        Ok(())
+    }
+
+    fn host(&mut self, t: &Table, kind: &str, key: &str, constants: &[(String, Scalar)]) -> Result<Step, SpecError> {
+        let extra: &[&str] = match kind {
+            "sum" => &["sum", "axis", "into"],
+            "reshape" => &["reshape", "shape", "into"],
+            _ => &["scale", "by", "into"],
+        };
+        self.only(t, key, extra)?;
+        let src = self.string(&t[kind], &format!("{key}.{kind}"))?;
+        let dst = self.string(
+            t.get("into").ok_or_else(|| self.err(&format!("{key}.into"), "missing: the new tensor's name"))?,
+            &format!("{key}.into"),
+        )?;
+        let (_, d, s) = self
+            .tensors
+            .iter()
+            .find(|(n, ..)| *n == src)
+            .cloned()
+            .ok_or_else(|| self.err(&format!("{key}.{kind}"), format!("no tensor `{src}` here")))?;
+        let scope = Static { constants, tensors: &self.tensors };
+        let (step, shape) = match kind {
+            "sum" => {
+                let axis = t
+                    .get("axis")
+                    .and_then(Value::as_integer)
+                    .ok_or_else(|| self.err(&format!("{key}.axis"), "expected an integer axis"))?;
+                let r = s.len() as i64;
+                let a = if axis < 0 { axis + r } else { axis };
+                if a < 0 || a >= r {
+                    return Err(self.err(&format!("{key}.axis"), format!("axis {axis} of `{src}`, which has shape {s:?}")));
+                }
+                let mut ns = s.clone();
+                ns.remove(a as usize);
+                (Step::Sum { src, axis, dst: dst.clone() }, ns)
+            }
+            "reshape" => {
+                let shape =
+                    self.exprs(t.get("shape").ok_or_else(|| self.err(&format!("{key}.shape"), "missing"))?, &format!("{key}.shape"))?;
+                let ns = crate::check::steps_eval_shape(&shape, &scope).map_err(|m| self.err(&format!("{key}.shape"), m))?;
+                if ns.iter().product::<usize>() != s.iter().product::<usize>() {
+                    return Err(self.err(&format!("{key}.shape"), format!("cannot reshape `{src}` of shape {s:?} to {ns:?}")));
+                }
+                (Step::Reshape { src, shape, dst: dst.clone() }, ns)
+            }
+            _ => {
+                let by =
+                    self.expr(t.get("by").ok_or_else(|| self.err(&format!("{key}.by"), "missing: the factor"))?, &format!("{key}.by"))?;
+                by.eval(&scope).map_err(|e| self.err(&format!("{key}.by"), format!("`{by}`: {e}")))?;
+                (Step::Scale { src, factor: by, dst: dst.clone() }, s)
+            }
+        };
+        self.define(&dst, d, shape, &format!("{key}.into"))?;
+        Ok(step)
+    }
+
+    fn launch(&mut self, t: &Table, key: &str, constants: &[(String, Scalar)]) -> Result<Step, SpecError> {
+        self.only(t, key, &["launch", "grid", "args"])?;
+        let kname = self.string(&t["launch"], &format!("{key}.launch"))?;
+        let kr = self.kernels.get(&kname).cloned().ok_or_else(|| {
+            let mut keys: Vec<&String> = self.kernels.keys().collect();
+            keys.sort();
+            self.err(&format!("{key}.launch"), format!("no kernel `{kname}` in [kernels] (kernels: {keys:?})"))
+        })?;
+        let grid = self.exprs(t.get("grid").ok_or_else(|| self.err(&format!("{key}.grid"), "missing"))?, &format!("{key}.grid"))?;
+        if grid.is_empty() || grid.len() > 3 {
+            return Err(self.err(&format!("{key}.grid"), format!("a grid has 1 to 3 axes, got {}", grid.len())));
+        }
+        let mut args = Vec::new();
+        if let Some(a) = t.get("args") {
+            for (n, v) in self.table(a, &format!("{key}.args"))? {
+                args.push((n.clone(), self.expr(v, &format!("{key}.args.{n}"))?));
+            }
+        }
+        let scope = Static { constants, tensors: &self.tensors };
+        for e in &grid {
+            e.eval_int(&scope).map_err(|err| self.err(&format!("{key}.grid"), format!("`{e}`: {err}")))?;
+        }
+        let kernel = match kr {
+            KernelRef::Text(k) => k,
+            KernelRef::Triton { file, name } => {
+                let mut ptrs = Vec::new();
+                let mut consts = Vec::new();
+                let mut scalars = Vec::new();
+                for (n, e) in &args {
+                    if let Some((_, d, _)) = e.as_name().and_then(|tn| self.tensors.iter().find(|(x, ..)| x == tn)) {
+                        ptrs.push((n.clone(), *d));
+                        continue;
+                    }
+                    match e.eval(&scope) {
+                        Ok(Scalar::Int(i)) => {
+                            consts.push((n.clone(), i));
+                            if i32::try_from(i).is_err() {
+                                scalars.push((n.clone(), DType::I64));
+                            }
+                        }
+                        Ok(Scalar::Float(_)) => scalars.push((n.clone(), DType::F32)),
+                        Err(err) => return Err(self.err(&format!("{key}.args.{n}"), format!("`{e}`: {err}"))),
+                    }
+                }
+                let ck: ConvertKey = (format!("{}::{name}", file.display()), consts.clone(), ptrs.clone(), scalars.clone());
+                match self.cache.iter().find(|(k, _)| *k == ck) {
+                    Some((_, k)) => k.clone(),
+                    None => {
+                        let opts = ConvertOptions {
+                            constexprs: consts,
+                            pointer_dtypes: ptrs,
+                            scalar_dtypes: scalars,
+                            ..ConvertOptions::default()
+                        };
+                        let src = &self.sources[&file];
+                        let k = convert(src, &file.display().to_string(), &name, &opts)
+                            .map_err(|e| self.err(&format!("{key}.launch"), format!("kernel `{kname}`: {e}")))?;
+                        let k = Arc::new(k);
+                        self.cache.push((ck, k.clone()));
+                        k
+                    }
+                }
+            }
+        };
+        for (n, _) in &args {
+            if kernel.param(n).is_none() {
+                let ps: Vec<&str> = kernel.params.iter().map(|p| p.name.as_str()).collect();
+                return Err(self.err(
+                    &format!("{key}.args.{n}"),
+                    format!("kernel `{}` has no parameter `{n}` (parameters: {})", kernel.name, ps.join(", ")),
+                ));
+            }
+        }
+        for p in &kernel.params {
+            let given = args.iter().any(|(n, _)| *n == p.name);
+            if !given && !matches!(p.kind, tilegrad_ir::ParamKind::Constexpr(..)) {
+                return Err(self.err(&format!("{key}.args"), format!("missing argument `{}` of kernel `{}`", p.name, kernel.name)));
+            }
+        }
+        Ok(Step::Launch(KernelLaunch { kernel, grid, args }))
+    }
+}

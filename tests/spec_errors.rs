@@ -1,0 +1,119 @@
+//! Errors in spec files name the file, the key and what was expected; nothing panics.
+
+use std::path::PathBuf;
+use tilegrad::spec::{load, load_with, KernelOverride};
+
+const KERNELS: &str = r#"import triton
+import triton.language as tl
+
+@triton.jit
+def scale(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 3.0, mask=offs < n)
+
+@triton.jit
+def scale_bwd(gy_ptr, gx_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(gx_ptr + offs, tl.load(gy_ptr + offs, mask=offs < n) * 3.0, mask=offs < n)
+
+@triton.jit
+def scale_bwd_wrong(gy_ptr, gx_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(gx_ptr + offs, tl.load(gy_ptr + offs, mask=offs < n) * 2.0, mask=offs < n)
+"#;
+
+const GOOD: &str = r#"
+[kernels]
+fwd = "k.py::scale"
+bwd = "k.py::scale_bwd"
+
+[constants]
+n = 1000
+
+[inputs]
+x = { shape = ["n"], init = "uniform(-2, 2)" }
+
+[forward]
+outputs = ["y"]
+steps = [
+  { alloc = "y", like = "x" },
+  { launch = "fwd", grid = "cdiv(n, 128)", args = { x_ptr = "x", y_ptr = "y", n = "n", BLOCK = 128 } },
+]
+
+[backward]
+gradients = { x = "grad_x" }
+steps = [
+  { alloc = "grad_x", like = "x" },
+  { launch = "bwd", grid = ["cdiv(n, 128)"], args = { gy_ptr = "grad_y", gx_ptr = "grad_x", n = "n", BLOCK = 128 } },
+]
+"#;
+
+/// Writes `spec` (and the kernels) into a fresh folder and returns the spec's path.
+fn write(tag: &str, spec: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tilegrad-spec-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("k.py"), KERNELS).unwrap();
+    let p = dir.join("s.toml");
+    std::fs::write(&p, spec).unwrap();
+    p
+}
+
+#[test]
+fn a_good_spec_checks_and_a_replaced_kernel_fails() {
+    let p = write("good", GOOD);
+    let s = load(&p).unwrap();
+    assert_eq!(s.name, "s");
+    assert_eq!(s.forward.differentiable, vec!["x".to_string()]);
+    let r = tilegrad::check_backward(&s.forward, s.backward.as_ref().unwrap(), &s.inputs, &s.options).unwrap();
+    assert!(r.passed, "{r}");
+    let s = load_with(&p, &[KernelOverride { key: "bwd".into(), reference: "::scale_bwd_wrong".into() }]).unwrap();
+    let r = tilegrad::check_backward(&s.forward, s.backward.as_ref().unwrap(), &s.inputs, &s.options).unwrap();
+    assert!(!r.passed);
+    assert!((r.gradients[0].max_rel_err - 1.0 / 3.0).abs() < 1e-6, "{r}");
+}
+
+#[test]
+fn errors_name_file_key_and_expectation() {
+    let cases: &[(&str, &str, &str, &str)] = &[
+        ("toml", "fwd = \"k.py::scale\"", "fwd = k.py::scale", "-: line 3, column 7"),
+        ("topkey", "[kernels]", "[kernel]", "kernel: unknown key"),
+        ("kname", "k.py::scale_bwd\"", "k.py::nope\"", "kernels.bwd: "),
+        ("file", "fwd = \"k.py::scale\"", "fwd = \"missing.py::scale\"", "kernels.fwd: "),
+        ("dtype", "init = \"uniform(-2, 2)\"", "dtype = \"float8\"", "inputs.x.dtype: unknown dtype `float8`"),
+        ("dist", "uniform(-2, 2)", "uniform(2, -2)", "inputs.x.init: `uniform(2, -2)`"),
+        ("shape", "shape = [\"n\"]", "shape = [\"m\"]", "inputs.x.shape: shape `m`: column 1: unknown name `m`"),
+        ("grid", "grid = \"cdiv(n, 128)\"", "grid = \"cdiv(n 128)\"", "forward.steps[1].grid: `cdiv(n 128)`: column 8"),
+        ("launch", "launch = \"fwd\"", "launch = \"fwdd\"", "forward.steps[1].launch: no kernel `fwdd`"),
+        ("param", "x_ptr = \"x\", y_ptr", "x = \"x\", y_ptr", "forward.steps[1].args.x: kernel `scale` has no parameter `x`"),
+        (
+            "missing",
+            "x_ptr = \"x\", y_ptr = \"y\", n = \"n\", BLOCK = 128 }",
+            "x_ptr = \"x\", y_ptr = \"y\", BLOCK = 128 }",
+            "missing argument `n`",
+        ),
+        ("step", "{ alloc = \"y\", like = \"x\" }", "{ alloc = \"y\", sum = \"x\" }", "forward.steps[0]: a step has exactly one of"),
+        ("like", "{ alloc = \"y\", like = \"x\" }", "{ alloc = \"y\", like = \"z\" }", "forward.steps[0].like: no tensor `z`"),
+        (
+            "twice",
+            "{ alloc = \"grad_x\", like = \"x\" }",
+            "{ alloc = \"x\", like = \"x\" }",
+            "backward.steps[0]: tensor `x` is already defined",
+        ),
+        ("outputs", "outputs = [\"y\"]", "outputs = [\"q\"]", "forward.outputs: `q` is not a tensor"),
+        ("noout", "outputs = [\"y\"]", "outputs = 3", "forward.outputs: expected an array of strings"),
+        (
+            "axis",
+            "{ alloc = \"grad_x\", like = \"x\" },",
+            "{ alloc = \"grad_x\", like = \"x\" }, { sum = \"grad_x\", axis = 1, into = \"g\" },",
+            "backward.steps[1].axis: axis 1",
+        ),
+        ("triton", "BLOCK = 128 } },\n]\n\n[backward]", "BLOCK = 100 } },\n]\n\n[backward]", "forward.steps[1].launch: kernel `fwd`"),
+    ];
+    for (tag, from, to, expect) in cases {
+        assert!(GOOD.contains(from), "{tag}: the case must change the spec");
+        let p = write(tag, &GOOD.replacen(from, to, 1));
+        let e = load(&p).map(|_| ()).unwrap_err().to_string();
+        assert!(e.starts_with(&p.display().to_string()), "{tag}: {e}");
+        assert!(e.contains(expect), "{tag}: `{e}` lacks `{expect}`");
+    }
+}

@@ -7,6 +7,7 @@
 //! [kernels]                             # FILE.py::NAME (Triton), FILE.tgir::NAME or FILE.tgir
 //! fwd = "triton/weighted_sum.py::weighted_sum_fwd"
 //! bwd = "triton/weighted_sum_bwd.py::weighted_sum_bwd"
+//! # tuned = { kernel = "k.py::NAME", config = 2 }   # constexprs of its 3rd @triton.autotune config
 //!
 //! [constants]                           # names for expressions
 //! ROWS = 1000
@@ -126,7 +127,12 @@ fn line_col(text: &str, at: usize) -> (usize, usize) {
 /// A kernel reference: a Triton function (converted per launch) or a text-IR kernel.
 #[derive(Clone, Debug)]
 enum KernelRef {
-    Triton { file: PathBuf, name: String },
+    /// `config`: constexprs of the chosen `@triton.autotune` config.
+    Triton {
+        file: PathBuf,
+        name: String,
+        config: Vec<(String, i64)>,
+    },
     Text(Arc<Kernel>),
 }
 
@@ -287,8 +293,24 @@ impl Loader {
     fn kernel_table(&mut self, v: Option<&Value>, overrides: &[KernelOverride]) -> Result<(), SpecError> {
         let Some(v) = v else { return Err(self.err("kernels", "missing table")) };
         let mut refs: Vec<(String, String, PathBuf)> = Vec::new();
+        let mut configs: HashMap<String, usize> = HashMap::new();
         for (k, r) in self.table(v, "kernels")? {
-            refs.push((k.clone(), self.string(r, &format!("kernels.{k}"))?, self.dir.clone()));
+            let key = format!("kernels.{k}");
+            let r = match r {
+                Value::Table(t) => {
+                    self.only(t, &key, &["kernel", "config"])?;
+                    if let Some(c) = t.get("config") {
+                        let c = c.as_integer().and_then(|c| usize::try_from(c).ok());
+                        configs.insert(
+                            k.clone(),
+                            c.ok_or_else(|| self.err(&format!("{key}.config"), "expected the index of an autotune config"))?,
+                        );
+                    }
+                    self.string(t.get("kernel").ok_or_else(|| self.err(&format!("{key}.kernel"), "missing"))?, &format!("{key}.kernel"))?
+                }
+                r => self.string(r, &key)?,
+            };
+            refs.push((k.clone(), r, self.dir.clone()));
         }
         for o in overrides {
             let Some(slot) = refs.iter_mut().find(|(k, ..)| *k == o.key) else {
@@ -325,8 +347,23 @@ impl Loader {
                 if !names.contains(&name) {
                     return Err(self.err(&key, format!("{shown} has no @triton.jit function `{name}` (it has: {})", names.join(", "))));
                 }
-                KernelRef::Triton { file: path, name }
+                let config = match configs.get(&k) {
+                    None => Vec::new(),
+                    Some(&c) => {
+                        let all = tilegrad_ir::triton::autotune_configs(&src, &shown, &name).map_err(|e| self.err(&key, e.to_string()))?;
+                        if all.is_empty() {
+                            return Err(self.err(&format!("{key}.config"), format!("`{name}` has no @triton.autotune configs")));
+                        }
+                        all.get(c)
+                            .cloned()
+                            .ok_or_else(|| self.err(&format!("{key}.config"), format!("config {c} of `{name}`, which has {}", all.len())))?
+                    }
+                };
+                KernelRef::Triton { file: path, name, config }
             } else {
+                if configs.contains_key(&k) {
+                    return Err(self.err(&format!("{key}.config"), "autotune configs are for Triton kernels"));
+                }
                 let ks = tilegrad_ir::text::parse(&src, &shown).map_err(|e| self.err(&key, e.to_string()))?;
                 let found = match &name {
                     Some(n) => ks.into_iter().find(|k| k.name == *n),
@@ -586,9 +623,9 @@ impl Loader {
         }
         let kernel = match kr {
             KernelRef::Text(k) => k,
-            KernelRef::Triton { file, name } => {
+            KernelRef::Triton { file, name, config } => {
                 let mut ptrs = Vec::new();
-                let mut consts = Vec::new();
+                let mut consts = config.clone();
                 let mut scalars = Vec::new();
                 for (n, e) in &args {
                     if let Some((_, d, _)) = e.as_name().and_then(|tn| self.tensors.iter().find(|(x, ..)| x == tn)) {
@@ -597,6 +634,13 @@ impl Loader {
                     }
                     match e.eval(&scope) {
                         Ok(Scalar::Int(i)) => {
+                            if let Some((_, c)) = config.iter().find(|(cn, _)| cn == n) {
+                                if *c != i {
+                                    return Err(self
+                                        .err(&format!("{key}.args.{n}"), format!("{i}, but the kernel's autotune config sets {n} = {c}")));
+                                }
+                                continue;
+                            }
                             consts.push((n.clone(), i));
                             if i32::try_from(i).is_err() {
                                 scalars.push((n.clone(), DType::I64));

@@ -16,6 +16,14 @@ def scale_bwd(gy_ptr, gx_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(gx_ptr + offs, tl.load(gy_ptr + offs, mask=offs < n) * 3.0, mask=offs < n)
 
+CONFIGS = [triton.Config({'BLOCK': 64}), triton.Config({'BLOCK': 256}, num_warps=8)]
+
+@triton.autotune(configs=CONFIGS, key=['n'])
+@triton.jit
+def scale_tuned(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 3.0, mask=offs < n)
+
 @triton.jit
 def scale_bwd_wrong(gy_ptr, gx_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -116,4 +124,31 @@ fn errors_name_file_key_and_expectation() {
         assert!(e.starts_with(&p.display().to_string()), "{tag}: {e}");
         assert!(e.contains(expect), "{tag}: `{e}` lacks `{expect}`");
     }
+}
+
+#[test]
+fn autotune_configs_are_picked_by_index() {
+    let tuned = GOOD.replace("fwd = \"k.py::scale\"", "fwd = { kernel = \"k.py::scale_tuned\", config = 1 }");
+    let ok = tuned.replace(
+        "grid = \"cdiv(n, 128)\", args = { x_ptr = \"x\", y_ptr = \"y\", n = \"n\", BLOCK = 128 }",
+        "grid = \"cdiv(n, 256)\", args = { x_ptr = \"x\", y_ptr = \"y\", n = \"n\" }",
+    );
+    assert_ne!(ok, tuned);
+    let s = load(&write("tuned", &ok)).unwrap();
+    let r = tilegrad::check_backward(&s.forward, s.backward.as_ref().unwrap(), &s.inputs, &s.options).unwrap();
+    assert!(r.passed, "{r}");
+    match &s.forward.steps[1] {
+        tilegrad::check::Step::Launch(l) => {
+            assert_eq!(l.kernel.param("BLOCK").map(|p| format!("{:?}", p.kind)), Some("Constexpr(I32, Int(256))".into()))
+        }
+        s => panic!("{s:?}"),
+    }
+    // The launch contradicts the config.
+    let e = load(&write("tuned-conflict", &tuned)).unwrap_err().to_string();
+    assert!(e.contains("forward.steps[1].args.BLOCK: 128, but the kernel's autotune config sets BLOCK = 256"), "{e}");
+    // No such config; no configs at all.
+    let e = load(&write("tuned-range", &ok.replace("config = 1", "config = 2"))).unwrap_err().to_string();
+    assert!(e.contains("kernels.fwd.config: config 2 of `scale_tuned`, which has 2"), "{e}");
+    let e = load(&write("untuned", &ok.replace("scale_tuned", "scale"))).unwrap_err().to_string();
+    assert!(e.contains("has no @triton.autotune configs"), "{e}");
 }

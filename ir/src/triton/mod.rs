@@ -48,6 +48,7 @@
 //! assert_eq!(k.params.len(), 4);
 //! ```
 
+mod autotune;
 mod builtins;
 mod convert;
 mod errors;
@@ -123,6 +124,19 @@ pub fn kernels(source: &str, file: &str) -> Result<Vec<String>, IrError> {
     Ok(module.jit)
 }
 
+/// The constexpr bindings of each `triton.Config` of `kernel`'s `@triton.autotune` decorator, in
+/// order (empty when it has none). A check picks one by index; its values are constexprs of the
+/// conversion.
+pub fn autotune_configs(source: &str, file: &str, kernel: &str) -> Result<Vec<Vec<(String, i64)>>, IrError> {
+    let lines = Lines::new(file, source);
+    let suite = parse(source, &lines)?;
+    let module = Module::scan(&suite).map_err(|f| lines.error(f))?;
+    let Some(&f) = module.funcs.get(kernel) else {
+        return Err(lines.error(errors::Fail { off: 0, message: format!("no function named `{kernel}` in this file") }));
+    };
+    autotune::configs(&module, f).map_err(|f| lines.error(f))
+}
+
 fn parse(source: &str, lines: &Lines) -> Result<Vec<Stmt>, IrError> {
     match ruff_python_parser::parse_module(source) {
         Ok(p) => Ok(p.into_suite().into_iter().collect()),
@@ -150,11 +164,14 @@ pub(crate) struct Module<'a> {
     pub consts: HashMap<String, Val>,
     /// Import aliases: local name to module path (`tl` to `triton.language`).
     pub aliases: HashMap<String, String>,
+    /// Module-level list literals (`configs = [triton.Config(...), ...]`).
+    pub lists: HashMap<String, &'a Expr>,
 }
 
 impl<'a> Module<'a> {
     fn scan(suite: &'a [Stmt]) -> R<Module<'a>> {
-        let mut m = Module { funcs: HashMap::new(), jit: Vec::new(), consts: HashMap::new(), aliases: HashMap::new() };
+        let mut m =
+            Module { funcs: HashMap::new(), jit: Vec::new(), consts: HashMap::new(), aliases: HashMap::new(), lists: HashMap::new() };
         for s in suite {
             match s {
                 Stmt::FunctionDef(f) => {
@@ -186,6 +203,9 @@ impl<'a> Module<'a> {
                 Stmt::Assign(a) if a.targets.len() == 1 => {
                     if let (Expr::Name(n), Some(v)) = (&a.targets[0], module_const(&a.value)) {
                         m.consts.insert(n.id.to_string(), v);
+                    }
+                    if let (Expr::Name(n), Expr::List(_)) = (&a.targets[0], &*a.value) {
+                        m.lists.insert(n.id.to_string(), &a.value);
                     }
                 }
                 Stmt::AnnAssign(a) => {

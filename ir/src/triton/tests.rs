@@ -54,6 +54,20 @@ fn lists_jit_kernels_under_autotune() {
 }
 
 #[test]
+fn autotune_configs_in_order_with_errors_at_their_line() {
+    let src = "import triton\nBIG = 256\n@triton.autotune(configs=[triton.Config({'BLOCK': 64, 'EVEN': True}), triton.Config(kwargs={'BLOCK': BIG}, num_warps=8)], key=['n'])\n@triton.jit\ndef a(x_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr = False):\n    pass\n";
+    let c = super::autotune_configs(src, "k.py", "a").unwrap();
+    assert_eq!(c, vec![vec![("BLOCK".to_string(), 64), ("EVEN".to_string(), 1)], vec![("BLOCK".to_string(), 256)]]);
+    assert!(super::autotune_configs(src.replace("@triton.autotune(configs=[triton.Config({'BLOCK': 64, 'EVEN': True}), triton.Config(kwargs={'BLOCK': BIG}, num_warps=8)], key=['n'])\n", "").as_str(), "k.py", "a").unwrap().is_empty());
+    let gen = "import triton\n@triton.autotune(configs=[triton.Config({'B': b}) for b in [1, 2]], key=[])\n@triton.jit\ndef a(x_ptr):\n    pass\n";
+    let e = super::autotune_configs(gen, "k.py", "a").unwrap_err().to_string();
+    assert!(e.starts_with("k.py:2:26:") && e.contains("generated list"), "{e}");
+    let bad = "import triton\n@triton.autotune(configs=[triton.Config({'B': 1.5})], key=[])\n@triton.jit\ndef a(x_ptr):\n    pass\n";
+    let e = super::autotune_configs(bad, "k.py", "a").unwrap_err().to_string();
+    assert!(e.starts_with("k.py:2:47:") && e.contains("`B` must be an integer"), "{e}");
+}
+
+#[test]
 fn vector_add_params_types_and_ops() {
     let k = conv(VECTOR_ADD, "vector_add", &[("BLOCK", 256)]).unwrap();
     let kinds: Vec<_> = k.params.iter().map(|p| (p.name.as_str(), p.kind.clone())).collect();

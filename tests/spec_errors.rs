@@ -152,3 +152,24 @@ fn autotune_configs_are_picked_by_index() {
     let e = load(&write("untuned", &ok.replace("scale_tuned", "scale"))).unwrap_err().to_string();
     assert!(e.contains("has no @triton.autotune configs"), "{e}");
 }
+
+#[test]
+fn inputs_can_come_from_npy_files() {
+    let x: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0).collect();
+    let spec = GOOD.replace("x = { shape = [\"n\"], init = \"uniform(-2, 2)\" }", "x = { file = \"x.npy\" }");
+    let p = write("npy", &spec);
+    tilegrad::npy::write(&p.with_file_name("x.npy"), &tilegrad_reference::HostTensor::from_f32(&[1000], x.clone())).unwrap();
+    let s = load(&p).unwrap();
+    let gt = tilegrad::check::ground_truth(&s.forward, &s.inputs, &s.options).unwrap();
+    assert_eq!(gt.inputs[0].1.as_f32().unwrap(), &x[..]);
+    assert_eq!(gt.outputs[0].1.as_f32().unwrap(), &x.iter().map(|v| v * 3.0).collect::<Vec<_>>()[..]);
+    let r = tilegrad::check_backward(&s.forward, s.backward.as_ref().unwrap(), &s.inputs, &s.options).unwrap();
+    assert!(r.passed, "{r}");
+    // A dtype that contradicts the file, and a file that is not there.
+    let p2 = write("npy-dtype", &spec.replace("file = \"x.npy\"", "file = \"x.npy\", dtype = \"f64\""));
+    std::fs::copy(p.with_file_name("x.npy"), p2.with_file_name("x.npy")).unwrap();
+    let e = load(&p2).unwrap_err().to_string();
+    assert!(e.contains("inputs.x.dtype: f64, but") && e.contains("holds f32"), "{e}");
+    let e = load(&write("npy-missing", &spec.replace("x.npy", "nope.npy"))).unwrap_err().to_string();
+    assert!(e.contains("inputs.x.file: ") && e.contains("nope.npy"), "{e}");
+}

@@ -266,7 +266,7 @@ pub fn check_backward_with(
         let tol = opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(t.dtype(), fwd_tf32));
         let exp = env_g.tensor(o).expect("same steps").to_f64_vec();
         let (mut r, w) = report::compare(o, o, t.dtype(), t.shape(), tol, &exp, &t.to_f64_vec(), 0);
-        if let (Some(w), Some(worst)) = (w, r.worst.as_mut()) {
+        if let (Some((w, _)), Some(worst)) = (w, r.worst.as_mut()) {
             worst.blame = Some(blame::blame(&trace_f, &env_n, &fwd.steps, o, w));
         }
         forward.push(r);
@@ -318,16 +318,9 @@ pub fn check_backward_with(
             let exp = truth.get(input).cloned().unwrap_or_else(|| vec![0.0; it.numel()]);
             let tol = opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(g.dtype(), bwd_tf32));
             let (mut r, w) = report::compare(input, gname, g.dtype(), g.shape(), tol, &exp, &g.to_f64_vec(), trial);
-            let badness = w.map_or(0.0, |w| {
-                let (e, x) = (exp[w], g.get_f64(w));
-                if !x.is_finite() || !e.is_finite() {
-                    f64::INFINITY
-                } else {
-                    (x - e).abs() / (tol.atol + tol.rtol * e.abs())
-                }
-            });
+            let badness = w.map_or(0.0, |(_, ratio)| ratio);
             if gradients[gi].as_ref().is_none_or(|(_, b)| badness > *b) {
-                if let (Some(w), Some(worst)) = (w, r.worst.as_mut()) {
+                if let (Some((w, _)), Some(worst)) = (w, r.worst.as_mut()) {
                     worst.blame = Some(blame::blame(&trace_b, &env_b, &bwd.steps, gname, w));
                 }
                 gradients[gi] = Some((r, badness));
@@ -381,6 +374,9 @@ fn validate(fwd: &Forward, bwd: &Backward, env: &Env) -> Result<(), CheckError> 
     }
     if fwd.outputs.is_empty() {
         return Err(CheckError::Spec("the forward names no outputs".into()));
+    }
+    if fwd.differentiable.is_empty() {
+        return Err(CheckError::Spec("the forward names no differentiable inputs".into()));
     }
     for o in &fwd.outputs {
         if env.id(&format!("grad_{o}")).is_some() {

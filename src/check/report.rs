@@ -284,8 +284,8 @@ impl fmt::Display for Report {
     }
 }
 
-/// Compares `got` with `expected`; returns the report (without blame) and the flat index of the
-/// worst element.
+/// Compares `got` with `expected`; returns the report (without blame), the flat index of the
+/// worst element and how far over its tolerance it is (error / tolerance; infinite for NaN).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn compare(
     name: &str,
@@ -296,7 +296,7 @@ pub(crate) fn compare(
     expected: &[f64],
     got: &[f64],
     trial: usize,
-) -> (TensorReport, Option<usize>) {
+) -> (TensorReport, Option<(usize, f64)>) {
     let scale = expected.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
     let scale = if scale > 0.0 { scale } else { 1.0 };
     let floor = tol.atol / tol.rtol * scale;
@@ -332,7 +332,6 @@ pub(crate) fn compare(
         }
     }
     let normwise = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
-    let w = worst.map(|(i, _)| i);
     let report = TensorReport {
         name: name.to_string(),
         tensor: tensor.to_string(),
@@ -345,11 +344,11 @@ pub(crate) fn compare(
         over_tolerance: over,
         nan,
         inf,
-        worst: w.map(|i| Worst { index: unravel(i, shape), expected: expected[i], got: got[i], blame: None }),
+        worst: worst.map(|(i, _)| Worst { index: unravel(i, shape), expected: expected[i], got: got[i], blame: None }),
         trial,
         passed: over == 0,
     };
-    (report, w)
+    (report, worst)
 }
 
 /// The multi-index of flat element `i` of a row-major tensor of `shape`.

@@ -320,6 +320,9 @@ fn cli_exit_codes_pass_fail_and_bad_spec() {
     let (code, out, err) = tilegrad(&["check", "examples/vector_add.toml"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("check `vector_add`: PASS"), "{out}");
+    let (code, out, err) = tilegrad(&["gradcheck", "examples/vector_add_ir.toml"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("gradcheck `vector_add_ir`: PASS"), "{out}");
 
     // A wrong value: blamed on the store that wrote it.
     let (code, out, err) = tilegrad(&["check", "examples/copy.toml", "--kernel", "bwd=::copy_bwd_broken_shift"]);

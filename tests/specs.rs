@@ -1,0 +1,431 @@
+//! The example specs (`examples/*.toml`), through the library and through the command line.
+//!
+//! - Every spec loads, its backward passes [`check_backward`] with the default options and its
+//!   forward's ground truth passes [`gradcheck`] (AD against central finite differences).
+//! - Every deliberately broken backward of `examples/triton/*_bwd.py` (the table of broken
+//!   variants in `tests/triton_bwd.rs`), swapped into its spec with a [`KernelOverride`], fails,
+//!   and the report points at the right place: the failure message names the file and line of an
+//!   out-of-bounds access or a race; for a wrong or NaN gradient, the worst element's blame names
+//!   the store (file, line, kernel) that wrote it, or says that it was never written. [`CASES`]
+//!   says, per variant, what the report must say, and notes where that is not the `# BUG:` line
+//!   of the variant (a wrong value is blamed on the store that wrote it, not on the line that
+//!   computed it; an access is reported where it happens, not where its mask or pointer was set
+//!   up; an element never written has no line at all).
+//! - The `tilegrad` binary: exit codes (0 pass, 1 fail, 2 bad input), `--json`, `grad --out` and
+//!   `run --out`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tilegrad::check::{check_backward, gradcheck, BlameSite, CheckOptions, Report};
+use tilegrad::spec::{self, KernelOverride};
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")
+}
+
+/// The spec files of `examples/`, sorted.
+fn spec_files() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> =
+        std::fs::read_dir(examples()).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "toml")).collect();
+    v.sort();
+    v
+}
+
+/// Runs `f` on every item in its own thread and returns the error messages, in order.
+fn all<T: Sync>(items: &[T], f: impl Fn(&T) -> Result<(), String> + Sync) -> Vec<String> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items.iter().map(|it| s.spawn(|| f(it))).collect();
+        handles.into_iter().filter_map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())).err()).collect()
+    })
+}
+
+// ---------------------------------------------------------------- every spec passes
+
+/// Loads a spec, checks its backward and its ground truth; `Err` says what went wrong.
+fn check_spec(path: &Path) -> Result<(), String> {
+    let shown = path.display();
+    let s = spec::load(path).map_err(|e| format!("{shown}: load: {e}"))?;
+    let bwd = s.backward.as_ref().ok_or_else(|| format!("{shown}: no [backward]"))?;
+    let r = check_backward(&s.forward, bwd, &s.inputs, &CheckOptions::default()).map_err(|e| format!("{shown}: check: {e}"))?;
+    if !r.passed {
+        return Err(format!("{shown}: the check fails:\n{r}"));
+    }
+    // A pass must have compared something: one gradient per differentiable input, each finite.
+    let compared: Vec<&str> = r.gradients.iter().map(|g| g.name.as_str()).collect();
+    if compared != s.forward.differentiable.iter().map(String::as_str).collect::<Vec<_>>() || r.forward.is_empty() {
+        return Err(format!("{shown}: gradients compared {compared:?}, differentiable {:?}", s.forward.differentiable));
+    }
+    let g = gradcheck(&s.forward, &s.inputs, &CheckOptions::default(), &s.name).map_err(|e| format!("{shown}: gradcheck: {e}"))?;
+    if !g.passed || g.trials.is_empty() {
+        return Err(format!("{shown}: gradcheck fails:\n{g}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn every_example_spec_passes_check_and_gradcheck() {
+    let files = spec_files();
+    let names: BTreeSet<String> = files.iter().map(|p| p.file_stem().unwrap().to_string_lossy().into_owned()).collect();
+    for want in [
+        "weighted_sum",
+        "vector_add",
+        "vector_add_ir",
+        "copy",
+        "grey",
+        "weighted_sum_desc",
+        "matmul",
+        "l2_norm",
+        "atomic_sum",
+        "softmax",
+        "layer_norm",
+        "layer_norm_saved",
+        "flash_attention",
+    ] {
+        assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
+    }
+    let failures = all(&files, |p| check_spec(p));
+    assert!(failures.is_empty(), "{} of {} specs fail:\n{}", failures.len(), files.len(), failures.join("\n"));
+}
+
+// ---------------------------------------------------------------- broken variants
+
+/// What the report of a broken variant must say. Lines are in the backward's file.
+#[derive(Clone, Copy, Debug)]
+enum Expect {
+    /// The backward stops with an out-of-bounds access at this line.
+    Oob(usize),
+    /// The backward stops with a race, one of whose accesses is at this line.
+    Race(usize),
+    /// Gradient of `input` is finite but wrong; its worst element was written by the variant's
+    /// store (or atomic_add) at `line`.
+    Wrong { input: &'static str, line: usize },
+    /// Gradient of `input` holds NaN written by the variant's store at `line`.
+    NanWritten { input: &'static str, line: usize },
+    /// Gradient of `input` holds NaN because elements of `tensor` were never written.
+    Unwritten { input: &'static str, tensor: &'static str },
+}
+
+use Expect::*;
+
+/// One broken variant: the variant, the spec (`examples/<spec>.toml`), the kernel key it
+/// replaces, what the report must say, and why that is not the `# BUG:` line (empty when it is).
+type Case = (&'static str, &'static str, &'static str, Expect, &'static str);
+
+#[rustfmt::skip]
+const CASES: &[Case] = &[
+    ("vector_add_bwd_broken_mask", "vector_add", "bwd", Oob(25), ""),
+    ("vector_add_bwd_broken_off_by_one", "vector_add", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "mask: the last element is not written"),
+    ("vector_add_bwd_broken_tile_start", "vector_add", "bwd", Race(46), "tile start: programs overlap at the store"),
+    ("copy_bwd_broken_mask", "copy", "bwd", Oob(25), ""),
+    ("copy_bwd_broken_shift", "copy", "bwd", Wrong { input: "src", line: 34 }, "wrong load: blamed on the store of the loaded value"),
+    ("copy_bwd_broken_accumulate", "copy", "bwd", NanWritten { input: "src", line: 43 }, "reads the NaN buffer: blamed on the store"),
+    // With H < W the swapped strides read past grad_grey (with H > W the value is only wrong).
+    ("rgb_to_grey_bwd_broken_transpose", "grey", "bwd", Oob(38), ""),
+    // Blue at `2 * stride_iw` lands on the red channel two pixels on: the tile's last columns
+    // collide with the next column tile's red store (line 55).
+    ("rgb_to_grey_bwd_broken_channel_stride", "grey", "bwd", Race(57), ""),
+    // Columns past W wrap into the next row, which the first column tile writes.
+    ("rgb_to_grey_bwd_broken_col_mask", "grey", "bwd", Race(70), "mask: the race is at the red store that uses it"),
+    ("weighted_sum_bwd_broken_partial_row", "weighted_sum", "bwd", Race(102), "block pointer: the race is at the store through it"),
+    ("weighted_sum_bwd_broken_no_advance", "weighted_sum", "bwd", Unwritten { input: "w", tensor: "partial_grad_w" }, "partial tiles past the first are never written"),
+    // Columns past D wrap into the next row, the next program's at a row tile's end.
+    ("weighted_sum_bwd_broken_boundary", "weighted_sum", "bwd", Race(195), ""),
+    ("weighted_sum_desc_bwd_broken_partial_row", "weighted_sum_desc", "bwd", Race(78), ""),
+    ("weighted_sum_desc_bwd_broken_tile_offset", "weighted_sum_desc", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "column tiles past the first are never written"),
+    ("weighted_sum_desc_bwd_broken_stride", "weighted_sum_desc", "bwd", Oob(140), "descriptor: the access is at its load"),
+    // With N > K the swapped strides read past b (with N < K the value is only wrong).
+    ("matmul_bwd_da_broken_transpose", "matmul", "bwd_da", Oob(65), ""),
+    ("matmul_bwd_da_broken_accumulate", "matmul", "bwd_da", Wrong { input: "a", line: 88 }, "dot: blamed on the store of the accumulator"),
+    ("matmul_bwd_db_broken_mask", "matmul", "bwd_db", Oob(103), "mask: the access is at the load that uses it"),
+    ("l2_norm_bwd_broken_scale", "l2_norm", "bwd", Wrong { input: "x", line: 30 }, ""),
+    ("l2_norm_bwd_broken_factor_two", "l2_norm", "bwd", Wrong { input: "x", line: 41 }, ""),
+    ("l2_norm_bwd_broken_norm_index", "l2_norm", "bwd", Oob(50), ""),
+    ("atomic_sum_bwd_broken_mask", "atomic_sum", "bwd", Oob(25), ""),
+    ("atomic_sum_bwd_broken_mean", "atomic_sum", "bwd", Wrong { input: "x", line: 34 }, "scaled load: blamed on the store"),
+    ("atomic_sum_bwd_broken_block_mask", "atomic_sum", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "mask: programs past the first write nothing"),
+    ("softmax_bwd_broken_row_mask", "softmax", "bwd", Oob(30), "mask: the access is at the load that uses it"),
+    ("softmax_bwd_broken_axis", "softmax", "bwd", Wrong { input: "x", line: 47 }, "reduction: blamed on the store"),
+    ("softmax_bwd_broken_no_dot", "softmax", "bwd", Wrong { input: "x", line: 60 }, "expression: blamed on the store"),
+    ("layer_norm_rows_bwd_broken_race", "layer_norm", "bwd", Race(66), ""),
+    ("layer_norm_rows_bwd_broken_mean_scale", "layer_norm", "bwd", Wrong { input: "x", line: 90 }, "expression: blamed on the store"),
+    ("layer_norm_rows_bwd_broken_var_mask", "layer_norm", "bwd", Wrong { input: "x", line: 115 }, "mask in a reduction: blamed on the store"),
+    ("layer_norm_bwd_broken_accumulate", "layer_norm_saved", "bwd", Wrong { input: "x", line: 191 }, "loop accumulator: blamed on the store"),
+    ("layer_norm_bwd_broken_partial_row", "layer_norm_saved", "bwd", Race(230), ""),
+    ("layer_norm_bwd_broken_mask", "layer_norm_saved", "bwd", Oob(261), ""),
+    ("attn_bwd_broken_sm_scale", "flash_attention", "bwd", Wrong { input: "q", line: 108 }, ""),
+    ("attn_bwd_broken_key_mask", "flash_attention", "bwd", Wrong { input: "q", line: 155 }, "mask: blamed on the store of grad_q"),
+    ("attn_bwd_broken_race", "flash_attention", "bwd", Race(196), ""),
+    ("attn_bwd_broken_dq_accumulate", "flash_attention", "bwd", Wrong { input: "q", line: 249 }, "dot: blamed on the store of the accumulator"),
+];
+
+/// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator
+/// (1-based, inclusive) and the line carrying `# BUG:` in that range, if any.
+struct Source {
+    file: String,
+    lines: (usize, usize),
+    bug: Option<usize>,
+}
+
+/// Finds `@triton.jit def name` in the Triton examples.
+fn source(name: &str) -> Source {
+    for p in std::fs::read_dir(examples().join("triton")).unwrap().map(|e| e.unwrap().path()) {
+        let text = std::fs::read_to_string(&p).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let Some(def) = lines.iter().position(|l| l.starts_with(&format!("def {name}("))) else { continue };
+        let end = def + lines[def..].iter().position(|l| l.starts_with('@')).unwrap_or(lines.len() - def);
+        let bug = (def..end).find(|&i| lines[i].contains("# BUG:")).map(|i| i + 1);
+        return Source { file: p.file_name().unwrap().to_string_lossy().into_owned(), lines: (def + 1, end), bug };
+    }
+    panic!("no kernel `{name}` in examples/triton")
+}
+
+/// Every `_broken_` kernel of the Triton examples.
+fn broken_kernels() -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for p in std::fs::read_dir(examples().join("triton")).unwrap().map(|e| e.unwrap().path()) {
+        for l in std::fs::read_to_string(&p).unwrap().lines() {
+            if let Some(n) = l.strip_prefix("def ").and_then(|r| r.split('(').next()).filter(|n| n.contains("_broken_")) {
+                out.insert(n.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Whether `site` is a write by `kernel` at `file:line`.
+fn site_at(site: &BlameSite, kernel: &str, file: &str, line: usize) -> bool {
+    let at = |loc: &str| {
+        loc.contains(&format!("{file}:{line}:")) && (loc.starts_with(&format!("{file}:")) || loc.contains(&format!("/{file}:")))
+    };
+    match site {
+        BlameSite::Store { kernel: k, loc, .. } | BlameSite::ManyPrograms { kernel: k, loc, .. } => k == kernel && at(loc),
+        _ => false,
+    }
+}
+
+/// Checks the report of a broken variant against its expectation.
+fn judge(case: &Case, r: &Report) -> Result<(), String> {
+    let &(variant, _, _, expect, note) = case;
+    let src = source(variant);
+    let file = &src.file;
+    if r.passed {
+        return Err("the check passes".into());
+    }
+    let line = match expect {
+        Oob(l) | Race(l) | Wrong { line: l, .. } | NanWritten { line: l, .. } => Some(l),
+        Unwritten { .. } => None,
+    };
+    if let Some(l) = line {
+        if l < src.lines.0 || l > src.lines.1 {
+            return Err(format!("the table's line {l} is outside `{variant}` ({file}:{}-{})", src.lines.0, src.lines.1));
+        }
+    }
+    // The table notes exactly the cases where the report cannot name the `# BUG:` line.
+    let bug = src.bug.ok_or_else(|| format!("`{variant}` has no `# BUG:` line"))?;
+    if note.is_empty() != (line == Some(bug)) {
+        return Err(format!("the bug is at line {bug}, the report points at {line:?}, and the note is `{note}`"));
+    }
+    match expect {
+        Oob(l) | Race(l) => {
+            let f = r.failure.as_ref().ok_or("no failure: the backward ran")?;
+            let what = if matches!(expect, Oob(_)) { "out-of-bounds" } else { "race" };
+            let at = format!("{file}:{l}:");
+            if !f.message.contains(what) || !f.message.contains(&at) || !f.message.contains(&format!("kernel `{variant}`")) {
+                return Err(format!("expected {what} at {at} in `{variant}`, got: {}", f.message));
+            }
+        }
+        Wrong { input, line } | NanWritten { input, line } => {
+            if let Some(f) = &r.failure {
+                return Err(format!("the backward failed to run: {}", f.message));
+            }
+            let g = r.gradients.iter().find(|g| g.name == input).ok_or_else(|| format!("no gradient of `{input}`"))?;
+            let nan = g.nan + g.inf > 0;
+            if g.passed || nan != matches!(expect, NanWritten { .. }) {
+                return Err(format!("expected {expect:?}, got gradient of `{input}` passed = {}, nan/inf = {}", g.passed, g.nan + g.inf));
+            }
+            let blame = g.worst.as_ref().and_then(|w| w.blame.as_ref()).ok_or("the worst element has no blame")?;
+            if !blame.sites.iter().any(|s| site_at(s, variant, file, line)) {
+                return Err(format!(
+                    "expected the worst element of `{input}` blamed on {file}:{line} in `{variant}`, got {:?}",
+                    blame.sites
+                ));
+            }
+        }
+        Unwritten { input, tensor } => {
+            if let Some(f) = &r.failure {
+                return Err(format!("the backward failed to run: {}", f.message));
+            }
+            let g = r.gradients.iter().find(|g| g.name == input).ok_or_else(|| format!("no gradient of `{input}`"))?;
+            let blame = g.worst.as_ref().and_then(|w| w.blame.as_ref()).ok_or("the worst element has no blame")?;
+            let never =
+                blame.sites.iter().any(|s| matches!(s, BlameSite::NeverWritten { tensor: t, init, .. } if t == tensor && init == "NaN"));
+            if g.passed || g.nan == 0 || !never {
+                return Err(format!("expected `{tensor}` never written, got nan = {}, blame {:?}", g.nan, blame.sites));
+            }
+        }
+    }
+    // Whatever else failed is blamed on the variant, never on a correct kernel.
+    for g in r.gradients.iter().filter(|g| !g.passed) {
+        for s in g.worst.iter().filter_map(|w| w.blame.as_ref()).flat_map(|b| &b.sites) {
+            if let BlameSite::Store { kernel, .. } | BlameSite::ManyPrograms { kernel, .. } = s {
+                if kernel != variant {
+                    return Err(format!("gradient of `{}` blamed on kernel `{kernel}`", g.name));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_table_covers_every_broken_variant() {
+    let table: BTreeSet<String> = CASES.iter().map(|c| c.0.to_string()).collect();
+    assert_eq!(table.len(), CASES.len(), "a variant is listed twice");
+    assert_eq!(table, broken_kernels(), "CASES and the `_broken_` kernels of examples/triton differ");
+}
+
+#[test]
+fn every_broken_variant_fails_and_the_report_points_at_it() {
+    let failures = all(CASES, |case| {
+        let (variant, spec_name, key, ..) = *case;
+        let path = examples().join(format!("{spec_name}.toml"));
+        let o = [KernelOverride { key: key.to_string(), reference: format!("::{variant}") }];
+        let s = spec::load_with(&path, &o).map_err(|e| format!("{variant}: load: {e}"))?;
+        // One cotangent trial: every variant fails on any random cotangent.
+        let opts = CheckOptions { trials: 1, ..CheckOptions::default() };
+        let r = check_backward(&s.forward, s.backward.as_ref().unwrap(), &s.inputs, &opts).map_err(|e| format!("{variant}: check: {e}"))?;
+        judge(case, &r).map_err(|e| format!("{variant} ({spec_name}.toml, {key}): {e}\n{r}"))
+    });
+    assert!(failures.is_empty(), "{} of {} broken variants:\n{}", failures.len(), CASES.len(), failures.join("\n\n"));
+}
+
+// ---------------------------------------------------------------- the command line
+
+fn tilegrad(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tilegrad")).args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// A fresh folder under the system's temporary folder.
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tilegrad-specs-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn cli_exit_codes_pass_fail_and_bad_spec() {
+    let (code, out, err) = tilegrad(&["check", "examples/vector_add.toml"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("check `vector_add`: PASS"), "{out}");
+    let (code, out, err) = tilegrad(&["gradcheck", "examples/vector_add_ir.toml"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("gradcheck `vector_add_ir`: PASS"), "{out}");
+
+    // A wrong value: blamed on the store that wrote it.
+    let (code, out, err) = tilegrad(&["check", "examples/copy.toml", "--kernel", "bwd=::copy_bwd_broken_shift"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("FAIL") && out.contains("examples/triton/copy_bwd.py:34:"), "{out}");
+    // An out-of-bounds access: reported at its line.
+    let (code, out, err) = tilegrad(&["check", "examples/copy.toml", "--kernel", "bwd=::copy_bwd_broken_mask"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("out-of-bounds") && out.contains("examples/triton/copy_bwd.py:25:"), "{out}");
+    // Several specs: one failing fails the run.
+    let (code, out, _) = tilegrad(&["check", "examples/vector_add.toml", "examples/copy.toml", "--kernel", "bwd=::copy_bwd_broken_shift"]);
+    assert_ne!(code, 0, "{out}");
+
+    // A typo'd key in a copy of a spec (kernels by absolute path, so that only the key is wrong).
+    let dir = temp_dir("bad");
+    let text = std::fs::read_to_string(examples().join("vector_add.toml")).unwrap();
+    let triton = format!("\"{}/", examples().join("triton").display());
+    let good = text.replace("\"triton/", &triton);
+    let good_path = dir.join("good.toml");
+    std::fs::write(&good_path, &good).unwrap();
+    let (code, out, err) = tilegrad(&["check", good_path.to_str().unwrap()]);
+    assert_eq!(code, 0, "the copy itself must pass: {out}{err}");
+    assert!(good.contains("differentiable = "));
+    let bad_path = dir.join("typo.toml");
+    std::fs::write(&bad_path, good.replace("differentiable = ", "diferentiable = ")).unwrap();
+    let (code, out, err) = tilegrad(&["check", bad_path.to_str().unwrap()]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains(&bad_path.display().to_string()) && err.contains("forward.diferentiable") && err.contains("unknown key"), "{err}");
+    // A kernel override naming no kernel of the spec.
+    let (code, _, err) = tilegrad(&["check", "examples/vector_add.toml", "--kernel", "nope=::vector_add_bwd"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("kernels.nope"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn cli_json_report() {
+    let (code, out, err) = tilegrad(&["check", "--json", "examples/atomic_sum.toml"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v[0]["passed"], serde_json::Value::Bool(true), "{out}");
+    assert_eq!(v[0]["gradients"][0]["tensor"], "grad_x", "{out}");
+
+    let (code, out, err) = tilegrad(&["check", "--json", "examples/atomic_sum.toml", "--kernel", "bwd=::atomic_sum_bwd_broken_mean"]);
+    assert_eq!(code, 1, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v[0]["passed"], serde_json::Value::Bool(false), "{out}");
+    let site = &v[0]["gradients"][0]["worst"]["blame"]["sites"][0];
+    assert_eq!(site["kind"], "store", "{out}");
+    assert_eq!(site["kernel"], "atomic_sum_bwd_broken_mean", "{out}");
+    assert!(site["loc"].as_str().unwrap().contains("atomic_sum_bwd.py:34:"), "{out}");
+}
+
+/// Reads `dir/name.npy`.
+fn npy(dir: &Path, name: &str) -> tilegrad_reference::HostTensor {
+    let p = dir.join(format!("{name}.npy"));
+    assert!(p.is_file(), "{} was not written", p.display());
+    tilegrad::npy::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn cli_grad_writes_the_ground_truth_as_npy() {
+    let dir = temp_dir("grad");
+    let (code, out, err) = tilegrad(&["grad", "examples/matmul.toml", "--out", dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (a, b, c, gc, ga, gb) =
+        (npy(&dir, "a"), npy(&dir, "b"), npy(&dir, "c"), npy(&dir, "grad_c"), npy(&dir, "grad_a"), npy(&dir, "grad_b"));
+    let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+    assert_eq!((a.shape(), b.shape(), c.shape(), gc.shape()), (&[m, k][..], &[k, n][..], &[m, n][..], &[m, n][..]));
+    assert_eq!((ga.shape(), gb.shape()), (a.shape(), b.shape()));
+    assert_eq!(ga.dtype().to_string(), "f64");
+    // The gradients are those of c = a b: grad_a = grad_c b^T, grad_b = a^T grad_c.
+    let (av, bv, cv, gcv, gav, gbv) = (a.to_f64_vec(), b.to_f64_vec(), c.to_f64_vec(), gc.to_f64_vec(), ga.to_f64_vec(), gb.to_f64_vec());
+    let close = |x: f64, y: f64, scale: f64| (x - y).abs() <= 1e-9 * scale;
+    for i in 0..m {
+        for j in 0..k {
+            let e: f64 = (0..n).map(|l| gcv[i * n + l] * bv[j * n + l]).sum();
+            assert!(close(gav[i * k + j], e, 1.0 + e.abs()), "grad_a[{i}, {j}] = {} vs {e}", gav[i * k + j]);
+        }
+    }
+    for j in 0..k {
+        for l in 0..n {
+            let e: f64 = (0..m).map(|i| av[i * k + j] * gcv[i * n + l]).sum();
+            assert!(close(gbv[j * n + l], e, 1.0 + e.abs()), "grad_b[{j}, {l}] = {} vs {e}", gbv[j * n + l]);
+        }
+    }
+    let c00: f64 = (0..k).map(|j| av[j] * bv[j * n]).sum();
+    assert!((cv[0] - c00).abs() <= 1e-4 * (1.0 + c00.abs()), "c[0, 0] = {} vs {c00}", cv[0]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn cli_run_writes_inputs_and_outputs_as_npy() {
+    let dir = temp_dir("run");
+    let (code, out, err) = tilegrad(&["run", "examples/l2_norm.toml", "--out", dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (x, o) = (npy(&dir, "x"), npy(&dir, "out"));
+    assert_eq!(o.shape(), &[1]);
+    assert_eq!(x.shape().len(), 1);
+    let norm = x.to_f64_vec().iter().map(|v| v * v).sum::<f64>().sqrt();
+    let got = o.to_f64_vec()[0];
+    assert!((got - norm).abs() <= 1e-5 * norm, "out = {got}, |x| = {norm}");
+    // `run` writes no gradients.
+    assert!(!dir.join("grad_x.npy").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -10,6 +10,21 @@ use tilegrad::check::{self, Backend, CheckOptions, Precision};
 use tilegrad::spec::{self, KernelOverride, Spec};
 use tilegrad::{npy, zoo};
 
+/// `println!` that ends the process quietly when stdout is closed (`tilegrad check ... | head`),
+/// with the status a shell gives a process ended by SIGPIPE, instead of panicking.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($t)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(141);
+            }
+            eprintln!("error: writing to stdout: {e}");
+            std::process::exit(2);
+        }
+    }};
+}
+
 #[derive(Parser)]
 #[command(name = "tilegrad", version, about = "Ground-truth gradients for GPU tile kernels")]
 struct Cli {
@@ -196,12 +211,15 @@ impl Drop for Progress {
     }
 }
 
-fn write_npy(dir: &Path, tensors: &[(String, tilegrad_reference::HostTensor)]) -> Result<()> {
+/// Writes `<prefix><name>.npy` for each tensor of each group into `dir`.
+fn write_npy(dir: &Path, groups: &[(&str, &check::Named)]) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    for (n, t) in tensors {
-        let p = dir.join(format!("{n}.npy"));
-        npy::write(&p, t)?;
-        println!("wrote {} {:?} {}", p.display(), t.shape(), t.dtype());
+    for (prefix, tensors) in groups {
+        for (n, t) in tensors.iter() {
+            let p = dir.join(format!("{prefix}{n}.npy"));
+            npy::write(&p, t)?;
+            out!("wrote {} {:?} {}", p.display(), t.shape(), t.dtype());
+        }
     }
     Ok(())
 }
@@ -220,58 +238,66 @@ fn run(cli: Cli) -> Result<bool> {
                         .with_context(|| format!("{}", path.display()))?;
                 drop(progress);
                 if !json {
-                    println!("{report}");
+                    out!("{report}");
                 }
                 reports.push(report);
             }
             let passed = reports.iter().all(|r| r.passed);
             if json {
-                println!("{}", serde_json::to_string_pretty(&reports)?);
+                out!("{}", serde_json::to_string_pretty(&reports)?);
             } else if specs.len() > 1 {
-                println!("{} of {} checks passed", reports.iter().filter(|r| r.passed).count(), reports.len());
+                out!("{} of {} checks passed", reports.iter().filter(|r| r.passed).count(), reports.len());
             }
             Ok(passed)
         }
         Command::Grad { spec, out, opts } => {
             let (s, o) = opts.load(&spec)?;
             let g = check::ground_truth(&s.forward, &s.inputs, &o).with_context(|| format!("{}", spec.display()))?;
-            write_npy(&out, &[g.inputs, g.outputs, g.cotangents, g.gradients].concat())?;
+            write_npy(&out, &[("input_", &g.inputs), ("output_", &g.outputs), ("cotangent_", &g.cotangents), ("grad_", &g.gradients)])?;
             Ok(true)
         }
         Command::Run { spec, out, opts } => {
             let (s, o) = opts.load(&spec)?;
-            let t = check::run_forward(&s.forward, &s.inputs, o.seed).with_context(|| format!("{}", spec.display()))?;
-            write_npy(&out, &t)?;
+            let (i, t) = check::run_forward(&s.forward, &s.inputs, o.seed).with_context(|| format!("{}", spec.display()))?;
+            write_npy(&out, &[("input_", &i), ("output_", &t)])?;
             Ok(true)
         }
         Command::Gradcheck { spec, json, opts } => {
             let (s, o) = opts.load(&spec)?;
             let r = check::gradcheck(&s.forward, &s.inputs, &o, &s.name).with_context(|| format!("{}", spec.display()))?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
+                out!("{}", serde_json::to_string_pretty(&r)?);
             } else {
-                println!("{r}");
+                out!("{r}");
             }
             Ok(r.passed)
         }
         Command::Zoo { cases, seed, list } => {
             if list {
                 for n in zoo::names() {
-                    println!("{n}");
+                    out!("{n}");
                 }
                 return Ok(true);
             }
             let cases: Vec<String> = if cases.is_empty() { zoo::names().iter().map(|s| s.to_string()).collect() } else { cases };
-            println!(
+            out!(
                 "{:<18} {:>8} {:>8} {:>10} {:>10} {:>11} {:>11} {:>10} {:>10}  result",
-                "case", "programs", "launches", "loaded", "stored", "max abs err", "max rel err", "tolerance", "time"
+                "case",
+                "programs",
+                "launches",
+                "loaded",
+                "stored",
+                "max abs err",
+                "max rel err",
+                "tolerance",
+                "time"
             );
             let mut passed = 0usize;
             for c in &cases {
                 let r = zoo::run_case(c, seed).with_context(|| format!("zoo case `{c}`"))?;
                 let ok = r.passed();
                 passed += ok as usize;
-                println!(
+                out!(
                     "{:<18} {:>8} {:>8} {:>10} {:>10} {:>11.3e} {:>11.3e} {:>10.1e} {:>8.2}ms  {}",
                     r.name,
                     r.programs,
@@ -285,10 +311,10 @@ fn run(cli: Cli) -> Result<bool> {
                     if ok { "ok" } else { "MISMATCH" }
                 );
                 for (name, shape) in &r.outputs {
-                    println!("{:<18}   output `{name}` {shape:?}", "");
+                    out!("{:<18}   output `{name}` {shape:?}", "");
                 }
             }
-            println!("{passed} of {} cases match their reference (seed {seed})", cases.len());
+            out!("{passed} of {} cases match their reference (seed {seed})", cases.len());
             Ok(passed == cases.len())
         }
         Command::Ir { file, consts } => {
@@ -303,7 +329,7 @@ fn run(cli: Cli) -> Result<bool> {
                 let refs: Vec<(&str, i64)> = bindings.iter().map(|(n, v)| (n.as_str(), *v)).collect();
                 let opts = tilegrad_ir::triton::ConvertOptions::with_constexprs(&refs);
                 let k = tilegrad_ir::triton::convert(&src, path, name, &opts)?;
-                print!("{k}");
+                out!("{}", k.to_string().trim_end());
                 return Ok(true);
             }
             if !consts.is_empty() {
@@ -314,7 +340,7 @@ fn run(cli: Cli) -> Result<bool> {
             if kernels.is_empty() {
                 bail!("{file}: no kernels");
             }
-            print!("{}", tilegrad_ir::text::print_module(&kernels));
+            out!("{}", tilegrad_ir::text::print_module(&kernels).trim_end());
             Ok(true)
         }
     }

@@ -9,9 +9,10 @@
 //! bwd = "triton/weighted_sum_bwd.py::weighted_sum_bwd"
 //! # tuned = { kernel = "k.py::NAME", config = 2 }   # constexprs of its 3rd @triton.autotune config
 //!
-//! [constants]                           # names for expressions
-//! ROWS = 1000
+//! [constants]                           # names for expressions (numbers, or expressions
+//! ROWS = 1000                           # of the constants above them)
 //! D = 300
+//! D_TILE = "min(next_power_of_2(D), 128)"
 //!
 //! [inputs]                              # shape, dtype (f32), init: normal | normal(m, s) |
 //! x = { shape = ["ROWS", "D"] }         # uniform(lo, hi) | randint(lo, hi) | const(v); or file
@@ -19,7 +20,8 @@
 //!
 //! [forward]
 //! differentiable = ["x", "w"]           # default: every float input
-//! outputs = ["out"]
+//! outputs = ["out"]                     # each gets a random cotangent `grad_<output>`
+//! saved = []                            # checked like outputs, no cotangent (e.g. mean, rstd)
 //! steps = [
 //!   { alloc = "out", shape = ["ROWS"], dtype = "f32" },      # init = "empty" (NaN) | "zeros"
 //!   { launch = "fwd", grid = ["cdiv(ROWS, 16)"], args = { x_ptr = "x", weight_ptr = "w",
@@ -182,11 +184,10 @@ impl Loader {
         if let Some(c) = t.get("constants") {
             for (k, v) in self.table(c, "constants")? {
                 let key = format!("constants.{k}");
-                let s = match v {
-                    Value::Integer(i) => Scalar::Int(*i),
-                    Value::Float(f) => Scalar::Float(*f),
-                    _ => return Err(self.err(&key, format!("expected a number, found {}", v.type_str()))),
-                };
+                let e = self.expr(v, &key)?;
+                let scope = Static { constants: &inputs.constants, tensors: &[] };
+                let s =
+                    e.eval(&scope).map_err(|err| self.err(&key, format!("`{e}`: {err} (a constant may use the constants above it)")))?;
                 inputs.constants.push((k.clone(), s));
             }
         }
@@ -200,14 +201,23 @@ impl Loader {
             return Err(self.err("inputs", "a spec needs at least one input tensor"));
         }
         let ftab = self.table(t.get("forward").ok_or_else(|| self.err("forward", "missing table"))?, "forward")?;
-        self.only(ftab, "forward", &["differentiable", "outputs", "steps"])?;
+        self.only(ftab, "forward", &["differentiable", "outputs", "saved", "steps"])?;
         let differentiable = match ftab.get("differentiable") {
             Some(v) => self.strings(v, "forward.differentiable")?,
             None => self.tensors.iter().filter(|(_, d, _)| d.is_float()).map(|(n, ..)| n.clone()).collect(),
         };
         let outputs = self.strings(ftab.get("outputs").ok_or_else(|| self.err("forward.outputs", "missing"))?, "forward.outputs")?;
         let fsteps = self.steps(ftab.get("steps"), "forward.steps", &inputs.constants)?;
-        let forward = Forward { steps: fsteps, differentiable, outputs: outputs.clone() };
+        let saved = match ftab.get("saved") {
+            Some(v) => self.strings(v, "forward.saved")?,
+            None => Vec::new(),
+        };
+        for o in &saved {
+            if !self.tensors.iter().any(|(n, ..)| n == o) {
+                return Err(self.err("forward.saved", format!("`{o}` is not a tensor of the forward")));
+            }
+        }
+        let forward = Forward { steps: fsteps, differentiable, outputs: outputs.clone(), saved };
         for o in &outputs {
             let Some((_, d, s)) = self.tensors.iter().find(|(n, ..)| n == o).cloned() else {
                 return Err(self.err("forward.outputs", format!("`{o}` is not a tensor of the forward")));

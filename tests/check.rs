@@ -356,3 +356,28 @@ fn reports_serialise_to_json() {
     assert_eq!(v["gradients"][0]["worst"]["index"][0], 129);
     assert_eq!(v["gradients"][0]["worst"]["blame"]["sites"][0]["kind"], "never_written");
 }
+
+#[test]
+fn a_forward_that_leaves_an_output_unwritten_is_a_usage_error_and_saved_tensors_are_checked() {
+    // The forward covers n - 5 elements of its output.
+    let (_, b, i) = square_case("square_bwd", 300);
+    let short = Forward::new(&["x"], &["y"]).step(Step::alloc("y", &["n"], DType::F32).unwrap()).step(launch(
+        k("square", &[("BLOCK", 64)]),
+        "cdiv(n, 64)",
+        &[("x_ptr", "x"), ("y_ptr", "y"), ("n", "n - 5"), ("s", "s")],
+    ));
+    let m = check_backward(&short, &b, &i, &CheckOptions::default()).unwrap_err().to_string();
+    assert!(m.contains("forward step 0") && m.contains("element [295] of `y` is never written"), "{m}");
+    // A saved tensor is compared with the ground truth's forward but gets no cotangent: the
+    // backward need not account for it.
+    let (f, b, i) = square_case("square_bwd", 300);
+    let f = f.step(Step::Scale { src: "y".into(), factor: "2".parse_expr(), dst: "y2".into() }).saved(&["y2"]);
+    let r = check_backward(&f, &b, &i, &CheckOptions::default()).unwrap();
+    assert!(r.passed, "{r}");
+    assert_eq!(r.forward.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), vec!["y", "y2"]);
+    // As an output it would get a cotangent, which this backward ignores.
+    let mut f2 = f.clone();
+    f2.saved.clear();
+    f2.outputs.push("y2".into());
+    assert!(!check_backward(&f2, &b, &i, &CheckOptions::default()).unwrap().passed);
+}

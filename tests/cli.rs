@@ -35,3 +35,22 @@ fn ir_prints_text_ir_and_converted_triton() {
     assert_eq!(code, 2);
     assert!(err.contains("expected NAME=VALUE"), "{err}");
 }
+
+#[test]
+fn a_closed_stdout_ends_the_process_without_a_panic() {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tilegrad"))
+        .args(["check", "examples/weighted_sum.toml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    // The report is printed after the check, long after the pipe closed: the process ends with the
+    // status of one ended by SIGPIPE.
+    assert_eq!(out.status.code(), Some(141), "{err}");
+}

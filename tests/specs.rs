@@ -388,8 +388,14 @@ fn cli_grad_writes_the_ground_truth_as_npy() {
     let dir = temp_dir("grad");
     let (code, out, err) = tilegrad(&["grad", "examples/matmul.toml", "--out", dir.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
-    let (a, b, c, gc, ga, gb) =
-        (npy(&dir, "a"), npy(&dir, "b"), npy(&dir, "c"), npy(&dir, "grad_c"), npy(&dir, "grad_a"), npy(&dir, "grad_b"));
+    let (a, b, c, gc, ga, gb) = (
+        npy(&dir, "input_a"),
+        npy(&dir, "input_b"),
+        npy(&dir, "output_c"),
+        npy(&dir, "cotangent_c"),
+        npy(&dir, "grad_a"),
+        npy(&dir, "grad_b"),
+    );
     let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
     assert_eq!((a.shape(), b.shape(), c.shape(), gc.shape()), (&[m, k][..], &[k, n][..], &[m, n][..], &[m, n][..]));
     assert_eq!((ga.shape(), gb.shape()), (a.shape(), b.shape()));
@@ -419,7 +425,7 @@ fn cli_run_writes_inputs_and_outputs_as_npy() {
     let dir = temp_dir("run");
     let (code, out, err) = tilegrad(&["run", "examples/l2_norm.toml", "--out", dir.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
-    let (x, o) = (npy(&dir, "x"), npy(&dir, "out"));
+    let (x, o) = (npy(&dir, "input_x"), npy(&dir, "output_out"));
     assert_eq!(o.shape(), &[1]);
     assert_eq!(x.shape().len(), 1);
     let norm = x.to_f64_vec().iter().map(|v| v * v).sum::<f64>().sqrt();

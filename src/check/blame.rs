@@ -92,3 +92,11 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
         }
     }
 }
+
+/// For a tensor allocated empty by step `s`: `(s, e)` with `e` its first element no launch wrote.
+pub(crate) fn first_unwritten(trace: &Trace, name: &str) -> Option<(usize, usize)> {
+    let (_, origin, layers) = trace.get(name)?;
+    let Origin::Alloc { init: Init::Empty, step } = origin else { return None };
+    let Some((_, _, _, first)) = layers.first() else { return Some((*step, 0)) };
+    (0..first.program.len()).find(|&e| layers.iter().all(|(_, _, _, w)| w.of(e).is_none())).map(|e| (*step, e))
+}

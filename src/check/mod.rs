@@ -73,7 +73,7 @@ pub use report::{Blame, BlameSite, Failure, Report, TensorReport, Tolerance, Wor
 pub(crate) use steps::eval_shape as steps_eval_shape;
 pub use steps::{Env, Init, KernelLaunch, Step};
 pub use tilegrad_ad::Precision;
-pub use truth::{gradcheck, ground_truth, run_forward, FdTrial, GradcheckReport, GroundTruth};
+pub use truth::{gradcheck, ground_truth, run_forward, FdTrial, GradcheckReport, GroundTruth, Named};
 
 use rand::SeedableRng;
 use std::collections::HashMap;
@@ -123,6 +123,9 @@ pub struct Forward {
     pub differentiable: Vec<String>,
     /// Output tensors (each gets a random cotangent `grad_<name>`).
     pub outputs: Vec<String>,
+    /// Tensors the forward computes for its backward (a layer norm's mean and rstd): checked
+    /// against the ground truth's forward like outputs, but without a cotangent.
+    pub saved: Vec<String>,
 }
 
 impl Forward {
@@ -132,7 +135,14 @@ impl Forward {
             steps: Vec::new(),
             differentiable: differentiable.iter().map(|s| s.to_string()).collect(),
             outputs: outputs.iter().map(|s| s.to_string()).collect(),
+            saved: Vec::new(),
         }
+    }
+
+    /// Declares tensors saved for the backward (checked, no cotangent).
+    pub fn saved(mut self, saved: &[&str]) -> Forward {
+        self.saved = saved.iter().map(|s| s.to_string()).collect();
+        self
     }
 
     /// Appends a step.
@@ -258,10 +268,20 @@ pub fn check_backward_with(
 
     let fwd_tf32 = uses_tf32(&fwd.steps);
     let mut forward = Vec::new();
-    for o in &fwd.outputs {
-        let t = env_n.tensor(o).ok_or_else(|| CheckError::Spec(format!("forward output `{o}` is not a tensor after the forward")))?;
-        if !t.dtype().is_float() {
-            return Err(CheckError::Spec(format!("forward output `{o}` is {}, not a float tensor", t.dtype())));
+    for o in fwd.outputs.iter().chain(&fwd.saved) {
+        let t = env_n.tensor(o).ok_or_else(|| CheckError::Spec(format!("forward tensor `{o}` is not a tensor after the forward")))?;
+        if !t.dtype().is_float() && fwd.outputs.contains(o) {
+            return Err(CheckError::Spec(format!("forward output `{o}` is {}, not a float tensor (list it as saved)", t.dtype())));
+        }
+        if let Some((step, e)) = blame::first_unwritten(&trace_f, o) {
+            return Err(CheckError::Forward {
+                step,
+                what: fwd.steps[step].describe(),
+                message: format!(
+                    "element {:?} of `{o}` is never written by the forward (it was allocated empty)",
+                    report::unravel(e, t.shape())
+                ),
+            });
         }
         let tol = opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(t.dtype(), fwd_tf32));
         let exp = env_g.tensor(o).expect("same steps").to_f64_vec();
@@ -377,6 +397,9 @@ fn validate(fwd: &Forward, bwd: &Backward, env: &Env) -> Result<(), CheckError> 
     }
     if fwd.differentiable.is_empty() {
         return Err(CheckError::Spec("the forward names no differentiable inputs".into()));
+    }
+    if let Some(o) = fwd.saved.iter().find(|s| fwd.outputs.contains(s)) {
+        return Err(CheckError::Spec(format!("`{o}` is both an output and saved: an output is saved for the backward anyway")));
     }
     for o in &fwd.outputs {
         if env.id(&format!("grad_{o}")).is_some() {

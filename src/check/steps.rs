@@ -195,7 +195,7 @@ pub(crate) enum Origin {
     /// An input, output or cotangent handed to the pass.
     Given,
     /// Allocated by a step.
-    Alloc { init: Init },
+    Alloc { step: usize, init: Init },
     /// Made by a host step from another tensor.
     Host { step: usize, src: String },
 }
@@ -260,7 +260,7 @@ pub(crate) fn run(
                 }
                 env.add(name, t).map_err(spec)?;
                 if let Some(tr) = trace.as_deref_mut() {
-                    tr.tensors.push((name.clone(), Origin::Alloc { init: *init }, Vec::new()));
+                    tr.tensors.push((name.clone(), Origin::Alloc { step: i, init: *init }, Vec::new()));
                 }
             }
             Step::Launch(kl) => {

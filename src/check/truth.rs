@@ -23,11 +23,19 @@ fn forward_err(fwd: &Forward) -> impl Fn(steps::StepFailure) -> CheckError + '_ 
     }
 }
 
-/// Runs the forward in the kernels' own dtypes; returns the inputs and outputs by name.
-pub fn run_forward(fwd: &Forward, inputs: &Inputs, seed: u64) -> Result<Vec<(String, HostTensor)>, CheckError> {
-    let mut env = inputs.materialise(seed)?;
+/// Tensors by name.
+pub type Named = Vec<(String, HostTensor)>;
+
+/// Runs the forward in the kernels' own dtypes; returns the inputs as drawn and the outputs and
+/// saved tensors, by name.
+pub fn run_forward(fwd: &Forward, inputs: &Inputs, seed: u64) -> Result<(Named, Named), CheckError> {
+    let env0 = inputs.materialise(seed)?;
+    let mut env = env0.clone();
     steps::run(&mut env, &fwd.steps, Mode::Native, None, None).map_err(forward_err(fwd))?;
-    named(&env, inputs.tensors.iter().map(|t| t.name.as_str()).chain(fwd.outputs.iter().map(String::as_str)))
+    Ok((
+        named(&env0, inputs.tensors.iter().map(|t| t.name.as_str()))?,
+        named(&env, fwd.outputs.iter().chain(&fwd.saved).map(String::as_str))?,
+    ))
 }
 
 fn named<'a>(env: &Env, names: impl Iterator<Item = &'a str>) -> Result<Vec<(String, HostTensor)>, CheckError> {
@@ -43,11 +51,12 @@ fn named<'a>(env: &Env, names: impl Iterator<Item = &'a str>) -> Result<Vec<(Str
 pub struct GroundTruth {
     /// The inputs, as drawn.
     pub inputs: Vec<(String, HostTensor)>,
-    /// The forward's outputs, computed in the kernels' dtypes.
+    /// The forward's outputs and saved tensors, computed in the kernels' dtypes.
     pub outputs: Vec<(String, HostTensor)>,
-    /// The cotangent of each output (`grad_<output>`), in the output's dtype.
+    /// The cotangent of each output (by output name; a backward sees it as `grad_<output>`),
+    /// in the output's dtype.
     pub cotangents: Vec<(String, HostTensor)>,
-    /// The gradient of each differentiable input (`grad_<input>`), f64.
+    /// The gradient of each differentiable input (by input name), f64.
     pub gradients: Vec<(String, HostTensor)>,
 }
 
@@ -74,13 +83,14 @@ fn setup(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<(Env, En
 /// The ground-truth gradients of `fwd` for a random cotangent drawn from `opts.seed`.
 pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<GroundTruth, CheckError> {
     let (env_n, env_g, records) = setup(fwd, inputs, opts)?;
+    let env0 = inputs.materialise(opts.seed)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0x9e37_79b9_7f4a_7c15);
     let mut cot = HashMap::new();
     let mut cotangents = Vec::new();
     for o in &fwd.outputs {
         let t = env_n.tensor(o).ok_or_else(|| CheckError::Spec(format!("forward output `{o}` is not a tensor after the forward")))?;
         let c: Vec<f64> = inputs::normal(&mut rng, t.numel()).into_iter().map(|x| tilegrad_reference::round_to(t.dtype(), x)).collect();
-        cotangents.push((format!("grad_{o}"), HostTensor::from_f64_as(t.dtype(), t.shape(), &c)));
+        cotangents.push((o.clone(), HostTensor::from_f64_as(t.dtype(), t.shape(), &c)));
         cot.insert(o.clone(), c);
     }
     let gopts = GradOptions { precision: opts.precision, memory_budget: opts.memory_budget, ..GradOptions::default() };
@@ -91,12 +101,12 @@ pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Resu
         .map(|d| {
             let t = env_n.tensor(d).expect("checked in setup");
             let g = truth.get(d).cloned().unwrap_or_else(|| vec![0.0; t.numel()]);
-            (format!("grad_{d}"), HostTensor::from_f64(t.shape(), g))
+            (d.clone(), HostTensor::from_f64(t.shape(), g))
         })
         .collect();
     Ok(GroundTruth {
-        inputs: named(&env_n, inputs.tensors.iter().map(|t| t.name.as_str()))?,
-        outputs: named(&env_n, fwd.outputs.iter().map(String::as_str))?,
+        inputs: named(&env0, inputs.tensors.iter().map(|t| t.name.as_str()))?,
+        outputs: named(&env_n, fwd.outputs.iter().chain(&fwd.saved).map(String::as_str))?,
         cotangents,
         gradients,
     })

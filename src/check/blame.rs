@@ -4,7 +4,19 @@
 
 use super::report::{unravel, Blame, BlameSite};
 use super::steps::{Env, Init, Origin, Step, Trace};
+use tilegrad_ir::{Kernel, Loc, Value};
 use tilegrad_reference::Writers;
+
+/// Where the instruction defining `v` is, if an instruction defines it (not a parameter).
+fn def_loc(k: &Kernel, v: Value) -> Option<Loc> {
+    let mut found = None;
+    k.walk(&mut |_, d| {
+        if found.is_none() && d.results.contains(&v) {
+            found = Some(d.loc.clone());
+        }
+    });
+    found.filter(|l| !l.is_unknown())
+}
 
 /// Blames element `e` (flat) of tensor `name` of a pass that ran `steps` with `trace`.
 pub(crate) fn blame(trace: &Trace, env: &Env, steps: &[Step], name: &str, e: usize) -> Blame {
@@ -42,14 +54,21 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
                     programs.push(pid);
                 }
             }
-            _ => b.sites.push(BlameSite::Store {
-                step,
-                kernel: k.name.clone(),
-                op: d.op.mnemonic().to_string(),
-                loc,
-                programs: vec![pid],
-                elements: 1,
-            }),
+            _ => {
+                let other_line = |v: Option<&Value>| {
+                    v.and_then(|&v| def_loc(k, v)).filter(|l| l.line != d.loc.line || l.file != d.loc.file).map(|l| l.to_string())
+                };
+                b.sites.push(BlameSite::Store {
+                    step,
+                    kernel: k.name.clone(),
+                    op: d.op.mnemonic().to_string(),
+                    loc,
+                    value_loc: other_line(d.args.get(1)),
+                    address_loc: other_line(d.args.first()),
+                    programs: vec![pid],
+                    elements: 1,
+                })
+            }
         }
     }
     if unwritten.is_empty() {

@@ -72,6 +72,10 @@ pub enum BlameSite {
         op: String,
         /// Source location of the op (file:line:col).
         loc: String,
+        /// Where the stored value was computed, when on another line than the store.
+        value_loc: Option<String>,
+        /// Where the address (pointer arithmetic) was computed, when on another line.
+        address_loc: Option<String>,
         /// Program ids that wrote the blamed elements (at most 4 listed).
         programs: Vec<[u32; 3]>,
         /// Blamed elements written by this op.
@@ -111,10 +115,17 @@ impl fmt::Display for Blame {
         }
         for s in &self.sites {
             match s {
-                BlameSite::Store { step, kernel, op, loc, programs, elements } => {
+                BlameSite::Store { step, kernel, op, loc, value_loc, address_loc, programs, elements } => {
                     let p: Vec<String> = programs.iter().map(|p| format!("({}, {}, {})", p[0], p[1], p[2])).collect();
                     let more = if *elements > programs.len() { format!(" ({elements} elements)") } else { String::new() };
-                    writeln!(f, "      written by `{op}` at {loc} (kernel `{kernel}`, step {step}), program {}{more}", p.join(", "))?
+                    writeln!(f, "      written by `{op}` at {loc} (kernel `{kernel}`, step {step}), program {}{more}", p.join(", "))?;
+                    let from: Vec<String> = [("value", value_loc), ("address", address_loc)]
+                        .iter()
+                        .filter_map(|(what, l)| l.as_ref().map(|l| format!("{what} computed at {l}")))
+                        .collect();
+                    if !from.is_empty() {
+                        writeln!(f, "        {}", from.join("; "))?;
+                    }
                 }
                 BlameSite::ManyPrograms { step, kernel, loc } => {
                     writeln!(f, "      added to by several programs at {loc} (kernel `{kernel}`, step {step})")?

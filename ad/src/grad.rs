@@ -10,7 +10,7 @@
 //! count.
 
 use crate::graph::KernelGraph;
-use crate::program::{Program, ProgramGrad, Shared, SlotData, V};
+use crate::program::{Contrib, Initial, Program, ProgramGrad, Shared, SlotData, V};
 use crate::rules::Precision;
 use crate::{AdError, BTile};
 use rayon::prelude::*;
@@ -105,10 +105,16 @@ pub fn vjp(
             .position(|x| *x == t)
             .ok_or_else(|| AdError::Spec(format!("{what} tensor `{}` is not an argument of the launch of `{}`", mem.name(t), k.name)))
     };
-    let mut slots: Vec<SlotData> = slot_ids
-        .iter()
-        .map(|&t| SlotData { name: mem.name(t).to_string(), initial: mem.get(t).to_f64_vec(), out_cot: None, is_input: false })
-        .collect();
+    let initial = |t: TensorId| {
+        let h = mem.get(t);
+        match (h.as_f32(), h.as_f64()) {
+            (Some(v), _) => Initial::F32(v),
+            (_, Some(v)) => Initial::F64(v),
+            _ => Initial::Converted(h.to_f64_vec()),
+        }
+    };
+    let mut slots: Vec<SlotData> =
+        slot_ids.iter().map(|&t| SlotData { name: mem.name(t).to_string(), initial: initial(t), out_cot: None, is_input: false }).collect();
     for &t in inputs {
         let s = slot_of(t, "input")?;
         if !mem.get(t).dtype().is_float() {
@@ -126,7 +132,7 @@ pub fn vjp(
                 mem.get(*t).numel()
             )));
         }
-        slots[s].out_cot = Some(c.clone());
+        slots[s].out_cot = Some(c);
     }
 
     let facts = KernelGraph::build(k, &param_slot).facts();
@@ -141,7 +147,7 @@ pub fn vjp(
     };
     let mut grads: Vec<Vec<f64>> = slots.iter().map(|s| if s.is_input { vec![0.0; s.initial.len()] } else { Vec::new() }).collect();
     let mut stored: Vec<Vec<bool>> =
-        slots.iter().map(|s| if s.out_cot.is_some() && s.is_input { vec![false; s.initial.len()] } else { Vec::new() }).collect();
+        slots.iter().map(|s| if s.tracks_stores() { vec![false; s.initial.len()] } else { Vec::new() }).collect();
     let mut max_trips: BTreeMap<Inst, u64> = BTreeMap::new();
     let total = launch.grid().programs();
     // Per program in flight: its pending contributions and stores (~24 bytes per element it
@@ -155,13 +161,9 @@ pub fn vjp(
         let end = (start + chunk).min(total);
         let outs: Vec<Result<ProgramGrad, AdError>> =
             (start..end).into_par_iter().map(|p| Program::new(&shared, launch.grid().pid(p)).run()).collect();
+        let outs: Vec<ProgramGrad> = outs.into_iter().collect::<Result<_, _>>()?;
+        accumulate(&mut grads, &outs);
         for out in outs {
-            let out = out?;
-            for (s, c) in out.contrib.iter().enumerate() {
-                for &(e, v) in c {
-                    grads[s][e as usize] += v;
-                }
-            }
             for (s, st) in out.stored.iter().enumerate() {
                 if !stored[s].is_empty() {
                     for &e in st {
@@ -190,4 +192,37 @@ pub fn vjp(
     debug_assert_eq!(max_trips, summary.max_trips);
     let inputs = inputs.iter().map(|&t| grads[slot_ids.iter().position(|x| *x == t).expect("checked above")].clone()).collect();
     Ok(Gradient { inputs, max_trips })
+}
+
+/// Elements per range of a gradient tensor that one task accumulates into.
+const RANGE: usize = 1 << 14;
+
+/// Adds the contributions of `outs` (programs in order) into `grads`, in parallel over fixed
+/// element ranges of each tensor: each element receives its contributions in program order,
+/// whatever the thread count. Contributions are first listed per range they touch (in order).
+fn accumulate(grads: &mut [Vec<f64>], outs: &[ProgramGrad]) {
+    for (s, g) in grads.iter_mut().enumerate() {
+        let mut buckets: Vec<Vec<&Contrib>> = vec![Vec::new(); g.len().div_ceil(RANGE)];
+        for c in outs.iter().flat_map(|o| o.contrib.iter()).filter(|c| c.slot as usize == s) {
+            for b in &mut buckets[c.lo as usize / RANGE..=c.hi as usize / RANGE] {
+                b.push(c);
+            }
+        }
+        g.par_chunks_mut(RANGE).zip(buckets).enumerate().for_each(|(r, (chunk, list))| {
+            let (lo, hi) = ((r * RANGE) as i64, (r * RANGE + chunk.len()) as i64);
+            for c in list {
+                if c.lo >= lo && c.hi < hi {
+                    for (&e, &v) in c.elems.iter().zip(&c.vals) {
+                        chunk[(e - lo) as usize] += v;
+                    }
+                } else {
+                    for (&e, &v) in c.elems.iter().zip(&c.vals) {
+                        if e >= lo && e < hi {
+                            chunk[(e - lo) as usize] += v;
+                        }
+                    }
+                }
+            }
+        });
+    }
 }

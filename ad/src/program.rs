@@ -35,21 +35,47 @@ impl V {
     }
 }
 
+/// The initial contents of a tensor, read in place (f32 and f64) or converted to f64 once.
+pub(crate) enum Initial<'a> {
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+    Converted(Vec<f64>),
+}
+
+impl Initial<'_> {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Initial::F32(v) => v.len(),
+            Initial::F64(v) => v.len(),
+            Initial::Converted(v) => v.len(),
+        }
+    }
+}
+
 /// A tensor of the launch as the AD engine sees it.
-pub(crate) struct SlotData {
+pub(crate) struct SlotData<'a> {
     pub name: String,
-    pub initial: Vec<f64>,
+    pub initial: Initial<'a>,
     /// Cotangent of the final contents, when the tensor is a differentiated output.
-    pub out_cot: Option<Vec<f64>>,
+    pub out_cot: Option<&'a [f64]>,
     /// Gradient of the initial contents is requested.
     pub is_input: bool,
+}
+
+impl SlotData<'_> {
+    /// The elements programs store must be reported (an in-place tensor: elements no program
+    /// stores pass their cotangent through).
+    pub fn tracks_stores(&self) -> bool {
+        self.is_input && self.out_cot.is_some()
+    }
 }
 
 /// What all programs share.
 pub(crate) struct Shared<'a> {
     pub kernel: &'a Kernel,
     pub facts: &'a KernelFacts,
-    pub slots: &'a [SlotData],
+    pub slots: &'a [SlotData<'a>],
     pub params: &'a [V],
     pub grid: [u32; 3],
     pub precision: Precision,
@@ -64,7 +90,7 @@ struct Event {
     atomic: bool,
     /// Active lanes: (lane, element).
     lanes: Vec<(u32, i64)>,
-    /// Values of all lanes of the tile.
+    /// Values of all lanes of the tile, when a later load of this program may read them.
     vals: Vec<f64>,
     numel: usize,
 }
@@ -72,12 +98,25 @@ struct Event {
 /// Where each lane of a load came from, when some lane read this program's own store.
 type Provenance = Vec<Option<(u32, u32)>>;
 
+/// The cotangents one load of one program sends to the initial contents of an input tensor.
+pub(crate) struct Contrib {
+    pub slot: u32,
+    /// Smallest and largest element (inclusive): lets the accumulation skip what it does not own.
+    pub lo: i64,
+    pub hi: i64,
+    /// Elements, in lane order.
+    pub elems: Vec<i64>,
+    /// Cotangents, one per element.
+    pub vals: Vec<f64>,
+}
+
 /// What one program hands back: its gradient contributions and the elements it stored.
 #[derive(Default)]
 pub(crate) struct ProgramGrad {
-    /// Per slot: (element, cotangent) contributions to the gradient of initial contents.
-    pub contrib: Vec<Vec<(i64, f64)>>,
-    /// Per slot: elements this program stored (they do not pass their cotangent through).
+    /// Contributions to the gradient of initial contents, in the order of the reverse sweep.
+    pub contrib: Vec<Contrib>,
+    /// Per slot: elements this program stored (they do not pass their cotangent through); only
+    /// for slots that [`SlotData::tracks_stores`].
     pub stored: Vec<Vec<i64>>,
     /// Largest trip count per loop in this program.
     pub trips: Vec<(Inst, u64)>,
@@ -147,7 +186,7 @@ impl<'a> Program<'a> {
             overlay: HashMap::new(),
             acc: Vec::new(),
             replay: false,
-            out: ProgramGrad { contrib: vec![Vec::new(); sh.slots.len()], stored: vec![Vec::new(); sh.slots.len()], trips: Vec::new() },
+            out: ProgramGrad { contrib: Vec::new(), stored: vec![Vec::new(); sh.slots.len()], trips: Vec::new() },
         }
     }
 
@@ -406,7 +445,13 @@ impl<'a> Program<'a> {
                     }
                     own[l] = Some((ev, lane));
                 }
-                None => out[l] = sd.initial[e as usize],
+                None => {
+                    out[l] = match &sd.initial {
+                        Initial::F32(v) => v[e as usize] as f64,
+                        Initial::F64(v) => v[e as usize],
+                        Initial::Converted(v) => v[e as usize],
+                    }
+                }
             }
         }
         if let Some((l, e)) = bad {
@@ -432,14 +477,16 @@ impl<'a> Program<'a> {
     fn store(&mut self, i: Inst, has_mask: bool, atomic: bool) -> Result<(), AdError> {
         let k = self.sh.kernel;
         let d = k.inst(i);
-        let V::Ptr(slot, offs) = self.get(d.args[0]).clone() else { unreachable!("verified store takes a pointer") };
-        let vals = self.get(d.args[1]).num().data.clone();
-        let mask = has_mask.then(|| self.get(d.args[2]).num().data.clone());
+        let V::Ptr(slot, offs) = self.get(d.args[0]) else { unreachable!("verified store takes a pointer") };
+        let slot = *slot;
+        // Stored values are read back only by later loads of this program.
+        let vals = if self.sh.facts.needs_overlay { self.get(d.args[1]).num().data.clone() } else { Vec::new() };
+        let mask = has_mask.then(|| &self.get(d.args[2]).num().data);
         let sd = &self.sh.slots[slot as usize];
         let n = offs.data.len();
-        let mut lanes = Vec::new();
+        let mut lanes = Vec::with_capacity(n);
         for l in 0..n {
-            if mask.as_ref().is_some_and(|m| m[l] == 0.0) {
+            if mask.is_some_and(|m| m[l] == 0.0) {
                 continue;
             }
             let e = offs.data[l] as i64;
@@ -456,7 +503,7 @@ impl<'a> Program<'a> {
                 self.overlay.insert((slot, e), (ev, l));
             }
         }
-        if !atomic {
+        if !atomic && sd.tracks_stores() {
             self.out.stored[slot as usize].extend(lanes.iter().map(|&(_, e)| e));
         }
         let key = self.instance(i);
@@ -556,8 +603,10 @@ impl<'a> Program<'a> {
                 let prov = self.loads.get(&key).filter(|p| !p.is_empty());
                 let is_input = self.sh.slots[slot].is_input;
                 let mut other_cot = other.then(|| vec![0.0; offs.data.len()]);
-                let contrib = &mut self.out.contrib[slot];
-                for l in 0..offs.data.len() {
+                let n = offs.data.len();
+                let mut contrib =
+                    Contrib { slot: slot as u32, lo: i64::MAX, hi: i64::MIN, elems: Vec::with_capacity(n), vals: Vec::with_capacity(n) };
+                for l in 0..n {
                     if m.is_some_and(|m| m[l] == 0.0) {
                         if let Some(oc) = &mut other_cot {
                             oc[l] = c.data[l];
@@ -568,10 +617,17 @@ impl<'a> Program<'a> {
                         Some((ev, lane)) => self.acc[ev as usize][lane as usize] += c.data[l],
                         None => {
                             if is_input {
-                                contrib.push((offs.data[l] as i64, c.data[l]));
+                                let e = offs.data[l] as i64;
+                                contrib.lo = contrib.lo.min(e);
+                                contrib.hi = contrib.hi.max(e);
+                                contrib.elems.push(e);
+                                contrib.vals.push(c.data[l]);
                             }
                         }
                     }
+                }
+                if !contrib.elems.is_empty() {
+                    self.out.contrib.push(contrib);
                 }
                 if let Some(oc) = other_cot {
                     let ot = k.ty(d.args[2]);

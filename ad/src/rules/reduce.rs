@@ -269,11 +269,23 @@ pub(super) fn dot_vjp(c: &Ctx<'_>, cot: &BTile) -> Result<Vec<Option<BTile>>, Ad
     let bsz = cot.batch;
     let a_bar = c.when_diff(0, || {
         let mut g = vec![0.0; bsz * m * k];
+        let mut bt_t = vec![0.0; k * n];
         for bt in 0..bsz {
             let (b, ct) = (c.row(1, bt), cot.row(bt));
-            for i in 0..m {
+            if bt == 0 || c.args[1].batch != 1 {
+                // b^T, so that a_bar[i, :] = sum over j (ascending) of cot[i, j] * b^T[j, :] runs
+                // over contiguous rows (vectorisable) instead of strided dot products.
                 for kk in 0..k {
-                    g[bt * m * k + i * k + kk] = (0..n).map(|j| ct[i * n + j] * b[kk * n + j]).sum();
+                    for j in 0..n {
+                        bt_t[j * k + kk] = b[kk * n + j];
+                    }
+                }
+            }
+            for i in 0..m {
+                let row = &mut g[bt * m * k + i * k..bt * m * k + (i + 1) * k];
+                for j in 0..n {
+                    let x = ct[i * n + j];
+                    row.iter_mut().zip(&bt_t[j * k..(j + 1) * k]).for_each(|(o, &y)| *o += x * y);
                 }
             }
         }

@@ -9,7 +9,7 @@
 //! their contributions summed in program order, so the result does not depend on the thread
 //! count.
 
-use crate::graph::KernelGraph;
+use crate::graph::{active_values, KernelGraph};
 use crate::program::{Contrib, Initial, Program, ProgramGrad, Shared, SlotData, V};
 use crate::rules::Precision;
 use crate::{AdError, BTile};
@@ -136,9 +136,11 @@ pub fn vjp(
     }
 
     let facts = KernelGraph::build(k, &param_slot).facts();
+    let active = active_values(k);
     let shared = Shared {
         kernel: k,
         facts: &facts,
+        active: &active,
         slots: &slots,
         params: &params,
         grid: launch.grid().0,

@@ -75,6 +75,8 @@ impl SlotData<'_> {
 pub(crate) struct Shared<'a> {
     pub kernel: &'a Kernel,
     pub facts: &'a KernelFacts,
+    /// Per value: whether it may carry a gradient ([`crate::graph::active_values`]).
+    pub active: &'a [bool],
     pub slots: &'a [SlotData<'a>],
     pub params: &'a [V],
     pub grid: [u32; 3],
@@ -418,7 +420,19 @@ impl<'a> Program<'a> {
         let mut own: Provenance = Vec::new();
         let mut bad: Option<(usize, i64)> = None;
         let mut atomic_src = false;
+        if prov.is_none() && !use_overlay {
+            // Every lane reads the launch's initial memory: one tight loop per storage type.
+            let (m, o) = (mask.map(|m| m.as_slice()), other.map(|o| o.data.as_slice()));
+            bad = match &sd.initial {
+                Initial::F32(v) => gather_initial(v, &offs.data, m, o, &mut out),
+                Initial::F64(v) => gather_initial(v, &offs.data, m, o, &mut out),
+                Initial::Converted(v) => gather_initial(v, &offs.data, m, o, &mut out),
+            };
+        }
         for l in 0..n {
+            if prov.is_none() && !use_overlay {
+                break;
+            }
             if mask.is_some_and(|m| m[l] == 0.0) {
                 out[l] = other.map_or(0.0, |o| o.data[if o.data.len() == 1 { 0 } else { l }]);
                 continue;
@@ -561,8 +575,8 @@ impl<'a> Program<'a> {
     }
 
     fn add_cot(&mut self, v: Value, c: BTile) {
-        let k = self.sh.kernel;
-        if !k.ty(v).dtype().is_some_and(|d| d.is_float()) {
+        // Inactive values (integers, and floats computed without any load) pass nothing on.
+        if !self.sh.active[v.index()] {
             return;
         }
         match &mut self.cot[v.index()] {
@@ -720,6 +734,30 @@ impl<'a> Program<'a> {
         }
         Ok(())
     }
+}
+
+/// Reads `src[offs[l]]` into `out[l]` for every active lane (`other`, or 0, for masked-off
+/// lanes); returns the first active lane out of bounds (lane, offset), if any.
+fn gather_initial<T: Copy + Into<f64>>(
+    src: &[T],
+    offs: &[f64],
+    mask: Option<&[f64]>,
+    other: Option<&[f64]>,
+    out: &mut [f64],
+) -> Option<(usize, i64)> {
+    let other_at = |l: usize| other.map_or(0.0, |o| if o.len() == 1 { o[0] } else { o[l] });
+    for (l, (o, &e)) in out.iter_mut().zip(offs).enumerate() {
+        if mask.is_some_and(|m| m[l] == 0.0) {
+            *o = other_at(l);
+            continue;
+        }
+        match src.get(e as usize) {
+            // A negative offset converts to 0 (`as` saturates): check the sign as well.
+            Some(&v) if e >= 0.0 => *o = v.into(),
+            _ => return Some((l, e as i64)),
+        }
+    }
+    None
 }
 
 /// Trip count of `range(lo, hi, step)`.

@@ -15,7 +15,7 @@ use crate::rules::Precision;
 use crate::{AdError, BTile};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
-use tilegrad_ir::{Inst, ParamKind};
+use tilegrad_ir::{DType, Inst, ParamKind, Type};
 use tilegrad_reference::{Arg, Launch, Memory, TensorId};
 
 /// Options of a gradient computation.
@@ -137,10 +137,12 @@ pub fn vjp(
 
     let facts = KernelGraph::build(k, &param_slot).facts();
     let active = active_values(k);
+    let num_types: Vec<Type> = k.values.iter().map(|v| if v.ty.is_ptr() { v.ty.with_dtype(DType::I64) } else { v.ty.clone() }).collect();
     let shared = Shared {
         kernel: k,
         facts: &facts,
         active: &active,
+        num_types: &num_types,
         slots: &slots,
         params: &params,
         grid: launch.grid().0,
@@ -192,7 +194,23 @@ pub fn vjp(
         }
     }
     debug_assert_eq!(max_trips, summary.max_trips);
-    let inputs = inputs.iter().map(|&t| grads[slot_ids.iter().position(|x| *x == t).expect("checked above")].clone()).collect();
+    // Each gradient moves out (a tensor requested twice gets a copy of the first one).
+    let mut taken: Vec<Option<usize>> = vec![None; grads.len()];
+    let mut out: Vec<Vec<f64>> = Vec::with_capacity(inputs.len());
+    for (j, &t) in inputs.iter().enumerate() {
+        let s = slot_ids.iter().position(|x| *x == t).expect("checked above");
+        match taken[s] {
+            Some(first) => {
+                let copy = out[first].clone();
+                out.push(copy);
+            }
+            None => {
+                taken[s] = Some(j);
+                out.push(std::mem::take(&mut grads[s]));
+            }
+        }
+    }
+    let inputs = out;
     Ok(Gradient { inputs, max_trips })
 }
 

@@ -16,8 +16,9 @@
 use crate::graph::KernelFacts;
 use crate::rules::{self, Precision};
 use crate::{AdError, BTile};
+use smallvec::SmallVec;
 use std::collections::HashMap;
-use tilegrad_ir::{Block, DType, Inst, Kernel, Op, Value};
+use tilegrad_ir::{Block, DType, Inst, Kernel, Op, Type, Value};
 
 /// A runtime value: a number tile, or a pointer tile (tensor slot and element offsets).
 #[derive(Clone, Debug)]
@@ -77,6 +78,8 @@ pub(crate) struct Shared<'a> {
     pub facts: &'a KernelFacts,
     /// Per value: whether it may carry a gradient ([`crate::graph::active_values`]).
     pub active: &'a [bool],
+    /// Per value: its type as the rules see it (pointers as their i64 offsets).
+    pub num_types: &'a [Type],
     pub slots: &'a [SlotData<'a>],
     pub params: &'a [V],
     pub grid: [u32; 3],
@@ -388,15 +391,10 @@ impl<'a> Program<'a> {
     fn compute(&self, i: Inst, precision: Precision) -> Result<BTile, AdError> {
         let k = self.sh.kernel;
         let d = k.inst(i);
-        let args: Vec<&BTile> = d.args.iter().map(|&a| self.get(a).num()).collect();
-        let tys: Vec<&tilegrad_ir::Type> = d.args.iter().map(|&a| k.ty(a)).collect();
-        let mut rt = k.ty(d.results[0]).clone();
-        if rt.is_ptr() {
-            rt = rt.with_dtype(DType::I64);
-        }
-        let tys: Vec<tilegrad_ir::Type> = tys.iter().map(|t| if t.is_ptr() { t.with_dtype(DType::I64) } else { (*t).clone() }).collect();
-        let tyr: Vec<&tilegrad_ir::Type> = tys.iter().collect();
-        rules::eval(&d.op, &args, &tyr, &rt, precision).map_err(|e| rule_err(k, i, e))
+        let args: SmallVec<[&BTile; 4]> = d.args.iter().map(|&a| self.get(a).num()).collect();
+        let tys: SmallVec<[&Type; 4]> = d.args.iter().map(|&a| &self.sh.num_types[a.index()]).collect();
+        let rt = &self.sh.num_types[d.results[0].index()];
+        rules::eval(&d.op, &args, &tys, rt, precision).map_err(|e| rule_err(k, i, e))
     }
 
     fn load(&mut self, i: Inst, has_mask: bool, has_other: bool) -> Result<BTile, AdError> {
@@ -616,26 +614,51 @@ impl<'a> Program<'a> {
                 let m = mask.then(|| &val(d.args[1]).num().data);
                 let prov = self.loads.get(&key).filter(|p| !p.is_empty());
                 let is_input = self.sh.slots[slot].is_input;
-                let mut other_cot = other.then(|| vec![0.0; offs.data.len()]);
+                let mut other_cot = (*other && self.sh.active[d.args[2].index()]).then(|| vec![0.0; offs.data.len()]);
                 let n = offs.data.len();
                 let mut contrib =
                     Contrib { slot: slot as u32, lo: i64::MAX, hi: i64::MIN, elems: Vec::with_capacity(n), vals: Vec::with_capacity(n) };
-                for l in 0..n {
-                    if m.is_some_and(|m| m[l] == 0.0) {
-                        if let Some(oc) = &mut other_cot {
-                            oc[l] = c.data[l];
-                        }
-                        continue;
+                if prov.is_none() {
+                    // Every lane read the launch's initial memory: tight loops.
+                    if let (Some(m), Some(oc)) = (m, &mut other_cot) {
+                        oc.iter_mut().zip(m.iter().zip(&c.data)).for_each(|(o, (&m, &g))| *o = if m == 0.0 { g } else { 0.0 });
                     }
-                    match prov.and_then(|p| p[l]) {
-                        Some((ev, lane)) => self.acc[ev as usize][lane as usize] += c.data[l],
-                        None => {
-                            if is_input {
-                                let e = offs.data[l] as i64;
-                                contrib.lo = contrib.lo.min(e);
-                                contrib.hi = contrib.hi.max(e);
-                                contrib.elems.push(e);
-                                contrib.vals.push(c.data[l]);
+                    if is_input {
+                        match m {
+                            None => {
+                                contrib.elems.extend(offs.data.iter().map(|&o| o as i64));
+                                contrib.vals = c.data;
+                            }
+                            Some(m) => {
+                                for ((&o, &m), &g) in offs.data.iter().zip(m).zip(&c.data) {
+                                    if m != 0.0 {
+                                        contrib.elems.push(o as i64);
+                                        contrib.vals.push(g);
+                                    }
+                                }
+                            }
+                        }
+                        let (lo, hi) = contrib.elems.iter().fold((i64::MAX, i64::MIN), |(lo, hi), &e| (lo.min(e), hi.max(e)));
+                        (contrib.lo, contrib.hi) = (lo, hi);
+                    }
+                } else {
+                    for l in 0..n {
+                        if m.is_some_and(|m| m[l] == 0.0) {
+                            if let Some(oc) = &mut other_cot {
+                                oc[l] = c.data[l];
+                            }
+                            continue;
+                        }
+                        match prov.and_then(|p| p[l]) {
+                            Some((ev, lane)) => self.acc[ev as usize][lane as usize] += c.data[l],
+                            None => {
+                                if is_input {
+                                    let e = offs.data[l] as i64;
+                                    contrib.lo = contrib.lo.min(e);
+                                    contrib.hi = contrib.hi.max(e);
+                                    contrib.elems.push(e);
+                                    contrib.vals.push(c.data[l]);
+                                }
                             }
                         }
                     }
@@ -669,16 +692,15 @@ impl<'a> Program<'a> {
             Op::Yield => {}
             _ => {
                 let Some(c) = self.take_cot(d.results[0]) else { return Ok(()) };
-                let args: Vec<&BTile> = d.args.iter().map(|&a| self.get(a).num()).collect();
-                let tys: Vec<tilegrad_ir::Type> =
-                    d.args.iter().map(|&a| k.ty(a)).map(|t| if t.is_ptr() { t.with_dtype(DType::I64) } else { t.clone() }).collect();
-                let tyr: Vec<&tilegrad_ir::Type> = tys.iter().collect();
+                let args: SmallVec<[&BTile; 4]> = d.args.iter().map(|&a| self.get(a).num()).collect();
+                let tys: SmallVec<[&Type; 4]> = d.args.iter().map(|&a| &self.sh.num_types[a.index()]).collect();
                 let res = self.get(d.results[0]).num();
                 let rt = k.ty(d.results[0]);
-                let grads = rules::vjp(&d.op, &args, &tyr, res, rt, &c).map_err(|e| rule_err(k, i, e))?;
-                for (a, g) in d.args.clone().iter().zip(grads) {
+                let grads = rules::vjp(&d.op, &args, &tys, res, rt, &c).map_err(|e| rule_err(k, i, e))?;
+                drop((args, tys));
+                for (&a, g) in d.args.iter().zip(grads) {
                     if let Some(g) = g {
-                        self.add_cot(*a, g);
+                        self.add_cot(a, g);
                     }
                 }
             }

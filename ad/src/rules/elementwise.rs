@@ -320,13 +320,29 @@ pub(super) fn binary(c: &Ctx<'_>, op: BinaryOp, p: Precision) -> Result<BTile, A
         };
     }
     if d.is_bool() {
-        let f: fn(bool, bool) -> bool = match op {
-            BinaryOp::And => |x, y| x & y,
-            BinaryOp::Or => |x, y| x | y,
-            BinaryOp::Xor => |x, y| x ^ y,
-            _ => return Err(bad()),
+        let f = |x: bool| x as u8 as f64;
+        return match op {
+            BinaryOp::And => map2_ok(c, |a, b| f((a != 0.0) & (b != 0.0))),
+            BinaryOp::Or => map2_ok(c, |a, b| f((a != 0.0) | (b != 0.0))),
+            BinaryOp::Xor => map2_ok(c, |a, b| f((a != 0.0) ^ (b != 0.0))),
+            _ => Err(bad()),
         };
-        return map2(c, |a, b| Ok(f(a != 0.0, b != 0.0) as i64 as f64));
+    }
+    if matches!(d, DType::I32 | DType::I64) && matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul) {
+        // Integers held in f64: the f64 result is exact whenever its magnitude is below 2^53
+        // (rounding is monotonic, so an inexact result lands at or beyond 2^53). When every
+        // result is also within the dtype's range (no i32 wrap), it is the answer; otherwise
+        // the exact paths below decide.
+        let t = match op {
+            BinaryOp::Add => map2_ok(c, |a, b| a + b),
+            BinaryOp::Sub => map2_ok(c, |a, b| a - b),
+            _ => map2_ok(c, |a, b| a * b),
+        }?;
+        let lim = if d == DType::I32 { 2f64.powi(31) } else { I64_LIMIT as f64 };
+        // `r < lim && r >= -lim` (NaN cannot occur: operands are integers).
+        if t.data.iter().fold(true, |ok, &r| ok & (r < lim) & (r >= -lim)) {
+            return Ok(t);
+        }
     }
     if d == DType::I32 && matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul) {
         // i32 operands: exact in i64, then wrapped as i32 arithmetic wraps.
@@ -444,15 +460,15 @@ pub(super) fn binary_vjp(c: &Ctx<'_>, op: BinaryOp, cot: &BTile) -> Result<Vec<O
 
 /// Elementwise comparison: 1.0 where true, 0.0 where false.
 pub(super) fn cmp(c: &Ctx<'_>, op: CmpOp) -> Result<BTile, AdError> {
-    let f: fn(f64, f64) -> bool = match op {
-        CmpOp::Eq => |a, b| a == b,
-        CmpOp::Ne => |a, b| a != b,
-        CmpOp::Lt => |a, b| a < b,
-        CmpOp::Le => |a, b| a <= b,
-        CmpOp::Gt => |a, b| a > b,
-        CmpOp::Ge => |a, b| a >= b,
-    };
-    map2(c, |a, b| Ok(f(a, b) as i64 as f64))
+    let b = |x: bool| x as u8 as f64;
+    match op {
+        CmpOp::Eq => map2_ok(c, |x, y| b(x == y)),
+        CmpOp::Ne => map2_ok(c, |x, y| b(x != y)),
+        CmpOp::Lt => map2_ok(c, |x, y| b(x < y)),
+        CmpOp::Le => map2_ok(c, |x, y| b(x <= y)),
+        CmpOp::Gt => map2_ok(c, |x, y| b(x > y)),
+        CmpOp::Ge => map2_ok(c, |x, y| b(x >= y)),
+    }
 }
 
 /// `where(cond, a, b)`.

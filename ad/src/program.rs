@@ -420,7 +420,9 @@ impl<'a> Program<'a> {
         let mut atomic_src = false;
         if prov.is_none() && !use_overlay {
             // Every lane reads the launch's initial memory: one tight loop per storage type.
-            let (m, o) = (mask.map(|m| m.as_slice()), other.map(|o| o.data.as_slice()));
+            // A mask with every lane active is no mask.
+            let m = mask.map(|m| m.as_slice()).filter(|m| m.contains(&0.0));
+            let o = other.map(|o| o.data.as_slice());
             bad = match &sd.initial {
                 Initial::F32(v) => gather_initial(v, &offs.data, m, o, &mut out),
                 Initial::F64(v) => gather_initial(v, &offs.data, m, o, &mut out),
@@ -611,7 +613,8 @@ impl<'a> Program<'a> {
                 let val = |v: Value| env[v.index()].as_ref().expect("verified kernels define values before use");
                 let V::Ptr(slot, offs) = val(d.args[0]) else { unreachable!("verified load takes a pointer") };
                 let slot = *slot as usize;
-                let m = mask.then(|| &val(d.args[1]).num().data);
+                // A mask with every lane active is no mask.
+                let m = mask.then(|| &val(d.args[1]).num().data).filter(|m| m.contains(&0.0));
                 let prov = self.loads.get(&key).filter(|p| !p.is_empty());
                 let is_input = self.sh.slots[slot].is_input;
                 let mut other_cot = (*other && self.sh.active[d.args[2].index()]).then(|| vec![0.0; offs.data.len()]);
@@ -768,6 +771,14 @@ fn gather_initial<T: Copy + Into<f64>>(
     out: &mut [f64],
 ) -> Option<(usize, i64)> {
     let other_at = |l: usize| other.map_or(0.0, |o| if o.len() == 1 { o[0] } else { o[l] });
+    if mask.is_none() {
+        // Bounds first (one pass), then the gather without per-lane branches.
+        let n = src.len() as f64;
+        if offs.iter().fold(true, |ok, &e| ok & (e >= 0.0) & (e < n)) {
+            out.iter_mut().zip(offs).for_each(|(o, &e)| *o = src[e as usize].into());
+            return None;
+        }
+    }
     for (l, (o, &e)) in out.iter_mut().zip(offs).enumerate() {
         if mask.is_some_and(|m| m[l] == 0.0) {
             *o = other_at(l);

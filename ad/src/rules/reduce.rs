@@ -43,6 +43,28 @@ fn sum_axis<T: Copy + Default + std::ops::Add<Output = T>>(v: &[T], outer: usize
     out
 }
 
+/// The maximum (or minimum) of a contiguous run with eight independent lanes, when that decides
+/// it: the extreme of finite or infinite values is one of them whatever the order, so it equals
+/// the in-order fold; a zero (whose sign the order may decide) or NaN result returns `None` for the
+/// in-order fold to decide.
+fn extreme_run(max: bool, v: &[f64]) -> Option<f64> {
+    let pick = |a: f64, b: f64| if (b > a) == max && b != a { b } else { a };
+    let (first, rest) = v.split_first()?;
+    let mut acc = [*first; 8];
+    let chunks = rest.chunks_exact(8);
+    let tail = chunks.remainder();
+    for ch in chunks {
+        for j in 0..8 {
+            acc[j] = pick(acc[j], ch[j]);
+        }
+    }
+    let mut r = acc.iter().copied().fold(*first, pick);
+    for &x in tail {
+        r = pick(r, x);
+    }
+    (r != 0.0 && !r.is_nan() && !v.iter().any(|x| x.is_nan())).then_some(r)
+}
+
 /// The index along the axis that argmax (`max`) or argmin selects: the first extreme; NaN is
 /// never selected unless every element is NaN (the reference's rule).
 fn arg_extreme(max: bool, n: usize, at: impl Fn(usize) -> f64) -> usize {
@@ -103,7 +125,12 @@ pub(super) fn reduce(c: &Ctx<'_>, kind: ReduceOp, axis: usize, p: Precision) -> 
                 for o in 0..outer {
                     for i in 0..inner {
                         let at = |k: usize| v[(o * n + k) * inner + i];
-                        out.push((1..n).fold(at(0), |acc, k| f(acc, at(k))));
+                        let fold = || (1..n).fold(at(0), |acc, k| f(acc, at(k)));
+                        out.push(if inner == 1 {
+                            extreme_run(kind == ReduceOp::Max, &v[o * n..(o + 1) * n]).unwrap_or_else(fold)
+                        } else {
+                            fold()
+                        });
                     }
                 }
             }
@@ -129,6 +156,13 @@ pub(super) fn reduce_vjp(c: &Ctx<'_>, kind: ReduceOp, axis: usize, cot: &BTile) 
     }
     let m = c.args[0].numel();
     let mut data = vec![0.0; cot.batch * m];
+    if kind == ReduceOp::Sum && inner == 1 && n > 0 {
+        // Each reduced run receives its cotangent.
+        for (row, &g) in data.chunks_exact_mut(n).zip(&cot.data) {
+            row.fill(g);
+        }
+        return Ok(Some(c.unbatch(0, BTile::new(cot.batch, &c.args[0].shape, data))));
+    }
     for b in 0..cot.batch {
         let (v, g, row) = (c.row(0, b), cot.row(b), &mut data[b * m..(b + 1) * m]);
         for o in 0..outer {

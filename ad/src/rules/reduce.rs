@@ -171,7 +171,15 @@ pub(super) fn reduce_vjp(c: &Ctx<'_>, kind: ReduceOp, axis: usize, cot: &BTile) 
                 let idx = |k: usize| (o * n + k) * inner + i;
                 match kind {
                     ReduceOp::Sum => (0..n).for_each(|k| row[idx(k)] = gi),
-                    _ => row[idx(arg_extreme(kind == ReduceOp::Max, n, |k| v[idx(k)]))] = gi,
+                    _ => {
+                        let max = kind == ReduceOp::Max;
+                        // A contiguous run whose extreme is decided without the order (see
+                        // `extreme_run`): the first element equal to it is the one argmax picks.
+                        let fast = (inner == 1)
+                            .then(|| &v[o * n..(o + 1) * n])
+                            .and_then(|run| extreme_run(max, run).and_then(|r| run.iter().position(|&x| x == r)));
+                        row[idx(fast.unwrap_or_else(|| arg_extreme(max, n, |k| v[idx(k)])))] = gi
+                    }
                 }
             }
         }
@@ -380,4 +388,78 @@ pub(super) fn dot_vjp(c: &Ctx<'_>, cot: &BTile) -> Result<Vec<Option<BTile>>, Ad
     })?;
     let acc_bar = c.when_diff(2, || Ok(c.unbatch(2, cot.clone())))?;
     Ok(vec![a_bar, b_bar, acc_bar])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    /// Runs whose values include repeats, signed zeros, infinities and NaN.
+    fn runs() -> Vec<Vec<f64>> {
+        let mut rng = StdRng::seed_from_u64(11);
+        let special = [0.0, -0.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 1.5, -1.5];
+        let mut out = Vec::new();
+        for len in [1, 2, 7, 8, 9, 17, 100, 1000] {
+            for mix in 0..6 {
+                out.push(
+                    (0..len)
+                        .map(|_| match mix {
+                            0 => rng.gen_range(-3.0..3.0),
+                            1 => rng.gen_range(-3..3) as f64,
+                            2 => special[rng.gen_range(0..special.len())],
+                            3 => -rng.gen_range(0.0..1.0),
+                            4 => [0.0, -0.0][rng.gen_range(0..2)],
+                            _ => f64::NAN,
+                        })
+                        .collect(),
+                );
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn eight_lane_extremes_equal_the_in_order_fold_or_defer_to_it() {
+        for v in runs() {
+            for max in [true, false] {
+                let f: fn(f64, f64) -> f64 = if max { f64::max } else { f64::min };
+                let fold = v[1..].iter().fold(v[0], |a, &x| f(a, x));
+                if let Some(r) = extreme_run(max, &v) {
+                    assert_eq!(r.to_bits(), fold.to_bits(), "{v:?} max={max}");
+                    // The first element equal to it is argmax's pick.
+                    let first = v.iter().position(|&x| x == r).unwrap();
+                    assert_eq!(first, arg_extreme(max, v.len(), |k| v[k]), "{v:?} max={max}");
+                } else {
+                    assert!(fold == 0.0 || fold.is_nan() || v.iter().any(|x| x.is_nan()), "{v:?} max={max}: deferred needlessly");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_versions_give_the_same_bits() {
+        let mut rng = StdRng::seed_from_u64(12);
+        for (m, k, n) in [(1, 1, 1), (3, 5, 7), (16, 9, 33), (64, 32, 64)] {
+            let a: Vec<f64> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let b: Vec<f64> = (0..k * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let init: Vec<f64> = (0..m * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            // One k step at a time, in order.
+            let mut want = init.clone();
+            for i in 0..m {
+                for kk in 0..k {
+                    for j in 0..n {
+                        want[i * n + j] += a[i * k + kk] * b[kk * n + j];
+                    }
+                }
+            }
+            let mut got = init.clone();
+            gemm_acc(&mut got, &a, &b, (m, k, n));
+            let mut plain = init.clone();
+            gemm_acc_impl(&mut plain, &a, &b, (m, k, n));
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{m}x{k}x{n}");
+            assert_eq!(bits(&plain), bits(&want), "{m}x{k}x{n}");
+        }
+    }
 }

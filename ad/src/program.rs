@@ -1,11 +1,16 @@
-//! One program instance, forward then reverse.
+//! A batch of program instances, forward then reverse.
 //!
-//! The forward sweep evaluates the kernel body in f64 (through [`crate::rules`]) and records a
-//! tape: the carried values of every loop iteration, and a log of memory events (stores and
-//! atomics with their active lanes and values; for loads that read this program's own earlier
-//! stores, which store lane each lane read). Intermediate values of a loop body are *not* kept:
-//! the reverse sweep recomputes each iteration from its taped carried values, so the tape of a
-//! program holds at most `trips x carried` values per loop.
+//! The forward sweep evaluates the kernel body in f64 (through [`crate::rules`]) for a batch of
+//! programs at once: a value holds one tile per program, or one tile shared by all where it is
+//! the same in each (constants, `arange`, scalars, what only depends on them), which the rules
+//! broadcast. Control flow must agree across the batch; where a loop bound or branch condition
+//! differs between its programs, the batch reports divergence and is split by the caller. The
+//! sweep records a tape: the carried values of every loop iteration, and a log of memory events
+//! (stores and atomics with their active lanes and values; for loads that read this program's
+//! own earlier stores, which store lane each lane read; such kernels run one program per batch).
+//! Intermediate values of a loop body are kept only within a byte budget per program; beyond
+//! it, the reverse sweep recomputes each iteration from its taped carried values, so the tape
+//! holds at most `trips x carried` values per loop and program.
 //!
 //! The reverse sweep walks the body backwards applying one VJP rule per op. Memory follows the
 //! launch semantics of the design: a store's value receives the launch-output cotangent of the
@@ -97,7 +102,10 @@ struct Event {
     lanes: Vec<(u32, i64)>,
     /// Values of all lanes of the tile, when a later load of this program may read them.
     vals: Vec<f64>,
+    /// Lanes of the whole batch.
     numel: usize,
+    /// Programs the lanes belong to (`numel / batch` lanes each).
+    batch: usize,
 }
 
 /// Where each lane of a load came from, when some lane read this program's own store.
@@ -131,9 +139,16 @@ pub(crate) struct ProgramGrad {
 /// loops around it.
 type Instance = (Inst, Vec<u32>);
 
+/// A batch of program instances evaluated together: every value holds one tile per program
+/// (or one tile for all of them where it is the same, e.g. constants and what only depends on
+/// them). Control flow must agree across the batch (same trip counts, same branches); where it
+/// does not, the batch reports divergence and the caller evaluates smaller batches.
 pub(crate) struct Program<'a> {
     sh: &'a Shared<'a>,
-    pid: [u32; 3],
+    /// The batch's program ids, in launch order.
+    pids: Vec<[u32; 3]>,
+    /// Set when control flow differs across the batch (the run then stops).
+    divergent: bool,
     env: Vec<Option<V>>,
     cot: Vec<Option<BTile>>,
     /// Current iteration indices of the enclosing loops.
@@ -169,7 +184,7 @@ fn rule_err(k: &Kernel, i: Inst, e: AdError) -> AdError {
 }
 
 impl<'a> Program<'a> {
-    pub fn new(sh: &'a Shared<'a>, pid: [u32; 3]) -> Program<'a> {
+    pub fn new(sh: &'a Shared<'a>, pids: Vec<[u32; 3]>) -> Program<'a> {
         let n = sh.kernel.values.len();
         let mut env = vec![None; n];
         for (p, v) in sh.kernel.params.iter().zip(sh.params) {
@@ -177,7 +192,8 @@ impl<'a> Program<'a> {
         }
         Program {
             sh,
-            pid,
+            pids,
+            divergent: false,
             env,
             cot: vec![None; n],
             path: Vec::new(),
@@ -195,17 +211,24 @@ impl<'a> Program<'a> {
         }
     }
 
-    /// Forward, then reverse; returns this program's contributions.
-    pub fn run(mut self) -> Result<ProgramGrad, AdError> {
+    /// Forward, then reverse; returns the batch's contributions (program-major within each
+    /// access), or `None` when control flow diverged across the batch.
+    pub fn run(mut self) -> Result<Option<ProgramGrad>, AdError> {
         let body = self.sh.kernel.body;
-        self.forward_block(body)?;
+        match self.forward_block(body) {
+            Err(_) if self.divergent => return Ok(None),
+            r => r?,
+        };
         self.seed_store_cotangents();
-        self.reverse_block(body)?;
+        match self.reverse_block(body) {
+            Err(_) if self.divergent => return Ok(None),
+            r => r?,
+        };
         for st in self.out.stored.iter_mut() {
             st.sort_unstable();
             st.dedup();
         }
-        Ok(self.out)
+        Ok(Some(self.out))
     }
 
     fn get(&self, v: Value) -> &V {
@@ -239,13 +262,33 @@ impl<'a> Program<'a> {
         self.get(v).num().data[0]
     }
 
+    /// A scalar that steers control flow: the same in every program of the batch, else the
+    /// batch diverges (an error that [`Program::run`] turns into `None`).
+    fn uniform_scalar(&mut self, v: Value) -> Result<f64, AdError> {
+        let t = self.get(v).num();
+        let x = t.data[0];
+        if t.data.iter().all(|&y| y == x) {
+            Ok(x)
+        } else {
+            self.divergent = true;
+            Err(AdError::Spec("control flow diverges across the batch".into()))
+        }
+    }
+
+    /// The program that lane `l` of a batch-`b` access of `numel` lanes per program belongs to,
+    /// and its lane.
+    fn lane_owner(&self, b: usize, numel: usize, l: usize) -> ([u32; 3], usize) {
+        let p = if b == 1 || numel == 0 { 0 } else { l / numel };
+        (self.pids[p.min(self.pids.len() - 1)], if numel == 0 { l } else { l % numel })
+    }
+
     fn forward_inst(&mut self, i: Inst) -> Result<(), AdError> {
         let k = self.sh.kernel;
         let d = k.inst(i);
         match &d.op {
             Op::ProgramId { axis } => {
-                let x = self.pid[*axis as usize] as f64;
-                self.set(d.results[0], V::Num(BTile::new(1, &[], vec![x])));
+                let data: Vec<f64> = self.pids.iter().map(|p| p[*axis as usize] as f64).collect();
+                self.set(d.results[0], V::Num(BTile::new(data.len(), &[], data)));
             }
             Op::NumPrograms { axis } => {
                 let x = self.sh.grid[*axis as usize] as f64;
@@ -255,8 +298,7 @@ impl<'a> Program<'a> {
                 let (V::Ptr(slot, offs), V::Num(delta)) = (self.get(d.args[0]), self.get(d.args[1])) else {
                     unreachable!("verified addptr takes a pointer and integers")
                 };
-                let data = offs.data.iter().zip(&delta.data).map(|(a, b)| a + b).collect();
-                let r = V::Ptr(*slot, BTile::new(1, &offs.shape, data));
+                let r = V::Ptr(*slot, add_batched(offs, delta));
                 self.set(d.results[0], r);
             }
             Op::Broadcast | Op::ExpandDims { .. } | Op::Reshape | Op::Permute { .. } | Op::Where
@@ -284,7 +326,11 @@ impl<'a> Program<'a> {
                 }
             }
             Op::For { body, .. } => {
-                let (lo, hi, st) = (self.scalar(d.args[0]) as i64, self.scalar(d.args[1]) as i64, self.scalar(d.args[2]) as i64);
+                let (lo, hi, st) = (
+                    self.uniform_scalar(d.args[0])? as i64,
+                    self.uniform_scalar(d.args[1])? as i64,
+                    self.uniform_scalar(d.args[2])? as i64,
+                );
                 if st == 0 {
                     return Err(self.unsupported(i, "loop step is zero".into()));
                 }
@@ -305,7 +351,7 @@ impl<'a> Program<'a> {
                         // The body's values are out of scope after the iteration: move them.
                         let snap: Vec<(Value, V)> = values.iter().filter_map(|&v| self.env[v.index()].take().map(|x| (v, x))).collect();
                         let bytes: usize = snap.iter().map(|(_, x)| x.num().data.len() * 8).sum();
-                        if self.snap_bytes + bytes <= self.sh.tape_budget {
+                        if self.snap_bytes + bytes <= self.sh.tape_budget * self.pids.len() {
                             self.snap_bytes += bytes;
                             sn.push(snap);
                         } else {
@@ -326,7 +372,7 @@ impl<'a> Program<'a> {
                 }
             }
             Op::If { then_block, else_block } => {
-                let c = self.scalar(d.args[0]) != 0.0;
+                let c = self.uniform_scalar(d.args[0])? != 0.0;
                 let outs = self.forward_block(if c { *then_block } else { *else_block })?;
                 for (r, v) in d.results.iter().zip(outs) {
                     self.set(*r, v);
@@ -406,10 +452,20 @@ impl<'a> Program<'a> {
         let val = |v: Value| env[v.index()].as_ref().expect("verified kernels define values before use");
         let V::Ptr(slot, offs) = val(d.args[0]) else { unreachable!("verified load takes a pointer") };
         let slot = *slot;
-        let mask = has_mask.then(|| &val(d.args[1]).num().data);
-        let other = has_other.then(|| val(d.args[2]).num());
+        // Operands of batch 1 are shared by every program; the result has the largest batch.
+        let br = [Some(offs), has_mask.then(|| val(d.args[1]).num()), has_other.then(|| val(d.args[2]).num())]
+            .iter()
+            .flatten()
+            .map(|t| t.batch)
+            .max()
+            .unwrap_or(1);
+        let offs_all = expand(offs, br);
+        let mask_all = has_mask.then(|| expand(val(d.args[1]).num(), br));
+        let other_all = has_other.then(|| expand(val(d.args[2]).num(), br));
+        let (offs_data, mask, other) = (&*offs_all, mask_all.as_deref(), other_all.as_deref());
         let sd = &self.sh.slots[slot as usize];
-        let n = offs.data.len();
+        let n = offs_data.len();
+        let numel = offs.numel();
         // Only a kernel that may load after its own stores consults the overlay (or, when
         // replaying a loop body, the provenance recorded by the forward sweep).
         let prov: Option<&Provenance> = if self.replay { self.loads.get(&key).filter(|p| !p.is_empty()) } else { None };
@@ -421,12 +477,11 @@ impl<'a> Program<'a> {
         if prov.is_none() && !use_overlay {
             // Every lane reads the launch's initial memory: one tight loop per storage type.
             // A mask with every lane active is no mask.
-            let m = mask.map(|m| m.as_slice()).filter(|m| m.contains(&0.0));
-            let o = other.map(|o| o.data.as_slice());
+            let m = mask.filter(|m| m.contains(&0.0));
             bad = match &sd.initial {
-                Initial::F32(v) => gather_initial(v, &offs.data, m, o, &mut out),
-                Initial::F64(v) => gather_initial(v, &offs.data, m, o, &mut out),
-                Initial::Converted(v) => gather_initial(v, &offs.data, m, o, &mut out),
+                Initial::F32(v) => gather_initial(v, offs_data, m, other, &mut out),
+                Initial::F64(v) => gather_initial(v, offs_data, m, other, &mut out),
+                Initial::Converted(v) => gather_initial(v, offs_data, m, other, &mut out),
             };
         }
         for l in 0..n {
@@ -434,10 +489,10 @@ impl<'a> Program<'a> {
                 break;
             }
             if mask.is_some_and(|m| m[l] == 0.0) {
-                out[l] = other.map_or(0.0, |o| o.data[if o.data.len() == 1 { 0 } else { l }]);
+                out[l] = other.map_or(0.0, |o| o[if o.len() == 1 { 0 } else { l }]);
                 continue;
             }
-            let e = offs.data[l] as i64;
+            let e = offs_data[l] as i64;
             if e < 0 || e as usize >= sd.initial.len() {
                 bad = Some((l, e));
                 break;
@@ -469,7 +524,8 @@ impl<'a> Program<'a> {
             }
         }
         if let Some((l, e)) = bad {
-            let msg = format!("out-of-bounds load from `{}` at offset {e}, lane {l}, program {:?}", sd.name, self.pid);
+            let (pid, l) = self.lane_owner(br, numel, l);
+            let msg = format!("out-of-bounds load from `{}` at offset {e}, lane {l}, program {pid:?}", sd.name);
             return Err(self.unsupported(i, msg));
         }
         if atomic_src {
@@ -485,7 +541,7 @@ impl<'a> Program<'a> {
             self.loads.insert(key, own);
         }
         // Memory holds values of the tensor's dtype, so loads need no rounding in native mode.
-        Ok(BTile::new(1, &shape, out))
+        Ok(BTile::new(br, &shape, out))
     }
 
     fn store(&mut self, i: Inst, has_mask: bool, atomic: bool) -> Result<(), AdError> {
@@ -495,22 +551,27 @@ impl<'a> Program<'a> {
         let slot = *slot;
         // Stored values are read back only by later loads of this program.
         let vals = if self.sh.facts.needs_overlay { self.get(d.args[1]).num().data.clone() } else { Vec::new() };
-        let mask = has_mask.then(|| &self.get(d.args[2]).num().data);
+        // Every program of the batch stores its own lanes (operands of batch 1 are shared).
+        let numel = offs.numel();
+        let br = offs.batch.max(self.get(d.args[1]).num().batch).max(if has_mask { self.get(d.args[2]).num().batch } else { 1 });
+        let offs_all = expand(offs, br);
+        let mask_all = has_mask.then(|| expand(self.get(d.args[2]).num(), br));
+        let mask = mask_all.as_deref();
         let sd = &self.sh.slots[slot as usize];
-        let n = offs.data.len();
+        let n = offs_all.len();
         let mut lanes = Vec::with_capacity(n);
         for l in 0..n {
             if mask.is_some_and(|m| m[l] == 0.0) {
                 continue;
             }
-            let e = offs.data[l] as i64;
+            let e = offs_all[l] as i64;
             if e < 0 || e as usize >= sd.initial.len() {
-                return Err(
-                    self.unsupported(i, format!("out-of-bounds store to `{}` at offset {e}, lane {l}, program {:?}", sd.name, self.pid))
-                );
+                let (pid, l) = self.lane_owner(br, numel, l);
+                return Err(self.unsupported(i, format!("out-of-bounds store to `{}` at offset {e}, lane {l}, program {pid:?}", sd.name)));
             }
             lanes.push((l as u32, e));
         }
+        drop((offs_all, mask_all));
         let ev = self.events.len() as u32;
         if self.sh.facts.needs_overlay {
             for &(l, e) in &lanes {
@@ -522,7 +583,7 @@ impl<'a> Program<'a> {
         }
         let key = self.instance(i);
         self.event_of.insert(key, ev as usize);
-        self.events.push(Event { slot, atomic, lanes, vals, numel: n });
+        self.events.push(Event { slot, atomic, lanes, vals, numel: n, batch: br });
         Ok(())
     }
 
@@ -580,7 +641,14 @@ impl<'a> Program<'a> {
             return;
         }
         match &mut self.cot[v.index()] {
-            Some(x) => x.data.iter_mut().zip(&c.data).for_each(|(a, b)| *a += b),
+            Some(x) if x.batch == c.batch => x.data.iter_mut().zip(&c.data).for_each(|(a, b)| *a += b),
+            // A shared value's cotangent is the sum over the programs.
+            Some(x) if x.batch == 1 => x.data.iter_mut().zip(&fit_batch(c, 1).data).for_each(|(a, b)| *a += b),
+            Some(x) => {
+                let mut c = c;
+                c.data.iter_mut().zip(&fit_batch(std::mem::replace(x, BTile::zeros(1, &[])), 1).data).for_each(|(a, b)| *a += b);
+                *x = c;
+            }
             slot => *slot = Some(c),
         }
     }
@@ -613,12 +681,17 @@ impl<'a> Program<'a> {
                 let val = |v: Value| env[v.index()].as_ref().expect("verified kernels define values before use");
                 let V::Ptr(slot, offs) = val(d.args[0]) else { unreachable!("verified load takes a pointer") };
                 let slot = *slot as usize;
+                // The cotangent has the load's batch: bring the offsets and mask to it.
+                let offs_all = expand(offs, c.batch);
+                let mask_all = mask.then(|| expand(val(d.args[1]).num(), c.batch));
                 // A mask with every lane active is no mask.
-                let m = mask.then(|| &val(d.args[1]).num().data).filter(|m| m.contains(&0.0));
+                let m = mask_all.as_deref().filter(|m| m.contains(&0.0));
+                let offs_data: &[f64] = &offs_all;
                 let prov = self.loads.get(&key).filter(|p| !p.is_empty());
                 let is_input = self.sh.slots[slot].is_input;
-                let mut other_cot = (*other && self.sh.active[d.args[2].index()]).then(|| vec![0.0; offs.data.len()]);
-                let n = offs.data.len();
+                let other_batch = other.then(|| val(d.args[2]).num().batch).unwrap_or(1);
+                let mut other_cot = (*other && self.sh.active[d.args[2].index()]).then(|| vec![0.0; offs_data.len()]);
+                let (n, cb) = (offs_data.len(), c.batch);
                 let mut contrib =
                     Contrib { slot: slot as u32, lo: i64::MAX, hi: i64::MIN, elems: Vec::with_capacity(n), vals: Vec::with_capacity(n) };
                 if prov.is_none() {
@@ -629,11 +702,11 @@ impl<'a> Program<'a> {
                     if is_input {
                         match m {
                             None => {
-                                contrib.elems.extend(offs.data.iter().map(|&o| o as i64));
+                                contrib.elems.extend(offs_data.iter().map(|&o| o as i64));
                                 contrib.vals = c.data;
                             }
                             Some(m) => {
-                                for ((&o, &m), &g) in offs.data.iter().zip(m).zip(&c.data) {
+                                for ((&o, &m), &g) in offs_data.iter().zip(m).zip(&c.data) {
                                     if m != 0.0 {
                                         contrib.elems.push(o as i64);
                                         contrib.vals.push(g);
@@ -656,7 +729,7 @@ impl<'a> Program<'a> {
                             Some((ev, lane)) => self.acc[ev as usize][lane as usize] += c.data[l],
                             None => {
                                 if is_input {
-                                    let e = offs.data[l] as i64;
+                                    let e = offs_data[l] as i64;
                                     contrib.lo = contrib.lo.min(e);
                                     contrib.hi = contrib.hi.max(e);
                                     contrib.elems.push(e);
@@ -669,16 +742,18 @@ impl<'a> Program<'a> {
                 if !contrib.elems.is_empty() {
                     self.out.contrib.push(contrib);
                 }
+                drop((offs_all, mask_all));
                 if let Some(oc) = other_cot {
                     let ot = k.ty(d.args[2]);
-                    self.add_cot(d.args[2], BTile::new(1, &ot.shape, oc));
+                    self.add_cot(d.args[2], fit_batch(BTile::new(cb, &ot.shape, oc), other_batch));
                 }
             }
             Op::Store { .. } | Op::AtomicAdd { .. } => {
                 let Some(&ev) = self.event_of.get(&self.instance(i)) else { return Ok(()) };
                 let vt = k.ty(d.args[1]);
                 let c = std::mem::take(&mut self.acc[ev]);
-                self.add_cot(d.args[1], BTile::new(1, &vt.shape, c));
+                let vb = self.get(d.args[1]).num().batch;
+                self.add_cot(d.args[1], fit_batch(BTile::new(self.events[ev].batch, &vt.shape, c), vb));
             }
             Op::For { body, .. } => self.reverse_loop(i, *body)?,
             Op::If { then_block, else_block } => {
@@ -759,6 +834,40 @@ impl<'a> Program<'a> {
         }
         Ok(())
     }
+}
+
+/// `t`'s data for a batch of `b` programs: as is, or repeated when `t` is shared (batch 1).
+fn expand(t: &BTile, b: usize) -> std::borrow::Cow<'_, [f64]> {
+    if t.batch == b {
+        std::borrow::Cow::Borrowed(&t.data)
+    } else {
+        std::borrow::Cow::Owned(t.data.repeat(b))
+    }
+}
+
+/// `a + b` elementwise (pointer offsets plus integers), either operand shared across the batch.
+fn add_batched(a: &BTile, b: &BTile) -> BTile {
+    let batch = a.batch.max(b.batch);
+    let data = if a.batch == b.batch {
+        a.data.iter().zip(&b.data).map(|(x, y)| x + y).collect()
+    } else {
+        expand(a, batch).iter().zip(expand(b, batch).iter()).map(|(x, y)| x + y).collect()
+    };
+    BTile::new(batch, &a.shape, data)
+}
+
+/// A cotangent computed for every program, brought to a value of batch `b`: summed over the
+/// programs when the value is shared by all of them.
+fn fit_batch(t: BTile, b: usize) -> BTile {
+    if t.batch == b || b != 1 {
+        return t;
+    }
+    let n = t.numel();
+    let mut data = vec![0.0; n];
+    for p in 0..t.batch {
+        data.iter_mut().zip(t.row(p)).for_each(|(d, &x)| *d += x);
+    }
+    BTile::new(1, &t.shape, data)
 }
 
 /// Reads `src[offs[l]]` into `out[l]` for every active lane (`other`, or 0, for masked-off

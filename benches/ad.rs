@@ -2,7 +2,8 @@
 //! reference interpreter's forward run of the same launch (the yardstick: the gradient
 //! should cost at most a few forwards). `--summary` prints only the table; `--only NAME` (a
 //! substring, repeatable) selects workloads, `--reps N` the summary's runs, and `--grad-only` runs one
-//! gradient of each selected workload and nothing else (for peak-memory measurements).
+//! gradient of each selected workload and nothing else, `--setup-only` only builds them (the two
+//! give peak-memory measurements and their baseline).
 
 use criterion::Criterion;
 use rand::{Rng, SeedableRng};
@@ -131,6 +132,13 @@ fn median(f: &mut dyn FnMut(), reps: usize) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--setup-only") {
+        // Build the selected workloads and nothing else (the baseline of a peak-memory
+        // measurement).
+        let cases: Vec<Case> = selected().into_iter().map(|(_, _, make)| make()).collect();
+        std::hint::black_box(&cases);
+        return;
+    }
     if args.iter().any(|a| a == "--grad-only") {
         // One gradient of each selected workload, nothing else (for peak-memory measurements).
         for (_, _, make) in selected() {

@@ -595,12 +595,18 @@ impl<'a> Program<'a> {
     fn seed_store_cotangents(&mut self) {
         self.acc = self.events.iter().map(|e| vec![0.0; e.numel]).collect();
         let live = self.live_lanes();
-        for (ev, e) in self.events.iter().enumerate() {
+        for ((ev, e), acc) in self.events.iter().enumerate().zip(self.acc.iter_mut()) {
             let Some(oc) = &self.sh.slots[e.slot as usize].out_cot else { continue };
-            for &(l, el) in &e.lanes {
-                if e.atomic || live.as_ref().is_none_or(|m| m.get(&(e.slot, el)) == Some(&(ev as u32, l))) {
-                    self.acc[ev][l as usize] += oc[el as usize];
+            match (&live, e.atomic) {
+                (Some(m), false) => {
+                    for &(l, el) in &e.lanes {
+                        if m.get(&(e.slot, el)) == Some(&(ev as u32, l)) {
+                            acc[l as usize] += oc[el as usize];
+                        }
+                    }
                 }
+                // Every lane receives its element's cotangent.
+                _ => e.lanes.iter().for_each(|&(l, el)| acc[l as usize] += oc[el as usize]),
             }
         }
     }

@@ -48,7 +48,8 @@ fn sum_axis<T: Copy + Default + std::ops::Add<Output = T>>(v: &[T], outer: usize
 /// the in-order fold; a zero (whose sign the order may decide) or NaN result returns `None` for the
 /// in-order fold to decide.
 fn extreme_run(max: bool, v: &[f64]) -> Option<f64> {
-    let pick = |a: f64, b: f64| if (b > a) == max && b != a { b } else { a };
+    // Without NaN (checked below) a strict comparison picks the extreme (vectorisable).
+    let pick = |a: f64, b: f64| if (max && b > a) || (!max && b < a) { b } else { a };
     let (first, rest) = v.split_first()?;
     let mut acc = [*first; 8];
     let chunks = rest.chunks_exact(8);

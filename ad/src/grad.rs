@@ -13,7 +13,7 @@
 //! access and program by program, by tasks that each own a fixed range of gradient elements:
 //! the result does not depend on the thread count or the chunk size.
 
-use crate::graph::{active_values, KernelGraph};
+use crate::graph::{active_values, reverse_needs, KernelGraph};
 use crate::program::{Contrib, Initial, Program, ProgramGrad, Shared, SlotData, V};
 use crate::rules::Precision;
 use crate::{AdError, BTile};
@@ -27,8 +27,10 @@ use tilegrad_reference::{Arg, Launch, Memory, TensorId};
 pub struct GradOptions {
     /// f64 ground truth (the default) or the kernel's own dtypes.
     pub precision: Precision,
-    /// Memory for the programs in flight (their tapes and pending gradient contributions):
-    /// programs are differentiated in parallel chunks sized to it. Default 2 GiB.
+    /// Memory for the work in flight beyond the gradients themselves: half for the pending
+    /// contributions of a chunk of programs (chunks are sized to it), half for the loop-body
+    /// values the batches being evaluated keep for their reverse sweeps (beyond it, bodies are
+    /// recomputed). Default 64 MiB.
     pub memory_budget: usize,
     /// Programs per chunk, overriding the size derived from `memory_budget`.
     pub chunk_programs: Option<usize>,
@@ -37,15 +39,22 @@ pub struct GradOptions {
     /// different branches or trip counts is split until they agree. Kernels that load what
     /// they stored are evaluated one program at a time.
     pub batch_programs: Option<usize>,
-    /// Bytes of loop-body values each program may keep for its reverse sweep. Within it, loop
-    /// bodies are not recomputed; beyond it, the tape holds only each iteration's carried values
-    /// and the reverse sweep recomputes the body from them (bounded memory).
+    /// Bytes of loop-body values each program may keep for its reverse sweep (at most; the
+    /// memory budget may allow less). Within it, loop bodies are not recomputed; beyond it, the
+    /// tape holds only each iteration's carried values and the reverse sweep recomputes the body
+    /// from them (bounded memory).
     pub tape_budget: usize,
 }
 
 impl Default for GradOptions {
     fn default() -> GradOptions {
-        GradOptions { precision: Precision::F64, memory_budget: 2 << 30, chunk_programs: None, batch_programs: None, tape_budget: 16 << 20 }
+        GradOptions {
+            precision: Precision::F64,
+            memory_budget: 64 << 20,
+            chunk_programs: None,
+            batch_programs: None,
+            tape_budget: 16 << 20,
+        }
     }
 }
 
@@ -145,18 +154,29 @@ pub fn vjp(
     }
 
     let facts = KernelGraph::build(k, &param_slot).facts();
+    // Batches: at most 16K elements per batched tile of the largest tile type. Kernels of small
+    // tiles then spread the per-op overhead over several programs, while tiles stay
+    // cache-sized (measured: batching 16K-element tiles of a row softmax slows it down). One
+    // program at a time when programs read their own stores (their overlays are per program).
+    let max_numel = k.values.iter().map(|v| v.ty.numel()).max().unwrap_or(1).max(1);
+    let batch = if facts.needs_overlay { 1 } else { opts.batch_programs.unwrap_or((16384 / max_numel).clamp(1, 64)).max(1) } as u64;
+    // Half the budget for the loop-body values of the batches in flight (one per thread).
+    let in_flight = rayon::current_num_threads().max(1) * batch as usize;
+    let tape_budget = opts.tape_budget.min(opts.memory_budget / 2 / in_flight);
     let active = active_values(k);
+    let needs = reverse_needs(k, &active);
     let num_types: Vec<Type> = k.values.iter().map(|v| if v.ty.is_ptr() { v.ty.with_dtype(DType::I64) } else { v.ty.clone() }).collect();
     let shared = Shared {
         kernel: k,
         facts: &facts,
         active: &active,
+        needs: &needs,
         num_types: &num_types,
         slots: &slots,
         params: &params,
         grid: launch.grid().0,
         precision: opts.precision,
-        tape_budget: opts.tape_budget,
+        tape_budget,
     };
     let mut grads: Vec<Vec<f64>> = slots.iter().map(|s| if s.is_input { vec![0.0; s.initial.len()] } else { Vec::new() }).collect();
     // Touch the gradients' pages once, in parallel, before accumulation (first-touch faults
@@ -168,18 +188,13 @@ pub fn vjp(
         slots.iter().map(|s| if s.tracks_stores() { vec![false; s.initial.len()] } else { Vec::new() }).collect();
     let mut max_trips: BTreeMap<Inst, u64> = BTreeMap::new();
     let total = launch.grid().programs();
-    // Per program in flight: its pending contributions and stores (~24 bytes per element it
-    // loads or stores) and at most its tape budget.
-    let per_program = (summary.elements_loaded + summary.elements_stored + summary.elements_atomic) / total.max(1) * 24
-        + opts.tape_budget.min(64 << 20) as u64
-        + 4096;
-    let chunk = opts.chunk_programs.map_or_else(|| (opts.memory_budget as u64 / per_program).clamp(1, 1 << 16), |c| c as u64).max(1);
-    // Batches: at most 16K elements per batched tile of the largest tile type. Kernels of small
-    // tiles then spread the per-op overhead over several programs, while tiles stay
-    // cache-sized (measured: batching 16K-element tiles of a row softmax slows it down). One
-    // program at a time when programs read their own stores (their overlays are per program).
-    let max_numel = k.values.iter().map(|v| v.ty.numel()).max().unwrap_or(1).max(1);
-    let batch = if facts.needs_overlay { 1 } else { opts.batch_programs.unwrap_or((16384 / max_numel).clamp(1, 64)).max(1) } as u64;
+    // Per program of a chunk: its pending contributions and stores (~24 bytes per element it
+    // loads or stores); the other half of the budget. At least a batch per thread.
+    let per_program = (summary.elements_loaded + summary.elements_stored + summary.elements_atomic) / total.max(1) * 24 + 256;
+    let chunk = opts
+        .chunk_programs
+        .map_or_else(|| (opts.memory_budget as u64 / 2 / per_program).clamp(in_flight as u64, 1 << 16), |c| c as u64)
+        .max(1);
     // Chunks hold whole batches, so that batches (and the result's summation order) do not
     // depend on the chunk size.
     let chunk = chunk.div_ceil(batch) * batch;
@@ -413,5 +428,14 @@ mod tests {
         // iteration on).
         let body = k.insts.iter().find_map(|d| if let tilegrad_ir::Op::For { body, .. } = d.op { Some(body) } else { None }).unwrap();
         assert!(act[k.block(body).params[1].index()]);
+        // The reverse sweep reads the load's pointer and value (an operand of an active add),
+        // not the index arithmetic that made the pointer.
+        let needs = reverse_needs(&k, &act);
+        let ld = k.insts.iter().find(|d| matches!(d.op, tilegrad_ir::Op::Load { .. })).unwrap();
+        assert!(needs[ld.args[0].index()] && needs[ld.results[0].index()]);
+        let addptr = k.insts.iter().find(|d| matches!(d.op, tilegrad_ir::Op::AddPtr) && d.results[0] == ld.args[0]).unwrap();
+        assert!(!needs[addptr.args[1].index()] && !needs[r.index()]);
+        let f = k.insts.iter().find(|d| matches!(d.op, tilegrad_ir::Op::For { .. })).unwrap();
+        assert!(needs[f.args[0].index()] && needs[f.args[2].index()]);
     }
 }

@@ -232,6 +232,59 @@ pub fn active_values(k: &Kernel) -> Vec<bool> {
     act
 }
 
+/// For each value of `k` (by index), whether the reverse sweep reads it, given the activity of
+/// [`active_values`]: the operands and result of a compute op whose result is active, the
+/// pointer and mask of a load whose result is active (and its `other` when that is active), an
+/// active stored value, the condition of a branch and the start and step of a loop. Loop
+/// snapshots keep only these (the others are recomputed if ever needed, never read).
+pub fn reverse_needs(k: &Kernel, active: &[bool]) -> Vec<bool> {
+    fn walk(k: &Kernel, b: Block, active: &[bool], need: &mut [bool]) {
+        for &i in &k.block(b).insts {
+            let d = k.inst(i);
+            let mut mark = |v: tilegrad_ir::Value| need[v.index()] = true;
+            let res_active = d.results.first().is_some_and(|r| active[r.index()]);
+            match &d.op {
+                Op::Load { mask, other } => {
+                    if res_active {
+                        mark(d.args[0]);
+                        if *mask {
+                            mark(d.args[1]);
+                        }
+                        if *other && active[d.args[2].index()] {
+                            mark(d.args[2]);
+                        }
+                    }
+                }
+                Op::Store { .. } | Op::AtomicAdd { .. } => {
+                    if active[d.args[1].index()] {
+                        mark(d.args[1]);
+                    }
+                }
+                Op::For { body, .. } => {
+                    mark(d.args[0]);
+                    mark(d.args[2]);
+                    walk(k, *body, active, need);
+                }
+                Op::If { then_block, else_block } => {
+                    mark(d.args[0]);
+                    walk(k, *then_block, active, need);
+                    walk(k, *else_block, active, need);
+                }
+                Op::Yield | Op::ProgramId { .. } | Op::NumPrograms { .. } | Op::AddPtr => {}
+                _ => {
+                    if res_active {
+                        d.args.iter().for_each(|&a| mark(a));
+                        d.results.iter().for_each(|&r| mark(r));
+                    }
+                }
+            }
+        }
+    }
+    let mut need = vec![false; k.values.len()];
+    walk(k, k.body, active, &mut need);
+    need
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

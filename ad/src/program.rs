@@ -83,6 +83,8 @@ pub(crate) struct Shared<'a> {
     pub facts: &'a KernelFacts,
     /// Per value: whether it may carry a gradient ([`crate::graph::active_values`]).
     pub active: &'a [bool],
+    /// Per value: whether the reverse sweep reads it ([`crate::graph::reverse_needs`]).
+    pub needs: &'a [bool],
     /// Per value: its type as the rules see it (pointers as their i64 offsets).
     pub num_types: &'a [Type],
     pub slots: &'a [SlotData<'a>],
@@ -348,8 +350,13 @@ impl<'a> Program<'a> {
                     tape.push(carried.clone());
                     carried = self.iterate(*body, lo, st, t, carried)?;
                     if let Some(sn) = &mut snaps {
-                        // The body's values are out of scope after the iteration: move them.
-                        let snap: Vec<(Value, V)> = values.iter().filter_map(|&v| self.env[v.index()].take().map(|x| (v, x))).collect();
+                        // The body's values are out of scope after the iteration: move out those
+                        // the reverse sweep reads, drop the others.
+                        let needs = self.sh.needs;
+                        let snap: Vec<(Value, V)> = values
+                            .iter()
+                            .filter_map(|&v| self.env[v.index()].take().filter(|_| needs[v.index()]).map(|x| (v, x)))
+                            .collect();
                         let bytes: usize = snap.iter().map(|(_, x)| x.num().data.len() * 8).sum();
                         if self.snap_bytes + bytes <= self.sh.tape_budget * self.pids.len() {
                             self.snap_bytes += bytes;
@@ -695,8 +702,9 @@ impl<'a> Program<'a> {
                 let offs_data: &[f64] = &offs_all;
                 let prov = self.loads.get(&key).filter(|p| !p.is_empty());
                 let is_input = self.sh.slots[slot].is_input;
-                let other_batch = other.then(|| val(d.args[2]).num().batch).unwrap_or(1);
-                let mut other_cot = (*other && self.sh.active[d.args[2].index()]).then(|| vec![0.0; offs_data.len()]);
+                let other_active = *other && self.sh.active[d.args[2].index()];
+                let other_batch = if other_active { val(d.args[2]).num().batch } else { 1 };
+                let mut other_cot = other_active.then(|| vec![0.0; offs_data.len()]);
                 let (n, cb) = (offs_data.len(), c.batch);
                 let mut contrib =
                     Contrib { slot: slot as u32, lo: i64::MAX, hi: i64::MIN, elems: Vec::with_capacity(n), vals: Vec::with_capacity(n) };
@@ -755,6 +763,10 @@ impl<'a> Program<'a> {
                 }
             }
             Op::Store { .. } | Op::AtomicAdd { .. } => {
+                // An inactive value (stored constants, indices) passes nothing on.
+                if !self.sh.active[d.args[1].index()] {
+                    return Ok(());
+                }
                 let Some(&ev) = self.event_of.get(&self.instance(i)) else { return Ok(()) };
                 let vt = k.ty(d.args[1]);
                 let c = std::mem::take(&mut self.acc[ev]);

@@ -567,7 +567,16 @@ impl<'a> Program<'a> {
         let sd = &self.sh.slots[slot as usize];
         let n = offs_all.len();
         let mut lanes = Vec::with_capacity(n);
+        let len = sd.initial.len() as f64;
+        let dense = mask.is_none_or(|m| !m.contains(&0.0)) && offs_all.iter().fold(true, |ok, &e| ok & (e >= 0.0) & (e < len));
+        if dense {
+            // Every lane active and in bounds: no per-lane branches.
+            lanes.extend(offs_all.iter().enumerate().map(|(l, &e)| (l as u32, e as i64)));
+        }
         for l in 0..n {
+            if dense {
+                break;
+            }
             if mask.is_some_and(|m| m[l] == 0.0) {
                 continue;
             }

@@ -188,9 +188,9 @@ pub fn vjp(
         slots.iter().map(|s| if s.tracks_stores() { vec![false; s.initial.len()] } else { Vec::new() }).collect();
     let mut max_trips: BTreeMap<Inst, u64> = BTreeMap::new();
     let total = launch.grid().programs();
-    // Per program of a chunk: its pending contributions and stores (~24 bytes per element it
-    // loads or stores); the other half of the budget. At least a batch per thread.
-    let per_program = (summary.elements_loaded + summary.elements_stored + summary.elements_atomic) / total.max(1) * 24 + 256;
+    // Per program of a chunk: its pending contributions and stores (at most ~16 bytes per
+    // element it loads or stores); the other half of the budget. At least a batch per thread.
+    let per_program = (summary.elements_loaded + summary.elements_stored + summary.elements_atomic) / total.max(1) * 16 + 256;
     let chunk = opts
         .chunk_programs
         .map_or_else(|| (opts.memory_budget as u64 / 2 / per_program).clamp(in_flight as u64, 1 << 16), |c| c as u64)
@@ -299,16 +299,15 @@ fn accumulate(grads: &mut [Vec<f64>], outs: &[ProgramGrad]) {
         g.par_chunks_mut(RANGE).zip(buckets).enumerate().for_each(|(r, (chunk, list))| {
             let (lo, hi) = ((r * RANGE) as i64, (r * RANGE + chunk.len()) as i64);
             for c in list {
-                if c.lo >= lo && c.hi < hi {
-                    for (&e, &v) in c.elems.iter().zip(&c.vals) {
-                        chunk[(e - lo) as usize] += v;
+                let mut at = 0usize;
+                for &(s, n) in &c.runs {
+                    // The part of the run in this range, and its values.
+                    let (a, b) = (s.max(lo), (s + n as i64).min(hi));
+                    if a < b {
+                        let v = &c.vals[at + (a - s) as usize..at + (b - s) as usize];
+                        chunk[(a - lo) as usize..(b - lo) as usize].iter_mut().zip(v).for_each(|(g, &x)| *g += x);
                     }
-                } else {
-                    for (&e, &v) in c.elems.iter().zip(&c.vals) {
-                        if e >= lo && e < hi {
-                            chunk[(e - lo) as usize] += v;
-                        }
-                    }
+                    at += n as usize;
                 }
             }
         });

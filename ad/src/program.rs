@@ -113,16 +113,52 @@ struct Event {
 /// Where each lane of a load came from, when some lane read this program's own store.
 type Provenance = Vec<Option<(u32, u32)>>;
 
-/// The cotangents one load of one program sends to the initial contents of an input tensor.
+/// The cotangents one load of a batch sends to the initial contents of an input tensor, as runs
+/// of consecutive elements (tiles of rows are a few long runs: the accumulation adds slices).
 pub(crate) struct Contrib {
     pub slot: u32,
     /// Smallest and largest element (inclusive): lets the accumulation skip what it does not own.
     pub lo: i64,
     pub hi: i64,
-    /// Elements, in lane order.
-    pub elems: Vec<i64>,
-    /// Cotangents, one per element.
+    /// (first element, length) of each run, in lane order.
+    pub runs: Vec<(i64, u32)>,
+    /// Cotangents, one per element of the runs in order.
     pub vals: Vec<f64>,
+}
+
+impl Contrib {
+    fn new(slot: u32, n: usize) -> Contrib {
+        Contrib { slot, lo: i64::MAX, hi: i64::MIN, runs: Vec::new(), vals: Vec::with_capacity(n) }
+    }
+
+    /// Appends element `e`'s cotangent.
+    #[inline]
+    fn push(&mut self, e: i64, v: f64) {
+        match self.runs.last_mut() {
+            Some((s, n)) if *s + *n as i64 == e => *n += 1,
+            _ => self.runs.push((e, 1)),
+        }
+        self.lo = self.lo.min(e);
+        self.hi = self.hi.max(e);
+        self.vals.push(v);
+    }
+
+    /// Runs of `offs` (one value per element, in order), whose values are `vals`.
+    fn dense(slot: u32, offs: &[f64], vals: Vec<f64>) -> Contrib {
+        let mut c = Contrib { slot, lo: i64::MAX, hi: i64::MIN, runs: Vec::new(), vals };
+        for &o in offs {
+            let e = o as i64;
+            match c.runs.last_mut() {
+                Some((s, n)) if *s + *n as i64 == e => *n += 1,
+                _ => c.runs.push((e, 1)),
+            }
+        }
+        for &(s, n) in &c.runs {
+            c.lo = c.lo.min(s);
+            c.hi = c.hi.max(s + n as i64 - 1);
+        }
+        c
+    }
 }
 
 /// What one program hands back: its gradient contributions and the elements it stored.
@@ -715,8 +751,7 @@ impl<'a> Program<'a> {
                 let other_batch = if other_active { val(d.args[2]).num().batch } else { 1 };
                 let mut other_cot = other_active.then(|| vec![0.0; offs_data.len()]);
                 let (n, cb) = (offs_data.len(), c.batch);
-                let mut contrib =
-                    Contrib { slot: slot as u32, lo: i64::MAX, hi: i64::MIN, elems: Vec::with_capacity(n), vals: Vec::with_capacity(n) };
+                let mut contrib = Contrib::new(slot as u32, n);
                 if prov.is_none() {
                     // Every lane read the launch's initial memory: tight loops.
                     if let (Some(m), Some(oc)) = (m, &mut other_cot) {
@@ -724,21 +759,15 @@ impl<'a> Program<'a> {
                     }
                     if is_input {
                         match m {
-                            None => {
-                                contrib.elems.extend(offs_data.iter().map(|&o| o as i64));
-                                contrib.vals = c.data;
-                            }
+                            None => contrib = Contrib::dense(slot as u32, offs_data, c.data),
                             Some(m) => {
                                 for ((&o, &m), &g) in offs_data.iter().zip(m).zip(&c.data) {
                                     if m != 0.0 {
-                                        contrib.elems.push(o as i64);
-                                        contrib.vals.push(g);
+                                        contrib.push(o as i64, g);
                                     }
                                 }
                             }
                         }
-                        let (lo, hi) = contrib.elems.iter().fold((i64::MAX, i64::MIN), |(lo, hi), &e| (lo.min(e), hi.max(e)));
-                        (contrib.lo, contrib.hi) = (lo, hi);
                     }
                 } else {
                     for l in 0..n {
@@ -752,17 +781,13 @@ impl<'a> Program<'a> {
                             Some((ev, lane)) => self.acc[ev as usize][lane as usize] += c.data[l],
                             None => {
                                 if is_input {
-                                    let e = offs_data[l] as i64;
-                                    contrib.lo = contrib.lo.min(e);
-                                    contrib.hi = contrib.hi.max(e);
-                                    contrib.elems.push(e);
-                                    contrib.vals.push(c.data[l]);
+                                    contrib.push(offs_data[l] as i64, c.data[l]);
                                 }
                             }
                         }
                     }
                 }
-                if !contrib.elems.is_empty() {
+                if !contrib.vals.is_empty() {
                     self.out.contrib.push(contrib);
                 }
                 drop((offs_all, mask_all));

@@ -20,7 +20,7 @@ use crate::{AdError, BTile};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 use tilegrad_ir::{DType, Inst, ParamKind, Type};
-use tilegrad_reference::{Arg, Launch, Memory, TensorId};
+use tilegrad_reference::{Arg, Launch, Memory, RaceMode, TensorId};
 
 /// Options of a gradient computation.
 #[derive(Clone, Debug)]
@@ -171,6 +171,7 @@ pub fn vjp(
         facts: &facts,
         active: &active,
         needs: &needs,
+        races_rejected: launch.get_options().races == RaceMode::Error,
         num_types: &num_types,
         slots: &slots,
         params: &params,

@@ -83,6 +83,8 @@ pub(crate) struct Shared<'a> {
     pub facts: &'a KernelFacts,
     /// Per value: whether it may carry a gradient ([`crate::graph::active_values`]).
     pub active: &'a [bool],
+    /// The launch rejects races (the default): no store has two lanes writing one element.
+    pub races_rejected: bool,
     /// Per value: whether the reverse sweep reads it ([`crate::graph::reverse_needs`]).
     pub needs: &'a [bool],
     /// Per value: its type as the rules see it (pointers as their i64 offsets).
@@ -669,6 +671,13 @@ impl<'a> Program<'a> {
     fn live_lanes(&self) -> Option<HashMap<(u32, i64), (u32, u32)>> {
         if self.sh.facts.needs_overlay {
             return Some(self.overlay.clone());
+        }
+        // One store per tensor cannot overlap itself where races are errors (two lanes of one
+        // store writing one element is a race, rejected by the reference run).
+        let mut stores: Vec<u32> = self.events.iter().filter(|e| !e.atomic).map(|e| e.slot).collect();
+        stores.sort_unstable();
+        if self.sh.races_rejected && stores.windows(2).all(|w| w[0] != w[1]) {
+            return None;
         }
         let mut runs: Vec<(u32, i64, i64)> = Vec::new();
         for e in self.events.iter().filter(|e| !e.atomic) {

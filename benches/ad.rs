@@ -1,9 +1,12 @@
 //! Speed of the f64 ground-truth gradient (forward + reverse) of whole launches, next to the
 //! reference interpreter's forward run of the same launch (the yardstick: the gradient
-//! should cost at most a few forwards). `--summary` prints only the table; `--only NAME` (a
-//! substring, repeatable) selects workloads, `--reps N` the summary's runs, and `--grad-only` runs one
-//! gradient of each selected workload and nothing else, `--setup-only` only builds them (the two
-//! give peak-memory measurements and their baseline).
+//! should cost at most a few forwards). Workloads: weighted sum 4096x512 and 65536x1024, row
+//! softmax 4096x1024, matmul 512^3 and 1024^3 (the large ones with a longer measurement time).
+//!
+//! `--summary` prints only the table (medians); `--only NAME` (a substring, repeatable) selects
+//! workloads, `--reps N` the summary's runs; `--grad-only` runs one gradient of each selected
+//! workload and nothing else, `--setup-only` only builds them (the two give peak-memory
+//! measurements and their baseline).
 
 use criterion::Criterion;
 use rand::{Rng, SeedableRng};

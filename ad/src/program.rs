@@ -831,6 +831,7 @@ impl<'a> Program<'a> {
             Op::Yield => {}
             _ => {
                 let Some(c) = self.take_cot(d.results[0]) else { return Ok(()) };
+                let Some(c) = self.pass_through(i, c) else { return Ok(()) };
                 let args: SmallVec<[&BTile; 4]> = d.args.iter().map(|&a| self.get(a).num()).collect();
                 let tys: SmallVec<[&Type; 4]> = d.args.iter().map(|&a| &self.sh.num_types[a.index()]).collect();
                 let res = self.get(d.results[0]).num();
@@ -845,6 +846,46 @@ impl<'a> Program<'a> {
             }
         }
         Ok(())
+    }
+
+    /// The reverse of ops whose cotangent passes to an operand unchanged (`reshape`,
+    /// `expand_dims`, float-to-float `cast`, `+`, and `-` up to sign), when operands and result
+    /// hold the same programs and elements: the cotangent moves instead of being copied, with
+    /// the values the rules would give. Returns the cotangent when the rules must handle it.
+    fn pass_through(&mut self, i: Inst, c: BTile) -> Option<BTile> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        let same = d.args.iter().all(|&a| {
+            let t = self.get(a).num();
+            t.batch == c.batch && t.data.len() == c.data.len()
+        });
+        let diff = |v: Value| rules::is_differentiable(k.ty(v));
+        match &d.op {
+            Op::Reshape | Op::ExpandDims { .. } | Op::Cast if same && diff(d.args[0]) && diff(d.results[0]) => {
+                let shape = &k.ty(d.args[0]).shape;
+                self.add_cot(d.args[0], BTile::new(c.batch, shape, c.data));
+                None
+            }
+            Op::Binary(op @ (tilegrad_ir::BinaryOp::Add | tilegrad_ir::BinaryOp::Sub)) if same => {
+                let (a, b) = (d.args[0], d.args[1]);
+                let (act_a, act_b) = (self.sh.active[a.index()], self.sh.active[b.index()]);
+                if act_b {
+                    let gb = if *op == tilegrad_ir::BinaryOp::Sub {
+                        BTile { batch: c.batch, shape: c.shape.clone(), data: c.data.iter().map(|&g| -g).collect() }
+                    } else if act_a {
+                        c.clone()
+                    } else {
+                        BTile { batch: c.batch, shape: c.shape.clone(), data: c.data.clone() }
+                    };
+                    self.add_cot(b, gb);
+                }
+                if act_a {
+                    self.add_cot(a, c);
+                }
+                None
+            }
+            _ => Some(c),
+        }
     }
 
     /// Reverse of a loop: iterations last to first, each recomputed from its taped carried

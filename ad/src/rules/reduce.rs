@@ -8,7 +8,7 @@ use tilegrad_ir::{DotPrecision, ReduceOp};
 use tilegrad_reference::round_tf32;
 
 /// Sum of a contiguous run with eight interleaved accumulators: the reference's `sum_run`.
-fn sum_run<T: Copy + Default + std::ops::Add<Output = T>>(v: &[T]) -> T {
+pub(super) fn sum_run<T: Copy + Default + std::ops::Add<Output = T>>(v: &[T]) -> T {
     let mut acc = [T::default(); 8];
     let chunks = v.chunks_exact(8);
     let rest = chunks.remainder();

@@ -58,12 +58,11 @@ impl Contrib {
     /// Runs of `offs` (one value per element, in order), whose values are `vals`.
     fn dense(slot: u32, offs: &[f64], vals: Vec<f64>) -> Contrib {
         let mut c = Contrib { slot, lo: i64::MAX, hi: i64::MIN, runs: Vec::new(), vals };
-        for &o in offs {
-            let e = o as i64;
-            match c.runs.last_mut() {
-                Some((s, n)) if *s + *n as i64 == e => *n += 1,
-                _ => c.runs.push((e, 1)),
-            }
+        let mut l = 0;
+        while l < offs.len() {
+            let n = run_len(offs, l);
+            c.runs.push((offs[l] as i64, n as u32));
+            l += n;
         }
         for &(s, n) in &c.runs {
             c.lo = c.lo.min(s);
@@ -392,6 +391,12 @@ pub(super) fn fit_batch(t: BTile, b: usize) -> BTile {
     BTile::new(1, &t.shape, data)
 }
 
+/// The length of the run of consecutive elements starting at lane `l` (at least 1).
+fn run_len(offs: &[f64], l: usize) -> usize {
+    let e = offs[l];
+    1 + offs[l + 1..].iter().enumerate().take_while(|&(k, &o)| o == e + (k + 1) as f64).count()
+}
+
 /// Reads `src[offs[l]]` into `out[l]` for every active lane (`other`, or 0, for masked-off
 /// lanes); returns the first active lane out of bounds (lane, offset), if any.
 fn gather_initial<T: Copy + Into<f64>>(
@@ -403,10 +408,19 @@ fn gather_initial<T: Copy + Into<f64>>(
 ) -> Option<(usize, i64)> {
     let other_at = |l: usize| other.map_or(0.0, |o| if o.len() == 1 { o[0] } else { o[l] });
     if mask.is_none() {
-        // Bounds first (one pass), then the gather without per-lane branches.
-        let n = src.len() as f64;
-        if offs.iter().fold(true, |ok, &e| ok & (e >= 0.0) & (e < n)) {
-            out.iter_mut().zip(offs).for_each(|(o, &e)| *o = src[e as usize].into());
+        // Runs of consecutive elements (rows of a tile) are copied as slices; the first run
+        // out of bounds falls through to the lane-by-lane loop, which names its lane.
+        let mut l = 0;
+        while l < offs.len() {
+            let (e, n) = (offs[l], run_len(offs, l));
+            let run = (e >= 0.0).then(|| (e as usize).checked_add(n).and_then(|end| src.get(e as usize..end))).flatten();
+            match run {
+                Some(run) => out[l..l + n].iter_mut().zip(run).for_each(|(o, &v)| *o = v.into()),
+                None => break,
+            }
+            l += n;
+        }
+        if l == offs.len() {
             return None;
         }
     }

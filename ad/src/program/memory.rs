@@ -437,3 +437,39 @@ fn gather_initial<T: Copy + Into<f64>>(
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gathers_by_runs_and_names_the_first_lane_out_of_bounds() {
+        let src: Vec<f32> = (0..10).map(|x| x as f32 * 0.5).collect();
+        let mut out = vec![0.0; 6];
+        // Two runs (3..6, 0..2) and a single element.
+        assert_eq!(gather_initial(&src, &[3.0, 4.0, 5.0, 0.0, 1.0, 9.0], None, None, &mut out), None);
+        assert_eq!(out, vec![1.5, 2.0, 2.5, 0.0, 0.5, 4.5]);
+        // A run leaving the tensor, a negative offset, an offset beyond any index.
+        assert_eq!(gather_initial(&src, &[7.0, 8.0, 9.0, 10.0, 0.0, 1.0], None, None, &mut out), Some((3, 10)));
+        assert_eq!(gather_initial(&src, &[0.0, -1.0, 0.0, 1.0, 2.0, 3.0], None, None, &mut out), Some((1, -1)));
+        assert_eq!(gather_initial(&src, &[1e300, 0.0, 0.0, 0.0, 0.0, 0.0], None, None, &mut out), Some((0, i64::MAX)));
+        // Masked-off lanes read `other` and are not bounds-checked.
+        let mask = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0];
+        assert_eq!(gather_initial(&src, &[1.0, 99.0, 2.0, 3.0, -5.0, 4.0], Some(&mask), Some(&[-7.0]), &mut out), None);
+        assert_eq!(out, vec![0.5, -7.0, 1.0, 1.5, -7.0, 2.0]);
+        assert_eq!(run_len(&[1.0, 2.0, 3.0, 3.0, 4.0], 0), 3);
+        assert_eq!(run_len(&[1.0, 2.0, 3.0, 3.0, 4.0], 3), 2);
+    }
+
+    #[test]
+    fn contributions_keep_lane_order_in_runs() {
+        let c = Contrib::dense(0, &[4.0, 5.0, 6.0, 2.0, 2.0, 3.0], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(c.runs, vec![(4, 3), (2, 1), (2, 2)]);
+        assert_eq!((c.lo, c.hi), (2, 6));
+        let mut m = Contrib::new(1, 4);
+        for (e, v) in [(7, 1.0), (8, 2.0), (3, 3.0), (4, 4.0)] {
+            m.push(e, v);
+        }
+        assert_eq!((m.runs, m.lo, m.hi, m.vals), (vec![(7, 2), (3, 2)], 3, 8, vec![1.0, 2.0, 3.0, 4.0]));
+    }
+}

@@ -173,6 +173,118 @@ impl KernelGraph {
     }
 }
 
+/// Activity analysis: for each value of `k` (by index), whether it may depend on a float load,
+/// the only way the initial contents of a tensor enter a program. Values that do not (integer
+/// and index arithmetic, offsets, masks, constants and what is computed from them alone) carry
+/// no gradient to any input: the reverse sweep neither computes nor stores their cotangents.
+pub fn active_values(k: &Kernel) -> Vec<bool> {
+    fn float(k: &Kernel, v: tilegrad_ir::Value) -> bool {
+        crate::rules::is_differentiable(k.ty(v))
+    }
+    fn yields(k: &Kernel, b: Block) -> Vec<tilegrad_ir::Value> {
+        k.block(b).insts.last().map(|&l| k.inst(l)).filter(|d| matches!(d.op, Op::Yield)).map(|d| d.args.to_vec()).unwrap_or_default()
+    }
+    /// One pass over a block; returns whether anything changed.
+    fn pass(k: &Kernel, b: Block, act: &mut [bool]) -> bool {
+        let mut changed = false;
+        let set = |act: &mut [bool], v: tilegrad_ir::Value, on: bool| {
+            let turn = on && float(k, v) && !act[v.index()];
+            act[v.index()] |= turn;
+            turn
+        };
+        for &i in &k.block(b).insts {
+            let d = k.inst(i);
+            match &d.op {
+                Op::Load { .. } => changed |= set(act, d.results[0], true),
+                Op::For { body, .. } => {
+                    let params = &k.block(*body).params;
+                    let ys = yields(k, *body);
+                    for (j, &r) in d.results.iter().enumerate() {
+                        let on = d.args.get(3 + j).is_some_and(|a| act[a.index()]) || ys.get(j).is_some_and(|y| act[y.index()]);
+                        changed |= set(act, r, on);
+                        if let Some(&p) = params.get(1 + j) {
+                            changed |= set(act, p, on);
+                        }
+                    }
+                    changed |= pass(k, *body, act);
+                }
+                Op::If { then_block, else_block } => {
+                    changed |= pass(k, *then_block, act);
+                    changed |= pass(k, *else_block, act);
+                    let (t, e) = (yields(k, *then_block), yields(k, *else_block));
+                    for (j, &r) in d.results.iter().enumerate() {
+                        let on = t.get(j).is_some_and(|y| act[y.index()]) || e.get(j).is_some_and(|y| act[y.index()]);
+                        changed |= set(act, r, on);
+                    }
+                }
+                _ => {
+                    let on = d.args.iter().any(|a| act[a.index()]);
+                    for &r in &d.results {
+                        changed |= set(act, r, on);
+                    }
+                }
+            }
+        }
+        changed
+    }
+    let mut act = vec![false; k.values.len()];
+    while pass(k, k.body, &mut act) {}
+    act
+}
+
+/// For each value of `k` (by index), whether the reverse sweep reads it, given the activity of
+/// [`active_values`]: the operands and result of a compute op whose result is active, the
+/// pointer and mask of a load whose result is active (and its `other` when that is active), an
+/// active stored value, the condition of a branch and the start and step of a loop. Loop
+/// snapshots keep only these (the others are recomputed if ever needed, never read).
+pub fn reverse_needs(k: &Kernel, active: &[bool]) -> Vec<bool> {
+    fn walk(k: &Kernel, b: Block, active: &[bool], need: &mut [bool]) {
+        for &i in &k.block(b).insts {
+            let d = k.inst(i);
+            let mut mark = |v: tilegrad_ir::Value| need[v.index()] = true;
+            let res_active = d.results.first().is_some_and(|r| active[r.index()]);
+            match &d.op {
+                Op::Load { mask, other } => {
+                    if res_active {
+                        mark(d.args[0]);
+                        if *mask {
+                            mark(d.args[1]);
+                        }
+                        if *other && active[d.args[2].index()] {
+                            mark(d.args[2]);
+                        }
+                    }
+                }
+                Op::Store { .. } | Op::AtomicAdd { .. } => {
+                    if active[d.args[1].index()] {
+                        mark(d.args[1]);
+                    }
+                }
+                Op::For { body, .. } => {
+                    mark(d.args[0]);
+                    mark(d.args[2]);
+                    walk(k, *body, active, need);
+                }
+                Op::If { then_block, else_block } => {
+                    mark(d.args[0]);
+                    walk(k, *then_block, active, need);
+                    walk(k, *else_block, active, need);
+                }
+                Op::Yield | Op::ProgramId { .. } | Op::NumPrograms { .. } | Op::AddPtr => {}
+                _ => {
+                    if res_active {
+                        d.args.iter().for_each(|&a| mark(a));
+                        d.results.iter().for_each(|&r| mark(r));
+                    }
+                }
+            }
+        }
+    }
+    let mut need = vec![false; k.values.len()];
+    walk(k, k.body, active, &mut need);
+    need
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,11 +1,16 @@
-//! One program instance, forward then reverse.
+//! A batch of program instances, forward then reverse.
 //!
-//! The forward sweep evaluates the kernel body in f64 (through [`crate::rules`]) and records a
-//! tape: the carried values of every loop iteration, and a log of memory events (stores and
-//! atomics with their active lanes and values; for loads that read this program's own earlier
-//! stores, which store lane each lane read). Intermediate values of a loop body are *not* kept:
-//! the reverse sweep recomputes each iteration from its taped carried values, so the tape of a
-//! program holds at most `trips x carried` values per loop.
+//! The forward sweep evaluates the kernel body in f64 (through [`crate::rules`]) for a batch of
+//! programs at once: a value holds one tile per program, or one tile shared by all where it is
+//! the same in each (constants, `arange`, scalars, what only depends on them), which the rules
+//! broadcast. Control flow must agree across the batch; where a loop bound or branch condition
+//! differs between its programs, the batch reports divergence and is split by the caller. The
+//! sweep records a tape: the carried values of every loop iteration, and a log of memory events
+//! (stores and atomics with their active lanes and values; for loads that read this program's
+//! own earlier stores, which store lane each lane read; such kernels run one program per batch).
+//! Intermediate values of a loop body are kept only within a byte budget per program; beyond
+//! it, the reverse sweep recomputes each iteration from its taped carried values, so the tape
+//! holds at most `trips x carried` values per loop and program.
 //!
 //! The reverse sweep walks the body backwards applying one VJP rule per op. Memory follows the
 //! launch semantics of the design: a store's value receives the launch-output cotangent of the
@@ -13,11 +18,16 @@
 //! read it; a load's cotangent goes to the element it read (an input tensor, or this program's
 //! earlier store); an atomic contribution receives the output cotangent of its element.
 
+mod memory;
+
 use crate::graph::KernelFacts;
 use crate::rules::{self, Precision};
 use crate::{AdError, BTile};
+pub(crate) use memory::Contrib;
+use memory::{add_batched, fit_batch, Event, Provenance};
+use smallvec::SmallVec;
 use std::collections::HashMap;
-use tilegrad_ir::{Block, DType, Inst, Kernel, Op, Value};
+use tilegrad_ir::{Block, DType, Inst, Kernel, Op, Type, Value};
 
 /// A runtime value: a number tile, or a pointer tile (tensor slot and element offsets).
 #[derive(Clone, Debug)]
@@ -35,21 +45,55 @@ impl V {
     }
 }
 
+/// The initial contents of a tensor, read in place (f32 and f64) or converted to f64 once.
+pub(crate) enum Initial<'a> {
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+    Converted(Vec<f64>),
+}
+
+impl Initial<'_> {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Initial::F32(v) => v.len(),
+            Initial::F64(v) => v.len(),
+            Initial::Converted(v) => v.len(),
+        }
+    }
+}
+
 /// A tensor of the launch as the AD engine sees it.
-pub(crate) struct SlotData {
+pub(crate) struct SlotData<'a> {
     pub name: String,
-    pub initial: Vec<f64>,
+    pub initial: Initial<'a>,
     /// Cotangent of the final contents, when the tensor is a differentiated output.
-    pub out_cot: Option<Vec<f64>>,
+    pub out_cot: Option<&'a [f64]>,
     /// Gradient of the initial contents is requested.
     pub is_input: bool,
+}
+
+impl SlotData<'_> {
+    /// The elements programs store must be reported (an in-place tensor: elements no program
+    /// stores pass their cotangent through).
+    pub fn tracks_stores(&self) -> bool {
+        self.is_input && self.out_cot.is_some()
+    }
 }
 
 /// What all programs share.
 pub(crate) struct Shared<'a> {
     pub kernel: &'a Kernel,
     pub facts: &'a KernelFacts,
-    pub slots: &'a [SlotData],
+    /// Per value: whether it may carry a gradient ([`crate::graph::active_values`]).
+    pub active: &'a [bool],
+    /// The launch rejects races (the default): no store has two lanes writing one element.
+    pub races_rejected: bool,
+    /// Per value: whether the reverse sweep reads it ([`crate::graph::reverse_needs`]).
+    pub needs: &'a [bool],
+    /// Per value: its type as the rules see it (pointers as their i64 offsets).
+    pub num_types: &'a [Type],
+    pub slots: &'a [SlotData<'a>],
     pub params: &'a [V],
     pub grid: [u32; 3],
     pub precision: Precision,
@@ -58,26 +102,13 @@ pub(crate) struct Shared<'a> {
     pub tape_budget: usize,
 }
 
-/// A logged store or atomic of one program.
-struct Event {
-    slot: u32,
-    atomic: bool,
-    /// Active lanes: (lane, element).
-    lanes: Vec<(u32, i64)>,
-    /// Values of all lanes of the tile.
-    vals: Vec<f64>,
-    numel: usize,
-}
-
-/// Where each lane of a load came from, when some lane read this program's own store.
-type Provenance = Vec<Option<(u32, u32)>>;
-
 /// What one program hands back: its gradient contributions and the elements it stored.
 #[derive(Default)]
 pub(crate) struct ProgramGrad {
-    /// Per slot: (element, cotangent) contributions to the gradient of initial contents.
-    pub contrib: Vec<Vec<(i64, f64)>>,
-    /// Per slot: elements this program stored (they do not pass their cotangent through).
+    /// Contributions to the gradient of initial contents, in the order of the reverse sweep.
+    pub contrib: Vec<Contrib>,
+    /// Per slot: elements this program stored (they do not pass their cotangent through); only
+    /// for slots that [`SlotData::tracks_stores`].
     pub stored: Vec<Vec<i64>>,
     /// Largest trip count per loop in this program.
     pub trips: Vec<(Inst, u64)>,
@@ -87,9 +118,16 @@ pub(crate) struct ProgramGrad {
 /// loops around it.
 type Instance = (Inst, Vec<u32>);
 
+/// A batch of program instances evaluated together: every value holds one tile per program
+/// (or one tile for all of them where it is the same, e.g. constants and what only depends on
+/// them). Control flow must agree across the batch (same trip counts, same branches); where it
+/// does not, the batch reports divergence and the caller evaluates smaller batches.
 pub(crate) struct Program<'a> {
     sh: &'a Shared<'a>,
-    pid: [u32; 3],
+    /// The batch's program ids, in launch order.
+    pids: Vec<[u32; 3]>,
+    /// Set when control flow differs across the batch (the run then stops).
+    divergent: bool,
     env: Vec<Option<V>>,
     cot: Vec<Option<BTile>>,
     /// Current iteration indices of the enclosing loops.
@@ -125,7 +163,7 @@ fn rule_err(k: &Kernel, i: Inst, e: AdError) -> AdError {
 }
 
 impl<'a> Program<'a> {
-    pub fn new(sh: &'a Shared<'a>, pid: [u32; 3]) -> Program<'a> {
+    pub fn new(sh: &'a Shared<'a>, pids: Vec<[u32; 3]>) -> Program<'a> {
         let n = sh.kernel.values.len();
         let mut env = vec![None; n];
         for (p, v) in sh.kernel.params.iter().zip(sh.params) {
@@ -133,7 +171,8 @@ impl<'a> Program<'a> {
         }
         Program {
             sh,
-            pid,
+            pids,
+            divergent: false,
             env,
             cot: vec![None; n],
             path: Vec::new(),
@@ -147,21 +186,28 @@ impl<'a> Program<'a> {
             overlay: HashMap::new(),
             acc: Vec::new(),
             replay: false,
-            out: ProgramGrad { contrib: vec![Vec::new(); sh.slots.len()], stored: vec![Vec::new(); sh.slots.len()], trips: Vec::new() },
+            out: ProgramGrad { contrib: Vec::new(), stored: vec![Vec::new(); sh.slots.len()], trips: Vec::new() },
         }
     }
 
-    /// Forward, then reverse; returns this program's contributions.
-    pub fn run(mut self) -> Result<ProgramGrad, AdError> {
+    /// Forward, then reverse; returns the batch's contributions (program-major within each
+    /// access), or `None` when control flow diverged across the batch.
+    pub fn run(mut self) -> Result<Option<ProgramGrad>, AdError> {
         let body = self.sh.kernel.body;
-        self.forward_block(body)?;
+        match self.forward_block(body) {
+            Err(_) if self.divergent => return Ok(None),
+            r => r?,
+        };
         self.seed_store_cotangents();
-        self.reverse_block(body)?;
+        match self.reverse_block(body) {
+            Err(_) if self.divergent => return Ok(None),
+            r => r?,
+        };
         for st in self.out.stored.iter_mut() {
             st.sort_unstable();
             st.dedup();
         }
-        Ok(self.out)
+        Ok(Some(self.out))
     }
 
     fn get(&self, v: Value) -> &V {
@@ -195,13 +241,33 @@ impl<'a> Program<'a> {
         self.get(v).num().data[0]
     }
 
+    /// A scalar that steers control flow: the same in every program of the batch, else the
+    /// batch diverges (an error that [`Program::run`] turns into `None`).
+    fn uniform_scalar(&mut self, v: Value) -> Result<f64, AdError> {
+        let t = self.get(v).num();
+        let x = t.data[0];
+        if t.data.iter().all(|&y| y == x) {
+            Ok(x)
+        } else {
+            self.divergent = true;
+            Err(AdError::Spec("control flow diverges across the batch".into()))
+        }
+    }
+
+    /// The program that lane `l` of a batch-`b` access of `numel` lanes per program belongs to,
+    /// and its lane.
+    fn lane_owner(&self, b: usize, numel: usize, l: usize) -> ([u32; 3], usize) {
+        let p = if b == 1 || numel == 0 { 0 } else { l / numel };
+        (self.pids[p.min(self.pids.len() - 1)], if numel == 0 { l } else { l % numel })
+    }
+
     fn forward_inst(&mut self, i: Inst) -> Result<(), AdError> {
         let k = self.sh.kernel;
         let d = k.inst(i);
         match &d.op {
             Op::ProgramId { axis } => {
-                let x = self.pid[*axis as usize] as f64;
-                self.set(d.results[0], V::Num(BTile::new(1, &[], vec![x])));
+                let data: Vec<f64> = self.pids.iter().map(|p| p[*axis as usize] as f64).collect();
+                self.set(d.results[0], V::Num(BTile::new(data.len(), &[], data)));
             }
             Op::NumPrograms { axis } => {
                 let x = self.sh.grid[*axis as usize] as f64;
@@ -211,8 +277,7 @@ impl<'a> Program<'a> {
                 let (V::Ptr(slot, offs), V::Num(delta)) = (self.get(d.args[0]), self.get(d.args[1])) else {
                     unreachable!("verified addptr takes a pointer and integers")
                 };
-                let data = offs.data.iter().zip(&delta.data).map(|(a, b)| a + b).collect();
-                let r = V::Ptr(*slot, BTile::new(1, &offs.shape, data));
+                let r = V::Ptr(*slot, add_batched(offs, delta));
                 self.set(d.results[0], r);
             }
             Op::Broadcast | Op::ExpandDims { .. } | Op::Reshape | Op::Permute { .. } | Op::Where
@@ -240,7 +305,11 @@ impl<'a> Program<'a> {
                 }
             }
             Op::For { body, .. } => {
-                let (lo, hi, st) = (self.scalar(d.args[0]) as i64, self.scalar(d.args[1]) as i64, self.scalar(d.args[2]) as i64);
+                let (lo, hi, st) = (
+                    self.uniform_scalar(d.args[0])? as i64,
+                    self.uniform_scalar(d.args[1])? as i64,
+                    self.uniform_scalar(d.args[2])? as i64,
+                );
                 if st == 0 {
                     return Err(self.unsupported(i, "loop step is zero".into()));
                 }
@@ -258,10 +327,15 @@ impl<'a> Program<'a> {
                     tape.push(carried.clone());
                     carried = self.iterate(*body, lo, st, t, carried)?;
                     if let Some(sn) = &mut snaps {
-                        // The body's values are out of scope after the iteration: move them.
-                        let snap: Vec<(Value, V)> = values.iter().filter_map(|&v| self.env[v.index()].take().map(|x| (v, x))).collect();
+                        // The body's values are out of scope after the iteration: move out those
+                        // the reverse sweep reads, drop the others.
+                        let needs = self.sh.needs;
+                        let snap: Vec<(Value, V)> = values
+                            .iter()
+                            .filter_map(|&v| self.env[v.index()].take().filter(|_| needs[v.index()]).map(|x| (v, x)))
+                            .collect();
                         let bytes: usize = snap.iter().map(|(_, x)| x.num().data.len() * 8).sum();
-                        if self.snap_bytes + bytes <= self.sh.tape_budget {
+                        if self.snap_bytes + bytes <= self.sh.tape_budget * self.pids.len() {
                             self.snap_bytes += bytes;
                             sn.push(snap);
                         } else {
@@ -282,7 +356,7 @@ impl<'a> Program<'a> {
                 }
             }
             Op::If { then_block, else_block } => {
-                let c = self.scalar(d.args[0]) != 0.0;
+                let c = self.uniform_scalar(d.args[0])? != 0.0;
                 let outs = self.forward_block(if c { *then_block } else { *else_block })?;
                 for (r, v) in d.results.iter().zip(outs) {
                     self.set(*r, v);
@@ -347,179 +421,28 @@ impl<'a> Program<'a> {
     fn compute(&self, i: Inst, precision: Precision) -> Result<BTile, AdError> {
         let k = self.sh.kernel;
         let d = k.inst(i);
-        let args: Vec<&BTile> = d.args.iter().map(|&a| self.get(a).num()).collect();
-        let tys: Vec<&tilegrad_ir::Type> = d.args.iter().map(|&a| k.ty(a)).collect();
-        let mut rt = k.ty(d.results[0]).clone();
-        if rt.is_ptr() {
-            rt = rt.with_dtype(DType::I64);
-        }
-        let tys: Vec<tilegrad_ir::Type> = tys.iter().map(|t| if t.is_ptr() { t.with_dtype(DType::I64) } else { (*t).clone() }).collect();
-        let tyr: Vec<&tilegrad_ir::Type> = tys.iter().collect();
-        rules::eval(&d.op, &args, &tyr, &rt, precision).map_err(|e| rule_err(k, i, e))
-    }
-
-    fn load(&mut self, i: Inst, has_mask: bool, has_other: bool) -> Result<BTile, AdError> {
-        let k = self.sh.kernel;
-        let d = k.inst(i);
-        let key = self.instance(i);
-        // Borrow the operands in place (no copies of the tiles).
-        let env = &self.env;
-        let val = |v: Value| env[v.index()].as_ref().expect("verified kernels define values before use");
-        let V::Ptr(slot, offs) = val(d.args[0]) else { unreachable!("verified load takes a pointer") };
-        let slot = *slot;
-        let mask = has_mask.then(|| &val(d.args[1]).num().data);
-        let other = has_other.then(|| val(d.args[2]).num());
-        let sd = &self.sh.slots[slot as usize];
-        let n = offs.data.len();
-        // Only a kernel that may load after its own stores consults the overlay (or, when
-        // replaying a loop body, the provenance recorded by the forward sweep).
-        let prov: Option<&Provenance> = if self.replay { self.loads.get(&key).filter(|p| !p.is_empty()) } else { None };
-        let use_overlay = !self.replay && self.sh.facts.needs_overlay && !self.overlay.is_empty();
-        let mut out = vec![0.0; n];
-        let mut own: Provenance = Vec::new();
-        let mut bad: Option<(usize, i64)> = None;
-        let mut atomic_src = false;
-        for l in 0..n {
-            if mask.is_some_and(|m| m[l] == 0.0) {
-                out[l] = other.map_or(0.0, |o| o.data[if o.data.len() == 1 { 0 } else { l }]);
-                continue;
-            }
-            let e = offs.data[l] as i64;
-            if e < 0 || e as usize >= sd.initial.len() {
-                bad = Some((l, e));
-                break;
-            }
-            let src = if let Some(p) = prov {
-                p[l]
-            } else if use_overlay {
-                self.overlay.get(&(slot, e)).copied()
-            } else {
-                None
-            };
-            match src {
-                Some((ev, lane)) => {
-                    let evd = &self.events[ev as usize];
-                    atomic_src |= evd.atomic;
-                    out[l] = evd.vals[lane as usize];
-                    if own.is_empty() {
-                        own = vec![None; n];
-                    }
-                    own[l] = Some((ev, lane));
-                }
-                None => out[l] = sd.initial[e as usize],
-            }
-        }
-        if let Some((l, e)) = bad {
-            let msg = format!("out-of-bounds load from `{}` at offset {e}, lane {l}, program {:?}", sd.name, self.pid);
-            return Err(self.unsupported(i, msg));
-        }
-        if atomic_src {
-            return Err(self.unsupported(
-                i,
-                "a load of an element this program updated with atomic_add cannot be differentiated (its value depends on other programs)"
-                    .into(),
-            ));
-        }
-        let shape = offs.shape.clone();
-        if !self.replay {
-            // An empty provenance means "every lane read the launch's initial memory".
-            self.loads.insert(key, own);
-        }
-        // Memory holds values of the tensor's dtype, so loads need no rounding in native mode.
-        Ok(BTile::new(1, &shape, out))
-    }
-
-    fn store(&mut self, i: Inst, has_mask: bool, atomic: bool) -> Result<(), AdError> {
-        let k = self.sh.kernel;
-        let d = k.inst(i);
-        let V::Ptr(slot, offs) = self.get(d.args[0]).clone() else { unreachable!("verified store takes a pointer") };
-        let vals = self.get(d.args[1]).num().data.clone();
-        let mask = has_mask.then(|| self.get(d.args[2]).num().data.clone());
-        let sd = &self.sh.slots[slot as usize];
-        let n = offs.data.len();
-        let mut lanes = Vec::new();
-        for l in 0..n {
-            if mask.as_ref().is_some_and(|m| m[l] == 0.0) {
-                continue;
-            }
-            let e = offs.data[l] as i64;
-            if e < 0 || e as usize >= sd.initial.len() {
-                return Err(
-                    self.unsupported(i, format!("out-of-bounds store to `{}` at offset {e}, lane {l}, program {:?}", sd.name, self.pid))
-                );
-            }
-            lanes.push((l as u32, e));
-        }
-        let ev = self.events.len() as u32;
-        if self.sh.facts.needs_overlay {
-            for &(l, e) in &lanes {
-                self.overlay.insert((slot, e), (ev, l));
-            }
-        }
-        if !atomic {
-            self.out.stored[slot as usize].extend(lanes.iter().map(|&(_, e)| e));
-        }
-        let key = self.instance(i);
-        self.event_of.insert(key, ev as usize);
-        self.events.push(Event { slot, atomic, lanes, vals, numel: n });
-        Ok(())
+        let args: SmallVec<[&BTile; 4]> = d.args.iter().map(|&a| self.get(a).num()).collect();
+        let tys: SmallVec<[&Type; 4]> = d.args.iter().map(|&a| &self.sh.num_types[a.index()]).collect();
+        let rt = &self.sh.num_types[d.results[0].index()];
+        rules::eval(&d.op, &args, &tys, rt, precision).map_err(|e| rule_err(k, i, e))
     }
 
     // ---- reverse -------------------------------------------------------------------------
 
-    /// Initial cotangents of every event's values: a store lane that is its element's last
-    /// writer in this program receives the launch-output cotangent of that element; every
-    /// atomic contribution does.
-    fn seed_store_cotangents(&mut self) {
-        self.acc = self.events.iter().map(|e| vec![0.0; e.numel]).collect();
-        let live = self.live_lanes();
-        for (ev, e) in self.events.iter().enumerate() {
-            let Some(oc) = &self.sh.slots[e.slot as usize].out_cot else { continue };
-            for &(l, el) in &e.lanes {
-                if e.atomic || live.as_ref().is_none_or(|m| m.get(&(e.slot, el)) == Some(&(ev as u32, l))) {
-                    self.acc[ev][l as usize] += oc[el as usize];
-                }
-            }
-        }
-    }
-
-    /// The last writer (event, lane) of every element this program stores, or `None` when every
-    /// stored lane is its element's last writer (no two stores of this program overlap, which
-    /// is checked on sorted runs of elements rather than element by element).
-    fn live_lanes(&self) -> Option<HashMap<(u32, i64), (u32, u32)>> {
-        if self.sh.facts.needs_overlay {
-            return Some(self.overlay.clone());
-        }
-        let mut runs: Vec<(u32, i64, i64)> = Vec::new();
-        for e in self.events.iter().filter(|e| !e.atomic) {
-            for &(_, el) in &e.lanes {
-                match runs.last_mut() {
-                    Some((s, _, end)) if *s == e.slot && *end == el => *end += 1,
-                    _ => runs.push((e.slot, el, el + 1)),
-                }
-            }
-        }
-        runs.sort_unstable();
-        let overlap = runs.windows(2).any(|w| w[0].0 == w[1].0 && w[1].1 < w[0].2);
-        if !overlap {
-            return None;
-        }
-        let mut last = HashMap::new();
-        for (ev, e) in self.events.iter().enumerate().filter(|(_, e)| !e.atomic) {
-            for &(l, el) in &e.lanes {
-                last.insert((e.slot, el), (ev as u32, l));
-            }
-        }
-        Some(last)
-    }
-
     fn add_cot(&mut self, v: Value, c: BTile) {
-        let k = self.sh.kernel;
-        if !k.ty(v).dtype().is_some_and(|d| d.is_float()) {
+        // Inactive values (integers, and floats computed without any load) pass nothing on.
+        if !self.sh.active[v.index()] {
             return;
         }
         match &mut self.cot[v.index()] {
-            Some(x) => x.data.iter_mut().zip(&c.data).for_each(|(a, b)| *a += b),
+            Some(x) if x.batch == c.batch => x.data.iter_mut().zip(&c.data).for_each(|(a, b)| *a += b),
+            // A shared value's cotangent is the sum over the programs.
+            Some(x) if x.batch == 1 => x.data.iter_mut().zip(&fit_batch(c, 1).data).for_each(|(a, b)| *a += b),
+            Some(x) => {
+                let mut c = c;
+                c.data.iter_mut().zip(&fit_batch(std::mem::replace(x, BTile::zeros(1, &[])), 1).data).for_each(|(a, b)| *a += b);
+                *x = c;
+            }
             slot => *slot = Some(c),
         }
     }
@@ -545,44 +468,17 @@ impl<'a> Program<'a> {
         let d = k.inst(i);
         match &d.op {
             Op::ProgramId { .. } | Op::NumPrograms { .. } | Op::AddPtr => {}
-            Op::Load { mask, other } => {
-                let Some(c) = self.take_cot(d.results[0]) else { return Ok(()) };
-                let key = self.instance(i);
-                let env = &self.env;
-                let val = |v: Value| env[v.index()].as_ref().expect("verified kernels define values before use");
-                let V::Ptr(slot, offs) = val(d.args[0]) else { unreachable!("verified load takes a pointer") };
-                let slot = *slot as usize;
-                let m = mask.then(|| &val(d.args[1]).num().data);
-                let prov = self.loads.get(&key).filter(|p| !p.is_empty());
-                let is_input = self.sh.slots[slot].is_input;
-                let mut other_cot = other.then(|| vec![0.0; offs.data.len()]);
-                let contrib = &mut self.out.contrib[slot];
-                for l in 0..offs.data.len() {
-                    if m.is_some_and(|m| m[l] == 0.0) {
-                        if let Some(oc) = &mut other_cot {
-                            oc[l] = c.data[l];
-                        }
-                        continue;
-                    }
-                    match prov.and_then(|p| p[l]) {
-                        Some((ev, lane)) => self.acc[ev as usize][lane as usize] += c.data[l],
-                        None => {
-                            if is_input {
-                                contrib.push((offs.data[l] as i64, c.data[l]));
-                            }
-                        }
-                    }
-                }
-                if let Some(oc) = other_cot {
-                    let ot = k.ty(d.args[2]);
-                    self.add_cot(d.args[2], BTile::new(1, &ot.shape, oc));
-                }
-            }
+            Op::Load { mask, other } => self.reverse_load(i, *mask, *other)?,
             Op::Store { .. } | Op::AtomicAdd { .. } => {
+                // An inactive value (stored constants, indices) passes nothing on.
+                if !self.sh.active[d.args[1].index()] {
+                    return Ok(());
+                }
                 let Some(&ev) = self.event_of.get(&self.instance(i)) else { return Ok(()) };
                 let vt = k.ty(d.args[1]);
                 let c = std::mem::take(&mut self.acc[ev]);
-                self.add_cot(d.args[1], BTile::new(1, &vt.shape, c));
+                let vb = self.get(d.args[1]).num().batch;
+                self.add_cot(d.args[1], fit_batch(BTile::new(self.events[ev].batch, &vt.shape, c), vb));
             }
             Op::For { body, .. } => self.reverse_loop(i, *body)?,
             Op::If { then_block, else_block } => {
@@ -599,21 +495,61 @@ impl<'a> Program<'a> {
             Op::Yield => {}
             _ => {
                 let Some(c) = self.take_cot(d.results[0]) else { return Ok(()) };
-                let args: Vec<&BTile> = d.args.iter().map(|&a| self.get(a).num()).collect();
-                let tys: Vec<tilegrad_ir::Type> =
-                    d.args.iter().map(|&a| k.ty(a)).map(|t| if t.is_ptr() { t.with_dtype(DType::I64) } else { t.clone() }).collect();
-                let tyr: Vec<&tilegrad_ir::Type> = tys.iter().collect();
+                let Some(c) = self.pass_through(i, c) else { return Ok(()) };
+                let args: SmallVec<[&BTile; 4]> = d.args.iter().map(|&a| self.get(a).num()).collect();
+                let tys: SmallVec<[&Type; 4]> = d.args.iter().map(|&a| &self.sh.num_types[a.index()]).collect();
                 let res = self.get(d.results[0]).num();
                 let rt = k.ty(d.results[0]);
-                let grads = rules::vjp(&d.op, &args, &tyr, res, rt, &c).map_err(|e| rule_err(k, i, e))?;
-                for (a, g) in d.args.clone().iter().zip(grads) {
+                let grads = rules::vjp(&d.op, &args, &tys, res, rt, &c).map_err(|e| rule_err(k, i, e))?;
+                drop((args, tys));
+                for (&a, g) in d.args.iter().zip(grads) {
                     if let Some(g) = g {
-                        self.add_cot(*a, g);
+                        self.add_cot(a, g);
                     }
                 }
             }
         }
         Ok(())
+    }
+
+    /// The reverse of ops whose cotangent passes to an operand unchanged (`reshape`,
+    /// `expand_dims`, float-to-float `cast`, `+`, and `-` up to sign), when operands and result
+    /// hold the same programs and elements: the cotangent moves instead of being copied, with
+    /// the values the rules would give. Returns the cotangent when the rules must handle it.
+    fn pass_through(&mut self, i: Inst, c: BTile) -> Option<BTile> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        let same = d.args.iter().all(|&a| {
+            let t = self.get(a).num();
+            t.batch == c.batch && t.data.len() == c.data.len()
+        });
+        let diff = |v: Value| rules::is_differentiable(k.ty(v));
+        match &d.op {
+            Op::Reshape | Op::ExpandDims { .. } | Op::Cast if same && diff(d.args[0]) && diff(d.results[0]) => {
+                let shape = &k.ty(d.args[0]).shape;
+                self.add_cot(d.args[0], BTile::new(c.batch, shape, c.data));
+                None
+            }
+            Op::Binary(op @ (tilegrad_ir::BinaryOp::Add | tilegrad_ir::BinaryOp::Sub)) if same => {
+                let (a, b) = (d.args[0], d.args[1]);
+                let (act_a, act_b) = (self.sh.active[a.index()], self.sh.active[b.index()]);
+                if act_b {
+                    let gb = if *op == tilegrad_ir::BinaryOp::Sub {
+                        BTile { batch: c.batch, shape: c.shape.clone(), data: c.data.iter().map(|&g| -g).collect() }
+                    } else if act_a {
+                        c.clone()
+                    } else {
+                        BTile { batch: c.batch, shape: c.shape.clone(), data: c.data.clone() }
+                    };
+                    self.add_cot(b, gb);
+                }
+                if act_a {
+                    self.add_cot(a, c);
+                }
+                None
+            }
+            _ => Some(c),
+        }
     }
 
     /// Reverse of a loop: iterations last to first, each recomputed from its taped carried

@@ -201,26 +201,26 @@ pub(super) fn unary_vjp(c: &Ctx<'_>, op: UnaryOp, result: &BTile, cot: &BTile) -
     // Derivatives that are functions of the result use it (no second evaluation of exp, tanh,
     // ...): in f64 mode it is exactly f(x); in native mode it is f(x) rounded to the kernel's
     // dtype, as the kernel itself would have it.
-    let from_result: Option<fn(f64) -> f64> = match op {
-        Exp => Some(|r| r),
-        Exp2 => Some(|r| LN_2 * r),
-        Sqrt => Some(|r| 0.5 / r),
-        Rsqrt => Some(|r| -0.5 * r * r * r),
-        Tanh => Some(|r| 1.0 - r * r),
-        Sigmoid => Some(|r| r * (1.0 - r)),
-        _ => None,
-    };
-    if let Some(d) = from_result {
-        let mut g = cot.clone();
-        for b in 0..g.batch {
-            let r = result.row(if result.batch == 1 { 0 } else { b });
-            g.row_mut(b).iter_mut().zip(r).for_each(|(g, &r)| *g *= d(r));
+    // `cot * d(v)` for every element, `v` from the result or from the operand (one
+    // monomorphised loop per derivative).
+    fn times<F: Fn(f64) -> f64>(c: &Ctx<'_>, cot: &BTile, v: &BTile, d: F) -> BTile {
+        let mut data = Vec::with_capacity(cot.data.len());
+        for b in 0..cot.batch {
+            let r = v.row(if v.batch == 1 { 0 } else { b });
+            data.extend(cot.row(b).iter().zip(r).map(|(&g, &r)| g * d(r)));
         }
-        return Some(c.unbatch(0, g));
+        c.unbatch(0, BTile { batch: cot.batch, shape: cot.shape.clone(), data })
     }
-    let d: fn(f64) -> f64 = match op {
-        Neg => |_| -1.0,
-        Abs => |x| {
+    let x = c.args[0];
+    Some(match op {
+        Exp => times(c, cot, result, |r| r),
+        Exp2 => times(c, cot, result, |r| LN_2 * r),
+        Sqrt => times(c, cot, result, |r| 0.5 / r),
+        Rsqrt => times(c, cot, result, |r| -0.5 * r * r * r),
+        Tanh => times(c, cot, result, |r| 1.0 - r * r),
+        Sigmoid => times(c, cot, result, |r| r * (1.0 - r)),
+        Neg => times(c, cot, x, |_| -1.0),
+        Abs => times(c, cot, x, |x| {
             if x > 0.0 {
                 1.0
             } else if x < 0.0 {
@@ -228,21 +228,14 @@ pub(super) fn unary_vjp(c: &Ctx<'_>, op: UnaryOp, result: &BTile, cot: &BTile) -
             } else {
                 0.0
             }
-        },
-        Log => |x| 1.0 / x,
-        Log2 => |x| 1.0 / (x * LN_2),
-        Sin => f64::cos,
-        Cos => |x| -x.sin(),
-        Erf => |x| 2.0 / PI.sqrt() * (-x * x).exp(),
-        Exp | Exp2 | Sqrt | Rsqrt | Tanh | Sigmoid => unreachable!("handled from the result above"),
+        }),
+        Log => times(c, cot, x, |x| 1.0 / x),
+        Log2 => times(c, cot, x, |x| 1.0 / (x * LN_2)),
+        Sin => times(c, cot, x, f64::cos),
+        Cos => times(c, cot, x, |x| -x.sin()),
+        Erf => times(c, cot, x, |x| 2.0 / PI.sqrt() * (-x * x).exp()),
         Floor | Ceil | Not => return None,
-    };
-    let mut g = cot.clone();
-    for b in 0..g.batch {
-        let x = c.row(0, b);
-        g.row_mut(b).iter_mut().zip(x).for_each(|(g, &x)| *g *= d(x));
-    }
-    Some(c.unbatch(0, g))
+    })
 }
 
 /// A float binary op in f64 (`None` for integer-only ops).
@@ -327,13 +320,29 @@ pub(super) fn binary(c: &Ctx<'_>, op: BinaryOp, p: Precision) -> Result<BTile, A
         };
     }
     if d.is_bool() {
-        let f: fn(bool, bool) -> bool = match op {
-            BinaryOp::And => |x, y| x & y,
-            BinaryOp::Or => |x, y| x | y,
-            BinaryOp::Xor => |x, y| x ^ y,
-            _ => return Err(bad()),
+        let f = |x: bool| x as u8 as f64;
+        return match op {
+            BinaryOp::And => map2_ok(c, |a, b| f((a != 0.0) & (b != 0.0))),
+            BinaryOp::Or => map2_ok(c, |a, b| f((a != 0.0) | (b != 0.0))),
+            BinaryOp::Xor => map2_ok(c, |a, b| f((a != 0.0) ^ (b != 0.0))),
+            _ => Err(bad()),
         };
-        return map2(c, |a, b| Ok(f(a != 0.0, b != 0.0) as i64 as f64));
+    }
+    if matches!(d, DType::I32 | DType::I64) && matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul) {
+        // Integers held in f64: the f64 result is exact whenever its magnitude is below 2^53
+        // (rounding is monotonic, so an inexact result lands at or beyond 2^53). When every
+        // result is also within the dtype's range (no i32 wrap), it is the answer; otherwise
+        // the exact paths below decide.
+        let t = match op {
+            BinaryOp::Add => map2_ok(c, |a, b| a + b),
+            BinaryOp::Sub => map2_ok(c, |a, b| a - b),
+            _ => map2_ok(c, |a, b| a * b),
+        }?;
+        let lim = if d == DType::I32 { 2f64.powi(31) } else { I64_LIMIT as f64 };
+        // `r < lim && r >= -lim` (NaN cannot occur: operands are integers).
+        if t.data.iter().fold(true, |ok, &r| ok & (r < lim) & (r >= -lim)) {
+            return Ok(t);
+        }
     }
     if d == DType::I32 && matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul) {
         // i32 operands: exact in i64, then wrapped as i32 arithmetic wraps.
@@ -366,22 +375,30 @@ pub(super) fn binary(c: &Ctx<'_>, op: BinaryOp, p: Precision) -> Result<BTile, A
 /// infinite cotangent into NaN.
 fn arith_vjp(c: &Ctx<'_>, op: BinaryOp, cot: &BTile) -> Result<Vec<Option<BTile>>, AdError> {
     use BinaryOp::*;
-    let scaled = |i: usize, f: &dyn Fn(f64, f64, f64) -> f64| -> Result<Option<BTile>, AdError> {
+    /// `f(cot, a, b)` for every element, brought to operand `i` (one monomorphised loop each).
+    fn scaled<F: Fn(f64, f64, f64) -> f64>(c: &Ctx<'_>, cot: &BTile, i: usize, f: F) -> Result<Option<BTile>, AdError> {
         c.when_diff(i, || {
-            let mut g = cot.clone();
-            for b in 0..g.batch {
+            let mut data = Vec::with_capacity(cot.data.len());
+            for b in 0..cot.batch {
                 let (x, y) = (c.row(0, b), c.row(1, b));
-                g.row_mut(b).iter_mut().zip(x.iter().zip(y)).for_each(|(g, (&a, &bb))| *g = f(*g, a, bb));
+                data.extend(cot.row(b).iter().zip(x.iter().zip(y)).map(|(&g, (&a, &bb))| f(g, a, bb)));
             }
-            Ok(c.unbatch(i, g))
+            Ok(c.unbatch(i, BTile { batch: cot.batch, shape: cot.shape.clone(), data }))
         })
-    };
-    let keep = |g: f64, p: f64| if p == 0.0 { 0.0 } else { g * p };
+    }
+    #[inline(always)]
+    fn keep(g: f64, p: f64) -> f64 {
+        if p == 0.0 {
+            0.0
+        } else {
+            g * p
+        }
+    }
     Ok(match op {
-        Add => vec![scaled(0, &|g, _, _| g)?, scaled(1, &|g, _, _| g)?],
-        Sub => vec![scaled(0, &|g, _, _| g)?, scaled(1, &|g, _, _| -g)?],
-        Mul => vec![scaled(0, &|g, _, b| keep(g, b))?, scaled(1, &|g, a, _| keep(g, a))?],
-        Div => vec![scaled(0, &|g, _, b| keep(g, 1.0 / b))?, scaled(1, &|g, a, b| keep(g, -a / (b * b)))?],
+        Add => vec![scaled(c, cot, 0, |g, _, _| g)?, scaled(c, cot, 1, |g, _, _| g)?],
+        Sub => vec![scaled(c, cot, 0, |g, _, _| g)?, scaled(c, cot, 1, |g, _, _| -g)?],
+        Mul => vec![scaled(c, cot, 0, |g, _, b| keep(g, b))?, scaled(c, cot, 1, |g, a, _| keep(g, a))?],
+        Div => vec![scaled(c, cot, 0, |g, _, b| keep(g, 1.0 / b))?, scaled(c, cot, 1, |g, a, b| keep(g, -a / (b * b)))?],
         _ => unreachable!("only called for + - * /"),
     })
 }
@@ -443,15 +460,15 @@ pub(super) fn binary_vjp(c: &Ctx<'_>, op: BinaryOp, cot: &BTile) -> Result<Vec<O
 
 /// Elementwise comparison: 1.0 where true, 0.0 where false.
 pub(super) fn cmp(c: &Ctx<'_>, op: CmpOp) -> Result<BTile, AdError> {
-    let f: fn(f64, f64) -> bool = match op {
-        CmpOp::Eq => |a, b| a == b,
-        CmpOp::Ne => |a, b| a != b,
-        CmpOp::Lt => |a, b| a < b,
-        CmpOp::Le => |a, b| a <= b,
-        CmpOp::Gt => |a, b| a > b,
-        CmpOp::Ge => |a, b| a >= b,
-    };
-    map2(c, |a, b| Ok(f(a, b) as i64 as f64))
+    let b = |x: bool| x as u8 as f64;
+    match op {
+        CmpOp::Eq => map2_ok(c, |x, y| b(x == y)),
+        CmpOp::Ne => map2_ok(c, |x, y| b(x != y)),
+        CmpOp::Lt => map2_ok(c, |x, y| b(x < y)),
+        CmpOp::Le => map2_ok(c, |x, y| b(x <= y)),
+        CmpOp::Gt => map2_ok(c, |x, y| b(x > y)),
+        CmpOp::Ge => map2_ok(c, |x, y| b(x >= y)),
+    }
 }
 
 /// `where(cond, a, b)`.

@@ -8,7 +8,7 @@ use tilegrad_ir::{DotPrecision, ReduceOp};
 use tilegrad_reference::round_tf32;
 
 /// Sum of a contiguous run with eight interleaved accumulators: the reference's `sum_run`.
-fn sum_run<T: Copy + Default + std::ops::Add<Output = T>>(v: &[T]) -> T {
+pub(super) fn sum_run<T: Copy + Default + std::ops::Add<Output = T>>(v: &[T]) -> T {
     let mut acc = [T::default(); 8];
     let chunks = v.chunks_exact(8);
     let rest = chunks.remainder();
@@ -41,6 +41,29 @@ fn sum_axis<T: Copy + Default + std::ops::Add<Output = T>>(v: &[T], outer: usize
         out.extend(acc);
     }
     out
+}
+
+/// The maximum (or minimum) of a contiguous run with eight independent lanes, when that decides
+/// it: the extreme of finite or infinite values is one of them whatever the order, so it equals
+/// the in-order fold; a zero (whose sign the order may decide) or NaN result returns `None` for the
+/// in-order fold to decide.
+fn extreme_run(max: bool, v: &[f64]) -> Option<f64> {
+    // Without NaN (checked below) a strict comparison picks the extreme (vectorisable).
+    let pick = |a: f64, b: f64| if (max && b > a) || (!max && b < a) { b } else { a };
+    let (first, rest) = v.split_first()?;
+    let mut acc = [*first; 8];
+    let chunks = rest.chunks_exact(8);
+    let tail = chunks.remainder();
+    for ch in chunks {
+        for j in 0..8 {
+            acc[j] = pick(acc[j], ch[j]);
+        }
+    }
+    let mut r = acc.iter().copied().fold(*first, pick);
+    for &x in tail {
+        r = pick(r, x);
+    }
+    (r != 0.0 && !r.is_nan() && !v.iter().any(|x| x.is_nan())).then_some(r)
 }
 
 /// The index along the axis that argmax (`max`) or argmin selects: the first extreme; NaN is
@@ -103,7 +126,12 @@ pub(super) fn reduce(c: &Ctx<'_>, kind: ReduceOp, axis: usize, p: Precision) -> 
                 for o in 0..outer {
                     for i in 0..inner {
                         let at = |k: usize| v[(o * n + k) * inner + i];
-                        out.push((1..n).fold(at(0), |acc, k| f(acc, at(k))));
+                        let fold = || (1..n).fold(at(0), |acc, k| f(acc, at(k)));
+                        out.push(if inner == 1 {
+                            extreme_run(kind == ReduceOp::Max, &v[o * n..(o + 1) * n]).unwrap_or_else(fold)
+                        } else {
+                            fold()
+                        });
                     }
                 }
             }
@@ -129,6 +157,13 @@ pub(super) fn reduce_vjp(c: &Ctx<'_>, kind: ReduceOp, axis: usize, cot: &BTile) 
     }
     let m = c.args[0].numel();
     let mut data = vec![0.0; cot.batch * m];
+    if kind == ReduceOp::Sum && inner == 1 && n > 0 {
+        // Each reduced run receives its cotangent.
+        for (row, &g) in data.chunks_exact_mut(n).zip(&cot.data) {
+            row.fill(g);
+        }
+        return Ok(Some(c.unbatch(0, BTile::new(cot.batch, &c.args[0].shape, data))));
+    }
     for b in 0..cot.batch {
         let (v, g, row) = (c.row(0, b), cot.row(b), &mut data[b * m..(b + 1) * m]);
         for o in 0..outer {
@@ -137,7 +172,15 @@ pub(super) fn reduce_vjp(c: &Ctx<'_>, kind: ReduceOp, axis: usize, cot: &BTile) 
                 let idx = |k: usize| (o * n + k) * inner + i;
                 match kind {
                     ReduceOp::Sum => (0..n).for_each(|k| row[idx(k)] = gi),
-                    _ => row[idx(arg_extreme(kind == ReduceOp::Max, n, |k| v[idx(k)]))] = gi,
+                    _ => {
+                        let max = kind == ReduceOp::Max;
+                        // A contiguous run whose extreme is decided without the order (see
+                        // `extreme_run`): the first element equal to it is the one argmax picks.
+                        let fast = (inner == 1)
+                            .then(|| &v[o * n..(o + 1) * n])
+                            .and_then(|run| extreme_run(max, run).and_then(|r| run.iter().position(|&x| x == r)));
+                        row[idx(fast.unwrap_or_else(|| arg_extreme(max, n, |k| v[idx(k)])))] = gi
+                    }
                 }
             }
         }
@@ -214,6 +257,55 @@ pub(super) fn cumsum_vjp(c: &Ctx<'_>, axis: usize, reverse: bool, cot: &BTile) -
     Ok(c.unbatch(0, g))
 }
 
+/// `out[i, :] += sum over kk (ascending) of a[i, kk] * b[kk, :]` for `a` [M, K], `b` [K, N] and
+/// `out` [M, N]: contiguous row updates, compiled for AVX2 where the CPU has it. Products and
+/// sums are separate roundings in either version (no fused multiply-add), so both give the same
+/// bits.
+fn gemm_acc(out: &mut [f64], a: &[f64], b: &[f64], mkn: (usize, usize, usize)) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked above).
+        return unsafe { gemm_acc_avx2(out, a, b, mkn) };
+    }
+    gemm_acc_impl(out, a, b, mkn)
+}
+
+/// [`gemm_acc`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn gemm_acc_avx2(out: &mut [f64], a: &[f64], b: &[f64], mkn: (usize, usize, usize)) {
+    gemm_acc_impl(out, a, b, mkn)
+}
+
+#[inline(always)]
+fn gemm_acc_impl(out: &mut [f64], a: &[f64], b: &[f64], (m, k, n): (usize, usize, usize)) {
+    for i in 0..m {
+        let row = &mut out[i * n..(i + 1) * n];
+        let ar = &a[i * k..(i + 1) * k];
+        // Four k steps per pass over the row, applied one after the other to each element (the
+        // same order and roundings as one step per pass, with a quarter of the row traffic).
+        let mut kk = 0;
+        while kk + 4 <= k {
+            let (x0, x1, x2, x3) = (ar[kk], ar[kk + 1], ar[kk + 2], ar[kk + 3]);
+            let (b0, b1, b2, b3) =
+                (&b[kk * n..(kk + 1) * n], &b[(kk + 1) * n..(kk + 2) * n], &b[(kk + 2) * n..(kk + 3) * n], &b[(kk + 3) * n..(kk + 4) * n]);
+            for j in 0..n {
+                let mut o = row[j];
+                o += x0 * b0[j];
+                o += x1 * b1[j];
+                o += x2 * b2[j];
+                o += x3 * b3[j];
+                row[j] = o;
+            }
+            kk += 4;
+        }
+        for kk in kk..k {
+            let x = ar[kk];
+            row.iter_mut().zip(&b[kk * n..(kk + 1) * n]).for_each(|(o, &y)| *o += x * y);
+        }
+    }
+}
+
 /// Checks `dot`'s shapes and returns (M, K, N).
 fn dot_dims(c: &Ctx<'_>) -> Result<(usize, usize, usize), AdError> {
     let (a, b, acc) = (&c.tys[0].shape, &c.tys[1].shape, &c.tys[2].shape);
@@ -236,17 +328,10 @@ pub(super) fn dot(c: &Ctx<'_>, dp: DotPrecision, p: Precision) -> Result<BTile, 
         let (a, b, acc) = (c.row(0, bt), c.row(1, bt), c.row(2, bt));
         match arith {
             Arith::F64 => {
-                // Row by row, k ascending: each element is `acc + a0*b0 + a1*b1 + ...` in that
-                // order, with contiguous (vectorisable) inner loops.
-                for i in 0..m {
-                    let start = out.len();
-                    out.extend_from_slice(&acc[i * n..(i + 1) * n]);
-                    let row = &mut out[start..start + n];
-                    for kk in 0..k {
-                        let x = a[i * k + kk];
-                        row.iter_mut().zip(&b[kk * n..(kk + 1) * n]).for_each(|(o, &y)| *o += x * y);
-                    }
-                }
+                // Each element is `acc + a0*b0 + a1*b1 + ...` in that order.
+                let start = out.len();
+                out.extend_from_slice(acc);
+                gemm_acc(&mut out[start..], a, b, (m, k, n));
             }
             Arith::F32(d) => {
                 let conv = |x: f64| if tf32 { round_tf32(x as f32) } else { x as f32 };
@@ -269,31 +354,113 @@ pub(super) fn dot_vjp(c: &Ctx<'_>, cot: &BTile) -> Result<Vec<Option<BTile>>, Ad
     let bsz = cot.batch;
     let a_bar = c.when_diff(0, || {
         let mut g = vec![0.0; bsz * m * k];
+        let mut bt_t = vec![0.0; k * n];
         for bt in 0..bsz {
             let (b, ct) = (c.row(1, bt), cot.row(bt));
-            for i in 0..m {
+            if bt == 0 || c.args[1].batch != 1 {
+                // b^T, so that a_bar[i, :] = sum over j (ascending) of cot[i, j] * b^T[j, :] runs
+                // over contiguous rows (vectorisable) instead of strided dot products.
                 for kk in 0..k {
-                    g[bt * m * k + i * k + kk] = (0..n).map(|j| ct[i * n + j] * b[kk * n + j]).sum();
+                    for j in 0..n {
+                        bt_t[j * k + kk] = b[kk * n + j];
+                    }
                 }
             }
+            gemm_acc(&mut g[bt * m * k..(bt + 1) * m * k], ct, &bt_t, (m, n, k));
         }
         Ok(c.unbatch(0, BTile::new(bsz, &[m, k], g)))
     })?;
     let b_bar = c.when_diff(1, || {
         let mut g = vec![0.0; bsz * k * n];
+        let mut a_t = vec![0.0; m * k];
         for bt in 0..bsz {
             let (a, ct) = (c.row(0, bt), cot.row(bt));
-            // b_bar[kk, :] = sum over i (ascending) of a[i, kk] * cot[i, :], row by row.
-            let gb = &mut g[bt * k * n..(bt + 1) * k * n];
-            for i in 0..m {
-                for kk in 0..k {
-                    let x = a[i * k + kk];
-                    gb[kk * n..(kk + 1) * n].iter_mut().zip(&ct[i * n..(i + 1) * n]).for_each(|(o, &y)| *o += x * y);
+            if bt == 0 || c.args[0].batch != 1 {
+                for i in 0..m {
+                    for kk in 0..k {
+                        a_t[kk * m + i] = a[i * k + kk];
+                    }
                 }
             }
+            // b_bar[kk, :] = sum over i (ascending) of a^T[kk, i] * cot[i, :].
+            gemm_acc(&mut g[bt * k * n..(bt + 1) * k * n], &a_t, ct, (k, m, n));
         }
         Ok(c.unbatch(1, BTile::new(bsz, &[k, n], g)))
     })?;
     let acc_bar = c.when_diff(2, || Ok(c.unbatch(2, cot.clone())))?;
     Ok(vec![a_bar, b_bar, acc_bar])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    /// Runs whose values include repeats, signed zeros, infinities and NaN.
+    fn runs() -> Vec<Vec<f64>> {
+        let mut rng = StdRng::seed_from_u64(11);
+        let special = [0.0, -0.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 1.5, -1.5];
+        let mut out = Vec::new();
+        for len in [1, 2, 7, 8, 9, 17, 100, 1000] {
+            for mix in 0..6 {
+                out.push(
+                    (0..len)
+                        .map(|_| match mix {
+                            0 => rng.gen_range(-3.0..3.0),
+                            1 => rng.gen_range(-3..3) as f64,
+                            2 => special[rng.gen_range(0..special.len())],
+                            3 => -rng.gen_range(0.0..1.0),
+                            4 => [0.0, -0.0][rng.gen_range(0..2)],
+                            _ => f64::NAN,
+                        })
+                        .collect(),
+                );
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn eight_lane_extremes_equal_the_in_order_fold_or_defer_to_it() {
+        for v in runs() {
+            for max in [true, false] {
+                let f: fn(f64, f64) -> f64 = if max { f64::max } else { f64::min };
+                let fold = v[1..].iter().fold(v[0], |a, &x| f(a, x));
+                if let Some(r) = extreme_run(max, &v) {
+                    assert_eq!(r.to_bits(), fold.to_bits(), "{v:?} max={max}");
+                    // The first element equal to it is argmax's pick.
+                    let first = v.iter().position(|&x| x == r).unwrap();
+                    assert_eq!(first, arg_extreme(max, v.len(), |k| v[k]), "{v:?} max={max}");
+                } else {
+                    assert!(fold == 0.0 || fold.is_nan() || v.iter().any(|x| x.is_nan()), "{v:?} max={max}: deferred needlessly");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_versions_give_the_same_bits() {
+        let mut rng = StdRng::seed_from_u64(12);
+        for (m, k, n) in [(1, 1, 1), (3, 5, 7), (16, 9, 33), (64, 32, 64)] {
+            let a: Vec<f64> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let b: Vec<f64> = (0..k * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let init: Vec<f64> = (0..m * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            // One k step at a time, in order.
+            let mut want = init.clone();
+            for i in 0..m {
+                for kk in 0..k {
+                    for j in 0..n {
+                        want[i * n + j] += a[i * k + kk] * b[kk * n + j];
+                    }
+                }
+            }
+            let mut got = init.clone();
+            gemm_acc(&mut got, &a, &b, (m, k, n));
+            let mut plain = init.clone();
+            gemm_acc_impl(&mut plain, &a, &b, (m, k, n));
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{m}x{k}x{n}");
+            assert_eq!(bits(&plain), bits(&want), "{m}x{k}x{n}");
+        }
+    }
 }

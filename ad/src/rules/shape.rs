@@ -147,7 +147,9 @@ pub(super) fn broadcast_vjp(c: &Ctx<'_>, cot: &BTile) -> Result<BTile, AdError> 
         for (k, &o) in outer_map.iter().enumerate() {
             let (row, start) = (&g[k * inner..(k + 1) * inner], o * row_len);
             if last_bcast {
-                acc[start] += row.iter().sum::<f64>();
+                // Eight interleaved partial sums (as `reduce` sums a row): not a latency-bound
+                // chain of dependent additions.
+                acc[start] += super::reduce::sum_run(row);
             } else {
                 acc[start..start + inner].iter_mut().zip(row).for_each(|(a, &x)| *a += x);
             }

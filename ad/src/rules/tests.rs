@@ -523,3 +523,38 @@ fn errors_name_the_op() {
     let m = rule(eval(&Op::Binary(BinaryOp::Add), &[&b2, &b3x], &[&ty, &ty], &ty, Precision::F64));
     assert!(m.contains("programs"), "{m}");
 }
+
+#[test]
+fn integer_add_sub_mul_agree_with_exact_arithmetic_at_the_edges() {
+    let mut rng = StdRng::seed_from_u64(21);
+    let edge32 = [i32::MIN as i64, i32::MIN as i64 + 1, -1, 0, 1, i32::MAX as i64 - 1, i32::MAX as i64, 46341, -46341, 65536];
+    let n = 64;
+    let ty = Type::tile(DType::I32, &[n]);
+    for round in 0..20 {
+        let draw = |rng: &mut StdRng| -> Vec<i64> {
+            (0..n).map(|_| if round % 2 == 0 { edge32[rng.gen_range(0..edge32.len())] } else { rng.gen_range(-1000..1000) }).collect()
+        };
+        let (a, b) = (draw(&mut rng), draw(&mut rng));
+        let (ta, tb) =
+            (BTile::new(1, &[n], a.iter().map(|&x| x as f64).collect()), BTile::new(1, &[n], b.iter().map(|&x| x as f64).collect()));
+        for (op, f) in [
+            (BinaryOp::Add, i32::wrapping_add as fn(i32, i32) -> i32),
+            (BinaryOp::Sub, i32::wrapping_sub),
+            (BinaryOp::Mul, i32::wrapping_mul),
+        ] {
+            let got = eval(&Op::Binary(op), &[&ta, &tb], &[&ty, &ty], &ty, Precision::F64).unwrap().data;
+            let want: Vec<f64> = a.iter().zip(&b).map(|(&x, &y)| f(x as i32, y as i32) as f64).collect();
+            assert_eq!(got, want, "i32 {}", op.name());
+        }
+    }
+    // i64: exact up to 2^53 inclusive, an error beyond.
+    let lim = 1i64 << 53;
+    let ty = Type::tile(DType::I64, &[3]);
+    let t = |v: [i64; 3]| BTile::new(1, &[3], v.iter().map(|&x| x as f64).collect());
+    let add = |a: [i64; 3], b: [i64; 3]| eval(&Op::Binary(BinaryOp::Add), &[&t(a), &t(b)], &[&ty, &ty], &ty, Precision::F64);
+    assert_eq!(add([lim - 1, -lim, 5], [1, 0, -7]).unwrap().data, vec![lim as f64, -lim as f64, -2.0]);
+    assert!(add([lim, 0, 0], [1, 0, 0]).is_err());
+    let mul = eval(&Op::Binary(BinaryOp::Mul), &[&t([1 << 26, 3, -1]), &t([1 << 27, 5, lim])], &[&ty, &ty], &ty, Precision::F64);
+    assert_eq!(mul.unwrap().data, vec![lim as f64, 15.0, -lim as f64]);
+    assert!(eval(&Op::Binary(BinaryOp::Mul), &[&t([1 << 27, 1, 1]), &t([1 << 27, 1, 1])], &[&ty, &ty], &ty, Precision::F64).is_err());
+}

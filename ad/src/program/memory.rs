@@ -1,0 +1,475 @@
+//! Memory ops of a batch: loads (gathers from the launch's initial memory, or from this
+//! program's own earlier stores), stores and atomics (logged as events, never applied), the
+//! seeding of stored values' cotangents from the launch-output cotangents, and the reverse of
+//! loads (contributions to input gradients, as runs of consecutive elements).
+
+use super::{Initial, Program, V};
+use crate::{AdError, BTile};
+use std::collections::HashMap;
+use tilegrad_ir::{Inst, Value};
+
+/// A logged store or atomic of one program.
+pub(super) struct Event {
+    pub(super) slot: u32,
+    pub(super) atomic: bool,
+    /// Active lanes: (lane, element).
+    pub(super) lanes: Vec<(u32, i64)>,
+    /// Values of all lanes of the tile, when a later load of this program may read them.
+    pub(super) vals: Vec<f64>,
+    /// Lanes of the whole batch.
+    pub(super) numel: usize,
+    /// Programs the lanes belong to (`numel / batch` lanes each).
+    pub(super) batch: usize,
+}
+
+/// Where each lane of a load came from, when some lane read this program's own store.
+pub(super) type Provenance = Vec<Option<(u32, u32)>>;
+
+/// The cotangents one load of a batch sends to the initial contents of an input tensor, as runs
+/// of consecutive elements (tiles of rows are a few long runs: the accumulation adds slices).
+pub(crate) struct Contrib {
+    pub slot: u32,
+    /// Smallest and largest element (inclusive): lets the accumulation skip what it does not own.
+    pub lo: i64,
+    pub hi: i64,
+    /// (first element, length) of each run, in lane order.
+    pub runs: Vec<(i64, u32)>,
+    /// Cotangents, one per element of the runs in order.
+    pub vals: Vec<f64>,
+}
+
+impl Contrib {
+    fn new(slot: u32, n: usize) -> Contrib {
+        Contrib { slot, lo: i64::MAX, hi: i64::MIN, runs: Vec::new(), vals: Vec::with_capacity(n) }
+    }
+
+    /// Appends element `e`'s cotangent.
+    #[inline]
+    fn push(&mut self, e: i64, v: f64) {
+        match self.runs.last_mut() {
+            Some((s, n)) if *s + *n as i64 == e => *n += 1,
+            _ => self.runs.push((e, 1)),
+        }
+        self.lo = self.lo.min(e);
+        self.hi = self.hi.max(e);
+        self.vals.push(v);
+    }
+
+    /// Runs of `offs` (one value per element, in order), whose values are `vals`.
+    fn dense(slot: u32, offs: &[f64], vals: Vec<f64>) -> Contrib {
+        let mut c = Contrib { slot, lo: i64::MAX, hi: i64::MIN, runs: Vec::new(), vals };
+        let mut l = 0;
+        while l < offs.len() {
+            let n = run_len(offs, l);
+            c.runs.push((offs[l] as i64, n as u32));
+            l += n;
+        }
+        for &(s, n) in &c.runs {
+            c.lo = c.lo.min(s);
+            c.hi = c.hi.max(s + n as i64 - 1);
+        }
+        c
+    }
+}
+
+impl Program<'_> {
+    pub(super) fn load(&mut self, i: Inst, has_mask: bool, has_other: bool) -> Result<BTile, AdError> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        let key = self.instance(i);
+        // Borrow the operands in place (no copies of the tiles).
+        let env = &self.env;
+        let val = |v: Value| env[v.index()].as_ref().expect("verified kernels define values before use");
+        let V::Ptr(slot, offs) = val(d.args[0]) else { unreachable!("verified load takes a pointer") };
+        let slot = *slot;
+        // Operands of batch 1 are shared by every program; the result has the largest batch.
+        let br = [Some(offs), has_mask.then(|| val(d.args[1]).num()), has_other.then(|| val(d.args[2]).num())]
+            .iter()
+            .flatten()
+            .map(|t| t.batch)
+            .max()
+            .unwrap_or(1);
+        let offs_all = expand(offs, br);
+        let mask_all = has_mask.then(|| expand(val(d.args[1]).num(), br));
+        let other_all = has_other.then(|| expand(val(d.args[2]).num(), br));
+        let (offs_data, mask, other) = (&*offs_all, mask_all.as_deref(), other_all.as_deref());
+        let sd = &self.sh.slots[slot as usize];
+        let n = offs_data.len();
+        let numel = offs.numel();
+        // Only a kernel that may load after its own stores consults the overlay (or, when
+        // replaying a loop body, the provenance recorded by the forward sweep).
+        let prov: Option<&Provenance> = if self.replay { self.loads.get(&key).filter(|p| !p.is_empty()) } else { None };
+        let use_overlay = !self.replay && self.sh.facts.needs_overlay && !self.overlay.is_empty();
+        let mut out = vec![0.0; n];
+        let mut own: Provenance = Vec::new();
+        let mut bad: Option<(usize, i64)> = None;
+        let mut atomic_src = false;
+        if prov.is_none() && !use_overlay {
+            // Every lane reads the launch's initial memory: one tight loop per storage type.
+            // A mask with every lane active is no mask.
+            let m = mask.filter(|m| m.contains(&0.0));
+            bad = match &sd.initial {
+                Initial::F32(v) => gather_initial(v, offs_data, m, other, &mut out),
+                Initial::F64(v) => gather_initial(v, offs_data, m, other, &mut out),
+                Initial::Converted(v) => gather_initial(v, offs_data, m, other, &mut out),
+            };
+        }
+        for l in 0..n {
+            if prov.is_none() && !use_overlay {
+                break;
+            }
+            if mask.is_some_and(|m| m[l] == 0.0) {
+                out[l] = other.map_or(0.0, |o| o[if o.len() == 1 { 0 } else { l }]);
+                continue;
+            }
+            let e = offs_data[l] as i64;
+            if e < 0 || e as usize >= sd.initial.len() {
+                bad = Some((l, e));
+                break;
+            }
+            let src = if let Some(p) = prov {
+                p[l]
+            } else if use_overlay {
+                self.overlay.get(&(slot, e)).copied()
+            } else {
+                None
+            };
+            match src {
+                Some((ev, lane)) => {
+                    let evd = &self.events[ev as usize];
+                    atomic_src |= evd.atomic;
+                    out[l] = evd.vals[lane as usize];
+                    if own.is_empty() {
+                        own = vec![None; n];
+                    }
+                    own[l] = Some((ev, lane));
+                }
+                None => {
+                    out[l] = match &sd.initial {
+                        Initial::F32(v) => v[e as usize] as f64,
+                        Initial::F64(v) => v[e as usize],
+                        Initial::Converted(v) => v[e as usize],
+                    }
+                }
+            }
+        }
+        if let Some((l, e)) = bad {
+            let (pid, l) = self.lane_owner(br, numel, l);
+            let msg = format!("out-of-bounds load from `{}` at offset {e}, lane {l}, program {pid:?}", sd.name);
+            return Err(self.unsupported(i, msg));
+        }
+        if atomic_src {
+            return Err(self.unsupported(
+                i,
+                "a load of an element this program updated with atomic_add cannot be differentiated (its value depends on other programs)"
+                    .into(),
+            ));
+        }
+        let shape = offs.shape.clone();
+        if !self.replay {
+            // An empty provenance means "every lane read the launch's initial memory".
+            self.loads.insert(key, own);
+        }
+        // Memory holds values of the tensor's dtype, so loads need no rounding in native mode.
+        Ok(BTile::new(br, &shape, out))
+    }
+
+    pub(super) fn store(&mut self, i: Inst, has_mask: bool, atomic: bool) -> Result<(), AdError> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        let V::Ptr(slot, offs) = self.get(d.args[0]) else { unreachable!("verified store takes a pointer") };
+        let slot = *slot;
+        // Stored values are read back only by later loads of this program.
+        let vals = if self.sh.facts.needs_overlay { self.get(d.args[1]).num().data.clone() } else { Vec::new() };
+        // Every program of the batch stores its own lanes (operands of batch 1 are shared).
+        let numel = offs.numel();
+        let br = offs.batch.max(self.get(d.args[1]).num().batch).max(if has_mask { self.get(d.args[2]).num().batch } else { 1 });
+        let offs_all = expand(offs, br);
+        let mask_all = has_mask.then(|| expand(self.get(d.args[2]).num(), br));
+        let mask = mask_all.as_deref();
+        let sd = &self.sh.slots[slot as usize];
+        let n = offs_all.len();
+        let mut lanes = Vec::with_capacity(n);
+        let len = sd.initial.len() as f64;
+        let dense = mask.is_none_or(|m| !m.contains(&0.0)) && offs_all.iter().fold(true, |ok, &e| ok & (e >= 0.0) & (e < len));
+        if dense {
+            // Every lane active and in bounds: no per-lane branches.
+            lanes.extend(offs_all.iter().enumerate().map(|(l, &e)| (l as u32, e as i64)));
+        }
+        for l in 0..n {
+            if dense {
+                break;
+            }
+            if mask.is_some_and(|m| m[l] == 0.0) {
+                continue;
+            }
+            let e = offs_all[l] as i64;
+            if e < 0 || e as usize >= sd.initial.len() {
+                let (pid, l) = self.lane_owner(br, numel, l);
+                return Err(self.unsupported(i, format!("out-of-bounds store to `{}` at offset {e}, lane {l}, program {pid:?}", sd.name)));
+            }
+            lanes.push((l as u32, e));
+        }
+        drop((offs_all, mask_all));
+        let ev = self.events.len() as u32;
+        if self.sh.facts.needs_overlay {
+            for &(l, e) in &lanes {
+                self.overlay.insert((slot, e), (ev, l));
+            }
+        }
+        if !atomic && sd.tracks_stores() {
+            self.out.stored[slot as usize].extend(lanes.iter().map(|&(_, e)| e));
+        }
+        let key = self.instance(i);
+        self.event_of.insert(key, ev as usize);
+        self.events.push(Event { slot, atomic, lanes, vals, numel: n, batch: br });
+        Ok(())
+    }
+
+    /// Initial cotangents of every event's values: a store lane that is its element's last
+    /// writer in this program receives the launch-output cotangent of that element; every
+    /// atomic contribution does.
+    pub(super) fn seed_store_cotangents(&mut self) {
+        self.acc = self.events.iter().map(|e| vec![0.0; e.numel]).collect();
+        let live = self.live_lanes();
+        for ((ev, e), acc) in self.events.iter().enumerate().zip(self.acc.iter_mut()) {
+            let Some(oc) = &self.sh.slots[e.slot as usize].out_cot else { continue };
+            match (&live, e.atomic) {
+                (Some(m), false) => {
+                    for &(l, el) in &e.lanes {
+                        if m.get(&(e.slot, el)) == Some(&(ev as u32, l)) {
+                            acc[l as usize] += oc[el as usize];
+                        }
+                    }
+                }
+                // Every lane receives its element's cotangent.
+                _ => e.lanes.iter().for_each(|&(l, el)| acc[l as usize] += oc[el as usize]),
+            }
+        }
+    }
+
+    /// The last writer (event, lane) of every element this program stores, or `None` when every
+    /// stored lane is its element's last writer (no two stores of this program overlap, which
+    /// is checked on sorted runs of elements rather than element by element).
+    pub(super) fn live_lanes(&self) -> Option<HashMap<(u32, i64), (u32, u32)>> {
+        if self.sh.facts.needs_overlay {
+            return Some(self.overlay.clone());
+        }
+        // One store per tensor cannot overlap itself where races are errors (two lanes of one
+        // store writing one element is a race, rejected by the reference run).
+        let mut stores: Vec<u32> = self.events.iter().filter(|e| !e.atomic).map(|e| e.slot).collect();
+        stores.sort_unstable();
+        if self.sh.races_rejected && stores.windows(2).all(|w| w[0] != w[1]) {
+            return None;
+        }
+        let mut runs: Vec<(u32, i64, i64)> = Vec::new();
+        for e in self.events.iter().filter(|e| !e.atomic) {
+            for &(_, el) in &e.lanes {
+                match runs.last_mut() {
+                    Some((s, _, end)) if *s == e.slot && *end == el => *end += 1,
+                    _ => runs.push((e.slot, el, el + 1)),
+                }
+            }
+        }
+        runs.sort_unstable();
+        let overlap = runs.windows(2).any(|w| w[0].0 == w[1].0 && w[1].1 < w[0].2);
+        if !overlap {
+            return None;
+        }
+        let mut last = HashMap::new();
+        for (ev, e) in self.events.iter().enumerate().filter(|(_, e)| !e.atomic) {
+            for &(l, el) in &e.lanes {
+                last.insert((e.slot, el), (ev as u32, l));
+            }
+        }
+        Some(last)
+    }
+
+    /// Reverse of a load: its cotangent goes to the elements it read (contributions to an input
+    /// tensor's gradient, or this program's earlier stores), and to `other` on masked-off lanes.
+    pub(super) fn reverse_load(&mut self, i: Inst, mask: bool, other: bool) -> Result<(), AdError> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+
+        let Some(c) = self.take_cot(d.results[0]) else { return Ok(()) };
+        let key = self.instance(i);
+        let env = &self.env;
+        let val = |v: Value| env[v.index()].as_ref().expect("verified kernels define values before use");
+        let V::Ptr(slot, offs) = val(d.args[0]) else { unreachable!("verified load takes a pointer") };
+        let slot = *slot as usize;
+        // The cotangent has the load's batch: bring the offsets and mask to it.
+        let offs_all = expand(offs, c.batch);
+        let mask_all = mask.then(|| expand(val(d.args[1]).num(), c.batch));
+        // A mask with every lane active is no mask.
+        let m = mask_all.as_deref().filter(|m| m.contains(&0.0));
+        let offs_data: &[f64] = &offs_all;
+        let prov = self.loads.get(&key).filter(|p| !p.is_empty());
+        let is_input = self.sh.slots[slot].is_input;
+        let other_active = other && self.sh.active[d.args[2].index()];
+        let other_batch = if other_active { val(d.args[2]).num().batch } else { 1 };
+        let mut other_cot = other_active.then(|| vec![0.0; offs_data.len()]);
+        let (n, cb) = (offs_data.len(), c.batch);
+        let mut contrib = Contrib::new(slot as u32, n);
+        if prov.is_none() {
+            // Every lane read the launch's initial memory: tight loops.
+            if let (Some(m), Some(oc)) = (m, &mut other_cot) {
+                oc.iter_mut().zip(m.iter().zip(&c.data)).for_each(|(o, (&m, &g))| *o = if m == 0.0 { g } else { 0.0 });
+            }
+            if is_input {
+                match m {
+                    None => contrib = Contrib::dense(slot as u32, offs_data, c.data),
+                    Some(m) => {
+                        for ((&o, &m), &g) in offs_data.iter().zip(m).zip(&c.data) {
+                            if m != 0.0 {
+                                contrib.push(o as i64, g);
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
+            for l in 0..n {
+                if m.is_some_and(|m| m[l] == 0.0) {
+                    if let Some(oc) = &mut other_cot {
+                        oc[l] = c.data[l];
+                    }
+                    continue;
+                }
+                match prov.and_then(|p| p[l]) {
+                    Some((ev, lane)) => self.acc[ev as usize][lane as usize] += c.data[l],
+                    None => {
+                        if is_input {
+                            contrib.push(offs_data[l] as i64, c.data[l]);
+                        }
+                    }
+                }
+            }
+        }
+        if !contrib.vals.is_empty() {
+            self.out.contrib.push(contrib);
+        }
+        drop((offs_all, mask_all));
+        if let Some(oc) = other_cot {
+            let ot = k.ty(d.args[2]);
+            self.add_cot(d.args[2], fit_batch(BTile::new(cb, &ot.shape, oc), other_batch));
+        }
+        Ok(())
+    }
+}
+
+/// `t`'s data for a batch of `b` programs: as is, or repeated when `t` is shared (batch 1).
+fn expand(t: &BTile, b: usize) -> std::borrow::Cow<'_, [f64]> {
+    if t.batch == b {
+        std::borrow::Cow::Borrowed(&t.data)
+    } else {
+        std::borrow::Cow::Owned(t.data.repeat(b))
+    }
+}
+
+/// `a + b` elementwise (pointer offsets plus integers), either operand shared across the batch.
+pub(super) fn add_batched(a: &BTile, b: &BTile) -> BTile {
+    let batch = a.batch.max(b.batch);
+    let data = if a.batch == b.batch {
+        a.data.iter().zip(&b.data).map(|(x, y)| x + y).collect()
+    } else {
+        expand(a, batch).iter().zip(expand(b, batch).iter()).map(|(x, y)| x + y).collect()
+    };
+    BTile::new(batch, &a.shape, data)
+}
+
+/// A cotangent computed for every program, brought to a value of batch `b`: summed over the
+/// programs when the value is shared by all of them.
+pub(super) fn fit_batch(t: BTile, b: usize) -> BTile {
+    if t.batch == b || b != 1 {
+        return t;
+    }
+    let n = t.numel();
+    let mut data = vec![0.0; n];
+    for p in 0..t.batch {
+        data.iter_mut().zip(t.row(p)).for_each(|(d, &x)| *d += x);
+    }
+    BTile::new(1, &t.shape, data)
+}
+
+/// The length of the run of consecutive elements starting at lane `l` (at least 1).
+fn run_len(offs: &[f64], l: usize) -> usize {
+    let e = offs[l];
+    1 + offs[l + 1..].iter().enumerate().take_while(|&(k, &o)| o == e + (k + 1) as f64).count()
+}
+
+/// Reads `src[offs[l]]` into `out[l]` for every active lane (`other`, or 0, for masked-off
+/// lanes); returns the first active lane out of bounds (lane, offset), if any.
+fn gather_initial<T: Copy + Into<f64>>(
+    src: &[T],
+    offs: &[f64],
+    mask: Option<&[f64]>,
+    other: Option<&[f64]>,
+    out: &mut [f64],
+) -> Option<(usize, i64)> {
+    let other_at = |l: usize| other.map_or(0.0, |o| if o.len() == 1 { o[0] } else { o[l] });
+    if mask.is_none() {
+        // Runs of consecutive elements (rows of a tile) are copied as slices; the first run
+        // out of bounds falls through to the lane-by-lane loop, which names its lane.
+        let mut l = 0;
+        while l < offs.len() {
+            let (e, n) = (offs[l], run_len(offs, l));
+            let run = (e >= 0.0).then(|| (e as usize).checked_add(n).and_then(|end| src.get(e as usize..end))).flatten();
+            match run {
+                Some(run) => out[l..l + n].iter_mut().zip(run).for_each(|(o, &v)| *o = v.into()),
+                None => break,
+            }
+            l += n;
+        }
+        if l == offs.len() {
+            return None;
+        }
+    }
+    for (l, (o, &e)) in out.iter_mut().zip(offs).enumerate() {
+        if mask.is_some_and(|m| m[l] == 0.0) {
+            *o = other_at(l);
+            continue;
+        }
+        match src.get(e as usize) {
+            // A negative offset converts to 0 (`as` saturates): check the sign as well.
+            Some(&v) if e >= 0.0 => *o = v.into(),
+            _ => return Some((l, e as i64)),
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gathers_by_runs_and_names_the_first_lane_out_of_bounds() {
+        let src: Vec<f32> = (0..10).map(|x| x as f32 * 0.5).collect();
+        let mut out = vec![0.0; 6];
+        // Two runs (3..6, 0..2) and a single element.
+        assert_eq!(gather_initial(&src, &[3.0, 4.0, 5.0, 0.0, 1.0, 9.0], None, None, &mut out), None);
+        assert_eq!(out, vec![1.5, 2.0, 2.5, 0.0, 0.5, 4.5]);
+        // A run leaving the tensor, a negative offset, an offset beyond any index.
+        assert_eq!(gather_initial(&src, &[7.0, 8.0, 9.0, 10.0, 0.0, 1.0], None, None, &mut out), Some((3, 10)));
+        assert_eq!(gather_initial(&src, &[0.0, -1.0, 0.0, 1.0, 2.0, 3.0], None, None, &mut out), Some((1, -1)));
+        assert_eq!(gather_initial(&src, &[1e300, 0.0, 0.0, 0.0, 0.0, 0.0], None, None, &mut out), Some((0, i64::MAX)));
+        // Masked-off lanes read `other` and are not bounds-checked.
+        let mask = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0];
+        assert_eq!(gather_initial(&src, &[1.0, 99.0, 2.0, 3.0, -5.0, 4.0], Some(&mask), Some(&[-7.0]), &mut out), None);
+        assert_eq!(out, vec![0.5, -7.0, 1.0, 1.5, -7.0, 2.0]);
+        assert_eq!(run_len(&[1.0, 2.0, 3.0, 3.0, 4.0], 0), 3);
+        assert_eq!(run_len(&[1.0, 2.0, 3.0, 3.0, 4.0], 3), 2);
+    }
+
+    #[test]
+    fn contributions_keep_lane_order_in_runs() {
+        let c = Contrib::dense(0, &[4.0, 5.0, 6.0, 2.0, 2.0, 3.0], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(c.runs, vec![(4, 3), (2, 1), (2, 2)]);
+        assert_eq!((c.lo, c.hi), (2, 6));
+        let mut m = Contrib::new(1, 4);
+        for (e, v) in [(7, 1.0), (8, 2.0), (3, 3.0), (4, 4.0)] {
+            m.push(e, v);
+        }
+        assert_eq!((m.runs, m.lo, m.hi, m.vals), (vec![(7, 2), (3, 2)], 3, 8, vec![1.0, 2.0, 3.0, 4.0]));
+    }
+}

@@ -71,7 +71,7 @@ pub struct Gradient {
 /// The VJP of `launch` on `mem`: cotangents of the initial contents of `inputs` (float tensors)
 /// given cotangents of the final contents of `outputs`.
 ///
-/// The launch is first run by the reference interpreter (on a copy of `mem`), which rejects
+/// The launch is first run by the reference interpreter (without changing `mem`), which rejects
 /// out-of-bounds accesses, races and loops beyond their `max_iters` with their locations and
 /// measures every loop's trip count.
 pub fn vjp(
@@ -83,9 +83,7 @@ pub fn vjp(
 ) -> Result<Gradient, AdError> {
     let k = launch.kernel();
     tilegrad_ir::verify(k)?;
-    let mut scratch = mem.clone();
-    let summary = launch.run(&mut scratch)?;
-    drop(scratch);
+    let summary = launch.check(mem)?;
 
     // Bind parameters: tensors to slots (aliases share one), scalars to values.
     let mut slot_ids: Vec<TensorId> = Vec::new();

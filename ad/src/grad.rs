@@ -177,12 +177,8 @@ pub fn vjp(
         precision: opts.precision,
         tape_budget,
     };
-    let mut grads: Vec<Vec<f64>> = slots.iter().map(|s| if s.is_input { vec![0.0; s.initial.len()] } else { Vec::new() }).collect();
-    // Touch the gradients' pages once, in parallel, before accumulation (first-touch faults
-    // taken inside the accumulation cost several times more).
-    for g in grads.iter_mut() {
-        g.par_chunks_mut(RANGE).for_each(|c| c.fill(0.0));
-    }
+    let mut grads: Vec<Vec<f64>> =
+        slots.iter().map(|s| if s.is_input { crate::pages::zeroed(s.initial.len(), RANGE) } else { Vec::new() }).collect();
     let mut stored: Vec<Vec<bool>> =
         slots.iter().map(|s| if s.tracks_stores() { vec![false; s.initial.len()] } else { Vec::new() }).collect();
     let mut max_trips: BTreeMap<Inst, u64> = BTreeMap::new();

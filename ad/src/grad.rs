@@ -71,7 +71,7 @@ pub struct Gradient {
 /// The VJP of `launch` on `mem`: cotangents of the initial contents of `inputs` (float tensors)
 /// given cotangents of the final contents of `outputs`.
 ///
-/// The launch is first run by the reference interpreter (on a copy of `mem`), which rejects
+/// The launch is first run by the reference interpreter (without changing `mem`), which rejects
 /// out-of-bounds accesses, races and loops beyond their `max_iters` with their locations and
 /// measures every loop's trip count.
 pub fn vjp(
@@ -83,9 +83,7 @@ pub fn vjp(
 ) -> Result<Gradient, AdError> {
     let k = launch.kernel();
     tilegrad_ir::verify(k)?;
-    let mut scratch = mem.clone();
-    let summary = launch.run(&mut scratch)?;
-    drop(scratch);
+    let summary = launch.check(mem)?;
 
     // Bind parameters: tensors to slots (aliases share one), scalars to values.
     let mut slot_ids: Vec<TensorId> = Vec::new();
@@ -179,12 +177,8 @@ pub fn vjp(
         precision: opts.precision,
         tape_budget,
     };
-    let mut grads: Vec<Vec<f64>> = slots.iter().map(|s| if s.is_input { vec![0.0; s.initial.len()] } else { Vec::new() }).collect();
-    // Touch the gradients' pages once, in parallel, before accumulation (first-touch faults
-    // taken inside the accumulation cost several times more).
-    for g in grads.iter_mut() {
-        g.par_chunks_mut(RANGE).for_each(|c| c.fill(0.0));
-    }
+    let mut grads: Vec<Vec<f64>> =
+        slots.iter().map(|s| if s.is_input { crate::pages::zeroed(s.initial.len(), RANGE) } else { Vec::new() }).collect();
     let mut stored: Vec<Vec<bool>> =
         slots.iter().map(|s| if s.tracks_stores() { vec![false; s.initial.len()] } else { Vec::new() }).collect();
     let mut max_trips: BTreeMap<Inst, u64> = BTreeMap::new();

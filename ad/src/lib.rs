@@ -10,6 +10,7 @@ mod error;
 pub mod fd;
 mod grad;
 pub mod graph;
+mod pages;
 mod program;
 pub mod rules;
 

@@ -289,6 +289,14 @@ impl<'k> Launch<'k> {
         crate::exec::execute(self, &bound, mem)
     }
 
+    /// Runs the launch with every check of [`Launch::run`] (arguments, bounds, races, loop
+    /// bounds) and the same summary, without changing `mem`: the final contents are discarded.
+    pub fn check(&self, mem: &Memory) -> Result<LaunchSummary, ExecError> {
+        tilegrad_ir::verify(self.kernel)?;
+        let bound = self.bind(mem)?;
+        crate::exec::check(self, &bound, mem)
+    }
+
     /// Checks the arguments against the parameters and returns them in parameter order.
     pub(crate) fn bind(&self, mem: &Memory) -> Result<Vec<Bound>, ExecError> {
         let k = self.kernel;

@@ -607,3 +607,71 @@ fn recorded_writers_name_program_and_store() {
     let s = Launch::new(&k, 3).arg("x", x).arg("y", y).arg("n", n as i32).run(&mut mem).unwrap();
     assert!(s.writers.is_empty());
 }
+
+#[test]
+fn check_reports_what_run_reports_and_leaves_memory_unchanged() {
+    // Large enough for pooled output buffers (a check recycles its discarded results).
+    let k = scale_kernel(64);
+    let n = 70_001;
+    let mut mem = Memory::new();
+    let x = mem.add("x", HostTensor::from_f32(&[n], rand_vec(n, 9)));
+    let y = mem.add("y", HostTensor::from_f32(&[n], rand_vec(n, 10)));
+    let before = mem.clone();
+    let launch = Launch::new(&k, n.div_ceil(64)).arg("x", x).arg("y", y).arg("n", n as i32);
+    let checked = launch.check(&mem).unwrap();
+    assert_eq!(mem[y], before[y]);
+    assert_eq!(mem[x], before[x]);
+    let mut ran = mem.clone();
+    assert_eq!(launch.run(&mut ran).unwrap(), checked);
+    // A check after a run (reused buffers) still leaves memory alone, and a run after checks
+    // still writes every element.
+    assert_eq!(launch.check(&mem).unwrap(), checked);
+    assert_eq!(mem[y], before[y]);
+    let mut again = mem.clone();
+    launch.run(&mut again).unwrap();
+    assert_eq!(again[y], ran[y]);
+
+    // Out of bounds: the same error as a run, with its location.
+    let bad = Launch::new(&k, 2).arg("x", x).arg("y", y).arg("n", 128);
+    let small = {
+        let mut m = Memory::new();
+        m.add("x", HostTensor::from_f32(&[100], rand_vec(100, 1)));
+        m.add("y", HostTensor::zeros(DType::F32, &[100]));
+        m
+    };
+    let e = bad.check(&small).unwrap_err();
+    let mut m2 = small.clone();
+    assert_eq!(e.to_string(), bad.run(&mut m2).unwrap_err().to_string());
+    assert!(matches!(e, ExecError::OutOfBounds { offset: 100, .. }), "{e}");
+    assert!(e.to_string().contains("semantics.rs:"), "{e}");
+}
+
+#[test]
+fn check_reports_races_as_run_does() {
+    let mut b = KernelBuilder::new("bad_sum");
+    let x = b.ptr_param("x", DType::F32);
+    let out = b.ptr_param("out", DType::F32);
+    let n = b.scalar_param("n", DType::I32);
+    let (offs, mask) = lanes(&mut b, 16, n);
+    let px = b.add(x, offs);
+    let v = b.load(px, Some(mask), None);
+    let s = b.sum(v, None, false);
+    let acc = b.load(out, None, None);
+    let t = b.add(acc, s);
+    b.store(out, t, None);
+    let k = b.finish().unwrap();
+    let mut mem = Memory::new();
+    let xt = mem.add("x", HostTensor::from_f32(&[40], rand_vec(40, 5)));
+    let ot = mem.add("out", HostTensor::zeros(DType::F32, &[1]));
+    let launch = Launch::new(&k, 3).arg("x", xt).arg("out", ot).arg("n", 40);
+    let e = launch.check(&mem).unwrap_err();
+    let ExecError::Race(r) = &e else { panic!("expected a race, got {e}") };
+    assert_eq!((r.kind, r.offset, r.first.pid, r.second.pid), (RaceKind::WriteWrite, 0, [0, 0, 0], [1, 0, 0]));
+    let mut m2 = mem.clone();
+    assert_eq!(e.to_string(), launch.run(&mut m2).unwrap_err().to_string());
+    let warn = launch.options(Options { races: RaceMode::Warn, ..Options::default() });
+    let s = warn.check(&mem).unwrap();
+    assert_eq!(s, warn.run(&mut m2).unwrap());
+    assert!(s.races.iter().any(|r| r.kind == RaceKind::ReadWrite));
+    assert_eq!(mem[ot].as_f32().unwrap(), &[0.0]);
+}

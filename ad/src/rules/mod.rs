@@ -23,6 +23,7 @@
 //! VJP rules are in F64 semantics; see [`vjp`] for the conventions (symbolic zeros, ties).
 
 mod elementwise;
+mod fastexp;
 mod reduce;
 mod shape;
 

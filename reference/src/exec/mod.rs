@@ -40,7 +40,32 @@ struct Commit {
     atomic_inst: Vec<u32>,
 }
 
+/// Runs a launch and commits the final contents of its written tensors to `mem`.
 pub(crate) fn execute(l: &Launch, bound: &[Bound], mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
+    let (summary, slot_ids, finals) = evaluate(l, bound, mem)?;
+    for (s, d) in finals.into_iter().enumerate() {
+        if let Some(d) = d {
+            let t = mem.get(slot_ids[s]);
+            let nt = HostTensor::new(t.dtype(), t.shape(), d)?;
+            let old = mem.set(slot_ids[s], nt);
+            fast::recycle(old.into_data());
+        }
+    }
+    Ok(summary)
+}
+
+/// Runs a launch with every check of [`execute`] and discards the final contents (recycling
+/// their buffers): `mem` is only read.
+pub(crate) fn check(l: &Launch, bound: &[Bound], mem: &Memory) -> Result<LaunchSummary, ExecError> {
+    let (summary, _, finals) = evaluate(l, bound, mem)?;
+    for d in finals.into_iter().flatten() {
+        fast::recycle(d);
+    }
+    Ok(summary)
+}
+
+/// Runs a launch: its summary, its slots' tensors and the final contents of the written ones.
+fn evaluate(l: &Launch, bound: &[Bound], mem: &Memory) -> Result<(LaunchSummary, Vec<TensorId>, Finals), ExecError> {
     alloc::tune();
     let k = l.kernel;
     let plan = plan::Plan::new(k);
@@ -99,15 +124,7 @@ pub(crate) fn execute(l: &Launch, bound: &[Bound], mem: &mut Memory) -> Result<L
         w.tensor = slot_ids[w.tensor.0 as usize];
     }
     drop(shared);
-    for (s, d) in finals.into_iter().enumerate() {
-        if let Some(d) = d {
-            let t = mem.get(slot_ids[s]);
-            let nt = HostTensor::new(t.dtype(), t.shape(), d)?;
-            let old = mem.set(slot_ids[s], nt);
-            fast::recycle(old.into_data());
-        }
-    }
-    Ok(summary)
+    Ok((summary, slot_ids, finals))
 }
 
 type Finals = Vec<Option<Data>>;

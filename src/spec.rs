@@ -519,12 +519,7 @@ impl Loader {
         let (shape, dtype) = match t.get("like") {
             Some(l) => {
                 let l = self.string(l, &format!("{key}.like"))?;
-                let (_, d, s) = self
-                    .tensors
-                    .iter()
-                    .find(|(n, ..)| *n == l)
-                    .cloned()
-                    .ok_or_else(|| self.err(&format!("{key}.like"), format!("no tensor `{l}` here")))?;
+                let (d, s) = self.known(&l, &format!("{key}.like"))?;
                 if t.contains_key("shape") {
                     return Err(self.err(key, "give `like` or `shape`, not both"));
                 }
@@ -547,6 +542,12 @@ impl Loader {
         Ok(Step::Alloc { name, shape, dtype, init })
     }
 
+    /// The dtype and shape of a tensor defined so far.
+    fn known(&self, name: &str, key: &str) -> Result<(DType, Vec<usize>), SpecError> {
+        let found = self.tensors.iter().find(|(n, ..)| n == name);
+        found.map(|(_, d, s)| (*d, s.clone())).ok_or_else(|| self.err(key, format!("no tensor `{name}` here")))
+    }
+
     fn define(&mut self, name: &str, dtype: DType, shape: Vec<usize>, key: &str) -> Result<(), SpecError> {
         if self.tensors.iter().any(|(n, ..)| n == name) {
             return Err(self.err(key, format!("tensor `{name}` is already defined")));
@@ -567,12 +568,7 @@ impl Loader {
             t.get("into").ok_or_else(|| self.err(&format!("{key}.into"), "missing: the new tensor's name"))?,
             &format!("{key}.into"),
         )?;
-        let (_, d, s) = self
-            .tensors
-            .iter()
-            .find(|(n, ..)| *n == src)
-            .cloned()
-            .ok_or_else(|| self.err(&format!("{key}.{kind}"), format!("no tensor `{src}` here")))?;
+        let (d, s) = self.known(&src, &format!("{key}.{kind}"))?;
         let scope = Static { constants, tensors: &self.tensors };
         let (step, shape) = match kind {
             "sum" => {
@@ -580,13 +576,11 @@ impl Loader {
                     .get("axis")
                     .and_then(Value::as_integer)
                     .ok_or_else(|| self.err(&format!("{key}.axis"), "expected an integer axis"))?;
-                let r = s.len() as i64;
-                let a = if axis < 0 { axis + r } else { axis };
-                if a < 0 || a >= r {
+                let Some((a, ..)) = crate::check::split_axis(&s, axis) else {
                     return Err(self.err(&format!("{key}.axis"), format!("axis {axis} of `{src}`, which has shape {s:?}")));
-                }
+                };
                 let mut ns = s.clone();
-                ns.remove(a as usize);
+                ns.remove(a);
                 (Step::Sum { src, axis, dst: dst.clone() }, ns)
             }
             "reshape" => {

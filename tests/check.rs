@@ -274,16 +274,14 @@ fn native_precision_ground_truth_agrees() {
 }
 
 #[test]
-fn a_race_in_the_backward_is_a_verdict_naming_both_programs() {
-    // Every program stores its whole gradient tile at offset 0: programs 0 and 1 collide.
+fn a_too_small_grid_leaves_zeros_and_a_later_launch_overwrites_an_earlier_one() {
     let (f, _, i) = square_case("square_bwd", 200);
     let b = Backward::new(&[("x", "grad_x")]).step(Step::zeros("grad_x", &["n"], DType::F32).unwrap()).step(launch(
         k("square_bwd", &[("BLOCK", 64)]),
         "cdiv(n, 64)",
         &[("x_ptr", "x"), ("gy_ptr", "grad_y"), ("gx_ptr", "grad_x"), ("n", "n"), ("s", "s")],
     ));
-    // Launch on a grid four times too large: programs past n are masked off entirely, so no
-    // race; a grid of one program covers only 64 elements, and the rest stay zero.
+    // A grid of one program covers only 64 elements; the rest keep their zeros.
     let mut short = b.clone();
     if let Step::Launch(l) = &mut short.steps[1] {
         l.grid = vec!["1".parse_expr()];
@@ -295,8 +293,8 @@ fn a_race_in_the_backward_is_a_verdict_naming_both_programs() {
     assert!(
         matches!(&g.worst.as_ref().unwrap().blame.as_ref().unwrap().sites[..], [BlameSite::NeverWritten { init, .. }] if init == "zero")
     );
-    // Aliasing: the backward writes grad_x through two launches of which the second overwrites
-    // what the first wrote: not a race (launches are ordered), blame goes to the second.
+    // Two launches writing the same elements of grad_x one after the other: not a race (launches
+    // are ordered); the second's values are the result.
     let twice = b.clone().step(launch(
         k("square_bwd", &[("BLOCK", 64)]),
         "cdiv(n, 64)",

@@ -3,7 +3,7 @@
 //! stores that wrote the partial buffer's elements it was summed from).
 
 use super::report::{unravel, Blame, BlameSite};
-use super::steps::{Env, Init, Origin, Step, Trace};
+use super::steps::{split_axis, Env, Init, Origin, Step, Trace};
 use tilegrad_ir::{Kernel, Loc, Value};
 use tilegrad_reference::Writers;
 
@@ -90,9 +90,7 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
             let mut from = Vec::new();
             let what = match &steps[*step] {
                 Step::Sum { axis, .. } => {
-                    let rank = src_shape.len() as i64;
-                    let a = (if *axis < 0 { axis + rank } else { *axis }).clamp(0, rank.max(1) - 1) as usize;
-                    let (n, inner) = (src_shape.get(a).copied().unwrap_or(1), src_shape[a + 1..].iter().product::<usize>());
+                    let (a, _, n, inner) = split_axis(&src_shape, *axis).expect("the pass ran this sum");
                     for &e in &unwritten {
                         let (o, j) = (e / inner.max(1), e % inner.max(1));
                         from.extend((0..n).map(|k| (o * n + k) * inner + j));

@@ -7,7 +7,7 @@
 //! axis -> broadcast, reshape -> reshape, scale -> scale); an allocation ends its tensor's
 //! cotangent.
 
-use super::steps::{LaunchRecord, Step};
+use super::steps::{split_axis, LaunchRecord, Step};
 use super::{CheckError, Env};
 use std::collections::HashMap;
 use tilegrad_ad::{vjp, GradOptions};
@@ -47,10 +47,8 @@ pub(crate) fn reverse(
             }
             Step::Sum { src, axis, dst } => {
                 let Some(c) = cot.remove(dst) else { continue };
-                let shape = env.tensor(src).expect("ran forward").shape().to_vec();
-                let rank = shape.len() as i64;
-                let a = (if *axis < 0 { axis + rank } else { *axis }) as usize;
-                let (outer, n, inner) = (shape[..a].iter().product::<usize>(), shape[a], shape[a + 1..].iter().product::<usize>());
+                let shape = env.tensor(src).expect("ran forward").shape();
+                let (_, outer, n, inner) = split_axis(shape, *axis).expect("the forward ran this sum");
                 let s = cot.entry(src.clone()).or_insert_with(|| vec![0.0; outer * n * inner]);
                 for o in 0..outer {
                     for k in 0..n {

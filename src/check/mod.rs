@@ -70,12 +70,11 @@ mod truth;
 pub use expr::{Expr, ExprError, Scalar};
 pub use inputs::{Dist, InputTensor, Inputs, Source};
 pub use report::{Blame, BlameSite, Failure, Report, TensorReport, Tolerance, Worst};
-pub(crate) use steps::eval_shape as steps_eval_shape;
+pub(crate) use steps::{eval_shape as steps_eval_shape, split_axis};
 pub use steps::{Env, Init, KernelLaunch, Step};
 pub use tilegrad_ad::Precision;
 pub use truth::{gradcheck, ground_truth, run_forward, FdTrial, GradcheckReport, GroundTruth, Named};
 
-use rand::SeedableRng;
 use std::collections::HashMap;
 use steps::{Mode, StepError, Trace};
 use tilegrad_ad::GradOptions;
@@ -245,26 +244,12 @@ pub fn check_backward_with(
     name: &str,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Report, CheckError> {
-    if opts.backend == Backend::Gpu {
-        return Err(CheckError::Unsupported("the GPU backend is not part of this build; use the CPU backend (`--backend cpu`)".into()));
-    }
     if opts.trials == 0 {
         return Err(CheckError::Spec("at least one cotangent trial is needed".into()));
     }
-    let native = inputs.materialise(opts.seed)?;
-    validate(fwd, bwd, &native)?;
-    let f64_mode = opts.precision == Precision::F64;
-    let gt_mode = if f64_mode { Mode::F64 } else { Mode::Native };
-
-    // Forward, natively (traced, for blame of forward outputs) and as the ground truth sees it.
-    let fwd_err =
-        |f: steps::StepFailure| CheckError::Forward { step: f.step, what: fwd.steps[f.step].describe(), message: step_msg(f.error) };
-    let mut env_n = native.clone();
-    let mut trace_f = Trace::default();
-    steps::run(&mut env_n, &fwd.steps, Mode::Native, None, Some(&mut trace_f)).map_err(fwd_err)?;
-    let mut env_g = if f64_mode { promote(&native) } else { native.clone() };
-    let mut records = Vec::new();
-    steps::run(&mut env_g, &fwd.steps, gt_mode, Some(&mut records), None).map_err(fwd_err)?;
+    validate_backward(fwd, bwd)?;
+    let p = truth::prepare(fwd, inputs, opts)?;
+    let (env_n, trace_f) = (&p.native, &p.trace);
 
     let fwd_tf32 = uses_tf32(&fwd.steps);
     let mut forward = Vec::new();
@@ -273,7 +258,7 @@ pub fn check_backward_with(
         if !t.dtype().is_float() && fwd.outputs.contains(o) {
             return Err(CheckError::Spec(format!("forward output `{o}` is {}, not a float tensor (list it as saved)", t.dtype())));
         }
-        if let Some((step, e)) = blame::first_unwritten(&trace_f, o) {
+        if let Some((step, e)) = blame::first_unwritten(trace_f, o) {
             return Err(CheckError::Forward {
                 step,
                 what: fwd.steps[step].describe(),
@@ -284,10 +269,10 @@ pub fn check_backward_with(
             });
         }
         let tol = opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(t.dtype(), fwd_tf32));
-        let exp = env_g.tensor(o).expect("same steps").to_f64_vec();
+        let exp = p.truth.tensor(o).expect("same steps").to_f64_vec();
         let (mut r, w) = report::compare(o, o, t.dtype(), t.shape(), tol, &exp, &t.to_f64_vec(), 0);
         if let (Some((w, _)), Some(worst)) = (w, r.worst.as_mut()) {
-            worst.blame = Some(blame::blame(&trace_f, &env_n, &fwd.steps, o, w));
+            worst.blame = Some(blame::blame(trace_f, env_n, &fwd.steps, o, w));
         }
         forward.push(r);
     }
@@ -296,19 +281,16 @@ pub fn check_backward_with(
     let bwd_tf32 = uses_tf32(&bwd.steps);
     let mut gradients: Vec<Option<(TensorReport, f64)>> = vec![None; bwd.gradients.len()];
     let mut failure = None;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0x9e37_79b9_7f4a_7c15);
+    let mut rng = truth::cotangent_rng(opts.seed);
     progress(0, opts.trials);
     for trial in 0..opts.trials {
-        // Cotangents, rounded to each output's dtype so that both sides see the same values.
         let mut cot = HashMap::new();
         let mut env_b = env_n.clone();
-        for o in &fwd.outputs {
-            let t = env_n.tensor(o).expect("checked above");
-            let c: Vec<f64> = inputs::normal(&mut rng, t.numel()).into_iter().map(|x| tilegrad_reference::round_to(t.dtype(), x)).collect();
-            env_b.add(&format!("grad_{o}"), HostTensor::from_f64_as(t.dtype(), t.shape(), &c)).map_err(CheckError::Spec)?;
-            cot.insert(o.clone(), c);
+        for (o, c, h) in truth::draw_cotangents(&mut rng, env_n, &fwd.outputs)? {
+            env_b.add(&format!("grad_{o}"), h).map_err(CheckError::Spec)?;
+            cot.insert(o, c);
         }
-        let truth = ground::reverse(&fwd.steps, &records, &env_g, cot, &gopts)?;
+        let truth = ground::reverse(&fwd.steps, &p.records, &p.truth, cot, &gopts)?;
 
         let mut trace_b = Trace::default();
         if let Err(f) = steps::run(&mut env_b, &bwd.steps, Mode::Poisoned, None, Some(&mut trace_b)) {
@@ -322,7 +304,7 @@ pub fn check_backward_with(
             }
         }
         for (gi, (input, gname)) in bwd.gradients.iter().enumerate() {
-            let it = native.tensor(input).expect("validated");
+            let it = p.drawn.tensor(input).expect("validated");
             let Some(g) = env_b.tensor(gname) else {
                 return Err(CheckError::Spec(format!("gradient tensor `{gname}` of input `{input}` is not defined by the backward")));
             };
@@ -358,27 +340,41 @@ pub fn check_backward_with(
         passed,
         seed: opts.seed,
         trials: opts.trials,
-        precision: if f64_mode { "f64".into() } else { "native".into() },
+        precision: if opts.precision == Precision::F64 { "f64".into() } else { "native".into() },
         forward,
         gradients,
         failure,
     })
 }
 
-fn step_msg(e: StepError) -> String {
-    match e {
-        StepError::Spec(m) => m,
-        StepError::Exec(e) => e.to_string(),
+/// Differentiable inputs are float inputs; outputs and saved tensors are consistent.
+fn validate_forward(fwd: &Forward, env: &Env) -> Result<(), CheckError> {
+    if fwd.outputs.is_empty() {
+        return Err(CheckError::Spec("the forward names no outputs".into()));
     }
-}
-
-/// Differentiable inputs are float inputs, each with exactly one gradient tensor.
-fn validate(fwd: &Forward, bwd: &Backward, env: &Env) -> Result<(), CheckError> {
+    if fwd.differentiable.is_empty() {
+        return Err(CheckError::Spec("the forward names no differentiable inputs".into()));
+    }
     for d in &fwd.differentiable {
         let t = env.tensor(d).ok_or_else(|| CheckError::Spec(format!("differentiable input `{d}` is not an input")))?;
         if !t.dtype().is_float() {
             return Err(CheckError::Spec(format!("differentiable input `{d}` is {}, not a float tensor", t.dtype())));
         }
+    }
+    if let Some(o) = fwd.saved.iter().find(|s| fwd.outputs.contains(s)) {
+        return Err(CheckError::Spec(format!("`{o}` is both an output and saved: an output is saved for the backward anyway")));
+    }
+    for o in &fwd.outputs {
+        if env.id(&format!("grad_{o}")).is_some() {
+            return Err(CheckError::Spec(format!("input `grad_{o}` clashes with the cotangent of output `{o}`")));
+        }
+    }
+    Ok(())
+}
+
+/// Each differentiable input has exactly one gradient tensor, and nothing else has one.
+fn validate_backward(fwd: &Forward, bwd: &Backward) -> Result<(), CheckError> {
+    for d in &fwd.differentiable {
         let n = bwd.gradients.iter().filter(|(i, _)| i == d).count();
         if n != 1 {
             return Err(CheckError::Spec(format!("the backward must name one gradient tensor for input `{d}`, it names {n}")));
@@ -390,20 +386,6 @@ fn validate(fwd: &Forward, bwd: &Backward, env: &Env) -> Result<(), CheckError> 
                 "the backward gives a gradient for `{i}`, which is not a differentiable input (differentiable: {})",
                 fwd.differentiable.join(", ")
             )));
-        }
-    }
-    if fwd.outputs.is_empty() {
-        return Err(CheckError::Spec("the forward names no outputs".into()));
-    }
-    if fwd.differentiable.is_empty() {
-        return Err(CheckError::Spec("the forward names no differentiable inputs".into()));
-    }
-    if let Some(o) = fwd.saved.iter().find(|s| fwd.outputs.contains(s)) {
-        return Err(CheckError::Spec(format!("`{o}` is both an output and saved: an output is saved for the backward anyway")));
-    }
-    for o in &fwd.outputs {
-        if env.id(&format!("grad_{o}")).is_some() {
-            return Err(CheckError::Spec(format!("input `grad_{o}` clashes with the cotangent of output `{o}`")));
         }
     }
     Ok(())

@@ -319,13 +319,9 @@ pub(crate) fn run(
             Step::Sum { src, axis, dst } => {
                 let t = env.tensor(src).ok_or_else(|| spec(env.need(src).unwrap_err()))?;
                 let shape = t.shape().to_vec();
-                let rank = shape.len() as i64;
-                let a = if *axis < 0 { axis + rank } else { *axis };
-                if a < 0 || a >= rank {
+                let Some((a, outer, n, inner)) = split_axis(&shape, *axis) else {
                     return Err(spec(format!("sum over axis {axis} of `{src}`, which has shape {shape:?}")));
-                }
-                let a = a as usize;
-                let (outer, n, inner) = (shape[..a].iter().product::<usize>(), shape[a], shape[a + 1..].iter().product::<usize>());
+                };
                 let v = t.to_f64_vec();
                 let mut out = vec![0.0; outer * inner];
                 for o in 0..outer {
@@ -367,6 +363,18 @@ fn add_host(env: &mut Env, trace: Option<&mut Trace>, dst: &str, t: HostTensor, 
         tr.tensors.push((dst.to_string(), Origin::Host { step, src: src.to_string() }, Vec::new()));
     }
     Ok(())
+}
+
+/// The axis `axis` of a tensor of `shape` (negative counts from the end) and the extents around
+/// it: `(axis, outer, n, inner)` with `shape = [outer..., n, inner...]`; `None` when out of range.
+pub(crate) fn split_axis(shape: &[usize], axis: i64) -> Option<(usize, usize, usize, usize)> {
+    let rank = shape.len() as i64;
+    let a = if axis < 0 { axis + rank } else { axis };
+    if a < 0 || a >= rank {
+        return None;
+    }
+    let a = a as usize;
+    Some((a, shape[..a].iter().product(), shape[a], shape[a + 1..].iter().product()))
 }
 
 pub(crate) fn eval_shape(shape: &[Expr], scope: &dyn Scope) -> Result<Vec<usize>, String> {

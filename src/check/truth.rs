@@ -1,10 +1,12 @@
-//! The forward and its ground truth on their own, without a backward to check: the forward's
-//! outputs (`tilegrad run`), the ground-truth gradients for a random cotangent (`tilegrad grad`,
+//! The forward and its ground truth: the preparation every check shares (the forward run in the
+//! kernels' dtypes and as the ground truth computes it, and the random cotangents), and what needs
+//! no backward to check: the forward's outputs (`tilegrad run`), the ground-truth gradients for a random cotangent (`tilegrad grad`,
 //! written as `.npy` for users' own harnesses), and the engine's self-check against central
 //! finite differences (`tilegrad gradcheck`).
 
-use super::steps::{self, Mode};
-use super::{ground, inputs, promote, CheckError, CheckOptions, Env, Forward, Inputs, Precision};
+use super::steps::{self, Mode, Trace};
+use super::{ground, inputs, promote, validate_forward, Backend, CheckError, CheckOptions, Env, Forward, Inputs, Precision};
+use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -12,7 +14,8 @@ use std::fmt;
 use tilegrad_ad::GradOptions;
 use tilegrad_reference::HostTensor;
 
-fn forward_err(fwd: &Forward) -> impl Fn(steps::StepFailure) -> CheckError + '_ {
+/// The usage error of a forward step that failed.
+pub(crate) fn forward_err(fwd: &Forward) -> impl Fn(steps::StepFailure) -> CheckError + '_ {
     move |f| CheckError::Forward {
         step: f.step,
         what: fwd.steps[f.step].describe(),
@@ -60,53 +63,78 @@ pub struct GroundTruth {
     pub gradients: Vec<(String, HostTensor)>,
 }
 
-fn setup(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<(Env, Env, Vec<steps::LaunchRecord>), CheckError> {
-    if opts.backend == super::Backend::Gpu {
-        return Err(CheckError::Unsupported("the GPU backend is not part of this build; use the CPU backend".into()));
+/// A forward run twice: in the kernels' own dtypes (traced, for blame) and as the ground truth
+/// sees it (promoted to f64 unless the precision is native), with its launches recorded for the
+/// reverse sweep.
+pub(crate) struct Prepared {
+    /// The inputs as drawn.
+    pub drawn: Env,
+    /// After the forward, in the kernels' dtypes.
+    pub native: Env,
+    /// Who wrote what in `native`.
+    pub trace: Trace,
+    /// After the forward, as the ground truth computes it.
+    pub truth: Env,
+    /// The launches of the ground truth's forward.
+    pub records: Vec<steps::LaunchRecord>,
+}
+
+pub(crate) fn prepare(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<Prepared, CheckError> {
+    if opts.backend == Backend::Gpu {
+        return Err(CheckError::Unsupported("the GPU backend is not part of this build; use the CPU backend (`--backend cpu`)".into()));
     }
-    let native = inputs.materialise(opts.seed)?;
-    let mut env_n = native.clone();
-    steps::run(&mut env_n, &fwd.steps, Mode::Native, None, None).map_err(forward_err(fwd))?;
+    let drawn = inputs.materialise(opts.seed)?;
+    validate_forward(fwd, &drawn)?;
+    let mut native = drawn.clone();
+    let mut trace = Trace::default();
+    steps::run(&mut native, &fwd.steps, Mode::Native, None, Some(&mut trace)).map_err(forward_err(fwd))?;
     let f64_mode = opts.precision == Precision::F64;
-    let mut env_g = if f64_mode { promote(&native) } else { native };
+    let mut truth = if f64_mode { promote(&drawn) } else { drawn.clone() };
     let mut records = Vec::new();
-    steps::run(&mut env_g, &fwd.steps, if f64_mode { Mode::F64 } else { Mode::Native }, Some(&mut records), None)
+    steps::run(&mut truth, &fwd.steps, if f64_mode { Mode::F64 } else { Mode::Native }, Some(&mut records), None)
         .map_err(forward_err(fwd))?;
-    for d in &fwd.differentiable {
-        if !env_n.tensor(d).is_some_and(|t| t.dtype().is_float()) {
-            return Err(CheckError::Spec(format!("differentiable input `{d}` is not a float input")));
-        }
-    }
-    Ok((env_n, env_g, records))
+    Ok(Prepared { drawn, native, trace, truth, records })
+}
+
+/// The generator of the cotangents of a check (trial 0 of `check` and `grad` draw the same).
+pub(crate) fn cotangent_rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15)
+}
+
+/// A random normal cotangent per output of `env`, rounded to the output's dtype so that the
+/// ground truth and the checked backward see the same values: as f64 and as a tensor.
+pub(crate) fn draw_cotangents(rng: &mut StdRng, env: &Env, outputs: &[String]) -> Result<Vec<(String, Vec<f64>, HostTensor)>, CheckError> {
+    outputs
+        .iter()
+        .map(|o| {
+            let t = env.tensor(o).ok_or_else(|| CheckError::Spec(format!("forward output `{o}` is not a tensor after the forward")))?;
+            let c: Vec<f64> = inputs::normal(rng, t.numel()).into_iter().map(|x| tilegrad_reference::round_to(t.dtype(), x)).collect();
+            let h = HostTensor::from_f64_as(t.dtype(), t.shape(), &c);
+            Ok((o.clone(), c, h))
+        })
+        .collect()
 }
 
 /// The ground-truth gradients of `fwd` for a random cotangent drawn from `opts.seed`.
 pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<GroundTruth, CheckError> {
-    let (env_n, env_g, records) = setup(fwd, inputs, opts)?;
-    let env0 = inputs.materialise(opts.seed)?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0x9e37_79b9_7f4a_7c15);
-    let mut cot = HashMap::new();
-    let mut cotangents = Vec::new();
-    for o in &fwd.outputs {
-        let t = env_n.tensor(o).ok_or_else(|| CheckError::Spec(format!("forward output `{o}` is not a tensor after the forward")))?;
-        let c: Vec<f64> = inputs::normal(&mut rng, t.numel()).into_iter().map(|x| tilegrad_reference::round_to(t.dtype(), x)).collect();
-        cotangents.push((o.clone(), HostTensor::from_f64_as(t.dtype(), t.shape(), &c)));
-        cot.insert(o.clone(), c);
-    }
+    let p = prepare(fwd, inputs, opts)?;
+    let drawn = draw_cotangents(&mut cotangent_rng(opts.seed), &p.native, &fwd.outputs)?;
+    let cot: HashMap<String, Vec<f64>> = drawn.iter().map(|(o, c, _)| (o.clone(), c.clone())).collect();
+    let cotangents = drawn.into_iter().map(|(o, _, h)| (o, h)).collect();
     let gopts = GradOptions { precision: opts.precision, memory_budget: opts.memory_budget, ..GradOptions::default() };
-    let truth = ground::reverse(&fwd.steps, &records, &env_g, cot, &gopts)?;
+    let truth = ground::reverse(&fwd.steps, &p.records, &p.truth, cot, &gopts)?;
     let gradients = fwd
         .differentiable
         .iter()
         .map(|d| {
-            let t = env_n.tensor(d).expect("checked in setup");
+            let t = p.native.tensor(d).expect("validated");
             let g = truth.get(d).cloned().unwrap_or_else(|| vec![0.0; t.numel()]);
             (d.clone(), HostTensor::from_f64(t.shape(), g))
         })
         .collect();
     Ok(GroundTruth {
-        inputs: named(&env0, inputs.tensors.iter().map(|t| t.name.as_str()))?,
-        outputs: named(&env_n, fwd.outputs.iter().chain(&fwd.saved).map(String::as_str))?,
+        inputs: named(&p.drawn, inputs.tensors.iter().map(|t| t.name.as_str()))?,
+        outputs: named(&p.native, fwd.outputs.iter().chain(&fwd.saved).map(String::as_str))?,
         cotangents,
         gradients,
     })
@@ -160,17 +188,13 @@ impl fmt::Display for GradcheckReport {
 /// forward, promoted to f64, along `opts.trials` random directions.
 pub fn gradcheck(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, name: &str) -> Result<GradcheckReport, CheckError> {
     let opts = CheckOptions { precision: Precision::F64, ..opts.clone() };
-    let (env_n, env_g, records) = setup(fwd, inputs, &opts)?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0x5851_f42d_4c95_7f2d);
-    let mut cot = HashMap::new();
-    for o in &fwd.outputs {
-        let t = env_g.tensor(o).ok_or_else(|| CheckError::Spec(format!("forward output `{o}` is not a tensor after the forward")))?;
-        cot.insert(o.clone(), inputs::normal(&mut rng, t.numel()));
-    }
+    let p = prepare(fwd, inputs, &opts)?;
+    let mut rng = StdRng::seed_from_u64(opts.seed ^ 0x5851_f42d_4c95_7f2d);
+    let cot: HashMap<String, Vec<f64>> = draw_cotangents(&mut rng, &p.truth, &fwd.outputs)?.into_iter().map(|(o, c, _)| (o, c)).collect();
     let gopts = GradOptions { memory_budget: opts.memory_budget, ..GradOptions::default() };
-    let truth = ground::reverse(&fwd.steps, &records, &env_g, cot.clone(), &gopts)?;
+    let truth = ground::reverse(&fwd.steps, &p.records, &p.truth, cot.clone(), &gopts)?;
     // L(x) = sum over outputs of <cot, forward(x)>, the forward run in f64 from perturbed inputs.
-    let base = promote(&inputs.materialise(opts.seed)?);
+    let base = promote(&p.drawn);
     let loss = |dirs: &[(String, Vec<f64>)], h: f64| -> Result<f64, CheckError> {
         let mut env = base.clone();
         for (d, v) in dirs {
@@ -188,7 +212,7 @@ pub fn gradcheck(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, name: &str
     for _ in 0..opts.trials.max(1) {
         let mut dirs = Vec::new();
         for d in &fwd.differentiable {
-            let t = env_n.tensor(d).expect("checked in setup");
+            let t = p.drawn.tensor(d).expect("validated");
             let rms = (t.to_f64_vec().iter().map(|x| x * x).sum::<f64>() / t.numel().max(1) as f64).sqrt().max(1e-3);
             dirs.push((d.clone(), inputs::normal(&mut rng, t.numel()).into_iter().map(|x| x * rms).collect::<Vec<f64>>()));
         }

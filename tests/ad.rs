@@ -367,3 +367,25 @@ fn native_precision_gradient_is_close_to_the_f64_one() {
     assert_close("native softmax dx", &approx.inputs[0], &exact.inputs[0], 1e-5);
     assert_ne!(approx.inputs[0], exact.inputs[0]);
 }
+
+#[test]
+fn the_benchmarked_zoo_kernels_validate_themselves() {
+    // Their gradients need no separate reference run (see `KernelFacts::self_checking`).
+    use tilegrad_ad::graph::KernelGraph;
+    let facts = |k: &tilegrad_ir::Kernel| {
+        let slots: Vec<Option<u32>> = k
+            .params
+            .iter()
+            .scan(0u32, |n, p| {
+                Some(matches!(p.kind, tilegrad_ir::ParamKind::Ptr(_)).then(|| {
+                    *n += 1;
+                    *n - 1
+                }))
+            })
+            .collect();
+        KernelGraph::build(k, &slots).facts(k)
+    };
+    for k in [zoo::weighted_sum_fwd(16, 128).unwrap(), zoo::softmax(16, 1024).unwrap(), zoo::matmul(64, 64, 32, None).unwrap()] {
+        assert!(facts(&k).self_checking, "{}", k.name);
+    }
+}

@@ -14,7 +14,7 @@
 //! the result does not depend on the thread count or the chunk size.
 
 use crate::graph::{active_values, reverse_needs, KernelGraph};
-use crate::program::{Contrib, Initial, Program, ProgramGrad, Shared, SlotData, V};
+use crate::program::{Contrib, Initial, Program, ProgramGrad, Shared, SlotData, StoreRun, V};
 use crate::rules::Precision;
 use crate::{AdError, BTile};
 use rayon::prelude::*;
@@ -71,9 +71,12 @@ pub struct Gradient {
 /// The VJP of `launch` on `mem`: cotangents of the initial contents of `inputs` (float tensors)
 /// given cotangents of the final contents of `outputs`.
 ///
-/// The launch is first run by the reference interpreter (without changing `mem`), which rejects
-/// out-of-bounds accesses, races and loops beyond their `max_iters` with their locations and
-/// measures every loop's trip count.
+/// Out-of-bounds accesses, races and loops beyond their `max_iters` are errors, reported as the
+/// reference interpreter reports them (with their locations). Where the engine can find them
+/// itself while it differentiates ([`crate::graph::KernelFacts::self_checking`]: no tensor both
+/// loaded and written, no address or mask computed from floats), it does, and the reference
+/// run happens only to describe an error it found; otherwise the reference runs the launch
+/// first (without changing `mem`).
 pub fn vjp(
     launch: &Launch,
     mem: &Memory,
@@ -82,8 +85,7 @@ pub fn vjp(
     opts: &GradOptions,
 ) -> Result<Gradient, AdError> {
     let k = launch.kernel();
-    tilegrad_ir::verify(k)?;
-    let summary = launch.check(mem)?;
+    launch.check_arguments(mem)?;
 
     // Bind parameters: tensors to slots (aliases share one), scalars to values.
     let mut slot_ids: Vec<TensorId> = Vec::new();
@@ -151,7 +153,9 @@ pub fn vjp(
         slots[s].out_cot = Some(c);
     }
 
-    let facts = KernelGraph::build(k, &param_slot).facts();
+    let facts = KernelGraph::build(k, &param_slot).facts(k);
+    let self_check = facts.self_checking && launch.get_options().races == RaceMode::Error;
+    let checked = if self_check { None } else { Some(launch.check(mem)?) };
     // Batches: at most 16K elements per batched tile of the largest tile type. Kernels of small
     // tiles then spread the per-op overhead over several programs, while tiles stay
     // cache-sized (measured: batching 16K-element tiles of a row softmax slows it down). One
@@ -164,7 +168,7 @@ pub fn vjp(
     let active = active_values(k);
     let needs = reverse_needs(k, &active);
     let num_types: Vec<Type> = k.values.iter().map(|v| if v.ty.is_ptr() { v.ty.with_dtype(DType::I64) } else { v.ty.clone() }).collect();
-    let shared = Shared {
+    let mut shared = Shared {
         kernel: k,
         facts: &facts,
         active: &active,
@@ -176,6 +180,17 @@ pub fn vjp(
         grid: launch.grid().0,
         precision: opts.precision,
         tape_budget,
+        self_check,
+        invariant: vec![None; k.values.len()],
+    };
+    shared.invariant = match Program::invariants(&shared, launch.grid().pid(0)) {
+        Ok(v) => v,
+        // The reference describes what the engine found (when the launch is at fault).
+        Err(e) if self_check => {
+            launch.check(mem)?;
+            return Err(e);
+        }
+        Err(e) => return Err(e),
     };
     let mut grads: Vec<Vec<f64>> =
         slots.iter().map(|s| if s.is_input { crate::pages::zeroed(s.initial.len(), RANGE) } else { Vec::new() }).collect();
@@ -183,16 +198,15 @@ pub fn vjp(
         slots.iter().map(|s| if s.tracks_stores() { vec![false; s.initial.len()] } else { Vec::new() }).collect();
     let mut max_trips: BTreeMap<Inst, u64> = BTreeMap::new();
     let total = launch.grid().programs();
-    // Per program of a chunk: its pending contributions and stores (at most ~16 bytes per
-    // element it loads or stores); the other half of the budget. At least a batch per thread.
-    let per_program = (summary.elements_loaded + summary.elements_stored + summary.elements_atomic) / total.max(1) * 16 + 256;
-    let chunk = opts
-        .chunk_programs
-        .map_or_else(|| (opts.memory_budget as u64 / 2 / per_program).clamp(in_flight as u64, 1 << 16), |c| c as u64)
-        .max(1);
     // Chunks hold whole batches, so that batches (and the result's summation order) do not
-    // depend on the chunk size.
-    let chunk = chunk.div_ceil(batch) * batch;
+    // depend on the chunk size. Unless given, a chunk's size comes from the memory its
+    // programs' pending contributions took so far (half the budget): at least a batch per
+    // thread, at first exactly that.
+    let whole = |c: u64| c.max(1).div_ceil(batch) * batch;
+    let mut chunk = whole(opts.chunk_programs.map_or(in_flight as u64, |c| c as u64));
+    let mut per_program = 0u64;
+    let mut store_runs: Vec<StoreRun> = Vec::new();
+    let (mut duplicate_lanes, mut too_many_runs) = (false, false);
     let mut start = 0;
     while start < total {
         let end = (start + chunk).min(total);
@@ -202,9 +216,19 @@ pub fn vjp(
             .into_par_iter()
             .map(|b| run_batch(&shared, launch, b, (b + batch).min(end)))
             .collect();
-        let outs: Vec<ProgramGrad> = outs.into_iter().collect::<Result<_, _>>()?;
+        let outs: Vec<ProgramGrad> = match outs.into_iter().collect::<Result<_, _>>() {
+            Ok(o) => o,
+            // The reference describes what the engine found (when the launch is at fault).
+            Err(e) if self_check => {
+                launch.check(mem)?;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         accumulate(&mut grads, &outs);
+        let mut bytes = 0;
         for out in outs {
+            bytes += out.bytes();
             for (s, st) in out.stored.iter().enumerate() {
                 if !stored[s].is_empty() {
                     for &e in st {
@@ -216,8 +240,27 @@ pub fn vjp(
                 let e = max_trips.entry(i).or_insert(0);
                 *e = (*e).max(t);
             }
+            duplicate_lanes |= out.duplicate_lanes;
+            if !too_many_runs {
+                store_runs.extend(out.store_runs);
+                too_many_runs = store_runs.len() > MAX_STORE_RUNS;
+            }
+        }
+        if opts.chunk_programs.is_none() {
+            per_program = per_program.max(bytes as u64 / (end - start) + 256);
+            chunk = whole((opts.memory_budget as u64 / 2 / per_program).clamp(in_flight as u64, 1 << 16));
         }
         start = end;
+    }
+    if self_check && (duplicate_lanes || too_many_runs || stores_overlap(&mut store_runs)) {
+        // A race (which the reference names), or too many runs to tell cheaply.
+        launch.check(mem)?;
+    }
+    if cfg!(debug_assertions) {
+        // The engine's own checks agree with the reference's.
+        let summary = checked.map_or_else(|| launch.check(mem), Ok);
+        assert!(summary.is_ok(), "a launch the reference rejects was differentiated: {:?}", summary.err());
+        assert_eq!(max_trips, summary.expect("checked").max_trips);
     }
     // Elements of in-place tensors that no program stores keep their initial value (plus any
     // atomic contributions): their output cotangent passes through.
@@ -230,7 +273,6 @@ pub fn vjp(
             }
         }
     }
-    debug_assert_eq!(max_trips, summary.max_trips);
     // Each gradient moves out (a tensor requested twice gets a copy of the first one).
     let mut taken: Vec<Option<usize>> = vec![None; grads.len()];
     let mut out: Vec<Vec<f64>> = Vec::with_capacity(inputs.len());
@@ -255,7 +297,7 @@ pub fn vjp(
 /// separately (down to single programs), their results concatenated in program order.
 fn run_batch(shared: &Shared<'_>, launch: &Launch, start: u64, end: u64) -> Result<ProgramGrad, AdError> {
     let pids: Vec<[u32; 3]> = (start..end).map(|p| launch.grid().pid(p)).collect();
-    if let Some(out) = Program::new(shared, pids).run()? {
+    if let Some(out) = Program::new(shared, start, pids).run()? {
         return Ok(out);
     }
     if end - start < 2 {
@@ -265,6 +307,8 @@ fn run_batch(shared: &Shared<'_>, launch: &Launch, start: u64, end: u64) -> Resu
     let mid = start + (end - start) / 2;
     let (mut a, b) = (run_batch(shared, launch, start, mid)?, run_batch(shared, launch, mid, end)?);
     a.contrib.extend(b.contrib);
+    a.store_runs.extend(b.store_runs);
+    a.duplicate_lanes |= b.duplicate_lanes;
     for (x, y) in a.stored.iter_mut().zip(b.stored) {
         x.extend(y);
     }
@@ -275,6 +319,36 @@ fn run_batch(shared: &Shared<'_>, launch: &Launch, start: u64, end: u64) -> Resu
         }
     }
     Ok(a)
+}
+
+/// Store runs the race check of a self-checking launch sorts at most (24 MiB); beyond, the
+/// reference checks the launch.
+const MAX_STORE_RUNS: usize = 1 << 20;
+
+/// Whether runs stored by two different programs share an element (sorts `runs`).
+fn stores_overlap(runs: &mut [StoreRun]) -> bool {
+    runs.sort_unstable_by_key(|r| (r.slot, r.start));
+    // The furthest end reached by any program so far (and that program), and the furthest end
+    // reached by any other program.
+    let (mut slot, mut top, mut second) = (u32::MAX, (i64::MIN, u64::MAX), i64::MIN);
+    for r in runs.iter() {
+        if r.slot != slot {
+            (slot, top, second) = (r.slot, (i64::MIN, u64::MAX), i64::MIN);
+        }
+        let others = if top.1 == r.program { second } else { top.0 };
+        if others > r.start {
+            return true;
+        }
+        let end = r.start + r.len as i64;
+        if r.program == top.1 {
+            top.0 = top.0.max(end);
+        } else if end > top.0 {
+            (second, top) = (top.0, (end, r.program));
+        } else {
+            second = second.max(end);
+        }
+    }
+    false
 }
 
 /// Elements per range of a gradient tensor that one task accumulates into.
@@ -391,6 +465,28 @@ mod tests {
             assert!((g - w).abs() <= 1e-12 * w.abs().max(1.0), "x[{e}]: {g} vs {w}");
         }
         assert!(base.iter().any(|&g| g != 0.0));
+    }
+
+    #[test]
+    fn store_runs_overlap_exactly_when_two_programs_share_an_element() {
+        let run = |slot, start, len, program| StoreRun { slot, start, len, program };
+        // Abutting runs of two programs; one program overwriting itself; another slot.
+        assert!(!stores_overlap(&mut [run(0, 0, 4, 0), run(0, 4, 4, 1), run(0, 5, 2, 1), run(1, 0, 8, 0)]));
+        assert!(!stores_overlap(&mut [run(0, 0, 4, 0), run(0, 2, 4, 0), run(1, 3, 1, 1)]));
+        assert!(stores_overlap(&mut [run(0, 0, 4, 0), run(0, 3, 1, 1)]));
+        // Against brute force on random runs.
+        let mut rng = StdRng::seed_from_u64(9);
+        for _ in 0..2000 {
+            let n = rng.gen_range(1..8);
+            let mut runs: Vec<StoreRun> =
+                (0..n).map(|_| run(rng.gen_range(0..2), rng.gen_range(0..30), rng.gen_range(1..6), rng.gen_range(0..3))).collect();
+            let want = runs.iter().enumerate().any(|(i, a)| {
+                runs[..i].iter().any(|b| {
+                    a.slot == b.slot && a.program != b.program && a.start < b.start + b.len as i64 && b.start < a.start + a.len as i64
+                })
+            });
+            assert_eq!(stores_overlap(&mut runs), want, "{runs:?}");
+        }
     }
 
     #[test]

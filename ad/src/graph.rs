@@ -69,6 +69,9 @@ pub struct KernelFacts {
     /// Some load may read a store of its own program (a load after a store to the same tensor,
     /// or both in one loop): programs then keep an overlay of their own stores.
     pub needs_overlay: bool,
+    /// The engine itself finds every error a reference run of the launch would report, so the
+    /// launch needs no separate validation run (see [`KernelGraph::facts`]).
+    pub self_checking: bool,
 }
 
 impl KernelGraph {
@@ -163,13 +166,36 @@ impl KernelGraph {
         }
     }
 
-    /// The facts the engine needs.
-    pub fn facts(&self) -> KernelFacts {
+    /// The facts the engine needs about kernel `k` (the kernel the graph was built from).
+    ///
+    /// A launch is *self-checking* when the engine's own run finds every error the reference
+    /// interpreter would report: it bounds-checks every active lane of every access and checks
+    /// every trip count against its `max_iters` as it goes, and the races it must find are
+    /// only stores of different programs (or two lanes of one store) writing one element, which
+    /// it finds from the stored runs. That holds when no tensor is both loaded and written
+    /// (no read-write races), no tensor is both stored and atomically updated, and no address,
+    /// mask, loop bound or branch condition depends on a float value (the engine computes
+    /// floats in f64, the reference in the kernel's dtypes, so such accesses could differ).
+    pub fn facts(&self, k: &Kernel) -> KernelFacts {
         let needs_overlay = self.graph.edge_indices().any(|e| {
             let (_, to) = self.graph.edge_endpoints(e).expect("edge exists");
             self.graph[e] == Edge::Memory && self.graph[to].kind == NodeKind::Gather
         });
-        KernelFacts { needs_overlay }
+        // Per slot: (loaded, stored, atomically updated).
+        let mut uses: HashMap<u32, (bool, bool, bool)> = HashMap::new();
+        for n in self.graph.node_weights() {
+            for &s in &n.slots {
+                let u = uses.entry(s).or_default();
+                match n.kind {
+                    NodeKind::Gather => u.0 = true,
+                    NodeKind::Scatter => u.1 = true,
+                    NodeKind::AtomicAdd => u.2 = true,
+                    _ => {}
+                }
+            }
+        }
+        let disjoint = uses.values().all(|&(l, s, a)| !(l && (s || a)) && !(s && a));
+        KernelFacts { needs_overlay, self_checking: disjoint && !floats_steer(k) }
     }
 }
 
@@ -230,6 +256,71 @@ pub fn active_values(k: &Kernel) -> Vec<bool> {
     let mut act = vec![false; k.values.len()];
     while pass(k, k.body, &mut act) {}
     act
+}
+
+/// Whether any address, mask, loop bound or branch condition of `k` may depend on a float
+/// value (through any chain of ops, loop-carried values and branch results).
+pub fn floats_steer(k: &Kernel) -> bool {
+    let mut insts = Vec::new();
+    k.walk(&mut |i, _| insts.push(i));
+    let yields = |b: Block| k.block(b).insts.last().map(|&l| k.inst(l)).filter(|d| matches!(d.op, Op::Yield)).map(|d| d.args.to_vec());
+    let mut dep: Vec<bool> = k.values.iter().map(|v| v.ty.dtype().is_some_and(|d| d.is_float())).collect();
+    let mut changed = true;
+    while changed {
+        changed = false;
+        let mut set = |dep: &mut Vec<bool>, v: tilegrad_ir::Value, on: bool| {
+            if on && !dep[v.index()] {
+                dep[v.index()] = true;
+                changed = true;
+            }
+        };
+        for &i in &insts {
+            let d = k.inst(i);
+            match &d.op {
+                Op::For { body, .. } => {
+                    let ys = yields(*body).unwrap_or_default();
+                    let params = &k.block(*body).params;
+                    for (j, &r) in d.results.iter().enumerate() {
+                        let on = d.args.get(3 + j).is_some_and(|a| dep[a.index()]) || ys.get(j).is_some_and(|y| dep[y.index()]);
+                        set(&mut dep, r, on);
+                        if let Some(&p) = params.get(1 + j) {
+                            set(&mut dep, p, on);
+                        }
+                    }
+                }
+                Op::If { then_block, else_block } => {
+                    let (t, e) = (yields(*then_block).unwrap_or_default(), yields(*else_block).unwrap_or_default());
+                    for (j, &r) in d.results.iter().enumerate() {
+                        let on = t.get(j).is_some_and(|y| dep[y.index()]) || e.get(j).is_some_and(|y| dep[y.index()]);
+                        set(&mut dep, r, on);
+                    }
+                }
+                _ => {
+                    let on = d.args.iter().any(|a| dep[a.index()]);
+                    for &r in &d.results {
+                        set(&mut dep, r, on);
+                    }
+                }
+            }
+        }
+    }
+    insts.iter().any(|&i| {
+        let d = k.inst(i);
+        let steering: &[tilegrad_ir::Value] = match &d.op {
+            Op::Load { mask, .. } => &d.args[..1 + *mask as usize],
+            Op::Store { mask } | Op::AtomicAdd { mask } => {
+                if *mask {
+                    &[d.args[0], d.args[2]]
+                } else {
+                    &d.args[..1]
+                }
+            }
+            Op::For { .. } => &d.args[..3],
+            Op::If { .. } => &d.args[..1],
+            _ => &[],
+        };
+        steering.iter().any(|v| dep[v.index()])
+    })
 }
 
 /// For each value of `k` (by index), whether the reverse sweep reads it, given the activity of
@@ -305,7 +396,7 @@ mod tests {
         let k = b.finish().unwrap();
         // x and y are distinct tensors: the second load reads y after the store to y.
         let g = KernelGraph::build(&k, &[Some(0), Some(1)]);
-        assert!(g.facts().needs_overlay);
+        assert!(g.facts(&k).needs_overlay);
         let gathers = g.graph.node_indices().filter(|&n| g.graph[n].kind == NodeKind::Gather).count();
         let scatters = g.graph.node_indices().filter(|&n| g.graph[n].kind == NodeKind::Scatter).count();
         assert_eq!((gathers, scatters), (2, 2));
@@ -329,6 +420,9 @@ mod tests {
         let py = b.add(y, ar);
         b.store(py, v, None);
         let k = b.finish().unwrap();
-        assert!(!KernelGraph::build(&k, &[Some(0), Some(1)]).facts().needs_overlay);
+        let f = KernelGraph::build(&k, &[Some(0), Some(1)]).facts(&k);
+        assert!(!f.needs_overlay && f.self_checking);
+        // Bound to one tensor, the copy loads what it stores: it needs a reference run.
+        assert!(!KernelGraph::build(&k, &[Some(0), Some(0)]).facts(&k).self_checking);
     }
 }

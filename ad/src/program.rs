@@ -23,8 +23,8 @@ mod memory;
 use crate::graph::KernelFacts;
 use crate::rules::{self, Precision};
 use crate::{AdError, BTile};
-pub(crate) use memory::Contrib;
 use memory::{add_batched, fit_batch, Event, Provenance};
+pub(crate) use memory::{Contrib, StoreRun};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 use tilegrad_ir::{Block, DType, Inst, Kernel, Op, Type, Value};
@@ -100,6 +100,12 @@ pub(crate) struct Shared<'a> {
     /// Bytes of loop-body values a program may keep for its reverse sweep; beyond it, loop bodies
     /// are recomputed from their taped carried values.
     pub tape_budget: usize,
+    /// No reference run validated the launch: the engine must find its errors (out-of-bounds
+    /// lanes, trip counts beyond `max_iters`, store races) itself.
+    pub self_check: bool,
+    /// Values that are the same in every program (see [`invariant_insts`]), computed once for
+    /// the launch by [`Program::invariants`]; `None` elsewhere (and while computing them).
+    pub invariant: Vec<Option<V>>,
 }
 
 /// What one program hands back: its gradient contributions and the elements it stored.
@@ -112,6 +118,19 @@ pub(crate) struct ProgramGrad {
     pub stored: Vec<Vec<i64>>,
     /// Largest trip count per loop in this program.
     pub trips: Vec<(Inst, u64)>,
+    /// Runs of stored elements, by program (only when [`Shared::self_check`]).
+    pub store_runs: Vec<StoreRun>,
+    /// Some store's active lanes wrote one element twice in one program (a race).
+    pub duplicate_lanes: bool,
+}
+
+impl ProgramGrad {
+    /// Bytes held (what a chunk of pending results costs).
+    pub fn bytes(&self) -> usize {
+        let contrib: usize = self.contrib.iter().map(|c| c.vals.len() * 8 + c.runs.len() * 16 + 64).sum();
+        let stored: usize = self.stored.iter().map(|s| s.len() * 8).sum();
+        contrib + stored + self.store_runs.len() * std::mem::size_of::<StoreRun>()
+    }
 }
 
 /// Identifies one dynamic execution of a memory op: the op and the iteration indices of the
@@ -126,6 +145,8 @@ pub(crate) struct Program<'a> {
     sh: &'a Shared<'a>,
     /// The batch's program ids, in launch order.
     pids: Vec<[u32; 3]>,
+    /// The linear index of the batch's first program.
+    first: u64,
     /// Set when control flow differs across the batch (the run then stops).
     divergent: bool,
     env: Vec<Option<V>>,
@@ -163,7 +184,7 @@ fn rule_err(k: &Kernel, i: Inst, e: AdError) -> AdError {
 }
 
 impl<'a> Program<'a> {
-    pub fn new(sh: &'a Shared<'a>, pids: Vec<[u32; 3]>) -> Program<'a> {
+    pub fn new(sh: &'a Shared<'a>, first: u64, pids: Vec<[u32; 3]>) -> Program<'a> {
         let n = sh.kernel.values.len();
         let mut env = vec![None; n];
         for (p, v) in sh.kernel.params.iter().zip(sh.params) {
@@ -172,6 +193,7 @@ impl<'a> Program<'a> {
         Program {
             sh,
             pids,
+            first,
             divergent: false,
             env,
             cot: vec![None; n],
@@ -186,7 +208,7 @@ impl<'a> Program<'a> {
             overlay: HashMap::new(),
             acc: Vec::new(),
             replay: false,
-            out: ProgramGrad { contrib: Vec::new(), stored: vec![Vec::new(); sh.slots.len()], trips: Vec::new() },
+            out: ProgramGrad { stored: vec![Vec::new(); sh.slots.len()], ..ProgramGrad::default() },
         }
     }
 
@@ -211,7 +233,23 @@ impl<'a> Program<'a> {
     }
 
     fn get(&self, v: Value) -> &V {
-        self.env[v.index()].as_ref().expect("verified kernels define values before use")
+        lookup(&self.env, &self.sh.invariant, v)
+    }
+
+    /// The launch's program-invariant values ([`invariant_insts`]), evaluated once.
+    pub fn invariants(sh: &'a Shared<'a>, pid: [u32; 3]) -> Result<Vec<Option<V>>, AdError> {
+        let k = sh.kernel;
+        let mut p = Program::new(sh, 0, vec![pid]);
+        let mut out: Vec<Option<V>> = vec![None; k.values.len()];
+        for &i in &k.block(k.body).insts {
+            if invariant_inst(k, i, &out) {
+                p.forward_inst(i)?;
+                for &r in &k.inst(i).results {
+                    out[r.index()] = p.env[r.index()].clone();
+                }
+            }
+        }
+        Ok(out)
     }
 
     fn instance(&self, i: Inst) -> Instance {
@@ -227,6 +265,10 @@ impl<'a> Program<'a> {
             let d = k.inst(i);
             if let Op::Yield = d.op {
                 return Ok(d.args.iter().map(|&a| self.get(a).clone()).collect());
+            }
+            if d.results.first().is_some_and(|r| self.sh.invariant[r.index()].is_some()) {
+                // Computed once for the launch.
+                continue;
             }
             self.forward_inst(i)?;
         }
@@ -304,7 +346,7 @@ impl<'a> Program<'a> {
                     self.store(i, *mask, matches!(d.op, Op::AtomicAdd { .. }))?;
                 }
             }
-            Op::For { body, .. } => {
+            Op::For { body, max_iters } => {
                 let (lo, hi, st) = (
                     self.uniform_scalar(d.args[0])? as i64,
                     self.uniform_scalar(d.args[1])? as i64,
@@ -314,6 +356,9 @@ impl<'a> Program<'a> {
                     return Err(self.unsupported(i, "loop step is zero".into()));
                 }
                 let trips = trip_count(lo, hi, st);
+                if let Some(m) = max_iters.filter(|&m| trips > m as u64) {
+                    return Err(self.unsupported(i, format!("loop ran {trips} iterations, more than its max_iters = {m}")));
+                }
                 match self.out.trips.iter_mut().find(|(j, _)| *j == i) {
                     Some((_, t)) => *t = (*t).max(trips),
                     None => self.out.trips.push((i, trips)),
@@ -600,6 +645,41 @@ impl<'a> Program<'a> {
         }
         Ok(())
     }
+}
+
+/// Value `v` of a program: its own, or the launch's program-invariant one.
+fn lookup<'b>(env: &'b [Option<V>], invariant: &'b [Option<V>], v: Value) -> &'b V {
+    env[v.index()].as_ref().or(invariant[v.index()].as_ref()).expect("verified kernels define values before use")
+}
+
+/// Whether top-level instruction `i` computes the same value in every program, given which
+/// values are so far (`known`): a compute or pointer op (no program id, memory access or
+/// control flow) whose operands are parameters or such values. Such values carry no gradient
+/// (they depend on no load) and are computed once per launch instead of once per batch.
+fn invariant_inst(k: &Kernel, i: Inst, known: &[Option<V>]) -> bool {
+    let d = k.inst(i);
+    let pure = match d.op {
+        Op::Const { .. }
+        | Op::Arange { .. }
+        | Op::Broadcast
+        | Op::ExpandDims { .. }
+        | Op::Reshape
+        | Op::Permute { .. }
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Cmp(_)
+        | Op::Where
+        | Op::Cast
+        | Op::Reduce { .. }
+        | Op::Cumsum { .. }
+        | Op::Dot { .. }
+        | Op::AddPtr
+        | Op::NumPrograms { .. } => true,
+        Op::ProgramId { .. } | Op::Load { .. } | Op::Store { .. } | Op::AtomicAdd { .. } | Op::For { .. } | Op::If { .. } | Op::Yield => {
+            false
+        }
+    };
+    pure && d.args.iter().all(|a| known[a.index()].is_some() || k.params.iter().any(|p| p.value == *a))
 }
 
 /// Trip count of `range(lo, hi, step)`.

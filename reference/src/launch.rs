@@ -297,6 +297,13 @@ impl<'k> Launch<'k> {
         crate::exec::check(self, &bound, mem)
     }
 
+    /// The checks of [`Launch::check`] that need no program to run: the kernel verifies, the
+    /// grid is valid, and every argument matches its parameter and its tensor's data.
+    pub fn check_arguments(&self, mem: &Memory) -> Result<(), ExecError> {
+        tilegrad_ir::verify(self.kernel)?;
+        self.bind(mem).map(|_| ())
+    }
+
     /// Checks the arguments against the parameters and returns them in parameter order.
     pub(crate) fn bind(&self, mem: &Memory) -> Result<Vec<Bound>, ExecError> {
         let k = self.kernel;

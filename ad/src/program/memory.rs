@@ -22,6 +22,17 @@ pub(super) struct Event {
     pub(super) batch: usize,
 }
 
+/// A run of consecutive elements that one program stored, kept for the race check of a
+/// self-checking launch (see [`crate::graph::KernelFacts::self_checking`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct StoreRun {
+    pub slot: u32,
+    pub start: i64,
+    pub len: u32,
+    /// The program's linear index in the launch.
+    pub program: u64,
+}
+
 /// Where each lane of a load came from, when some lane read this program's own store.
 pub(super) type Provenance = Vec<Option<(u32, u32)>>;
 
@@ -78,8 +89,8 @@ impl Program<'_> {
         let d = k.inst(i);
         let key = self.instance(i);
         // Borrow the operands in place (no copies of the tiles).
-        let env = &self.env;
-        let val = |v: Value| env[v.index()].as_ref().expect("verified kernels define values before use");
+        let (env, invariant) = (&self.env, &self.sh.invariant);
+        let val = |v: Value| super::lookup(env, invariant, v);
         let V::Ptr(slot, offs) = val(d.args[0]) else { unreachable!("verified load takes a pointer") };
         let slot = *slot;
         // Operands of batch 1 are shared by every program; the result has the largest batch.
@@ -220,10 +231,38 @@ impl Program<'_> {
         if !atomic && sd.tracks_stores() {
             self.out.stored[slot as usize].extend(lanes.iter().map(|&(_, e)| e));
         }
+        if !atomic && self.sh.self_check {
+            self.log_store_runs(slot, &lanes, (n / br.max(1)).max(1));
+        }
         let key = self.instance(i);
         self.event_of.insert(key, ev as usize);
         self.events.push(Event { slot, atomic, lanes, vals, numel: n, batch: br });
         Ok(())
+    }
+
+    /// Records the runs of elements each program of the batch stored (`lanes` in lane order,
+    /// `per > 0` lanes per program), for the race check of a self-checking launch; flags a store
+    /// whose active lanes in one program write one element twice.
+    fn log_store_runs(&mut self, slot: u32, lanes: &[(u32, i64)], per: usize) {
+        let mut at = 0;
+        while at < lanes.len() {
+            let p = lanes[at].0 as usize / per;
+            let end = at + lanes[at..].iter().take_while(|&&(l, _)| l as usize / per == p).count();
+            let program = self.first + p as u64;
+            let mine = &lanes[at..end];
+            if !mine.windows(2).all(|w| w[0].1 < w[1].1) {
+                let mut es: Vec<i64> = mine.iter().map(|&(_, e)| e).collect();
+                es.sort_unstable();
+                self.out.duplicate_lanes |= es.windows(2).any(|w| w[0] == w[1]);
+            }
+            for &(_, e) in mine {
+                match self.out.store_runs.last_mut() {
+                    Some(r) if r.program == program && r.slot == slot && r.start + r.len as i64 == e => r.len += 1,
+                    _ => self.out.store_runs.push(StoreRun { slot, start: e, len: 1, program }),
+                }
+            }
+            at = end;
+        }
     }
 
     /// Initial cotangents of every event's values: a store lane that is its element's last
@@ -293,8 +332,8 @@ impl Program<'_> {
 
         let Some(c) = self.take_cot(d.results[0]) else { return Ok(()) };
         let key = self.instance(i);
-        let env = &self.env;
-        let val = |v: Value| env[v.index()].as_ref().expect("verified kernels define values before use");
+        let (env, invariant) = (&self.env, &self.sh.invariant);
+        let val = |v: Value| super::lookup(env, invariant, v);
         let V::Ptr(slot, offs) = val(d.args[0]) else { unreachable!("verified load takes a pointer") };
         let slot = *slot as usize;
         // The cotangent has the load's batch: bring the offsets and mask to it.

@@ -167,6 +167,7 @@ pub fn vjp(
     let tape_budget = opts.tape_budget.min(opts.memory_budget / 2 / in_flight);
     let active = active_values(k);
     let needs = reverse_needs(k, &active);
+    let views = crate::graph::broadcast_views(k);
     let num_types: Vec<Type> = k.values.iter().map(|v| if v.ty.is_ptr() { v.ty.with_dtype(DType::I64) } else { v.ty.clone() }).collect();
     let mut shared = Shared {
         kernel: k,
@@ -182,6 +183,7 @@ pub fn vjp(
         tape_budget,
         self_check,
         invariant: vec![None; k.values.len()],
+        views: &views,
     };
     shared.invariant = match Program::invariants(&shared, launch.grid().pid(0)) {
         Ok(v) => v,

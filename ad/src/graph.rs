@@ -258,6 +258,32 @@ pub fn active_values(k: &Kernel) -> Vec<bool> {
     act
 }
 
+/// For each value of `k` (by index), whether it is a `broadcast` of a number tile the evaluator
+/// may leave unmaterialised (a broadcast view, see [`crate::rules::takes_views`]): its source
+/// has the result's rank (or is a scalar), and every use of it is an op that accepts views.
+pub fn broadcast_views(k: &Kernel) -> Vec<bool> {
+    let mut view = vec![false; k.values.len()];
+    let mut insts = Vec::new();
+    k.walk(&mut |i, _| insts.push(i));
+    for &i in &insts {
+        let d = k.inst(i);
+        if let Op::Broadcast = d.op {
+            let (src, dst) = (k.ty(d.args[0]), k.ty(d.results[0]));
+            let rank_ok = src.shape.is_empty() || crate::rules::broadcasts_to(&src.shape, &dst.shape);
+            view[d.results[0].index()] = dst.dtype().is_some() && !dst.shape.is_empty() && rank_ok;
+        }
+    }
+    for &i in &insts {
+        let d = k.inst(i);
+        if !crate::rules::takes_views(&d.op) {
+            for a in &d.args {
+                view[a.index()] = false;
+            }
+        }
+    }
+    view
+}
+
 /// Whether any address, mask, loop bound or branch condition of `k` may depend on a float
 /// value (through any chain of ops, loop-carried values and branch results).
 pub fn floats_steer(k: &Kernel) -> bool {

@@ -106,6 +106,8 @@ pub(crate) struct Shared<'a> {
     /// Values that are the same in every program (see [`invariant_insts`]), computed once for
     /// the launch by [`Program::invariants`]; `None` elsewhere (and while computing them).
     pub invariant: Vec<Option<V>>,
+    /// Per value: a broadcast left unmaterialised ([`crate::graph::broadcast_views`]).
+    pub views: &'a [bool],
 }
 
 /// What one program hands back: its gradient contributions and the elements it stored.
@@ -337,6 +339,13 @@ impl<'a> Program<'a> {
                 let r = self.compute(i, Precision::F64)?;
                 self.set(d.results[0], V::Ptr(slot, r));
             }
+            Op::Broadcast if self.sh.views[d.results[0].index()] => {
+                // A view: the source's elements in a shape of the result's rank.
+                let src = self.get(d.args[0]).num();
+                let shape: Vec<usize> = if src.shape.is_empty() { vec![1; k.ty(d.results[0]).shape.len()] } else { src.shape.to_vec() };
+                let r = BTile::new(src.batch, &shape, src.data.clone());
+                self.set(d.results[0], V::Num(r));
+            }
             Op::Load { mask, other } => {
                 let r = self.load(i, *mask, *other)?;
                 self.set(d.results[0], V::Num(r));
@@ -526,6 +535,13 @@ impl<'a> Program<'a> {
                 self.add_cot(d.args[1], fit_batch(BTile::new(self.events[ev].batch, &vt.shape, c), vb));
             }
             Op::For { body, .. } => self.reverse_loop(i, *body)?,
+            Op::Broadcast if self.sh.views[d.results[0].index()] => {
+                // The view's cotangent is already summed over the broadcast dimensions.
+                if let Some(c) = self.take_cot(d.results[0]) {
+                    let shape = k.ty(d.args[0]).shape.clone();
+                    self.add_cot(d.args[0], BTile { batch: c.batch, shape, data: c.data });
+                }
+            }
             Op::If { then_block, else_block } => {
                 let c = self.scalar(d.args[0]) != 0.0;
                 let blk = if c { *then_block } else { *else_block };

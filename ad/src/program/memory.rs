@@ -244,24 +244,37 @@ impl Program<'_> {
     /// `per > 0` lanes per program), for the race check of a self-checking launch; flags a store
     /// whose active lanes in one program write one element twice.
     fn log_store_runs(&mut self, slot: u32, lanes: &[(u32, i64)], per: usize) {
-        let mut at = 0;
-        while at < lanes.len() {
-            let p = lanes[at].0 as usize / per;
-            let end = at + lanes[at..].iter().take_while(|&&(l, _)| l as usize / per == p).count();
-            let program = self.first + p as u64;
-            let mine = &lanes[at..end];
-            if !mine.windows(2).all(|w| w[0].1 < w[1].1) {
-                let mut es: Vec<i64> = mine.iter().map(|&(_, e)| e).collect();
-                es.sort_unstable();
-                self.out.duplicate_lanes |= es.windows(2).any(|w| w[0] == w[1]);
-            }
-            for &(_, e) in mine {
-                match self.out.store_runs.last_mut() {
-                    Some(r) if r.program == program && r.slot == slot && r.start + r.len as i64 == e => r.len += 1,
-                    _ => self.out.store_runs.push(StoreRun { slot, start: e, len: 1, program }),
+        // One pass: `bound` is the first lane of the next program; `from` the first entry of
+        // the current program in `lanes`.
+        let (first, out) = (self.first, &mut self.out);
+        let (mut bound, mut from, mut prev, mut increasing) = (0usize, 0usize, i64::MIN, true);
+        let duplicates = |mine: &[(u32, i64)]| {
+            let mut es: Vec<i64> = mine.iter().map(|&(_, e)| e).collect();
+            es.sort_unstable();
+            es.windows(2).any(|w| w[0] == w[1])
+        };
+        for (at, &(l, e)) in lanes.iter().enumerate() {
+            if l as usize >= bound {
+                if !increasing {
+                    out.duplicate_lanes |= duplicates(&lanes[from..at]);
+                }
+                let p = l as usize / per;
+                (bound, from, increasing) = ((p + 1) * per, at, true);
+                out.store_runs.push(StoreRun { slot, start: e, len: 1, program: first + p as u64 });
+            } else {
+                increasing &= e > prev;
+                let r = out.store_runs.last_mut().expect("a run per program");
+                if r.start + r.len as i64 == e {
+                    r.len += 1;
+                } else {
+                    let program = r.program;
+                    out.store_runs.push(StoreRun { slot, start: e, len: 1, program });
                 }
             }
-            at = end;
+            prev = e;
+        }
+        if !increasing {
+            out.duplicate_lanes |= duplicates(&lanes[from..]);
         }
     }
 
@@ -295,7 +308,8 @@ impl Program<'_> {
             return Some(self.overlay.clone());
         }
         // One store per tensor cannot overlap itself where races are errors (two lanes of one
-        // store writing one element is a race, rejected by the reference run).
+        // store writing one element is a race, rejected by the reference run, or found by the
+        // engine's own check, after which this result is discarded).
         let mut stores: Vec<u32> = self.events.iter().filter(|e| !e.atomic).map(|e| e.slot).collect();
         stores.sort_unstable();
         if self.sh.races_rejected && stores.windows(2).all(|w| w[0] != w[1]) {

@@ -8,7 +8,7 @@
 //! correctly rounded result, which the polynomial (relative error below 2e-14) matches except
 //! when e^x lies within ~1e-14 of an f32 rounding boundary: then the two differ by 1 ulp.
 
-use super::{Ctx, Precision};
+use super::{Ctx, Layout, Precision, RowRef};
 use crate::{AdError, BTile};
 use tilegrad_ir::{BinaryOp, CmpOp, DType, Lit, UnaryOp};
 use tilegrad_reference::{round_bf16, round_f16};
@@ -91,6 +91,10 @@ fn map1(c: &Ctx<'_>, mut f: impl FnMut(f64) -> Result<f64, AdError>) -> Result<B
 /// Applies `f` to every pair of elements of operands 0 and 1.
 fn map2(c: &Ctx<'_>, mut f: impl FnMut(f64, f64) -> Result<f64, AdError>) -> Result<BTile, AdError> {
     let n = c.rty.numel();
+    let (la, lb) = (c.layout(0), c.layout(1));
+    if !matches!((&la, &lb), (Layout::Dense, Layout::Dense)) {
+        return map2_views(c, &la, &lb, f);
+    }
     if c.args[0].numel() != n || c.args[1].numel() != n {
         return Err(c.err(format!("operands of {} and {} elements for a result of {n}", c.args[0].numel(), c.args[1].numel())));
     }
@@ -103,10 +107,44 @@ fn map2(c: &Ctx<'_>, mut f: impl FnMut(f64, f64) -> Result<f64, AdError>) -> Res
     Ok(c.out(out))
 }
 
+/// [`map2`] with a broadcast view among the operands: row by row, each operand's row a slice
+/// or one repeated element.
+fn map2_views(c: &Ctx<'_>, la: &Layout, lb: &Layout, mut f: impl FnMut(f64, f64) -> Result<f64, AdError>) -> Result<BTile, AdError> {
+    let (n, inner) = (c.rty.numel(), c.inner());
+    let mut out = Vec::with_capacity(c.batch * n);
+    for b in 0..c.batch {
+        let (x, y) = (c.row(0, b), c.row(1, b));
+        for r in 0..n / inner.max(1) {
+            let (ra, rb) = (la.row(x, r, inner), lb.row(y, r, inner));
+            for j in 0..inner {
+                out.push(f(ra.at(j), rb.at(j))?);
+            }
+        }
+    }
+    Ok(c.out(out))
+}
+
 /// Applies an infallible `f` to every pair of elements of operands 0 and 1 (a tight loop the
-/// compiler vectorises).
+/// compiler vectorises; with a broadcast view, one tight loop per row).
 fn map2_ok(c: &Ctx<'_>, f: impl Fn(f64, f64) -> f64) -> Result<BTile, AdError> {
     let n = c.rty.numel();
+    let (la, lb) = (c.layout(0), c.layout(1));
+    if !matches!((&la, &lb), (Layout::Dense, Layout::Dense)) {
+        let inner = c.inner();
+        let mut out = Vec::with_capacity(c.batch * n);
+        for b in 0..c.batch {
+            let (x, y) = (c.row(0, b), c.row(1, b));
+            for r in 0..n / inner.max(1) {
+                match (la.row(x, r, inner), lb.row(y, r, inner)) {
+                    (RowRef::Slice(xs), RowRef::Slice(ys)) => out.extend(xs.iter().zip(ys).map(|(&a, &b)| f(a, b))),
+                    (RowRef::Slice(xs), RowRef::Splat(v)) => out.extend(xs.iter().map(|&a| f(a, v))),
+                    (RowRef::Splat(u), RowRef::Slice(ys)) => out.extend(ys.iter().map(|&b| f(u, b))),
+                    (RowRef::Splat(u), RowRef::Splat(v)) => out.extend(std::iter::repeat_n(f(u, v), inner)),
+                }
+            }
+        }
+        return Ok(c.out(out));
+    }
     if c.args[0].numel() != n || c.args[1].numel() != n {
         return Err(c.err(format!("operands of {} and {} elements for a result of {n}", c.args[0].numel(), c.args[1].numel())));
     }
@@ -386,12 +424,53 @@ fn arith_vjp(c: &Ctx<'_>, op: BinaryOp, cot: &BTile) -> Result<Vec<Option<BTile>
     /// `f(cot, a, b)` for every element, brought to operand `i` (one monomorphised loop each).
     fn scaled<F: Fn(f64, f64, f64) -> f64>(c: &Ctx<'_>, cot: &BTile, i: usize, f: F) -> Result<Option<BTile>, AdError> {
         c.when_diff(i, || {
-            let mut data = Vec::with_capacity(cot.data.len());
-            for b in 0..cot.batch {
-                let (x, y) = (c.row(0, b), c.row(1, b));
-                data.extend(cot.row(b).iter().zip(x.iter().zip(y)).map(|(&g, (&a, &bb))| f(g, a, bb)));
+            let (la, lb) = (c.layout(0), c.layout(1));
+            if matches!((&la, &lb), (Layout::Dense, Layout::Dense)) {
+                let mut data = Vec::with_capacity(cot.data.len());
+                for b in 0..cot.batch {
+                    let (x, y) = (c.row(0, b), c.row(1, b));
+                    data.extend(cot.row(b).iter().zip(x.iter().zip(y)).map(|(&g, (&a, &bb))| f(g, a, bb)));
+                }
+                return Ok(c.unbatch(i, BTile { batch: cot.batch, shape: cot.shape.clone(), data }));
             }
-            Ok(c.unbatch(i, BTile { batch: cot.batch, shape: cot.shape.clone(), data }))
+            // A broadcast view among the operands: the cotangent of a view operand is summed
+            // over its broadcast dimensions (row by row, in order) into the view's shape.
+            let (n, inner) = (c.rty.numel(), c.inner());
+            let li = if i == 0 { &la } else { &lb };
+            let pn = c.args[i].numel();
+            let mut data = match li {
+                Layout::Dense => Vec::with_capacity(cot.data.len()),
+                Layout::Rows { .. } => vec![0.0; cot.batch * pn],
+            };
+            for b in 0..cot.batch {
+                let (x, y, g) = (c.row(0, b), c.row(1, b), cot.row(b));
+                for r in 0..n / inner.max(1) {
+                    let gr = &g[r * inner..(r + 1) * inner];
+                    // One loop per pair of row kinds, the operands' accessors known to it.
+                    macro_rules! rows {
+                        ($a:expr, $b:expr) => {{
+                            let (a, bb) = ($a, $b);
+                            let v = |j: usize| f(gr[j], a(j), bb(j));
+                            match li {
+                                Layout::Dense => data.extend((0..inner).map(v)),
+                                Layout::Rows { starts, splat: true } => data[b * pn + starts[r]] += sum8(inner, v),
+                                Layout::Rows { starts, splat: false } => {
+                                    let at = b * pn + starts[r];
+                                    data[at..at + inner].iter_mut().enumerate().for_each(|(j, d)| *d += v(j));
+                                }
+                            }
+                        }};
+                    }
+                    match (la.row(x, r, inner), lb.row(y, r, inner)) {
+                        (RowRef::Slice(xa), RowRef::Slice(xb)) => rows!(|j: usize| xa[j], |j: usize| xb[j]),
+                        (RowRef::Slice(xa), RowRef::Splat(vb)) => rows!(|j: usize| xa[j], |_: usize| vb),
+                        (RowRef::Splat(va), RowRef::Slice(xb)) => rows!(|_: usize| va, |j: usize| xb[j]),
+                        (RowRef::Splat(va), RowRef::Splat(vb)) => rows!(|_: usize| va, |_: usize| vb),
+                    }
+                }
+            }
+            let shape = if matches!(li, Layout::Dense) { cot.shape.clone() } else { c.args[i].shape.clone() };
+            Ok(c.unbatch(i, BTile { batch: cot.batch, shape, data }))
         })
     }
     #[inline(always)]
@@ -409,6 +488,24 @@ fn arith_vjp(c: &Ctx<'_>, op: BinaryOp, cot: &BTile) -> Result<Vec<Option<BTile>
         Div => vec![scaled(c, cot, 0, |g, _, b| keep(g, 1.0 / b))?, scaled(c, cot, 1, |g, a, b| keep(g, -a / (b * b)))?],
         _ => unreachable!("only called for + - * /"),
     })
+}
+
+/// `v(0) + ... + v(n - 1)` with eight partial sums (in a fixed order: deterministic, and not
+/// bound by the latency of one chain of additions).
+#[inline(always)]
+fn sum8(n: usize, v: impl Fn(usize) -> f64) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let full = n / 8 * 8;
+    for j in (0..full).step_by(8) {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a += v(j + k);
+        }
+    }
+    let mut s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for j in full..n {
+        s += v(j);
+    }
+    s
 }
 
 /// True where `max(a, b)` (or `min` when `max` is false) selects `a`: ties go to `a`; a NaN
@@ -430,6 +527,7 @@ pub(super) fn binary_vjp(c: &Ctx<'_>, op: BinaryOp, cot: &BTile) -> Result<Vec<O
     if matches!(op, Add | Sub | Mul | Div) {
         return arith_vjp(c, op, cot);
     }
+
     // d(result)/da and d(result)/db at (a, b).
     let partials: fn(f64, f64) -> (f64, f64) = match op {
         Add => |_, _| (1.0, 1.0),
@@ -446,6 +544,9 @@ pub(super) fn binary_vjp(c: &Ctx<'_>, op: BinaryOp, cot: &BTile) -> Result<Vec<O
         Max => |a, b| if selects_first(true, a, b) { (1.0, 0.0) } else { (0.0, 1.0) },
         FloorDiv | And | Or | Xor => return Ok(vec![None, None]),
     };
+    if (0..2).any(|i| !matches!(c.layout(i), Layout::Dense)) {
+        return Err(c.err("broadcast views reach only `+ - * /` among the differentiable ops"));
+    }
     let mut out = Vec::with_capacity(2);
     for i in 0..2 {
         out.push(c.when_diff(i, || {

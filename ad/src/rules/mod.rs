@@ -155,6 +155,59 @@ fn arity(op: &Op) -> Option<usize> {
     })
 }
 
+/// Whether `op`'s rules accept *broadcast views*: an operand held in a shape that broadcasts to
+/// its type's (same rank, 1 where broadcast), read as if broadcast. The evaluator leaves a
+/// `broadcast` whose only uses are such ops unmaterialised, and the VJP returns the view's
+/// cotangent in the view's shape (summed over the broadcast dimensions).
+pub fn takes_views(op: &Op) -> bool {
+    use tilegrad_ir::BinaryOp::*;
+    matches!(op, Op::Binary(Add | Sub | Mul | Div | FloorDiv | And | Or | Xor) | Op::Cmp(_))
+}
+
+/// `src` broadcasts to `dst` without a change of rank.
+pub fn broadcasts_to(src: &[usize], dst: &[usize]) -> bool {
+    src.len() == dst.len() && src.iter().zip(dst).all(|(&s, &d)| s == d || s == 1)
+}
+
+/// How an operand's elements line up with the result's, row by row (rows of the result's
+/// last dimension).
+pub(crate) enum Layout {
+    /// The operand has the result's shape.
+    Dense,
+    /// A broadcast view: per result row, the offset of the operand's row, and whether that row
+    /// is one element repeated (the last dimension broadcast).
+    Rows { starts: Vec<usize>, splat: bool },
+}
+
+/// One row of an operand under its [`Layout`].
+#[derive(Clone, Copy)]
+pub(crate) enum RowRef<'x> {
+    Slice(&'x [f64]),
+    Splat(f64),
+}
+
+impl RowRef<'_> {
+    #[inline(always)]
+    fn at(self, j: usize) -> f64 {
+        match self {
+            RowRef::Slice(s) => s[j],
+            RowRef::Splat(v) => v,
+        }
+    }
+}
+
+impl Layout {
+    /// Row `r` (of `inner` elements) of a program's operand data.
+    #[inline]
+    fn row<'x>(&self, data: &'x [f64], r: usize, inner: usize) -> RowRef<'x> {
+        match self {
+            Layout::Dense => RowRef::Slice(&data[r * inner..(r + 1) * inner]),
+            Layout::Rows { starts, splat: true } => RowRef::Splat(data[starts[r]]),
+            Layout::Rows { starts, splat: false } => RowRef::Slice(&data[starts[r]..starts[r] + inner]),
+        }
+    }
+}
+
 /// One application of a rule: the op, its checked operands and types, and the batch.
 pub(crate) struct Ctx<'a> {
     op: &'a Op,
@@ -181,7 +234,9 @@ impl<'a> Ctx<'a> {
             if t.dtype().is_none() {
                 return Err(c.err(format!("operand {i} is a pointer ({t}); pointers are the evaluator's business")));
             }
-            if a.numel() != t.numel() || a.data.len() != a.batch * a.numel() {
+            // Operands of elementwise binary ops may be broadcast views (see [`takes_views`]).
+            let view = takes_views(op) && broadcasts_to(&a.shape, &t.shape);
+            if (a.numel() != t.numel() && !view) || a.data.len() != a.batch * a.numel() {
                 return Err(c.err(format!("operand {i} has shape {:?} ({} values), its type is {t}", a.shape, a.data.len())));
             }
         }
@@ -215,6 +270,23 @@ impl<'a> Ctx<'a> {
     fn row(&self, i: usize, b: usize) -> &'a [f64] {
         let a = self.args[i];
         a.row(if a.batch == 1 { 0 } else { b })
+    }
+
+    /// Operand `i`'s [`Layout`] against the result.
+    fn layout(&self, i: usize) -> Layout {
+        let (p, l) = (&self.args[i].shape, self.rshape());
+        if p[..] == l[..] || !broadcasts_to(p, l) {
+            return Layout::Dense;
+        }
+        let r = l.len();
+        let outer = shape::bcast_index(&p[..r - 1], &l[..r - 1]);
+        let row_len = p[r - 1];
+        Layout::Rows { starts: outer.iter().map(|&o| o * row_len).collect(), splat: row_len == 1 && l[r - 1] != 1 }
+    }
+
+    /// The elements per row of the result (its last dimension; 1 for scalars).
+    fn inner(&self) -> usize {
+        self.rshape().last().copied().unwrap_or(1)
     }
 
     /// A result from its program-major data.

@@ -64,7 +64,7 @@ fn check_broadcast(c: &Ctx<'_>) -> Result<(), AdError> {
 /// For each element of `dst` (row-major), the element of `src` (same rank, 1s where broadcast)
 /// it reads: a walk that moves the operand index by its stride (0 along broadcast dimensions),
 /// O(1) per element.
-fn bcast_index(src: &[usize], dst: &[usize]) -> Vec<usize> {
+pub(super) fn bcast_index(src: &[usize], dst: &[usize]) -> Vec<usize> {
     let n: usize = dst.iter().product();
     let sst = strides(src);
     let bst: Vec<usize> = (0..dst.len()).map(|d| if src[d] == 1 { 0 } else { sst[d] }).collect();

@@ -558,3 +558,76 @@ fn integer_add_sub_mul_agree_with_exact_arithmetic_at_the_edges() {
     assert_eq!(mul.unwrap().data, vec![lim as f64, 15.0, -lim as f64]);
     assert!(eval(&Op::Binary(BinaryOp::Mul), &[&t([1 << 27, 1, 1]), &t([1 << 27, 1, 1])], &[&ty, &ty], &ty, Precision::F64).is_err());
 }
+
+/// Broadcast views: an operand held in a shape that broadcasts to its type's gives the same
+/// result as the materialised broadcast, and its cotangent is the materialised operand's
+/// cotangent summed over the broadcast dimensions (per program, or over programs too when the
+/// view is shared by the batch).
+#[test]
+fn broadcast_views_match_materialised_broadcasts() {
+    let mut rng = StdRng::seed_from_u64(77);
+    let full = [3usize, 5];
+    let ty = |d: DType| Type::tile(d, &full);
+    let ops =
+        [Op::Binary(BinaryOp::Add), Op::Binary(BinaryOp::Sub), Op::Binary(BinaryOp::Mul), Op::Binary(BinaryOp::Div), Op::Cmp(CmpOp::Lt)];
+    for view_shape in [[3usize, 1], [1, 5], [1, 1]] {
+        for (batch, view_batch) in [(1, 1), (2, 2), (2, 1)] {
+            for op in &ops {
+                for view_first in [false, true] {
+                    let dense = BTile::new(batch, &full, Gen::AwayZero.draw(&mut rng, batch, 15));
+                    let vn: usize = view_shape.iter().product();
+                    let view = BTile::new(view_batch, &view_shape, Gen::AwayZero.draw(&mut rng, view_batch, vn));
+                    // The view materialised.
+                    let mut mat = Vec::new();
+                    for b in 0..view_batch {
+                        for i in 0..3 {
+                            for j in 0..5 {
+                                mat.push(
+                                    view.data[b * vn
+                                        + if view_shape[0] == 1 { 0 } else { i } * view_shape[1]
+                                        + if view_shape[1] == 1 { 0 } else { j }],
+                                );
+                            }
+                        }
+                    }
+                    let mat = BTile::new(view_batch, &full, mat);
+                    let t = ty(DType::F64);
+                    let rt = if matches!(op, Op::Cmp(_)) { ty(DType::I1) } else { t.clone() };
+                    let order = |v: &BTile| if view_first { [v.clone(), dense.clone()] } else { [dense.clone(), v.clone()] };
+                    let (with_view, with_mat) = (order(&view), order(&mat));
+                    let args_v: Vec<&BTile> = with_view.iter().collect();
+                    let args_m: Vec<&BTile> = with_mat.iter().collect();
+                    let tys = [&t, &t];
+                    let rv = eval(op, &args_v, &tys, &rt, Precision::F64).unwrap();
+                    let rm = eval(op, &args_m, &tys, &rt, Precision::F64).unwrap();
+                    assert_eq!(rv, rm, "{op:?} view {view_shape:?} batches {batch}/{view_batch}");
+                    if matches!(op, Op::Cmp(_)) {
+                        continue;
+                    }
+                    let cot = BTile::new(batch, &full, Gen::Normal.draw(&mut rng, batch, 15));
+                    let gv = vjp(op, &args_v, &tys, &rv, &rt, &cot).unwrap();
+                    let gm = vjp(op, &args_m, &tys, &rm, &rt, &cot).unwrap();
+                    let (iv, id) = if view_first { (0, 1) } else { (1, 0) };
+                    let (gvv, gmv) = (gv[iv].as_ref().unwrap(), gm[iv].as_ref().unwrap());
+                    assert_eq!(gv[id], gm[id], "{op:?}: the dense operand's cotangent");
+                    assert_eq!((gvv.batch, &gvv.shape[..]), (view_batch, &view_shape[..]));
+                    // Sum the materialised cotangent over the broadcast dimensions.
+                    let mut want = vec![0.0; view_batch * vn];
+                    for b in 0..view_batch {
+                        for i in 0..3 {
+                            for j in 0..5 {
+                                let at = b * vn
+                                    + if view_shape[0] == 1 { 0 } else { i } * view_shape[1]
+                                    + if view_shape[1] == 1 { 0 } else { j };
+                                want[at] += gmv.data[b * 15 + i * 5 + j];
+                            }
+                        }
+                    }
+                    for (g, w) in gvv.data.iter().zip(&want) {
+                        assert!((g - w).abs() <= 1e-12 * w.abs().max(1.0), "{op:?} view {view_shape:?}: {g} vs {w}");
+                    }
+                }
+            }
+        }
+    }
+}

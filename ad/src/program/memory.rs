@@ -444,10 +444,25 @@ pub(super) fn fit_batch(t: BTile, b: usize) -> BTile {
     BTile::new(1, &t.shape, data)
 }
 
-/// The length of the run of consecutive elements starting at lane `l` (at least 1).
+/// The length of the run of consecutive elements starting at lane `l` (at least 1). Compared
+/// eight lanes at a time against `e + n + 0..8` (a vectorisable test), then lane by lane.
 fn run_len(offs: &[f64], l: usize) -> usize {
-    let e = offs[l];
-    1 + offs[l + 1..].iter().enumerate().take_while(|&(k, &o)| o == e + (k + 1) as f64).count()
+    let rest = &offs[l..];
+    let e = rest[0];
+    let mut n = 1;
+    while n + 8 <= rest.len() {
+        let base = e + n as f64;
+        let chunk: &[f64; 8] = rest[n..n + 8].try_into().expect("eight lanes");
+        let ok = (0..8).fold(true, |ok, k| ok & (chunk[k] == base + k as f64));
+        if !ok {
+            break;
+        }
+        n += 8;
+    }
+    while n < rest.len() && rest[n] == e + n as f64 {
+        n += 1;
+    }
+    n
 }
 
 /// Reads `src[offs[l]]` into `out[l]` for every active lane (`other`, or 0, for masked-off
@@ -512,6 +527,11 @@ mod tests {
         assert_eq!(out, vec![0.5, -7.0, 1.0, 1.5, -7.0, 2.0]);
         assert_eq!(run_len(&[1.0, 2.0, 3.0, 3.0, 4.0], 0), 3);
         assert_eq!(run_len(&[1.0, 2.0, 3.0, 3.0, 4.0], 3), 2);
+        // Long runs: whole chunks of eight, a break inside a chunk, a tail.
+        let long: Vec<f64> = (0..30).map(|i| if i < 21 { 100.0 + i as f64 } else { i as f64 }).collect();
+        assert_eq!((run_len(&long, 0), run_len(&long, 5), run_len(&long, 21)), (21, 16, 9));
+        let step: Vec<f64> = (0..40).map(|i| (i + i / 17) as f64).collect();
+        assert_eq!((run_len(&step, 0), run_len(&step, 17), run_len(&step, 34)), (17, 17, 6));
     }
 
     #[test]

@@ -185,15 +185,10 @@ pub fn vjp(
         invariant: vec![None; k.values.len()],
         views: &views,
     };
-    shared.invariant = match Program::invariants(&shared, launch.grid().pid(0)) {
-        Ok(v) => v,
-        // The reference describes what the engine found (when the launch is at fault).
-        Err(e) if self_check => {
-            launch.check(mem)?;
-            return Err(e);
-        }
-        Err(e) => return Err(e),
-    };
+    // An error the engine finds in a self-checking launch is the reference's to describe (when
+    // the launch is at fault).
+    let described = |e: AdError| if self_check { launch.check(mem).err().map_or(e, AdError::from) } else { e };
+    shared.invariant = Program::invariants(&shared, launch.grid().pid(0)).map_err(described)?;
     let mut grads: Vec<Vec<f64>> =
         slots.iter().map(|s| if s.is_input { crate::pages::zeroed(s.initial.len(), RANGE) } else { Vec::new() }).collect();
     let mut stored: Vec<Vec<bool>> =
@@ -218,15 +213,7 @@ pub fn vjp(
             .into_par_iter()
             .map(|b| run_batch(&shared, launch, b, (b + batch).min(end)))
             .collect();
-        let outs: Vec<ProgramGrad> = match outs.into_iter().collect::<Result<_, _>>() {
-            Ok(o) => o,
-            // The reference describes what the engine found (when the launch is at fault).
-            Err(e) if self_check => {
-                launch.check(mem)?;
-                return Err(e);
-            }
-            Err(e) => return Err(e),
-        };
+        let outs: Vec<ProgramGrad> = outs.into_iter().collect::<Result<_, _>>().map_err(described)?;
         accumulate(&mut grads, &outs);
         let mut bytes = 0;
         for out in outs {
@@ -246,6 +233,9 @@ pub fn vjp(
             if !too_many_runs {
                 store_runs.extend(out.store_runs);
                 too_many_runs = store_runs.len() > MAX_STORE_RUNS;
+                if too_many_runs {
+                    store_runs = Vec::new();
+                }
             }
         }
         if opts.chunk_programs.is_none() {

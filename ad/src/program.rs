@@ -103,7 +103,7 @@ pub(crate) struct Shared<'a> {
     /// No reference run validated the launch: the engine must find its errors (out-of-bounds
     /// lanes, trip counts beyond `max_iters`, store races) itself.
     pub self_check: bool,
-    /// Values that are the same in every program (see [`invariant_insts`]), computed once for
+    /// Values that are the same in every program (see [`invariant_inst`]), computed once for
     /// the launch by [`Program::invariants`]; `None` elsewhere (and while computing them).
     pub invariant: Vec<Option<V>>,
     /// Per value: a broadcast left unmaterialised ([`crate::graph::broadcast_views`]).
@@ -238,7 +238,7 @@ impl<'a> Program<'a> {
         lookup(&self.env, &self.sh.invariant, v)
     }
 
-    /// The launch's program-invariant values ([`invariant_insts`]), evaluated once.
+    /// The launch's program-invariant values ([`invariant_inst`]), evaluated once.
     pub fn invariants(sh: &'a Shared<'a>, pid: [u32; 3]) -> Result<Vec<Option<V>>, AdError> {
         let k = sh.kernel;
         let mut p = Program::new(sh, 0, vec![pid]);

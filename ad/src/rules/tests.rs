@@ -577,16 +577,16 @@ fn broadcast_views_match_materialised_broadcasts() {
                     let dense = BTile::new(batch, &full, Gen::AwayZero.draw(&mut rng, batch, 15));
                     let vn: usize = view_shape.iter().product();
                     let view = BTile::new(view_batch, &view_shape, Gen::AwayZero.draw(&mut rng, view_batch, vn));
+                    // The view's element that element (i, j) of program b reads.
+                    let at = |b: usize, i: usize, j: usize| {
+                        b * vn + if view_shape[0] == 1 { 0 } else { i } * view_shape[1] + if view_shape[1] == 1 { 0 } else { j }
+                    };
                     // The view materialised.
                     let mut mat = Vec::new();
                     for b in 0..view_batch {
                         for i in 0..3 {
                             for j in 0..5 {
-                                mat.push(
-                                    view.data[b * vn
-                                        + if view_shape[0] == 1 { 0 } else { i } * view_shape[1]
-                                        + if view_shape[1] == 1 { 0 } else { j }],
-                                );
+                                mat.push(view.data[at(b, i, j)]);
                             }
                         }
                     }
@@ -616,10 +616,7 @@ fn broadcast_views_match_materialised_broadcasts() {
                     for b in 0..view_batch {
                         for i in 0..3 {
                             for j in 0..5 {
-                                let at = b * vn
-                                    + if view_shape[0] == 1 { 0 } else { i } * view_shape[1]
-                                    + if view_shape[1] == 1 { 0 } else { j };
-                                want[at] += gmv.data[b * 15 + i * 5 + j];
+                                want[at(b, i, j)] += gmv.data[b * 15 + i * 5 + j];
                             }
                         }
                     }

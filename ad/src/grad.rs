@@ -13,7 +13,7 @@
 //! access and program by program, by tasks that each own a fixed range of gradient elements:
 //! the result does not depend on the thread count or the chunk size.
 
-use crate::graph::{active_values, reverse_needs, KernelGraph};
+use crate::graph::{active_values, forward_drops, reverse_needs, KernelGraph};
 use crate::program::{Contrib, Initial, Program, ProgramGrad, Shared, SlotData, StoreRun, V};
 use crate::rules::Precision;
 use crate::{AdError, BTile};
@@ -168,6 +168,7 @@ pub fn vjp(
     let active = active_values(k);
     let needs = reverse_needs(k, &active);
     let views = crate::graph::broadcast_views(k);
+    let drops = forward_drops(k, &needs);
     let num_types: Vec<Type> = k.values.iter().map(|v| if v.ty.is_ptr() { v.ty.with_dtype(DType::I64) } else { v.ty.clone() }).collect();
     let mut shared = Shared {
         kernel: k,
@@ -184,6 +185,7 @@ pub fn vjp(
         self_check,
         invariant: vec![None; k.values.len()],
         views: &views,
+        drops: &drops,
     };
     // An error the engine finds in a self-checking launch is the reference's to describe (when
     // the launch is at fault).

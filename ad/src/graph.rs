@@ -11,7 +11,7 @@
 
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use std::collections::HashMap;
-use tilegrad_ir::{Block, Inst, Kernel, Loc, Op};
+use tilegrad_ir::{Block, Inst, Kernel, Loc, Op, Value};
 
 /// What a node does.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,7 +79,7 @@ impl KernelGraph {
     pub fn build(k: &Kernel, param_slot: &[Option<u32>]) -> KernelGraph {
         let src = tilegrad_ir::analysis::pointer_sources(k);
         let mut g = KernelGraph { graph: StableDiGraph::new(), node_of: HashMap::new() };
-        let mut def: HashMap<tilegrad_ir::Value, NodeIndex> = HashMap::new();
+        let mut def: HashMap<Value, NodeIndex> = HashMap::new();
         let mut memory: Vec<NodeIndex> = Vec::new();
         g.add_block(k, k.body, None, &src, param_slot, &mut def, &mut memory);
         g
@@ -93,7 +93,7 @@ impl KernelGraph {
         parent: Option<NodeIndex>,
         src: &[Vec<bool>],
         param_slot: &[Option<u32>],
-        def: &mut HashMap<tilegrad_ir::Value, NodeIndex>,
+        def: &mut HashMap<Value, NodeIndex>,
         memory: &mut Vec<NodeIndex>,
     ) {
         for &i in &k.block(b).insts {
@@ -204,16 +204,16 @@ impl KernelGraph {
 /// and index arithmetic, offsets, masks, constants and what is computed from them alone) carry
 /// no gradient to any input: the reverse sweep neither computes nor stores their cotangents.
 pub fn active_values(k: &Kernel) -> Vec<bool> {
-    fn float(k: &Kernel, v: tilegrad_ir::Value) -> bool {
+    fn float(k: &Kernel, v: Value) -> bool {
         crate::rules::is_differentiable(k.ty(v))
     }
-    fn yields(k: &Kernel, b: Block) -> Vec<tilegrad_ir::Value> {
+    fn yields(k: &Kernel, b: Block) -> Vec<Value> {
         k.block(b).insts.last().map(|&l| k.inst(l)).filter(|d| matches!(d.op, Op::Yield)).map(|d| d.args.to_vec()).unwrap_or_default()
     }
     /// One pass over a block; returns whether anything changed.
     fn pass(k: &Kernel, b: Block, act: &mut [bool]) -> bool {
         let mut changed = false;
-        let set = |act: &mut [bool], v: tilegrad_ir::Value, on: bool| {
+        let set = |act: &mut [bool], v: Value, on: bool| {
             let turn = on && float(k, v) && !act[v.index()];
             act[v.index()] |= turn;
             turn
@@ -294,7 +294,7 @@ pub fn floats_steer(k: &Kernel) -> bool {
     let mut changed = true;
     while changed {
         changed = false;
-        let mut set = |dep: &mut Vec<bool>, v: tilegrad_ir::Value, on: bool| {
+        let mut set = |dep: &mut Vec<bool>, v: Value, on: bool| {
             if on && !dep[v.index()] {
                 dep[v.index()] = true;
                 changed = true;
@@ -332,7 +332,7 @@ pub fn floats_steer(k: &Kernel) -> bool {
     }
     insts.iter().any(|&i| {
         let d = k.inst(i);
-        let steering: &[tilegrad_ir::Value] = match &d.op {
+        let steering: &[Value] = match &d.op {
             Op::Load { mask, .. } => &d.args[..1 + *mask as usize],
             Op::Store { mask } | Op::AtomicAdd { mask } => {
                 if *mask {
@@ -358,7 +358,7 @@ pub fn reverse_needs(k: &Kernel, active: &[bool]) -> Vec<bool> {
     fn walk(k: &Kernel, b: Block, active: &[bool], need: &mut [bool]) {
         for &i in &k.block(b).insts {
             let d = k.inst(i);
-            let mut mark = |v: tilegrad_ir::Value| need[v.index()] = true;
+            let mut mark = |v: Value| need[v.index()] = true;
             let res_active = d.results.first().is_some_and(|r| active[r.index()]);
             match &d.op {
                 Op::Load { mask, other } => {
@@ -400,6 +400,62 @@ pub fn reverse_needs(k: &Kernel, active: &[bool]) -> Vec<bool> {
     let mut need = vec![false; k.values.len()];
     walk(k, k.body, active, &mut need);
     need
+}
+
+/// For each instruction (by index), the values of its block that die with it in the forward
+/// sweep: those it is the last to read (a read inside a loop or branch counts as a read by that
+/// instruction) or that it defines and nothing reads, unless the reverse sweep reads them
+/// ([`reverse_needs`]). Freeing them right away keeps a program's live tiles few, so that new
+/// tiles reuse memory that is still in cache.
+pub fn forward_drops(k: &Kernel, needs: &[bool]) -> Vec<Vec<Value>> {
+    /// Values read by instruction `i`, its nested blocks included.
+    fn reads(k: &Kernel, i: Inst, out: &mut Vec<Value>) {
+        let d = k.inst(i);
+        out.extend(d.args.iter().copied());
+        let nested: &[Block] = match &d.op {
+            Op::For { body, .. } => std::slice::from_ref(body),
+            Op::If { then_block, else_block } => &[*then_block, *else_block],
+            _ => &[],
+        };
+        for &b in nested {
+            for &j in &k.block(b).insts {
+                reads(k, j, out);
+            }
+        }
+    }
+    fn walk(k: &Kernel, b: Block, needs: &[bool], last: &mut [Option<Inst>], drops: &mut [Vec<Value>]) {
+        let insts = &k.block(b).insts;
+        let mut used = Vec::new();
+        for &i in insts {
+            let d = k.inst(i);
+            match &d.op {
+                Op::For { body, .. } => walk(k, *body, needs, last, drops),
+                Op::If { then_block, else_block } => {
+                    walk(k, *then_block, needs, last, drops);
+                    walk(k, *else_block, needs, last, drops);
+                }
+                _ => {}
+            }
+            // After the nested blocks: a value of this block read inside them dies with `i`.
+            used.clear();
+            reads(k, i, &mut used);
+            for v in used.iter().chain(&d.results) {
+                last[v.index()] = Some(i);
+            }
+        }
+        // Nested blocks are done: the last readers of this block's results are final.
+        for &i in insts {
+            for r in &k.inst(i).results {
+                if let (false, Some(at)) = (needs[r.index()], last[r.index()]) {
+                    drops[at.index()].push(*r);
+                }
+            }
+        }
+    }
+    let mut last = vec![None; k.values.len()];
+    let mut drops = vec![Vec::new(); k.insts.len()];
+    walk(k, k.body, needs, &mut last, &mut drops);
+    drops
 }
 
 #[cfg(test)]

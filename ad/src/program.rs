@@ -108,6 +108,9 @@ pub(crate) struct Shared<'a> {
     pub invariant: Vec<Option<V>>,
     /// Per value: a broadcast left unmaterialised ([`crate::graph::broadcast_views`]).
     pub views: &'a [bool],
+    /// Per instruction: the values that die with it in the forward sweep
+    /// ([`crate::graph::forward_drops`]).
+    pub drops: &'a [Vec<Value>],
 }
 
 /// What one program hands back: its gradient contributions and the elements it stored.
@@ -273,6 +276,9 @@ impl<'a> Program<'a> {
                 continue;
             }
             self.forward_inst(i)?;
+            for v in &self.sh.drops[i.index()] {
+                self.env[v.index()] = None;
+            }
         }
         Ok(Vec::new())
     }

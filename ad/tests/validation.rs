@@ -170,3 +170,46 @@ fn a_loop_beyond_its_max_iters_is_the_reference_error() {
         other => panic!("expected a loop-bound error, got {other:?}"),
     }
 }
+
+#[test]
+fn programs_of_one_batch_storing_shared_values_race() {
+    // No operand of the store depends on the program: every program of the (single) batch
+    // stores y[arange(8)] = x[arange(8)]^2.
+    let mut b = KernelBuilder::new("shared_store");
+    let x = b.ptr_param("x", DType::F64);
+    let y = b.ptr_param("y", DType::F64);
+    let r = b.arange(0, 8);
+    let px = b.add(x, r);
+    let v = b.load(px, None, None);
+    let v2 = b.mul(v, v);
+    let py = b.add(y, r);
+    b.store(py, v2, None);
+    let k = b.finish().unwrap();
+    assert!(KernelGraph::build(&k, &[Some(0), Some(1)]).facts(&k).self_checking);
+    let mut mem = Memory::new();
+    let xt = mem.add("x", HostTensor::from_f64(&[8], random(8, 5)));
+    let yt = mem.add("y", HostTensor::zeros(DType::F64, &[8]));
+    for programs in [1, 3] {
+        let launch = Launch::new(&k, programs).arg("x", xt).arg("y", yt);
+        let g = vjp(&launch, &mem, &[xt], &[(yt, random(8, 6))], &GradOptions::default());
+        match (programs, g) {
+            (1, Ok(g)) => assert!(g.inputs[0].iter().zip(random(8, 5)).zip(random(8, 6)).all(|((&g, x), c)| g == 2.0 * x * c)),
+            (3, Err(AdError::Exec(ExecError::Race(r)))) => {
+                assert_eq!((r.kind, r.first.pid, r.second.pid), (RaceKind::WriteWrite, [0, 0, 0], [1, 0, 0]))
+            }
+            (p, other) => panic!("{p} programs: unexpected {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn an_out_of_bounds_masked_store_is_the_reference_error() {
+    // y is 3 elements short: the last program's active lanes 13.. write past it.
+    let k = squares(16, |_, _, _, offs| offs);
+    match grad(&k, 100, 100, 97, 16).2 {
+        Err(AdError::Exec(ExecError::OutOfBounds { tensor, offset, site, .. })) => {
+            assert_eq!((tensor.as_str(), offset, site.pid), ("y", 97, [6, 0, 0]));
+        }
+        other => panic!("expected an out-of-bounds error, got {other:?}"),
+    }
+}

@@ -12,14 +12,79 @@ use tilegrad_ir::{Inst, Value};
 pub(super) struct Event {
     pub(super) slot: u32,
     pub(super) atomic: bool,
-    /// Active lanes: (lane, element).
-    pub(super) lanes: Vec<(u32, i64)>,
+    /// Active lanes, as runs in lane order (none spanning two programs).
+    pub(super) runs: Vec<LaneRun>,
     /// Values of all lanes of the tile, when a later load of this program may read them.
     pub(super) vals: Vec<f64>,
     /// Lanes of the whole batch.
     pub(super) numel: usize,
     /// Programs the lanes belong to (`numel / batch` lanes each).
     pub(super) batch: usize,
+}
+
+impl Event {
+    /// Active lanes: (lane, element), in lane order.
+    fn lanes(&self) -> impl Iterator<Item = (u32, i64)> + '_ {
+        self.runs.iter().flat_map(|r| (0..r.len).map(move |k| (r.lane + k, r.elem + k as i64)))
+    }
+}
+
+/// Lanes `lane..lane + len` of a store, writing elements `elem..elem + len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct LaneRun {
+    pub(super) lane: u32,
+    pub(super) len: u32,
+    pub(super) elem: i64,
+}
+
+impl LaneRun {
+    fn elems(&self) -> std::ops::Range<i64> {
+        self.elem..self.elem + self.len as i64
+    }
+}
+
+/// The active lanes of a store of offsets `offs` (`per` lanes per program) into a tensor of
+/// `len` elements, as maximal runs of consecutive lanes writing consecutive elements within one
+/// program; or the first active lane out of bounds.
+fn lane_runs(offs: &[f64], mask: Option<&[f64]>, per: usize, len: usize) -> Result<Vec<LaneRun>, usize> {
+    let mut runs: Vec<LaneRun> = Vec::new();
+    let lim = len as f64;
+    for (p, o) in offs.chunks(per).enumerate() {
+        let base = p * per;
+        match mask {
+            None => {
+                let mut l = 0;
+                while l < o.len() {
+                    let (e, n) = (o[l], run_len(o, l));
+                    if e < 0.0 {
+                        return Err(base + l);
+                    }
+                    if e + n as f64 > lim {
+                        return Err(base + l + (lim - e).max(0.0) as usize);
+                    }
+                    runs.push(LaneRun { lane: (base + l) as u32, len: n as u32, elem: e as i64 });
+                    l += n;
+                }
+            }
+            Some(m) => {
+                let own = runs.len();
+                for (l, (&e, &m)) in o.iter().zip(&m[base..base + o.len()]).enumerate() {
+                    if m == 0.0 {
+                        continue;
+                    }
+                    if e < 0.0 || e >= lim {
+                        return Err(base + l);
+                    }
+                    let (lane, elem) = ((base + l) as u32, e as i64);
+                    match runs[own..].last_mut() {
+                        Some(r) if r.lane + r.len == lane && r.elem + r.len as i64 == elem => r.len += 1,
+                        _ => runs.push(LaneRun { lane, len: 1, elem }),
+                    }
+                }
+            }
+        }
+    }
+    Ok(runs)
 }
 
 /// A run of consecutive elements that one program stored, kept for the race check of a
@@ -197,84 +262,69 @@ impl Program<'_> {
         let br = offs.batch.max(self.get(d.args[1]).num().batch).max(if has_mask { self.get(d.args[2]).num().batch } else { 1 });
         let offs_all = expand(offs, br);
         let mask_all = has_mask.then(|| expand(self.get(d.args[2]).num(), br));
-        let mask = mask_all.as_deref();
+        // A mask with every lane active is no mask.
+        let mask = mask_all.as_deref().filter(|m| m.contains(&0.0));
         let sd = &self.sh.slots[slot as usize];
         let n = offs_all.len();
-        let mut lanes = Vec::with_capacity(n);
-        let len = sd.initial.len() as f64;
-        let dense = mask.is_none_or(|m| !m.contains(&0.0)) && offs_all.iter().fold(true, |ok, &e| ok & (e >= 0.0) & (e < len));
-        if dense {
-            // Every lane active and in bounds: no per-lane branches.
-            lanes.extend(offs_all.iter().enumerate().map(|(l, &e)| (l as u32, e as i64)));
-        }
-        for l in 0..n {
-            if dense {
-                break;
-            }
-            if mask.is_some_and(|m| m[l] == 0.0) {
-                continue;
-            }
-            let e = offs_all[l] as i64;
-            if e < 0 || e as usize >= sd.initial.len() {
+        let per = (n / br.max(1)).max(1);
+        let runs = match lane_runs(&offs_all, mask, per, sd.initial.len()) {
+            Ok(runs) => runs,
+            Err(l) => {
+                let e = offs_all[l] as i64;
                 let (pid, l) = self.lane_owner(br, numel, l);
                 return Err(self.unsupported(i, format!("out-of-bounds store to `{}` at offset {e}, lane {l}, program {pid:?}", sd.name)));
             }
-            lanes.push((l as u32, e));
-        }
+        };
         drop((offs_all, mask_all));
         let ev = self.events.len() as u32;
+        let event = Event { slot, atomic, runs, vals, numel: n, batch: br };
         if self.sh.facts.needs_overlay {
-            for &(l, e) in &lanes {
+            for (l, e) in event.lanes() {
                 self.overlay.insert((slot, e), (ev, l));
             }
         }
         if !atomic && sd.tracks_stores() {
-            self.out.stored[slot as usize].extend(lanes.iter().map(|&(_, e)| e));
+            self.out.stored[slot as usize].extend(event.runs.iter().flat_map(|r| r.elems()));
         }
         if !atomic && self.sh.self_check {
-            self.log_store_runs(slot, &lanes, (n / br.max(1)).max(1));
+            self.log_store_runs(&event, per);
         }
         let key = self.instance(i);
         self.event_of.insert(key, ev as usize);
-        self.events.push(Event { slot, atomic, lanes, vals, numel: n, batch: br });
+        self.events.push(event);
         Ok(())
     }
 
-    /// Records the runs of elements each program of the batch stored (`lanes` in lane order,
-    /// `per > 0` lanes per program), for the race check of a self-checking launch; flags a store
-    /// whose active lanes in one program write one element twice.
-    fn log_store_runs(&mut self, slot: u32, lanes: &[(u32, i64)], per: usize) {
-        // One pass: `bound` is the first lane of the next program; `from` the first entry of
-        // the current program in `lanes`.
+    /// Records the runs of elements each program stored with `event` (`per > 0` lanes per
+    /// program of its batch), for the race check of a self-checking launch; flags a store whose
+    /// active lanes in one program write one element twice. A store of shared operands (batch
+    /// 1) in a batch of several programs is every program's store.
+    fn log_store_runs(&mut self, event: &Event, per: usize) {
         let (first, out) = (self.first, &mut self.out);
-        let (mut bound, mut from, mut prev, mut increasing) = (0usize, 0usize, i64::MIN, true);
-        let duplicates = |mine: &[(u32, i64)]| {
-            let mut es: Vec<i64> = mine.iter().map(|&(_, e)| e).collect();
-            es.sort_unstable();
-            es.windows(2).any(|w| w[0] == w[1])
-        };
-        for (at, &(l, e)) in lanes.iter().enumerate() {
-            if l as usize >= bound {
-                if !increasing {
-                    out.duplicate_lanes |= duplicates(&lanes[from..at]);
-                }
-                let p = l as usize / per;
-                (bound, from, increasing) = ((p + 1) * per, at, true);
-                out.store_runs.push(StoreRun { slot, start: e, len: 1, program: first + p as u64 });
-            } else {
-                increasing &= e > prev;
-                let r = out.store_runs.last_mut().expect("a run per program");
-                if r.start + r.len as i64 == e {
-                    r.len += 1;
-                } else {
-                    let program = r.program;
-                    out.store_runs.push(StoreRun { slot, start: e, len: 1, program });
+        let writers = if event.batch == 1 { self.pids.len() as u64 } else { 1 };
+        let mut at = 0;
+        while at < event.runs.len() {
+            // The runs of one program: lanes below `bound`.
+            let p = event.runs[at].lane as usize / per;
+            let bound = ((p + 1) * per) as u32;
+            let to = at + event.runs[at..].iter().take_while(|r| r.lane < bound).count();
+            let mine = &event.runs[at..to];
+            // Runs in increasing, disjoint order of elements cannot write an element twice.
+            if !mine.windows(2).all(|w| w[1].elem >= w[0].elem + w[0].len as i64) {
+                let mut es: Vec<(i64, i64)> = mine.iter().map(|r| (r.elem, r.elem + r.len as i64)).collect();
+                es.sort_unstable();
+                out.duplicate_lanes |= es.windows(2).any(|w| w[1].0 < w[0].1);
+            }
+            for w in 0..writers {
+                let program = first + p as u64 + w;
+                for r in mine {
+                    match out.store_runs.last_mut() {
+                        Some(s) if s.program == program && s.slot == event.slot && s.start + s.len as i64 == r.elem => s.len += r.len,
+                        _ => out.store_runs.push(StoreRun { slot: event.slot, start: r.elem, len: r.len, program }),
+                    }
                 }
             }
-            prev = e;
-        }
-        if !increasing {
-            out.duplicate_lanes |= duplicates(&lanes[from..]);
+            at = to;
         }
     }
 
@@ -288,14 +338,19 @@ impl Program<'_> {
             let Some(oc) = &self.sh.slots[e.slot as usize].out_cot else { continue };
             match (&live, e.atomic) {
                 (Some(m), false) => {
-                    for &(l, el) in &e.lanes {
+                    for (l, el) in e.lanes() {
                         if m.get(&(e.slot, el)) == Some(&(ev as u32, l)) {
                             acc[l as usize] += oc[el as usize];
                         }
                     }
                 }
-                // Every lane receives its element's cotangent.
-                _ => e.lanes.iter().for_each(|&(l, el)| acc[l as usize] += oc[el as usize]),
+                // Every lane receives its element's cotangent: slices of runs.
+                _ => {
+                    for r in &e.runs {
+                        let (l, el, len) = (r.lane as usize, r.elem as usize, r.len as usize);
+                        acc[l..l + len].iter_mut().zip(&oc[el..el + len]).for_each(|(a, &o)| *a += o);
+                    }
+                }
             }
         }
     }
@@ -315,15 +370,8 @@ impl Program<'_> {
         if self.sh.races_rejected && stores.windows(2).all(|w| w[0] != w[1]) {
             return None;
         }
-        let mut runs: Vec<(u32, i64, i64)> = Vec::new();
-        for e in self.events.iter().filter(|e| !e.atomic) {
-            for &(_, el) in &e.lanes {
-                match runs.last_mut() {
-                    Some((s, _, end)) if *s == e.slot && *end == el => *end += 1,
-                    _ => runs.push((e.slot, el, el + 1)),
-                }
-            }
-        }
+        let mut runs: Vec<(u32, i64, i64)> =
+            self.events.iter().filter(|e| !e.atomic).flat_map(|e| e.runs.iter().map(|r| (e.slot, r.elem, r.elem + r.len as i64))).collect();
         runs.sort_unstable();
         let overlap = runs.windows(2).any(|w| w[0].0 == w[1].0 && w[1].1 < w[0].2);
         if !overlap {
@@ -331,7 +379,7 @@ impl Program<'_> {
         }
         let mut last = HashMap::new();
         for (ev, e) in self.events.iter().enumerate().filter(|(_, e)| !e.atomic) {
-            for &(l, el) in &e.lanes {
+            for (l, el) in e.lanes() {
                 last.insert((e.slot, el), (ev as u32, l));
             }
         }
@@ -544,5 +592,41 @@ mod tests {
             m.push(e, v);
         }
         assert_eq!((m.runs, m.lo, m.hi, m.vals), (vec![(7, 2), (3, 2)], 3, 8, vec![1.0, 2.0, 3.0, 4.0]));
+    }
+
+    #[test]
+    fn store_lane_runs_match_the_active_lanes_and_name_the_first_lane_out_of_bounds() {
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        let mut r = StdRng::seed_from_u64(7);
+        for case in 0..500 {
+            let (per, programs, len) = (r.gen_range(1..20), r.gen_range(1..4), r.gen_range(1..60));
+            // Mostly consecutive offsets, with jumps, repeats and a few out of bounds.
+            let mut e: i64 = r.gen_range(-2..len as i64);
+            let offs: Vec<f64> = (0..per * programs)
+                .map(|_| {
+                    e = if r.gen_bool(0.8) { e + 1 } else { r.gen_range(-1..len as i64 + 2) };
+                    e as f64
+                })
+                .collect();
+            let mask: Option<Vec<f64>> = r.gen_bool(0.5).then(|| (0..offs.len()).map(|_| r.gen_bool(0.8) as i64 as f64).collect());
+            let active = |l: usize| mask.as_ref().is_none_or(|m| m[l] != 0.0);
+            let first_bad = (0..offs.len()).find(|&l| active(l) && (offs[l] < 0.0 || offs[l] >= len as f64));
+            match (lane_runs(&offs, mask.as_deref(), per, len), first_bad) {
+                (Err(l), Some(b)) => assert_eq!(l, b, "case {case}"),
+                (Ok(runs), None) => {
+                    let lanes: Vec<(u32, i64)> =
+                        runs.iter().flat_map(|r| (0..r.len).map(move |k| (r.lane + k, r.elem + k as i64))).collect();
+                    let want: Vec<(u32, i64)> = (0..offs.len()).filter(|&l| active(l)).map(|l| (l as u32, offs[l] as i64)).collect();
+                    assert_eq!(lanes, want, "case {case}");
+                    for w in runs.windows(2) {
+                        // No run spans two programs; neighbours in one program are not mergeable.
+                        assert_eq!(w[0].lane as usize / per, (w[0].lane + w[0].len - 1) as usize / per, "case {case}");
+                        let same = w[0].lane as usize / per == w[1].lane as usize / per;
+                        assert!(!(same && w[0].lane + w[0].len == w[1].lane && w[0].elem + w[0].len as i64 == w[1].elem), "case {case}");
+                    }
+                }
+                (got, want) => panic!("case {case}: {got:?} against first bad lane {want:?}"),
+            }
+        }
     }
 }

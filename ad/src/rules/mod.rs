@@ -127,7 +127,7 @@ pub fn vjp(
         Op::Binary(b) => elementwise::binary_vjp(&c, *b, cot)?,
         Op::Where => elementwise::select_vjp(&c, cot),
         Op::Cast => vec![if is_differentiable(c.tys[0]) && is_differentiable(c.rty) { Some(c.unbatch(0, cot.clone())) } else { None }],
-        Op::Reduce { kind, axis, .. } => vec![c.when_diff(0, || reduce::reduce_vjp(&c, *kind, *axis as usize, cot))?.flatten()],
+        Op::Reduce { kind, axis, .. } => vec![c.when_diff(0, || reduce::reduce_vjp(&c, *kind, *axis as usize, result, cot))?.flatten()],
         Op::Cumsum { axis, reverse } => vec![c.when_diff(0, || reduce::cumsum_vjp(&c, *axis as usize, *reverse, cot))?],
         Op::Dot { .. } => reduce::dot_vjp(&c, cot)?,
     };

@@ -48,8 +48,18 @@ fn sum_axis<T: Copy + Default + std::ops::Add<Output = T>>(v: &[T], outer: usize
 /// the in-order fold; a zero (whose sign the order may decide) or NaN result returns `None` for the
 /// in-order fold to decide.
 fn extreme_run(max: bool, v: &[f64]) -> Option<f64> {
-    // Without NaN (checked below) a strict comparison picks the extreme (vectorisable).
-    let pick = |a: f64, b: f64| if (max && b > a) || (!max && b < a) { b } else { a };
+    if max {
+        extreme_lanes::<true>(v)
+    } else {
+        extreme_lanes::<false>(v)
+    }
+}
+
+/// [`extreme_run`] for one direction. A strict comparison against a non-NaN accumulator never
+/// picks NaN, so NaN elements are ignored as `f64::max`/`min` ignore them; only a NaN first
+/// element (the accumulators' start) makes the result NaN, and then the fold decides.
+fn extreme_lanes<const MAX: bool>(v: &[f64]) -> Option<f64> {
+    let pick = |a: f64, b: f64| if (MAX && b > a) || (!MAX && b < a) { b } else { a };
     let (first, rest) = v.split_first()?;
     let mut acc = [*first; 8];
     let chunks = rest.chunks_exact(8);
@@ -59,11 +69,8 @@ fn extreme_run(max: bool, v: &[f64]) -> Option<f64> {
             acc[j] = pick(acc[j], ch[j]);
         }
     }
-    let mut r = acc.iter().copied().fold(*first, pick);
-    for &x in tail {
-        r = pick(r, x);
-    }
-    (r != 0.0 && !r.is_nan() && !v.iter().any(|x| x.is_nan())).then_some(r)
+    let r = tail.iter().fold(acc.iter().copied().fold(*first, pick), |r, &x| pick(r, x));
+    (r != 0.0 && !r.is_nan()).then_some(r)
 }
 
 /// The index along the axis that argmax (`max`) or argmin selects: the first extreme; NaN is
@@ -150,7 +157,7 @@ pub(super) fn reduce(c: &Ctx<'_>, kind: ReduceOp, axis: usize, p: Precision) -> 
 /// The VJP of `reduce` on a float operand: `sum` broadcasts the cotangent back; `max`/`min`
 /// send it to the first index attaining the extreme (as `argmax`/`argmin` pick); arg-reductions
 /// have none.
-pub(super) fn reduce_vjp(c: &Ctx<'_>, kind: ReduceOp, axis: usize, cot: &BTile) -> Result<Option<BTile>, AdError> {
+pub(super) fn reduce_vjp(c: &Ctx<'_>, kind: ReduceOp, axis: usize, result: &BTile, cot: &BTile) -> Result<Option<BTile>, AdError> {
     let (outer, n, inner) = axis_split(c, axis)?;
     if matches!(kind, ReduceOp::Argmax | ReduceOp::Argmin) {
         return Ok(None);
@@ -173,13 +180,13 @@ pub(super) fn reduce_vjp(c: &Ctx<'_>, kind: ReduceOp, axis: usize, cot: &BTile) 
                 match kind {
                     ReduceOp::Sum => (0..n).for_each(|k| row[idx(k)] = gi),
                     _ => {
-                        let max = kind == ReduceOp::Max;
-                        // A contiguous run whose extreme is decided without the order (see
-                        // `extreme_run`): the first element equal to it is the one argmax picks.
-                        let fast = (inner == 1)
-                            .then(|| &v[o * n..(o + 1) * n])
-                            .and_then(|run| extreme_run(max, run).and_then(|r| run.iter().position(|&x| x == r)));
-                        row[idx(fast.unwrap_or_else(|| arg_extreme(max, n, |k| v[idx(k)])))] = gi
+                        // The forward result is the extreme of the non-NaN elements (NaN when
+                        // all are): the first element equal to it (either zero equals either)
+                        // is the one argmax picks.
+                        let r = result.row(b)[o * inner + i];
+                        let first =
+                            if inner == 1 { v[o * n..(o + 1) * n].iter().position(|&x| x == r) } else { (0..n).find(|&k| v[idx(k)] == r) };
+                        row[idx(first.unwrap_or_else(|| arg_extreme(kind == ReduceOp::Max, n, |k| v[idx(k)])))] = gi
                     }
                 }
             }
@@ -432,7 +439,33 @@ mod tests {
                     let first = v.iter().position(|&x| x == r).unwrap();
                     assert_eq!(first, arg_extreme(max, v.len(), |k| v[k]), "{v:?} max={max}");
                 } else {
-                    assert!(fold == 0.0 || fold.is_nan() || v.iter().any(|x| x.is_nan()), "{v:?} max={max}: deferred needlessly");
+                    assert!(fold == 0.0 || v[0].is_nan(), "{v:?} max={max}: deferred needlessly");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn max_and_min_send_the_cotangent_where_argmax_and_argmin_point() {
+        use crate::rules::{eval, vjp, Precision};
+        use tilegrad_ir::{DType, Op, Type};
+        for v in runs() {
+            let n = v.len();
+            for kind in [ReduceOp::Max, ReduceOp::Min] {
+                let pick = arg_extreme(kind == ReduceOp::Max, n, |k| v[k]);
+                // Along a contiguous last axis ([1, n]) and a strided leading one ([n, 2], the
+                // second column reversed).
+                let strided: Vec<f64> = (0..n).flat_map(|k| [v[k], v[n - 1 - k]]).collect();
+                for (shape, data, axis, want) in [([1, n], v.clone(), 1u8, vec![pick]), ([n, 2], strided, 0u8, vec![2 * pick])] {
+                    let ty = Type::tile(DType::F64, &shape);
+                    let rty = Type::tile(DType::F64, &[shape[1 - axis as usize]]);
+                    let op = Op::Reduce { kind, axis, keep_dims: false };
+                    let x = BTile::new(1, &shape, data);
+                    let y = eval(&op, &[&x], &[&ty], &rty, Precision::F64).unwrap();
+                    let cot = BTile::new(1, &rty.shape, (1..=rty.numel()).map(|j| j as f64).collect());
+                    let g = vjp(&op, &[&x], &[&ty], &y, &rty, &cot).unwrap().remove(0).unwrap();
+                    let got: Vec<usize> = g.data.iter().enumerate().filter(|(_, &x)| x == 1.0).map(|(j, _)| j).collect();
+                    assert_eq!(got, want, "{v:?} {} axis {axis}", kind.name());
                 }
             }
         }

@@ -333,6 +333,21 @@ fn recomputing_loop_bodies_gives_the_same_gradient() {
     let re = vjp(&launch, &mem, &[xt, wt], &[(ot, g.clone())], &recomputed).unwrap();
     assert_eq!(kept.inputs, re.inputs);
 
+    // A matmul, whose loop body reads pointer tiles computed before the loop and read nowhere
+    // after it (the recomputed body needs them in the reverse sweep).
+    let (m, n, kk) = (37, 45, 70);
+    let k = zoo::matmul(16, 16, 16, None).unwrap();
+    let mut mem = Memory::new();
+    let at = mem.add("a", HostTensor::from_f32(&[m, kk], f32s(&rand_vec(&mut r, m * kk))));
+    let bt = mem.add("b", HostTensor::from_f32(&[kk, n], f32s(&rand_vec(&mut r, kk * n))));
+    let ct = mem.add("c", HostTensor::zeros(DType::F32, &[m, n]));
+    let launch = zoo::matmul_launch(&k, &mem, at, bt, ct).unwrap();
+    let gc = [(ct, rand_vec(&mut r, m * n))];
+    let kept = vjp(&launch, &mem, &[at, bt], &gc, &GradOptions::default()).unwrap();
+    let re = vjp(&launch, &mem, &[at, bt], &gc, &recomputed).unwrap();
+    assert_eq!(kept.inputs, re.inputs);
+    assert!(kept.inputs.iter().all(|g| g.iter().any(|&v| v != 0.0)));
+
     // Nested loops, the inner one reading and writing memory.
     let k = common::nested_loops_through_memory();
     let (xs, accs) = (rand_vec(&mut r, 48), rand_vec(&mut r, 48));

@@ -9,15 +9,14 @@
 //!
 //! Programs are differentiated in batches (consecutive programs, batch boundaries fixed by the
 //! kernel's tile sizes or [`GradOptions::batch_programs`]), batches in parallel, in chunks sized
-//! to the memory budget. Contributions are summed in batch order, within a batch access by
-//! access and program by program, by tasks that each own a fixed range of gradient elements:
-//! the result does not depend on the thread count or the chunk size.
+//! to the memory budget. Contributions are summed in batch order (each batch's as soon as every
+//! earlier batch's are in), within a batch access by access and program by program: the result
+//! does not depend on the thread count, the timing or the chunk size.
 
 use crate::graph::{active_values, forward_drops, reverse_needs, KernelGraph};
-use crate::program::{Contrib, Initial, Program, ProgramGrad, Shared, SlotData, StoreRun, V};
+use crate::program::{Initial, Program, ProgramGrad, Shared, SlotData, StoreRun, V};
 use crate::rules::Precision;
 use crate::{AdError, BTile};
-use rayon::prelude::*;
 use std::collections::BTreeMap;
 use tilegrad_ir::{DType, Inst, ParamKind, Type};
 use tilegrad_reference::{Arg, Launch, Memory, RaceMode, TensorId};
@@ -191,61 +190,31 @@ pub fn vjp(
     // the launch is at fault).
     let described = |e: AdError| if self_check { launch.check(mem).err().map_or(e, AdError::from) } else { e };
     shared.invariant = Program::invariants(&shared, launch.grid().pid(0)).map_err(described)?;
-    let mut grads: Vec<Vec<f64>> =
-        slots.iter().map(|s| if s.is_input { crate::pages::zeroed(s.initial.len(), RANGE) } else { Vec::new() }).collect();
-    let mut stored: Vec<Vec<bool>> =
-        slots.iter().map(|s| if s.tracks_stores() { vec![false; s.initial.len()] } else { Vec::new() }).collect();
-    let mut max_trips: BTreeMap<Inst, u64> = BTreeMap::new();
+    let grads: Vec<Vec<f64>> =
+        slots.iter().map(|s| if s.is_input { crate::pages::zeroed(s.initial.len(), PAGE_CHUNK) } else { Vec::new() }).collect();
+    let stored: Vec<Vec<bool>> = slots.iter().map(|s| if s.tracks_stores() { vec![false; s.initial.len()] } else { Vec::new() }).collect();
+    let mut totals =
+        Totals { grads, stored, max_trips: BTreeMap::new(), store_runs: Vec::new(), duplicate_lanes: false, too_many_runs: false };
     let total = launch.grid().programs();
     // Chunks hold whole batches, so that batches (and the result's summation order) do not
     // depend on the chunk size. Unless given, a chunk's size comes from the memory its
-    // programs' pending contributions took so far (half the budget): at least a batch per
-    // thread, at first exactly that.
+    // programs' results took so far (half the budget, should they all be pending): at least a
+    // batch per thread, at first exactly that.
     let whole = |c: u64| c.max(1).div_ceil(batch) * batch;
     let mut chunk = whole(opts.chunk_programs.map_or(in_flight as u64, |c| c as u64));
     let mut per_program = 0u64;
-    let mut store_runs: Vec<StoreRun> = Vec::new();
-    let (mut duplicate_lanes, mut too_many_runs) = (false, false);
     let mut start = 0;
     while start < total {
         let end = (start + chunk).min(total);
-        let outs: Vec<Result<ProgramGrad, AdError>> = (start..end)
-            .step_by(batch as usize)
-            .collect::<Vec<u64>>()
-            .into_par_iter()
-            .map(|b| run_batch(&shared, launch, b, (b + batch).min(end)))
-            .collect();
-        let outs: Vec<ProgramGrad> = outs.into_iter().collect::<Result<_, _>>().map_err(described)?;
-        accumulate(&mut grads, &outs);
-        let mut bytes = 0;
-        for out in outs {
-            bytes += out.bytes();
-            for (s, st) in out.stored.iter().enumerate() {
-                if !stored[s].is_empty() {
-                    for &e in st {
-                        stored[s][e as usize] = true;
-                    }
-                }
-            }
-            for (i, t) in out.trips {
-                let e = max_trips.entry(i).or_insert(0);
-                *e = (*e).max(t);
-            }
-            duplicate_lanes |= out.duplicate_lanes;
-            if !too_many_runs {
-                store_runs.extend(out.store_runs);
-                too_many_runs = store_runs.len() > MAX_STORE_RUNS;
-                if too_many_runs {
-                    store_runs = Vec::new();
-                }
-            }
-        }
+        let starts: Vec<u64> = (start..end).step_by(batch as usize).collect();
+        let bytes = run_chunk(&shared, launch, &starts, end, batch, &mut totals).map_err(described)?;
         if opts.chunk_programs.is_none() {
             per_program = per_program.max(bytes as u64 / (end - start) + 256);
             chunk = whole((opts.memory_budget as u64 / 2 / per_program).clamp(in_flight as u64, 1 << 16));
         }
         start = end;
     }
+    let Totals { mut grads, stored, max_trips, mut store_runs, duplicate_lanes, too_many_runs } = totals;
     if self_check && (duplicate_lanes || too_many_runs || stores_overlap(&mut store_runs)) {
         // A race (which the reference names), or too many runs to tell cheaply.
         launch.check(mem)?;
@@ -345,36 +314,119 @@ fn stores_overlap(runs: &mut [StoreRun]) -> bool {
     false
 }
 
-/// Elements per range of a gradient tensor that one task accumulates into.
-const RANGE: usize = 1 << 14;
+/// Elements per parallel task when gradient buffers are first touched.
+const PAGE_CHUNK: usize = 1 << 14;
 
-/// Adds the contributions of `outs` (programs in order) into `grads`, in parallel over fixed
-/// element ranges of each tensor: each element receives its contributions in program order,
-/// whatever the thread count. Contributions are first listed per range they touch (in order).
-fn accumulate(grads: &mut [Vec<f64>], outs: &[ProgramGrad]) {
-    for (s, g) in grads.iter_mut().enumerate() {
-        let mut buckets: Vec<Vec<&Contrib>> = vec![Vec::new(); g.len().div_ceil(RANGE)];
-        for c in outs.iter().flat_map(|o| o.contrib.iter()).filter(|c| c.slot as usize == s) {
-            for b in &mut buckets[c.lo as usize / RANGE..=c.hi as usize / RANGE] {
-                b.push(c);
+/// What the batches of a launch hand back, summed in batch order.
+struct Totals {
+    /// Per slot: the gradient of its initial contents (empty unless an input).
+    grads: Vec<Vec<f64>>,
+    /// Per slot that [`SlotData::tracks_stores`]: whether some program stores each element.
+    stored: Vec<Vec<bool>>,
+    max_trips: BTreeMap<Inst, u64>,
+    store_runs: Vec<StoreRun>,
+    duplicate_lanes: bool,
+    /// More store runs than [`MAX_STORE_RUNS`]: the reference checks the launch instead.
+    too_many_runs: bool,
+}
+
+impl Totals {
+    /// Adds the next batch's results; returns the bytes they took.
+    fn add(&mut self, out: ProgramGrad) -> usize {
+        let bytes = out.bytes();
+        for c in &out.contrib {
+            let g = &mut self.grads[c.slot as usize];
+            let mut at = 0;
+            for &(s, n) in &c.runs {
+                let (s, n) = (s as usize, n as usize);
+                crate::simd::wide(|| g[s..s + n].iter_mut().zip(&c.vals[at..at + n]).for_each(|(g, &x)| *g += x));
+                at += n;
             }
         }
-        g.par_chunks_mut(RANGE).zip(buckets).enumerate().for_each(|(r, (chunk, list))| {
-            let (lo, hi) = ((r * RANGE) as i64, (r * RANGE + chunk.len()) as i64);
-            for c in list {
-                let mut at = 0usize;
-                for &(s, n) in &c.runs {
-                    // The part of the run in this range, and its values.
-                    let (a, b) = (s.max(lo), (s + n as i64).min(hi));
-                    if a < b {
-                        let v = &c.vals[at + (a - s) as usize..at + (b - s) as usize];
-                        chunk[(a - lo) as usize..(b - lo) as usize].iter_mut().zip(v).for_each(|(g, &x)| *g += x);
-                    }
-                    at += n as usize;
+        for (s, st) in out.stored.iter().enumerate() {
+            if !self.stored[s].is_empty() {
+                for &e in st {
+                    self.stored[s][e as usize] = true;
                 }
             }
-        });
+        }
+        for (i, t) in out.trips {
+            let e = self.max_trips.entry(i).or_insert(0);
+            *e = (*e).max(t);
+        }
+        self.duplicate_lanes |= out.duplicate_lanes;
+        if !self.too_many_runs {
+            self.store_runs.extend(out.store_runs);
+            self.too_many_runs = self.store_runs.len() > MAX_STORE_RUNS;
+            if self.too_many_runs {
+                self.store_runs = Vec::new();
+            }
+        }
+        bytes
     }
+}
+
+/// Runs the batches starting at `starts` (in order; programs up to `end`) in parallel, each
+/// thread taking the next batch in order, and adds each batch's results to `totals` as soon as
+/// those of every earlier batch are in: the sums are in batch order whatever the thread count
+/// or timing, while the results are still in cache, and their memory is reused by later
+/// batches. Returns the bytes the results took, or the error of the first batch that failed
+/// (every earlier batch has been taken, so that is the same batch on every run).
+fn run_chunk(shared: &Shared<'_>, launch: &Launch, starts: &[u64], end: u64, batch: u64, totals: &mut Totals) -> Result<usize, AdError> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    use std::sync::Mutex;
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let first_error: Mutex<Option<(usize, AdError)>> = Mutex::new(None);
+    // Finished batches whose predecessors are not all added yet.
+    let inbox: Mutex<BTreeMap<usize, ProgramGrad>> = Mutex::new(BTreeMap::new());
+    // The next batch to add, the bytes added so far, and the totals.
+    let adder = Mutex::new((0usize, 0usize, totals));
+    let work = || loop {
+        let j = next.fetch_add(1, SeqCst);
+        if j >= starts.len() || failed.load(SeqCst) {
+            return;
+        }
+        match run_batch(shared, launch, starts[j], (starts[j] + batch).min(end)) {
+            Err(e) => {
+                failed.store(true, SeqCst);
+                let mut first = first_error.lock().expect("no thread panics holding the lock");
+                if first.as_ref().is_none_or(|(k, _)| j < *k) {
+                    *first = Some((j, e));
+                }
+            }
+            Ok(out) => {
+                inbox.lock().expect("no thread panics holding the lock").insert(j, out);
+                // Add what is in order. A thread that finds another adding leaves its result to
+                // it; the adder looks again after letting go, so that no result is left behind.
+                while let Ok(mut a) = adder.try_lock() {
+                    loop {
+                        let Some(out) = inbox.lock().expect("no thread panics holding the lock").remove(&a.0) else { break };
+                        a.1 += a.2.add(out);
+                        a.0 += 1;
+                    }
+                    let wanted = a.0;
+                    drop(a);
+                    if !inbox.lock().expect("no thread panics holding the lock").contains_key(&wanted) {
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    let workers = rayon::current_num_threads().min(starts.len()).max(1);
+    rayon::scope(|s| {
+        for _ in 1..workers {
+            s.spawn(|_| work());
+        }
+        work();
+    });
+    if let Some((_, e)) = first_error.into_inner().expect("no thread panicked") {
+        return Err(e);
+    }
+    let (added, bytes, _) = adder.into_inner().expect("no thread panicked");
+    assert_eq!(added, starts.len(), "every batch of the chunk is added");
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -405,8 +405,9 @@ pub fn reverse_needs(k: &Kernel, active: &[bool]) -> Vec<bool> {
 /// For each instruction (by index), the values of its block that die with it in the forward
 /// sweep: those it is the last to read (a read inside a loop or branch counts as a read by that
 /// instruction) or that it defines and nothing reads, unless the reverse sweep reads them
-/// ([`reverse_needs`]). Freeing them right away keeps a program's live tiles few, so that new
-/// tiles reuse memory that is still in cache.
+/// ([`reverse_needs`]) or a loop reads them (the reverse sweep may run its body again).
+/// Freeing them right away keeps a program's live tiles few, so that new tiles reuse memory
+/// that is still in cache.
 pub fn forward_drops(k: &Kernel, needs: &[bool]) -> Vec<Vec<Value>> {
     /// Values read by instruction `i`, its nested blocks included.
     fn reads(k: &Kernel, i: Inst, out: &mut Vec<Value>) {
@@ -423,38 +424,42 @@ pub fn forward_drops(k: &Kernel, needs: &[bool]) -> Vec<Vec<Value>> {
             }
         }
     }
-    fn walk(k: &Kernel, b: Block, needs: &[bool], last: &mut [Option<Inst>], drops: &mut [Vec<Value>]) {
+    fn walk(k: &Kernel, b: Block, needs: &[bool], last: &mut [Option<Inst>], kept: &mut [bool], drops: &mut [Vec<Value>]) {
         let insts = &k.block(b).insts;
         let mut used = Vec::new();
         for &i in insts {
             let d = k.inst(i);
             match &d.op {
-                Op::For { body, .. } => walk(k, *body, needs, last, drops),
+                Op::For { body, .. } => walk(k, *body, needs, last, kept, drops),
                 Op::If { then_block, else_block } => {
-                    walk(k, *then_block, needs, last, drops);
-                    walk(k, *else_block, needs, last, drops);
+                    walk(k, *then_block, needs, last, kept, drops);
+                    walk(k, *else_block, needs, last, kept, drops);
                 }
                 _ => {}
             }
-            // After the nested blocks: a value of this block read inside them dies with `i`.
+            // After the nested blocks: a value of this block read inside them dies with `i`,
+            // unless `i` is a loop.
             used.clear();
             reads(k, i, &mut used);
             for v in used.iter().chain(&d.results) {
                 last[v.index()] = Some(i);
             }
+            if let Op::For { .. } = d.op {
+                used.iter().for_each(|v| kept[v.index()] = true);
+            }
         }
         // Nested blocks are done: the last readers of this block's results are final.
         for &i in insts {
             for r in &k.inst(i).results {
-                if let (false, Some(at)) = (needs[r.index()], last[r.index()]) {
+                if let (false, false, Some(at)) = (needs[r.index()], kept[r.index()], last[r.index()]) {
                     drops[at.index()].push(*r);
                 }
             }
         }
     }
-    let mut last = vec![None; k.values.len()];
+    let (mut last, mut kept) = (vec![None; k.values.len()], vec![false; k.values.len()]);
     let mut drops = vec![Vec::new(); k.insts.len()];
-    walk(k, k.body, needs, &mut last, &mut drops);
+    walk(k, k.body, needs, &mut last, &mut kept, &mut drops);
     drops
 }
 

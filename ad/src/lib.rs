@@ -13,6 +13,7 @@ pub mod graph;
 mod pages;
 mod program;
 pub mod rules;
+mod simd;
 
 pub use btile::BTile;
 pub use error::AdError;

@@ -105,9 +105,6 @@ pub(super) type Provenance = Vec<Option<(u32, u32)>>;
 /// of consecutive elements (tiles of rows are a few long runs: the accumulation adds slices).
 pub(crate) struct Contrib {
     pub slot: u32,
-    /// Smallest and largest element (inclusive): lets the accumulation skip what it does not own.
-    pub lo: i64,
-    pub hi: i64,
     /// (first element, length) of each run, in lane order.
     pub runs: Vec<(i64, u32)>,
     /// Cotangents, one per element of the runs in order.
@@ -116,7 +113,7 @@ pub(crate) struct Contrib {
 
 impl Contrib {
     fn new(slot: u32, n: usize) -> Contrib {
-        Contrib { slot, lo: i64::MAX, hi: i64::MIN, runs: Vec::new(), vals: Vec::with_capacity(n) }
+        Contrib { slot, runs: Vec::new(), vals: Vec::with_capacity(n) }
     }
 
     /// Appends element `e`'s cotangent.
@@ -126,23 +123,17 @@ impl Contrib {
             Some((s, n)) if *s + *n as i64 == e => *n += 1,
             _ => self.runs.push((e, 1)),
         }
-        self.lo = self.lo.min(e);
-        self.hi = self.hi.max(e);
         self.vals.push(v);
     }
 
     /// Runs of `offs` (one value per element, in order), whose values are `vals`.
     fn dense(slot: u32, offs: &[f64], vals: Vec<f64>) -> Contrib {
-        let mut c = Contrib { slot, lo: i64::MAX, hi: i64::MIN, runs: Vec::new(), vals };
+        let mut c = Contrib { slot, runs: Vec::new(), vals };
         let mut l = 0;
         while l < offs.len() {
             let n = run_len(offs, l);
             c.runs.push((offs[l] as i64, n as u32));
             l += n;
-        }
-        for &(s, n) in &c.runs {
-            c.lo = c.lo.min(s);
-            c.hi = c.hi.max(s + n as i64 - 1);
         }
         c
     }
@@ -586,12 +577,11 @@ mod tests {
     fn contributions_keep_lane_order_in_runs() {
         let c = Contrib::dense(0, &[4.0, 5.0, 6.0, 2.0, 2.0, 3.0], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         assert_eq!(c.runs, vec![(4, 3), (2, 1), (2, 2)]);
-        assert_eq!((c.lo, c.hi), (2, 6));
         let mut m = Contrib::new(1, 4);
         for (e, v) in [(7, 1.0), (8, 2.0), (3, 3.0), (4, 4.0)] {
             m.push(e, v);
         }
-        assert_eq!((m.runs, m.lo, m.hi, m.vals), (vec![(7, 2), (3, 2)], 3, 8, vec![1.0, 2.0, 3.0, 4.0]));
+        assert_eq!((m.runs, m.vals), (vec![(7, 2), (3, 2)], vec![1.0, 2.0, 3.0, 4.0]));
     }
 
     #[test]

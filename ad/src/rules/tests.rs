@@ -566,15 +566,16 @@ fn integer_add_sub_mul_agree_with_exact_arithmetic_at_the_edges() {
 #[test]
 fn broadcast_views_match_materialised_broadcasts() {
     let mut rng = StdRng::seed_from_u64(77);
-    let full = [3usize, 5];
-    let ty = |d: DType| Type::tile(d, &full);
     let ops =
         [Op::Binary(BinaryOp::Add), Op::Binary(BinaryOp::Sub), Op::Binary(BinaryOp::Mul), Op::Binary(BinaryOp::Div), Op::Cmp(CmpOp::Lt)];
-    for view_shape in [[3usize, 1], [1, 5], [1, 1]] {
+    // Rows shorter than eight lanes, and rows of two chunks of eight and a tail.
+    for (full, view_shape) in [[3usize, 5], [4, 19]].into_iter().flat_map(|f| [[f[0], 1], [1, f[1]], [1, 1]].map(|v| (f, v))) {
+        let (rows, cols, numel) = (full[0], full[1], full[0] * full[1]);
+        let ty = |d: DType| Type::tile(d, &full);
         for (batch, view_batch) in [(1, 1), (2, 2), (2, 1)] {
             for op in &ops {
                 for view_first in [false, true] {
-                    let dense = BTile::new(batch, &full, Gen::AwayZero.draw(&mut rng, batch, 15));
+                    let dense = BTile::new(batch, &full, Gen::AwayZero.draw(&mut rng, batch, numel));
                     let vn: usize = view_shape.iter().product();
                     let view = BTile::new(view_batch, &view_shape, Gen::AwayZero.draw(&mut rng, view_batch, vn));
                     // The view's element that element (i, j) of program b reads.
@@ -584,8 +585,8 @@ fn broadcast_views_match_materialised_broadcasts() {
                     // The view materialised.
                     let mut mat = Vec::new();
                     for b in 0..view_batch {
-                        for i in 0..3 {
-                            for j in 0..5 {
+                        for i in 0..rows {
+                            for j in 0..cols {
                                 mat.push(view.data[at(b, i, j)]);
                             }
                         }
@@ -604,7 +605,7 @@ fn broadcast_views_match_materialised_broadcasts() {
                     if matches!(op, Op::Cmp(_)) {
                         continue;
                     }
-                    let cot = BTile::new(batch, &full, Gen::Normal.draw(&mut rng, batch, 15));
+                    let cot = BTile::new(batch, &full, Gen::Normal.draw(&mut rng, batch, numel));
                     let gv = vjp(op, &args_v, &tys, &rv, &rt, &cot).unwrap();
                     let gm = vjp(op, &args_m, &tys, &rm, &rt, &cot).unwrap();
                     let (iv, id) = if view_first { (0, 1) } else { (1, 0) };
@@ -614,9 +615,9 @@ fn broadcast_views_match_materialised_broadcasts() {
                     // Sum the materialised cotangent over the broadcast dimensions.
                     let mut want = vec![0.0; view_batch * vn];
                     for b in 0..view_batch {
-                        for i in 0..3 {
-                            for j in 0..5 {
-                                want[at(b, i, j)] += gmv.data[b * 15 + i * 5 + j];
+                        for i in 0..rows {
+                            for j in 0..cols {
+                                want[at(b, i, j)] += gmv.data[b * numel + i * cols + j];
                             }
                         }
                     }

@@ -23,7 +23,7 @@ mod memory;
 use crate::graph::KernelFacts;
 use crate::rules::{self, Precision};
 use crate::{AdError, BTile};
-use memory::{add_batched, fit_batch, Event, Provenance};
+use memory::{add_batched, add_in_place, fit_batch, Event, Provenance};
 pub(crate) use memory::{Contrib, StoreRun};
 use smallvec::SmallVec;
 use std::collections::HashMap;
@@ -327,8 +327,23 @@ impl<'a> Program<'a> {
                 let (V::Ptr(slot, offs), V::Num(delta)) = (self.get(d.args[0]), self.get(d.args[1])) else {
                     unreachable!("verified addptr takes a pointer and integers")
                 };
-                let r = V::Ptr(*slot, add_batched(offs, delta));
-                self.set(d.results[0], r);
+                let slot = *slot;
+                // Offsets that die here (a tile of this program's own, of the result's shape and
+                // batch) take the base in place instead of a new tile.
+                let reusable = self.sh.drops[i.index()].contains(&d.args[1])
+                    && d.args[0] != d.args[1]
+                    && delta.shape == offs.shape
+                    && delta.batch >= offs.batch
+                    && self.env[d.args[1].index()].is_some();
+                let r = if reusable {
+                    let Some(V::Num(mut t)) = self.env[d.args[1].index()].take() else { unreachable!("checked above") };
+                    let V::Ptr(_, offs) = self.get(d.args[0]) else { unreachable!("checked above") };
+                    add_in_place(&mut t, offs);
+                    t
+                } else {
+                    add_batched(offs, delta)
+                };
+                self.set(d.results[0], V::Ptr(slot, r));
             }
             Op::Broadcast | Op::ExpandDims { .. } | Op::Reshape | Op::Permute { .. } | Op::Where
                 if d.args.iter().any(|&a| matches!(self.get(a), V::Ptr(..))) =>

@@ -469,6 +469,15 @@ pub(super) fn add_batched(a: &BTile, b: &BTile) -> BTile {
     BTile::new(batch, &a.shape, data)
 }
 
+/// `t += base` elementwise, `base` of `t`'s shape and batch 1 or `t`'s batch (the same sums
+/// as [`add_batched`]).
+pub(super) fn add_in_place(t: &mut BTile, base: &BTile) {
+    let n = base.data.len();
+    for row in t.data.chunks_mut(n.max(1)) {
+        row.iter_mut().zip(&base.data).for_each(|(x, &b)| *x += b);
+    }
+}
+
 /// A cotangent computed for every program, brought to a value of batch `b`: summed over the
 /// programs when the value is shared by all of them.
 pub(super) fn fit_batch(t: BTile, b: usize) -> BTile {

@@ -543,17 +543,36 @@ enum Out<'o> {
 /// in a fixed order (deterministic, and not bound by the latency of one chain of additions).
 /// Eight lanes at a time, compiled for AVX2 where the CPU has it.
 fn view_row<A: RowSrc, B: RowSrc, F: Fn(f64, f64, f64) -> f64>(g: &[f64], a: A, b: B, f: &F, out: &mut Out<'_>) {
-    crate::simd::wide(|| view_row_lanes(g, a, b, f, out))
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        fn avx2<A: RowSrc, B: RowSrc, F: Fn(f64, f64, f64) -> f64>(g: &[f64], a: A, b: B, f: &F, out: &mut Out<'_>) {
+            view_row_lanes(g, a, b, f, out)
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked above).
+            return unsafe { avx2(g, a, b, f, out) };
+        }
+    }
+    view_row_lanes(g, a, b, f, out)
+}
+
+/// `f` on elements `8c..8c + 8` of a row.
+#[inline(always)]
+fn lanes<A: RowSrc, B: RowSrc, F: Fn(f64, f64, f64) -> f64>(g: &[f64], a: A, b: B, f: &F, c: usize) -> [f64; 8] {
+    let (gc, ac, bc): (&[f64; 8], _, _) = (g[8 * c..8 * c + 8].try_into().expect("eight elements"), a.chunk(c), b.chunk(c));
+    let mut r = [0.0; 8];
+    for (k, r) in r.iter_mut().enumerate() {
+        *r = f(gc[k], ac[k], bc[k]);
+    }
+    r
 }
 
 #[inline(always)]
 fn view_row_lanes<A: RowSrc, B: RowSrc, F: Fn(f64, f64, f64) -> f64>(g: &[f64], a: A, b: B, f: &F, out: &mut Out<'_>) {
     let n = g.len();
     let full = n / 8;
-    let lanes = |c: usize| {
-        let (gc, ac, bc): (&[f64; 8], _, _) = (g[8 * c..8 * c + 8].try_into().expect("eight elements"), a.chunk(c), b.chunk(c));
-        std::array::from_fn::<f64, 8, _>(|k| f(gc[k], ac[k], bc[k]))
-    };
+    let lanes = |c: usize| lanes(g, a, b, f, c);
     match out {
         Out::Extend(v) => {
             v.reserve(n);

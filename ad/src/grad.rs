@@ -193,8 +193,8 @@ pub fn vjp(
     let grads: Vec<Vec<f64>> =
         slots.iter().map(|s| if s.is_input { crate::pages::zeroed(s.initial.len(), PAGE_CHUNK) } else { Vec::new() }).collect();
     let stored: Vec<Vec<bool>> = slots.iter().map(|s| if s.tracks_stores() { vec![false; s.initial.len()] } else { Vec::new() }).collect();
-    let mut totals =
-        Totals { grads, stored, max_trips: BTreeMap::new(), store_runs: Vec::new(), duplicate_lanes: false, too_many_runs: false };
+    let mut grads = grads;
+    let mut totals = Totals { stored, max_trips: BTreeMap::new(), store_runs: Vec::new(), duplicate_lanes: false, too_many_runs: false };
     let total = launch.grid().programs();
     // Chunks hold whole batches, so that batches (and the result's summation order) do not
     // depend on the chunk size. Unless given, a chunk's size comes from the memory its
@@ -207,14 +207,14 @@ pub fn vjp(
     while start < total {
         let end = (start + chunk).min(total);
         let starts: Vec<u64> = (start..end).step_by(batch as usize).collect();
-        let bytes = run_chunk(&shared, launch, &starts, end, batch, &mut totals).map_err(described)?;
+        let bytes = run_chunk(&shared, launch, &starts, end, batch, &mut grads, &mut totals).map_err(described)?;
         if opts.chunk_programs.is_none() {
             per_program = per_program.max(bytes as u64 / (end - start) + 256);
             chunk = whole((opts.memory_budget as u64 / 2 / per_program).clamp(in_flight as u64, 1 << 16));
         }
         start = end;
     }
-    let Totals { mut grads, stored, max_trips, mut store_runs, duplicate_lanes, too_many_runs } = totals;
+    let Totals { stored, max_trips, mut store_runs, duplicate_lanes, too_many_runs } = totals;
     if self_check && (duplicate_lanes || too_many_runs || stores_overlap(&mut store_runs)) {
         // A race (which the reference names), or too many runs to tell cheaply.
         launch.check(mem)?;
@@ -317,10 +317,9 @@ fn stores_overlap(runs: &mut [StoreRun]) -> bool {
 /// Elements per parallel task when gradient buffers are first touched.
 const PAGE_CHUNK: usize = 1 << 14;
 
-/// What the batches of a launch hand back, summed in batch order.
+/// What the batches of a launch hand back besides gradient contributions, gathered in batch
+/// order.
 struct Totals {
-    /// Per slot: the gradient of its initial contents (empty unless an input).
-    grads: Vec<Vec<f64>>,
     /// Per slot that [`SlotData::tracks_stores`]: whether some program stores each element.
     stored: Vec<Vec<bool>>,
     max_trips: BTreeMap<Inst, u64>,
@@ -331,18 +330,8 @@ struct Totals {
 }
 
 impl Totals {
-    /// Adds the next batch's results; returns the bytes they took.
-    fn add(&mut self, out: ProgramGrad) -> usize {
-        let bytes = out.bytes();
-        for c in &out.contrib {
-            let g = &mut self.grads[c.slot as usize];
-            let mut at = 0;
-            for &(s, n) in &c.runs {
-                let (s, n) = (s as usize, n as usize);
-                crate::simd::wide(|| g[s..s + n].iter_mut().zip(&c.vals[at..at + n]).for_each(|(g, &x)| *g += x));
-                at += n;
-            }
-        }
+    /// Adds the next batch's results (all but its contributions).
+    fn add(&mut self, out: &ProgramGrad) {
         for (s, st) in out.stored.iter().enumerate() {
             if !self.stored[s].is_empty() {
                 for &e in st {
@@ -350,38 +339,99 @@ impl Totals {
                 }
             }
         }
-        for (i, t) in out.trips {
+        for &(i, t) in &out.trips {
             let e = self.max_trips.entry(i).or_insert(0);
             *e = (*e).max(t);
         }
         self.duplicate_lanes |= out.duplicate_lanes;
         if !self.too_many_runs {
-            self.store_runs.extend(out.store_runs);
+            self.store_runs.extend_from_slice(&out.store_runs);
             self.too_many_runs = self.store_runs.len() > MAX_STORE_RUNS;
             if self.too_many_runs {
                 self.store_runs = Vec::new();
             }
         }
-        bytes
     }
 }
 
+/// Adds contributions to one share of every gradient: `(first element, elements)` per slot.
+fn add_contributions(share: &mut [(usize, &mut [f64])], out: &ProgramGrad) {
+    for c in &out.contrib {
+        let (lo, g) = &mut share[c.slot as usize];
+        let (lo, hi) = (*lo as i64, (*lo + g.len()) as i64);
+        let mut at = 0usize;
+        for &(s, n) in &c.runs {
+            // The part of the run in this share, and its values.
+            let (a, b) = (s.max(lo), (s + n as i64).min(hi));
+            if a < b {
+                let v = &c.vals[at + (a - s) as usize..at + (b - s) as usize];
+                let g = &mut g[(a - lo) as usize..(b - lo) as usize];
+                crate::simd::wide(|| g.iter_mut().zip(v).for_each(|(g, &x)| *g += x));
+            }
+            at += n as usize;
+        }
+    }
+}
+
+/// Most adders of one chunk: each adds to its own share of every gradient, so that adding
+/// keeps pace with many threads computing.
+const MAX_SHARES: usize = 8;
+
+/// What one adder adds, batch by batch in order.
+enum Adds<'g> {
+    /// A share of every gradient.
+    Share(Vec<(usize, &'g mut [f64])>),
+    /// Everything but contributions, and the bytes the results took.
+    Rest(&'g mut Totals, usize),
+}
+
+/// A finished batch waiting for the adders, and how many have added it.
+struct Finished {
+    out: ProgramGrad,
+    added: std::sync::atomic::AtomicUsize,
+}
+
 /// Runs the batches starting at `starts` (in order; programs up to `end`) in parallel, each
-/// thread taking the next batch in order, and adds each batch's results to `totals` as soon as
-/// those of every earlier batch are in: the sums are in batch order whatever the thread count
-/// or timing, while the results are still in cache, and their memory is reused by later
-/// batches. Returns the bytes the results took, or the error of the first batch that failed
-/// (every earlier batch has been taken, so that is the same batch on every run).
-fn run_chunk(shared: &Shared<'_>, launch: &Launch, starts: &[u64], end: u64, batch: u64, totals: &mut Totals) -> Result<usize, AdError> {
+/// thread taking the next batch in order. Each batch's results are added to `grads` and
+/// `totals` as soon as those of every earlier batch are in: the sums are in batch order
+/// whatever the thread count or timing, while the results are still in cache, and their
+/// memory is reused by later batches. Adders own disjoint shares of the gradients; the thread
+/// that finishes a batch runs every adder that is free. Returns the bytes the results took, or
+/// the error of the first batch that failed (every earlier batch has been taken, so that is
+/// the same batch on every run).
+fn run_chunk(
+    shared: &Shared<'_>,
+    launch: &Launch,
+    starts: &[u64],
+    end: u64,
+    batch: u64,
+    grads: &mut [Vec<f64>],
+    totals: &mut Totals,
+) -> Result<usize, AdError> {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
+    const HELD: &str = "no thread panics holding the lock";
+    let workers = rayon::current_num_threads().min(starts.len()).max(1);
+    let shares = workers.min(MAX_SHARES);
+    // Share k of a gradient of n elements: elements n*k/shares up to n*(k+1)/shares.
+    let mut split: Vec<Vec<(usize, &mut [f64])>> = (0..shares).map(|_| Vec::new()).collect();
+    for g in grads.iter_mut() {
+        let n = g.len();
+        let (mut rest, mut lo): (&mut [f64], usize) = (g, 0);
+        for (k, share) in split.iter_mut().enumerate() {
+            let hi = n * (k + 1) / shares;
+            let (mine, others) = std::mem::take(&mut rest).split_at_mut(hi - lo);
+            share.push((lo, mine));
+            (rest, lo) = (others, hi);
+        }
+    }
+    let mut adders: Vec<Mutex<(usize, Adds<'_>)>> = split.into_iter().map(|s| Mutex::new((0, Adds::Share(s)))).collect();
+    adders.push(Mutex::new((0, Adds::Rest(totals, 0))));
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let first_error: Mutex<Option<(usize, AdError)>> = Mutex::new(None);
-    // Finished batches whose predecessors are not all added yet.
-    let inbox: Mutex<BTreeMap<usize, ProgramGrad>> = Mutex::new(BTreeMap::new());
-    // The next batch to add, the bytes added so far, and the totals.
-    let adder = Mutex::new((0usize, 0usize, totals));
+    // Finished batches that some adder has not added yet.
+    let inbox: Mutex<BTreeMap<usize, Arc<Finished>>> = Mutex::new(BTreeMap::new());
     let work = || loop {
         let j = next.fetch_add(1, SeqCst);
         if j >= starts.len() || failed.load(SeqCst) {
@@ -390,31 +440,41 @@ fn run_chunk(shared: &Shared<'_>, launch: &Launch, starts: &[u64], end: u64, bat
         match run_batch(shared, launch, starts[j], (starts[j] + batch).min(end)) {
             Err(e) => {
                 failed.store(true, SeqCst);
-                let mut first = first_error.lock().expect("no thread panics holding the lock");
+                let mut first = first_error.lock().expect(HELD);
                 if first.as_ref().is_none_or(|(k, _)| j < *k) {
                     *first = Some((j, e));
                 }
             }
             Ok(out) => {
-                inbox.lock().expect("no thread panics holding the lock").insert(j, out);
-                // Add what is in order. A thread that finds another adding leaves its result to
-                // it; the adder looks again after letting go, so that no result is left behind.
-                while let Ok(mut a) = adder.try_lock() {
-                    loop {
-                        let Some(out) = inbox.lock().expect("no thread panics holding the lock").remove(&a.0) else { break };
-                        a.1 += a.2.add(out);
-                        a.0 += 1;
-                    }
-                    let wanted = a.0;
-                    drop(a);
-                    if !inbox.lock().expect("no thread panics holding the lock").contains_key(&wanted) {
-                        break;
+                inbox.lock().expect(HELD).insert(j, Arc::new(Finished { out, added: AtomicUsize::new(0) }));
+                for adder in &adders {
+                    // An adder another thread holds is left to it; that thread looks again after
+                    // letting go, so that no batch is left behind.
+                    while let Ok(mut a) = adder.try_lock() {
+                        loop {
+                            let Some(f) = inbox.lock().expect(HELD).get(&a.0).cloned() else { break };
+                            match &mut a.1 {
+                                Adds::Share(share) => add_contributions(share, &f.out),
+                                Adds::Rest(t, bytes) => {
+                                    t.add(&f.out);
+                                    *bytes += f.out.bytes();
+                                }
+                            }
+                            if f.added.fetch_add(1, SeqCst) + 1 == adders.len() {
+                                inbox.lock().expect(HELD).remove(&a.0);
+                            }
+                            a.0 += 1;
+                        }
+                        let wanted = a.0;
+                        drop(a);
+                        if !inbox.lock().expect(HELD).contains_key(&wanted) {
+                            break;
+                        }
                     }
                 }
             }
         }
     };
-    let workers = rayon::current_num_threads().min(starts.len()).max(1);
     rayon::scope(|s| {
         for _ in 1..workers {
             s.spawn(|_| work());
@@ -424,8 +484,14 @@ fn run_chunk(shared: &Shared<'_>, launch: &Launch, starts: &[u64], end: u64, bat
     if let Some((_, e)) = first_error.into_inner().expect("no thread panicked") {
         return Err(e);
     }
-    let (added, bytes, _) = adder.into_inner().expect("no thread panicked");
-    assert_eq!(added, starts.len(), "every batch of the chunk is added");
+    let mut bytes = 0;
+    for adder in adders {
+        let (added, adds) = adder.into_inner().expect("no thread panicked");
+        assert_eq!(added, starts.len(), "every batch of the chunk is added");
+        if let Adds::Rest(_, b) = adds {
+            bytes = b;
+        }
+    }
     Ok(bytes)
 }
 
@@ -511,6 +577,44 @@ mod tests {
             assert!((g - w).abs() <= 1e-12 * w.abs().max(1.0), "x[{e}]: {g} vs {w}");
         }
         assert!(base.iter().any(|&g| g != 0.0));
+    }
+
+    #[test]
+    fn contributions_of_many_batches_to_one_element_are_summed_in_batch_order() {
+        // y[p*B + l] = x[l]^2: every program (one batch each) reads all of x, so each element of
+        // x's gradient is a sum of P contributions, whose order shows in the bits.
+        let (b, p) = (64usize, 40usize);
+        let mut kb = KernelBuilder::new("squares_of_shared");
+        let x = kb.ptr_param("x", DType::F64);
+        let y = kb.ptr_param("y", DType::F64);
+        let pid = kb.program_id(0);
+        let bs = kb.i32(b as i32);
+        let start = kb.mul(pid, bs);
+        let r = kb.arange(0, b as i64);
+        let px = kb.add(x, r);
+        let v = kb.load(px, None, None);
+        let v2 = kb.mul(v, v);
+        let o = kb.add(start, r);
+        let py = kb.add(y, o);
+        kb.store(py, v2, None);
+        let k = kb.finish().unwrap();
+        let mut rng = StdRng::seed_from_u64(6);
+        let xs: Vec<f64> = (0..b).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let cy: Vec<f64> = (0..b * p).map(|_| rng.gen_range(-1e3..1e3) * rng.gen_range(1e-6..1.0)).collect();
+        let mut mem = Memory::new();
+        let xt = mem.add("x", HostTensor::from_f64(&[b], xs.clone()));
+        let yt = mem.add("y", HostTensor::zeros(DType::F64, &[b * p]));
+        let launch = Launch::new(&k, p as u32).arg("x", xt).arg("y", yt);
+        // Program q sends g*x + g*x = 2gx exactly; the sum is in program order from zero.
+        let want: Vec<f64> = (0..b).map(|l| (0..p).fold(0.0, |s, q| s + 2.0 * cy[q * b + l] * xs[l])).collect();
+        let reversed: Vec<f64> = (0..b).map(|l| (0..p).rev().fold(0.0, |s, q| s + 2.0 * cy[q * b + l] * xs[l])).collect();
+        assert_ne!(want, reversed, "the order must show in the bits");
+        for (threads, chunk) in [(1, None), (2, None), (3, Some(7)), (5, None), (4, Some(1))] {
+            let opts = GradOptions { chunk_programs: chunk, batch_programs: Some(1), ..GradOptions::default() };
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let g = pool.install(|| vjp(&launch, &mem, &[xt], &[(yt, cy.clone())], &opts)).unwrap().inputs.remove(0);
+            assert!(g.iter().zip(&want).all(|(a, w)| a.to_bits() == w.to_bits()), "{threads} threads, chunks of {chunk:?}");
+        }
     }
 
     #[test]

@@ -531,7 +531,7 @@ fn gather_initial<T: Copy + Into<f64>>(
             let (e, n) = (offs[l], run_len(offs, l));
             let run = (e >= 0.0).then(|| (e as usize).checked_add(n).and_then(|end| src.get(e as usize..end))).flatten();
             match run {
-                Some(run) => out[l..l + n].iter_mut().zip(run).for_each(|(o, &v)| *o = v.into()),
+                Some(run) => crate::simd::wide(|| out[l..l + n].iter_mut().zip(run).for_each(|(o, &v)| *o = v.into())),
                 None => break,
             }
             l += n;

@@ -26,12 +26,14 @@ use tilegrad_reference::{Arg, Launch, Memory, RaceMode, TensorId};
 pub struct GradOptions {
     /// f64 ground truth (the default) or the kernel's own dtypes.
     pub precision: Precision,
-    /// Memory for the work in flight beyond the gradients themselves: half for the pending
-    /// contributions of a chunk of programs (chunks are sized to it), half for the loop-body
-    /// values the batches being evaluated keep for their reverse sweeps (beyond it, bodies are
-    /// recomputed). Default 64 MiB.
+    /// Memory for the work in flight beyond the gradients themselves: half for the results of
+    /// finished batches waiting for earlier ones (they are added in batch order; beyond it,
+    /// threads wait before starting another batch), half for the loop-body values the batches
+    /// being evaluated keep for their reverse sweeps (beyond it, bodies are recomputed).
+    /// Default 64 MiB.
     pub memory_budget: usize,
-    /// Programs per chunk, overriding the size derived from `memory_budget`.
+    /// Programs per chunk: the launch is differentiated in chunks of this many programs, one
+    /// after the other (each chunk's batches in parallel). By default, one chunk.
     pub chunk_programs: Option<usize>,
     /// Programs evaluated together as one batch (every value holds one tile per program),
     /// overriding the size derived from the kernel's tile sizes. A batch whose programs take
@@ -190,28 +192,18 @@ pub fn vjp(
     // the launch is at fault).
     let described = |e: AdError| if self_check { launch.check(mem).err().map_or(e, AdError::from) } else { e };
     shared.invariant = Program::invariants(&shared, launch.grid().pid(0)).map_err(described)?;
-    let grads: Vec<Vec<f64>> =
+    let mut grads: Vec<Vec<f64>> =
         slots.iter().map(|s| if s.is_input { crate::pages::zeroed(s.initial.len(), PAGE_CHUNK) } else { Vec::new() }).collect();
     let stored: Vec<Vec<bool>> = slots.iter().map(|s| if s.tracks_stores() { vec![false; s.initial.len()] } else { Vec::new() }).collect();
-    let mut grads = grads;
     let mut totals = Totals { stored, max_trips: BTreeMap::new(), store_runs: Vec::new(), duplicate_lanes: false, too_many_runs: false };
     let total = launch.grid().programs();
-    // Chunks hold whole batches, so that batches (and the result's summation order) do not
-    // depend on the chunk size. Unless given, a chunk's size comes from the memory its
-    // programs' results took so far (half the budget, should they all be pending): at least a
-    // batch per thread, at first exactly that.
-    let whole = |c: u64| c.max(1).div_ceil(batch) * batch;
-    let mut chunk = whole(opts.chunk_programs.map_or(in_flight as u64, |c| c as u64));
-    let mut per_program = 0u64;
+    // One run over every batch, unless chunks are asked for (they hold whole batches, so that
+    // batches, and the result's summation order, do not depend on the chunk size).
+    let chunk = opts.chunk_programs.map_or(total, |c| (c as u64).max(1).div_ceil(batch) * batch);
     let mut start = 0;
     while start < total {
         let end = (start + chunk).min(total);
-        let starts: Vec<u64> = (start..end).step_by(batch as usize).collect();
-        let bytes = run_chunk(&shared, launch, &starts, end, batch, &mut grads, &mut totals).map_err(described)?;
-        if opts.chunk_programs.is_none() {
-            per_program = per_program.max(bytes as u64 / (end - start) + 256);
-            chunk = whole((opts.memory_budget as u64 / 2 / per_program).clamp(in_flight as u64, 1 << 16));
-        }
+        run_chunk(&shared, launch, (start, end, batch), opts.memory_budget / 2, &mut grads, &mut totals).map_err(described)?;
         start = end;
     }
     let Totals { stored, max_trips, mut store_runs, duplicate_lanes, too_many_runs } = totals;
@@ -381,37 +373,39 @@ const MAX_SHARES: usize = 8;
 enum Adds<'g> {
     /// A share of every gradient.
     Share(Vec<(usize, &'g mut [f64])>),
-    /// Everything but contributions, and the bytes the results took.
-    Rest(&'g mut Totals, usize),
+    /// Everything but contributions.
+    Rest(&'g mut Totals),
 }
 
-/// A finished batch waiting for the adders, and how many have added it.
+/// A finished batch waiting for the adders, how many have added it, and its bytes.
 struct Finished {
     out: ProgramGrad,
     added: std::sync::atomic::AtomicUsize,
+    bytes: usize,
 }
 
-/// Runs the batches starting at `starts` (in order; programs up to `end`) in parallel, each
-/// thread taking the next batch in order. Each batch's results are added to `grads` and
-/// `totals` as soon as those of every earlier batch are in: the sums are in batch order
-/// whatever the thread count or timing, while the results are still in cache, and their
-/// memory is reused by later batches. Adders own disjoint shares of the gradients; the thread
-/// that finishes a batch runs every adder that is free. Returns the bytes the results took, or
-/// the error of the first batch that failed (every earlier batch has been taken, so that is
-/// the same batch on every run).
+/// Runs the batches of programs `start..end` (`batch` programs each) in parallel, each thread
+/// taking the next batch in order. Each batch's results are added to `grads` and `totals` as
+/// soon as those of every earlier batch are in: the sums are in batch order whatever the
+/// thread count or timing, while the results are still in cache, and their memory is reused by
+/// later batches. Adders own disjoint shares of the gradients; the thread that finishes a batch
+/// runs every adder that is free. While the results waiting for an earlier batch take more than
+/// `pending_limit` bytes, threads wait before starting another batch (the earliest unfinished
+/// batch is being computed, so the wait ends). Returns the error of the first batch that
+/// failed (every earlier batch has been taken, so that is the same batch on every run).
 fn run_chunk(
     shared: &Shared<'_>,
     launch: &Launch,
-    starts: &[u64],
-    end: u64,
-    batch: u64,
+    (start, end, batch): (u64, u64, u64),
+    pending_limit: usize,
     grads: &mut [Vec<f64>],
     totals: &mut Totals,
-) -> Result<usize, AdError> {
+) -> Result<(), AdError> {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
-    use std::sync::{Arc, Mutex};
+    use std::sync::{Arc, Condvar, Mutex};
     const HELD: &str = "no thread panics holding the lock";
-    let workers = rayon::current_num_threads().min(starts.len()).max(1);
+    let batches = (end - start).div_ceil(batch) as usize;
+    let workers = rayon::current_num_threads().min(batches).max(1);
     let shares = workers.min(MAX_SHARES);
     // Share k of a gradient of n elements: elements n*k/shares up to n*(k+1)/shares.
     let mut split: Vec<Vec<(usize, &mut [f64])>> = (0..shares).map(|_| Vec::new()).collect();
@@ -426,48 +420,63 @@ fn run_chunk(
         }
     }
     let mut adders: Vec<Mutex<(usize, Adds<'_>)>> = split.into_iter().map(|s| Mutex::new((0, Adds::Share(s)))).collect();
-    adders.push(Mutex::new((0, Adds::Rest(totals, 0))));
+    adders.push(Mutex::new((0, Adds::Rest(totals))));
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let first_error: Mutex<Option<(usize, AdError)>> = Mutex::new(None);
-    // Finished batches that some adder has not added yet.
-    let inbox: Mutex<BTreeMap<usize, Arc<Finished>>> = Mutex::new(BTreeMap::new());
+    // Finished batches that some adder has not added yet, and the bytes they take.
+    let inbox: Mutex<(BTreeMap<usize, Arc<Finished>>, usize)> = Mutex::new((BTreeMap::new(), 0));
+    let drained = Condvar::new();
     let work = || loop {
+        let mut held = inbox.lock().expect(HELD);
+        while held.1 > pending_limit && !failed.load(SeqCst) {
+            held = drained.wait(held).expect(HELD);
+        }
+        drop(held);
         let j = next.fetch_add(1, SeqCst);
-        if j >= starts.len() || failed.load(SeqCst) {
+        if j >= batches || failed.load(SeqCst) {
             return;
         }
-        match run_batch(shared, launch, starts[j], (starts[j] + batch).min(end)) {
+        let first = start + j as u64 * batch;
+        match run_batch(shared, launch, first, (first + batch).min(end)) {
             Err(e) => {
                 failed.store(true, SeqCst);
                 let mut first = first_error.lock().expect(HELD);
                 if first.as_ref().is_none_or(|(k, _)| j < *k) {
                     *first = Some((j, e));
                 }
+                drop(first);
+                // Waiting threads stop.
+                let _held = inbox.lock().expect(HELD);
+                drained.notify_all();
             }
             Ok(out) => {
-                inbox.lock().expect(HELD).insert(j, Arc::new(Finished { out, added: AtomicUsize::new(0) }));
+                let bytes = out.bytes();
+                let mut held = inbox.lock().expect(HELD);
+                held.0.insert(j, Arc::new(Finished { out, added: AtomicUsize::new(0), bytes }));
+                held.1 += bytes;
+                drop(held);
                 for adder in &adders {
                     // An adder another thread holds is left to it; that thread looks again after
                     // letting go, so that no batch is left behind.
                     while let Ok(mut a) = adder.try_lock() {
                         loop {
-                            let Some(f) = inbox.lock().expect(HELD).get(&a.0).cloned() else { break };
+                            let Some(f) = inbox.lock().expect(HELD).0.get(&a.0).cloned() else { break };
                             match &mut a.1 {
                                 Adds::Share(share) => add_contributions(share, &f.out),
-                                Adds::Rest(t, bytes) => {
-                                    t.add(&f.out);
-                                    *bytes += f.out.bytes();
-                                }
+                                Adds::Rest(t) => t.add(&f.out),
                             }
                             if f.added.fetch_add(1, SeqCst) + 1 == adders.len() {
-                                inbox.lock().expect(HELD).remove(&a.0);
+                                let mut held = inbox.lock().expect(HELD);
+                                held.0.remove(&a.0);
+                                held.1 -= f.bytes;
+                                drained.notify_all();
                             }
                             a.0 += 1;
                         }
                         let wanted = a.0;
                         drop(a);
-                        if !inbox.lock().expect(HELD).contains_key(&wanted) {
+                        if !inbox.lock().expect(HELD).0.contains_key(&wanted) {
                             break;
                         }
                     }
@@ -484,15 +493,11 @@ fn run_chunk(
     if let Some((_, e)) = first_error.into_inner().expect("no thread panicked") {
         return Err(e);
     }
-    let mut bytes = 0;
     for adder in adders {
-        let (added, adds) = adder.into_inner().expect("no thread panicked");
-        assert_eq!(added, starts.len(), "every batch of the chunk is added");
-        if let Adds::Rest(_, b) = adds {
-            bytes = b;
-        }
+        let (added, _) = adder.into_inner().expect("no thread panicked");
+        assert_eq!(added, batches, "every batch of the chunk is added");
     }
-    Ok(bytes)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -609,11 +614,15 @@ mod tests {
         let want: Vec<f64> = (0..b).map(|l| (0..p).fold(0.0, |s, q| s + 2.0 * cy[q * b + l] * xs[l])).collect();
         let reversed: Vec<f64> = (0..b).map(|l| (0..p).rev().fold(0.0, |s, q| s + 2.0 * cy[q * b + l] * xs[l])).collect();
         assert_ne!(want, reversed, "the order must show in the bits");
-        for (threads, chunk) in [(1, None), (2, None), (3, Some(7)), (5, None), (4, Some(1))] {
-            let opts = GradOptions { chunk_programs: chunk, batch_programs: Some(1), ..GradOptions::default() };
+        // A zero memory budget: threads wait whenever a finished batch waits for an earlier one.
+        for (threads, chunk, budget) in [(1, None, 64 << 20), (2, None, 64 << 20), (3, Some(7), 64 << 20), (5, None, 0), (4, Some(1), 0)] {
+            let opts = GradOptions { chunk_programs: chunk, batch_programs: Some(1), memory_budget: budget, ..GradOptions::default() };
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             let g = pool.install(|| vjp(&launch, &mem, &[xt], &[(yt, cy.clone())], &opts)).unwrap().inputs.remove(0);
-            assert!(g.iter().zip(&want).all(|(a, w)| a.to_bits() == w.to_bits()), "{threads} threads, chunks of {chunk:?}");
+            assert!(
+                g.iter().zip(&want).all(|(a, w)| a.to_bits() == w.to_bits()),
+                "{threads} threads, chunks of {chunk:?}, budget {budget}"
+            );
         }
     }
 

@@ -8,10 +8,12 @@
 //! load sends its cotangent to the element it read.
 //!
 //! Programs are differentiated in batches (consecutive programs, batch boundaries fixed by the
-//! kernel's tile sizes or [`GradOptions::batch_programs`]), batches in parallel, in chunks sized
-//! to the memory budget. Contributions are summed in batch order (each batch's as soon as every
-//! earlier batch's are in), within a batch access by access and program by program: the result
-//! does not depend on the thread count, the timing or the chunk size.
+//! kernel's tile sizes or [`GradOptions::batch_programs`]), batches in parallel, each thread
+//! taking the next one in order. Contributions are summed in batch order (each batch's as soon
+//! as every earlier batch's are in, while they are in cache), within a batch access by access
+//! and program by program: the result does not depend on the thread count, the timing or
+//! [`GradOptions::chunk_programs`]. The results waiting for an earlier batch are bounded by the
+//! memory budget.
 
 use crate::graph::{active_values, forward_drops, reverse_needs, KernelGraph};
 use crate::program::{Initial, Program, ProgramGrad, Shared, SlotData, StoreRun, V};

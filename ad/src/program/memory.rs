@@ -167,11 +167,13 @@ impl Program<'_> {
         // replaying a loop body, the provenance recorded by the forward sweep).
         let prov: Option<&Provenance> = if self.replay { self.loads.get(&key).filter(|p| !p.is_empty()) } else { None };
         let use_overlay = !self.replay && self.sh.facts.needs_overlay && !self.overlay.is_empty();
-        let mut out = vec![0.0; n];
+        let fast = prov.is_none() && !use_overlay;
+        // The fast path writes every lane (in order), the other one lane by lane.
+        let mut out = if fast { Vec::with_capacity(n) } else { vec![0.0; n] };
         let mut own: Provenance = Vec::new();
         let mut bad: Option<(usize, i64)> = None;
         let mut atomic_src = false;
-        if prov.is_none() && !use_overlay {
+        if fast {
             // Every lane reads the launch's initial memory: one tight loop per storage type.
             // A mask with every lane active is no mask.
             let m = mask.filter(|m| m.contains(&0.0));
@@ -182,7 +184,7 @@ impl Program<'_> {
             };
         }
         for l in 0..n {
-            if prov.is_none() && !use_overlay {
+            if fast {
                 break;
             }
             if mask.is_some_and(|m| m[l] == 0.0) {
@@ -513,14 +515,14 @@ fn run_len(offs: &[f64], l: usize) -> usize {
     n
 }
 
-/// Reads `src[offs[l]]` into `out[l]` for every active lane (`other`, or 0, for masked-off
-/// lanes); returns the first active lane out of bounds (lane, offset), if any.
+/// Appends `src[offs[l]]` to `out` (empty) for every active lane (`other`, or 0, for
+/// masked-off lanes); returns the first active lane out of bounds (lane, offset), if any.
 fn gather_initial<T: Copy + Into<f64>>(
     src: &[T],
     offs: &[f64],
     mask: Option<&[f64]>,
     other: Option<&[f64]>,
-    out: &mut [f64],
+    out: &mut Vec<f64>,
 ) -> Option<(usize, i64)> {
     let other_at = |l: usize| other.map_or(0.0, |o| if o.len() == 1 { o[0] } else { o[l] });
     if mask.is_none() {
@@ -531,7 +533,7 @@ fn gather_initial<T: Copy + Into<f64>>(
             let (e, n) = (offs[l], run_len(offs, l));
             let run = (e >= 0.0).then(|| (e as usize).checked_add(n).and_then(|end| src.get(e as usize..end))).flatten();
             match run {
-                Some(run) => crate::simd::wide(|| out[l..l + n].iter_mut().zip(run).for_each(|(o, &v)| *o = v.into())),
+                Some(run) => crate::simd::wide(|| out.extend(run.iter().map(|&v| v.into()))),
                 None => break,
             }
             l += n;
@@ -539,15 +541,16 @@ fn gather_initial<T: Copy + Into<f64>>(
         if l == offs.len() {
             return None;
         }
+        out.clear();
     }
-    for (l, (o, &e)) in out.iter_mut().zip(offs).enumerate() {
+    for (l, &e) in offs.iter().enumerate() {
         if mask.is_some_and(|m| m[l] == 0.0) {
-            *o = other_at(l);
+            out.push(other_at(l));
             continue;
         }
         match src.get(e as usize) {
             // A negative offset converts to 0 (`as` saturates): check the sign as well.
-            Some(&v) if e >= 0.0 => *o = v.into(),
+            Some(&v) if e >= 0.0 => out.push(v.into()),
             _ => return Some((l, e as i64)),
         }
     }
@@ -561,18 +564,22 @@ mod tests {
     #[test]
     fn gathers_by_runs_and_names_the_first_lane_out_of_bounds() {
         let src: Vec<f32> = (0..10).map(|x| x as f32 * 0.5).collect();
-        let mut out = vec![0.0; 6];
+        let gather = |offs: &[f64], mask: Option<&[f64]>, other: Option<&[f64]>| {
+            let mut out = Vec::new();
+            let bad = gather_initial(&src, offs, mask, other, &mut out);
+            (bad, bad.is_none().then_some(out))
+        };
         // Two runs (3..6, 0..2) and a single element.
-        assert_eq!(gather_initial(&src, &[3.0, 4.0, 5.0, 0.0, 1.0, 9.0], None, None, &mut out), None);
-        assert_eq!(out, vec![1.5, 2.0, 2.5, 0.0, 0.5, 4.5]);
+        let all = Some(vec![1.5, 2.0, 2.5, 0.0, 0.5, 4.5]);
+        assert_eq!(gather(&[3.0, 4.0, 5.0, 0.0, 1.0, 9.0], None, None), (None, all));
         // A run leaving the tensor, a negative offset, an offset beyond any index.
-        assert_eq!(gather_initial(&src, &[7.0, 8.0, 9.0, 10.0, 0.0, 1.0], None, None, &mut out), Some((3, 10)));
-        assert_eq!(gather_initial(&src, &[0.0, -1.0, 0.0, 1.0, 2.0, 3.0], None, None, &mut out), Some((1, -1)));
-        assert_eq!(gather_initial(&src, &[1e300, 0.0, 0.0, 0.0, 0.0, 0.0], None, None, &mut out), Some((0, i64::MAX)));
+        assert_eq!(gather(&[7.0, 8.0, 9.0, 10.0, 0.0, 1.0], None, None).0, Some((3, 10)));
+        assert_eq!(gather(&[0.0, -1.0, 0.0, 1.0, 2.0, 3.0], None, None).0, Some((1, -1)));
+        assert_eq!(gather(&[1e300, 0.0, 0.0, 0.0, 0.0, 0.0], None, None).0, Some((0, i64::MAX)));
         // Masked-off lanes read `other` and are not bounds-checked.
         let mask = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0];
-        assert_eq!(gather_initial(&src, &[1.0, 99.0, 2.0, 3.0, -5.0, 4.0], Some(&mask), Some(&[-7.0]), &mut out), None);
-        assert_eq!(out, vec![0.5, -7.0, 1.0, 1.5, -7.0, 2.0]);
+        let want = Some(vec![0.5, -7.0, 1.0, 1.5, -7.0, 2.0]);
+        assert_eq!(gather(&[1.0, 99.0, 2.0, 3.0, -5.0, 4.0], Some(&mask), Some(&[-7.0])), (None, want));
         assert_eq!(run_len(&[1.0, 2.0, 3.0, 3.0, 4.0], 0), 3);
         assert_eq!(run_len(&[1.0, 2.0, 3.0, 3.0, 4.0], 3), 2);
         // Long runs: whole chunks of eight, a break inside a chunk, a tail.

@@ -163,14 +163,15 @@ pub(super) fn reduce_vjp(c: &Ctx<'_>, kind: ReduceOp, axis: usize, result: &BTil
         return Ok(None);
     }
     let m = c.args[0].numel();
-    let mut data = vec![0.0; cot.batch * m];
     if kind == ReduceOp::Sum && inner == 1 && n > 0 {
         // Each reduced run receives its cotangent.
-        for (row, &g) in data.chunks_exact_mut(n).zip(&cot.data) {
-            row.fill(g);
+        let mut data = Vec::with_capacity(cot.batch * m);
+        for &g in &cot.data {
+            data.extend(std::iter::repeat_n(g, n));
         }
         return Ok(Some(c.unbatch(0, BTile::new(cot.batch, &c.args[0].shape, data))));
     }
+    let mut data = vec![0.0; cot.batch * m];
     for b in 0..cot.batch {
         let (v, g, row) = (c.row(0, b), cot.row(b), &mut data[b * m..(b + 1) * m]);
         for o in 0..outer {

@@ -170,6 +170,9 @@ pub(crate) struct Program<'a> {
     events: Vec<Event>,
     event_of: HashMap<Instance, usize>,
     loads: HashMap<Instance, Provenance>,
+    /// Runs of elements (first, length) that a load read, with its batch, kept for its reverse
+    /// when they are long (rows of a tile): the reverse needs not find them again.
+    load_runs: HashMap<Instance, (usize, Vec<(i64, u32)>)>,
     /// (slot, element) -> latest (event, lane) of this program, when the kernel loads after
     /// stores.
     overlay: HashMap<(u32, i64), (u32, u32)>,
@@ -210,6 +213,7 @@ impl<'a> Program<'a> {
             events: Vec::new(),
             event_of: HashMap::new(),
             loads: HashMap::new(),
+            load_runs: HashMap::new(),
             overlay: HashMap::new(),
             acc: Vec::new(),
             replay: false,

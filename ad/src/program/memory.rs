@@ -177,11 +177,15 @@ impl Program<'_> {
             // Every lane reads the launch's initial memory: one tight loop per storage type.
             // A mask with every lane active is no mask.
             let m = mask.filter(|m| m.contains(&0.0));
+            let mut runs = Vec::new();
             bad = match &sd.initial {
-                Initial::F32(v) => gather_initial(v, offs_data, m, other, &mut out),
-                Initial::F64(v) => gather_initial(v, offs_data, m, other, &mut out),
-                Initial::Converted(v) => gather_initial(v, offs_data, m, other, &mut out),
+                Initial::F32(v) => gather_initial(v, offs_data, m, other, &mut out, &mut runs),
+                Initial::F64(v) => gather_initial(v, offs_data, m, other, &mut out, &mut runs),
+                Initial::Converted(v) => gather_initial(v, offs_data, m, other, &mut out, &mut runs),
             };
+            if bad.is_none() && m.is_none() && !runs.is_empty() && runs.len() * 8 <= n {
+                self.load_runs.insert(key.clone(), (br, runs));
+            }
         }
         for l in 0..n {
             if fast {
@@ -325,10 +329,27 @@ impl Program<'_> {
     /// writer in this program receives the launch-output cotangent of that element; every
     /// atomic contribution does.
     pub(super) fn seed_store_cotangents(&mut self) {
-        self.acc = self.events.iter().map(|e| vec![0.0; e.numel]).collect();
         let live = self.live_lanes();
-        for ((ev, e), acc) in self.events.iter().enumerate().zip(self.acc.iter_mut()) {
-            let Some(oc) = &self.sh.slots[e.slot as usize].out_cot else { continue };
+        let mut accs = Vec::with_capacity(self.events.len());
+        for (ev, e) in self.events.iter().enumerate() {
+            let oc = self.sh.slots[e.slot as usize].out_cot;
+            // Runs (in lane order) covering every lane, each lane its element's last writer:
+            // the cotangents are the output cotangent's slices, one after the other.
+            if let (Some(oc), true) = (oc, e.atomic || live.is_none()) {
+                if e.runs.iter().map(|r| r.len as usize).sum::<usize>() == e.numel {
+                    let mut acc = Vec::with_capacity(e.numel);
+                    for r in &e.runs {
+                        acc.extend_from_slice(&oc[r.elem as usize..r.elem as usize + r.len as usize]);
+                    }
+                    accs.push(acc);
+                    continue;
+                }
+            }
+            let mut acc = vec![0.0; e.numel];
+            let Some(oc) = oc else {
+                accs.push(acc);
+                continue;
+            };
             match (&live, e.atomic) {
                 (Some(m), false) => {
                     for (l, el) in e.lanes() {
@@ -345,7 +366,9 @@ impl Program<'_> {
                     }
                 }
             }
+            accs.push(acc);
         }
+        self.acc = accs;
     }
 
     /// The last writer (event, lane) of every element this program stores, or `None` when every
@@ -411,7 +434,13 @@ impl Program<'_> {
             }
             if is_input {
                 match m {
-                    None => contrib = Contrib::dense(slot as u32, offs_data, c.data),
+                    None => {
+                        contrib = match self.load_runs.remove(&key) {
+                            // The runs the forward load found (for the same lanes).
+                            Some((b, runs)) if b == cb => Contrib { slot: slot as u32, runs, vals: c.data },
+                            _ => Contrib::dense(slot as u32, offs_data, c.data),
+                        }
+                    }
                     Some(m) => {
                         for ((&o, &m), &g) in offs_data.iter().zip(m).zip(&c.data) {
                             if m != 0.0 {
@@ -517,12 +546,15 @@ fn run_len(offs: &[f64], l: usize) -> usize {
 
 /// Appends `src[offs[l]]` to `out` (empty) for every active lane (`other`, or 0, for
 /// masked-off lanes); returns the first active lane out of bounds (lane, offset), if any.
+/// Without a mask, `runs` (empty) receives the runs of consecutive elements read, in order
+/// (first element, length), unless a lane is out of bounds.
 fn gather_initial<T: Copy + Into<f64>>(
     src: &[T],
     offs: &[f64],
     mask: Option<&[f64]>,
     other: Option<&[f64]>,
     out: &mut Vec<f64>,
+    runs: &mut Vec<(i64, u32)>,
 ) -> Option<(usize, i64)> {
     let other_at = |l: usize| other.map_or(0.0, |o| if o.len() == 1 { o[0] } else { o[l] });
     if mask.is_none() {
@@ -536,12 +568,14 @@ fn gather_initial<T: Copy + Into<f64>>(
                 Some(run) => crate::simd::wide(|| out.extend(run.iter().map(|&v| v.into()))),
                 None => break,
             }
+            runs.push((e as i64, n as u32));
             l += n;
         }
         if l == offs.len() {
             return None;
         }
         out.clear();
+        runs.clear();
     }
     for (l, &e) in offs.iter().enumerate() {
         if mask.is_some_and(|m| m[l] == 0.0) {
@@ -565,13 +599,13 @@ mod tests {
     fn gathers_by_runs_and_names_the_first_lane_out_of_bounds() {
         let src: Vec<f32> = (0..10).map(|x| x as f32 * 0.5).collect();
         let gather = |offs: &[f64], mask: Option<&[f64]>, other: Option<&[f64]>| {
-            let mut out = Vec::new();
-            let bad = gather_initial(&src, offs, mask, other, &mut out);
-            (bad, bad.is_none().then_some(out))
+            let (mut out, mut runs) = (Vec::new(), Vec::new());
+            let bad = gather_initial(&src, offs, mask, other, &mut out, &mut runs);
+            (bad, bad.is_none().then_some(out), runs)
         };
         // Two runs (3..6, 0..2) and a single element.
         let all = Some(vec![1.5, 2.0, 2.5, 0.0, 0.5, 4.5]);
-        assert_eq!(gather(&[3.0, 4.0, 5.0, 0.0, 1.0, 9.0], None, None), (None, all));
+        assert_eq!(gather(&[3.0, 4.0, 5.0, 0.0, 1.0, 9.0], None, None), (None, all, vec![(3, 3), (0, 2), (9, 1)]));
         // A run leaving the tensor, a negative offset, an offset beyond any index.
         assert_eq!(gather(&[7.0, 8.0, 9.0, 10.0, 0.0, 1.0], None, None).0, Some((3, 10)));
         assert_eq!(gather(&[0.0, -1.0, 0.0, 1.0, 2.0, 3.0], None, None).0, Some((1, -1)));
@@ -579,7 +613,7 @@ mod tests {
         // Masked-off lanes read `other` and are not bounds-checked.
         let mask = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0];
         let want = Some(vec![0.5, -7.0, 1.0, 1.5, -7.0, 2.0]);
-        assert_eq!(gather(&[1.0, 99.0, 2.0, 3.0, -5.0, 4.0], Some(&mask), Some(&[-7.0])), (None, want));
+        assert_eq!(gather(&[1.0, 99.0, 2.0, 3.0, -5.0, 4.0], Some(&mask), Some(&[-7.0])), (None, want, vec![]));
         assert_eq!(run_len(&[1.0, 2.0, 3.0, 3.0, 4.0], 0), 3);
         assert_eq!(run_len(&[1.0, 2.0, 3.0, 3.0, 4.0], 3), 2);
         // Long runs: whole chunks of eight, a break inside a chunk, a tail.

@@ -342,7 +342,11 @@ impl<'a> Program<'a> {
                 let r = if reusable {
                     let Some(V::Num(mut t)) = self.env[d.args[1].index()].take() else { unreachable!("checked above") };
                     let V::Ptr(_, offs) = self.get(d.args[0]) else { unreachable!("checked above") };
-                    add_in_place(&mut t, offs);
+                    // A base of zeros shared by the batch (a tensor's own pointer, broadcast)
+                    // adds nothing.
+                    if offs.batch != 1 || offs.data.iter().any(|&x| x != 0.0) {
+                        add_in_place(&mut t, offs);
+                    }
                     t
                 } else {
                     add_batched(offs, delta)

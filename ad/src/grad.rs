@@ -197,7 +197,7 @@ pub fn vjp(
     let mut grads: Vec<Vec<f64>> =
         slots.iter().map(|s| if s.is_input { crate::pages::zeroed(s.initial.len(), PAGE_CHUNK) } else { Vec::new() }).collect();
     let stored: Vec<Vec<bool>> = slots.iter().map(|s| if s.tracks_stores() { vec![false; s.initial.len()] } else { Vec::new() }).collect();
-    let mut totals = Totals { stored, max_trips: BTreeMap::new(), store_runs: Vec::new(), duplicate_lanes: false, too_many_runs: false };
+    let mut totals = Totals { stored, max_trips: BTreeMap::new(), store_runs: Vec::new(), too_many_runs: false };
     let total = launch.grid().programs();
     // One run over every batch, unless chunks are asked for (they hold whole batches, so that
     // batches, and the result's summation order, do not depend on the chunk size).
@@ -208,8 +208,8 @@ pub fn vjp(
         run_chunk(&shared, launch, (start, end, batch), opts.memory_budget / 2, &mut grads, &mut totals).map_err(described)?;
         start = end;
     }
-    let Totals { stored, max_trips, mut store_runs, duplicate_lanes, too_many_runs } = totals;
-    if self_check && (duplicate_lanes || too_many_runs || stores_overlap(&mut store_runs)) {
+    let Totals { stored, max_trips, mut store_runs, too_many_runs } = totals;
+    if self_check && (too_many_runs || stores_overlap(&mut store_runs)) {
         // A race (which the reference names), or too many runs to tell cheaply.
         launch.check(mem)?;
     }
@@ -265,7 +265,6 @@ fn run_batch(shared: &Shared<'_>, launch: &Launch, start: u64, end: u64) -> Resu
     let (mut a, b) = (run_batch(shared, launch, start, mid)?, run_batch(shared, launch, mid, end)?);
     a.contrib.extend(b.contrib);
     a.store_runs.extend(b.store_runs);
-    a.duplicate_lanes |= b.duplicate_lanes;
     for (x, y) in a.stored.iter_mut().zip(b.stored) {
         x.extend(y);
     }
@@ -318,7 +317,6 @@ struct Totals {
     stored: Vec<Vec<bool>>,
     max_trips: BTreeMap<Inst, u64>,
     store_runs: Vec<StoreRun>,
-    duplicate_lanes: bool,
     /// More store runs than [`MAX_STORE_RUNS`]: the reference checks the launch instead.
     too_many_runs: bool,
 }
@@ -337,7 +335,6 @@ impl Totals {
             let e = self.max_trips.entry(i).or_insert(0);
             *e = (*e).max(t);
         }
-        self.duplicate_lanes |= out.duplicate_lanes;
         if !self.too_many_runs {
             self.store_runs.extend_from_slice(&out.store_runs);
             self.too_many_runs = self.store_runs.len() > MAX_STORE_RUNS;

@@ -125,8 +125,6 @@ pub(crate) struct ProgramGrad {
     pub trips: Vec<(Inst, u64)>,
     /// Runs of stored elements, by program (only when [`Shared::self_check`]).
     pub store_runs: Vec<StoreRun>,
-    /// Some store's active lanes wrote one element twice in one program (a race).
-    pub duplicate_lanes: bool,
 }
 
 impl ProgramGrad {

@@ -283,8 +283,10 @@ impl Program<'_> {
         if !atomic && sd.tracks_stores() {
             self.out.stored[slot as usize].extend(event.runs.iter().flat_map(|r| r.elems()));
         }
-        if !atomic && self.sh.self_check {
-            self.log_store_runs(&event, per);
+        if !atomic && self.sh.self_check && self.log_store_runs(&event, per) {
+            // A race: stop here (the reference describes it).
+            let name = &self.sh.slots[slot as usize].name;
+            return Err(self.unsupported(i, format!("two lanes of one program store one element of `{name}`")));
         }
         let key = self.instance(i);
         self.event_of.insert(key, ev as usize);
@@ -293,11 +295,12 @@ impl Program<'_> {
     }
 
     /// Records the runs of elements each program stored with `event` (`per > 0` lanes per
-    /// program of its batch), for the race check of a self-checking launch; flags a store whose
-    /// active lanes in one program write one element twice. A store of shared operands (batch
-    /// 1) in a batch of several programs is every program's store.
-    fn log_store_runs(&mut self, event: &Event, per: usize) {
+    /// program of its batch), for the race check of a self-checking launch; returns whether the
+    /// store's active lanes in one program write one element twice. A store of shared operands
+    /// (batch 1) in a batch of several programs is every program's store.
+    fn log_store_runs(&mut self, event: &Event, per: usize) -> bool {
         let (first, out) = (self.first, &mut self.out);
+        let mut twice = false;
         let writers = if event.batch == 1 { self.pids.len() as u64 } else { 1 };
         let mut at = 0;
         while at < event.runs.len() {
@@ -310,7 +313,7 @@ impl Program<'_> {
             if !mine.windows(2).all(|w| w[1].elem >= w[0].elem + w[0].len as i64) {
                 let mut es: Vec<(i64, i64)> = mine.iter().map(|r| (r.elem, r.elem + r.len as i64)).collect();
                 es.sort_unstable();
-                out.duplicate_lanes |= es.windows(2).any(|w| w[1].0 < w[0].1);
+                twice |= es.windows(2).any(|w| w[1].0 < w[0].1);
             }
             for w in 0..writers {
                 let program = first + p as u64 + w;
@@ -323,6 +326,7 @@ impl Program<'_> {
             }
             at = to;
         }
+        twice
     }
 
     /// Initial cotangents of every event's values: a store lane that is its element's last
@@ -379,8 +383,8 @@ impl Program<'_> {
             return Some(self.overlay.clone());
         }
         // One store per tensor cannot overlap itself where races are errors (two lanes of one
-        // store writing one element is a race, rejected by the reference run, or found by the
-        // engine's own check, after which this result is discarded).
+        // store writing one element is a race, rejected by the reference run, or by the
+        // engine's own check when the store is logged).
         let mut stores: Vec<u32> = self.events.iter().filter(|e| !e.atomic).map(|e| e.slot).collect();
         stores.sort_unstable();
         if self.sh.races_rejected && stores.windows(2).all(|w| w[0] != w[1]) {

@@ -541,7 +541,8 @@ enum Out<'o> {
 
 /// `f(g[j], a[j], b[j])` for every element `j` of a row, to `out`; a sum takes eight partial sums
 /// in a fixed order (deterministic, and not bound by the latency of one chain of additions).
-/// Eight lanes at a time, compiled for AVX2 where the CPU has it.
+/// Eight lanes at a time, compiled for AVX2 where the CPU has it (its own AVX2 function rather
+/// than [`crate::simd::wide`]: a closure this large is not inlined into `wide`'s).
 fn view_row<A: RowSrc, B: RowSrc, F: Fn(f64, f64, f64) -> f64>(g: &[f64], a: A, b: B, f: &F, out: &mut Out<'_>) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -625,7 +626,6 @@ pub(super) fn binary_vjp(c: &Ctx<'_>, op: BinaryOp, cot: &BTile) -> Result<Vec<O
     if matches!(op, Add | Sub | Mul | Div) {
         return arith_vjp(c, op, cot);
     }
-
     // d(result)/da and d(result)/db at (a, b).
     let partials: fn(f64, f64) -> (f64, f64) = match op {
         Add => |_, _| (1.0, 1.0),

@@ -59,6 +59,10 @@ struct SpecArgs {
     /// Precision of the ground truth (default: the spec's, else f64).
     #[arg(long, value_enum)]
     precision: Option<PrecisionArg>,
+    /// Accept NaN or infinite inputs and ground truth (by default a usage error naming the
+    /// tensor and element: NaN would match NaN whatever the backward computes).
+    #[arg(long)]
+    allow_non_finite: bool,
     /// Replace a kernel of the spec: `KEY=FILE::NAME` (relative to the working directory) or
     /// `KEY=::NAME` (another kernel of the same file). Repeatable.
     #[arg(long = "kernel", value_name = "KEY=REF")]
@@ -80,6 +84,7 @@ impl SpecArgs {
         if let Some(t) = self.trials {
             o.trials = t;
         }
+        o.allow_non_finite |= self.allow_non_finite;
         if let Some(p) = self.precision {
             o.precision = match p {
                 PrecisionArg::F64 => Precision::F64,

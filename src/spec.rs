@@ -44,7 +44,8 @@
 //! trials = 2
 //! precision = "f64"                     # or "native"
 //! rtol = 1e-4                           # both or neither: override the defaults by dtype
-//! atol = 1e-5
+//! atol = 1e-5                           # (and turn off the calibrated tolerance of f16/bf16)
+//! allow_non_finite = false              # true: accept NaN/inf inputs and ground truth
 //! ```
 //!
 //! Launch arguments are expressions (see [`crate::check::expr`]); a bare tensor name passes the
@@ -454,7 +455,7 @@ impl Loader {
         let mut o = CheckOptions::default();
         let Some(v) = v else { return Ok(o) };
         let t = self.table(v, "check")?;
-        self.only(t, "check", &["seed", "trials", "precision", "rtol", "atol"])?;
+        self.only(t, "check", &["seed", "trials", "precision", "rtol", "atol", "allow_non_finite"])?;
         let int = |k: &str| -> Result<Option<u64>, SpecError> {
             t.get(k)
                 .map(|v| {
@@ -486,6 +487,9 @@ impl Loader {
                 })
                 .transpose()
         };
+        if let Some(v) = t.get("allow_non_finite") {
+            o.allow_non_finite = v.as_bool().ok_or_else(|| self.err("check.allow_non_finite", "expected true or false"))?;
+        }
         match (num("rtol")?, num("atol")?) {
             (Some(rtol), Some(atol)) => o.tolerance = Some(Tolerance { rtol, atol }),
             (None, None) => {}

@@ -54,8 +54,10 @@ pub fn write(path: &Path, t: &HostTensor) -> Result<(), NpyError> {
     let mut out = Vec::with_capacity(prefix + header.len() + body.len());
     out.extend_from_slice(MAGIC);
     if v2 {
-        let len = u32::try_from(header.len())
-            .map_err(|_| NpyError::Format { path: path.display().to_string(), message: "the shape is too long for a .npy header".into() })?;
+        let len = u32::try_from(header.len()).map_err(|_| NpyError::Format {
+            path: path.display().to_string(),
+            message: "the shape is too long for a .npy header".into(),
+        })?;
         out.extend_from_slice(&[2, 0]);
         out.extend_from_slice(&len.to_le_bytes());
     } else {
@@ -183,7 +185,7 @@ mod tests {
     #[test]
     fn a_header_longer_than_64_kib_is_written_as_version_2() {
         let p = std::env::temp_dir().join(format!("tilegrad-npy-v2-{}.npy", std::process::id()));
-        let t = HostTensor::from_f32(&[1; 20_000], vec![2.5]);
+        let t = HostTensor::from_f32(&[1; 30_000], vec![2.5]);
         write(&p, &t).unwrap();
         let bytes = std::fs::read(&p).unwrap();
         assert_eq!(bytes[6], 2);

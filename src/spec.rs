@@ -443,13 +443,21 @@ impl Loader {
             }
             None => (s, Vec::new()),
         };
-        let args: Vec<f64> =
-            texts.iter().map(|a| a.parse::<f64>()).collect::<Result<_, _>>().map_err(|_| self.err(key, format!("`{s}`: arguments must be numbers")))?;
+        let args: Vec<f64> = texts
+            .iter()
+            .map(|a| a.parse::<f64>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| self.err(key, format!("`{s}`: arguments must be numbers")))?;
         // Integer arguments as written (an f64 rounds integers above 2^53).
         let ints: Option<Vec<i64>> = texts
             .iter()
             .zip(&args)
-            .map(|(t, &x)| t.replace('_', "").parse::<i64>().ok().or_else(|| (x.fract() == 0.0 && x.abs() <= 9_007_199_254_740_992.0).then_some(x as i64)))
+            .map(|(t, &x)| {
+                t.replace('_', "")
+                    .parse::<i64>()
+                    .ok()
+                    .or_else(|| (x.fract() == 0.0 && x.abs() <= 9_007_199_254_740_992.0).then_some(x as i64))
+            })
             .collect();
         let d = match (f, &args[..], ints.as_deref()) {
             ("normal", [], _) => Dist::default(),

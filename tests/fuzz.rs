@@ -13,24 +13,124 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tilegrad::check::{expr::Scope, CheckOptions, Scalar, Source, Step};
 use tilegrad::spec::{load, Spec, SpecError};
 use tilegrad_ir::IrError;
 
 /// Tokens a mutation inserts: syntax, names and numbers that reach the corners of each parser.
 const TOKENS: &[&str] = &[
-    "(", ")", "[", "]", "{", "}", ",", ":", "=", "\"", "'", "\n", "\n    ", "#", "-", "+", "*", "//", "%", "/", "**", "<<", "@", ".",
-    "::", "\\", "\u{e9}", "\u{1F600}", "\u{0}", "tl.", "tl.arange(0, ", "tl.zeros((", "tl.load(", "tl.store(", "tl.sum(", "range(",
-    "tl.static_range(", "if ", "else:", "for ", "return ", "None", "True", "%x", "f32", "i64", "ptr<", "[1048576]", "constexpr",
-    "shape", "dtype", "init", "like", "launch", "grid", "args", "alloc", "sum", "axis", "into", "stride(0)", "numel()", "cdiv(",
-    "uniform(", "randint(", "const(", "normal(", "file", "'descr'", "'shape'", "<f8", "|b1", "True", "fortran_order",
+    "(",
+    ")",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    ":",
+    "=",
+    "\"",
+    "'",
+    "\n",
+    "\n    ",
+    "#",
+    "-",
+    "+",
+    "*",
+    "//",
+    "%",
+    "/",
+    "**",
+    "<<",
+    "@",
+    ".",
+    "::",
+    "\\",
+    "\u{e9}",
+    "\u{1F600}",
+    "\u{0}",
+    "tl.",
+    "tl.arange(0, ",
+    "tl.zeros((",
+    "tl.load(",
+    "tl.store(",
+    "tl.sum(",
+    "range(",
+    "tl.static_range(",
+    "if ",
+    "else:",
+    "for ",
+    "return ",
+    "None",
+    "True",
+    "%x",
+    "f32",
+    "i64",
+    "ptr<",
+    "[1048576]",
+    "constexpr",
+    "shape",
+    "dtype",
+    "init",
+    "like",
+    "launch",
+    "grid",
+    "args",
+    "alloc",
+    "sum",
+    "axis",
+    "into",
+    "stride(0)",
+    "numel()",
+    "cdiv(",
+    "uniform(",
+    "randint(",
+    "const(",
+    "normal(",
+    "file",
+    "'descr'",
+    "'shape'",
+    "<f8",
+    "|b1",
+    "True",
+    "fortran_order",
 ];
 
 /// Numbers a mutation writes over a number: limits of every integer type, float extremes.
 const NUMBERS: &[&str] = &[
-    "0", "-1", "1", "2", "3", "7", "0.5", "-0.0", "1e-320", "1e308", "-1e308", "1e309", "inf", "-inf", "nan", "127", "255", "65535",
-    "65536", "1048576", "1048577", "16777216", "2147483647", "2147483648", "-2147483649", "4294967296", "9223372036854775807",
-    "9223372036854775808", "-9223372036854775808", "18446744073709551616", "6148914691236517206", "1000000000000", "1_000",
+    "0",
+    "-1",
+    "1",
+    "2",
+    "3",
+    "7",
+    "0.5",
+    "-0.0",
+    "1e-320",
+    "1e308",
+    "-1e308",
+    "1e309",
+    "inf",
+    "-inf",
+    "nan",
+    "127",
+    "255",
+    "65535",
+    "65536",
+    "1048576",
+    "1048577",
+    "16777216",
+    "2147483647",
+    "2147483648",
+    "-2147483649",
+    "4294967296",
+    "9223372036854775807",
+    "9223372036854775808",
+    "-9223372036854775808",
+    "18446744073709551616",
+    "6148914691236517206",
+    "1000000000000",
+    "1_000",
 ];
 
 /// Runs that nest or chain deeply when repeated.
@@ -43,11 +143,11 @@ impl Mutator {
         self.0.gen_range(0..=v.len())
     }
 
-    /// One to three random edits of `input`.
+    /// One or two random edits of `input`.
     fn mutate(&mut self, input: &[u8]) -> Vec<u8> {
         let mut v = input.to_vec();
-        for _ in 0..self.0.gen_range(1..=3) {
-            match self.0.gen_range(0..9) {
+        for _ in 0..self.0.gen_range(1..=2) {
+            match self.0.gen_range(0..12) {
                 0 => {
                     let a = self.pos(&v);
                     let b = (a + self.0.gen_range(1..24)).min(v.len());
@@ -65,7 +165,7 @@ impl Mutator {
                     let at = self.pos(&v);
                     v.splice(at..at, t);
                 }
-                4 | 5 => {
+                4..=7 => {
                     // Overwrite a number (a run of digits) with an interesting one.
                     let starts: Vec<usize> =
                         (0..v.len()).filter(|&i| v[i].is_ascii_digit() && (i == 0 || !v[i - 1].is_ascii_alphanumeric())).collect();
@@ -75,13 +175,13 @@ impl Mutator {
                         v.splice(a..b, n);
                     }
                 }
-                6 => {
+                8 => {
                     if !v.is_empty() {
                         let i = self.0.gen_range(0..v.len());
                         v[i] = self.0.gen();
                     }
                 }
-                7 => {
+                9 | 10 => {
                     let r = RUNS[self.0.gen_range(0..RUNS.len())].repeat(self.0.gen_range(10..6000));
                     let at = self.pos(&v);
                     v.splice(at..at, r.into_bytes());
@@ -132,7 +232,7 @@ fn spec_error_unlocated(e: &SpecError) -> Option<String> {
     None
 }
 
-/// The examples folder, copied where mutants can be written next to the files they refer to.
+/// The examples folder (specs shrunk), copied where mutants can be written next to the files they refer to.
 fn scratch(tag: &str) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
     let dst = std::env::temp_dir().join(format!("tilegrad-fuzz-{}-{tag}", std::process::id()));
@@ -140,8 +240,11 @@ fn scratch(tag: &str) -> PathBuf {
         std::fs::create_dir_all(dst.join(sub)).unwrap();
         for e in std::fs::read_dir(src.join(sub)).unwrap() {
             let p = e.unwrap().path();
-            if p.is_file() {
-                std::fs::copy(&p, dst.join(sub).join(p.file_name().unwrap())).unwrap();
+            let to = dst.join(sub).join(p.file_name().unwrap());
+            if p.extension().is_some_and(|x| x == "toml") {
+                std::fs::write(&to, shrink(&std::fs::read_to_string(&p).unwrap())).unwrap();
+            } else if p.is_file() {
+                std::fs::copy(&p, to).unwrap();
             }
         }
     }
@@ -173,13 +276,21 @@ fn campaign(name: &str, seeds: &[Vec<u8>], n: usize, seed: u64, mut case: impl F
         let verdict = match catch_unwind(AssertUnwindSafe(|| case(&input))) {
             Ok(None) => continue,
             Ok(Some(why)) => why,
-            Err(p) => format!("panic: {}", p.downcast_ref::<String>().cloned().or(p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()),
+            Err(p) => format!(
+                "panic: {}",
+                p.downcast_ref::<String>().cloned().or(p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+            ),
         };
         let saved = std::env::temp_dir().join(format!("tilegrad-fuzz-failure-{name}-{seed}-{i}"));
         std::fs::write(&saved, &input).unwrap();
         failures.push(format!("{name} #{i} ({}): {}", saved.display(), verdict.chars().take(400).collect::<String>()));
     }
-    eprintln!("fuzz {name}: {n} mutants, {} failures", failures.len());
+    eprintln!(
+        "fuzz {name}: {n} mutants, {} failures (specs so far: {} loaded, {} checked)",
+        failures.len(),
+        LOADED.load(Ordering::Relaxed),
+        CHECKED.load(Ordering::Relaxed)
+    );
     failures
 }
 
@@ -275,13 +386,19 @@ fn shrink(spec: &str) -> String {
     toml::to_string(&t).unwrap()
 }
 
+/// Mutant specs that loaded, and that were checked.
+static LOADED: AtomicUsize = AtomicUsize::new(0);
+static CHECKED: AtomicUsize = AtomicUsize::new(0);
+
 /// Loads a spec and, when cheap, checks it once; `Some` says what is wrong.
 fn load_and_check(path: &Path) -> Option<String> {
     let s = match load(path) {
         Ok(s) => s,
         Err(e) => return spec_error_unlocated(&e),
     };
+    LOADED.fetch_add(1, Ordering::Relaxed);
     if let (Some(b), true) = (&s.backward, cheap(&s)) {
+        CHECKED.fetch_add(1, Ordering::Relaxed);
         let o = CheckOptions { trials: 1, ..s.options.clone() };
         // A failed check or a usage error is a fine outcome for a mutant; only panics are not.
         let _ = tilegrad::check_backward(&s.forward, b, &s.inputs, &o);
@@ -348,7 +465,12 @@ fn run_all() -> Vec<String> {
         std::fs::write(&saved, &input).unwrap();
         bad.push(format!("triton #{i} ({}): {}", saved.display(), why.chars().take(400).collect::<String>()));
     }
-    eprintln!("fuzz triton: {n} mutants, {} failures", bad.len());
+    eprintln!(
+        "fuzz triton: {n} mutants, {} failures (specs: {} loaded, {} checked)",
+        bad.len(),
+        LOADED.load(Ordering::Relaxed),
+        CHECKED.load(Ordering::Relaxed)
+    );
     failures.extend(bad);
 
     // Text IR, parsed directly and through the spec that uses it.
@@ -378,8 +500,14 @@ fn run_all() -> Vec<String> {
 
     // Spec TOML, with constants shrunk so that what loads can be checked.
     let dir = scratch("toml");
-    let seeds: Vec<Vec<u8>> = files(&dir, "toml").iter().map(|p| shrink(&std::fs::read_to_string(p).unwrap()).into_bytes()).collect();
+    let seeds: Vec<Vec<u8>> = files(&dir, "toml").iter().map(|p| std::fs::read(p).unwrap()).collect();
     let target = dir.join("fuzz.toml");
+    for (i, s) in seeds.iter().enumerate() {
+        std::fs::write(&target, s).unwrap();
+        if let Err(e) = load(&target) {
+            failures.push(format!("seed spec {i} does not load: {e}"));
+        }
+    }
     failures.extend(campaign("spec", &seeds, n, seed, |input| {
         std::fs::write(&target, input).unwrap();
         load_and_check(&target)

@@ -135,7 +135,15 @@ fn uniform_bounds_that_are_infinite_or_overflow_the_width() {
     let e = tilegrad::check::run_forward(&s.forward, &inputs, 0).unwrap_err();
     assert!(e.to_string().contains("the bounds must be finite"), "{e}");
     // A width that overflows f64 still draws finite values in range, spread over it.
-    let p = write("wide", variant("x = { shape = [\"n\"], init = \"uniform(-2, 2)\" }", "x = { shape = [\"n\"], dtype = \"f64\", init = \"uniform(-1e308, 1e308)\" }").as_bytes(), KERNELS.as_bytes());
+    let p = write(
+        "wide",
+        variant(
+            "x = { shape = [\"n\"], init = \"uniform(-2, 2)\" }",
+            "x = { shape = [\"n\"], dtype = \"f64\", init = \"uniform(-1e308, 1e308)\" }",
+        )
+        .as_bytes(),
+        KERNELS.as_bytes(),
+    );
     let s = load(&p).unwrap();
     let (inputs, _) = tilegrad::check::run_forward(&s.forward, &s.inputs, 3).unwrap();
     let x = inputs.iter().find(|(n, _)| n == "x").unwrap().1.as_f64().unwrap().to_vec();
@@ -168,7 +176,8 @@ fn shapes_whose_element_count_overflows_are_errors_not_wrapped() {
         assert_eq!(e.key, "inputs.x.shape", "{e}");
         assert!(e.message.contains("fit 64 bits"), "{e}");
         cli_rejects(&write("wrap", spec.as_bytes(), KERNELS.as_bytes()), "inputs.x.shape");
-        let (code, err) = tilegrad(&["run", write("wrap", spec.as_bytes(), KERNELS.as_bytes()).to_str().unwrap(), "--out", "/nonexistent/x"]);
+        let (code, err) =
+            tilegrad(&["run", write("wrap", spec.as_bytes(), KERNELS.as_bytes()).to_str().unwrap(), "--out", "/nonexistent/x"]);
         assert_eq!(code, 2, "{err}");
     }
     // The library refuses them as well, before drawing anything.
@@ -181,7 +190,12 @@ fn shapes_whose_element_count_overflows_are_errors_not_wrapped() {
 /// A spec whose input `i` is an integer tensor with `init`, copied to a float output.
 fn int_spec(dtype: &str, init: &str) -> String {
     SPEC.replace("fwd = \"k.py::scale\"", "fwd = \"k.py::copy_index\"")
-        .replace("x = { shape = [\"n\"], init = \"uniform(-2, 2)\" }", &format!("x = {{ shape = [\"n\"], init = \"uniform(-2, 2)\" }}\ni = {{ shape = [\"n\"], dtype = \"{dtype}\", init = \"{init}\" }}"))
+        .replace(
+            "x = { shape = [\"n\"], init = \"uniform(-2, 2)\" }",
+            &format!(
+                "x = {{ shape = [\"n\"], init = \"uniform(-2, 2)\" }}\ni = {{ shape = [\"n\"], dtype = \"{dtype}\", init = \"{init}\" }}"
+            ),
+        )
         .replace("args = { x_ptr = \"x\", y_ptr = \"y\"", "args = { i_ptr = \"i\", o_ptr = \"y\"")
 }
 
@@ -255,14 +269,20 @@ fn files_that_are_not_utf8_are_errors_at_the_first_bad_byte() {
 #[test]
 fn deep_triton_expressions_exit_2_with_the_line() {
     let deep = format!("{}x{}", "tl.abs(".repeat(2_900), ")".repeat(2_900));
-    let py = KERNELS.replace("* 3.0, mask=offs < n)\n\n@triton.jit\ndef scale_bwd", &format!("* 3.0, mask=offs < n)\n    x = 1.0\n    y = {deep}\n\n@triton.jit\ndef scale_bwd"));
+    let py = KERNELS.replace(
+        "* 3.0, mask=offs < n)\n\n@triton.jit\ndef scale_bwd",
+        &format!("* 3.0, mask=offs < n)\n    x = 1.0\n    y = {deep}\n\n@triton.jit\ndef scale_bwd"),
+    );
     let p = write("deep-py", SPEC.as_bytes(), py.as_bytes());
     let e = load(&p).unwrap_err();
     assert!(e.message.contains("k.py:9:") && e.message.contains("nested deeper than 200 levels"), "{e}");
     cli_rejects(&p, "nested deeper than 200 levels");
     // A sum of 7,400 terms is fine.
     let long = vec!["1.0"; 7_400].join(" + ");
-    let py = KERNELS.replace("* 3.0, mask=offs < n)\n\n@triton.jit\ndef scale_bwd", &format!("* ({long}) / 2466.6666666666665, mask=offs < n)\n\n@triton.jit\ndef scale_bwd"));
+    let py = KERNELS.replace(
+        "* 3.0, mask=offs < n)\n\n@triton.jit\ndef scale_bwd",
+        &format!("* ({long}) / 2466.6666666666665, mask=offs < n)\n\n@triton.jit\ndef scale_bwd"),
+    );
     let s = load(&write("long-py", SPEC.as_bytes(), py.as_bytes())).unwrap();
     let r = tilegrad::check_backward(&s.forward, s.backward.as_ref().unwrap(), &s.inputs, &s.options).unwrap();
     assert!(r.passed, "{r}");

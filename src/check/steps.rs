@@ -376,7 +376,8 @@ pub(crate) fn split_axis(shape: &[usize], axis: i64) -> Option<(usize, usize, us
 }
 
 pub(crate) fn eval_shape(shape: &[Expr], scope: &dyn Scope) -> Result<Vec<usize>, String> {
-    let dims: Vec<usize> = shape.iter().map(|e| e.eval_size(scope).map_err(|err| format!("shape `{e}`: {err}"))).collect::<Result<_, _>>()?;
+    let dims: Vec<usize> =
+        shape.iter().map(|e| e.eval_size(scope).map_err(|err| format!("shape `{e}`: {err}"))).collect::<Result<_, _>>()?;
     tilegrad_reference::checked_numel(&dims)?;
     Ok(dims)
 }

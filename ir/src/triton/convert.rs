@@ -46,7 +46,8 @@ pub(crate) fn off(n: &impl Ranged) -> u32 {
 /// Converts kernel `f`.
 pub(crate) fn convert_kernel(m: &Module, lines: &Lines, f: &StmtFunctionDef, opts: &ConvertOptions) -> Result<Kernel, IrError> {
     let name = f.name.id.to_string();
-    let mut cx = Cx { m, lines, b: KernelBuilder::new(&name), env: HashMap::new(), nest: 0, depth: 0, in_kernel: true, unrolled: 0, nesting: 0 };
+    let mut cx =
+        Cx { m, lines, b: KernelBuilder::new(&name), env: HashMap::new(), nest: 0, depth: 0, in_kernel: true, unrolled: 0, nesting: 0 };
     cx.b.set_loc(Some(lines.loc(off(&f.name))));
     let r = cx.params(f, opts).and_then(|()| cx.block(&f.body)).map_err(|e| lines.error(e))?;
     let _ = r;

@@ -517,7 +517,8 @@ fn long_chains_convert_and_deep_nesting_is_a_located_error() {
     let terms = vec!["1.0"; 7_400].join(" + ");
     let k = conv(&format!("{HEAD}def k(x_ptr):\n    tl.store(x_ptr, {terms})\n"), "k", &[]).unwrap();
     assert_eq!(count(&k, |o| matches!(o, Op::Store { .. })), 1);
-    let k = conv(&format!("{HEAD}def k(x_ptr):\n    x = tl.load(x_ptr)\n    tl.store(x_ptr, x{})\n", " + x".repeat(7_400)), "k", &[]).unwrap();
+    let k =
+        conv(&format!("{HEAD}def k(x_ptr):\n    x = tl.load(x_ptr)\n    tl.store(x_ptr, x{})\n", " + x".repeat(7_400)), "k", &[]).unwrap();
     assert_eq!(count(&k, |o| matches!(o, Op::Binary(crate::BinaryOp::Add))), 7_400);
     let limit = format!("nested deeper than {} levels", super::convert::MAX_NESTING);
     // Nested calls, unary minuses and parentheses: an error at the expression past the limit.

@@ -324,7 +324,7 @@ fn run(cli: Cli) -> Result<bool> {
         }
         Command::Ir { file, consts } => {
             if let Some((path, name)) = file.split_once("::") {
-                let src = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+                let src = tilegrad_ir::source_text(std::fs::read(path).with_context(|| format!("reading {path}"))?, path)?;
                 let mut bindings = Vec::new();
                 for c in &consts {
                     let (n, v) = c.split_once('=').with_context(|| format!("--const `{c}`: expected NAME=VALUE"))?;
@@ -340,7 +340,7 @@ fn run(cli: Cli) -> Result<bool> {
             if !consts.is_empty() {
                 bail!("--const applies to Triton kernels (FILE.py::NAME)");
             }
-            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
+            let text = tilegrad_ir::source_text(std::fs::read(&file).with_context(|| format!("reading {file}"))?, &file)?;
             let kernels = tilegrad_ir::text::parse(&text, &file)?;
             if kernels.is_empty() {
                 bail!("{file}: no kernels");

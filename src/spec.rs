@@ -110,7 +110,14 @@ pub fn load(path: &Path) -> Result<Spec, SpecError> {
 /// Loads a spec file with some of its kernels replaced.
 pub fn load_with(path: &Path, overrides: &[KernelOverride]) -> Result<Spec, SpecError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| SpecError { file: file.clone(), key: "-".into(), message: e.to_string() })?;
+    let bytes = std::fs::read(path).map_err(|e| SpecError { file: file.clone(), key: "-".into(), message: e.to_string() })?;
+    let text = tilegrad_ir::source_text(bytes, &file).map_err(|e| {
+        let message = match e {
+            tilegrad_ir::IrError::Parse { error, .. } => format!("line {}, column {}: {}", error.line, error.col, error.message),
+            e => e.to_string(),
+        };
+        SpecError { file: file.clone(), key: "-".into(), message }
+    })?;
     let table: Table = text.parse().map_err(|e: toml::de::Error| {
         let at = e.span().map(|s| line_col(&text, s.start)).map_or(String::new(), |(l, c)| format!("line {l}, column {c}: "));
         SpecError { file: file.clone(), key: "-".into(), message: format!("{at}{}", e.message()) }
@@ -346,7 +353,8 @@ impl Loader {
             let src = match self.sources.get(&path) {
                 Some(s) => s.clone(),
                 None => {
-                    let s = std::fs::read_to_string(&path).map_err(|e| self.err(&key, format!("{}: {e}", path.display())))?;
+                    let bytes = std::fs::read(&path).map_err(|e| self.err(&key, format!("{}: {e}", path.display())))?;
+                    let s = tilegrad_ir::source_text(bytes, &path.display().to_string()).map_err(|e| self.err(&key, e.to_string()))?;
                     self.sources.insert(path.clone(), s.clone());
                     s
                 }
@@ -415,6 +423,8 @@ impl Loader {
                 None => Dist::default(),
                 Some(v) => self.dist(&self.string(v, &format!("{key}.init"))?, &format!("{key}.init"))?,
             };
+            crate::check::check_dist(dtype, dist).map_err(|m| self.err(&format!("{key}.init"), m))?;
+            tilegrad_reference::check_alloc(dtype, &shape).map_err(|e| self.err(&format!("{key}.shape"), e.to_string()))?;
             Source::Random { dtype, shape, dist }
         };
         let (d, s) = match &source {
@@ -427,21 +437,43 @@ impl Loader {
 
     fn dist(&self, s: &str, key: &str) -> Result<Dist, SpecError> {
         let s = s.trim();
-        let (f, args) = match s.split_once('(') {
+        let (f, texts) = match s.split_once('(') {
             Some((f, rest)) => {
                 let inner = rest.strip_suffix(')').ok_or_else(|| self.err(key, format!("`{s}`: missing `)`")))?;
-                let args: Result<Vec<f64>, _> = inner.split(',').map(|a| a.trim().parse::<f64>()).collect();
-                (f.trim(), args.map_err(|_| self.err(key, format!("`{s}`: arguments must be numbers")))?)
+                (f.trim(), inner.split(',').map(str::trim).collect::<Vec<_>>())
             }
             None => (s, Vec::new()),
         };
-        let d = match (f, &args[..]) {
-            ("normal", []) => Dist::default(),
-            ("normal", [m, sd]) => Dist::Normal { mean: *m, std: *sd },
-            ("uniform", []) => Dist::Uniform { lo: -1.0, hi: 1.0 },
-            ("uniform", [lo, hi]) if lo < hi => Dist::Uniform { lo: *lo, hi: *hi },
-            ("randint", [lo, hi]) if lo < hi && lo.fract() == 0.0 && hi.fract() == 0.0 => Dist::RandInt { lo: *lo as i64, hi: *hi as i64 },
-            ("const", [c]) => Dist::Constant(*c),
+        let args: Vec<f64> = texts
+            .iter()
+            .map(|a| a.parse::<f64>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| self.err(key, format!("`{s}`: arguments must be numbers")))?;
+        // Integer arguments as written (an f64 rounds integers above 2^53).
+        let ints: Option<Vec<i64>> = texts
+            .iter()
+            .zip(&args)
+            .map(|(t, &x)| {
+                t.replace('_', "")
+                    .parse::<i64>()
+                    .ok()
+                    .or_else(|| (x.fract() == 0.0 && x.abs() <= 9_007_199_254_740_992.0).then_some(x as i64))
+            })
+            .collect();
+        let d = match (f, &args[..], ints.as_deref()) {
+            ("normal", [], _) => Dist::default(),
+            ("normal", [m, sd], _) => Dist::Normal { mean: *m, std: *sd },
+            ("uniform", [], _) => Dist::Uniform { lo: -1.0, hi: 1.0 },
+            ("uniform", [lo, hi], _) if !(lo.is_finite() && hi.is_finite()) => {
+                return Err(self.err(key, format!("`{s}`: the bounds must be finite")));
+            }
+            ("uniform", [lo, hi], _) if lo < hi => Dist::Uniform { lo: *lo, hi: *hi },
+            ("randint", [..], Some(&[lo, hi])) if lo < hi => Dist::RandInt { lo, hi },
+            ("randint", [_, _], None) => {
+                return Err(self.err(key, format!("`{s}`: randint takes integer bounds that fit 64 bits")));
+            }
+            ("const", [_], Some(&[c])) => Dist::ConstInt(c),
+            ("const", [c], _) => Dist::Constant(*c),
             _ => {
                 return Err(
                     self.err(key, format!("`{s}`: expected normal, normal(mean, std), uniform(lo, hi), randint(lo, hi) or const(v)"))
@@ -542,6 +574,7 @@ impl Loader {
         };
         let scope = Static { constants, tensors: &self.tensors };
         let sh = crate::check::steps_eval_shape(&shape, &scope).map_err(|m| self.err(&format!("{key}.shape"), m))?;
+        tilegrad_reference::check_alloc(dtype, &sh).map_err(|e| self.err(&format!("{key}.shape"), e.to_string()))?;
         self.define(&name, dtype, sh, key)?;
         Ok(Step::Alloc { name, shape, dtype, init })
     }

@@ -304,7 +304,7 @@ impl KernelBuilder {
     pub fn reshape(&mut self, x: Value, shape: &[usize]) -> Value {
         let loc = Loc::caller();
         let t = self.ty(x);
-        if t.numel() != shape.iter().product::<usize>() {
+        if Some(t.numel()) != shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
             self.error("reshape", &loc, format!("cannot reshape {t} to {shape:?}"));
             return x;
         }

@@ -4,7 +4,7 @@
 use crate::error::{Diagnostic, IrError};
 use crate::kernel::{Block, Inst, Kernel, Loc, ParamKind, Value};
 use crate::op::{Op, ReduceOp, UnaryOp};
-use crate::types::{DType, Elem, Type, MAX_RANK};
+use crate::types::{DType, Elem, Type, MAX_NUMEL, MAX_RANK};
 
 /// Checks `k`; on failure every problem found is listed.
 pub fn verify(k: &Kernel) -> Result<(), IrError> {
@@ -497,8 +497,14 @@ fn value_type_problems(v: Value, ty: &Type) -> Vec<String> {
     }
     if ty.shape.contains(&0) {
         out.push(format!("value {v} has an empty dimension: {ty}"));
-    } else if checked_numel(ty).is_none() {
-        out.push(format!("value {v} has too many elements: {ty}"));
+    } else {
+        match checked_numel(ty) {
+            None => out.push(format!("value {v} has too many elements: {ty}")),
+            Some(n) if n > MAX_NUMEL => {
+                out.push(format!("value {v} has {n} elements ({ty}), above the maximum of {MAX_NUMEL} elements per tile (Triton's limit)"))
+            }
+            Some(_) => {}
+        }
     }
     out
 }

@@ -69,6 +69,7 @@ mod steps;
 mod truth;
 
 pub use expr::{Expr, ExprError, Scalar};
+pub(crate) use inputs::check_dist;
 pub use inputs::{Dist, InputTensor, Inputs, Source};
 pub use report::{Blame, BlameSite, Calibration, Failure, Finding, FindingKind, Location, Report, TensorReport, Tolerance, Worst, SCHEMA_VERSION};
 pub(crate) use steps::{eval_shape as steps_eval_shape, split_axis};

@@ -257,10 +257,8 @@ pub(crate) fn run(
             Step::Alloc { name, shape, dtype, init } => {
                 let shape = eval_shape(shape, scope).map_err(spec)?;
                 let dtype = if mode == Mode::F64 && dtype.is_float() { DType::F64 } else { *dtype };
-                let mut t = HostTensor::zeros(dtype, &shape);
-                if *init == Init::Empty && dtype.is_float() {
-                    t = HostTensor::from_f64_as(dtype, &shape, &vec![f64::NAN; t.numel()]);
-                }
+                let fill = if *init == Init::Empty && dtype.is_float() { f64::NAN } else { 0.0 };
+                let t = HostTensor::try_full(dtype, &shape, fill).map_err(|e| spec(format!("`{name}`: {e}")))?;
                 env.add(name, t).map_err(spec)?;
                 if let Some(tr) = trace.as_deref_mut() {
                     tr.tensors.push((name.clone(), Origin::Alloc { step: i, init: *init }, Vec::new()));
@@ -386,7 +384,10 @@ pub(crate) fn split_axis(shape: &[usize], axis: i64) -> Option<(usize, usize, us
 }
 
 pub(crate) fn eval_shape(shape: &[Expr], scope: &dyn Scope) -> Result<Vec<usize>, String> {
-    shape.iter().map(|e| e.eval_size(scope).map_err(|err| format!("shape `{e}`: {err}"))).collect()
+    let dims: Vec<usize> =
+        shape.iter().map(|e| e.eval_size(scope).map_err(|err| format!("shape `{e}`: {err}"))).collect::<Result<_, _>>()?;
+    tilegrad_reference::checked_numel(&dims)?;
+    Ok(dims)
 }
 
 /// Evaluates a launch's grid and arguments: tensors by name, scalars converted to the

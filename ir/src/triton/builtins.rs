@@ -563,7 +563,10 @@ impl Cx<'_> {
                     if *y == 0 {
                         return fail(o, "`cdiv` by zero");
                     }
-                    return Ok(Val::Int(x.div_euclid(*y) + (x.rem_euclid(*y) != 0) as i64));
+                    return match x.checked_div_euclid(*y) {
+                        Some(q) => Ok(Val::Int(q + (x.rem_euclid(*y) != 0) as i64)),
+                        None => fail(o, format!("integer overflow in `cdiv({x}, {y})`")),
+                    };
                 }
                 let (x, y) = match (x, y) {
                     (Val::Tensor(x), v) if v.is_const() => (*x, literal_like(&mut self.b, v, *x, o, "an operand")?),

@@ -226,32 +226,54 @@ impl<'a> Module<'a> {
 /// A module-level constant: an int, float or bool literal, possibly negated, possibly wrapped in
 /// `tl.constexpr(...)`.
 fn module_const(e: &Expr) -> Option<Val> {
-    match e {
+    // Iterative: runs of `-` and of `tl.constexpr(...)` are legal Python of any length.
+    let mut negs = 0usize;
+    let mut e = e;
+    loop {
+        match e {
+            Expr::UnaryOp(u) if u.op == ruff_python_ast::UnaryOp::USub => {
+                negs += 1;
+                e = &u.operand;
+            }
+            Expr::Call(c) if dotted(&c.func).is_some_and(|d| d.ends_with("constexpr")) && c.arguments.args.len() == 1 => {
+                e = &c.arguments.args[0];
+            }
+            _ => break,
+        }
+    }
+    let v = match e {
         Expr::NumberLiteral(n) => match &n.value {
             ruff_python_ast::Number::Int(i) => i.as_i64().map(Val::Int),
             ruff_python_ast::Number::Float(f) => Some(Val::Float(*f)),
             _ => None,
         },
-        Expr::BooleanLiteral(b) => Some(Val::Bool(b.value)),
-        Expr::UnaryOp(u) if u.op == ruff_python_ast::UnaryOp::USub => match module_const(&u.operand)? {
-            Val::Int(i) => i.checked_neg().map(Val::Int),
-            Val::Float(f) => Some(Val::Float(-f)),
-            _ => None,
-        },
-        Expr::Call(c) if dotted(&c.func).is_some_and(|d| d.ends_with("constexpr")) && c.arguments.args.len() == 1 => {
-            module_const(&c.arguments.args[0])
-        }
+        Expr::BooleanLiteral(b) if negs == 0 => Some(Val::Bool(b.value)),
+        _ => None,
+    }?;
+    match v {
+        v if negs % 2 == 0 => Some(v),
+        Val::Int(i) => i.checked_neg().map(Val::Int),
+        Val::Float(f) => Some(Val::Float(-f)),
         _ => None,
     }
 }
 
 /// `a.b.c` as a string, for names and attribute chains.
 pub(crate) fn dotted(e: &Expr) -> Option<String> {
-    match e {
-        Expr::Name(n) => Some(n.id.to_string()),
-        Expr::Attribute(a) => Some(format!("{}.{}", dotted(&a.value)?, a.attr.id)),
-        _ => None,
+    // Iterative: an attribute chain can be as long as the source.
+    let mut attrs = Vec::new();
+    let mut e = e;
+    while let Expr::Attribute(a) = e {
+        attrs.push(a.attr.id.as_str());
+        e = &a.value;
     }
+    let Expr::Name(n) = e else { return None };
+    let mut out = n.id.to_string();
+    for a in attrs.iter().rev() {
+        out.push('.');
+        out.push_str(a);
+    }
+    Some(out)
 }
 
 /// `@triton.jit`, `@jit`, `@triton.jit(...)`.

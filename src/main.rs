@@ -111,6 +111,10 @@ enum Command {
         /// Print the reports as JSON (an array, one per spec).
         #[arg(long)]
         json: bool,
+        /// Print the seconds spent per phase (spec and inputs, forward, ground truth, backward,
+        /// comparison, blame, output); the JSON always has them.
+        #[arg(long)]
+        timings: bool,
         #[command(flatten)]
         opts: SpecArgs,
     },
@@ -232,18 +236,26 @@ fn write_npy(dir: &Path, groups: &[(&str, &check::Named)]) -> Result<()> {
 /// Runs a command; `Ok(false)` means it ran and found a failure.
 fn run(cli: Cli) -> Result<bool> {
     match cli.command {
-        Command::Check { specs, json, opts } => {
+        Command::Check { specs, json, timings, opts } => {
             let mut reports = Vec::new();
             for path in &specs {
+                let t_spec = Instant::now();
                 let (spec, o) = opts.load(path)?;
+                let spec_seconds = t_spec.elapsed().as_secs_f64();
                 let bwd = spec.backward.as_ref().with_context(|| format!("{}: the spec has no [backward] to check", path.display()))?;
                 let mut progress = Progress::new(&spec.name);
-                let report =
+                let mut report =
                     check::check_backward_with(&spec.forward, bwd, &spec.inputs, &o, &spec.name, &mut |d, t| progress.update(d, t))
                         .with_context(|| format!("{}", path.display()))?;
                 drop(progress);
+                report.timings.phases.insert(0, ("spec and kernels".into(), spec_seconds));
                 if !json {
+                    let t_out = Instant::now();
                     out!("{report}");
+                    report.timings.add("output", t_out.elapsed().as_secs_f64());
+                    if timings {
+                        out!("{}", report.timings);
+                    }
                 }
                 reports.push(report);
             }

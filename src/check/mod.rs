@@ -71,7 +71,9 @@ mod truth;
 pub use expr::{Expr, ExprError, Scalar};
 pub(crate) use inputs::check_dist;
 pub use inputs::{Dist, InputTensor, Inputs, Source};
-pub use report::{Blame, BlameSite, Calibration, Failure, Finding, FindingKind, Location, Report, TensorReport, Tolerance, Worst, SCHEMA_VERSION};
+pub use report::{
+    Blame, BlameSite, Calibration, Failure, Finding, FindingKind, Location, Report, TensorReport, Timings, Tolerance, Worst, SCHEMA_VERSION,
+};
 pub(crate) use steps::{eval_shape as steps_eval_shape, split_axis};
 pub use steps::{Env, Init, KernelLaunch, Step};
 pub use tilegrad_ad::Precision;
@@ -265,7 +267,8 @@ pub fn check_backward_with(
     let calibrate = opts.tolerance.is_none()
         && opts.precision == Precision::F64
         && (bwd_tf32 || fwd_tf32 || inputs.tensors.iter().any(|t| fwd.differentiable.contains(&t.name) && is_narrow(input_dtype(t))));
-    let p = truth::prepare(fwd, inputs, opts, calibrate)?;
+    let mut p = truth::prepare(fwd, inputs, opts, calibrate)?;
+    let mut tm = std::mem::take(&mut p.timings);
     let (env_n, trace_f) = (&p.native, &p.trace);
 
     let mut forward = Vec::new();
@@ -296,9 +299,9 @@ pub fn check_backward_with(
                 ));
             }
         }
-        let (mut r, w) = report::compare(o, o, t.dtype(), t.shape(), tol, &exp, &t.to_f64_vec(), 0);
+        let (mut r, w) = tm.time("comparison", || report::compare(o, o, t.dtype(), t.shape(), tol, &exp, &t.to_f64_vec(), 0));
         if let (Some((w, _)), Some(worst)) = (w, r.worst.as_mut()) {
-            worst.blame = Some(blame::blame(trace_f, env_n, &fwd.steps, o, w));
+            worst.blame = Some(tm.time("blame", || blame::blame(trace_f, env_n, &fwd.steps, o, w)));
         }
         forward.push(r);
     }
@@ -311,7 +314,7 @@ pub fn check_backward_with(
     let mut rng = truth::cotangent_rng(opts.seed);
     progress(0, opts.trials);
     for trial in 0..opts.trials {
-        let drawn = truth::draw_cotangents(&mut rng, env_n, &fwd.outputs)?;
+        let drawn = tm.time("cotangents", || truth::draw_cotangents(&mut rng, env_n, &fwd.outputs))?;
         // The backward's environment: the forward's tensors and the cotangents `grad_<output>`.
         let backward_env = || -> Result<Env, CheckError> {
             let mut env = env_n.clone();
@@ -320,16 +323,18 @@ pub fn check_backward_with(
             }
             Ok(env)
         };
-        let mut env_b = backward_env()?;
+        let mut env_b = tm.time("backward", backward_env)?;
         let cot: HashMap<String, Vec<f64>> = drawn.iter().map(|(o, c, _)| (o.clone(), c.clone())).collect();
         let noise_truth = match &p.native_records {
             Some(records) => {
                 let o = GradOptions { precision: Precision::Native, ..gopts.clone() };
-                Some(ground::reverse(&fwd.steps, records, env_n, cot.clone(), &o)?)
+                Some(tm.time("ground truth in the kernels' dtypes (calibration)", || {
+                    ground::reverse(&fwd.steps, records, env_n, cot.clone(), &o)
+                })?)
             }
             None => None,
         };
-        let truth = ground::reverse(&fwd.steps, &p.records, &p.truth, cot, &gopts)?;
+        let truth = tm.time("ground truth", || ground::reverse(&fwd.steps, &p.records, &p.truth, cot, &gopts))?;
         if !opts.allow_non_finite {
             for d in &fwd.differentiable {
                 if let Some((i, &x)) = truth.get(d).and_then(|g| g.iter().enumerate().find(|(_, x)| !x.is_finite())) {
@@ -345,7 +350,7 @@ pub fn check_backward_with(
         }
 
         let mut trace_b = Trace::default();
-        if let Err(f) = steps::run(&mut env_b, &bwd.steps, Mode::Poisoned, None, Some(&mut trace_b)) {
+        if let Err(f) = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, Mode::Poisoned, None, Some(&mut trace_b))) {
             let what = bwd.steps[f.step].describe();
             let e = match f.error {
                 StepError::Spec(message) => return Err(CheckError::Backward { step: f.step, what, message }),
@@ -360,7 +365,7 @@ pub fn check_backward_with(
             }
             env_b = backward_env()?;
             trace_b = Trace::default();
-            if steps::run(&mut env_b, &bwd.steps, Mode::PoisonedResolvingRaces, None, Some(&mut trace_b)).is_err() {
+            if tm.time("backward", || steps::run(&mut env_b, &bwd.steps, Mode::PoisonedResolvingRaces, None, Some(&mut trace_b))).is_err() {
                 break;
             }
             provisional = true;
@@ -387,6 +392,7 @@ pub fn check_backward_with(
             }
             let exp = truth.get(input).cloned().unwrap_or_else(|| vec![0.0; it.numel()]);
             let tol = opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(g.dtype(), bwd_tf32));
+            let t_cmp = std::time::Instant::now();
             let got = g.to_f64_vec();
             let (mut r, w) = report::compare(input, gname, g.dtype(), g.shape(), tol, &exp, &got, trial);
             let mut badness = w.map_or(0.0, |(_, ratio)| ratio);
@@ -397,9 +403,10 @@ pub fn check_backward_with(
                 badness = badness.max(1.0 / c.margin);
                 r.calibration = Some(c);
             }
+            tm.add("comparison", t_cmp.elapsed().as_secs_f64());
             if gradients[gi].as_ref().is_none_or(|(_, b)| badness > *b) {
                 if let (Some((w, _)), Some(worst)) = (w, r.worst.as_mut()) {
-                    worst.blame = Some(blame::blame(&trace_b, &env_b, &bwd.steps, gname, w));
+                    worst.blame = Some(tm.time("blame", || blame::blame(&trace_b, &env_b, &bwd.steps, gname, w)));
                 }
                 gradients[gi] = Some((r, badness));
             }
@@ -427,6 +434,7 @@ pub fn check_backward_with(
         gradients_provisional: provisional,
         failure,
         findings: all,
+        timings: tm,
     })
 }
 
@@ -487,7 +495,13 @@ fn calibration(d: DType, tf32: bool, truth: &[f64], noisy: &[f64], got: &[f64]) 
     };
     let limit = (NOISE_FACTOR * noise).max(0.5 * unit);
     let err = dist(got) / scale;
-    let margin = if err.is_nan() { 0.0 } else if err > 0.0 { limit / err } else { f64::INFINITY };
+    let margin = if err.is_nan() {
+        0.0
+    } else if err > 0.0 {
+        limit / err
+    } else {
+        f64::INFINITY
+    };
     report::Calibration { noise, limit, error: err, margin }
 }
 

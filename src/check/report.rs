@@ -32,7 +32,8 @@
 //! `trials`, `precision`, `forward` and `gradients` (arrays of [`TensorReport`]),
 //! `gradients_provisional` (the gradient table comes from a backward run again with its races
 //! resolved in program order, after the race failed the check), `failure` (why the backward could
-//! not run: a [`Failure`]) and `findings`: one [`Finding`] per reason the check failed, each with a
+//! not run: a [`Failure`]), `timings` (seconds per phase: `phases`, an array of
+//! `[name, seconds]`) and `findings`: one [`Finding`] per reason the check failed, each with a
 //! `kind` (see [`FindingKind`]: `wrong_value`, `non_finite`, `never_written`, `race`,
 //! `out_of_bounds`, `loop_bound`, `runtime_error`, `shape_mismatch`), the pass (`forward` or
 //! `backward`), the tensor, the element's multi-index, the program ids and the source locations
@@ -382,6 +383,50 @@ pub struct Report {
     pub failure: Option<Failure>,
     /// Every reason the check failed, as fields.
     pub findings: Vec<Finding>,
+    /// Seconds spent per phase of the check (printed by `--timings`).
+    pub timings: Timings,
+}
+
+/// Wall-clock seconds per phase of a check, in the order the phases first ran (a phase that runs
+/// once per trial is summed over the trials).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Timings {
+    /// `(phase, seconds)`.
+    pub phases: Vec<(String, f64)>,
+}
+
+impl Timings {
+    /// Adds `seconds` to `phase`.
+    pub fn add(&mut self, phase: &str, seconds: f64) {
+        match self.phases.iter_mut().find(|(p, _)| p == phase) {
+            Some((_, s)) => *s += seconds,
+            None => self.phases.push((phase.to_string(), seconds)),
+        }
+    }
+
+    /// Runs `f` as (part of) `phase`.
+    pub fn time<T>(&mut self, phase: &str, f: impl FnOnce() -> T) -> T {
+        let t = std::time::Instant::now();
+        let out = f();
+        self.add(phase, t.elapsed().as_secs_f64());
+        out
+    }
+
+    /// Total seconds.
+    pub fn total(&self) -> f64 {
+        self.phases.iter().map(|(_, s)| s).sum()
+    }
+}
+
+impl fmt::Display for Timings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let total = self.total();
+        writeln!(f, "timings")?;
+        for (p, s) in &self.phases {
+            writeln!(f, "  {p:<40} {s:>9.3} s {:>5.1}%", if total > 0.0 { 100.0 * s / total } else { 0.0 })?;
+        }
+        writeln!(f, "  {:<40} {total:>9.3} s", "total")
+    }
 }
 
 impl Report {
@@ -469,7 +514,10 @@ impl fmt::Display for Report {
         }
         if !self.gradients.is_empty() {
             if self.gradients_provisional {
-                writeln!(f, "gradients (backward vs ground truth; provisional: the backward run again with its races resolved in program order)")?;
+                writeln!(
+                    f,
+                    "gradients (backward vs ground truth; provisional: the backward run again with its races resolved in program order)"
+                )?;
             } else {
                 writeln!(f, "gradients (backward vs ground truth)")?;
             }

@@ -5,7 +5,7 @@
 //! finite differences (`tilegrad gradcheck`).
 
 use super::steps::{self, Mode, Trace};
-use super::{ground, inputs, promote, validate_forward, Backend, CheckError, CheckOptions, Env, Forward, Inputs, Precision};
+use super::{ground, inputs, promote, validate_forward, Backend, CheckError, CheckOptions, Env, Forward, Inputs, Precision, Timings};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Serialize;
@@ -80,6 +80,8 @@ pub(crate) struct Prepared {
     /// The launches of the forward in the kernels' dtypes, when asked for (to evaluate the
     /// ground truth in those dtypes too, for a calibrated tolerance).
     pub native_records: Option<Vec<steps::LaunchRecord>>,
+    /// Seconds spent so far, by phase.
+    pub timings: Timings,
 }
 
 /// Runs the forward both ways; with `native_records`, the native run's launches are recorded too.
@@ -87,21 +89,27 @@ pub(crate) fn prepare(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, nativ
     if opts.backend == Backend::Gpu {
         return Err(CheckError::Unsupported("the GPU backend is not part of this build; use the CPU backend (`--backend cpu`)".into()));
     }
-    let drawn = inputs.materialise(opts.seed)?;
+    let mut timings = Timings::default();
+    let drawn = timings.time("inputs", || inputs.materialise(opts.seed))?;
     validate_forward(fwd, &drawn)?;
     if !opts.allow_non_finite {
-        check_finite_inputs(&drawn, inputs)?;
+        timings.time("inputs", || check_finite_inputs(&drawn, inputs))?;
     }
     let mut native = drawn.clone();
     let mut trace = Trace::default();
     let mut nrec = native_records.then(Vec::new);
-    steps::run(&mut native, &fwd.steps, Mode::Native, nrec.as_mut(), Some(&mut trace)).map_err(forward_err(fwd))?;
+    timings
+        .time("forward in the kernels' dtypes", || steps::run(&mut native, &fwd.steps, Mode::Native, nrec.as_mut(), Some(&mut trace)))
+        .map_err(forward_err(fwd))?;
     let f64_mode = opts.precision == Precision::F64;
     let mut truth = if f64_mode { promote(&drawn) } else { drawn.clone() };
     let mut records = Vec::new();
-    steps::run(&mut truth, &fwd.steps, if f64_mode { Mode::F64 } else { Mode::Native }, Some(&mut records), None)
+    timings
+        .time("forward of the ground truth", || {
+            steps::run(&mut truth, &fwd.steps, if f64_mode { Mode::F64 } else { Mode::Native }, Some(&mut records), None)
+        })
         .map_err(forward_err(fwd))?;
-    Ok(Prepared { drawn, native, trace, truth, records, native_records: nrec })
+    Ok(Prepared { drawn, native, trace, truth, records, native_records: nrec, timings })
 }
 
 /// Every float input is finite: with a NaN or an infinity among the inputs the ground truth is

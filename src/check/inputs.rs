@@ -169,9 +169,7 @@ pub(crate) fn check_dist(dtype: DType, dist: Dist) -> Result<Option<(i64, i64)>,
         Dist::RandInt { lo, hi } => (lo, hi - 1),
         Dist::ConstInt(c) => (c, c),
         // An integer-valued float below 2^63 in magnitude converts exactly.
-        Dist::Constant(c) if c.fract() == 0.0 && (-TWO_63..TWO_63).contains(&c) => {
-            (c as i64, c as i64)
-        }
+        Dist::Constant(c) if c.fract() == 0.0 && (-TWO_63..TWO_63).contains(&c) => (c as i64, c as i64),
         Dist::Constant(c) if c.is_finite() && c.fract() == 0.0 => {
             return Err(format!("const({c}) is outside the range of {dtype} ({min} to {max})"))
         }

@@ -137,6 +137,9 @@ impl Inputs {
     }
 }
 
+/// 2^63, exactly.
+const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+
 /// Whether `dist` can fill a tensor of `dtype`: an integer tensor takes integers in its range,
 /// drawn or given exactly; uniform bounds are finite. Returns the first and last integer value
 /// for an integer dtype.
@@ -166,9 +169,7 @@ pub(crate) fn check_dist(dtype: DType, dist: Dist) -> Result<Option<(i64, i64)>,
         Dist::RandInt { lo, hi } => (lo, hi - 1),
         Dist::ConstInt(c) => (c, c),
         // An integer-valued float below 2^63 in magnitude converts exactly.
-        Dist::Constant(c) if c.fract() == 0.0 && (-9.223_372_036_854_775_808e18..9.223_372_036_854_775_808e18).contains(&c) => {
-            (c as i64, c as i64)
-        }
+        Dist::Constant(c) if c.fract() == 0.0 && (-TWO_63..TWO_63).contains(&c) => (c as i64, c as i64),
         Dist::Constant(c) if c.is_finite() && c.fract() == 0.0 => {
             return Err(format!("const({c}) is outside the range of {dtype} ({min} to {max})"))
         }

@@ -718,9 +718,16 @@ fn invariant_inst(k: &Kernel, i: Inst, known: &[Option<V>]) -> bool {
         | Op::Dot { .. }
         | Op::AddPtr
         | Op::NumPrograms { .. } => true,
-        Op::ProgramId { .. } | Op::Load { .. } | Op::Store { .. } | Op::AtomicAdd { .. } | Op::For { .. } | Op::If { .. } | Op::Yield => {
-            false
-        }
+        Op::ProgramId { .. }
+        | Op::Load { .. }
+        | Op::Store { .. }
+        | Op::AtomicAdd { .. }
+        | Op::AtomicRmw { .. }
+        | Op::AtomicCas
+        | Op::For { .. }
+        | Op::While { .. }
+        | Op::If { .. }
+        | Op::Yield => false,
     };
     pure && d.args.iter().all(|a| known[a.index()].is_some() || k.params.iter().any(|p| p.value == *a))
 }

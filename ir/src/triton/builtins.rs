@@ -488,14 +488,7 @@ impl Cx<'_> {
                 self.b.store(p, v, m);
                 Ok(Val::None)
             }
-            "tl.atomic_add" => {
-                let b = a.bind(name, &["pointer", "val", "mask", "sem", "scope"])?;
-                let p = self.t(&b[0], "the pointer", o)?;
-                let v = self.t(&b[1], "the value", o)?;
-                let m = self.opt_t(&b[2], "the mask", o)?;
-                self.b.atomic_add(p, v, m);
-                Ok(Val::None)
-            }
+            _ if super::atomics::is_atomic(name) => self.atomic(name, a, o),
             "tl.dot" => {
                 let b = a.bind(name, &["input", "other", "acc", "input_precision", "allow_tf32", "max_num_imprecise_acc", "out_dtype"])?;
                 let x = self.t(&b[0], "the first operand", o)?;

@@ -11,6 +11,8 @@ use ruff_text_size::Ranged;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+mod while_loop;
+
 /// The deepest helper-call nesting accepted (recursion is an error, not a stack overflow).
 const MAX_DEPTH: usize = 32;
 /// The most `tl.static_range` iterations unrolled in one kernel.
@@ -154,7 +156,7 @@ impl<'a> Cx<'a> {
                     return fail(o, "assertion failed");
                 }
             }
-            Stmt::While(_) => return fail(o, "`while` loops are not supported: use `for i in range(...)` or `tl.range(...)`"),
+            Stmt::While(w) => self.while_stmt(w)?,
             Stmt::Break(_) => return fail(o, "`break` is not supported in Triton kernels: bound the loop with `range(...)` instead"),
             Stmt::Continue(_) => return fail(o, "`continue` is not supported in Triton kernels: guard the loop body with an `if`"),
             other => {
@@ -767,6 +769,7 @@ fn assigned(body: &[Stmt], out: &mut Vec<String>) {
                     assigned(&c.body, out);
                 }
             }
+            Stmt::While(_) => while_loop::assigned_in(s, out),
             _ => {}
         }
     }

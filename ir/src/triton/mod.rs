@@ -48,6 +48,7 @@
 //! assert_eq!(k.params.len(), 4);
 //! ```
 
+mod atomics;
 mod autotune;
 mod builtins;
 mod convert;

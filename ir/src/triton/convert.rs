@@ -11,6 +11,7 @@ use ruff_text_size::Ranged;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+mod host_descriptor;
 mod while_loop;
 
 /// The deepest helper-call nesting accepted (recursion is an error, not a stack overflow).
@@ -64,6 +65,10 @@ impl<'a> Cx<'a> {
         for pw in p.posonlyargs.iter().chain(&p.args).chain(&p.kwonlyargs) {
             let name = pw.parameter.name.id.to_string();
             let o = off(&pw.parameter);
+            if let Some((_, hd)) = opts.descriptors.iter().find(|(n, _)| *n == name) {
+                self.host_descriptor(&name, hd, o)?;
+                continue;
+            }
             let is_constexpr =
                 pw.parameter.annotation.as_deref().and_then(dotted).is_some_and(|d| d == "constexpr" || d.ends_with(".constexpr"));
             if is_constexpr {

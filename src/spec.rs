@@ -49,7 +49,9 @@
 //! ```
 //!
 //! Launch arguments are expressions (see [`crate::check::expr`]); a bare tensor name passes the
-//! tensor. A Triton kernel is converted per launch: its constexprs from the launch's constant
+//! tensor; `"descriptor(q, [BLOCK_M, HEAD_DIM])"` passes what `TensorDescriptor.from_tensor(q,
+//! [BLOCK_M, HEAD_DIM])` builds on the host (the kernel uses it with `desc.load([..])`,
+//! `desc.store([..], v)` or `tl._experimental_descriptor_load/store`). A Triton kernel is converted per launch: its constexprs from the launch's constant
 //! arguments, its pointer dtypes from the tensors passed, float arguments as f32 scalars. Errors
 //! name the file, the key and what was expected.
 
@@ -59,7 +61,7 @@ use crate::check::{
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tilegrad_ir::triton::{convert, ConvertOptions};
+use tilegrad_ir::triton::{convert, ConvertOptions, HostDescriptor};
 use tilegrad_ir::{DType, Kernel};
 use toml::{Table, Value};
 
@@ -146,7 +148,7 @@ enum KernelRef {
     Text(Arc<Kernel>),
 }
 
-type ConvertKey = (String, Vec<(String, i64)>, Vec<(String, DType)>, Vec<(String, DType)>);
+type ConvertKey = (String, Vec<(String, i64)>, Vec<(String, DType)>, Vec<(String, DType)>, Vec<(String, HostDescriptor)>);
 
 struct Loader {
     file: String,
@@ -640,6 +642,43 @@ impl Loader {
         Ok(step)
     }
 
+    /// A host-built tensor descriptor argument, `descriptor(t, [B0, B1, ...])` (what
+    /// `TensorDescriptor.from_tensor(t, block_shape)` passes): the descriptor and the launch
+    /// arguments it stands for (the tensor, then its shape and strides).
+    fn descriptor_arg(&self, n: &str, rest: &str, key: &str, constants: &[(String, Scalar)]) -> Result<(HostDescriptor, Vec<(String, Expr)>), SpecError> {
+        let usage = "expected `descriptor(TENSOR, [BLOCK0, BLOCK1, ...])`";
+        let body = rest.trim_end().strip_suffix(')').ok_or_else(|| self.err(key, usage))?;
+        let (tn, blocks) = body.split_once(',').ok_or_else(|| self.err(key, usage))?;
+        let tn = tn.trim();
+        let blocks = blocks.trim().strip_prefix('[').and_then(|b| b.strip_suffix(']')).ok_or_else(|| self.err(key, usage))?;
+        let (_, dtype, shape) = self
+            .tensors
+            .iter()
+            .find(|(x, ..)| x == tn)
+            .ok_or_else(|| self.err(key, format!("no tensor `{tn}` is defined before this launch")))?
+            .clone();
+        let scope = Static { constants, tensors: &self.tensors };
+        let mut block_shape = Vec::new();
+        for b in blocks.split(',').map(str::trim).filter(|b| !b.is_empty()) {
+            let e = Expr::parse(b).map_err(|e| self.err(key, format!("`{b}`: {e}")))?;
+            let v = e.eval_int(&scope).map_err(|e| self.err(key, format!("`{b}`: {e}")))?;
+            if v <= 0 {
+                return Err(self.err(key, format!("block dims must be positive, `{b}` is {v}")));
+            }
+            block_shape.push(v as usize);
+        }
+        if block_shape.len() != shape.len() {
+            return Err(self.err(key, format!("`{tn}` has rank {} but the block shape has {} dims", shape.len(), block_shape.len())));
+        }
+        let mut args = vec![(n.to_string(), Expr::parse(tn).map_err(|e| self.err(key, e.to_string()))?)];
+        for (i, &d) in shape.iter().enumerate() {
+            args.push((HostDescriptor::shape_param(n, i), Expr::from(d as i64)));
+            let st = Expr::parse(&format!("{tn}.stride({i})")).map_err(|e| self.err(key, e.to_string()))?;
+            args.push((HostDescriptor::stride_param(n, i), st));
+        }
+        Ok((HostDescriptor { dtype, block_shape }, args))
+    }
+
     fn launch(&mut self, t: &Table, key: &str, constants: &[(String, Scalar)]) -> Result<Step, SpecError> {
         self.only(t, key, &["launch", "grid", "args"])?;
         let kname = self.string(&t["launch"], &format!("{key}.launch"))?;
@@ -653,8 +692,15 @@ impl Loader {
             return Err(self.err(&format!("{key}.grid"), format!("a grid has 1 to 3 axes, got {}", grid.len())));
         }
         let mut args = Vec::new();
+        let mut descs: Vec<(String, HostDescriptor)> = Vec::new();
         if let Some(a) = t.get("args") {
             for (n, v) in self.table(a, &format!("{key}.args"))? {
+                if let Some(d) = v.as_str().and_then(|s| s.trim().strip_prefix("descriptor(")) {
+                    let (hd, more) = self.descriptor_arg(n, d, &format!("{key}.args.{n}"), constants)?;
+                    descs.push((n.clone(), hd));
+                    args.extend(more);
+                    continue;
+                }
                 args.push((n.clone(), self.expr(v, &format!("{key}.args.{n}"))?));
             }
         }
@@ -663,12 +709,21 @@ impl Loader {
             e.eval_int(&scope).map_err(|err| self.err(&format!("{key}.grid"), format!("`{e}`: {err}")))?;
         }
         let kernel = match kr {
+            KernelRef::Text(_) if !descs.is_empty() => {
+                return Err(self.err(&format!("{key}.args.{}", descs[0].0), "descriptor arguments need a Triton kernel (FILE.py::NAME)"))
+            }
             KernelRef::Text(k) => k,
             KernelRef::Triton { file, name, config } => {
                 let mut ptrs = Vec::new();
                 let mut consts = config.clone();
                 let mut scalars = Vec::new();
                 for (n, e) in &args {
+                    if descs.iter().any(|(dn, hd)| {
+                        (0..hd.block_shape.len()).any(|i| *n == HostDescriptor::shape_param(dn, i) || *n == HostDescriptor::stride_param(dn, i))
+                    }) {
+                        scalars.push((n.clone(), DType::I64));
+                        continue;
+                    }
                     if let Some((_, d, _)) = e.as_name().and_then(|tn| self.tensors.iter().find(|(x, ..)| x == tn)) {
                         ptrs.push((n.clone(), *d));
                         continue;
@@ -691,7 +746,7 @@ impl Loader {
                         Err(err) => return Err(self.err(&format!("{key}.args.{n}"), format!("`{e}`: {err}"))),
                     }
                 }
-                let ck: ConvertKey = (format!("{}::{name}", file.display()), consts.clone(), ptrs.clone(), scalars.clone());
+                let ck: ConvertKey = (format!("{}::{name}", file.display()), consts.clone(), ptrs.clone(), scalars.clone(), descs.clone());
                 match self.cache.iter().find(|(k, _)| *k == ck) {
                     Some((_, k)) => k.clone(),
                     None => {
@@ -699,6 +754,7 @@ impl Loader {
                             constexprs: consts,
                             pointer_dtypes: ptrs,
                             scalar_dtypes: scalars,
+                            descriptors: descs,
                             ..ConvertOptions::default()
                         };
                         let src = &self.sources[&file];

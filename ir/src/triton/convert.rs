@@ -11,6 +11,9 @@ use ruff_text_size::Ranged;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+mod host_descriptor;
+mod while_loop;
+
 /// The deepest helper-call nesting accepted (recursion is an error, not a stack overflow).
 const MAX_DEPTH: usize = 32;
 /// The most `tl.static_range` iterations unrolled in one kernel.
@@ -70,6 +73,10 @@ impl<'a> Cx<'a> {
         for pw in p.posonlyargs.iter().chain(&p.args).chain(&p.kwonlyargs) {
             let name = pw.parameter.name.id.to_string();
             let o = off(&pw.parameter);
+            if let Some((_, hd)) = opts.descriptors.iter().find(|(n, _)| *n == name) {
+                self.host_descriptor(&name, hd, o)?;
+                continue;
+            }
             let is_constexpr =
                 pw.parameter.annotation.as_deref().and_then(dotted).is_some_and(|d| d == "constexpr" || d.ends_with(".constexpr"));
             if is_constexpr {
@@ -178,7 +185,7 @@ impl<'a> Cx<'a> {
                     return fail(o, "assertion failed");
                 }
             }
-            Stmt::While(_) => return fail(o, "`while` loops are not supported: use `for i in range(...)` or `tl.range(...)`"),
+            Stmt::While(w) => self.while_stmt(w)?,
             Stmt::Break(_) => return fail(o, "`break` is not supported in Triton kernels: bound the loop with `range(...)` instead"),
             Stmt::Continue(_) => return fail(o, "`continue` is not supported in Triton kernels: guard the loop body with an `if`"),
             other => {
@@ -815,6 +822,7 @@ fn assigned(body: &[Stmt], out: &mut Vec<String>) {
                 }
                 stack.push(i.body.iter());
             }
+            Stmt::While(_) => while_loop::assigned_in(s, out),
             _ => {}
         }
     }

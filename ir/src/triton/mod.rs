@@ -48,6 +48,7 @@
 //! assert_eq!(k.params.len(), 4);
 //! ```
 
+mod atomics;
 mod autotune;
 mod builtins;
 mod convert;
@@ -75,6 +76,35 @@ pub struct ConvertOptions {
     pub scalar_dtypes: Vec<(String, DType)>,
     /// The dtype of other runtime scalar parameters.
     pub default_scalar_dtype: DType,
+    /// Parameters that are tensor descriptors built on the host
+    /// (`TensorDescriptor.from_tensor(t, block_shape)`), by name; see [`HostDescriptor`].
+    pub descriptors: Vec<(String, HostDescriptor)>,
+}
+
+/// A tensor descriptor built on the host and passed as a kernel argument. In the kernel it is
+/// used as `tl.make_tensor_descriptor` results are (`desc.load([offs])`, `desc.store([offs], v)`,
+/// and the older `tl._experimental_descriptor_load/store`). The IR kernel takes it as a pointer
+/// parameter of the parameter's own name and one i64 scalar parameter per dim for the shape
+/// and for the strides, named by [`HostDescriptor::shape_param`] and
+/// [`HostDescriptor::stride_param`]; a launcher binds them from the tensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostDescriptor {
+    /// The tensor's element dtype.
+    pub dtype: DType,
+    /// The block shape; its length is the tensor's rank.
+    pub block_shape: Vec<usize>,
+}
+
+impl HostDescriptor {
+    /// The name of the scalar parameter holding the size of dim `i` of descriptor `name`.
+    pub fn shape_param(name: &str, i: usize) -> String {
+        format!("{name}__shape{i}")
+    }
+
+    /// The name of the scalar parameter holding the stride (in elements) of dim `i`.
+    pub fn stride_param(name: &str, i: usize) -> String {
+        format!("{name}__stride{i}")
+    }
 }
 
 impl Default for ConvertOptions {
@@ -85,6 +115,7 @@ impl Default for ConvertOptions {
             default_pointer_dtype: DType::F32,
             scalar_dtypes: Vec::new(),
             default_scalar_dtype: DType::I32,
+            descriptors: Vec::new(),
         }
     }
 }

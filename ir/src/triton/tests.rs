@@ -212,9 +212,9 @@ fn errors_at_line_and_column() {
     let (l, c, m) = e("    x = tl.frobnicate(1)\n");
     assert_eq!((l, c), (6, 9), "{m}");
     assert!(m.contains("unsupported function `tl.frobnicate`"), "{m}");
-    let (l, c, m) = e("    i = 0\n    while i < n:\n        i += 1\n");
-    assert_eq!((l, c), (7, 5));
-    assert!(m.contains("`while`"), "{m}");
+    let (l, c, m) = e("    i = 0\n    while True:\n        i += 1\n");
+    assert_eq!((l, c), (7, 11));
+    assert!(m.contains("`while` condition is always true"), "{m}");
     let (l, c, m) = e("    for i in range(n):\n        break\n");
     assert_eq!((l, c), (7, 9));
     assert!(m.contains("`break`"), "{m}");

@@ -8,6 +8,7 @@
 //! fwd = "triton/weighted_sum.py::weighted_sum_fwd"
 //! bwd = "triton/weighted_sum_bwd.py::weighted_sum_bwd"
 //! # tuned = { kernel = "k.py::NAME", config = 2 }   # constexprs of its 3rd @triton.autotune config
+//! # other = { kernel = "k.py::NAME", jit = true }    # a kernel under a decorator not known as triton.jit
 //!
 //! [constants]                           # names for expressions (numbers, or expressions
 //! ROWS = 1000                           # of the constants above them)
@@ -49,8 +50,11 @@
 //!
 //! Launch arguments are expressions (see [`crate::check::expr`]); a bare tensor name passes the
 //! tensor. A Triton kernel is converted per launch: its constexprs from the launch's constant
-//! arguments, its pointer dtypes from the tensors passed, float arguments as f32 scalars. Errors
-//! name the file, the key and what was expected.
+//! arguments, its pointer dtypes from the tensors passed, float arguments as f32 scalars. A
+//! constexpr may also be bound to a value that exists only at conversion: a quoted string
+//! (`reduction = "'mean'"`), `"None"`, or a dtype (`X_dtype = "tl.float16"`); TOML `true`/`false`
+//! bind bools and floats bind float constexprs (`eps = 1e-6`). Errors name the file, the key and
+//! what was expected.
 
 use crate::check::{
     expr::Scope, Backward, CheckOptions, Dist, Expr, Forward, Init, Inputs, KernelLaunch, Precision, Scalar, Source, Step, Tolerance,
@@ -58,7 +62,7 @@ use crate::check::{
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tilegrad_ir::triton::{convert, ConvertOptions};
+use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
 use tilegrad_ir::{DType, Kernel};
 use toml::{Table, Value};
 
@@ -134,11 +138,13 @@ enum KernelRef {
         file: PathBuf,
         name: String,
         config: Vec<(String, i64)>,
+        /// Taken as a kernel without a recognised `triton.jit` form.
+        jit: bool,
     },
     Text(Arc<Kernel>),
 }
 
-type ConvertKey = (String, Vec<(String, i64)>, Vec<(String, DType)>, Vec<(String, DType)>);
+type ConvertKey = (String, Vec<(String, ConstValue)>, Vec<(String, DType)>, Vec<(String, DType)>);
 
 struct Loader {
     file: String,
@@ -304,11 +310,17 @@ impl Loader {
         let Some(v) = v else { return Err(self.err("kernels", "missing table")) };
         let mut refs: Vec<(String, String, PathBuf)> = Vec::new();
         let mut configs: HashMap<String, usize> = HashMap::new();
+        let mut jits: Vec<String> = Vec::new();
         for (k, r) in self.table(v, "kernels")? {
             let key = format!("kernels.{k}");
             let r = match r {
                 Value::Table(t) => {
-                    self.only(t, &key, &["kernel", "config"])?;
+                    self.only(t, &key, &["kernel", "config", "jit"])?;
+                    match t.get("jit") {
+                        None | Some(Value::Boolean(false)) => {}
+                        Some(Value::Boolean(true)) => jits.push(k.clone()),
+                        Some(_) => return Err(self.err(&format!("{key}.jit"), "expected true or false")),
+                    }
                     if let Some(c) = t.get("config") {
                         let c = c.as_integer().and_then(|c| usize::try_from(c).ok());
                         configs.insert(
@@ -353,10 +365,8 @@ impl Loader {
             let shown = path.display().to_string();
             let kr = if file.ends_with(".py") {
                 let name = name.ok_or_else(|| self.err(&key, format!("`{r}`: name the kernel, as `{file}::KERNEL`")))?;
-                let names = tilegrad_ir::triton::kernels(&src, &shown).map_err(|e| self.err(&key, e.to_string()))?;
-                if !names.contains(&name) {
-                    return Err(self.err(&key, format!("{shown} has no @triton.jit function `{name}` (it has: {})", names.join(", "))));
-                }
+                let jit = jits.contains(&k);
+                tilegrad_ir::triton::find_kernel(&src, &shown, &name, jit).map_err(|e| self.err(&key, e.to_string()))?;
                 let config = match configs.get(&k) {
                     None => Vec::new(),
                     Some(&c) => {
@@ -369,7 +379,7 @@ impl Loader {
                             .ok_or_else(|| self.err(&format!("{key}.config"), format!("config {c} of `{name}`, which has {}", all.len())))?
                     }
                 };
-                KernelRef::Triton { file: path, name, config }
+                KernelRef::Triton { file: path, name, config, jit }
             } else {
                 if configs.contains_key(&k) {
                     return Err(self.err(&format!("{key}.config"), "autotune configs are for Triton kernels"));
@@ -616,10 +626,19 @@ impl Loader {
             return Err(self.err(&format!("{key}.grid"), format!("a grid has 1 to 3 axes, got {}", grid.len())));
         }
         let mut args = Vec::new();
+        // Constexprs bound to values that exist only at conversion (strings, None, dtypes).
+        let mut compile_only: Vec<(String, ConstValue)> = Vec::new();
         if let Some(a) = t.get("args") {
             for (n, v) in self.table(a, &format!("{key}.args"))? {
+                if let Some(c) = v.as_str().and_then(ConstValue::parse).filter(|c| !c.is_number()) {
+                    compile_only.push((n.clone(), c));
+                    continue;
+                }
                 args.push((n.clone(), self.expr(v, &format!("{key}.args.{n}"))?));
             }
+        }
+        if !compile_only.is_empty() && matches!(kr, KernelRef::Text(_)) {
+            return Err(self.err(&format!("{key}.args.{}", compile_only[0].0), "strings, None and dtypes bind constexprs of Triton kernels only"));
         }
         let scope = Static { constants, tensors: &self.tensors };
         for e in &grid {
@@ -627,9 +646,10 @@ impl Loader {
         }
         let kernel = match kr {
             KernelRef::Text(k) => k,
-            KernelRef::Triton { file, name, config } => {
+            KernelRef::Triton { file, name, config, jit } => {
                 let mut ptrs = Vec::new();
-                let mut consts = config.clone();
+                let mut consts: Vec<(String, ConstValue)> = config.iter().map(|(n, v)| (n.clone(), ConstValue::Int(*v))).collect();
+                consts.extend(compile_only.iter().cloned());
                 let mut scalars = Vec::new();
                 for (n, e) in &args {
                     if let Some((_, d, _)) = e.as_name().and_then(|tn| self.tensors.iter().find(|(x, ..)| x == tn)) {
@@ -645,13 +665,23 @@ impl Loader {
                                 }
                                 continue;
                             }
-                            consts.push((n.clone(), i));
+                            consts.push((n.clone(), ConstValue::Int(i)));
                             if i32::try_from(i).is_err() {
                                 scalars.push((n.clone(), DType::I64));
                             }
                         }
-                        Ok(Scalar::Float(_)) => scalars.push((n.clone(), DType::F32)),
-                        Err(err) => return Err(self.err(&format!("{key}.args.{n}"), format!("`{e}`: {err}"))),
+                        Ok(Scalar::Float(x)) => {
+                            consts.push((n.clone(), ConstValue::Float(x)));
+                            scalars.push((n.clone(), DType::F32));
+                        }
+                        Err(err) => {
+                            let hint = if e.as_name().is_some() {
+                                " (a string constexpr is written quoted: `'mean'`; a dtype as `tl.float16`)"
+                            } else {
+                                ""
+                            };
+                            return Err(self.err(&format!("{key}.args.{n}"), format!("`{e}`: {err}{hint}")));
+                        }
                     }
                 }
                 let ck: ConvertKey = (format!("{}::{name}", file.display()), consts.clone(), ptrs.clone(), scalars.clone());
@@ -662,9 +692,20 @@ impl Loader {
                             constexprs: consts,
                             pointer_dtypes: ptrs,
                             scalar_dtypes: scalars,
+                            assume_jit: jit,
                             ..ConvertOptions::default()
                         };
                         let src = &self.sources[&file];
+                        let params = tilegrad_ir::triton::parameters(src, &file.display().to_string(), &name)
+                            .map_err(|e| self.err(&format!("{key}.launch"), format!("kernel `{kname}`: {e}")))?;
+                        for (n, _) in &compile_only {
+                            if !params.iter().any(|(p, c)| p == n && *c) {
+                                return Err(self.err(
+                                    &format!("{key}.args.{n}"),
+                                    format!("kernel `{name}` has no constexpr parameter `{n}` to bind to a string, None or a dtype"),
+                                ));
+                            }
+                        }
                         let k = convert(src, &file.display().to_string(), &name, &opts)
                             .map_err(|e| self.err(&format!("{key}.launch"), format!("kernel `{kname}`: {e}")))?;
                         let k = Arc::new(k);

@@ -16,12 +16,14 @@
 //! D_TILE = "min(next_power_of_2(D), 128)"
 //!
 //! [inputs]                              # shape, dtype (f32), init: normal | normal(m, s) |
-//! x = { shape = ["ROWS", "D"] }         # uniform(lo, hi) | randint(lo, hi) | const(v); or file
+//! x = { shape = ["ROWS", "D"] }         # uniform(lo, hi) | randint(lo, hi) | const(v) |
+//!                                       # arange(start, step[, modulus]) (row-major); or file
 //! w = { shape = ["D"], init = "uniform(-1, 1)" }   # = "w.npy"
 //!
 //! [forward]
 //! differentiable = ["x", "w"]           # default: every float input
 //! outputs = ["out"]                     # each gets a random cotangent `grad_<output>`
+//! cotangents = { out = "const(1)" }     # optional, per output: a distribution or "FILE.npy"
 //! saved = []                            # checked like outputs, no cotangent (e.g. mean, rstd)
 //! steps = [
 //!   { alloc = "out", shape = ["ROWS"], dtype = "f32" },      # init = "empty" (NaN) | "zeros"
@@ -57,7 +59,8 @@
 //! what was expected.
 
 use crate::check::{
-    expr::Scope, Backward, CheckOptions, Dist, Expr, Forward, Init, Inputs, KernelLaunch, Precision, Scalar, Source, Step, Tolerance,
+    expr::Scope, Backward, CheckOptions, Cotangent, Dist, Expr, Forward, Init, Inputs, KernelLaunch, Precision, Scalar, Source, Step,
+    Tolerance,
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -207,7 +210,7 @@ impl Loader {
             return Err(self.err("inputs", "a spec needs at least one input tensor"));
         }
         let ftab = self.table(t.get("forward").ok_or_else(|| self.err("forward", "missing table"))?, "forward")?;
-        self.only(ftab, "forward", &["differentiable", "outputs", "saved", "steps"])?;
+        self.only(ftab, "forward", &["differentiable", "outputs", "saved", "steps", "cotangents"])?;
         let differentiable = match ftab.get("differentiable") {
             Some(v) => self.strings(v, "forward.differentiable")?,
             None => self.tensors.iter().filter(|(_, d, _)| d.is_float()).map(|(n, ..)| n.clone()).collect(),
@@ -223,7 +226,24 @@ impl Loader {
                 return Err(self.err("forward.saved", format!("`{o}` is not a tensor of the forward")));
             }
         }
-        let forward = Forward { steps: fsteps, differentiable, outputs: outputs.clone(), saved };
+        let mut cotangents = Vec::new();
+        if let Some(c) = ftab.get("cotangents") {
+            for (o, v) in self.table(c, "forward.cotangents")? {
+                let key = format!("forward.cotangents.{o}");
+                if !outputs.contains(o) {
+                    return Err(self.err(&key, format!("`{o}` is not an output (outputs: {})", outputs.join(", "))));
+                }
+                let s = self.string(v, &key)?;
+                let c = if s.ends_with(".npy") {
+                    let p = self.dir.join(&s);
+                    Cotangent::Given(crate::npy::read(&p).map_err(|e| self.err(&key, e.to_string()))?)
+                } else {
+                    Cotangent::Random(self.dist(&s, &key)?)
+                };
+                cotangents.push((o.clone(), c));
+            }
+        }
+        let forward = Forward { steps: fsteps, differentiable, outputs: outputs.clone(), saved, cotangents };
         for o in &outputs {
             let Some((_, d, s)) = self.tensors.iter().find(|(n, ..)| n == o).cloned() else {
                 return Err(self.err("forward.outputs", format!("`{o}` is not a tensor of the forward")));
@@ -451,10 +471,18 @@ impl Loader {
             ("uniform", [lo, hi]) if lo < hi => Dist::Uniform { lo: *lo, hi: *hi },
             ("randint", [lo, hi]) if lo < hi && lo.fract() == 0.0 && hi.fract() == 0.0 => Dist::RandInt { lo: *lo as i64, hi: *hi as i64 },
             ("const", [c]) => Dist::Constant(*c),
+            ("arange", []) => Dist::Arange { start: 0.0, step: 1.0 },
+            ("arange", [a]) => Dist::Arange { start: *a, step: 1.0 },
+            ("arange", [a, st]) => Dist::Arange { start: *a, step: *st },
+            ("arange", [a, st, m]) if *m != 0.0 => Dist::ArangeMod { start: *a, step: *st, modulus: *m },
             _ => {
-                return Err(
-                    self.err(key, format!("`{s}`: expected normal, normal(mean, std), uniform(lo, hi), randint(lo, hi) or const(v)"))
-                )
+                return Err(self.err(
+                    key,
+                    format!(
+                        "`{s}`: expected normal, normal(mean, std), uniform(lo, hi), randint(lo, hi), const(v), arange, \
+                         arange(start), arange(start, step) or arange(start, step, modulus)"
+                    ),
+                ))
             }
         };
         Ok(d)
@@ -698,11 +726,12 @@ impl Loader {
                         let src = &self.sources[&file];
                         let params = tilegrad_ir::triton::parameters(src, &file.display().to_string(), &name)
                             .map_err(|e| self.err(&format!("{key}.launch"), format!("kernel `{kname}`: {e}")))?;
-                        for (n, _) in &compile_only {
-                            if !params.iter().any(|(p, c)| p == n && *c) {
+                        for (n, v) in &compile_only {
+                            // `None` may be passed for any parameter (an optional pointer).
+                            if !params.iter().any(|(p, c)| p == n && (*c || *v == ConstValue::None)) {
                                 return Err(self.err(
                                     &format!("{key}.args.{n}"),
-                                    format!("kernel `{name}` has no constexpr parameter `{n}` to bind to a string, None or a dtype"),
+                                    format!("kernel `{name}` has no constexpr parameter `{n}` to bind to a string or a dtype (nor any parameter `{n}` for None)"),
                                 ));
                             }
                         }

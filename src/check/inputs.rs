@@ -35,6 +35,22 @@ pub enum Dist {
     },
     /// Every element this value.
     Constant(f64),
+    /// `start, start + step, ...` in row-major order (positions, labels, ramps).
+    Arange {
+        /// The first element.
+        start: f64,
+        /// The difference between consecutive elements.
+        step: f64,
+    },
+    /// `arange(start, step) % modulus`: repeating ramps (e.g. labels cycling through classes).
+    ArangeMod {
+        /// The first element.
+        start: f64,
+        /// The difference between consecutive elements.
+        step: f64,
+        /// Every element is taken modulo this (floored, as Python's `%`).
+        modulus: f64,
+    },
 }
 
 impl Default for Dist {
@@ -127,13 +143,7 @@ impl Inputs {
                 Source::Random { dtype, shape, dist } => {
                     let n: usize = shape.iter().product();
                     let mut r = StdRng::seed_from_u64(seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64 * 0x9e37_79b9 + 1));
-                    let v: Vec<f64> = match *dist {
-                        Dist::Normal { mean, std } => normal(&mut r, n).into_iter().map(|x| mean + std * x).collect(),
-                        Dist::Uniform { lo, hi } if lo < hi => (0..n).map(|_| r.gen_range(lo..hi)).collect(),
-                        Dist::RandInt { lo, hi } if lo < hi => (0..n).map(|_| r.gen_range(lo..hi) as f64).collect(),
-                        Dist::Constant(c) => vec![c; n],
-                        _ => return Err(CheckError::Spec(format!("input `{}`: empty range in {dist:?}", it.name))),
-                    };
+                    let v = sample(dist, &mut r, n).ok_or_else(|| CheckError::Spec(format!("input `{}`: empty range in {dist:?}", it.name)))?;
                     if !dtype.is_float() && v.iter().any(|x| x.fract() != 0.0) {
                         return Err(CheckError::Spec(format!(
                             "input `{}` is {dtype}: use an integer distribution (randint) or a constant",
@@ -147,6 +157,19 @@ impl Inputs {
         }
         Ok(env)
     }
+}
+
+/// `n` values of `dist` in row-major order; `None` for an empty range.
+pub(crate) fn sample(dist: &Dist, r: &mut StdRng, n: usize) -> Option<Vec<f64>> {
+    Some(match *dist {
+        Dist::Normal { mean, std } => normal(r, n).into_iter().map(|x| mean + std * x).collect(),
+        Dist::Uniform { lo, hi } if lo < hi => (0..n).map(|_| r.gen_range(lo..hi)).collect(),
+        Dist::RandInt { lo, hi } if lo < hi => (0..n).map(|_| r.gen_range(lo..hi) as f64).collect(),
+        Dist::Constant(c) => vec![c; n],
+        Dist::Arange { start, step } => (0..n).map(|i| start + step * i as f64).collect(),
+        Dist::ArangeMod { start, step, modulus } if modulus != 0.0 => (0..n).map(|i| (start + step * i as f64).rem_euclid(modulus)).collect(),
+        Dist::Uniform { .. } | Dist::RandInt { .. } | Dist::ArangeMod { .. } => return None,
+    })
 }
 
 /// `n` standard normal samples (Box-Muller on the generator's uniforms).

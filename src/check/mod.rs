@@ -125,6 +125,19 @@ pub struct Forward {
     /// Tensors the forward computes for its backward (a layer norm's mean and rstd): checked
     /// against the ground truth's forward like outputs, but without a cotangent.
     pub saved: Vec<String>,
+    /// Where the cotangent of an output comes from, for the outputs named here (the others get
+    /// a standard normal one).
+    pub cotangents: Vec<(String, Cotangent)>,
+}
+
+/// The cotangent of one output.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cotangent {
+    /// Drawn afresh for each trial from this distribution (`const(1)` for the gradient of a
+    /// summed loss, `normal(0, 0.01)` for a small one).
+    Random(Dist),
+    /// These values (from a `.npy` file), the same in every trial.
+    Given(HostTensor),
 }
 
 impl Forward {
@@ -135,7 +148,15 @@ impl Forward {
             differentiable: differentiable.iter().map(|s| s.to_string()).collect(),
             outputs: outputs.iter().map(|s| s.to_string()).collect(),
             saved: Vec::new(),
+            cotangents: Vec::new(),
         }
+    }
+
+    /// Sets where the cotangent of `output` comes from.
+    pub fn cotangent(mut self, output: &str, c: Cotangent) -> Forward {
+        self.cotangents.retain(|(n, _)| n != output);
+        self.cotangents.push((output.to_string(), c));
+        self
     }
 
     /// Declares tensors saved for the backward (checked, no cotangent).
@@ -286,7 +307,7 @@ pub fn check_backward_with(
     for trial in 0..opts.trials {
         let mut cot = HashMap::new();
         let mut env_b = env_n.clone();
-        for (o, c, h) in truth::draw_cotangents(&mut rng, env_n, &fwd.outputs)? {
+        for (o, c, h) in truth::draw_cotangents(&mut rng, env_n, fwd)? {
             env_b.add(&format!("grad_{o}"), h).map_err(CheckError::Spec)?;
             cot.insert(o, c);
         }

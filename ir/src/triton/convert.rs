@@ -122,6 +122,10 @@ impl<'a> Cx<'a> {
                     other => return fail(o, format!("constexpr parameter `{name}` cannot be {}", other.kind())),
                 }
                 self.env.insert(name, v);
+            } else if opts.constexprs.iter().any(|(n, v)| *n == name && *v == super::ConstValue::None) {
+                // Triton specializes an argument passed as `None` (an optional bias pointer) as
+                // a constexpr `None`: `if B is not None:` folds, and the kernel has no such parameter.
+                self.env.insert(name, Val::None);
             } else if let Some(&(_, d)) = opts.pointer_dtypes.iter().find(|(n, _)| *n == name) {
                 let v = self.b.ptr_param(&name, d);
                 self.env.insert(name, Val::Tensor(v));

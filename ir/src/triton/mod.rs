@@ -5,7 +5,10 @@
 //! Parameters of the kernel become IR parameters in order:
 //!
 //! - annotated `tl.constexpr`: a constexpr, bound from [`ConvertOptions::constexprs`] (or the
-//!   parameter's default value in the source); a constexpr with neither is an error naming it;
+//!   parameter's default value in the source); a constexpr with neither is an error naming it.
+//!   Ints, bools and floats stay IR constexpr parameters; strings, `None` and dtypes
+//!   ([`ConstValue`]) exist only at conversion, where comparisons on them fold as Triton folds
+//!   them (`if ACTIVATION == "leaky_relu":`, `if X_dtype == tl.float16:`);
 //! - named in [`ConvertOptions::pointer_dtypes`], or whose name ends in `ptr` (`x_ptr`, `Xptr`): a
 //!   pointer to elements of that dtype ([`ConvertOptions::default_pointer_dtype`], f32, otherwise);
 //! - anything else: a runtime scalar, of the dtype named in [`ConvertOptions::scalar_dtypes`] or
@@ -20,7 +23,15 @@
 //! its body is carried (a block pointer is carried through its offsets). `tl.static_range` is
 //! unrolled. `if` on a compile-time constant converts only the branch taken; `if` on a scalar
 //! tensor is an IR `if` whose results are the variables assigned in it (defined before it, or in
-//! both branches). Helper `@triton.jit` functions are inlined.
+//! both branches); an `if` with a `return` in a branch (outside loops) takes the rest of its
+//! block into each branch that does not return, so an early `return` ends the function on that
+//! path. Helper `@triton.jit` functions are inlined.
+//!
+//! Kernels are the functions under a `triton.jit` decorator or bound to a `triton.jit(fn)` call
+//! (possibly inside `triton.heuristics(...)(...)`/`triton.autotune(...)(...)`), or any function
+//! when [`ConvertOptions::assume_jit`] says so. Module-level statements under `try`/`if`/`with`
+//! count (version-dependent imports), and `from .utils import helper` and the like are followed
+//! to the `.py` files beside the kernel's `file`, whose helpers convert with their own locations.
 //!
 //! Tensor descriptors (Triton 3.9 replaced block pointers with them):
 //! `desc = tl.make_tensor_descriptor(base, shape=[...], strides=[...], block_shape=[...])` (also

@@ -105,7 +105,7 @@ fn float_bool_and_dtype_constexprs_bind_and_fold() {
     assert_eq!(count(&k, |o| matches!(o, Op::Binary(_))), 0);
     // Unbound: the message shows how to bind each kind.
     let (_, line, col, m) = err_at(convert(&src, "k.py", "k", &ConvertOptions::with_constexprs(&[("BLOCK", 8)])));
-    assert_eq!((line, col), (5, 20));
+    assert_eq!((line, col), (5, 21));
     assert!(m.contains("`eps` has no value") && m.contains("`eps=1e-6`") && m.contains("`eps='mean'`"), "{m}");
 }
 

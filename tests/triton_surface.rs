@@ -12,6 +12,7 @@
 //! - The spec errors of the new bindings (strings, `None`, dtypes, `jit = true`).
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use tilegrad::check::{check_backward, gradcheck, CheckOptions};
 use tilegrad::spec::{self, KernelOverride};
 use tilegrad_reference::HostTensor;
@@ -255,4 +256,88 @@ fn spec_bindings_of_strings_none_and_dtypes() {
     std::fs::write(dir.join("s.toml"), spec_text(", jit = true")).unwrap();
     assert!(spec::load(&dir.join("s.toml")).is_ok());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------- spec: cotangents, arange, None
+
+#[test]
+fn cotangents_per_output_and_arange_inputs() {
+    let text = ACT.replace("ACT }", "\"'leaky_relu'\", negative_slope = 0.25 }").replace("x = { shape = [100] }", "x = { shape = [100], init = \"arange(-5, 0.1)\" }").replace(
+        "outputs = [\"y\"]",
+        "outputs = [\"y\"]\ncotangents = { y = \"const(1)\" }",
+    );
+    let s = load_text("cot", &text).unwrap_or_else(|e| panic!("{e}"));
+    let g = tilegrad::check::ground_truth(&s.forward, &s.inputs, &CheckOptions::default()).unwrap();
+    let x = g.inputs.iter().find(|(n, _)| n == "x").unwrap().1.to_f64_vec();
+    for (i, v) in x.iter().enumerate() {
+        assert!((v - (-5.0 + 0.1 * i as f64)).abs() < 1e-6, "x[{i}] = {v}");
+    }
+    let cot = g.cotangents.iter().find(|(n, _)| n == "y").unwrap().1.to_f64_vec();
+    assert!(cot.iter().all(|&c| c == 1.0));
+    // With a cotangent of ones the gradient is the activation's derivative.
+    let grad = g.gradients.iter().find(|(n, _)| n == "x").unwrap().1.to_f64_vec();
+    for (xi, gi) in x.iter().zip(&grad) {
+        let want = if *xi >= 0.0 { 1.0 } else { 0.25 };
+        assert!((gi - want).abs() < 1e-12, "x = {xi}: {gi}");
+    }
+    // Errors: an unknown output, a bad distribution, a file of the wrong shape.
+    let e = load_text("cot-bad", &text.replace("cotangents = { y = ", "cotangents = { z = ")).unwrap_err();
+    assert!(e.contains("forward.cotangents.z") && e.contains("not an output"), "{e}");
+    let e = load_text("cot-dist", &text.replace("const(1)", "poisson(1)")).unwrap_err();
+    assert!(e.contains("forward.cotangents.y") && e.contains("arange"), "{e}");
+    let labels = text.replace("init = \"arange(-5, 0.1)\"", "init = \"arange(3, 2, 7)\", dtype = \"i32\"");
+    let s = load_text("arange-mod", &labels.replace("X = \"x\", ", "X = \"x\", ").replace("cotangents = { y = \"const(1)\" }", "")).map(|s| s.inputs);
+    // An i32 x cannot feed a float kernel, but the input itself materialises as a cycling ramp.
+    let inputs = s.unwrap_or_else(|e| panic!("{e}"));
+    let env = tilegrad::check::run_forward(&tilegrad::check::Forward::new(&[], &[]), &inputs, 0).unwrap().0;
+    let v = env.iter().find(|(n, _)| n == "x").unwrap().1.to_f64_vec();
+    assert_eq!(&v[..6], &[3.0, 5.0, 0.0, 2.0, 4.0, 6.0]);
+}
+
+#[test]
+fn none_for_an_optional_pointer_folds_its_branch() {
+    let dir = std::env::temp_dir().join(format!("tilegrad-surface-none-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("k.py"),
+        "import triton\nimport triton.language as tl\n\n@triton.jit\ndef _bias_act(X, B, Y, n, BLOCK: tl.constexpr):\n    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n    m = offs < n\n    x = tl.load(X + offs, mask=m)\n    if B is not None:\n        x = x + tl.load(B + offs, mask=m)\n    tl.store(Y + offs, x * x, mask=m)\n",
+    )
+    .unwrap();
+    let spec_text = |b: &str| {
+        format!("[kernels]\nfwd = \"k.py::_bias_act\"\n[inputs]\nx = {{ shape = [50] }}\nb = {{ shape = [50] }}\n[forward]\ndifferentiable = [\"x\"]\noutputs = [\"y\"]\ncotangents = {{ y = \"const(1)\" }}\nsteps = [\n  {{ alloc = \"y\", like = \"x\" }},\n  {{ launch = \"fwd\", grid = [2], args = {{ X = \"x\", B = {b}, Y = \"y\", n = 50, BLOCK = 32 }} }},\n]\n")
+    };
+    for (b, with_bias) in [("\"None\"", false), ("\"b\"", true)] {
+        std::fs::write(dir.join("s.toml"), spec_text(b)).unwrap();
+        let s = spec::load(&dir.join("s.toml")).unwrap_or_else(|e| panic!("{e}"));
+        let g = tilegrad::check::ground_truth(&s.forward, &s.inputs, &CheckOptions::default()).unwrap();
+        let x = g.inputs.iter().find(|(n, _)| n == "x").unwrap().1.to_f64_vec();
+        let bias = g.inputs.iter().find(|(n, _)| n == "b").unwrap().1.to_f64_vec();
+        let grad = g.gradients.iter().find(|(n, _)| n == "x").unwrap().1.to_f64_vec();
+        for i in 0..50 {
+            let v = x[i] + if with_bias { bias[i] } else { 0.0 };
+            assert!((grad[i] - 2.0 * v).abs() < 1e-9, "bias {with_bias}, [{i}]: {} vs {}", grad[i], 2.0 * v);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn cli_ir_names_pointers_and_binds_every_constexpr_kind() {
+    let bin = env!("CARGO_BIN_EXE_tilegrad");
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/triton/activation.py");
+    let k = format!("{}::activation_fwd", file.display());
+    let run = |extra: &[&str]| {
+        let o = Command::new(bin).arg("ir").arg(&k).args(extra).output().unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (code, out, err) = run(&["--ptr", "X=f16", "--ptr", "Y=bf16", "--const", "ACTIVATION=relu6", "--const", "negative_slope=0.2", "--const", "BLOCK=128"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("ptr<f16>") && out.contains("ptr<bf16>") && out.contains("min") && out.contains("max"), "{out}");
+    // Without --ptr, `Y` is a scalar: the error says how to make it a pointer, at its line.
+    let (code, _, err) = run(&["--const", "BLOCK=128"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("activation.py:25:32") && err.contains("--ptr NAME=DTYPE"), "{err}");
+    let (code, _, err) = run(&["--ptr", "X=f8", "--const", "BLOCK=128"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("unknown dtype `f8`"), "{err}");
 }

@@ -391,6 +391,10 @@ impl Parser<'_> {
     fn number(&mut self) -> Result<Option<Scalar>, ExprError> {
         self.ws();
         let st = self.i;
+        // A number starts with a digit or a point (`_N` is a name, `1_000` a number).
+        if !self.s.get(st).is_some_and(|c| c.is_ascii_digit() || *c == b'.') {
+            return Ok(None);
+        }
         let mut float = false;
         while self.i < self.s.len() {
             let c = self.s[self.i];
@@ -537,6 +541,8 @@ mod tests {
             ("log(exp(2.5))", Float(2.5)),
             ("max(sqrt(4), 1)", Float(2.0)),
             ("_private + 1", Int(8)),
+            ("2 * _private", Int(14)),
+            ("max(_private, sqrt(4))", Int(7)),
         ] {
             assert_eq!(ev(t).unwrap(), v, "{t}");
         }

@@ -741,6 +741,13 @@ impl<'a> Cx<'a> {
             },
             Val::PtrType(d) if attr == "element_ty" => Ok(Val::DType(d)),
             Val::SourceModule(f) => self.module_attr(f, attr, o),
+            Val::DType(d) if attr == "element_ty" => fail(
+                o,
+                format!(
+                    "`.element_ty` of the scalar type {d}: this is not a pointer (a parameter not named `*ptr` is a pointer when a \
+                     spec passes it a tensor, or `--ptr NAME=DTYPE` / `ConvertOptions::pointer_dtypes` names it)"
+                ),
+            ),
             Val::DType(d) if attr == "primitive_bitwidth" => Ok(Val::Int(d.size_bytes() as i64 * 8)),
             other => fail(o, format!("{} has no attribute `{attr}`", other.kind())),
         }

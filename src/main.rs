@@ -168,9 +168,21 @@ enum Command {
     Ir {
         /// A `.tgir` file, or `path/to/file.py::kernel_name`.
         file: String,
-        /// Constexpr bindings for a Triton kernel, `NAME=VALUE` (repeatable).
+        /// Constexpr bindings for a Triton kernel, `NAME=VALUE` (repeatable): an int, a float,
+        /// `True`/`False`, `None`, a dtype (`tl.float16`), or a string (`mean` or `'mean'`).
         #[arg(long = "const", value_name = "NAME=VALUE")]
         consts: Vec<String>,
+        /// Pointer parameters of a Triton kernel and their element dtypes, `NAME` (f32) or
+        /// `NAME=DTYPE` (repeatable); parameters named `*ptr` are pointers to f32 without it.
+        #[arg(long = "ptr", value_name = "NAME[=DTYPE]")]
+        ptrs: Vec<String>,
+        /// Dtypes of runtime scalar parameters of a Triton kernel, `NAME=DTYPE` (i32 otherwise).
+        #[arg(long = "scalar", value_name = "NAME=DTYPE")]
+        scalars: Vec<String>,
+        /// Take the named function as a Triton kernel even without a recognised `triton.jit`
+        /// form (a decorator from another package that wraps `triton.jit`).
+        #[arg(long)]
+        jit: bool,
     },
 }
 
@@ -334,23 +346,16 @@ fn run(cli: Cli) -> Result<bool> {
             out!("{passed} of {} cases match their reference (seed {seed})", cases.len());
             Ok(passed == cases.len())
         }
-        Command::Ir { file, consts } => {
+        Command::Ir { file, consts, ptrs, scalars, jit } => {
             if let Some((path, name)) = file.split_once("::") {
                 let src = tilegrad_ir::source_text(std::fs::read(path).with_context(|| format!("reading {path}"))?, path)?;
-                let mut bindings = Vec::new();
-                for c in &consts {
-                    let (n, v) = c.split_once('=').with_context(|| format!("--const `{c}`: expected NAME=VALUE"))?;
-                    let v: i64 = v.trim().parse().with_context(|| format!("--const `{c}`: `{v}` is not an integer"))?;
-                    bindings.push((n.trim().to_string(), v));
-                }
-                let refs: Vec<(&str, i64)> = bindings.iter().map(|(n, v)| (n.as_str(), *v)).collect();
-                let opts = tilegrad_ir::triton::ConvertOptions::with_constexprs(&refs);
+                let opts = ir_options(&consts, &ptrs, &scalars, jit)?;
                 let k = tilegrad_ir::triton::convert(&src, path, name, &opts)?;
                 out!("{}", k.to_string().trim_end());
                 return Ok(true);
             }
-            if !consts.is_empty() {
-                bail!("--const applies to Triton kernels (FILE.py::NAME)");
+            if !consts.is_empty() || !ptrs.is_empty() || !scalars.is_empty() || jit {
+                bail!("--const, --ptr, --scalar and --jit apply to Triton kernels (FILE.py::NAME)");
             }
             let text = tilegrad_ir::source_text(std::fs::read(&file).with_context(|| format!("reading {file}"))?, &file)?;
             let kernels = tilegrad_ir::text::parse(&text, &file)?;
@@ -361,4 +366,32 @@ fn run(cli: Cli) -> Result<bool> {
             Ok(true)
         }
     }
+}
+
+/// The conversion options of `tilegrad ir` from its `--const`, `--ptr`, `--scalar` and `--jit`.
+fn ir_options(consts: &[String], ptrs: &[String], scalars: &[String], jit: bool) -> Result<tilegrad_ir::triton::ConvertOptions> {
+    use tilegrad_ir::triton::ConstValue;
+    let mut opts = tilegrad_ir::triton::ConvertOptions { assume_jit: jit, ..Default::default() };
+    for c in consts {
+        let (n, v) = c.split_once('=').with_context(|| format!("--const `{c}`: expected NAME=VALUE"))?;
+        // A bare word that is no other kind of value is a string (`--const reduction=mean`).
+        let v = ConstValue::parse(v).unwrap_or_else(|| ConstValue::Str(v.trim().to_string()));
+        opts = opts.bind(n.trim(), v);
+    }
+    let dtype = |flag: &str, item: &str, d: &str| {
+        tilegrad_ir::DType::from_name(d.trim().trim_start_matches("tl.").trim_start_matches("torch."))
+            .with_context(|| format!("{flag} `{item}`: unknown dtype `{d}` (i1, i32, i64, f16, bf16, f32, f64)"))
+    };
+    for p in ptrs {
+        let (n, d) = match p.split_once('=') {
+            Some((n, d)) => (n.trim(), dtype("--ptr", p, d)?),
+            None => (p.trim(), tilegrad_ir::DType::F32),
+        };
+        opts.pointer_dtypes.push((n.to_string(), d));
+    }
+    for sc in scalars {
+        let (n, d) = sc.split_once('=').with_context(|| format!("--scalar `{sc}`: expected NAME=DTYPE"))?;
+        opts.scalar_dtypes.push((n.trim().to_string(), dtype("--scalar", sc, d)?));
+    }
+    Ok(opts)
 }

@@ -8,6 +8,7 @@
 //! fwd = "triton/weighted_sum.py::weighted_sum_fwd"
 //! bwd = "triton/weighted_sum_bwd.py::weighted_sum_bwd"
 //! # tuned = { kernel = "k.py::NAME", config = 2 }   # constexprs of its 3rd @triton.autotune config
+//! # other = { kernel = "k.py::NAME", jit = true }    # a kernel under a decorator not known as triton.jit
 //!
 //! [constants]                           # names for expressions (numbers, or expressions
 //! ROWS = 1000                           # of the constants above them)
@@ -15,12 +16,14 @@
 //! D_TILE = "min(next_power_of_2(D), 128)"
 //!
 //! [inputs]                              # shape, dtype (f32), init: normal | normal(m, s) |
-//! x = { shape = ["ROWS", "D"] }         # uniform(lo, hi) | randint(lo, hi) | const(v); or file
+//! x = { shape = ["ROWS", "D"] }         # uniform(lo, hi) | randint(lo, hi) | const(v) |
+//!                                       # arange(start, step[, modulus]) (row-major); or file
 //! w = { shape = ["D"], init = "uniform(-1, 1)" }   # = "w.npy"
 //!
 //! [forward]
 //! differentiable = ["x", "w"]           # default: every float input
 //! outputs = ["out"]                     # each gets a random cotangent `grad_<output>`
+//! cotangents = { out = "const(1)" }     # optional, per output: a distribution or "FILE.npy"
 //! saved = []                            # checked like outputs, no cotangent (e.g. mean, rstd)
 //! steps = [
 //!   { alloc = "out", shape = ["ROWS"], dtype = "f32" },      # init = "empty" (NaN) | "zeros"
@@ -51,17 +54,21 @@
 //! Launch arguments are expressions (see [`crate::check::expr`]); a bare tensor name passes the
 //! tensor; `"descriptor(q, [BLOCK_M, HEAD_DIM])"` passes what `TensorDescriptor.from_tensor(q,
 //! [BLOCK_M, HEAD_DIM])` builds on the host (the kernel uses it with `desc.load([..])`,
-//! `desc.store([..], v)` or `tl._experimental_descriptor_load/store`). A Triton kernel is converted per launch: its constexprs from the launch's constant
-//! arguments, its pointer dtypes from the tensors passed, float arguments as f32 scalars. Errors
-//! name the file, the key and what was expected.
+//! `desc.store([..], v)` or `tl._experimental_descriptor_load/store`). A Triton kernel is
+//! converted per launch: its constexprs from the launch's constant arguments, its pointer dtypes
+//! from the tensors passed, float arguments as f32 scalars. A constexpr may also be bound to a
+//! value that exists only at conversion: a quoted string (`reduction = "'mean'"`), `"None"`, or a
+//! dtype (`X_dtype = "tl.float16"`); TOML `true`/`false` bind bools and floats bind float
+//! constexprs (`eps = 1e-6`). Errors name the file, the key and what was expected.
 
 use crate::check::{
-    expr::Scope, Backward, CheckOptions, Dist, Expr, Forward, Init, Inputs, KernelLaunch, Precision, Scalar, Source, Step, Tolerance,
+    expr::Scope, Backward, CheckOptions, Cotangent, Dist, Expr, Forward, Init, Inputs, KernelLaunch, Precision, Scalar, Source, Step,
+    Tolerance,
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tilegrad_ir::triton::{convert, ConvertOptions, HostDescriptor};
+use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions, HostDescriptor};
 use tilegrad_ir::{DType, Kernel};
 use toml::{Table, Value};
 
@@ -144,11 +151,13 @@ enum KernelRef {
         file: PathBuf,
         name: String,
         config: Vec<(String, i64)>,
+        /// Taken as a kernel without a recognised `triton.jit` form.
+        jit: bool,
     },
     Text(Arc<Kernel>),
 }
 
-type ConvertKey = (String, Vec<(String, i64)>, Vec<(String, DType)>, Vec<(String, DType)>, Vec<(String, HostDescriptor)>);
+type ConvertKey = (String, Vec<(String, ConstValue)>, Vec<(String, DType)>, Vec<(String, DType)>, Vec<(String, HostDescriptor)>);
 
 struct Loader {
     file: String,
@@ -211,7 +220,7 @@ impl Loader {
             return Err(self.err("inputs", "a spec needs at least one input tensor"));
         }
         let ftab = self.table(t.get("forward").ok_or_else(|| self.err("forward", "missing table"))?, "forward")?;
-        self.only(ftab, "forward", &["differentiable", "outputs", "saved", "steps"])?;
+        self.only(ftab, "forward", &["differentiable", "outputs", "saved", "steps", "cotangents"])?;
         let differentiable = match ftab.get("differentiable") {
             Some(v) => self.strings(v, "forward.differentiable")?,
             None => self.tensors.iter().filter(|(_, d, _)| d.is_float()).map(|(n, ..)| n.clone()).collect(),
@@ -227,7 +236,24 @@ impl Loader {
                 return Err(self.err("forward.saved", format!("`{o}` is not a tensor of the forward")));
             }
         }
-        let forward = Forward { steps: fsteps, differentiable, outputs: outputs.clone(), saved };
+        let mut cotangents = Vec::new();
+        if let Some(c) = ftab.get("cotangents") {
+            for (o, v) in self.table(c, "forward.cotangents")? {
+                let key = format!("forward.cotangents.{o}");
+                if !outputs.contains(o) {
+                    return Err(self.err(&key, format!("`{o}` is not an output (outputs: {})", outputs.join(", "))));
+                }
+                let s = self.string(v, &key)?;
+                let c = if s.ends_with(".npy") {
+                    let p = self.dir.join(&s);
+                    Cotangent::Given(crate::npy::read(&p).map_err(|e| self.err(&key, e.to_string()))?)
+                } else {
+                    Cotangent::Random(self.dist(&s, &key)?)
+                };
+                cotangents.push((o.clone(), c));
+            }
+        }
+        let forward = Forward { steps: fsteps, differentiable, outputs: outputs.clone(), saved, cotangents };
         for o in &outputs {
             let Some((_, d, s)) = self.tensors.iter().find(|(n, ..)| n == o).cloned() else {
                 return Err(self.err("forward.outputs", format!("`{o}` is not a tensor of the forward")));
@@ -314,11 +340,17 @@ impl Loader {
         let Some(v) = v else { return Err(self.err("kernels", "missing table")) };
         let mut refs: Vec<(String, String, PathBuf)> = Vec::new();
         let mut configs: HashMap<String, usize> = HashMap::new();
+        let mut jits: Vec<String> = Vec::new();
         for (k, r) in self.table(v, "kernels")? {
             let key = format!("kernels.{k}");
             let r = match r {
                 Value::Table(t) => {
-                    self.only(t, &key, &["kernel", "config"])?;
+                    self.only(t, &key, &["kernel", "config", "jit"])?;
+                    match t.get("jit") {
+                        None | Some(Value::Boolean(false)) => {}
+                        Some(Value::Boolean(true)) => jits.push(k.clone()),
+                        Some(_) => return Err(self.err(&format!("{key}.jit"), "expected true or false")),
+                    }
                     if let Some(c) = t.get("config") {
                         let c = c.as_integer().and_then(|c| usize::try_from(c).ok());
                         configs.insert(
@@ -364,10 +396,8 @@ impl Loader {
             let shown = path.display().to_string();
             let kr = if file.ends_with(".py") {
                 let name = name.ok_or_else(|| self.err(&key, format!("`{r}`: name the kernel, as `{file}::KERNEL`")))?;
-                let names = tilegrad_ir::triton::kernels(&src, &shown).map_err(|e| self.err(&key, e.to_string()))?;
-                if !names.contains(&name) {
-                    return Err(self.err(&key, format!("{shown} has no @triton.jit function `{name}` (it has: {})", names.join(", "))));
-                }
+                let jit = jits.contains(&k);
+                tilegrad_ir::triton::find_kernel(&src, &shown, &name, jit).map_err(|e| self.err(&key, e.to_string()))?;
                 let config = match configs.get(&k) {
                     None => Vec::new(),
                     Some(&c) => {
@@ -380,7 +410,7 @@ impl Loader {
                             .ok_or_else(|| self.err(&format!("{key}.config"), format!("config {c} of `{name}`, which has {}", all.len())))?
                     }
                 };
-                KernelRef::Triton { file: path, name, config }
+                KernelRef::Triton { file: path, name, config, jit }
             } else {
                 if configs.contains_key(&k) {
                     return Err(self.err(&format!("{key}.config"), "autotune configs are for Triton kernels"));
@@ -476,10 +506,18 @@ impl Loader {
             }
             ("const", [_], Some(&[c])) => Dist::ConstInt(c),
             ("const", [c], _) => Dist::Constant(*c),
+            ("arange", [], _) => Dist::Arange { start: 0.0, step: 1.0 },
+            ("arange", [a], _) => Dist::Arange { start: *a, step: 1.0 },
+            ("arange", [a, st], _) => Dist::Arange { start: *a, step: *st },
+            ("arange", [a, st, m], _) if *m != 0.0 && m.is_finite() => Dist::ArangeMod { start: *a, step: *st, modulus: *m },
             _ => {
-                return Err(
-                    self.err(key, format!("`{s}`: expected normal, normal(mean, std), uniform(lo, hi), randint(lo, hi) or const(v)"))
-                )
+                return Err(self.err(
+                    key,
+                    format!(
+                        "`{s}`: expected normal, normal(mean, std), uniform(lo, hi), randint(lo, hi), const(v), arange, \
+                         arange(start), arange(start, step) or arange(start, step, modulus)"
+                    ),
+                ))
             }
         };
         Ok(d)
@@ -693,6 +731,8 @@ impl Loader {
         }
         let mut args = Vec::new();
         let mut descs: Vec<(String, HostDescriptor)> = Vec::new();
+        // Constexprs bound to values that exist only at conversion (strings, None, dtypes).
+        let mut compile_only: Vec<(String, ConstValue)> = Vec::new();
         if let Some(a) = t.get("args") {
             for (n, v) in self.table(a, &format!("{key}.args"))? {
                 if let Some(d) = v.as_str().and_then(|s| s.trim().strip_prefix("descriptor(")) {
@@ -701,8 +741,15 @@ impl Loader {
                     args.extend(more);
                     continue;
                 }
+                if let Some(c) = v.as_str().and_then(ConstValue::parse).filter(|c| !c.is_number()) {
+                    compile_only.push((n.clone(), c));
+                    continue;
+                }
                 args.push((n.clone(), self.expr(v, &format!("{key}.args.{n}"))?));
             }
+        }
+        if !compile_only.is_empty() && matches!(kr, KernelRef::Text(_)) {
+            return Err(self.err(&format!("{key}.args.{}", compile_only[0].0), "strings, None and dtypes bind constexprs of Triton kernels only"));
         }
         let scope = Static { constants, tensors: &self.tensors };
         for e in &grid {
@@ -713,9 +760,10 @@ impl Loader {
                 return Err(self.err(&format!("{key}.args.{}", descs[0].0), "descriptor arguments need a Triton kernel (FILE.py::NAME)"))
             }
             KernelRef::Text(k) => k,
-            KernelRef::Triton { file, name, config } => {
+            KernelRef::Triton { file, name, config, jit } => {
                 let mut ptrs = Vec::new();
-                let mut consts = config.clone();
+                let mut consts: Vec<(String, ConstValue)> = config.iter().map(|(n, v)| (n.clone(), ConstValue::Int(*v))).collect();
+                consts.extend(compile_only.iter().cloned());
                 let mut scalars = Vec::new();
                 for (n, e) in &args {
                     if descs.iter().any(|(dn, hd)| {
@@ -737,13 +785,23 @@ impl Loader {
                                 }
                                 continue;
                             }
-                            consts.push((n.clone(), i));
+                            consts.push((n.clone(), ConstValue::Int(i)));
                             if i32::try_from(i).is_err() {
                                 scalars.push((n.clone(), DType::I64));
                             }
                         }
-                        Ok(Scalar::Float(_)) => scalars.push((n.clone(), DType::F32)),
-                        Err(err) => return Err(self.err(&format!("{key}.args.{n}"), format!("`{e}`: {err}"))),
+                        Ok(Scalar::Float(x)) => {
+                            consts.push((n.clone(), ConstValue::Float(x)));
+                            scalars.push((n.clone(), DType::F32));
+                        }
+                        Err(err) => {
+                            let hint = if e.as_name().is_some() {
+                                " (a string constexpr is written quoted: `'mean'`; a dtype as `tl.float16`)"
+                            } else {
+                                ""
+                            };
+                            return Err(self.err(&format!("{key}.args.{n}"), format!("`{e}`: {err}{hint}")));
+                        }
                     }
                 }
                 let ck: ConvertKey = (format!("{}::{name}", file.display()), consts.clone(), ptrs.clone(), scalars.clone(), descs.clone());
@@ -755,9 +813,21 @@ impl Loader {
                             pointer_dtypes: ptrs,
                             scalar_dtypes: scalars,
                             descriptors: descs,
+                            assume_jit: jit,
                             ..ConvertOptions::default()
                         };
                         let src = &self.sources[&file];
+                        let params = tilegrad_ir::triton::parameters(src, &file.display().to_string(), &name)
+                            .map_err(|e| self.err(&format!("{key}.launch"), format!("kernel `{kname}`: {e}")))?;
+                        for (n, v) in &compile_only {
+                            // `None` may be passed for any parameter (an optional pointer).
+                            if !params.iter().any(|(p, c)| p == n && (*c || *v == ConstValue::None)) {
+                                return Err(self.err(
+                                    &format!("{key}.args.{n}"),
+                                    format!("kernel `{name}` has no constexpr parameter `{n}` to bind to a string or a dtype (nor any parameter `{n}` for None)"),
+                                ));
+                            }
+                        }
                         let k = convert(src, &file.display().to_string(), &name, &opts)
                             .map_err(|e| self.err(&format!("{key}.launch"), format!("kernel `{kname}`: {e}")))?;
                         let k = Arc::new(k);

@@ -163,6 +163,13 @@ const CASES: &[Case] = &[
     ("attn_bwd_broken_key_mask", "flash_attention", "bwd", Wrong { input: "q", line: 155 }, "mask: blamed on the store of grad_q"),
     ("attn_bwd_broken_race", "flash_attention", "bwd", Race(196), ""),
     ("attn_bwd_broken_dq_accumulate", "flash_attention", "bwd", Wrong { input: "q", line: 249 }, "dot: blamed on the store of the accumulator"),
+    ("_rms_norm_backward_kernel_broken_dw", "rms_norm", "bwd", Wrong { input: "w", line: 104 }, ""),
+    ("_rms_norm_backward_kernel_broken_no_offset", "rms_norm_f16", "bwd", Wrong { input: "x", line: 73 }, "weight load: blamed on the store of grad_x"),
+    ("liger_cross_entropy_bwd_kernel_broken_ignored", "cross_entropy", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "early return: the ignored rows are never written"),
+    ("liger_cross_entropy_bwd_kernel_broken_reduction", "cross_entropy", "bwd", Wrong { input: "x", line: 137 }, "constexpr branch: blamed on the store"),
+    ("_activation_bwd_broken_slope", "activation", "bwd", Wrong { input: "x", line: 49 }, "expression: blamed on the store"),
+    ("_activation_bwd_broken_gelu", "activation_gelu_bf16", "bwd", Wrong { input: "x", line: 71 }, "expression: blamed on the store"),
+    ("_rope_backward_broken_sign", "rope", "bwd", Wrong { input: "q", line: 76 }, "helper call: blamed on the store of the second half"),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator

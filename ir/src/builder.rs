@@ -139,6 +139,11 @@ impl KernelBuilder {
         self.param(name, ParamKind::Constexpr(DType::I32, Lit::Int(value)), Type::scalar(DType::I32))
     }
 
+    /// A constexpr parameter of any scalar dtype (a float `eps`, a bool flag) bound to `value`.
+    pub fn constexpr_of(&mut self, name: &str, dtype: DType, value: Lit) -> Value {
+        self.param(name, ParamKind::Constexpr(dtype, value), Type::scalar(dtype))
+    }
+
     // ---- constants and indices --------------------------------------------------------------
 
     /// A scalar constant of dtype `dtype`.

@@ -4,7 +4,7 @@
 //!
 //! Grammar: integers and floats, names of constants, `+ - * / // %` (Python semantics: `//` and
 //! `%` floor, `/` is true division), unary minus, parentheses, `cdiv(a, b)`, `min(a, b, ...)`,
-//! `max(a, b, ...)`, `next_power_of_2(n)`, and on a tensor name `t.stride(i)`, `t.size(i)`, `t.shape[i]`, `t.numel()`
+//! `max(a, b, ...)`, `next_power_of_2(n)`, `sqrt(x)`, `exp(x)`, `log(x)` (floats), and on a tensor name `t.stride(i)`, `t.size(i)`, `t.shape[i]`, `t.numel()`
 //! (negative `i` counts from the end). Errors carry the 1-based column in the expression.
 
 use std::fmt;
@@ -98,6 +98,9 @@ enum Func {
     Min,
     Max,
     NextPow2,
+    Sqrt,
+    Exp,
+    Log,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -227,6 +230,16 @@ fn eval(n: &Node, scope: &dyn Scope) -> Result<Scalar, ExprError> {
                     [Int(a)] if (0..=1 << 62).contains(&a) => Int((a.max(1) as u64).next_power_of_two() as i64),
                     _ => return Err(err("next_power_of_2 takes an integer in 0..=2^62".into())),
                 },
+                Func::Sqrt | Func::Exp | Func::Log => {
+                    let x = vals[0].as_f64();
+                    let y = match f {
+                        Func::Sqrt if x >= 0.0 => x.sqrt(),
+                        Func::Log if x > 0.0 => x.ln(),
+                        Func::Exp => x.exp(),
+                        _ => return Err(err(format!("{} of {x} is not a real number", if *f == Func::Sqrt { "sqrt" } else { "log" }))),
+                    };
+                    Float(y)
+                }
                 Func::Min | Func::Max => {
                     let pick = |a: Scalar, b: Scalar| {
                         let less = a.as_f64() < b.as_f64();
@@ -430,6 +443,10 @@ impl Parser<'_> {
     fn number(&mut self) -> Result<Option<Scalar>, ExprError> {
         self.ws();
         let st = self.i;
+        // A number starts with a digit or a point (`_N` is a name, `1_000` a number).
+        if !self.s.get(st).is_some_and(|c| c.is_ascii_digit() || *c == b'.') {
+            return Ok(None);
+        }
         let mut float = false;
         while self.i < self.s.len() {
             let c = self.s[self.i];
@@ -474,6 +491,9 @@ impl Parser<'_> {
             "min" => Some(Func::Min),
             "max" => Some(Func::Max),
             "next_power_of_2" => Some(Func::NextPow2),
+            "sqrt" => Some(Func::Sqrt),
+            "exp" => Some(Func::Exp),
+            "log" => Some(Func::Log),
             _ => None,
         };
         if let Some(f) = func {
@@ -486,8 +506,8 @@ impl Parser<'_> {
             if f == Func::Cdiv && args.len() != 2 {
                 return Err(ExprError { column: col, message: format!("cdiv takes 2 arguments, got {}", args.len()) });
             }
-            if f == Func::NextPow2 && args.len() != 1 {
-                return Err(ExprError { column: col, message: format!("next_power_of_2 takes 1 argument, got {}", args.len()) });
+            if matches!(f, Func::NextPow2 | Func::Sqrt | Func::Exp | Func::Log) && args.len() != 1 {
+                return Err(ExprError { column: col, message: format!("{name} takes 1 argument, got {}", args.len()) });
             }
             return Ok(Node::Call(f, args, col));
         }
@@ -538,7 +558,7 @@ mod tests {
     }
 
     fn scope() -> S {
-        S([("ROWS", Scalar::Int(1000)), ("eps", Scalar::Float(1e-5))].into(), [("x", vec![7, 5, 3])].into())
+        S([("ROWS", Scalar::Int(1000)), ("eps", Scalar::Float(1e-5)), ("_private", Scalar::Int(7))].into(), [("x", vec![7, 5, 3])].into())
     }
 
     fn ev(t: &str) -> Result<Scalar, ExprError> {
@@ -568,6 +588,14 @@ mod tests {
             ("1_000", Int(1000)),
             ("1e-3", Float(1e-3)),
             ("2 - 3 - 4", Int(-5)),
+            ("sqrt(16)", Float(4.0)),
+            ("1 / sqrt(64)", Float(0.125)),
+            ("exp(0)", Float(1.0)),
+            ("log(exp(2.5))", Float(2.5)),
+            ("max(sqrt(4), 1)", Float(2.0)),
+            ("_private + 1", Int(8)),
+            ("2 * _private", Int(14)),
+            ("max(_private, sqrt(4))", Int(7)),
         ] {
             assert_eq!(ev(t).unwrap(), v, "{t}");
         }
@@ -586,6 +614,9 @@ mod tests {
             ("3 $", 3, "unexpected `$`"),
             ("", 1, "expected a value"),
             ("cdiv(1)", 1, "2 arguments"),
+            ("1 + sqrt(0 - 1)", 5, "sqrt of -1 is not a real number"),
+            ("log(0)", 1, "log of 0 is not a real number"),
+            ("exp(1, 2)", 1, "exp takes 1 argument"),
         ] {
             let e = ev(t).unwrap_err();
             assert_eq!(e.column, col, "{t}: {e}");

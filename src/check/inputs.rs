@@ -37,6 +37,22 @@ pub enum Dist {
     Constant(f64),
     /// Every element this integer (exact for i64 tensors, where an f64 would round).
     ConstInt(i64),
+    /// `start, start + step, ...` in row-major order (positions, labels, ramps).
+    Arange {
+        /// The first element.
+        start: f64,
+        /// The difference between consecutive elements.
+        step: f64,
+    },
+    /// `arange(start, step) % modulus`: repeating ramps (e.g. labels cycling through classes).
+    ArangeMod {
+        /// The first element.
+        start: f64,
+        /// The difference between consecutive elements.
+        step: f64,
+        /// Every element is taken modulo this (floored, as Python's `%`).
+        modulus: f64,
+    },
 }
 
 impl Default for Dist {
@@ -140,9 +156,18 @@ impl Inputs {
 /// 2^63, exactly.
 const TWO_63: f64 = 9_223_372_036_854_775_808.0;
 
+/// The smallest and largest value of an integer dtype.
+fn int_range(dtype: DType) -> (i64, i64) {
+    match dtype {
+        DType::I1 => (0, 1),
+        DType::I32 => (i32::MIN.into(), i32::MAX.into()),
+        _ => (i64::MIN, i64::MAX),
+    }
+}
+
 /// Whether `dist` can fill a tensor of `dtype`: an integer tensor takes integers in its range,
 /// drawn or given exactly; uniform bounds are finite. Returns the first and last integer value
-/// for an integer dtype.
+/// for an integer dtype drawn or given as one integer (`None` for float dtypes and ramps).
 pub(crate) fn check_dist(dtype: DType, dist: Dist) -> Result<Option<(i64, i64)>, String> {
     if let Dist::Uniform { lo, hi } = dist {
         if !(lo.is_finite() && hi.is_finite()) {
@@ -152,19 +177,16 @@ pub(crate) fn check_dist(dtype: DType, dist: Dist) -> Result<Option<(i64, i64)>,
     let empty = match dist {
         Dist::RandInt { lo, hi } => lo >= hi,
         Dist::Uniform { lo, hi } => lo.is_nan() || hi.is_nan() || lo >= hi,
+        Dist::ArangeMod { modulus, .. } => modulus == 0.0 || !modulus.is_finite(),
         _ => false,
     };
     if empty {
         return Err(format!("empty range in {dist:?}"));
     }
-    if dtype.is_float() {
+    if dtype.is_float() || matches!(dist, Dist::Arange { .. } | Dist::ArangeMod { .. }) {
         return Ok(None);
     }
-    let (min, max) = match dtype {
-        DType::I1 => (0, 1),
-        DType::I32 => (i32::MIN.into(), i32::MAX.into()),
-        _ => (i64::MIN, i64::MAX),
-    };
+    let (min, max) = int_range(dtype);
     let (lo, last) = match dist {
         Dist::RandInt { lo, hi } => (lo, hi - 1),
         Dist::ConstInt(c) => (c, c),
@@ -173,7 +195,7 @@ pub(crate) fn check_dist(dtype: DType, dist: Dist) -> Result<Option<(i64, i64)>,
         Dist::Constant(c) if c.is_finite() && c.fract() == 0.0 => {
             return Err(format!("const({c}) is outside the range of {dtype} ({min} to {max})"))
         }
-        _ => return Err(format!("the tensor is {dtype}: use an integer distribution (randint) or an integer constant")),
+        _ => return Err(format!("the tensor is {dtype}: use an integer distribution (randint), an integer constant or arange")),
     };
     if lo < min || last > max {
         return Err(format!("{dist:?} has values outside the range of {dtype} ({min} to {max})"));
@@ -181,30 +203,57 @@ pub(crate) fn check_dist(dtype: DType, dist: Dist) -> Result<Option<(i64, i64)>,
     Ok(Some((lo, last)))
 }
 
+/// An integer tensor of `dtype` holding `v` (every value in the dtype's range).
+fn int_tensor(dtype: DType, shape: &[usize], v: Vec<i64>) -> Result<HostTensor, String> {
+    let data = match dtype {
+        DType::I1 => Data::I1(v.iter().map(|&x| x != 0).collect()),
+        DType::I32 => Data::I32(v.iter().map(|&x| x as i32).collect()), // in range: checked by the callers
+        _ => Data::I64(v),
+    };
+    HostTensor::new(dtype, shape, data).map_err(|e| e.to_string())
+}
+
 /// A tensor of `dtype` and `shape` drawn from `dist`: integer tensors exactly (never through a
 /// float), each value checked against the dtype's range; float tensors rounded to the dtype.
 fn draw(dtype: DType, shape: &[usize], dist: Dist, r: &mut StdRng) -> Result<HostTensor, String> {
     let n = tilegrad_reference::check_alloc(dtype, shape).map_err(|e| e.to_string())?;
-    if let Some((lo, _)) = check_dist(dtype, dist)? {
-        let v: Vec<i64> = match dist {
-            Dist::RandInt { lo, hi } => (0..n).map(|_| r.gen_range(lo..hi)).collect(),
-            _ => vec![lo; n],
+    let ints = check_dist(dtype, dist)?;
+    if !dtype.is_float() {
+        let v: Vec<i64> = match (dist, ints) {
+            (Dist::RandInt { lo, hi }, _) => (0..n).map(|_| r.gen_range(lo..hi)).collect(),
+            (_, Some((lo, _))) => vec![lo; n],
+            // A ramp: every value an integer of the dtype (exact below 2^53).
+            _ => {
+                let (min, max) = int_range(dtype);
+                let v = sample(&dist, r, n).ok_or_else(|| format!("empty range in {dist:?}"))?;
+                v.into_iter()
+                    .map(|x| {
+                        let ok = x.fract() == 0.0 && x.abs() <= 9_007_199_254_740_992.0 && x >= min as f64 && x <= max as f64;
+                        if ok {
+                            Ok(x as i64)
+                        } else {
+                            Err(format!("{dist:?} gives {x}, which is not an integer of {dtype}"))
+                        }
+                    })
+                    .collect::<Result<_, _>>()?
+            }
         };
-        let data = match dtype {
-            DType::I1 => Data::I1(v.iter().map(|&x| x != 0).collect()),
-            DType::I32 => Data::I32(v.iter().map(|&x| x as i32).collect()), // in range: checked above
-            _ => Data::I64(v),
-        };
-        return HostTensor::new(dtype, shape, data).map_err(|e| e.to_string());
+        return int_tensor(dtype, shape, v);
     }
     tilegrad_reference::check_alloc(DType::F64, shape).map_err(|e| e.to_string())?;
-    let v: Vec<f64> = match dist {
+    let v = sample(&dist, r, n).ok_or_else(|| format!("empty range in {dist:?}"))?;
+    Ok(HostTensor::from_f64_as(dtype, shape, &v))
+}
+
+/// `n` values of `dist` in row-major order, as floats; `None` when the distribution is empty
+/// (or its bounds are not finite).
+pub(crate) fn sample(dist: &Dist, r: &mut StdRng, n: usize) -> Option<Vec<f64>> {
+    Some(match *dist {
         Dist::Normal { mean, std } => normal(r, n).into_iter().map(|x| mean + std * x).collect(),
-        // Ranges are non-empty and bounds finite (check_dist).
-        Dist::Uniform { lo, hi } if (hi - lo).is_finite() => (0..n).map(|_| r.gen_range(lo..hi)).collect(),
+        Dist::Uniform { lo, hi } if lo < hi && (hi - lo).is_finite() => (0..n).map(|_| r.gen_range(lo..hi)).collect(),
         // The width overflows (e.g. uniform(-1e308, 1e308)): a convex combination of the bounds
         // stays finite; rounding up to `hi` is pulled back below it.
-        Dist::Uniform { lo, hi } => (0..n)
+        Dist::Uniform { lo, hi } if lo < hi && lo.is_finite() && hi.is_finite() => (0..n)
             .map(|_| {
                 let u: f64 = r.gen();
                 let x = lo * (1.0 - u) + hi * u;
@@ -215,11 +264,15 @@ fn draw(dtype: DType, shape: &[usize], dist: Dist, r: &mut StdRng) -> Result<Hos
                 }
             })
             .collect(),
-        Dist::RandInt { lo, hi } => (0..n).map(|_| r.gen_range(lo..hi) as f64).collect(),
+        Dist::RandInt { lo, hi } if lo < hi => (0..n).map(|_| r.gen_range(lo..hi) as f64).collect(),
         Dist::Constant(c) => vec![c; n],
         Dist::ConstInt(c) => vec![c as f64; n],
-    };
-    Ok(HostTensor::from_f64_as(dtype, shape, &v))
+        Dist::Arange { start, step } => (0..n).map(|i| start + step * i as f64).collect(),
+        Dist::ArangeMod { start, step, modulus } if modulus != 0.0 && modulus.is_finite() => {
+            (0..n).map(|i| (start + step * i as f64).rem_euclid(modulus)).collect()
+        }
+        Dist::Uniform { .. } | Dist::RandInt { .. } | Dist::ArangeMod { .. } => return None,
+    })
 }
 
 /// `n` standard normal samples (Box-Muller on the generator's uniforms).

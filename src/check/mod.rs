@@ -133,6 +133,19 @@ pub struct Forward {
     /// Tensors the forward computes for its backward (a layer norm's mean and rstd): checked
     /// against the ground truth's forward like outputs, but without a cotangent.
     pub saved: Vec<String>,
+    /// Where the cotangent of an output comes from, for the outputs named here (the others get
+    /// a standard normal one).
+    pub cotangents: Vec<(String, Cotangent)>,
+}
+
+/// The cotangent of one output.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cotangent {
+    /// Drawn afresh for each trial from this distribution (`const(1)` for the gradient of a
+    /// summed loss, `normal(0, 0.01)` for a small one).
+    Random(Dist),
+    /// These values (from a `.npy` file), the same in every trial.
+    Given(HostTensor),
 }
 
 impl Forward {
@@ -143,7 +156,15 @@ impl Forward {
             differentiable: differentiable.iter().map(|s| s.to_string()).collect(),
             outputs: outputs.iter().map(|s| s.to_string()).collect(),
             saved: Vec::new(),
+            cotangents: Vec::new(),
         }
+    }
+
+    /// Sets where the cotangent of `output` comes from.
+    pub fn cotangent(mut self, output: &str, c: Cotangent) -> Forward {
+        self.cotangents.retain(|(n, _)| n != output);
+        self.cotangents.push((output.to_string(), c));
+        self
     }
 
     /// Declares tensors saved for the backward (checked, no cotangent).
@@ -314,7 +335,7 @@ pub fn check_backward_with(
     let mut rng = truth::cotangent_rng(opts.seed);
     progress(0, opts.trials);
     for trial in 0..opts.trials {
-        let drawn = tm.time("cotangents", || truth::draw_cotangents(&mut rng, env_n, &fwd.outputs))?;
+        let drawn = tm.time("cotangents", || truth::draw_cotangents(&mut rng, env_n, fwd))?;
         // The backward's environment: the forward's tensors and the cotangents `grad_<output>`.
         let backward_env = || -> Result<Env, CheckError> {
             let mut env = env_n.clone();

@@ -142,14 +142,30 @@ pub(crate) fn cotangent_rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15)
 }
 
-/// A random normal cotangent per output of `env`, rounded to the output's dtype so that the
-/// ground truth and the checked backward see the same values: as f64 and as a tensor.
-pub(crate) fn draw_cotangents(rng: &mut StdRng, env: &Env, outputs: &[String]) -> Result<Vec<(String, Vec<f64>, HostTensor)>, CheckError> {
-    outputs
+/// A cotangent per output of `env` (random normal, or as `fwd.cotangents` says), rounded to the
+/// output's dtype so that the ground truth and the checked backward see the same values: as f64
+/// and as a tensor.
+pub(crate) fn draw_cotangents(rng: &mut StdRng, env: &Env, fwd: &Forward) -> Result<Vec<(String, Vec<f64>, HostTensor)>, CheckError> {
+    fwd.outputs
         .iter()
         .map(|o| {
             let t = env.tensor(o).ok_or_else(|| CheckError::Spec(format!("forward output `{o}` is not a tensor after the forward")))?;
-            let c: Vec<f64> = inputs::normal(rng, t.numel()).into_iter().map(|x| tilegrad_reference::round_to(t.dtype(), x)).collect();
+            let raw = match fwd.cotangents.iter().find(|(n, _)| n == o).map(|(_, c)| c) {
+                None => inputs::normal(rng, t.numel()),
+                Some(super::Cotangent::Random(d)) => inputs::sample(d, rng, t.numel())
+                    .ok_or_else(|| CheckError::Spec(format!("cotangent of `{o}`: empty range in {d:?}")))?,
+                Some(super::Cotangent::Given(h)) => {
+                    if h.shape() != t.shape() {
+                        return Err(CheckError::Spec(format!(
+                            "cotangent of `{o}`: the given tensor has shape {:?}, the output {:?}",
+                            h.shape(),
+                            t.shape()
+                        )));
+                    }
+                    h.to_f64_vec()
+                }
+            };
+            let c: Vec<f64> = raw.into_iter().map(|x| tilegrad_reference::round_to(t.dtype(), x)).collect();
             let h = HostTensor::from_f64_as(t.dtype(), t.shape(), &c);
             Ok((o.clone(), c, h))
         })
@@ -159,7 +175,7 @@ pub(crate) fn draw_cotangents(rng: &mut StdRng, env: &Env, outputs: &[String]) -
 /// The ground-truth gradients of `fwd` for a random cotangent drawn from `opts.seed`.
 pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<GroundTruth, CheckError> {
     let p = prepare(fwd, inputs, opts, false)?;
-    let drawn = draw_cotangents(&mut cotangent_rng(opts.seed), &p.native, &fwd.outputs)?;
+    let drawn = draw_cotangents(&mut cotangent_rng(opts.seed), &p.native, fwd)?;
     let cot: HashMap<String, Vec<f64>> = drawn.iter().map(|(o, c, _)| (o.clone(), c.clone())).collect();
     let cotangents = drawn.into_iter().map(|(o, _, h)| (o, h)).collect();
     let gopts = GradOptions { precision: opts.precision, memory_budget: opts.memory_budget, ..GradOptions::default() };
@@ -231,7 +247,7 @@ pub fn gradcheck(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, name: &str
     let opts = CheckOptions { precision: Precision::F64, ..opts.clone() };
     let p = prepare(fwd, inputs, &opts, false)?;
     let mut rng = StdRng::seed_from_u64(opts.seed ^ 0x5851_f42d_4c95_7f2d);
-    let cot: HashMap<String, Vec<f64>> = draw_cotangents(&mut rng, &p.truth, &fwd.outputs)?.into_iter().map(|(o, c, _)| (o, c)).collect();
+    let cot: HashMap<String, Vec<f64>> = draw_cotangents(&mut rng, &p.truth, fwd)?.into_iter().map(|(o, c, _)| (o, c)).collect();
     let gopts = GradOptions { memory_budget: opts.memory_budget, ..GradOptions::default() };
     let truth = ground::reverse(&fwd.steps, &p.records, &p.truth, cot.clone(), &gopts)?;
     // L(x) = sum over outputs of <cot, forward(x)>, the forward run in f64 from perturbed inputs.

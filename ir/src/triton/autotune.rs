@@ -5,13 +5,13 @@
 use super::errors::{fail, R};
 use super::value::Val;
 use super::{dotted, module_const, Module};
-use ruff_python_ast::{Expr, StmtFunctionDef};
+use ruff_python_ast::Expr;
 use ruff_text_size::Ranged;
 
-/// The constexpr bindings of each config of `f`'s `@triton.autotune(configs=[...])`, in order;
-/// empty when it has no autotune decorator.
-pub(crate) fn configs(m: &Module, f: &StmtFunctionDef) -> R<Vec<Vec<(String, i64)>>> {
-    let Some(call) = f.decorator_list.iter().find_map(|d| match &d.expression {
+/// The constexpr bindings of each config of the `@triton.autotune(configs=[...])` among a
+/// function's decorators (or the calls wrapping it), in order; empty when it has none.
+pub(crate) fn configs(m: &Module, decorators: &[&Expr]) -> R<Vec<Vec<(String, i64)>>> {
+    let Some(call) = decorators.iter().find_map(|d| match d {
         Expr::Call(c) if dotted(&c.func).is_some_and(|n| n == "autotune" || n.ends_with(".autotune")) => Some(c),
         _ => None,
     }) else {

@@ -46,6 +46,12 @@ impl Args {
 /// The short name of a qualified path: `triton.language.x` becomes `tl.x`,
 /// `triton.language.math.x` and the libdevice modules `tl.math.x`, `builtins.x` becomes `x`.
 pub(crate) fn canonical(path: &str) -> String {
+    // Any backend's libdevice (`triton.language.extra.{cuda,hip,...}.libdevice`).
+    if let Some(rest) = path.strip_prefix("triton.language.extra.") {
+        if let Some((_, f)) = rest.split_once("libdevice.") {
+            return format!("tl.math.{f}");
+        }
+    }
     for (prefix, short) in [
         ("triton.language.extra.cuda.libdevice.", "tl.math."),
         ("triton.language.extra.libdevice.", "tl.math."),
@@ -129,6 +135,10 @@ fn dtype(v: &Option<Val>, o: u32) -> R<Option<DType>> {
     match v {
         None | Some(Val::None) => Ok(None),
         Some(Val::DType(d)) => Ok(Some(*d)),
+        Some(Val::OtherDType(d)) => fail(
+            o,
+            format!("`tl.{d}` is not a dtype tilegrad computes in (i1, i32, i64, f16, bf16, f32, f64): it can be bound and compared only"),
+        ),
         Some(other) => fail(o, format!("expected a dtype such as `tl.float32`, found {}", other.kind())),
     }
 }
@@ -167,7 +177,7 @@ impl Cx<'_> {
         let o = off(c);
         if let Expr::Attribute(a) = &*c.func {
             let recv = self.expr(&a.value)?;
-            if !matches!(recv, Val::Module(_)) {
+            if !matches!(recv, Val::Module(_) | Val::SourceModule(_)) {
                 let mut args = self.args(c)?;
                 self.at(o);
                 return self.method(recv, &a.attr.id, &mut args, o);
@@ -177,11 +187,12 @@ impl Cx<'_> {
         let args = self.args(c)?;
         self.at(o);
         match f {
-            Val::Func(name) => self.call_helper(&name, args, o),
+            Val::Func(file, name) => self.call_helper(file, &name, args, o),
             Val::Module(p) => {
                 let name = canonical(&p);
                 self.builtin(&name, args, o)
             }
+            Val::DType(d) => self.dtype_call(d, args, o),
             other => fail(o, format!("{} is not callable", other.kind())),
         }
     }
@@ -426,8 +437,95 @@ impl Cx<'_> {
             .collect()
     }
 
+    /// `tl.float32(x)`: a dtype called on a value is a cast to it (a Python number becomes a
+    /// scalar of that dtype).
+    fn dtype_call(&mut self, d: DType, a: Args, o: u32) -> R<Val> {
+        let b = a.bind(&format!("tl.{d}"), &["x"])?;
+        let x = match &b[0] {
+            Some(Val::Tensor(t)) => *t,
+            Some(v @ (Val::Int(_) | Val::Float(_) | Val::Bool(_))) => {
+                let lit = match v {
+                    Val::Int(i) => crate::Lit::Int(*i),
+                    Val::Float(f) => crate::Lit::Float(*f),
+                    _ => crate::Lit::Bool(super::value::truthy(v) == Some(true)),
+                };
+                if d.is_int() && matches!(lit, crate::Lit::Float(_)) {
+                    let c = tensor(&mut self.b, v, o, "the operand")?;
+                    return Ok(Val::Tensor(self.b.cast(c, d)));
+                }
+                return Ok(Val::Tensor(self.b.constant(lit, d)));
+            }
+            Some(other) => return fail(o, format!("`tl.{d}(...)` casts a tensor or a number, found {}", other.kind())),
+            None => return fail(o, format!("`tl.{d}(...)` needs a value to cast")),
+        };
+        Ok(Val::Tensor(self.b.cast(x, d)))
+    }
+
+    /// `min(a, b, ...)`/`max(a, b, ...)` with a tensor among the arguments: Triton folds them into
+    /// `tl.minimum`/`tl.maximum`, left to right.
+    fn minmax_tensors(&mut self, name: &str, a: Args, o: u32) -> R<Val> {
+        if !a.kw.is_empty() {
+            return fail(a.kw[0].2, format!("`{name}` on tensors takes positional arguments only"));
+        }
+        let mut it = a.pos.into_iter();
+        let Some((mut acc, _)) = it.next() else { return fail(o, format!("`{name}` needs arguments")) };
+        for (v, vo) in it {
+            let (x, y) = match (&acc, &v) {
+                (Val::Tensor(x), w) if w.is_const() => (*x, literal_like(&mut self.b, w, *x, vo, "an operand")?),
+                (w, Val::Tensor(y)) if w.is_const() => (literal_like(&mut self.b, w, *y, vo, "an operand")?, *y),
+                _ if acc.is_const() && v.is_const() => {
+                    let lt = super::value::fold_binary("<", &v, &acc, vo)?;
+                    if let Some(Val::Bool(l)) = lt {
+                        if l == (name == "min") {
+                            acc = v;
+                        }
+                    }
+                    continue;
+                }
+                _ => (tensor(&mut self.b, &acc, vo, "an operand")?, tensor(&mut self.b, &v, vo, "an operand")?),
+            };
+            acc = Val::Tensor(if name == "min" { self.b.minimum(x, y) } else { self.b.maximum(x, y) });
+        }
+        Ok(acc)
+    }
+
     /// A Triton function or Python builtin, by canonical name (see [`canonical`]).
     fn builtin(&mut self, name: &str, a: Args, o: u32) -> R<Val> {
+        // libdevice names that are Triton ops under another name, or compose from them.
+        let name = match name {
+            "tl.math.fast_expf" | "tl.math.expf" => "tl.math.exp",
+            "tl.math.fast_logf" | "tl.math.logf" => "tl.math.log",
+            "tl.math.fabs" | "tl.math.fabsf" => "tl.math.abs",
+            "tl.math.sqrt_rn" | "tl.math.sqrtf" => "tl.math.sqrt",
+            "tl.math.rsqrtf" => "tl.math.rsqrt",
+            "tl.math.tanhf" => "tl.math.tanh",
+            "tl.math.erff" => "tl.math.erf",
+            "tl.math.floorf" => "tl.math.floor",
+            "tl.math.ceilf" => "tl.math.ceil",
+            "tl.math.pow" | "tl.math.powf" => "tl.math.pow",
+            n => n,
+        };
+        if matches!(name, "tl.math.pow" | "tl.math.fast_dividef" | "tl.math.div_rn" | "tl.fdiv" | "tl.math.fdiv") {
+            let b = a.bind(name, &["x", "y", "ieee_rounding"])?;
+            let (Some(x), Some(y)) = (b[0].clone(), b[1].clone()) else { return fail(o, format!("`{name}` needs two operands")) };
+            return self.binop(if name == "tl.math.pow" { "**" } else { "/" }, x, y, o);
+        }
+        if matches!(name, "tl.math.log1p" | "tl.math.expm1") {
+            let b = a.bind(name, &["x"])?;
+            let x = self.t(&b[0], "the operand", o)?;
+            return Ok(Val::Tensor(if name == "tl.math.log1p" {
+                let one = literal_like(&mut self.b, &Val::Int(1), x, o, "one")?;
+                let s = self.b.add(x, one);
+                self.b.log(s)
+            } else {
+                let e = self.b.exp(x);
+                let one = literal_like(&mut self.b, &Val::Int(1), e, o, "one")?;
+                self.b.sub(e, one)
+            }));
+        }
+        if matches!(name, "min" | "max") && a.pos.iter().any(|(v, _)| matches!(v, Val::Tensor(_))) {
+            return self.minmax_tensors(name, a, o);
+        }
         let short = name.strip_prefix("tl.math.").or_else(|| name.strip_prefix("tl.")).unwrap_or(name);
         if name.starts_with("tl.") && UNARY.contains(&short) {
             let b = a.bind(name, &["x"])?;

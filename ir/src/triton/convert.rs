@@ -3,9 +3,9 @@
 //! with the location of each expression set on the builder.
 
 use super::errors::{fail, Lines, R};
-use super::value::{carriable, flatten, flatten_like, fold_binary, literal_like, rebuild, tensor, truthy, Val};
-use super::{dotted, ConvertOptions, Module};
-use crate::{Elem, IrError, Kernel, KernelBuilder, Value};
+use super::value::{carriable, flatten, flatten_like, fold_binary, fold_eq, literal_like, rebuild, tensor, truthy, Val};
+use super::{dotted, imports::Import, ConvertOptions, Module};
+use crate::{DType, Elem, IrError, Kernel, KernelBuilder, Lit, Value};
 use ruff_python_ast::{self as ast, ElifElseClause, Expr, Stmt, StmtFunctionDef};
 use ruff_text_size::Ranged;
 use std::cell::RefCell;
@@ -26,12 +26,22 @@ pub(crate) const MAX_NESTING: usize = 200;
 
 /// Conversion state of one kernel.
 pub(crate) struct Cx<'a> {
+    /// Every source file of the conversion (the kernel's is 0).
+    mods: &'a [Module<'a>],
+    /// The file of the function being converted, and its module and lines.
+    cur: usize,
     pub m: &'a Module<'a>,
     pub lines: &'a Lines,
+    /// Whether helpers without a recognised jit form may be called.
+    assume_jit: bool,
+    /// The first error raised inside a helper of another file, located in that file.
+    foreign_err: Option<IrError>,
     pub b: KernelBuilder,
     pub env: HashMap<String, Val>,
     /// Loops and tensor `if`s around the current statement, in the current function.
     nest: usize,
+    /// Loops around the current statement, in the current function.
+    loops: usize,
     /// Helper calls around the current statement.
     depth: usize,
     /// Whether the current function is the kernel (not a helper).
@@ -46,14 +56,31 @@ pub(crate) fn off(n: &impl Ranged) -> u32 {
     n.range().start().to_u32()
 }
 
-/// Converts kernel `f`.
-pub(crate) fn convert_kernel(m: &Module, lines: &Lines, f: &StmtFunctionDef, opts: &ConvertOptions) -> Result<Kernel, IrError> {
-    let name = f.name.id.to_string();
-    let mut cx =
-        Cx { m, lines, b: KernelBuilder::new(&name), env: HashMap::new(), nest: 0, depth: 0, in_kernel: true, unrolled: 0, nesting: 0 };
+/// Converts kernel `f` of the first of `mods`, naming the IR kernel `name`.
+pub(crate) fn convert_kernel(mods: &[Module], f: &StmtFunctionDef, name: &str, opts: &ConvertOptions) -> Result<Kernel, IrError> {
+    let m = &mods[0];
+    let lines = m.lines;
+    let mut cx = Cx {
+        mods,
+        cur: 0,
+        m,
+        lines,
+        assume_jit: opts.assume_jit,
+        foreign_err: None,
+        b: KernelBuilder::new(name),
+        env: HashMap::new(),
+        nest: 0,
+        loops: 0,
+        depth: 0,
+        in_kernel: true,
+        unrolled: 0,
+        nesting: 0,
+    };
     cx.b.set_loc(Some(lines.loc(off(&f.name))));
-    let r = cx.params(f, opts).and_then(|()| cx.block(&f.body)).map_err(|e| lines.error(e))?;
-    let _ = r;
+    let r = cx.params(f, opts).and_then(|()| cx.block(&f.body));
+    if let Err(e) = r {
+        return Err(cx.foreign_err.take().unwrap_or_else(|| lines.error(e)));
+    }
     let mut k = cx.b.finish()?;
     k.loc = lines.loc(off(&f.name));
     Ok(k)
@@ -81,15 +108,39 @@ impl<'a> Cx<'a> {
                 pw.parameter.annotation.as_deref().and_then(dotted).is_some_and(|d| d == "constexpr" || d.ends_with(".constexpr"));
             if is_constexpr {
                 let v = match opts.constexprs.iter().find(|(n, _)| *n == name) {
-                    Some(&(_, v)) => v,
-                    None => match pw.default.as_deref().map(|d| self.expr(d)).transpose()? {
-                        Some(Val::Int(v)) => v,
-                        Some(Val::Bool(v)) => v as i64,
-                        _ => return fail(o, format!("constexpr parameter `{name}` has no value: bind it (e.g. `{name}=64`)")),
+                    Some((_, v)) => v.val(),
+                    None => match pw.default.as_deref() {
+                        Some(d) => self.expr(d)?,
+                        None => {
+                            return fail(
+                                o,
+                                format!(
+                                    "constexpr parameter `{name}` has no value: bind it (e.g. `{name}=64`, `{name}=1e-6`,                                      `{name}=True`, `{name}='mean'`, `{name}=None` or `{name}=tl.float32`)"
+                                ),
+                            )
+                        }
                     },
                 };
-                self.b.constexpr(&name, v);
-                self.env.insert(name, Val::Int(v));
+                // Numbers stay parameters of the IR kernel (a launch passes them and is checked
+                // against them); strings, `None` and dtypes exist only at conversion.
+                match &v {
+                    Val::Int(i) => {
+                        self.b.constexpr(&name, *i);
+                    }
+                    Val::Bool(x) => {
+                        self.b.constexpr(&name, *x as i64);
+                    }
+                    Val::Float(x) => {
+                        self.b.constexpr_of(&name, DType::F32, Lit::Float(*x));
+                    }
+                    Val::Str(_) | Val::None | Val::DType(_) | Val::OtherDType(_) => {}
+                    other => return fail(o, format!("constexpr parameter `{name}` cannot be {}", other.kind())),
+                }
+                self.env.insert(name, v);
+            } else if opts.constexprs.iter().any(|(n, v)| *n == name && *v == super::ConstValue::None) {
+                // Triton specializes an argument passed as `None` (an optional bias pointer) as
+                // a constexpr `None`: `if B is not None:` folds, and the kernel has no such parameter.
+                self.env.insert(name, Val::None);
             } else if let Some(&(_, d)) = opts.pointer_dtypes.iter().find(|(n, _)| *n == name) {
                 let v = self.b.ptr_param(&name, d);
                 self.env.insert(name, Val::Tensor(v));
@@ -116,7 +167,12 @@ impl<'a> Cx<'a> {
     }
 
     fn block_inner(&mut self, stmts: &[Stmt]) -> R<Option<Val>> {
-        for s in stmts {
+        for (i, s) in stmts.iter().enumerate() {
+            if let Stmt::If(ifs) = s {
+                if self.loops == 0 && (has_return(&ifs.body) || ifs.elif_else_clauses.iter().any(|c| has_return(&c.body))) {
+                    return self.if_returning(ifs, &stmts[i + 1..]);
+                }
+            }
             if let Some(v) = self.stmt(s)? {
                 return Ok(Some(v));
             }
@@ -167,8 +223,8 @@ impl<'a> Cx<'a> {
             Stmt::For(f) => self.for_stmt(f)?,
             Stmt::If(i) => return self.if_chain(&i.test, &i.body, &i.elif_else_clauses),
             Stmt::Return(r) => {
-                if self.nest > 0 {
-                    return fail(o, "`return` inside a loop or an `if` on a tensor is not supported: return at the end of the function");
+                if self.loops > 0 {
+                    return fail(o, "`return` inside a loop is not supported: guard the rest of the loop body with an `if`");
                 }
                 let v = match &r.value {
                     Some(e) => self.expr(e)?,
@@ -231,40 +287,35 @@ impl<'a> Cx<'a> {
         }
     }
 
+    /// The else-part of an `if` as statements: the `else` body, or the `elif` tail rebuilt as a
+    /// nested `if` statement.
+    fn orelse_of(rest: &[ElifElseClause]) -> Vec<Stmt> {
+        match rest.first() {
+            None => Vec::new(),
+            Some(ElifElseClause { test: None, body, .. }) => body.to_vec(),
+            Some(ElifElseClause { test: Some(t), body: eb, range, node_index }) => vec![Stmt::If(ast::StmtIf {
+                node_index: node_index.clone(),
+                range: *range,
+                test: Box::new(t.clone()),
+                body: eb.clone(),
+                elif_else_clauses: rest[1..].to_vec(),
+            })],
+        }
+    }
+
     /// `if` / `elif` / `else`.
     fn if_chain(&mut self, test: &Expr, body: &[Stmt], rest: &[ElifElseClause]) -> R<Option<Val>> {
         let c = self.expr(test)?;
-        let else_body: Vec<Stmt>;
-        let orelse: &[Stmt] = match rest.first() {
-            None => &[],
-            Some(ElifElseClause { test: None, body, .. }) => body,
-            Some(ElifElseClause { test: Some(t), body: eb, range, node_index }) => {
-                // Rebuild the tail as a nested `if` statement.
-                else_body = vec![Stmt::If(ast::StmtIf {
-                    node_index: node_index.clone(),
-                    range: *range,
-                    test: Box::new(t.clone()),
-                    body: eb.clone(),
-                    elif_else_clauses: rest[1..].to_vec(),
-                })];
-                &else_body
-            }
-        };
+        let orelse = Self::orelse_of(rest);
         if let Some(t) = truthy(&c) {
-            return self.block(if t { body } else { orelse });
+            return self.block(if t { body } else { &orelse });
         }
         let o = off(test);
-        let Val::Tensor(cv) = c else {
-            return fail(o, format!("an `if` condition must be a scalar or a constant, found {}", c.kind()));
-        };
-        let ty = self.b.ty(cv);
-        if !ty.is_scalar() {
-            return fail(o, format!("an `if` condition must be a scalar, found a tile {ty}: use `tl.where` to select lanes"));
-        }
+        let cv = self.condition(c, o)?;
         // The variables the `if` defines.
         let (mut in_then, mut in_else) = (Vec::new(), Vec::new());
         assigned(body, &mut in_then);
-        assigned(orelse, &mut in_else);
+        assigned(&orelse, &mut in_else);
         let mut names: Vec<String> = Vec::new();
         for n in in_then.iter().chain(&in_else) {
             let before = self.env.get(n).is_some_and(carriable);
@@ -272,6 +323,52 @@ impl<'a> Cx<'a> {
                 names.push(n.clone());
             }
         }
+        self.tensor_if(cv, body, &orelse, &names, o)?;
+        Ok(None)
+    }
+
+    /// An `if` with a `return` in a branch, followed by `rest` (the statements after it in its
+    /// block): each branch that does not end in `return` continues with `rest`, so that the `if`
+    /// ends the function on every path (`if label == ignore_index: ...; return`). A returned
+    /// value (in a helper) is the `if`'s result.
+    fn if_returning(&mut self, i: &ast::StmtIf, rest: &[Stmt]) -> R<Option<Val>> {
+        let c = self.expr(&i.test)?;
+        let with_rest = |b: &[Stmt]| -> Vec<Stmt> {
+            let mut v = b.to_vec();
+            if !ends_in_return(b) {
+                v.extend_from_slice(rest);
+            }
+            v
+        };
+        let then_body = with_rest(&i.body);
+        let else_body = with_rest(&Self::orelse_of(&i.elif_else_clauses));
+        if let Some(t) = truthy(&c) {
+            return self.block(if t { &then_body } else { &else_body });
+        }
+        let o = off(&*i.test);
+        let cv = self.condition(c, o)?;
+        let mut all = vec![Stmt::If(i.clone())];
+        all.extend_from_slice(rest);
+        let names: Vec<String> = if returns_value(&all) { vec![RETURN.to_string()] } else { Vec::new() };
+        self.tensor_if(cv, &then_body, &else_body, &names, o)?;
+        Ok(Some(self.env.remove(RETURN).unwrap_or(Val::None)))
+    }
+
+    /// The IR value of an `if` condition: a scalar.
+    fn condition(&mut self, c: Val, o: u32) -> R<Value> {
+        let Val::Tensor(cv) = c else {
+            return fail(o, format!("an `if` condition must be a scalar or a constant, found {}", c.kind()));
+        };
+        let ty = self.b.ty(cv);
+        if !ty.is_scalar() {
+            return fail(o, format!("an `if` condition must be a scalar, found a tile {ty}: use `tl.where` to select lanes"));
+        }
+        Ok(cv)
+    }
+
+    /// An IR `if` on `cv` whose results are the values of `names` after each branch; they are
+    /// defined in the environment afterwards.
+    fn tensor_if(&mut self, cv: Value, body: &[Stmt], orelse: &[Stmt], names: &[String], o: u32) -> R<()> {
         let saved = self.env.clone();
         self.at(o);
         let mut b = std::mem::replace(&mut self.b, KernelBuilder::new("if"));
@@ -283,7 +380,7 @@ impl<'a> Cx<'a> {
             |bb| {
                 let mut cx = me.borrow_mut();
                 std::mem::swap(&mut cx.b, bb);
-                let r = cx.branch(body, &names, None);
+                let r = cx.branch(body, names, None);
                 std::mem::swap(&mut cx.b, bb);
                 bb.set_loc(Some(cx.lines.loc(o)));
                 cx.env = saved.clone();
@@ -302,7 +399,7 @@ impl<'a> Cx<'a> {
                 let mut cx = me.borrow_mut();
                 std::mem::swap(&mut cx.b, bb);
                 let tv = then_vals.borrow().clone();
-                let r = if err.borrow().is_some() { Ok((Vec::new(), Vec::new())) } else { cx.branch(orelse, &names, Some(&tv)) };
+                let r = if err.borrow().is_some() { Ok((Vec::new(), Vec::new())) } else { cx.branch(orelse, names, Some(&tv)) };
                 std::mem::swap(&mut cx.b, bb);
                 bb.set_loc(Some(cx.lines.loc(o)));
                 cx.env = saved.clone();
@@ -322,7 +419,7 @@ impl<'a> Cx<'a> {
             let v = rebuild(t, &mut it);
             self.env.insert(n.clone(), v);
         }
-        Ok(None)
+        Ok(())
     }
 
     /// One branch of a tensor `if`: runs it and flattens the values of `names` (shaped like
@@ -331,11 +428,21 @@ impl<'a> Cx<'a> {
         self.nest += 1;
         let r = self.block(body);
         self.nest -= 1;
-        r?;
+        if let Some(v) = r? {
+            if !matches!(v, Val::None) {
+                self.env.insert(RETURN.to_string(), v);
+            }
+        }
         let mut vals = Vec::new();
         let mut flat = Vec::new();
         for (i, n) in names.iter().enumerate() {
             let Some(v) = self.env.get(n).cloned() else {
+                if n == RETURN {
+                    return fail(
+                        off_of_body(body),
+                        "this function returns a value on some paths only: return a value at the end of every path",
+                    );
+                }
                 return fail(off_of_body(body), format!("`{n}` is defined in only one branch of this `if`: define it before the `if`"));
             };
             match template.and_then(|t| t.get(i)) {
@@ -406,8 +513,10 @@ impl<'a> Cx<'a> {
                 }
                 self.env.insert(tname.clone(), Val::Int(i));
                 self.nest += 1;
+                self.loops += 1;
                 let r = self.block(&f.body);
                 self.nest -= 1;
+                self.loops -= 1;
                 r?;
                 i = match i.checked_add(*step) {
                     Some(i) => i,
@@ -446,8 +555,10 @@ impl<'a> Cx<'a> {
                 self.env.insert(n.clone(), v);
             }
             self.nest += 1;
+            self.loops += 1;
             let r = self.block(&f.body);
             self.nest -= 1;
+            self.loops -= 1;
             let mut next = Vec::new();
             let r = r.and_then(|_| {
                 for (n, t) in names.iter().zip(&templates) {
@@ -490,7 +601,10 @@ impl<'a> Cx<'a> {
             return Ok(v.clone());
         }
         if self.m.funcs.contains_key(id) {
-            return Ok(Val::Func(id.to_string()));
+            return Ok(Val::Func(self.cur, id.to_string()));
+        }
+        if let Some(imp) = self.m.imports.get(id) {
+            return self.imported(imp, o);
         }
         if let Some(p) = self.m.aliases.get(id) {
             return Ok(Val::Module(p.clone()));
@@ -503,6 +617,40 @@ impl<'a> Cx<'a> {
             "False" => Ok(Val::Bool(false)),
             _ => fail(o, format!("undefined name `{id}`")),
         }
+    }
+
+    /// What a name imported from a file beside the kernel is: a function of it, a constant, a
+    /// name it imports in turn, or the module itself.
+    fn imported(&self, imp: &Import, o: u32) -> R<Val> {
+        let (mut file, mut name) = match imp {
+            Import::Module(f) => return Ok(Val::SourceModule(*f)),
+            Import::Name(f, n) => (*f, n.clone()),
+        };
+        for _ in 0..16 {
+            let m = &self.mods[file];
+            if m.funcs.contains_key(&name) {
+                return Ok(Val::Func(file, name));
+            }
+            if let Some(v) = m.consts.get(&name) {
+                return Ok(v.clone());
+            }
+            match m.imports.get(&name) {
+                Some(Import::Module(f)) => return Ok(Val::SourceModule(*f)),
+                Some(Import::Name(f, n)) => (file, name) = (*f, n.clone()),
+                None => {
+                    return match m.aliases.get(&name) {
+                        Some(p) => Ok(Val::Module(p.clone())),
+                        None => fail(o, format!("`{name}` is not defined in `{}`", m.lines.loc(0).file)),
+                    }
+                }
+            }
+        }
+        fail(o, format!("the import of `{name}` goes round in a circle"))
+    }
+
+    /// `module.name` for a module read from a file beside the kernel.
+    fn module_attr(&self, file: usize, attr: &str, o: u32) -> R<Val> {
+        self.imported(&Import::Name(file, attr.to_string()), o)
     }
 
     pub(crate) fn expr(&mut self, e: &Expr) -> R<Val> {
@@ -623,6 +771,9 @@ impl<'a> Cx<'a> {
                 if let Some(d) = c.strip_prefix("tl.").and_then(super::builtins::dtype_name) {
                     return Ok(Val::DType(d));
                 }
+                if let Some(d) = c.strip_prefix("tl.").filter(|d| !d.contains('.')).and_then(super::imports::triton_dtype_name) {
+                    return Ok(Val::OtherDType(d));
+                }
                 Ok(Val::Module(path))
             }
             Val::Tensor(t) => match attr {
@@ -644,6 +795,15 @@ impl<'a> Cx<'a> {
                 ),
             },
             Val::PtrType(d) if attr == "element_ty" => Ok(Val::DType(d)),
+            Val::SourceModule(f) => self.module_attr(f, attr, o),
+            Val::DType(d) if attr == "element_ty" => fail(
+                o,
+                format!(
+                    "`.element_ty` of the scalar type {d}: this is not a pointer (a parameter not named `*ptr` is a pointer when a \
+                     spec passes it a tensor, or `--ptr NAME=DTYPE` / `ConvertOptions::pointer_dtypes` names it)"
+                ),
+            ),
+            Val::DType(d) if attr == "primitive_bitwidth" => Ok(Val::Int(d.size_bytes() as i64 * 8)),
             other => fail(o, format!("{} has no attribute `{attr}`", other.kind())),
         }
     }
@@ -665,6 +825,9 @@ impl<'a> Cx<'a> {
 
     /// A binary or comparison operator with Triton's literal rules.
     pub(crate) fn binop(&mut self, op: &str, a: Val, c: Val, o: u32) -> R<Val> {
+        if let Some(v) = fold_eq(op, &a, &c) {
+            return Ok(v);
+        }
         if a.is_const() && c.is_const() {
             return match fold_binary(op, &a, &c, o)? {
                 Some(v) => Ok(v),
@@ -754,9 +917,10 @@ impl<'a> Cx<'a> {
     }
 
     /// Inlines a call of helper `name`.
-    pub(crate) fn call_helper(&mut self, name: &str, args: super::builtins::Args, o: u32) -> R<Val> {
-        let Some(&f) = self.m.funcs.get(name) else { return fail(o, format!("undefined function `{name}`")) };
-        if !self.m.jit.iter().any(|n| n == name) {
+    pub(crate) fn call_helper(&mut self, file: usize, name: &str, args: super::builtins::Args, o: u32) -> R<Val> {
+        let m = &self.mods[file];
+        let Some(&f) = m.funcs.get(name) else { return fail(o, format!("undefined function `{name}`")) };
+        if !self.assume_jit && !m.jit.iter().any(|n| n == name) {
             return fail(o, format!("`{name}` is not a `@triton.jit` function: only jit functions can be called from a kernel"));
         }
         if self.depth >= MAX_DEPTH {
@@ -780,13 +944,24 @@ impl<'a> Cx<'a> {
             env.insert(n.clone(), v);
         }
         let saved_env = std::mem::replace(&mut self.env, env);
-        let saved = (self.nest, self.in_kernel);
+        let saved = (self.nest, self.loops, self.in_kernel);
         self.nest = 0;
+        self.loops = 0;
         self.in_kernel = false;
         self.depth += 1;
+        let outer = (self.cur, self.m, self.lines);
+        let mods = self.mods;
+        (self.cur, self.m, self.lines) = (file, &mods[file], mods[file].lines);
         let r = self.block(&f.body);
+        if let (Err(e), true) = (&r, file != outer.0) {
+            // Located in the helper's file; the caller's error points at the call.
+            if self.foreign_err.is_none() {
+                self.foreign_err = Some(self.lines.error(super::errors::Fail { off: e.off, message: e.message.clone() }));
+            }
+        }
+        (self.cur, self.m, self.lines) = outer;
         self.depth -= 1;
-        (self.nest, self.in_kernel) = saved;
+        (self.nest, self.loops, self.in_kernel) = saved;
         self.env = saved_env;
         self.at(o);
         Ok(r?.unwrap_or(Val::None))
@@ -837,5 +1012,39 @@ fn target_names(e: &Expr, out: &mut Vec<String>) {
             Expr::Tuple(ast::ExprTuple { elts, .. }) | Expr::List(ast::ExprList { elts, .. }) => stack.extend(elts.iter().rev()),
             _ => {}
         }
+    }
+}
+
+/// The name under which a branch of an `if` that returns keeps the returned value.
+const RETURN: &str = "<return>";
+
+/// Whether a body has a `return` outside loops (in nested `if`s too).
+fn has_return(body: &[Stmt]) -> bool {
+    body.iter().any(|s| match s {
+        Stmt::Return(_) => true,
+        Stmt::If(i) => has_return(&i.body) || i.elif_else_clauses.iter().any(|c| has_return(&c.body)),
+        _ => false,
+    })
+}
+
+/// Whether a body has a `return` with a value outside loops.
+fn returns_value(body: &[Stmt]) -> bool {
+    body.iter().any(|s| match s {
+        Stmt::Return(r) => r.value.as_deref().is_some_and(|v| !matches!(v, Expr::NoneLiteral(_))),
+        Stmt::If(i) => returns_value(&i.body) || i.elif_else_clauses.iter().any(|c| returns_value(&c.body)),
+        _ => false,
+    })
+}
+
+/// Whether every path through a body ends in `return`.
+fn ends_in_return(body: &[Stmt]) -> bool {
+    match body.last() {
+        Some(Stmt::Return(_)) => true,
+        Some(Stmt::If(i)) => {
+            ends_in_return(&i.body)
+                && i.elif_else_clauses.last().is_some_and(|c| c.test.is_none())
+                && i.elif_else_clauses.iter().all(|c| ends_in_return(&c.body))
+        }
+        _ => false,
     }
 }

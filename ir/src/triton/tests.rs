@@ -495,7 +495,7 @@ fn descriptor_reassigned_in_a_loop_is_carried() {
 fn pointer_element_types() {
     let src = "import triton\nimport triton.language as tl\n\n@triton.jit\ndef k(X, Y, Out, BLOCK: tl.constexpr):\n    offs = tl.arange(0, BLOCK)\n    x = tl.load(X + offs)\n    tl.store(Y + offs, (x * 2).to(Y.dtype.element_ty))\n    tl.store(Out + offs, x.to(Out.type.element_ty))\n";
     let opts = ConvertOptions {
-        constexprs: vec![("BLOCK".into(), 16)],
+        constexprs: vec![("BLOCK".into(), 16.into())],
         pointer_dtypes: vec![("X".into(), DType::F32), ("Y".into(), DType::F16), ("Out".into(), DType::BF16)],
         ..ConvertOptions::default()
     };

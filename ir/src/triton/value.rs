@@ -24,6 +24,9 @@ pub(crate) enum Val {
     None,
     /// A dtype such as `tl.float32`.
     DType(DType),
+    /// A Triton dtype the IR does not compute in (`tl.float8e5`, `tl.int8`): a value that
+    /// constexpr comparisons can fold, by its Triton name.
+    OtherDType(String),
     /// The type of a pointer (`ptr.dtype` or `ptr.type`); `.element_ty` is the pointee dtype.
     PtrType(DType),
     /// A tuple or list.
@@ -34,8 +37,10 @@ pub(crate) enum Val {
     TensorDesc(TensorDesc),
     /// A module or a name inside one, fully qualified (`triton.language.math`).
     Module(String),
-    /// A `@triton.jit` helper function of the file.
-    Func(String),
+    /// A function of a source file (index into the converted files: the kernel's own is 0), by name.
+    Func(usize, String),
+    /// A Python module read from a file beside the kernel (`from . import utils`), by index.
+    SourceModule(usize),
 }
 
 impl Val {
@@ -49,12 +54,14 @@ impl Val {
             Val::Str(_) => "a string".into(),
             Val::None => "None".into(),
             Val::DType(d) => format!("the dtype {d}"),
+            Val::OtherDType(d) => format!("the dtype tl.{d}"),
             Val::PtrType(d) => format!("the pointer type ptr<{d}>"),
             Val::Tuple(_) => "a tuple".into(),
             Val::BlockPtr(_) => "a block pointer".into(),
             Val::TensorDesc(_) => "a tensor descriptor".into(),
             Val::Module(m) => format!("`{m}`"),
-            Val::Func(f) => format!("the function `{f}`"),
+            Val::Func(_, f) => format!("the function `{f}`"),
+            Val::SourceModule(_) => "a module".into(),
         }
     }
 
@@ -204,8 +211,35 @@ pub(crate) fn truthy(v: &Val) -> Option<bool> {
         Val::Float(f) => Some(*f != 0.0),
         Val::Bool(b) => Some(*b),
         Val::None => Some(false),
+        Val::Str(s) => Some(!s.is_empty()),
+        Val::DType(_) | Val::OtherDType(_) | Val::PtrType(_) => Some(true),
         _ => None,
     }
+}
+
+/// `==`/`!=` between compile-time values that are not numbers (strings, `None`, dtypes), as
+/// Python folds them: `None` equals only `None`, a string only an equal string, a dtype only the
+/// same dtype. `None` when neither side is such a value (numbers fold in [`fold_binary`]).
+pub(crate) fn fold_eq(op: &str, a: &Val, c: &Val) -> Option<Val> {
+    if op != "==" && op != "!=" {
+        return None;
+    }
+    let special = |v: &Val| matches!(v, Val::Str(_) | Val::None | Val::DType(_) | Val::OtherDType(_) | Val::PtrType(_));
+    if !special(a) && !special(c) {
+        return None;
+    }
+    let same = match (a, c) {
+        (Val::Str(x), Val::Str(y)) => x == y,
+        (Val::None, Val::None) => true,
+        (Val::DType(x), Val::DType(y)) => x == y,
+        (Val::OtherDType(x), Val::OtherDType(y)) => x == y,
+        (Val::PtrType(x), Val::PtrType(y)) => x == y,
+        (Val::Tensor(_) | Val::BlockPtr(_) | Val::TensorDesc(_), _) | (_, Val::Tensor(_) | Val::BlockPtr(_) | Val::TensorDesc(_)) => {
+            return None
+        }
+        _ => false,
+    };
+    Some(Val::Bool(same == (op == "==")))
 }
 
 /// The IR values a carried Python value consists of: a tensor itself, a constant materialised, a

@@ -69,7 +69,7 @@ mod truth;
 
 pub use expr::{Expr, ExprError, Scalar};
 pub use inputs::{Dist, InputTensor, Inputs, Source};
-pub use report::{Blame, BlameSite, Failure, Report, TensorReport, Tolerance, Worst};
+pub use report::{compare, unravel, Blame, BlameSite, Failure, Report, TensorReport, Tolerance, Worst};
 pub(crate) use steps::{eval_shape as steps_eval_shape, split_axis};
 pub use steps::{Env, Init, KernelLaunch, Step};
 pub use tilegrad_ad::Precision;

@@ -304,7 +304,7 @@ impl fmt::Display for Report {
 /// Compares `got` with `expected`; returns the report (without blame), the flat index of the
 /// worst element and how far over its tolerance it is (error / tolerance; infinite for NaN).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn compare(
+pub fn compare(
     name: &str,
     tensor: &str,
     dtype: DType,
@@ -373,7 +373,7 @@ pub(crate) fn compare(
 }
 
 /// The multi-index of flat element `i` of a row-major tensor of `shape`.
-pub(crate) fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+pub fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
     let mut idx = vec![0; shape.len()];
     for a in (0..shape.len()).rev() {
         let n = shape[a].max(1);

@@ -36,7 +36,7 @@ def verdict(d: dict) -> tuple:
     kind = None
     if failure is not None:
         m = failure["message"].lower()
-        kind = "race" if "race" in m else "oob" if "out of bounds" in m else "other"
+        kind = "race" if "race" in m else "oob" if "out-of-bounds" in m else "other"
     return d["passed"], kind, tuple((g["name"], g["passed"]) for g in d["gradients"]) if failure is None else ()
 
 

@@ -65,7 +65,7 @@ def test_broken_variant_fails(example, variant):
     if m:
         failure = d["failure"]
         assert failure is not None, text
-        kind = "out of bounds" if m.group(1) == "OOB" else "race"
+        kind = "out-of-bounds" if m.group(1) == "OOB" else "race"
         assert kind in failure["message"].lower(), failure["message"]
         assert f"_bwd.py:{m.group(2)}:" in failure["message"], failure["message"]
         assert variant.split("_broken_")[0] in failure["message"] or variant in failure["message"]

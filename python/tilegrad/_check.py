@@ -206,7 +206,8 @@ def run_check(
     forward_cmp = []
     for i in out_idx:
         o = outs_n[i]
-        c = _native.compare(out_names[i], out_names[i], _dt(o), list(o.shape), *_ptrs(_f64_cpu(outs_t[i]), _f64_cpu(o)), 0, rtol, atol, tf32[0])
+        exp, got = _f64_cpu(outs_t[i]), _f64_cpu(o)  # kept alive while the engine reads them
+        c = _native.compare(out_names[i], out_names[i], _dt(o), list(o.shape), *_ptrs(exp, got), 0, rtol, atol, tf32[0])
         forward_cmp.append(c)
 
     gen = torch.Generator().manual_seed((seed ^ _COT_SEED_MIX) & 0x7FFFFFFFFFFFFFFF)
@@ -252,7 +253,8 @@ def run_check(
                 failure = (len(bwd.records), "gradients", f"gradient of `{input_names[i]}` has shape {shape}, the input has {tuple(x.shape)}", trial)
                 break
             exp = _f64_cpu(truth[i]) if truth[i] is not None else torch.zeros(x.shape, dtype=torch.float64)
-            c = _native.compare(input_names[i], gname, _dt(g), list(x.shape), *_ptrs(exp, _f64_cpu(g)), trial, rtol, atol, tf32b)
+            got = _f64_cpu(g)
+            c = _native.compare(input_names[i], gname, _dt(g), list(x.shape), *_ptrs(exp, got), trial, rtol, atol, tf32b)
             if i not in best or c.badness > best[i].badness:
                 if c.worst_index is not None and not c.passed:
                     via, sites = _blame(g, c.worst_index, bwd, poison, gname)

@@ -208,7 +208,8 @@ def check_backward(forward, backward, inputs, *, seed, trials, precision, rtol, 
                 failure = (len(records), "gradients", f"gradient of `{names[i]}` has shape {g.shape}, the input has {x.shape}", trial)
                 break
             e = _f64(truth[i])
-            c = _native.compare(names[i], gname, dtype_name(g), list(x.shape), _ptr(e), _ptr(_f64(g)), trial, rtol, atol, False)
+            got = _f64(g)
+            c = _native.compare(names[i], gname, dtype_name(g), list(x.shape), _ptr(e), _ptr(got), trial, rtol, atol, False)
             if i not in best or c.badness > best[i].badness:
                 if c.worst_index is not None and not c.passed:
                     key, idx = _indices(g)

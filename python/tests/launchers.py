@@ -346,7 +346,8 @@ def correct_bwd(example: str) -> str:
 
 def broken_variants(example: str) -> list[str]:
     m = bwd_module(example)
-    return sorted(n for n in vars(m) if "_broken_" in n)
+    prefix = correct_bwd(example)
+    return sorted(n for n in vars(m) if n.startswith(prefix) and "_broken_" in n)
 
 
 def make(example: str, bwd: str | None = None):

@@ -50,11 +50,14 @@ pub fn with_bases(k: &Kernel, ptrs: &[String]) -> Result<Kernel, String> {
     Ok(k)
 }
 
+/// Variants by (pointer parameters with a base offset, promoted to f64).
+type VariantCache = Mutex<HashMap<(Vec<String>, bool), Arc<Kernel>>>;
+
 /// A converted kernel and its variants (with base offsets, promoted to f64), built on first use.
 pub struct KernelVariants {
     /// The kernel as converted.
     pub kernel: Arc<Kernel>,
-    variants: Mutex<HashMap<(Vec<String>, bool), Arc<Kernel>>>,
+    variants: VariantCache,
 }
 
 impl KernelVariants {

@@ -2,7 +2,7 @@
 //! locations) for machines, built from the compared tensors and from the error that stopped the
 //! backward.
 
-use super::report::{BlameSite, Finding, FindingKind, Location, TensorReport};
+use super::report::{BlameSite, Failure, Finding, FindingKind, Location, TensorReport};
 use tilegrad_reference::{ExecError, Site};
 
 /// A location from a site of the reference interpreter.
@@ -137,5 +137,37 @@ pub(crate) fn shape_mismatch(input: &str, tensor: &str, message: String, step: u
         programs: Vec::new(),
         locations: Vec::new(),
         message,
+    }
+}
+
+/// The finding of a failure known only by its message (a front end that ran the backward
+/// itself): the kind from the message, as the reference interpreter words its errors.
+pub(crate) fn of_failure(f: &Failure) -> Finding {
+    let m = &f.message;
+    let kind = if m.starts_with("race:") || m.contains(": race:") {
+        FindingKind::Race
+    } else if m.contains("out-of-bounds access") {
+        FindingKind::OutOfBounds
+    } else if m.contains("more than its max_iters") {
+        FindingKind::LoopBound
+    } else if f.what == "gradients" {
+        FindingKind::ShapeMismatch
+    } else {
+        FindingKind::RuntimeError
+    };
+    Finding {
+        kind,
+        pass: "backward",
+        name: None,
+        tensor: None,
+        element: None,
+        expected: None,
+        got: None,
+        count: None,
+        trial: Some(f.trial),
+        step: Some(f.step),
+        programs: Vec::new(),
+        locations: Vec::new(),
+        message: m.clone(),
     }
 }

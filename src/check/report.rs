@@ -430,6 +430,38 @@ impl fmt::Display for Timings {
 }
 
 impl Report {
+    /// A report from its compared tensors and the failure of the backward, if any (for front
+    /// ends that run the passes themselves, as the Python package does): `passed` and the
+    /// findings follow from them.
+    pub fn new(
+        name: String,
+        seed: u64,
+        trials: usize,
+        precision: String,
+        forward: Vec<TensorReport>,
+        gradients: Vec<TensorReport>,
+        failure: Option<Failure>,
+    ) -> Report {
+        let passed = failure.is_none() && forward.iter().all(|r| r.passed) && gradients.iter().all(|r| r.passed);
+        let mut findings: Vec<Finding> = forward.iter().filter_map(|r| super::findings::of_tensor("forward", r)).collect();
+        findings.extend(failure.as_ref().map(super::findings::of_failure));
+        findings.extend(gradients.iter().filter_map(|r| super::findings::of_tensor("backward", r)));
+        Report {
+            schema_version: SCHEMA_VERSION,
+            name,
+            passed,
+            seed,
+            trials,
+            precision,
+            forward,
+            gradients,
+            gradients_provisional: false,
+            failure,
+            findings,
+            timings: Timings::default(),
+        }
+    }
+
     /// The report as pretty JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("reports serialise")
@@ -530,7 +562,7 @@ impl fmt::Display for Report {
 /// Compares `got` with `expected`; returns the report (without blame), the flat index of the
 /// worst element and how far over its tolerance it is (error / tolerance; infinite for NaN).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn compare(
+pub fn compare(
     name: &str,
     tensor: &str,
     dtype: DType,
@@ -601,7 +633,7 @@ pub(crate) fn compare(
 }
 
 /// The multi-index of flat element `i` of a row-major tensor of `shape`.
-pub(crate) fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+pub fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
     let mut idx = vec![0; shape.len()];
     for a in (0..shape.len()).rev() {
         let n = shape[a].max(1);

@@ -1,0 +1,466 @@
+//! `tilegrad._native`: the engine behind the `tilegrad` Python package.
+//!
+//! The Python side intercepts the user's kernel launches and hands them here as a converted
+//! kernel ([`convert`]), a grid, arguments and raw host storages ([`memory`]); [`launch`] runs
+//! them on the reference interpreter in place, [`vjp`] gives the ground-truth f64 VJP of a launch,
+//! and [`compare`] / [`make_report`] build the same report as the CLI.
+#![warn(missing_docs)]
+
+mod kernel;
+mod memory;
+
+use kernel::{base_param, KernelVariants};
+use memory::{dtype, read_f64, write_f64, RawMem};
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt};
+use std::sync::Arc;
+use tilegrad::check::{compare as compare_tensors, unravel, Blame, BlameSite, Failure, Report, TensorReport, Tolerance};
+use tilegrad_ad::{GradOptions, Precision};
+use tilegrad_ir::analysis::param_uses;
+use tilegrad_ir::triton::ConvertOptions;
+use tilegrad_ir::{DType, DotPrecision, Kernel, Lit, Loc, Op, ParamKind, Value};
+use tilegrad_reference::{Arg, ExecError, Grid, Launch, Memory, Options, TensorId, Writers};
+
+pyo3::create_exception!(_native, UsageError, PyException, "The kernel, its arguments or the check are wrong.");
+pyo3::create_exception!(_native, LaunchError, PyException, "A launch failed while running (out of bounds, race, loop bound).");
+
+fn usage(m: impl ToString) -> PyErr {
+    UsageError::new_err(m.to_string())
+}
+
+/// A kernel converted from `@triton.jit` source.
+#[pyclass(name = "Kernel", module = "tilegrad._native", frozen)]
+struct PyKernel {
+    inner: KernelVariants,
+    /// Parameters some store or atomic_add writes through.
+    written: Vec<String>,
+}
+
+#[pymethods]
+impl PyKernel {
+    /// The kernel's name.
+    #[getter]
+    fn name(&self) -> String {
+        self.inner.kernel.name.clone()
+    }
+
+    /// Parameters: (name, kind `ptr` | `scalar` | `constexpr`, dtype).
+    fn params(&self) -> Vec<(String, &'static str, String)> {
+        self.inner
+            .kernel
+            .params
+            .iter()
+            .map(|p| match &p.kind {
+                ParamKind::Ptr(d) => (p.name.clone(), "ptr", d.to_string()),
+                ParamKind::Scalar(d) => (p.name.clone(), "scalar", d.to_string()),
+                ParamKind::Constexpr(d, _) => (p.name.clone(), "constexpr", d.to_string()),
+            })
+            .collect()
+    }
+
+    /// Pointer parameters some store or atomic_add writes through.
+    fn written(&self) -> Vec<String> {
+        self.written.clone()
+    }
+
+    /// Some `dot` computes on f32 operands in tf32 (looser default tolerances).
+    fn uses_tf32(&self) -> bool {
+        let k = &self.inner.kernel;
+        let mut found = false;
+        k.walk(&mut |_, d| {
+            if let Op::Dot { precision: DotPrecision::Tf32 } = d.op {
+                found |= d.args.iter().any(|&a| k.ty(a).dtype() == Some(DType::F32));
+            }
+        });
+        found
+    }
+
+    /// The kernel's IR as text.
+    fn ir(&self) -> String {
+        self.inner.kernel.to_string()
+    }
+}
+
+/// Converts kernel `name` of the Python source `source` (from file `file`).
+#[pyfunction]
+fn convert(
+    source: &str,
+    file: &str,
+    name: &str,
+    constexprs: Vec<(String, i64)>,
+    pointer_dtypes: Vec<(String, String)>,
+    scalar_dtypes: Vec<(String, String)>,
+) -> PyResult<PyKernel> {
+    let parse = |v: Vec<(String, String)>| -> PyResult<Vec<_>> { v.into_iter().map(|(n, d)| Ok((n, dtype(&d).map_err(usage)?))).collect() };
+    let opts = ConvertOptions {
+        constexprs: constexprs.into_iter().map(|(n, v)| (n, tilegrad_ir::triton::ConstValue::Int(v))).collect(),
+        pointer_dtypes: parse(pointer_dtypes)?,
+        scalar_dtypes: parse(scalar_dtypes)?,
+        ..ConvertOptions::default()
+    };
+    let k = tilegrad_ir::triton::convert(source, file, name, &opts).map_err(usage)?;
+    let uses = param_uses(&k);
+    let written = k.params.iter().zip(&uses).filter(|(_, u)| u.stored || u.atomic).map(|(p, _)| p.name.clone()).collect();
+    Ok(PyKernel { inner: KernelVariants::new(k), written })
+}
+
+/// A launch as the Python side describes it, resolved against host memory.
+struct Call {
+    kernel: Arc<Kernel>,
+    grid: Grid,
+    args: Vec<(String, Arg)>,
+    mems: Vec<RawMem>,
+}
+
+fn scalar(v: &Bound<'_, PyAny>, name: &str) -> PyResult<Lit> {
+    if v.is_instance_of::<PyBool>() {
+        Ok(Lit::Bool(v.extract()?))
+    } else if v.is_instance_of::<PyInt>() {
+        Ok(Lit::Int(v.extract().map_err(|_| usage(format!("argument `{name}`: integer out of the i64 range")))?))
+    } else if v.is_instance_of::<PyFloat>() {
+        Ok(Lit::Float(v.extract()?))
+    } else {
+        Err(usage(format!("argument `{name}`: expected a bool, int or float scalar")))
+    }
+}
+
+impl Call {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        k: &PyKernel,
+        grid: (u32, u32, u32),
+        ptr_args: Vec<(String, usize, i64)>,
+        scalars: &[(String, Bound<'_, PyAny>)],
+        mems: Vec<(String, String, usize, usize)>,
+        promote: bool,
+    ) -> PyResult<Call> {
+        let mems: Vec<RawMem> = mems
+            .into_iter()
+            .map(|(name, d, addr, numel)| Ok(RawMem { name, dtype: dtype(&d).map_err(usage)?, addr, numel }))
+            .collect::<PyResult<_>>()?;
+        let mut based: Vec<String> = ptr_args.iter().filter(|(_, _, b)| *b != 0).map(|(p, _, _)| p.clone()).collect();
+        based.sort();
+        let kernel = k.inner.variant(&based, promote).map_err(usage)?;
+        let mut args = Vec::new();
+        for (p, m, b) in ptr_args {
+            if m >= mems.len() {
+                return Err(usage(format!("argument `{p}`: storage {m} is not given")));
+            }
+            if b != 0 {
+                args.push((base_param(&p), Arg::Scalar(Lit::Int(b))));
+            }
+            args.push((p, Arg::Tensor(TensorId(m as u32))));
+        }
+        for (p, v) in scalars {
+            args.push((p.clone(), Arg::Scalar(scalar(v, p)?)));
+        }
+        Ok(Call { kernel, grid: Grid([grid.0, grid.1, grid.2]), args, mems })
+    }
+
+    fn memory(&self, promote: bool) -> Result<Memory, String> {
+        let mut m = Memory::new();
+        for r in &self.mems {
+            m.add(&r.name, r.read(promote)?);
+        }
+        Ok(m)
+    }
+
+    fn launch(&self, options: Options) -> Launch<'_> {
+        let mut l = Launch::new(&self.kernel, self.grid).options(options);
+        for (n, a) in &self.args {
+            l = l.arg(n, *a);
+        }
+        l
+    }
+}
+
+fn exec_err(e: ExecError) -> PyErr {
+    match e {
+        ExecError::Invalid(_) | ExecError::Argument { .. } | ExecError::Grid { .. } | ExecError::BadTensor { .. } => usage(e),
+        e => LaunchError::new_err(e.to_string()),
+    }
+}
+
+/// Who wrote what in one launch, for blame.
+#[pyclass(module = "tilegrad._native", frozen)]
+struct LaunchRecord {
+    kernel: Arc<Kernel>,
+    grid: Grid,
+    writers: Vec<Writers>,
+}
+
+/// Where the instruction defining `v` is, when an instruction defines it.
+fn def_loc(k: &Kernel, v: Value) -> Option<Loc> {
+    let mut found = None;
+    k.walk(&mut |_, d| {
+        if found.is_none() && d.results.contains(&v) {
+            found = Some(d.loc.clone());
+        }
+    });
+    found.filter(|l| !l.is_unknown())
+}
+
+#[pymethods]
+impl LaunchRecord {
+    /// The store that wrote element `element` of storage `mem` in this launch (step `step` of
+    /// the pass), or None when the launch did not write it.
+    fn site(&self, mem: usize, element: usize, step: usize) -> Option<Site> {
+        let w = self.writers.iter().find(|w| w.tensor == TensorId(mem as u32))?;
+        let (p, inst) = w.of(element)?;
+        let k = &self.kernel;
+        let d = k.inst(inst);
+        let loc = d.loc.to_string();
+        if p == Writers::MANY {
+            return Some(Site(BlameSite::ManyPrograms { step, kernel: k.name.clone(), loc }));
+        }
+        let other = |v: Option<&Value>| {
+            v.and_then(|&v| def_loc(k, v)).filter(|l| l.line != d.loc.line || l.file != d.loc.file).map(|l| l.to_string())
+        };
+        Some(Site(BlameSite::Store {
+            step,
+            kernel: k.name.clone(),
+            op: d.op.mnemonic().to_string(),
+            loc,
+            value_loc: other(d.args.get(1)),
+            address_loc: other(d.args.first()),
+            programs: vec![self.grid.pid(p as u64)],
+            elements: 1,
+        }))
+    }
+}
+
+/// Runs a launch in place on host memory. `ptr_args`: (parameter, storage index, element
+/// offset of the pointer in the storage); `mems`: (name, dtype, address, elements). With
+/// `promote`, floats compute in f64 (the ground truth's forward). Returns who wrote what when
+/// `record`.
+#[pyfunction]
+#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, *, poison=false, record=false, promote=false))]
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    py: Python<'_>,
+    kernel: &PyKernel,
+    grid: (u32, u32, u32),
+    ptr_args: Vec<(String, usize, i64)>,
+    scalars: Vec<(String, Bound<'_, PyAny>)>,
+    mems: Vec<(String, String, usize, usize)>,
+    poison: bool,
+    record: bool,
+    promote: bool,
+) -> PyResult<Option<LaunchRecord>> {
+    let call = Call::new(kernel, grid, ptr_args, &scalars, mems, promote)?;
+    let written: Vec<usize> = call
+        .args
+        .iter()
+        .filter_map(|(n, a)| match a {
+            Arg::Tensor(t) if kernel.written.contains(n) => Some(t.0 as usize),
+            _ => None,
+        })
+        .collect();
+    let result = py.allow_threads(|| -> Result<Result<_, ExecError>, String> {
+        let mut mem = call.memory(promote)?;
+        let opts = Options { poison_masked_loads: poison, record_writers: record, ..Options::default() };
+        let summary = match call.launch(opts).run(&mut mem) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
+        for (i, r) in call.mems.iter().enumerate() {
+            if written.contains(&i) {
+                r.write(mem.get(TensorId(i as u32)))?;
+            }
+        }
+        Ok(Ok(summary))
+    });
+    let summary = result.map_err(usage)?.map_err(exec_err)?;
+    Ok(record.then(|| LaunchRecord { kernel: call.kernel.clone(), grid: call.grid, writers: summary.writers }))
+}
+
+/// The ground-truth VJP of a launch (f64 unless `native`): given the storages' initial contents
+/// (`mems`, as in [`launch`]) and f64 cotangents of the final contents of `outputs` (storage
+/// index, address of a contiguous f64 buffer), writes the cotangents of the initial contents of
+/// `inputs` (storage index, address of a contiguous f64 buffer to fill).
+#[pyfunction]
+#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, inputs, outputs, *, native=false))]
+#[allow(clippy::too_many_arguments)]
+fn vjp(
+    py: Python<'_>,
+    kernel: &PyKernel,
+    grid: (u32, u32, u32),
+    ptr_args: Vec<(String, usize, i64)>,
+    scalars: Vec<(String, Bound<'_, PyAny>)>,
+    mems: Vec<(String, String, usize, usize)>,
+    inputs: Vec<(usize, usize)>,
+    outputs: Vec<(usize, usize)>,
+    native: bool,
+) -> PyResult<()> {
+    let call = Call::new(kernel, grid, ptr_args, &scalars, mems, !native)?;
+    let r = py.allow_threads(|| -> Result<Result<(), String>, String> {
+        let mem = call.memory(!native)?;
+        let outs: Vec<(TensorId, Vec<f64>)> = outputs
+            .iter()
+            .map(|&(m, addr)| Ok((TensorId(m as u32), read_f64(addr, call.mems.get(m).ok_or("bad storage index")?.numel)?)))
+            .collect::<Result<_, String>>()?;
+        let ins: Vec<TensorId> = inputs.iter().map(|&(m, _)| TensorId(m as u32)).collect();
+        let opts = GradOptions { precision: if native { Precision::Native } else { Precision::F64 }, ..GradOptions::default() };
+        let g = match tilegrad_ad::vjp(&call.launch(Options::default()), &mem, &ins, &outs, &opts) {
+            Ok(g) => g,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        for (&(_, addr), gi) in inputs.iter().zip(g.inputs) {
+            write_f64(addr, gi)?;
+        }
+        Ok(Ok(()))
+    });
+    r.map_err(usage)?.map_err(LaunchError::new_err)
+}
+
+/// One writer of a blamed element (a store, an atomic add, nobody, a given tensor).
+#[pyclass(module = "tilegrad._native", frozen)]
+#[derive(Clone)]
+struct Site(BlameSite);
+
+#[pymethods]
+impl Site {
+    /// No program wrote the element: `tensor`[`index`] kept its initial value `init`.
+    #[staticmethod]
+    fn never_written(tensor: String, index: Vec<usize>, elements: usize, init: String) -> Site {
+        Site(BlameSite::NeverWritten { tensor, index, elements, init })
+    }
+
+    /// The element was given to the pass, not computed by it.
+    #[staticmethod]
+    fn given(tensor: String) -> Site {
+        Site(BlameSite::Given { tensor })
+    }
+
+    fn __repr__(&self) -> String {
+        Blame { via: Vec::new(), sites: vec![self.0.clone()] }.to_string().trim().to_string()
+    }
+}
+
+/// One compared tensor.
+#[pyclass(module = "tilegrad._native")]
+struct Comparison {
+    report: TensorReport,
+    worst: Option<(usize, f64)>,
+}
+
+#[pymethods]
+impl Comparison {
+    /// Within tolerance.
+    #[getter]
+    fn passed(&self) -> bool {
+        self.report.passed
+    }
+
+    /// Flat index of the worst element.
+    #[getter]
+    fn worst_index(&self) -> Option<usize> {
+        self.worst.map(|w| w.0)
+    }
+
+    /// How far over its tolerance the worst element is (infinite for NaN).
+    #[getter]
+    fn badness(&self) -> f64 {
+        self.worst.map_or(0.0, |w| w.1)
+    }
+
+    /// Attaches blame to the worst element.
+    fn set_blame(&mut self, via: Vec<String>, sites: Vec<Site>) {
+        if let Some(w) = self.report.worst.as_mut() {
+            w.blame = Some(Blame { via, sites: sites.into_iter().map(|s| s.0).collect() });
+        }
+    }
+}
+
+/// Compares `got` with `expected` (contiguous f64 buffers of the product of `shape` elements) with
+/// the tolerances given or the CLI's defaults for `dtype`.
+#[pyfunction]
+#[pyo3(signature = (name, tensor, dtype_name, shape, expected, got, trial, rtol=None, atol=None, tf32=false))]
+#[allow(clippy::too_many_arguments)]
+fn compare(
+    name: &str,
+    tensor: &str,
+    dtype_name: &str,
+    shape: Vec<usize>,
+    expected: usize,
+    got: usize,
+    trial: usize,
+    rtol: Option<f64>,
+    atol: Option<f64>,
+    tf32: bool,
+) -> PyResult<Comparison> {
+    let d = dtype(dtype_name).map_err(usage)?;
+    let def = Tolerance::for_dtype(d, tf32);
+    let tol = Tolerance { rtol: rtol.unwrap_or(def.rtol), atol: atol.unwrap_or(def.atol) };
+    let n = shape.iter().product();
+    let e = read_f64(expected, n).map_err(usage)?;
+    let g = read_f64(got, n).map_err(usage)?;
+    let (report, worst) = compare_tensors(name, tensor, d, &shape, tol, &e, &g, trial);
+    Ok(Comparison { report, worst })
+}
+
+/// The multi-index of flat element `i` of a row-major tensor of `shape`.
+#[pyfunction(name = "unravel")]
+fn unravel_index(i: usize, shape: Vec<usize>) -> Vec<usize> {
+    unravel(i, &shape)
+}
+
+/// A check's outcome: the CLI's report.
+#[pyclass(name = "NativeReport", module = "tilegrad._native", frozen)]
+struct PyReport(Report);
+
+#[pymethods]
+impl PyReport {
+    /// Everything within tolerance and the backward ran cleanly.
+    #[getter]
+    fn passed(&self) -> bool {
+        self.0.passed
+    }
+
+    /// The report as JSON (the CLI's `--json`).
+    fn to_json(&self) -> String {
+        self.0.to_json()
+    }
+
+    fn __str__(&self) -> String {
+        self.0.to_string()
+    }
+}
+
+/// Builds a report. `failure`: (step, what, message, trial) when the backward failed to run.
+#[pyfunction]
+#[pyo3(signature = (name, seed, trials, precision, forward, gradients, failure=None))]
+fn make_report(
+    name: String,
+    seed: u64,
+    trials: usize,
+    precision: String,
+    forward: Vec<PyRef<'_, Comparison>>,
+    gradients: Vec<PyRef<'_, Comparison>>,
+    failure: Option<(usize, String, String, usize)>,
+) -> PyReport {
+    let forward: Vec<TensorReport> = forward.iter().map(|c| c.report.clone()).collect();
+    let gradients: Vec<TensorReport> = gradients.iter().map(|c| c.report.clone()).collect();
+    let failure = failure.map(|(step, what, message, trial)| Failure { step, what, message, trial });
+    PyReport(Report::new(name, seed, trials, precision, forward, gradients, failure))
+}
+
+/// The module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("UsageError", m.py().get_type::<UsageError>())?;
+    m.add("LaunchError", m.py().get_type::<LaunchError>())?;
+    m.add_class::<PyKernel>()?;
+    m.add_class::<LaunchRecord>()?;
+    m.add_class::<Site>()?;
+    m.add_class::<Comparison>()?;
+    m.add_class::<PyReport>()?;
+    m.add_function(wrap_pyfunction!(convert, m)?)?;
+    m.add_function(wrap_pyfunction!(launch, m)?)?;
+    m.add_function(wrap_pyfunction!(vjp, m)?)?;
+    m.add_function(wrap_pyfunction!(compare, m)?)?;
+    m.add_function(wrap_pyfunction!(unravel_index, m)?)?;
+    m.add_function(wrap_pyfunction!(make_report, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,221 @@
+"""check_backward on plain functions with torch: host code between launches, views and strides,
+aliasing (in-place kernels), out-of-bounds naming the argument, heuristics and autotune wrappers,
+the Report API, the pytest helper and `tilegrad.autograd`."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+import kernels as K  # noqa: E402
+import tilegrad  # noqa: E402
+from tilegrad.testing import assert_backward  # noqa: E402
+
+
+def grid1(n, b=64):
+    return (triton.cdiv(n, b),)
+
+
+def square(x):
+    y = torch.empty_like(x)
+    K.square[grid1(x.numel())](x, y, x.numel(), BLOCK=64)
+    return y
+
+
+def square_bwd(x, gy, kernel=K.square_bwd):
+    gx = torch.empty_like(x)
+    kernel[grid1(x.numel())](x, gy, gx, x.numel(), BLOCK=64)
+    return (gx,)
+
+
+def test_square_passes_and_reports_like_the_cli():
+    x = torch.randn(1000)
+    r = tilegrad.check_backward(square, square_bwd, [x])
+    assert r.passed, str(r)
+    text = str(r)
+    assert text.startswith("check `square`: PASS (seed 0, 2 cotangent trials, ground truth f64)")
+    assert "grad_x" in text and "rtol 1e-4 atol 1e-5" in text
+    d = r.to_dict()
+    assert d["passed"] and d["trials"] == 2 and d["precision"] == "f64"
+    assert d["gradients"][0]["shape"] == [1000] and d["gradients"][0]["dtype"] == "f32"
+    r.assert_passes()
+
+
+def test_wrong_gradient_fails_with_worst_element_and_line():
+    x = torch.randn(1000)
+    r = tilegrad.check_backward(square, lambda x, gy: square_bwd(x, gy, K.square_bwd_wrong), [x])
+    assert not r.passed
+    text = str(r)
+    assert "FAIL" in text and "worst element" in text
+    assert "kernels.py:30:" in text, text  # the store of square_bwd_wrong
+    with pytest.raises(AssertionError) as e:
+        r.assert_passes()
+    assert "worst element" in str(e.value)
+
+
+def test_out_of_bounds_in_backward_is_a_verdict_naming_the_argument():
+    x = torch.randn(1000)
+    r = tilegrad.check_backward(square, lambda x, gy: square_bwd(x, gy, K.square_bwd_unmasked), [x])
+    assert not r.passed
+    f = r.to_dict()["failure"]
+    assert "out-of-bounds" in f["message"].lower() and "kernels.py:39:" in f["message"], f
+    assert "gx_ptr" in f["message"], f
+
+
+def test_host_code_between_launches_is_differentiated():
+    # out = sum(square(x * 3 + w)) computed partly on the host: the ground truth goes through it.
+    def forward(x, w):
+        h = x * 3.0 + w
+        y = square(h)
+        return y.sum() * 0.5
+
+    def backward(x, w, g):
+        h = x * 3.0 + w
+        (gh,) = square_bwd(h, (g * 0.5).expand_as(h).contiguous())
+        return gh * 3.0, gh
+
+    x, w = torch.randn(777), torch.randn(777)
+    assert_backward(forward, backward, [x, w])
+
+    def backward_wrong(x, w, g):
+        gx, gw = backward(x, w, g)
+        return gx, gw * 2
+
+    r = tilegrad.check_backward(forward, backward_wrong, [x, w])
+    assert not r.passed
+    bad = [g["name"] for g in r.to_dict()["gradients"] if not g["passed"]]
+    assert bad == ["w"]
+
+
+def test_views_strides_and_storage_offsets():
+    base = torch.randn(40, 70)
+    xt = base.t()[5:60, 3:30]  # transposed, offset, non-contiguous view of a larger storage
+
+    def forward(x):
+        y = torch.empty(x.shape[0], x.shape[1] * 2)[:, ::2]  # strided output view
+        K.scale_rows[(x.shape[0],)](x, y, x.shape[0], x.shape[1], *x.stride(), *y.stride(), 2.5, BLOCK=32)
+        return y
+
+    def backward(x, gy):
+        gx = torch.empty(x.shape[1], x.shape[0]).t()
+        K.scale_rows[(x.shape[0],)](gy, gx, x.shape[0], x.shape[1], *gy.stride(), *gx.stride(), 2.5, BLOCK=32)
+        return (gx,)
+
+    with tilegrad.intercept():
+        assert forward(xt.clone()).shape == (55, 27)
+    r = tilegrad.check_backward(forward, backward, [xt])
+    assert r.passed, str(r)
+    # The launch really ran on the views: compare with torch.
+    with tilegrad.intercept():
+        y = forward(xt)
+    torch.testing.assert_close(y, 2.5 * xt)
+
+
+def test_aliasing_in_place_kernel():
+    # acc = x; acc += y twice through one storage (in place); out = acc * acc.
+    def forward(x, y):
+        acc = x.clone()
+        K.add_into[grid1(x.numel())](acc, y, x.numel(), BLOCK=64)
+        K.add_into[grid1(x.numel())](acc, y, x.numel(), BLOCK=64)
+        out = torch.empty_like(acc)
+        K.mul[grid1(x.numel())](acc, acc, out, x.numel(), BLOCK=64)
+        return out
+
+    def backward(x, y, g):
+        s = x + 2 * y
+        return 2 * s * g, 4 * s * g
+
+    x, y = torch.randn(300), torch.randn(300)
+    with tilegrad.intercept():
+        out = forward(x, y)
+    torch.testing.assert_close(out, (x + 2 * y) ** 2)
+    assert_backward(forward, backward, [x, y])
+    r = tilegrad.check_backward(forward, lambda x, y, g: (2 * (x + 2 * y) * g, 2 * (x + 2 * y) * g), [x, y])
+    assert not r.passed
+
+
+def test_out_of_bounds_is_the_storage_not_the_view():
+    # A view of the middle of a buffer: reading past the view but inside the storage is allowed
+    # (as on a GPU); past the storage is out of bounds.
+    buf = torch.randn(200)
+    x = buf[50:100]
+    y = torch.empty(60)
+    with tilegrad.intercept():
+        K.square[(1,)](x, y, 60, BLOCK=64)  # reads buf[50:110]: inside the storage
+    torch.testing.assert_close(y, buf[50:110] ** 2)
+    with pytest.raises(tilegrad.LaunchError) as e:
+        with tilegrad.intercept():
+            K.square[(1,)](buf[150:], torch.empty(64), 64, BLOCK=64)
+    assert "x_ptr" in str(e.value) and "out-of-bounds" in str(e.value).lower()
+
+
+def test_heuristics_and_autotune_wrappers():
+    x = torch.randn(500)
+    for k in (K.square_heuristic, K.square_autotuned):
+        y = torch.empty_like(x)
+        with tilegrad.intercept():
+            k[lambda meta: (triton.cdiv(500, meta["BLOCK"]),)](x, y, 500)
+        torch.testing.assert_close(y, x * x)
+    with tilegrad.use_autotune_config(1), tilegrad.intercept():
+        y = torch.empty_like(x)
+        K.square_autotuned[lambda meta: (triton.cdiv(500, meta["BLOCK"]),)](x, y, 500)
+    torch.testing.assert_close(y, x * x)
+
+
+def test_autograd_gives_the_ground_truth_gradient():
+    def f(x):
+        return square(x).sum()
+
+    x = torch.randn(300, dtype=torch.float32)
+    xd = x.double().requires_grad_(True)
+    out = tilegrad.autograd(f)(xd)
+    assert out.dtype == torch.float64
+    (g,) = torch.autograd.grad(out, xd)
+    torch.testing.assert_close(g, 2 * x.double(), rtol=0, atol=1e-12)
+    (g,) = tilegrad.vjp(f, [x], [torch.tensor(1.5)])
+    torch.testing.assert_close(g, 3 * x.double(), rtol=0, atol=1e-12)
+
+
+def test_f16_inputs_use_f16_tolerances():
+    x = torch.randn(999).half()
+    r = tilegrad.check_backward(square, square_bwd, [x])
+    assert r.passed, str(r)
+    assert r.to_dict()["gradients"][0]["dtype"] == "f16"
+    assert "rtol 1e-2" in str(r)
+
+
+def test_never_written_elements_are_nan_and_blamed():
+    def backward(x, gy):
+        gx = torch.empty_like(x)
+        n = x.numel() - 10  # the last 10 elements are never written
+        K.square_bwd[grid1(n)](x, gy, gx, n, BLOCK=64)
+        return (gx,)
+
+    r = tilegrad.check_backward(square, backward, [torch.randn(500)])
+    assert not r.passed
+    g = r.to_dict()["gradients"][0]
+    assert g["nan"] == 10
+    assert "never written" in str(r) and "empty_like at" in str(r) and "test_torch_api.py" in str(r)
+
+
+def test_options_are_validated():
+    x = torch.randn(10)
+    with pytest.raises(ValueError):
+        tilegrad.check_backward(square, square_bwd, [x], trials=0)
+    with pytest.raises(ValueError):
+        tilegrad.check_backward(square, square_bwd, [x], precision="f32")
+    with pytest.raises(ValueError):
+        tilegrad.check_backward(square, square_bwd, [x.long()])
+
+
+def test_seed_and_tolerances_are_honoured():
+    x = torch.randn(100)
+    r = tilegrad.check_backward(square, lambda x, gy: square_bwd(x, gy, K.square_bwd_wrong), [x], rtol=0.6, atol=0.6, seed=3, trials=1)
+    assert r.passed, str(r)  # |x gy - 2 x gy| = |expected| / 2 is within rtol 0.6
+    d = r.to_dict()
+    assert d["seed"] == 3 and d["trials"] == 1
+    assert math.isclose(d["gradients"][0]["tolerance"]["rtol"], 0.6)

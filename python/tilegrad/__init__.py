@@ -1,0 +1,148 @@
+"""tilegrad: ground-truth gradients for Triton kernels, checked from Python.
+
+`check_backward(forward, backward, inputs)` runs your own forward and backward functions, which
+launch `@triton.jit` kernels and call torch, with every kernel launch executed by tilegrad's CPU
+engine (no GPU needed), and compares the backward's gradients with the exact f64 gradient of the
+whole forward, host code included. `check_function(MyFunction, *args)` does the same for a
+`torch.autograd.Function` subclass. `autograd(fn)` makes any function that launches Triton kernels
+differentiable with the ground-truth gradient. `launch` mode (`tilegrad.intercept()`) just runs
+kernels on the CPU engine, on torch tensors or numpy arrays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+from . import _native
+from ._intercept import LaunchCall, intercepting
+from ._report import Report
+
+__all__ = [
+    "Report",
+    "UsageError",
+    "LaunchError",
+    "check_backward",
+    "check_function",
+    "autograd",
+    "intercept",
+    "use_autotune_config",
+    "vjp",
+]
+
+UsageError = _native.UsageError
+LaunchError = _native.LaunchError
+
+
+def check_backward(
+    forward: Callable[..., Any],
+    backward: Callable[..., Any],
+    inputs: Any,
+    *,
+    seed: int = 0,
+    trials: int = 2,
+    precision: str = "f64",
+    rtol: float | None = None,
+    atol: float | None = None,
+    name: str | None = None,
+) -> Report:
+    """Checks `backward` against the ground-truth gradient of `forward` on `inputs`.
+
+    `forward(*inputs)` returns a tensor or a tuple of tensors; `backward(*inputs, *grad_outputs)`
+    returns one gradient per input (None where there is none). Float tensor inputs are
+    differentiated. Torch tensors (CPU or CUDA) use torch autograd through the host code; numpy
+    arrays are supported where no torch is installed (the host code between launches is then not
+    differentiated: see `tilegrad._numpy_check`).
+    """
+    inputs = list(inputs)
+    if _has_torch_tensor(inputs):
+        from ._check import check_backward as torch_check
+
+        return torch_check(forward, backward, inputs, seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=name)
+    from ._numpy_check import check_backward as numpy_check
+
+    return numpy_check(forward, backward, inputs, seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=name)
+
+
+def check_function(fn: type, *args: Any, **kwargs: Any) -> Report:
+    """Checks the backward of a `torch.autograd.Function` subclass on `args` (float tensors are the
+    differentiable inputs; other arguments pass through). Options as for `check_backward`."""
+    from ._check import check_function as f
+
+    return f(fn, *args, **kwargs)
+
+
+def autograd(fn: Callable[..., Any], *, precision: str = "f64") -> Callable[..., Any]:
+    """`fn` (any function launching Triton kernels) made differentiable: its launches run on the
+    engine, each with the engine's exact VJP (f64 unless `precision="native"`), and torch autograd
+    differentiates the host code between them. Float results are f64 unless `precision="native"`.
+    """
+    from ._check import _truth_launch
+    from ._modes import PromoteFloats
+
+    native = precision == "native"
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        with torch.enable_grad(), intercepting(_truth_launch(native)):
+            if native:
+                return fn(*args, **kwargs)
+            args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+            with PromoteFloats():
+                return fn(*args, **kwargs)
+
+    wrapped.__name__ = getattr(fn, "__name__", "autograd")
+    wrapped.__doc__ = fn.__doc__
+    return wrapped
+
+
+@contextlib.contextmanager
+def intercept(*, poison: bool = False):
+    """Runs every Triton launch of the block on tilegrad's CPU engine, in place on the tensors'
+    memory, with its diagnostics (out of bounds, races, loop bounds) raised as `LaunchError`."""
+
+    def run(call: LaunchCall) -> None:
+        call.run(poison=poison)
+
+    with intercepting(run):
+        yield
+
+
+@contextlib.contextmanager
+def use_autotune_config(index: int):
+    """Launches through `@triton.autotune` use its config `index` (default 0) inside the block."""
+    from . import _intercept
+
+    prev = _intercept.autotune_config
+    _intercept.autotune_config = index
+    try:
+        yield
+    finally:
+        _intercept.autotune_config = prev
+
+
+def vjp(fn: Callable[..., Any], inputs: Any, cotangents: Any, *, precision: str = "f64") -> list[Any]:
+    """The ground-truth gradient of `fn(*inputs)` along `cotangents` (one per output), one entry per
+    input (None for non-float inputs); works on numpy arrays without torch (kernel launches only)."""
+    inputs = list(inputs)
+    if _has_torch_tensor(inputs):
+        import torch
+
+        leaves = [x.detach().double().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+        outs = autograd(fn, precision=precision)(*[x.clone() if isinstance(x, torch.Tensor) and x.requires_grad else x for x in leaves])
+        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        cots = cotangents if isinstance(cotangents, (tuple, list)) else (cotangents,)
+        pairs = [(o, torch.as_tensor(c).to(o.dtype)) for o, c in zip(outs, cots) if isinstance(o, torch.Tensor) and o.requires_grad]
+        diff = [x for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad]
+        gs = iter(torch.autograd.grad([o for o, _ in pairs], diff, [c for _, c in pairs], allow_unused=True))
+        return [next(gs) if isinstance(x, torch.Tensor) and x.requires_grad else None for x in leaves]
+    from ._numpy_check import vjp as numpy_vjp
+
+    return numpy_vjp(fn, inputs, cotangents, precision=precision)
+
+
+def _has_torch_tensor(xs: list[Any]) -> bool:
+    from ._memory import is_torch
+
+    return any(is_torch(x) for x in xs)

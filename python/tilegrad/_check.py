@@ -1,0 +1,370 @@
+"""`check_backward` and `check_function` on torch tensors.
+
+A check runs the user's code three ways:
+
+1. the forward in the kernels' own dtypes (what the backward will see), launches run in place;
+2. the forward as the ground truth: inputs promoted to f64 (host code's float dtypes too), each
+   launch a `torch.autograd.Function` whose backward is the engine's f64 VJP of the launch, so that
+   torch autograd carries the cotangents through the host code between launches;
+3. per trial, the backward under test on a random cotangent, its launches run with masked loads
+   without `other` reading NaN, its `torch.empty*` allocations starting as NaN, and who wrote every
+   element recorded for blame.
+
+Gradients are compared with the CLI's tolerances and the report is the CLI's.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Sequence
+
+import torch
+
+from . import _native
+from ._intercept import LaunchCall, intercepting
+from ._memory import torch_flat
+from ._modes import PoisonEmpty, PromoteFloats
+from ._report import Report
+
+_COT_SEED_MIX = 0x9E3779B97F4A7C15
+
+
+class _Launch(torch.autograd.Function):
+    """A launch as a differentiable function of its storages' contents (ground truth)."""
+
+    @staticmethod
+    def forward(ctx, call: LaunchCall, native: bool, *flats):  # type: ignore[override]
+        # Host copies (CUDA storages run on the host until the GPU backend exists).
+        initial = [f.detach().to("cpu", copy=True) for f in flats]
+        work = [t.clone() if i in call.written else t for i, t in enumerate(initial)]
+        specs = [("/".join(dict.fromkeys(s.names)), s.dtype, w.data_ptr(), s.numel) for s, w in zip(call.storages.items, work)]
+        _native.launch(call.kernel, call.grid, call.ptr_args, call.scalars, specs, promote=not native)
+        # The initial contents are kept as copies: the caller overwrites `flats` with the results.
+        ctx.call, ctx.native, ctx.initial, ctx.devices = call, native, initial, [f.device for f in flats]
+        outs = tuple(work[i].to(flats[i].device) for i in sorted(call.written))
+        ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
+        return outs
+
+    @staticmethod
+    def backward(ctx, *gouts):  # type: ignore[override]
+        call: LaunchCall = ctx.call
+        flats = ctx.initial
+        written = sorted(call.written)
+        outputs = []
+        keep = []
+        for i, g in zip(written, gouts):
+            if g is not None and flats[i].is_floating_point():
+                g = g.detach().to("cpu", torch.float64).contiguous()
+                keep.append(g)
+                outputs.append((i, g.data_ptr()))
+        grads: list[torch.Tensor | None] = [None] * len(flats)
+        if not outputs:
+            return (None, None, *grads)
+        inputs = []
+        for i, f in enumerate(flats):
+            if f.is_floating_point():
+                grads[i] = torch.zeros(f.numel(), dtype=torch.float64)
+                inputs.append((i, grads[i].data_ptr()))
+        specs = [("/".join(dict.fromkeys(s.names)), s.dtype, f.data_ptr(), s.numel) for s, f in zip(call.storages.items, flats)]
+        _native.vjp(call.kernel, call.grid, call.ptr_args, call.scalars, specs, inputs, outputs, native=ctx.native)
+        out = [None if g is None else g.to(f.dtype).to(d) for g, f, d in zip(grads, flats, ctx.devices)]
+        return (None, None, *out)
+
+
+def _truth_launch(native: bool) -> Callable[[LaunchCall], None]:
+    def run(call: LaunchCall) -> None:
+        # Flat views over each storage, as views of the caller's tensors (autograd-aware).
+        flats = []
+        for s in call.storages.items:
+            t = next(v for n, v in call.args.items() if n in s.names)
+            flats.append(torch.as_strided(t, (s.numel,), (1,), 0))
+        if not torch.is_grad_enabled() or not any(f.requires_grad for f in flats):
+            call.run(promote=not native)
+            return
+        outs = _Launch.apply(call, native, *flats)
+        with torch.enable_grad():
+            for i, o in zip(sorted(call.written), outs):
+                flats[i].copy_(o)
+
+    return run
+
+
+class _Backward:
+    """The backward under test: launches poisoned and recorded."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[int, LaunchCall, Any]] = []
+        self.failure: tuple[int, str, str] | None = None
+
+    def __call__(self, call: LaunchCall) -> None:
+        step = len(self.records)
+        try:
+            rec = call.run(poison=True, record=True)
+        except _native.LaunchError as e:
+            self.failure = (step, call.describe(), str(e))
+            raise _Stop() from e
+        self.records.append((step, call, rec))
+
+
+class _Stop(Exception):
+    """The backward failed inside a launch; the check stops with a verdict."""
+
+
+def _as_tuple(x: Any) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _f64_cpu(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", torch.float64).contiguous()
+
+
+def _clone(x: Any) -> Any:
+    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+
+def _blame(g: torch.Tensor, worst: int, bwd: _Backward, poison: PoisonEmpty, name: str) -> tuple[list[str], list[Any]]:
+    """Who wrote element `worst` (row-major) of the gradient `g` the backward returned."""
+    idx = _native.unravel(worst, list(g.shape))
+    elem = g.storage_offset() + sum(i * s for i, s in zip(idx, g.stride()))
+    key = ("torch", str(g.device), g.untyped_storage().data_ptr())
+    for step, call, rec in reversed(bwd.records):
+        for m, s in enumerate(call.storages.items):
+            if s.key == key:
+                site = rec.site(m, elem, step)
+                if site is not None:
+                    return [], [site]
+    # Not written by a kernel: an allocation the backward never filled, or host code.
+    if key in poison.allocations:
+        desc, _ = poison.allocations[key]
+        return [], [_native.Site.never_written(f"{name} ({desc})", list(idx), 1, "NaN")]
+    for akey, (desc, t) in poison.allocations.items():
+        flat = torch_flat(t)
+        nan = torch.isnan(flat)
+        n = int(nan.sum())
+        if n:
+            first = int(nan.nonzero()[0, 0]) - t.storage_offset()
+            index = _native.unravel(max(first, 0), list(t.shape)) if t.dim() else []
+            return [f"host code from the tensor allocated by {desc}"], [_native.Site.never_written(desc, index, n, "NaN")]
+    return [], []
+
+
+def run_check(
+    name: str,
+    input_names: Sequence[str],
+    inputs: Sequence[Any],
+    forward: Callable[[list[Any]], tuple],
+    backward: Callable[[list[Any], list[torch.Tensor]], Sequence[Any]],
+    *,
+    seed: int,
+    trials: int,
+    precision: str,
+    rtol: float | None,
+    atol: float | None,
+) -> Report:
+    if trials < 1:
+        raise ValueError("at least one cotangent trial is needed")
+    if precision not in ("f64", "native"):
+        raise ValueError(f"precision must be 'f64' or 'native', not {precision!r}")
+    native = precision == "native"
+    diff = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    if not diff:
+        raise ValueError("no differentiable input: pass at least one float tensor")
+    tf32 = [False]
+
+    def run_native(call: LaunchCall) -> None:
+        call.run()
+        tf32[0] |= call.kernel.uses_tf32()
+
+    # 1. The forward in the kernels' dtypes.
+    with torch.no_grad(), intercepting(run_native):
+        outs_n = _as_tuple(forward([_clone(x) for x in inputs]))
+    out_idx = [i for i, o in enumerate(outs_n) if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    if not out_idx:
+        raise ValueError("the forward returned no float tensor")
+
+    # 2. The ground truth's forward.
+    leaves = {}
+    ins_t = []
+    for i, x in enumerate(inputs):
+        if i in diff:
+            leaf = x.detach().to(x.dtype if native else torch.float64).requires_grad_(True)
+            leaves[i] = leaf
+            ins_t.append(leaf.clone())
+        else:
+            ins_t.append(_clone(x))
+    modes = PromoteFloats() if not native else None
+    with torch.enable_grad(), intercepting(_truth_launch(native)):
+        if modes is not None:
+            with modes:
+                outs_t = _as_tuple(forward(ins_t))
+        else:
+            outs_t = _as_tuple(forward(ins_t))
+    if len(outs_t) != len(outs_n):
+        raise ValueError(f"the forward returned {len(outs_n)} values, then {len(outs_t)}")
+
+    out_names = ["out"] if len(outs_n) == 1 else [f"out{i}" for i in range(len(outs_n))]
+    forward_cmp = []
+    for i in out_idx:
+        o = outs_n[i]
+        exp, got = _f64_cpu(outs_t[i]), _f64_cpu(o)  # kept alive while the engine reads them
+        c = _native.compare(out_names[i], out_names[i], _dt(o), list(o.shape), *_ptrs(exp, got), 0, rtol, atol, tf32[0])
+        forward_cmp.append(c)
+
+    gen = torch.Generator().manual_seed((seed ^ _COT_SEED_MIX) & 0x7FFFFFFFFFFFFFFF)
+    best: dict[int, Any] = {}
+    failure = None
+    for trial in range(trials):
+        cots_n = []
+        for i, o in enumerate(outs_n):
+            if i in out_idx:
+                cots_n.append(torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype).to(o.device))
+            else:
+                cots_n.append(None)
+        # Ground truth for this cotangent.
+        diff_outs = [(outs_t[i], cots_n[i].to(torch.float64 if not native else outs_t[i].dtype)) for i in out_idx if outs_t[i].requires_grad]
+        truth = [None] * len(inputs)
+        if diff_outs:
+            gs = torch.autograd.grad([o for o, _ in diff_outs], [leaves[i] for i in diff], [c for _, c in diff_outs], retain_graph=True, allow_unused=True)
+            for i, g in zip(diff, gs):
+                truth[i] = g
+        # The backward under test.
+        bwd = _Backward()
+        poison = PoisonEmpty()
+        grads = None
+        try:
+            with torch.no_grad(), intercepting(bwd), poison:
+                grads = _as_tuple(backward([_clone(x) for x in inputs], [_clone(c) for c in cots_n]))
+        except _Stop:
+            step, what, message = bwd.failure
+            failure = (step, what, message, trial)
+            break
+        tf32b = any(call.kernel.uses_tf32() for _, call, _ in bwd.records)
+        if len(grads) < len(inputs):
+            failure = (len(bwd.records), "gradients", f"the backward returned {len(grads)} values for {len(inputs)} inputs", trial)
+            break
+        for i in diff:
+            x, g = inputs[i], grads[i]
+            gname = f"grad_{input_names[i]}"
+            if g is None:
+                g = torch.zeros_like(x)
+                gname = "None"
+            if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(x.shape):
+                shape = tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__
+                failure = (len(bwd.records), "gradients", f"gradient of `{input_names[i]}` has shape {shape}, the input has {tuple(x.shape)}", trial)
+                break
+            exp = _f64_cpu(truth[i]) if truth[i] is not None else torch.zeros(x.shape, dtype=torch.float64)
+            got = _f64_cpu(g)
+            c = _native.compare(input_names[i], gname, _dt(g), list(x.shape), *_ptrs(exp, got), trial, rtol, atol, tf32b)
+            if i not in best or c.badness > best[i].badness:
+                if c.worst_index is not None and not c.passed:
+                    via, sites = _blame(g, c.worst_index, bwd, poison, gname)
+                    c.set_blame(via, sites)
+                best[i] = c
+        if failure is not None:
+            break
+    grads_cmp = [best[i] for i in diff if i in best]
+    rep = _native.make_report(name, seed, trials, precision, forward_cmp, grads_cmp, failure)
+    return Report(rep)
+
+
+def _dt(t: torch.Tensor) -> str:
+    from ._memory import dtype_name
+
+    return dtype_name(t)
+
+
+def _ptrs(*ts: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.data_ptr() for t in ts)
+
+
+def _param_names(f: Callable, n: int, skip: int = 0) -> list[str]:
+    try:
+        ps = list(inspect.signature(f).parameters.values())[skip:]
+    except (TypeError, ValueError):
+        ps = []
+    names = [p.name for p in ps if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [names[i] if i < len(names) else f"input{i}" for i in range(n)]
+
+
+def check_backward(
+    forward: Callable[..., Any],
+    backward: Callable[..., Any],
+    inputs: Sequence[Any],
+    *,
+    seed: int = 0,
+    trials: int = 2,
+    precision: str = "f64",
+    rtol: float | None = None,
+    atol: float | None = None,
+    name: str | None = None,
+) -> Report:
+    inputs = list(inputs)
+    return run_check(
+        name or getattr(forward, "__name__", "check"),
+        _param_names(forward, len(inputs)),
+        inputs,
+        lambda ins: forward(*ins),
+        lambda ins, cots: backward(*ins, *[c for c in cots if c is not None]),
+        seed=seed,
+        trials=trials,
+        precision=precision,
+        rtol=rtol,
+        atol=atol,
+    )
+
+
+class FunctionCtx:
+    """The `ctx` of a `torch.autograd.Function` as tilegrad calls it."""
+
+    def __init__(self, needs_input_grad: tuple[bool, ...]) -> None:
+        self.needs_input_grad = needs_input_grad
+        self.saved_tensors: tuple = ()
+        self.dirty: tuple = ()
+        self.non_differentiable: tuple = ()
+        self.materialize_grads = True
+
+    def save_for_backward(self, *tensors: Any) -> None:
+        self.saved_tensors = tensors
+
+    def mark_dirty(self, *tensors: Any) -> None:
+        self.dirty = tensors
+
+    def mark_non_differentiable(self, *tensors: Any) -> None:
+        self.non_differentiable = tensors
+
+    def set_materialize_grads(self, value: bool) -> None:
+        self.materialize_grads = value
+
+
+def check_function(fn: type, *args: Any, seed: int = 0, trials: int = 2, precision: str = "f64", rtol: float | None = None, atol: float | None = None, **kwargs: Any) -> Report:
+    if kwargs:
+        raise TypeError(f"check_function passes positional arguments to {fn.__name__}.forward; unexpected: {', '.join(kwargs)}")
+    args = list(args)
+    needs = tuple(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args)
+
+    def fwd(ins: list[Any]) -> tuple:
+        return _as_tuple(fn.forward(FunctionCtx(needs), *ins))
+
+    def bwd(ins: list[Any], cots: list[Any]) -> Sequence[Any]:
+        ctx = FunctionCtx(needs)
+        with intercepting(_native_run):
+            outs = _as_tuple(fn.forward(ctx, *ins))
+        grads = [c if c is not None else (torch.zeros_like(o) if isinstance(o, torch.Tensor) else None) for c, o in zip(cots, outs)]
+        return _as_tuple(fn.backward(ctx, *grads))
+
+    return run_check(
+        fn.__name__,
+        _param_names(fn.forward, len(args), skip=1),
+        args,
+        fwd,
+        bwd,
+        seed=seed,
+        trials=trials,
+        precision=precision,
+        rtol=rtol,
+        atol=atol,
+    )
+
+
+def _native_run(call: LaunchCall) -> None:
+    call.run()

@@ -1,0 +1,232 @@
+"""Interception of Triton kernel launches.
+
+`kernel[grid](*args)` ends in `JITFunction.run`; `@triton.autotune` and `@triton.heuristics`
+wrappers end in their own `run`, which pick meta-parameters and call the inner one. While a
+handler is active (`intercepting`), tilegrad replaces these `run` methods: a launch is bound to the
+kernel's parameters as Triton binds them, its kernel converted from the function's own source file
+(so that every diagnostic points at the user's file:line), and handed to the handler, which runs
+it in the engine. Outside any handler, launches go to Triton as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import textwrap
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import _native
+from ._memory import Storages, is_tensor
+
+# Keyword arguments of a launch that are compilation options, not kernel parameters.
+_LAUNCH_OPTIONS = {
+    "num_warps",
+    "num_stages",
+    "num_ctas",
+    "maxnreg",
+    "enable_fp_fusion",
+    "launch_cooperative_grid",
+    "launch_pdl",
+    "ir_override",
+    "debug",
+    "sanitize_overflow",
+    "warmup",
+    "grid",
+    "stream",
+    "device",
+    "instrumentation_mode",
+    "fpsan_homomorphic_casts",
+}
+
+_state = threading.local()
+_source_cache: dict[str, tuple[float, str]] = {}
+_kernel_cache: dict[tuple, Any] = {}
+
+
+@dataclass
+class LaunchCall:
+    """One intercepted launch, bound and converted."""
+
+    kernel: Any  # _native.Kernel
+    name: str  # the kernel's name
+    grid: tuple[int, int, int]
+    ptr_args: list[tuple[str, int, int]]
+    scalars: list[tuple[str, Any]]
+    storages: Storages
+    written: set[int]  # indices of storages the kernel writes
+    args: dict[str, Any]  # the bound arguments, by parameter name
+
+    def describe(self) -> str:
+        g = ", ".join(str(x) for x in self.grid)
+        return f"launch `{self.name}`[{g}]"
+
+    def run(self, *, poison: bool = False, record: bool = False, promote: bool = False) -> Any:
+        rec = _native.launch(
+            self.kernel,
+            self.grid,
+            self.ptr_args,
+            self.scalars,
+            self.storages.specs(),
+            poison=poison,
+            record=record,
+            promote=promote,
+        )
+        self.storages.write_back(self.written)
+        return rec
+
+
+def _handler() -> Callable[[LaunchCall], Any] | None:
+    return getattr(_state, "handler", None)
+
+
+@contextlib.contextmanager
+def intercepting(handler: Callable[[LaunchCall], Any]):
+    """Routes every Triton launch in this thread to `handler` while the block runs."""
+    install()
+    prev = _handler()
+    _state.handler = handler
+    try:
+        yield
+    finally:
+        _state.handler = prev
+
+
+def _source(fn: Any) -> tuple[str, str]:
+    """(file name, whole source text) of the module defining the jitted function `fn`."""
+    path = inspect.getsourcefile(fn)
+    if path and os.path.exists(path):
+        mtime = os.path.getmtime(path)
+        hit = _source_cache.get(path)
+        if hit is None or hit[0] != mtime:
+            with open(path, encoding="utf-8") as f:
+                hit = (mtime, f.read())
+            _source_cache[path] = hit
+        return path, hit[1]
+    # Defined without a file (a notebook cell, exec): the function's own source only.
+    return f"<{fn.__name__}>", textwrap.dedent(inspect.getsource(fn))
+
+
+def _scalar_dtype(v: Any) -> str:
+    if isinstance(v, bool):
+        return "i1"
+    if isinstance(v, int):
+        return "i32" if -(2**31) <= v < 2**31 else "i64"
+    return "f32"
+
+
+def _constexpr_value(name: str, v: Any) -> int:
+    if hasattr(v, "value") and type(v).__name__ == "constexpr":
+        v = v.value
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    raise _native.UsageError(f"constexpr `{name}` = {v!r}: tilegrad binds integer and boolean constexprs only")
+
+
+def bind(jit: Any, args: tuple, kwargs: dict, grid: Any) -> LaunchCall:
+    """Binds a launch of the JITFunction `jit` as Triton does and converts its kernel."""
+    fn = jit.fn
+    params = list(jit.params)
+    names = [p.name for p in params]
+    if len(args) > len(names):
+        raise _native.UsageError(f"kernel `{fn.__name__}` takes {len(names)} arguments, the launch passes {len(args)}")
+    bound: dict[str, Any] = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k in names:
+            if k in bound:
+                raise _native.UsageError(f"kernel `{fn.__name__}`: argument `{k}` given twice")
+            bound[k] = v
+        elif k not in _LAUNCH_OPTIONS:
+            raise _native.UsageError(f"kernel `{fn.__name__}` has no parameter `{k}` (parameters: {', '.join(names)})")
+    for p in params:
+        if p.name not in bound:
+            default = p._param.default
+            if default is inspect.Parameter.empty:
+                raise _native.UsageError(f"kernel `{fn.__name__}`: missing argument `{p.name}`")
+            bound[p.name] = default
+
+    g = grid(dict(bound)) if callable(grid) else grid
+    if isinstance(g, int):
+        g = (g,)
+    g = tuple(int(x) for x in g)
+    if not 1 <= len(g) <= 3:
+        raise _native.UsageError(f"kernel `{fn.__name__}`: a grid has 1 to 3 axes, got {g}")
+    g = g + (1,) * (3 - len(g))
+    if any(x < 1 for x in g):
+        raise _native.UsageError(f"kernel `{fn.__name__}`: grid {g} has an empty axis")
+
+    storages = Storages()
+    constexprs, ptr_dtypes, scalar_dtypes = [], [], []
+    ptr_args, scalars = [], []
+    for p in params:
+        v = bound[p.name]
+        if p.is_constexpr:
+            constexprs.append((p.name, _constexpr_value(p.name, v)))
+        elif is_tensor(v):
+            i, off = storages.add(p.name, v)
+            ptr_args.append((p.name, i, off))
+            ptr_dtypes.append((p.name, storages.items[i].dtype))
+        elif isinstance(v, (bool, int, float)):
+            scalar_dtypes.append((p.name, _scalar_dtype(v)))
+            scalars.append((p.name, v))
+        elif v is None:
+            raise _native.UsageError(f"kernel `{fn.__name__}`: argument `{p.name}` is None, which tilegrad does not support")
+        else:
+            raise _native.UsageError(
+                f"kernel `{fn.__name__}`: argument `{p.name}` of type {type(v).__name__} is not supported "
+                "(tensors, arrays, bool, int and float are)"
+            )
+    file, src = _source(fn)
+    key = (file, hash(src), fn.__name__, tuple(constexprs), tuple(ptr_dtypes), tuple(scalar_dtypes))
+    kernel = _kernel_cache.get(key)
+    if kernel is None:
+        kernel = _native.convert(src, file, fn.__name__, constexprs, ptr_dtypes, scalar_dtypes)
+        _kernel_cache[key] = kernel
+    written_params = set(kernel.written())
+    written = {i for (n, i, _) in ptr_args if n in written_params}
+    return LaunchCall(kernel, fn.__name__, g, ptr_args, scalars, storages, written, bound)
+
+
+_installed = False
+_original: dict[str, Any] = {}
+# Which autotune config a launch through `@triton.autotune` uses (index into its configs).
+autotune_config = 0
+
+
+def install() -> None:
+    """Wraps Triton's `run` methods (once); the wrappers defer to Triton outside any handler."""
+    global _installed
+    if _installed:
+        return
+    from triton.runtime import autotuner, jit
+
+    _original["jit"] = jit.JITFunction.run
+    _original["autotune"] = autotuner.Autotuner.run
+
+    def jit_run(self, *args, grid, warmup, **kwargs):
+        h = _handler()
+        if h is None:
+            return _original["jit"](self, *args, grid=grid, warmup=warmup, **kwargs)
+        if warmup:
+            return None
+        return h(bind(self, args, kwargs, grid))
+
+    def autotune_run(self, *args, **kwargs):
+        if _handler() is None:
+            return _original["autotune"](self, *args, **kwargs)
+        configs = self.configs
+        if not 0 <= autotune_config < len(configs):
+            raise _native.UsageError(f"autotune config {autotune_config} of {len(configs)}")
+        config = configs[autotune_config]
+        nargs = dict(zip(self.arg_names, args))
+        if config.pre_hook is not None:
+            config.pre_hook({**nargs, **kwargs, **config.all_kwargs()})
+        return self.fn.run(*args, **kwargs, **config.all_kwargs())
+
+    jit.JITFunction.run = jit_run
+    autotuner.Autotuner.run = autotune_run
+    _installed = True

@@ -1,0 +1,141 @@
+"""Kernel pointer arguments as Triton sees them: a tensor is its data pointer.
+
+A pointer argument is resolved to the *storage* it points into (a torch tensor's untyped storage,
+a numpy array's owning buffer) and the element offset of its first element in that storage. The
+engine runs the launch on whole storages, so views, strides, storage offsets and several arguments
+aliasing one storage behave as on the GPU, and an access outside the storage is out of bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+_TORCH_DTYPES = {
+    "torch.bool": "i1",
+    "torch.int32": "i32",
+    "torch.int64": "i64",
+    "torch.float16": "f16",
+    "torch.bfloat16": "bf16",
+    "torch.float32": "f32",
+    "torch.float64": "f64",
+}
+_NUMPY_DTYPES = {"bool": "i1", "int32": "i32", "int64": "i64", "float16": "f16", "float32": "f32", "float64": "f64"}
+
+
+def is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "untyped_storage")
+
+
+def is_array(x: Any) -> bool:
+    return hasattr(x, "__array_interface__") and not is_torch(x)
+
+
+def is_tensor(x: Any) -> bool:
+    """A value Triton would pass as a pointer."""
+    return is_torch(x) or is_array(x)
+
+
+def dtype_name(x: Any) -> str:
+    """tilegrad's name of a tensor's element dtype."""
+    if is_torch(x):
+        d = _TORCH_DTYPES.get(str(x.dtype))
+    else:
+        d = _NUMPY_DTYPES.get(str(x.dtype))
+    if d is None:
+        raise TypeError(f"tensors of dtype {x.dtype} are not supported (bool, int32, int64, float16, bfloat16, float32, float64 are)")
+    return d
+
+
+def _numpy_owner(a: Any) -> Any:
+    """The outermost numpy array whose buffer `a` views."""
+    import numpy as np
+
+    while isinstance(getattr(a, "base", None), np.ndarray):
+        a = a.base
+    return a
+
+
+@dataclass
+class Storage:
+    """One storage a launch touches: its host address (a host copy for CUDA tensors), length in
+    elements of `dtype`, and the names of the arguments pointing into it."""
+
+    key: tuple
+    dtype: str
+    addr: int
+    numel: int
+    names: list[str] = field(default_factory=list)
+    # A flat tensor over the whole storage (torch), or the owning array (numpy).
+    flat: Any = None
+    # For CUDA storages: the device flat view the host copy `flat` goes back to.
+    device_flat: Any = None
+
+
+def torch_flat(t: Any) -> Any:
+    """A flat 1-D tensor over the whole storage of `t` (sharing its memory)."""
+    import torch
+
+    s = t.untyped_storage()
+    n = s.nbytes() // t.element_size()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(s, 0, (n,), (1,))
+
+
+def storage_of(x: Any) -> tuple[tuple, int, int, int, Any]:
+    """(key, base address, elements, element offset of `x`, owner) of the storage `x` points into."""
+    if is_torch(x):
+        s = x.untyped_storage()
+        base = s.data_ptr()
+        es = x.element_size()
+        return (("torch", str(x.device), base), base, s.nbytes() // es, x.storage_offset(), x)
+    owner = _numpy_owner(x)
+    base = owner.__array_interface__["data"][0]
+    ptr = x.__array_interface__["data"][0]
+    es = x.dtype.itemsize
+    off = ptr - base
+    if off % es:
+        raise ValueError("an array that starts between two elements of its buffer cannot be a kernel argument")
+    return (("numpy", base), base, owner.nbytes // es, off // es, owner)
+
+
+class Storages:
+    """The storages of one launch, in order of first use."""
+
+    def __init__(self) -> None:
+        self.items: list[Storage] = []
+
+    def add(self, arg_name: str, x: Any) -> tuple[int, int]:
+        """Registers argument `x` of parameter `arg_name`: (storage index, element offset)."""
+        key, base, numel, offset, owner = storage_of(x)
+        d = dtype_name(x)
+        for i, s in enumerate(self.items):
+            if s.key == key:
+                if s.dtype != d:
+                    raise TypeError(
+                        f"arguments `{s.names[0]}` ({s.dtype}) and `{arg_name}` ({d}) view one storage with different dtypes; "
+                        "tilegrad cannot reinterpret memory"
+                    )
+                s.names.append(arg_name)
+                return i, offset
+        st = Storage(key=key, dtype=d, addr=base, numel=numel, names=[arg_name])
+        if is_torch(x):
+            flat = torch_flat(x)
+            if flat.device.type != "cpu":
+                st.device_flat = flat
+                flat = flat.cpu()
+                st.addr = flat.data_ptr()
+            st.flat = flat
+        else:
+            st.flat = owner
+        self.items.append(st)
+        return len(self.items) - 1, offset
+
+    def specs(self) -> list[tuple[str, str, int, int]]:
+        return [("/".join(dict.fromkeys(s.names)), s.dtype, s.addr, s.numel) for s in self.items]
+
+    def write_back(self, written: set[int]) -> None:
+        """Copies host results of device storages back to the device."""
+        for i in written:
+            s = self.items[i]
+            if s.device_flat is not None:
+                s.device_flat.copy_(s.flat)

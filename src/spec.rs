@@ -683,7 +683,13 @@ impl Loader {
     /// A host-built tensor descriptor argument, `descriptor(t, [B0, B1, ...])` (what
     /// `TensorDescriptor.from_tensor(t, block_shape)` passes): the descriptor and the launch
     /// arguments it stands for (the tensor, then its shape and strides).
-    fn descriptor_arg(&self, n: &str, rest: &str, key: &str, constants: &[(String, Scalar)]) -> Result<(HostDescriptor, Vec<(String, Expr)>), SpecError> {
+    fn descriptor_arg(
+        &self,
+        n: &str,
+        rest: &str,
+        key: &str,
+        constants: &[(String, Scalar)],
+    ) -> Result<(HostDescriptor, Vec<(String, Expr)>), SpecError> {
         let usage = "expected `descriptor(TENSOR, [BLOCK0, BLOCK1, ...])`";
         let body = rest.trim_end().strip_suffix(')').ok_or_else(|| self.err(key, usage))?;
         let (tn, blocks) = body.split_once(',').ok_or_else(|| self.err(key, usage))?;
@@ -749,7 +755,9 @@ impl Loader {
             }
         }
         if !compile_only.is_empty() && matches!(kr, KernelRef::Text(_)) {
-            return Err(self.err(&format!("{key}.args.{}", compile_only[0].0), "strings, None and dtypes bind constexprs of Triton kernels only"));
+            return Err(
+                self.err(&format!("{key}.args.{}", compile_only[0].0), "strings, None and dtypes bind constexprs of Triton kernels only")
+            );
         }
         let scope = Static { constants, tensors: &self.tensors };
         for e in &grid {
@@ -767,7 +775,8 @@ impl Loader {
                 let mut scalars = Vec::new();
                 for (n, e) in &args {
                     if descs.iter().any(|(dn, hd)| {
-                        (0..hd.block_shape.len()).any(|i| *n == HostDescriptor::shape_param(dn, i) || *n == HostDescriptor::stride_param(dn, i))
+                        (0..hd.block_shape.len())
+                            .any(|i| *n == HostDescriptor::shape_param(dn, i) || *n == HostDescriptor::stride_param(dn, i))
                     }) {
                         scalars.push((n.clone(), DType::I64));
                         continue;

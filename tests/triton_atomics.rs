@@ -101,7 +101,12 @@ def tickets(counter_ptr, flags_ptr, out_ptr, xor_ptr, BLOCK: tl.constexpr):
 
 #[test]
 fn old_values_follow_program_order_and_cas_counts_exactly() {
-    let k = kernel(TICKETS, "tickets", &[("BLOCK", 8)], &[("counter_ptr", DType::I32), ("flags_ptr", DType::I32), ("out_ptr", DType::I32), ("xor_ptr", DType::I64)]);
+    let k = kernel(
+        TICKETS,
+        "tickets",
+        &[("BLOCK", 8)],
+        &[("counter_ptr", DType::I32), ("flags_ptr", DType::I32), ("out_ptr", DType::I32), ("xor_ptr", DType::I64)],
+    );
     assert_eq!(count(&k, |o| matches!(o, Op::While { .. })), 1);
     assert_eq!(count(&k, |o| matches!(o, Op::AtomicCas)), 2);
     let p = 23usize;
@@ -114,7 +119,7 @@ fn old_values_follow_program_order_and_cas_counts_exactly() {
     // The old value of atomic_add: tickets in program order.
     assert_eq!(mem.get(o).as_i32().unwrap(), &(5..5 + p as i32).collect::<Vec<_>>()[..]);
     assert_eq!(mem.get(c).as_i32().unwrap(), &[5 + p as i32, 100 + 2 * p as i32]);
-    let mut flags = vec![0i32; 8];
+    let mut flags = [0i32; 8];
     let mut xr = 12345i64;
     for pid in 0..p as i32 {
         for (l, fl) in flags.iter_mut().enumerate() {
@@ -129,11 +134,8 @@ fn old_values_follow_program_order_and_cas_counts_exactly() {
 /// Partial sums of rows accumulated into `GROUPS` shared rows under a spin lock, with a
 /// `count` flag telling the first writer, as in Triton's layer-norm backward tutorial.
 fn locked_source(with_lock: bool) -> String {
-    let (acquire, release) = if with_lock {
-        ("    while tl.atomic_cas(lock, 0, 1) == 1:\n        pass\n", "    tl.atomic_xchg(lock, 0)\n")
-    } else {
-        ("", "")
-    };
+    let (acquire, release) =
+        if with_lock { ("    while tl.atomic_cas(lock, 0, 1) == 1:\n        pass\n", "    tl.atomic_xchg(lock, 0)\n") } else { ("", "") };
     format!(
         r#"
 import triton
@@ -272,7 +274,7 @@ fn while_loop_with_a_runtime_condition_converges_and_differentiates() {
     }
     let spec = FdSpec::new(&launch, &mem, vec![xt], vec![yt]);
     let dir: Vec<f64> = (0..n).map(|_| r.gen_range(-1.0..1.0)).collect();
-    let fd = fd_directional(&spec, &[cot], &[dir.clone()], 1e-6).unwrap();
+    let fd = fd_directional(&spec, &[cot], std::slice::from_ref(&dir), 1e-6).unwrap();
     let ad: f64 = grad.inputs[0].iter().zip(&dir).map(|(a, b)| a * b).sum();
     assert!((ad - fd).abs() <= 1e-6 * ad.abs().max(fd.abs()), "AD {ad} vs FD {fd}");
 }

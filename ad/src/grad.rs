@@ -505,6 +505,48 @@ fn run_chunk(
     Ok(())
 }
 
+/// The refusal described on [`vjp`]: the first order-dependent atomic of `k`, in program order.
+fn refuse_ordered_atomics(k: &tilegrad_ir::Kernel) -> Result<(), AdError> {
+    use tilegrad_ir::Op;
+    let mut added: Vec<(tilegrad_ir::Value, tilegrad_ir::Inst)> = Vec::new();
+    let mut first: Option<(tilegrad_ir::Inst, String)> = None;
+    k.walk(&mut |i, d| match d.op {
+        Op::AtomicRmw { .. } | Op::AtomicCas if first.is_none() => {
+            first = Some((
+                i,
+                format!(
+                    "`{}` makes the launch depend on the order of its programs; tilegrad does not differentiate it \
+                     (only `atomic_add` whose old value is unused is differentiable)",
+                    d.op.mnemonic()
+                ),
+            ));
+        }
+        Op::AtomicAdd { .. } => added.extend(d.results.iter().map(|&r| (r, i))),
+        _ => {}
+    });
+    if first.is_none() && !added.is_empty() {
+        k.walk(&mut |_, d| {
+            if first.is_none() {
+                if let Some(&(_, i)) = added.iter().find(|(r, _)| d.args.contains(r)) {
+                    first = Some((
+                        i,
+                        "the old value this `atomic_add` returns is used: it depends on the order of programs, and tilegrad \
+                         does not differentiate it"
+                            .into(),
+                    ));
+                }
+            }
+        });
+    }
+    match first {
+        Some((i, message)) => {
+            let d = k.inst(i);
+            Err(AdError::Unsupported { kernel: k.name.clone(), op: d.op.mnemonic().into(), loc: d.loc.clone(), message })
+        }
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -691,47 +733,5 @@ mod tests {
         assert!(!needs[addptr.args[1].index()] && !needs[r.index()]);
         let f = k.insts.iter().find(|d| matches!(d.op, tilegrad_ir::Op::For { .. })).unwrap();
         assert!(needs[f.args[0].index()] && needs[f.args[2].index()]);
-    }
-}
-
-/// The refusal described on [`vjp`]: the first order-dependent atomic of `k`, in program order.
-fn refuse_ordered_atomics(k: &tilegrad_ir::Kernel) -> Result<(), AdError> {
-    use tilegrad_ir::Op;
-    let mut added: Vec<(tilegrad_ir::Value, tilegrad_ir::Inst)> = Vec::new();
-    let mut first: Option<(tilegrad_ir::Inst, String)> = None;
-    k.walk(&mut |i, d| match d.op {
-        Op::AtomicRmw { .. } | Op::AtomicCas if first.is_none() => {
-            first = Some((
-                i,
-                format!(
-                    "`{}` makes the launch depend on the order of its programs; tilegrad does not differentiate it \
-                     (only `atomic_add` whose old value is unused is differentiable)",
-                    d.op.mnemonic()
-                ),
-            ));
-        }
-        Op::AtomicAdd { .. } => added.extend(d.results.iter().map(|&r| (r, i))),
-        _ => {}
-    });
-    if first.is_none() && !added.is_empty() {
-        k.walk(&mut |_, d| {
-            if first.is_none() {
-                if let Some(&(_, i)) = added.iter().find(|(r, _)| d.args.contains(r)) {
-                    first = Some((
-                        i,
-                        "the old value this `atomic_add` returns is used: it depends on the order of programs, and tilegrad \
-                         does not differentiate it"
-                            .into(),
-                    ));
-                }
-            }
-        });
-    }
-    match first {
-        Some((i, message)) => {
-            let d = k.inst(i);
-            Err(AdError::Unsupported { kernel: k.name.clone(), op: d.op.mnemonic().into(), loc: d.loc.clone(), message })
-        }
-        None => Ok(()),
     }
 }

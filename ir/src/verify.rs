@@ -421,7 +421,11 @@ impl<'k> Verifier<'k> {
             Op::AtomicAdd { mask } | Op::AtomicRmw { mask, .. } => {
                 let n = 2 + *mask as usize;
                 if args.len() != n || res.len() > 1 {
-                    errs.push(format!("takes {n} operand(s) and defines at most one result (the old value), found {} and {}", args.len(), res.len()));
+                    errs.push(format!(
+                        "takes {n} operand(s) and defines at most one result (the old value), found {} and {}",
+                        args.len(),
+                        res.len()
+                    ));
                 } else {
                     let (p, v) = (args[0], args[1]);
                     if let Elem::Ptr(dt) = p.elem {

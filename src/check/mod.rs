@@ -72,8 +72,8 @@ pub use expr::{Expr, ExprError, Scalar};
 pub(crate) use inputs::check_dist;
 pub use inputs::{Dist, InputTensor, Inputs, Source};
 pub use report::{
-    compare, unravel, Blame, BlameSite, Calibration, Failure, Finding, FindingKind, Location, Report, TensorReport, Timings, Tolerance, Worst,
-    SCHEMA_VERSION,
+    compare, unravel, Blame, BlameSite, Calibration, Failure, Finding, FindingKind, Location, Report, TensorReport, Timings, Tolerance,
+    Worst, SCHEMA_VERSION,
 };
 pub(crate) use steps::{eval_shape as steps_eval_shape, split_axis};
 pub use steps::{Env, Init, KernelLaunch, Step};

@@ -660,3 +660,52 @@ fn tiles_above_the_element_limit_and_non_utf8_text_are_located_errors() {
     bytes.retain(|&b| b < 0xf0);
     assert_eq!(crate::source_text(bytes, "ok.tgir").unwrap(), "kernel k() {\n  # café \n}\n");
 }
+
+/// `while` loops and the atomics that return their old values: builder kernels round-trip, and
+/// the verifier names misuse at its text position.
+#[test]
+fn while_loops_and_atomics_round_trip_and_verify() {
+    use crate::op::AtomicOp;
+    let mut b = KernelBuilder::new("spin");
+    let lock = b.ptr_param("lock", DType::I32);
+    let x = b.ptr_param("x", DType::F32);
+    let n = b.scalar_param("n", DType::I32);
+    let zero = b.i32(0);
+    let one = b.i32(1);
+    let r = b.while_loop(
+        Some(5),
+        &[zero],
+        |b, c| {
+            let old = b.atomic_cas(lock, zero, one);
+            let held = b.eq(old, one);
+            let small = b.lt(c[0], n);
+            b.and(held, small)
+        },
+        |b, c| vec![b.add(c[0], one)],
+    );
+    let ar = b.arange(0, 16);
+    let px = b.add(x, ar);
+    let m = b.lt(ar, r[0]);
+    let v = b.load(px, Some(m), None);
+    let old = b.atomic_add(px, v, Some(m));
+    for k in AtomicOp::ALL {
+        let p = if matches!(k, AtomicOp::And | AtomicOp::Or | AtomicOp::Xor) { lock } else { x };
+        let val = if p == lock { one } else { old };
+        b.atomic_rmw(*k, p, val, None);
+    }
+    let k = b.finish().unwrap();
+    let text = round_trip(&k);
+    assert!(text.contains("while max_iters=5, iter_args(") && text.contains("} do ("), "{text}");
+    for m in ["atomic_cas", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor", "atomic_xchg"] {
+        assert!(text.contains(&format!("= {m} ")), "no `{m}` in\n{text}");
+    }
+    // Misuse: a float `atomic_and`, a condition that is not i1, a carried type that changes.
+    let bad = "kernel k(%p: ptr<f32>, %v: f32, %n: i32) {\n  %o: f32 = atomic_and %p, %v\n}\n";
+    let e = parse(bad, "b").unwrap_err();
+    assert_eq!(e.diagnostics()[0].loc, Loc::new("b", 2, 3), "{e}");
+    assert!(e.to_string().contains("does not support f32"), "{e}");
+    let bad = "kernel k(%n: i32) {\n  %r: i32 = while iter_args(%a: i32 = %n) {\n    yield %a\n  } do (%b: i32) {\n    yield %b\n  }\n}\n";
+    let e = parse(bad, "b").unwrap_err();
+    assert!(e.to_string().contains("i1"), "{e}");
+    assert_perr("kernel k(%n: i32) {\n  while iter_args() {\n    %c: i1 = const 0\n    yield %c\n  } od () {\n  }\n}\n", 5, 5, "`do`");
+}

@@ -19,7 +19,14 @@ const SCOPES: &[&str] = &["gpu", "cta", "sys"];
 pub(crate) fn is_atomic(name: &str) -> bool {
     matches!(
         name,
-        "tl.atomic_add" | "tl.atomic_max" | "tl.atomic_min" | "tl.atomic_and" | "tl.atomic_or" | "tl.atomic_xor" | "tl.atomic_xchg" | "tl.atomic_cas"
+        "tl.atomic_add"
+            | "tl.atomic_max"
+            | "tl.atomic_min"
+            | "tl.atomic_and"
+            | "tl.atomic_or"
+            | "tl.atomic_xor"
+            | "tl.atomic_xchg"
+            | "tl.atomic_cas"
     )
 }
 

@@ -317,13 +317,20 @@ impl Cx<'_> {
     /// call checked against the descriptor's.
     fn experimental_descriptor(&mut self, name: &str, a: Args, o: u32) -> R<Val> {
         let load = name.ends_with("load");
-        let b = if load { a.bind_at(name, &["desc_pointer", "offsets", "shape", "dtype"])? } else { a.bind_at(name, &["desc_pointer", "value", "offsets"])? };
+        let b = if load {
+            a.bind_at(name, &["desc_pointer", "offsets", "shape", "dtype"])?
+        } else {
+            a.bind_at(name, &["desc_pointer", "value", "offsets"])?
+        };
         let d = match &b[0] {
             Some((Val::TensorDesc(d), _)) => d.clone(),
             Some((v, vo)) => {
                 return fail(
                     *vo,
-                    format!("`{name}` needs a tensor descriptor (a kernel argument the spec passes as `descriptor(t, [..])`), found {}", v.kind()),
+                    format!(
+                        "`{name}` needs a tensor descriptor (a kernel argument the spec passes as `descriptor(t, [..])`), found {}",
+                        v.kind()
+                    ),
                 )
             }
             None => return fail(o, format!("`{name}` needs a descriptor")),

@@ -236,7 +236,8 @@ fn lookup<'a>(mods: &[Module<'a>], kernel: &str, assume_jit: bool) -> Result<&'a
         }));
     };
     if !assume_jit && !m.jit.iter().any(|n| n == kernel) {
-        let decs: Vec<String> = f.decorator_list.iter().filter_map(|d| dotted(strip_call(&d.expression))).map(|d| format!("@{d}")).collect();
+        let decs: Vec<String> =
+            f.decorator_list.iter().filter_map(|d| dotted(strip_call(&d.expression))).map(|d| format!("@{d}")).collect();
         let has = if decs.is_empty() { "no decorator".to_string() } else { format!("only {}", decs.join(", ")) };
         return Err(lines.error(errors::Fail {
             off: f.name.range.start().to_u32(),

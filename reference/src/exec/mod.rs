@@ -383,7 +383,14 @@ fn run_ordered(l: &Launch, shared: &Shared) -> Result<(LaunchSummary, Finals), E
                     written: s.written,
                 })
                 .collect();
-            let sh = Shared { kernel: shared.kernel, plan: shared.plan, slots, params: shared.params.clone(), grid: shared.grid, poison: shared.poison };
+            let sh = Shared {
+                kernel: shared.kernel,
+                plan: shared.plan,
+                slots,
+                params: shared.params.clone(),
+                grid: shared.grid,
+                poison: shared.poison,
+            };
             Program::new(&sh, l.grid.pid(p)).run(None)?
         };
         summary.elements_loaded += out.loaded;
@@ -628,4 +635,3 @@ fn set_into(d: &mut Data, o: usize, v: &Data, lane: usize) {
         _ => unreachable!("the verifier checked stored values have the pointee dtype"),
     }
 }
-

@@ -199,7 +199,13 @@ pub(crate) fn rmw_bits(rmw: Rmw, dtype: DType, cur: u64, v: u64) -> u64 {
                 let (a, b) = (f64::from_bits(cur), f64::from_bits(v));
                 (if max { a.max(b) } else { a.min(b) }).to_bits()
             }
-            DType::I1 => if max { cur | v } else { cur & v },
+            DType::I1 => {
+                if max {
+                    cur | v
+                } else {
+                    cur & v
+                }
+            }
             _ => narrow(if max { f(cur).max(f(v)) } else { f(cur).min(f(v)) }),
         }
     };

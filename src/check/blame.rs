@@ -3,6 +3,7 @@
 //! stores that wrote the partial buffer's elements it was summed from).
 
 use super::report::{unravel, Blame, BlameSite};
+use super::slice::{explain, Target};
 use super::steps::{split_axis, Env, Init, Origin, Step, Trace};
 use tilegrad_ir::{Kernel, Loc, Value};
 use tilegrad_reference::Writers;
@@ -18,14 +19,16 @@ fn def_loc(k: &Kernel, v: Value) -> Option<Loc> {
     found.filter(|l| !l.is_unknown())
 }
 
-/// Blames element `e` (flat) of tensor `name` of a pass that ran `steps` with `trace`.
-pub(crate) fn blame(trace: &Trace, env: &Env, steps: &[Step], name: &str, e: usize) -> Blame {
-    let mut b = Blame { via: Vec::new(), sites: Vec::new() };
-    go(trace, env, steps, name, &[e], &mut b, 0);
+/// Blames element `e` (flat) of tensor `name` of a pass that ran `steps` with `trace`;
+/// `values` (expected, got) rank the lines of its data-flow slice.
+pub(crate) fn blame(trace: &Trace, env: &Env, steps: &[Step], name: &str, e: usize, values: Option<(f64, f64)>) -> Blame {
+    let mut b = Blame { via: Vec::new(), sites: Vec::new(), slice: None };
+    go(trace, env, steps, name, &[e], &mut b, 0, values);
     b
 }
 
-fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: &mut Blame, depth: usize) {
+#[allow(clippy::too_many_arguments)]
+fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: &mut Blame, depth: usize, values: Option<(f64, f64)>) {
     let Some((_, origin, layers)) = trace.get(name) else {
         b.sites.push(BlameSite::Given { tensor: name.to_string() });
         return;
@@ -47,6 +50,22 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
             continue;
         }
         let pid = grid.pid(p as u64);
+        if b.slice.is_none() {
+            // The data flow of the first element blamed on a store (through host steps, its
+            // value is the compared one only when no sum intervened).
+            let direct = b.via.is_empty();
+            b.slice = explain(&Target {
+                trace,
+                env,
+                step,
+                tensor: name,
+                element: e,
+                program: p,
+                inst,
+                expected: values.filter(|_| direct).map(|v| v.0),
+                got: values.map(|v| v.1),
+            });
+        }
         match b.sites.iter_mut().find(|s| matches!(s, BlameSite::Store { loc: l, step: st, .. } if *l == loc && *st == step)) {
             Some(BlameSite::Store { programs, elements, .. }) => {
                 *elements += 1;
@@ -105,7 +124,7 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
                 }
             };
             b.via.push(what);
-            go(trace, env, steps, src, &from, b, depth + 1);
+            go(trace, env, steps, src, &from, b, depth + 1, values);
         }
     }
 }

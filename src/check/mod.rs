@@ -64,12 +64,13 @@ pub mod expr;
 mod ground;
 mod inputs;
 mod report;
+mod slice;
 mod steps;
 mod truth;
 
 pub use expr::{Expr, ExprError, Scalar};
 pub use inputs::{Dist, InputTensor, Inputs, Source};
-pub use report::{Blame, BlameSite, Failure, Report, TensorReport, Tolerance, Worst};
+pub use report::{Blame, BlameSite, Failure, Report, Slice, SliceLine, TensorReport, Tolerance, Worst};
 pub(crate) use steps::{eval_shape as steps_eval_shape, split_axis};
 pub use steps::{Env, Init, KernelLaunch, Step};
 pub use tilegrad_ad::Precision;
@@ -272,7 +273,7 @@ pub fn check_backward_with(
         let exp = p.truth.tensor(o).expect("same steps").to_f64_vec();
         let (mut r, w) = report::compare(o, o, t.dtype(), t.shape(), tol, &exp, &t.to_f64_vec(), 0);
         if let (Some((w, _)), Some(worst)) = (w, r.worst.as_mut()) {
-            worst.blame = Some(blame::blame(trace_f, env_n, &fwd.steps, o, w));
+            worst.blame = Some(blame::blame(trace_f, env_n, &fwd.steps, o, w, Some((worst.expected, worst.got))));
         }
         forward.push(r);
     }
@@ -323,7 +324,7 @@ pub fn check_backward_with(
             let badness = w.map_or(0.0, |(_, ratio)| ratio);
             if gradients[gi].as_ref().is_none_or(|(_, b)| badness > *b) {
                 if let (Some((w, _)), Some(worst)) = (w, r.worst.as_mut()) {
-                    worst.blame = Some(blame::blame(&trace_b, &env_b, &bwd.steps, gname, w));
+                    worst.blame = Some(blame::blame(&trace_b, &env_b, &bwd.steps, gname, w, Some((worst.expected, worst.got))));
                 }
                 gradients[gi] = Some((r, badness));
             }

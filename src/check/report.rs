@@ -56,6 +56,9 @@ pub struct Blame {
     pub via: Vec<String>,
     /// Who wrote the element (or the elements it was computed from).
     pub sites: Vec<BlameSite>,
+    /// The source lines through which the element's value was computed (see [`Slice`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slice: Option<Slice>,
 }
 
 /// One writer of a blamed element.
@@ -142,9 +145,14 @@ impl fmt::Display for Blame {
                 BlameSite::Given { tensor } => writeln!(f, "      taken unchanged from the given tensor `{tensor}`")?,
             }
         }
+        if let Some(s) = &self.slice {
+            write!(f, "{s}")?;
+        }
         Ok(())
     }
 }
+
+pub use super::slice::{Slice, SliceLine};
 
 /// The worst element of a comparison.
 #[derive(Clone, Debug, PartialEq, Serialize)]

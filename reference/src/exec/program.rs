@@ -138,6 +138,8 @@ pub(crate) struct Program<'a> {
     loaded: u64,
     stored: u64,
     atomic: u64,
+    /// Records every op's value ([`super::record`]); `None` in ordinary launches.
+    rec: Option<Box<super::record::Recorder>>,
 }
 
 fn bits_of(d: &Data, i: usize) -> u64 {
@@ -181,7 +183,15 @@ impl<'a> Program<'a> {
             loaded: 0,
             stored: 0,
             atomic: 0,
+            rec: None,
         }
+    }
+
+    /// Runs the program recording every op's value; its writes are discarded.
+    pub fn run_recorded(mut self, rec: super::record::Recorder) -> Result<super::record::Recorder, ExecError> {
+        self.rec = Some(Box::new(rec));
+        self.block(self.sh.kernel.body)?;
+        Ok(*self.rec.take().expect("set above"))
     }
 
     /// Runs the program. With `fast` outputs, its stores are written there at the end (in
@@ -259,6 +269,11 @@ impl<'a> Program<'a> {
                 return Ok(d.args.iter().map(|&a| self.get(a).clone()).collect());
             }
             self.inst(i)?;
+            if let Some(mut r) = self.rec.take() {
+                let env = &self.env;
+                r.after(k, i, &|v| env.get(v.index()).cloned().flatten());
+                self.rec = Some(r);
+            }
             for &v in &self.sh.plan.free_after[i.index()] {
                 self.env[v.index()] = None;
             }

@@ -8,12 +8,23 @@ use super::steps::{split_axis, Env, Init, Origin, Step, Trace};
 use tilegrad_ir::{Kernel, Loc, Value};
 use tilegrad_reference::Writers;
 
-/// Where the instruction defining `v` is, if an instruction defines it (not a parameter).
+/// Where the instruction defining `v` is, if an instruction defines it (not a parameter); for a
+/// loop's result, where the body computes the value it carries out (not the loop header).
 fn def_loc(k: &Kernel, v: Value) -> Option<Loc> {
     let mut found = None;
     k.walk(&mut |_, d| {
         if found.is_none() && d.results.contains(&v) {
-            found = Some(d.loc.clone());
+            found = Some(match d.op {
+                tilegrad_ir::Op::For { body, .. } => {
+                    let j = d.results.iter().position(|&r| r == v).unwrap_or(0);
+                    let y = k.block(body).insts.last().map(|&l| k.inst(l)).filter(|y| matches!(y.op, tilegrad_ir::Op::Yield));
+                    match y.and_then(|y| y.args.get(j).copied()).filter(|&yv| yv != v) {
+                        Some(yv) => def_loc(k, yv).unwrap_or_else(|| d.loc.clone()),
+                        None => d.loc.clone(),
+                    }
+                }
+                _ => d.loc.clone(),
+            });
         }
     });
     found.filter(|l| !l.is_unknown())

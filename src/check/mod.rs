@@ -70,7 +70,7 @@ mod truth;
 
 pub use expr::{Expr, ExprError, Scalar};
 pub use inputs::{Dist, InputTensor, Inputs, Source};
-pub use report::{Blame, BlameSite, Failure, Report, Slice, SliceLine, TensorReport, Tolerance, Worst};
+pub use report::{Blame, BlameSite, Explained, Failure, Report, Slice, SliceLine, TensorReport, Tolerance, Worst};
 pub(crate) use steps::{eval_shape as steps_eval_shape, split_axis};
 pub use steps::{Env, Init, KernelLaunch, Step};
 pub use tilegrad_ad::Precision;
@@ -215,6 +215,9 @@ pub struct CheckOptions {
     pub backend: Backend,
     /// Memory budget of the ground truth's programs in flight.
     pub memory_budget: usize,
+    /// Gradient elements to explain in the report whatever their error: (gradient tensor or its
+    /// input's name, multi-index). Each gets blame and its data-flow slice ([`Report::explained`]).
+    pub blame_elements: Vec<(String, Vec<usize>)>,
 }
 
 impl Default for CheckOptions {
@@ -226,6 +229,7 @@ impl Default for CheckOptions {
             precision: Precision::F64,
             backend: Backend::Cpu,
             memory_budget: GradOptions::default().memory_budget,
+            blame_elements: Vec::new(),
         }
     }
 }
@@ -283,6 +287,7 @@ pub fn check_backward_with(
     let mut gradients: Vec<Option<(TensorReport, f64)>> = vec![None; bwd.gradients.len()];
     let mut failure = None;
     let mut rng = truth::cotangent_rng(opts.seed);
+    let mut explained = Vec::new();
     progress(0, opts.trials);
     for trial in 0..opts.trials {
         let mut cot = HashMap::new();
@@ -332,6 +337,9 @@ pub fn check_backward_with(
         if failure.is_some() {
             break;
         }
+        if trial + 1 == opts.trials {
+            explained = explain_elements(opts, bwd, &env_b, &trace_b, &truth, trial)?;
+        }
         progress(trial + 1, opts.trials);
     }
     let gradients: Vec<TensorReport> = gradients.into_iter().flatten().map(|(r, _)| r).collect();
@@ -345,7 +353,37 @@ pub fn check_backward_with(
         forward,
         gradients,
         failure,
+        explained,
     })
+}
+
+/// Blame for the gradient elements [`CheckOptions::blame_elements`] asks about.
+fn explain_elements(
+    opts: &CheckOptions,
+    bwd: &Backward,
+    env: &Env,
+    trace: &Trace,
+    truth: &HashMap<String, Vec<f64>>,
+    trial: usize,
+) -> Result<Vec<report::Explained>, CheckError> {
+    let mut out = Vec::new();
+    for (name, index) in &opts.blame_elements {
+        let Some((input, gname)) = bwd.gradients.iter().find(|(i, g)| g == name || i == name) else {
+            let known: Vec<&str> = bwd.gradients.iter().map(|(_, g)| g.as_str()).collect();
+            return Err(CheckError::Spec(format!("`{name}` is not a gradient of the backward (gradients: {})", known.join(", "))));
+        };
+        let g = env.tensor(gname).ok_or_else(|| CheckError::Spec(format!("gradient tensor `{gname}` is not defined by the backward")))?;
+        let shape = g.shape();
+        if index.len() != shape.len() || index.iter().zip(shape).any(|(i, n)| i >= n) {
+            return Err(CheckError::Spec(format!("element {index:?} is outside `{gname}`, of shape {shape:?}")));
+        }
+        let e = index.iter().zip(shape).fold(0usize, |acc, (i, n)| acc * n + i);
+        let expected = truth.get(input).map_or(0.0, |t| t[e]);
+        let got = g.get_f64(e);
+        let blame = Some(blame::blame(trace, env, &bwd.steps, gname, e, Some((expected, got))));
+        out.push(report::Explained { tensor: gname.clone(), trial, element: Worst { index: index.clone(), expected, got, blame } });
+    }
+    Ok(out)
 }
 
 /// Differentiable inputs are float inputs; outputs and saved tensors are consistent.

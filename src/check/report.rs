@@ -232,6 +232,20 @@ pub struct Report {
     pub gradients: Vec<TensorReport>,
     /// Why the backward failed to run, if it did.
     pub failure: Option<Failure>,
+    /// Elements asked about ([`super::CheckOptions::blame_elements`]), with their blame.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub explained: Vec<Explained>,
+}
+
+/// An element of a gradient asked about: its values in the last trial, and who computed it how.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Explained {
+    /// The gradient tensor.
+    pub tensor: String,
+    /// The trial (0-based).
+    pub trial: usize,
+    /// The element, its values and its blame.
+    pub element: Worst,
 }
 
 impl Report {
@@ -304,6 +318,13 @@ impl fmt::Display for Report {
         if !self.gradients.is_empty() {
             writeln!(f, "gradients (backward vs ground truth)")?;
             table(f, "input", &self.gradients)?;
+        }
+        for x in &self.explained {
+            let w = &x.element;
+            writeln!(f, "  element `{}`{:?}: expected {:e}, got {:e} (trial {})", x.tensor, w.index, w.expected, w.got, x.trial)?;
+            if let Some(b) = &w.blame {
+                write!(f, "{b}")?;
+            }
         }
         Ok(())
     }

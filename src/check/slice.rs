@@ -143,13 +143,17 @@ pub(crate) fn explain(t: &Target) -> Option<Slice> {
     // Rank: class, then earlier launches after the blamed one, then distance from the store.
     lines.sort_by(|a, b| (a.class, a.launch, a.depth, a.order).cmp(&(b.class, b.launch, b.depth, b.order)));
     let mut shown: Vec<usize> = (0..lines.len().min(SHOWN)).collect();
+    if let Some(st) = lines.iter().position(|l| l.store).filter(|st| !shown.contains(st)) {
+        shown.pop();
+        shown.push(st);
+    }
     // Every launch followed keeps its best lines.
     for launch in 1..=MAX_DEPTH {
         let theirs: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].launch == launch).take(PER_LAUNCH).collect();
         for i in theirs {
             if !shown.contains(&i) {
                 if shown.len() >= SHOWN {
-                    if let Some(pos) = shown.iter().rposition(|&j| lines[j].launch == 0) {
+                    if let Some(pos) = shown.iter().rposition(|&j| lines[j].launch == 0 && !lines[j].store) {
                         shown.remove(pos);
                     }
                 }
@@ -170,6 +174,8 @@ struct Ranked {
     launch: usize,
     depth: u32,
     order: usize,
+    /// The line of the blamed store: always shown.
+    store: bool,
 }
 
 /// Source files, read once.
@@ -730,6 +736,9 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
         compute_shared: bool,
         float: bool,
         origin: bool,
+        /// A `where` on the line selects both ways among the lanes used: a mask that shaped
+        /// the value (a reduction over a masked row).
+        mixed: bool,
         order: usize,
     }
     let mut by_line: Vec<Acc> = Vec::new();
@@ -756,6 +765,7 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
                     compute_shared: true,
                     float: false,
                     origin: false,
+                    mixed: false,
                     order: g.order[i.index()],
                 });
                 by_line.last_mut().expect("pushed")
@@ -773,6 +783,11 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
         }
         a.float |= role == Role::Value && float;
         a.origin |= origin == Some(i);
+        if let (Op::Where, Role::Value, Some(ls)) = (&d.op, role, d.results.first().and_then(|r| w.lanes[r.index()].as_ref())) {
+            let (rs, cs) = (g.shape(d.results[0]), g.shape(d.args[0]));
+            let vals: Vec<Option<bool>> = ls.iter().take(4096).map(|&l| w.cond_at(d.args[0], same(&[l], &cs, &rs)[0])).collect();
+            a.mixed |= vals.contains(&Some(true)) && vals.contains(&Some(false));
+        }
     };
     add(t.inst, Role::Value, 0, &mut by_line);
     let mut reached: Vec<(Inst, Role, u32)> = Vec::new();
@@ -833,7 +848,7 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
         } else if a.role == Role::Mask && masky {
             1
         } else if a.role == Role::Value && a.compute {
-            if a.compute_shared {
+            if a.compute_shared && !a.mixed {
                 3
             } else {
                 2
@@ -867,7 +882,7 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
         }
         if a.origin && note.is_none() {
             note = Some("first non-finite value".into());
-        } else if class == 2 && note.is_none() && launch == 0 && others {
+        } else if class == 2 && !a.compute_shared && note.is_none() && launch == 0 && others {
             note = Some("used only on the way to this element".into());
         }
         let op = if a.origin { k.inst(origin.expect("origin")).op.mnemonic() } else { d.op.mnemonic() };
@@ -885,8 +900,9 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
             },
             class,
             launch,
-            depth: a.depth,
+            depth: if a.mixed { a.depth.min(2) } else { a.depth },
             order: a.order,
+            store: main == t.inst && launch == 0,
         });
     }
 

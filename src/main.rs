@@ -235,7 +235,10 @@ fn parse_element(s: &str) -> Result<(String, Vec<usize>)> {
         return Ok((s.to_string(), Vec::new()));
     };
     let (name, rest) = s.split_at(open);
-    let inner = rest.strip_prefix('[').and_then(|r| r.strip_suffix(']')).with_context(|| format!("--blame-element `{s}`: expected TENSOR[I,J,..]"))?;
+    let inner = rest
+        .strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .with_context(|| format!("--blame-element `{s}`: expected TENSOR[I,J,..]"))?;
     let index = inner
         .split(',')
         .map(str::trim)

@@ -237,15 +237,21 @@ fn cube_case(bwd: Vec<Step>, extra: Option<Step>) -> (Forward, Backward, Inputs)
     for s in bwd {
         b = b.step(s);
     }
-    let inputs = Inputs::new()
-        .constant_int("n", 1000)
-        .random("x", DType::F32, &[1000], Dist::Normal { mean: 0.0, std: 1.5 })
-        .random("w", DType::F32, &[1000], Dist::Normal { mean: 1.0, std: 0.5 });
+    let inputs = Inputs::new().constant_int("n", 1000).random("x", DType::F32, &[1000], Dist::Normal { mean: 0.0, std: 1.5 }).random(
+        "w",
+        DType::F32,
+        &[1000],
+        Dist::Normal { mean: 1.0, std: 0.5 },
+    );
     (fwd, b, inputs)
 }
 
 fn cube_bwd(name: &str) -> Step {
-    launch(k(name, &[("BLOCK", 128)]), "cdiv(n, 128)", &[("x_ptr", "x"), ("w_ptr", "w"), ("gy_ptr", "grad_y"), ("gx_ptr", "grad_x"), ("n", "n")])
+    launch(
+        k(name, &[("BLOCK", 128)]),
+        "cdiv(n, 128)",
+        &[("x_ptr", "x"), ("w_ptr", "w"), ("gy_ptr", "grad_y"), ("gx_ptr", "grad_x"), ("n", "n")],
+    )
 }
 
 #[test]
@@ -273,8 +279,11 @@ fn a_bug_in_an_earlier_launch_is_followed_there() {
         "cdiv(n, 128)",
         &[("w_ptr", "w"), ("gy_ptr", "grad_y"), ("t_ptr", "t"), ("n", "n")],
     );
-    let stage2 =
-        launch(k("cube_scaled_bwd_stage_two", &[("BLOCK", 64)]), "cdiv(n, 64)", &[("x_ptr", "x"), ("t_ptr", "t"), ("gx_ptr", "grad_x"), ("n", "n")]);
+    let stage2 = launch(
+        k("cube_scaled_bwd_stage_two", &[("BLOCK", 64)]),
+        "cdiv(n, 64)",
+        &[("x_ptr", "x"), ("t_ptr", "t"), ("gx_ptr", "grad_x"), ("n", "n")],
+    );
     let (f, b, i) = cube_case(vec![stage1, stage2], Some(Step::alloc("t", &["n"], DType::F32).unwrap()));
     let r = run(&f, &b, &i);
     assert_points_at(&r, "x", "cube_scaled_bwd_stage_one_broken");

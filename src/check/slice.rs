@@ -29,6 +29,9 @@ const SHOWN: usize = 10;
 const PER_LAUNCH: usize = 3;
 /// Earlier launches followed, at most, from one slice.
 const MAX_DEPTH: usize = 2;
+/// Lanes followed per value, at most: which lines a value depends on rarely needs more, and a
+/// `dot` inside a loop would otherwise spread to whole tiles.
+const MAX_LANES: usize = 256;
 
 /// The source lines through which a blamed element's value was computed, most likely culprit
 /// first, with the value each computed at that element.
@@ -184,7 +187,10 @@ struct Files(HashMap<String, Option<Vec<String>>>);
 
 impl Files {
     fn line(&mut self, file: &str, line: u32) -> String {
-        let text = self.0.entry(file.to_string()).or_insert_with(|| std::fs::read_to_string(file).ok().map(|s| s.lines().map(String::from).collect()));
+        let text = self
+            .0
+            .entry(file.to_string())
+            .or_insert_with(|| std::fs::read_to_string(file).ok().map(|s| s.lines().map(String::from).collect()));
         let Some(l) = text.as_ref().and_then(|t| t.get((line as usize).wrapping_sub(1))) else { return String::new() };
         let l = l.trim();
         if l.chars().count() > 100 {
@@ -334,6 +340,7 @@ impl Walk<'_, '_> {
     fn reach(&mut self, v: Value, mut lanes: Vec<u32>, role: Role, depth: u32) {
         lanes.sort_unstable();
         lanes.dedup();
+        lanes.truncate(MAX_LANES);
         let i = v.index();
         let grew = match &mut self.lanes[i] {
             None => {
@@ -347,6 +354,7 @@ impl Walk<'_, '_> {
                 old.extend(lanes);
                 old.sort_unstable();
                 old.dedup();
+                old.truncate(MAX_LANES);
                 let stronger = role < self.role[i];
                 self.role[i] = self.role[i].min(role);
                 self.depth[i] = self.depth[i].min(depth);
@@ -651,7 +659,10 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
     let mut origin: Option<Inst> = None;
     if nonfinite_elem && out.nonfinite.is_none() {
         let on = |nf: &&tilegrad_reference::NonFinite| {
-            k.inst(nf.inst).results.first().is_some_and(|r| w.lanes[r.index()].as_ref().is_some_and(|ls| nf.lanes.iter().any(|x| ls.binary_search(x).is_ok())))
+            k.inst(nf.inst)
+                .results
+                .first()
+                .is_some_and(|r| w.lanes[r.index()].as_ref().is_some_and(|ls| nf.lanes.iter().any(|x| ls.binary_search(x).is_ok())))
         };
         let loads = |nf: &&tilegrad_reference::NonFinite| matches!(k.inst(nf.inst).op, Op::Load { .. });
         let pick = rec
@@ -832,7 +843,14 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
         let pid = grid.pid(p as u64);
         notes.insert(
             i,
-            format!("reads `{name}`{idx:?}, written at {} by kernel `{}` (step {s}), program ({}, {}, {})", short_loc(&sl.to_string()), lk.name, pid[0], pid[1], pid[2]),
+            format!(
+                "reads `{name}`{idx:?}, written at {} by kernel `{}` (step {s}), program ({}, {}, {})",
+                short_loc(&sl.to_string()),
+                lk.name,
+                pid[0],
+                pid[1],
+                pid[2]
+            ),
         );
         if launch < MAX_DEPTH && sub_targets.len() < 2 {
             sub_targets.push((s, name, off as usize, p, inst));
@@ -869,7 +887,9 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
             Role::Address => "address",
         };
         let value = match d.op {
-            Op::Store { .. } | Op::AtomicAdd { .. } => rec.values[d.args[1].index()].as_ref().map(|v| v.at(same(&[lane], &vshape, &pshape)[0] as usize)),
+            Op::Store { .. } | Op::AtomicAdd { .. } => {
+                rec.values[d.args[1].index()].as_ref().map(|v| v.at(same(&[lane], &vshape, &pshape)[0] as usize))
+            }
             _ => d.results.first().and_then(|r| {
                 let l0 = w.lanes[r.index()].as_ref()?.first().copied()?;
                 rec.values[r.index()].as_ref().filter(|v| matches!(v, Recorded::Num { .. })).map(|v| v.at(l0 as usize))
@@ -878,7 +898,10 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
         let mut note = notes.get(&main).cloned();
         if note.is_none() {
             // A load on this line may carry the note.
-            note = notes.iter().find(|(i, _)| k.inst(**i).loc.line == a.loc.line && k.inst(**i).loc.file == a.loc.file).map(|(_, n)| n.clone());
+            note = notes
+                .iter()
+                .find(|(i, _)| k.inst(**i).loc.line == a.loc.line && k.inst(**i).loc.file == a.loc.file)
+                .map(|(_, n)| n.clone());
         }
         if a.origin && note.is_none() {
             note = Some("first non-finite value".into());

@@ -144,7 +144,7 @@ pub(crate) fn explain(t: &Target) -> Option<Slice> {
     let mut out = Slice { lines: Vec::new(), omitted: 0, nonfinite: None, decided_by: Vec::new() };
     walk_launch(t, 0, &mut files, &mut lines, &mut out)?;
     // Rank: class, then earlier launches after the blamed one, then distance from the store.
-    lines.sort_by(|a, b| (a.class, a.launch, a.depth, a.order).cmp(&(b.class, b.launch, b.depth, b.order)));
+    lines.sort_by_key(|a| (a.class, a.launch, a.depth, a.order));
     let mut shown: Vec<usize> = (0..lines.len().min(SHOWN)).collect();
     if let Some(st) = lines.iter().position(|l| l.store).filter(|st| !shown.contains(st)) {
         shown.pop();

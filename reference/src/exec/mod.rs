@@ -122,7 +122,7 @@ fn build_shared<'a>(l: &Launch<'a>, bound: &[Bound], mem: &'a Memory, plan: &'a 
         .collect();
     let shared = Shared {
         kernel: k,
-        plan: &plan,
+        plan,
         slots: slot_ids
             .iter()
             .zip(&slot_written)

@@ -115,6 +115,10 @@ enum Command {
         /// comparison, blame, output); the JSON always has them.
         #[arg(long)]
         timings: bool,
+        /// Explain a gradient element whatever its error: who wrote it and the source lines its
+        /// value was computed through, e.g. `grad_x[3,7]` (or by input name, `x[3,7]`). Repeatable.
+        #[arg(long = "blame-element", value_name = "TENSOR[I,J,..]")]
+        blame_elements: Vec<String>,
         #[command(flatten)]
         opts: SpecArgs,
     },
@@ -245,14 +249,39 @@ fn write_npy(dir: &Path, groups: &[(&str, &check::Named)]) -> Result<()> {
     Ok(())
 }
 
+/// Parses `TENSOR[I,J,..]` (`TENSOR[]` or a bare name for a scalar).
+fn parse_element(s: &str) -> Result<(String, Vec<usize>)> {
+    let s = s.trim();
+    let Some(open) = s.find('[') else {
+        return Ok((s.to_string(), Vec::new()));
+    };
+    let (name, rest) = s.split_at(open);
+    let inner = rest
+        .strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .with_context(|| format!("--blame-element `{s}`: expected TENSOR[I,J,..]"))?;
+    let index = inner
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse::<usize>().with_context(|| format!("--blame-element `{s}`: `{t}` is not an index")))
+        .collect::<Result<Vec<_>>>()?;
+    if name.trim().is_empty() {
+        bail!("--blame-element `{s}`: no tensor named");
+    }
+    Ok((name.trim().to_string(), index))
+}
+
 /// Runs a command; `Ok(false)` means it ran and found a failure.
 fn run(cli: Cli) -> Result<bool> {
     match cli.command {
-        Command::Check { specs, json, timings, opts } => {
+        Command::Check { specs, json, timings, blame_elements, opts } => {
+            let elements = blame_elements.iter().map(|e| parse_element(e)).collect::<Result<Vec<_>>>()?;
             let mut reports = Vec::new();
             for path in &specs {
                 let t_spec = Instant::now();
-                let (spec, o) = opts.load(path)?;
+                let (spec, mut o) = opts.load(path)?;
+                o.blame_elements = elements.clone();
                 let spec_seconds = t_spec.elapsed().as_secs_f64();
                 let bwd = spec.backward.as_ref().with_context(|| format!("{}: the spec has no [backward] to check", path.display()))?;
                 let mut progress = Progress::new(&spec.name);

@@ -313,6 +313,56 @@ fn every_broken_variant_fails_and_the_report_points_at_it() {
     assert!(failures.is_empty(), "{} of {} broken variants:\n{}", failures.len(), CASES.len(), failures.join("\n\n"));
 }
 
+/// Variants whose `# BUG:` line the data-flow slice does not reach within its shown lines, and
+/// why.
+const SLICE_MISSES: &[(&str, &str)] = &[
+    // The tile-local mask makes every lane pass the condition, so the `where` selects one way
+    // only and ranks with the many lines of the softmax recomputation shared by dq, dk and dv.
+    ("attn_bwd_broken_key_mask", "a mask that masks nothing ranks with the shared lines"),
+];
+
+/// For a wrong or NaN gradient, the worst element's data-flow slice names the variant's `# BUG:`
+/// line (with its source text) among at most a dozen lines.
+#[test]
+fn the_slice_of_every_wrong_value_names_the_bug_line() {
+    let cases: Vec<&Case> = CASES.iter().filter(|c| matches!(c.3, Wrong { .. } | NanWritten { .. })).collect();
+    let failures = all(&cases, |case| {
+        let (variant, spec_name, key, expect, _) = **case;
+        let input = match expect {
+            Wrong { input, .. } | NanWritten { input, .. } => input,
+            _ => unreachable!("filtered"),
+        };
+        let path = examples().join(format!("{spec_name}.toml"));
+        let o = [KernelOverride { key: key.to_string(), reference: format!("::{variant}") }];
+        let s = spec::load_with(&path, &o).map_err(|e| format!("{variant}: load: {e}"))?;
+        let opts = CheckOptions { trials: 1, ..CheckOptions::default() };
+        let r = check_backward(&s.forward, s.backward.as_ref().unwrap(), &s.inputs, &opts).map_err(|e| format!("{variant}: check: {e}"))?;
+        let src = source(variant);
+        let bug = src.bug.ok_or_else(|| format!("{variant}: no BUG line"))?;
+        let g = r.gradients.iter().find(|g| g.name == input).ok_or_else(|| format!("{variant}: no gradient of `{input}`"))?;
+        let slice = g
+            .worst
+            .as_ref()
+            .and_then(|w| w.blame.as_ref())
+            .and_then(|b| b.slice.as_ref())
+            .ok_or_else(|| format!("{variant}: no slice\n{r}"))?;
+        let at = |loc: &str| loc.contains(&format!("{}:{bug}:", src.file));
+        let named = slice.lines.len() + slice.nonfinite.is_some() as usize;
+        // Quoted sources are cut at 100 characters, which may cut the comment.
+        let hit = slice.lines.iter().any(|l| at(&l.loc) && (l.source.contains("# BUG:") || l.source.ends_with("...")))
+            || slice.nonfinite.as_deref().is_some_and(at);
+        let miss = SLICE_MISSES.iter().any(|(v, _)| *v == variant);
+        if named > 12 {
+            return Err(format!("{variant}: {named} lines named\n{r}"));
+        }
+        if hit == miss {
+            return Err(format!("{variant}: bug line {bug} named: {hit}, listed as a miss: {miss}\n{r}"));
+        }
+        Ok(())
+    });
+    assert!(failures.is_empty(), "{} of {} variants:\n{}", failures.len(), cases.len(), failures.join("\n\n"));
+}
+
 // ---------------------------------------------------------------- the command line
 
 fn tilegrad(args: &[&str]) -> (i32, String, String) {
@@ -369,6 +419,30 @@ fn cli_exit_codes_pass_fail_and_bad_spec() {
     assert_eq!(code, 2);
     assert!(err.contains("kernels.nope"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn cli_blame_element_explains_any_element() {
+    let args = ["check", "examples/softmax.toml", "--kernel", "bwd=::softmax_bwd_broken_no_dot", "--trials", "1"];
+    let (code, out, err) = tilegrad(&[&args[..], &["--blame-element", "grad_x[3, 5]"]].concat());
+    assert_eq!(code, 1, "{out}{err}");
+    let at = out.find("element `grad_x`[3, 5]: expected").unwrap_or_else(|| panic!("{out}"));
+    // The element's slice quotes the bug's line.
+    assert!(out[at..].contains("softmax_bwd.py:59") && out[at..].contains("# BUG:"), "{out}");
+    let (code, out, err) = tilegrad(&[&args[..], &["--json", "--blame-element", "x[3,5]"]].concat());
+    assert_eq!(code, 1, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let x = &v[0]["explained"][0];
+    assert_eq!(x["tensor"], "grad_x", "{out}");
+    assert_eq!(x["element"]["index"], serde_json::json!([3, 5]), "{out}");
+    assert!(x["element"]["blame"]["slice"]["lines"].as_array().is_some_and(|l| !l.is_empty()), "{out}");
+    // Outside the tensor, or not a gradient: bad input.
+    let (code, _, err) = tilegrad(&[&args[..], &["--blame-element", "grad_x[1001,0]"]].concat());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("outside `grad_x`"), "{err}");
+    let (code, _, err) = tilegrad(&[&args[..], &["--blame-element", "y[0,0]"]].concat());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not a gradient"), "{err}");
 }
 
 #[test]

@@ -334,7 +334,7 @@ impl Site {
     }
 
     fn __repr__(&self) -> String {
-        Blame { via: Vec::new(), sites: vec![self.0.clone()] }.to_string().trim().to_string()
+        Blame { via: Vec::new(), sites: vec![self.0.clone()], slice: None }.to_string().trim().to_string()
     }
 }
 
@@ -368,7 +368,7 @@ impl Comparison {
     /// Attaches blame to the worst element.
     fn set_blame(&mut self, via: Vec<String>, sites: Vec<Site>) {
         if let Some(w) = self.report.worst.as_mut() {
-            w.blame = Some(Blame { via, sites: sites.into_iter().map(|s| s.0).collect() });
+            w.blame = Some(Blame { via, sites: sites.into_iter().map(|s| s.0).collect(), slice: None });
         }
     }
 }

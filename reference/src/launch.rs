@@ -297,6 +297,22 @@ impl<'k> Launch<'k> {
         crate::exec::check(self, &bound, mem)
     }
 
+    /// Runs program instance `pid` alone against `mem` (which it does not change) and records
+    /// the value of every op it runs: the last execution of each, or, with `target` (a store or
+    /// `atomic_add` instruction, a tensor and a flat element), the execution current when that
+    /// instruction last wrote that element. Also records the ops whose results became
+    /// non-finite from finite operands. For explaining one element of a launch's output.
+    pub fn record_program(
+        &self,
+        mem: &Memory,
+        pid: [u32; 3],
+        target: Option<(Inst, TensorId, usize)>,
+    ) -> Result<crate::exec::ProgramRecord, ExecError> {
+        tilegrad_ir::verify(self.kernel)?;
+        let bound = self.bind(mem)?;
+        crate::exec::record(self, &bound, mem, pid, target.map(|(i, t, e)| (i, t, e as i64)))
+    }
+
     /// The checks of [`Launch::check`] that need no program to run: the kernel verifies, the
     /// grid is valid, and every argument matches its parameter and its tensor's data.
     pub fn check_arguments(&self, mem: &Memory) -> Result<(), ExecError> {

@@ -3,29 +3,43 @@
 //! stores that wrote the partial buffer's elements it was summed from).
 
 use super::report::{unravel, Blame, BlameSite};
+use super::slice::{explain, Target};
 use super::steps::{split_axis, Env, Init, Origin, Step, Trace};
 use tilegrad_ir::{Kernel, Loc, Value};
 use tilegrad_reference::Writers;
 
-/// Where the instruction defining `v` is, if an instruction defines it (not a parameter).
+/// Where the instruction defining `v` is, if an instruction defines it (not a parameter); for a
+/// loop's result, where the body computes the value it carries out (not the loop header).
 fn def_loc(k: &Kernel, v: Value) -> Option<Loc> {
     let mut found = None;
     k.walk(&mut |_, d| {
         if found.is_none() && d.results.contains(&v) {
-            found = Some(d.loc.clone());
+            found = Some(match d.op {
+                tilegrad_ir::Op::For { body, .. } => {
+                    let j = d.results.iter().position(|&r| r == v).unwrap_or(0);
+                    let y = k.block(body).insts.last().map(|&l| k.inst(l)).filter(|y| matches!(y.op, tilegrad_ir::Op::Yield));
+                    match y.and_then(|y| y.args.get(j).copied()).filter(|&yv| yv != v) {
+                        Some(yv) => def_loc(k, yv).unwrap_or_else(|| d.loc.clone()),
+                        None => d.loc.clone(),
+                    }
+                }
+                _ => d.loc.clone(),
+            });
         }
     });
     found.filter(|l| !l.is_unknown())
 }
 
-/// Blames element `e` (flat) of tensor `name` of a pass that ran `steps` with `trace`.
-pub(crate) fn blame(trace: &Trace, env: &Env, steps: &[Step], name: &str, e: usize) -> Blame {
-    let mut b = Blame { via: Vec::new(), sites: Vec::new() };
-    go(trace, env, steps, name, &[e], &mut b, 0);
+/// Blames element `e` (flat) of tensor `name` of a pass that ran `steps` with `trace`;
+/// `values` (expected, got) rank the lines of its data-flow slice.
+pub(crate) fn blame(trace: &Trace, env: &Env, steps: &[Step], name: &str, e: usize, values: Option<(f64, f64)>) -> Blame {
+    let mut b = Blame { via: Vec::new(), sites: Vec::new(), slice: None };
+    go(trace, env, steps, name, &[e], &mut b, 0, values);
     b
 }
 
-fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: &mut Blame, depth: usize) {
+#[allow(clippy::too_many_arguments)]
+fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: &mut Blame, depth: usize, values: Option<(f64, f64)>) {
     let Some((_, origin, layers)) = trace.get(name) else {
         b.sites.push(BlameSite::Given { tensor: name.to_string() });
         return;
@@ -47,6 +61,22 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
             continue;
         }
         let pid = grid.pid(p as u64);
+        if b.slice.is_none() {
+            // The data flow of the first element blamed on a store (through host steps, its
+            // value is the compared one only when no sum intervened).
+            let direct = b.via.is_empty();
+            b.slice = explain(&Target {
+                trace,
+                env,
+                step,
+                tensor: name,
+                element: e,
+                program: p,
+                inst,
+                expected: values.filter(|_| direct).map(|v| v.0),
+                got: values.map(|v| v.1),
+            });
+        }
         match b.sites.iter_mut().find(|s| matches!(s, BlameSite::Store { loc: l, step: st, .. } if *l == loc && *st == step)) {
             Some(BlameSite::Store { programs, elements, .. }) => {
                 *elements += 1;
@@ -105,7 +135,7 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
                 }
             };
             b.via.push(what);
-            go(trace, env, steps, src, &from, b, depth + 1);
+            go(trace, env, steps, src, &from, b, depth + 1, values);
         }
     }
 }

@@ -65,6 +65,7 @@ mod findings;
 mod ground;
 mod inputs;
 mod report;
+mod slice;
 mod steps;
 mod truth;
 
@@ -72,8 +73,8 @@ pub use expr::{Expr, ExprError, Scalar};
 pub(crate) use inputs::check_dist;
 pub use inputs::{Dist, InputTensor, Inputs, Source};
 pub use report::{
-    compare, unravel, Blame, BlameSite, Calibration, Failure, Finding, FindingKind, Location, Report, TensorReport, Timings, Tolerance,
-    Worst, SCHEMA_VERSION,
+    compare, unravel, Blame, BlameSite, Calibration, Explained, Failure, Finding, FindingKind, Location, Report, Slice, SliceLine,
+    TensorReport, Timings, Tolerance, Worst, SCHEMA_VERSION,
 };
 pub(crate) use steps::{eval_shape as steps_eval_shape, split_axis};
 pub use steps::{Env, Init, KernelLaunch, Step};
@@ -248,6 +249,9 @@ pub struct CheckOptions {
     /// infinity only the same infinity). Off by default: such a check is a usage error that
     /// names the tensor and the element.
     pub allow_non_finite: bool,
+    /// Gradient elements to explain in the report whatever their error: (gradient tensor or its
+    /// input's name, multi-index). Each gets blame and its data-flow slice ([`Report::explained`]).
+    pub blame_elements: Vec<(String, Vec<usize>)>,
 }
 
 impl Default for CheckOptions {
@@ -260,6 +264,7 @@ impl Default for CheckOptions {
             backend: Backend::Cpu,
             memory_budget: GradOptions::default().memory_budget,
             allow_non_finite: false,
+            blame_elements: Vec::new(),
         }
     }
 }
@@ -323,7 +328,7 @@ pub fn check_backward_with(
         }
         let (mut r, w) = tm.time("comparison", || report::compare(o, o, t.dtype(), t.shape(), tol, &exp, &t.to_f64_vec(), 0));
         if let (Some((w, _)), Some(worst)) = (w, r.worst.as_mut()) {
-            worst.blame = Some(tm.time("blame", || blame::blame(trace_f, env_n, &fwd.steps, o, w)));
+            worst.blame = Some(tm.time("blame", || blame::blame(trace_f, env_n, &fwd.steps, o, w, Some((worst.expected, worst.got)))));
         }
         forward.push(r);
     }
@@ -334,6 +339,7 @@ pub fn check_backward_with(
     let mut findings = Vec::new();
     let mut provisional = false;
     let mut rng = truth::cotangent_rng(opts.seed);
+    let mut explained = Vec::new();
     progress(0, opts.trials);
     for trial in 0..opts.trials {
         let drawn = tm.time("cotangents", || truth::draw_cotangents(&mut rng, env_n, fwd))?;
@@ -428,13 +434,17 @@ pub fn check_backward_with(
             tm.add("comparison", t_cmp.elapsed().as_secs_f64());
             if gradients[gi].as_ref().is_none_or(|(_, b)| badness > *b) {
                 if let (Some((w, _)), Some(worst)) = (w, r.worst.as_mut()) {
-                    worst.blame = Some(tm.time("blame", || blame::blame(&trace_b, &env_b, &bwd.steps, gname, w)));
+                    worst.blame =
+                        Some(tm.time("blame", || blame::blame(&trace_b, &env_b, &bwd.steps, gname, w, Some((worst.expected, worst.got)))));
                 }
                 gradients[gi] = Some((r, badness));
             }
         }
         if failure.is_some() {
             break;
+        }
+        if trial + 1 == opts.trials {
+            explained = explain_elements(opts, bwd, &env_b, &trace_b, &truth, trial)?;
         }
         progress(trial + 1, opts.trials);
     }
@@ -456,6 +466,7 @@ pub fn check_backward_with(
         gradients_provisional: provisional,
         failure,
         findings: all,
+        explained,
         timings: tm,
     })
 }
@@ -525,6 +536,35 @@ fn calibration(d: DType, tf32: bool, truth: &[f64], noisy: &[f64], got: &[f64]) 
         f64::INFINITY
     };
     report::Calibration { noise, limit, error: err, margin }
+}
+
+/// Blame for the gradient elements [`CheckOptions::blame_elements`] asks about.
+fn explain_elements(
+    opts: &CheckOptions,
+    bwd: &Backward,
+    env: &Env,
+    trace: &Trace,
+    truth: &HashMap<String, Vec<f64>>,
+    trial: usize,
+) -> Result<Vec<report::Explained>, CheckError> {
+    let mut out = Vec::new();
+    for (name, index) in &opts.blame_elements {
+        let Some((input, gname)) = bwd.gradients.iter().find(|(i, g)| g == name || i == name) else {
+            let known: Vec<&str> = bwd.gradients.iter().map(|(_, g)| g.as_str()).collect();
+            return Err(CheckError::Spec(format!("`{name}` is not a gradient of the backward (gradients: {})", known.join(", "))));
+        };
+        let g = env.tensor(gname).ok_or_else(|| CheckError::Spec(format!("gradient tensor `{gname}` is not defined by the backward")))?;
+        let shape = g.shape();
+        if index.len() != shape.len() || index.iter().zip(shape).any(|(i, n)| i >= n) {
+            return Err(CheckError::Spec(format!("element {index:?} is outside `{gname}`, of shape {shape:?}")));
+        }
+        let e = index.iter().zip(shape).fold(0usize, |acc, (i, n)| acc * n + i);
+        let expected = truth.get(input).map_or(0.0, |t| t[e]);
+        let got = g.get_f64(e);
+        let blame = Some(blame::blame(trace, env, &bwd.steps, gname, e, Some((expected, got))));
+        out.push(report::Explained { tensor: gname.clone(), trial, element: Worst { index: index.clone(), expected, got, blame } });
+    }
+    Ok(out)
 }
 
 /// Differentiable inputs are float inputs; outputs and saved tensors are consistent.

@@ -100,6 +100,9 @@ pub struct Blame {
     pub via: Vec<String>,
     /// Who wrote the element (or the elements it was computed from).
     pub sites: Vec<BlameSite>,
+    /// The source lines through which the element's value was computed (see [`Slice`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slice: Option<Slice>,
 }
 
 /// One writer of a blamed element.
@@ -186,9 +189,14 @@ impl fmt::Display for Blame {
                 BlameSite::Given { tensor } => writeln!(f, "      taken unchanged from the given tensor `{tensor}`")?,
             }
         }
+        if let Some(s) = &self.slice {
+            write!(f, "{s}")?;
+        }
         Ok(())
     }
 }
+
+pub use super::slice::{Slice, SliceLine};
 
 /// The worst element of a comparison.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -383,6 +391,9 @@ pub struct Report {
     pub failure: Option<Failure>,
     /// Every reason the check failed, as fields.
     pub findings: Vec<Finding>,
+    /// Elements asked about ([`super::CheckOptions::blame_elements`]), with their blame.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub explained: Vec<Explained>,
     /// Seconds spent per phase of the check (printed by `--timings`).
     pub timings: Timings,
 }
@@ -429,6 +440,17 @@ impl fmt::Display for Timings {
     }
 }
 
+/// An element of a gradient asked about: its values in the last trial, and who computed it how.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Explained {
+    /// The gradient tensor.
+    pub tensor: String,
+    /// The trial (0-based).
+    pub trial: usize,
+    /// The element, its values and its blame.
+    pub element: Worst,
+}
+
 impl Report {
     /// A report from its compared tensors and the failure of the backward, if any (for front
     /// ends that run the passes themselves, as the Python package does): `passed` and the
@@ -458,6 +480,7 @@ impl Report {
             gradients_provisional: false,
             failure,
             findings,
+            explained: Vec::new(),
             timings: Timings::default(),
         }
     }
@@ -554,6 +577,13 @@ impl fmt::Display for Report {
                 writeln!(f, "gradients (backward vs ground truth)")?;
             }
             table(f, "input", &self.gradients)?;
+        }
+        for x in &self.explained {
+            let w = &x.element;
+            writeln!(f, "  element `{}`{:?}: expected {:e}, got {:e} (trial {})", x.tensor, w.index, w.expected, w.got, x.trial)?;
+            if let Some(b) = &w.blame {
+                write!(f, "{b}")?;
+            }
         }
         Ok(())
     }

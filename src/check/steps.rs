@@ -206,10 +206,24 @@ pub(crate) enum Origin {
 /// A launch that wrote into a tensor: its step, kernel, grid and who wrote each element.
 pub(crate) type WriteLayer = (usize, Arc<Kernel>, Grid, Writers);
 
-/// Per tensor: its origin and the launches that wrote into it (in order).
+/// A launch as blame needs it to re-run one of its programs: its step, kernel, grid, arguments
+/// (tensors as ids of the pass's environment), options, and the tensors it may write as they
+/// were before it ran.
+#[derive(Clone, Debug)]
+pub(crate) struct TracedLaunch {
+    pub step: usize,
+    pub kernel: Arc<Kernel>,
+    pub grid: Grid,
+    pub args: Vec<(String, Arg)>,
+    pub options: Options,
+    pub before: Vec<(TensorId, HostTensor)>,
+}
+
+/// Per tensor: its origin and the launches that wrote into it (in order); and every launch.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Trace {
     pub tensors: Vec<(String, Origin, Vec<WriteLayer>)>,
+    pub launches: Vec<TracedLaunch>,
 }
 
 impl Trace {
@@ -303,9 +317,22 @@ pub(crate) fn run(
                     races: if mode == Mode::PoisonedResolvingRaces { RaceMode::Warn } else { RaceMode::Error },
                     ..Options::default()
                 };
-                let mut launch = Launch::new(&kernel, grid).options(opts);
+                let mut launch = Launch::new(&kernel, grid).options(opts.clone());
                 for (n, a) in &args {
                     launch = launch.arg(n, *a);
+                }
+                if let Some(tr) = trace.as_deref_mut() {
+                    // The tensors it may write, as they are now: blame re-runs one program later.
+                    let uses = tilegrad_ir::analysis::param_uses(&kernel);
+                    let mut before: Vec<(TensorId, HostTensor)> = Vec::new();
+                    for (p, u) in kernel.params.iter().zip(&uses) {
+                        if let Some((_, Arg::Tensor(t))) = args.iter().find(|(n, _)| *n == p.name) {
+                            if (u.stored || u.atomic) && !before.iter().any(|(b, _)| b == t) {
+                                before.push((*t, env.mem.get(*t).clone()));
+                            }
+                        }
+                    }
+                    tr.launches.push(TracedLaunch { step: i, kernel: kernel.clone(), grid, args: args.clone(), options: opts, before });
                 }
                 let summary = launch.run(&mut env.mem).map_err(|e| match e {
                     ExecError::Invalid(_) | ExecError::Argument { .. } | ExecError::Grid { .. } | ExecError::BadTensor { .. } => {

@@ -13,9 +13,11 @@ mod offs;
 mod ops;
 mod plan;
 mod program;
+mod record;
 mod tile;
 
 pub use ops::round_tf32;
+pub use record::{NonFinite, ProgramRecord, Recorded};
 
 use crate::error::{ExecError, Race, RaceKind, Site};
 use crate::launch::{Bound, Launch, LaunchSummary, Memory, RaceMode, TensorId};
@@ -74,6 +76,26 @@ fn evaluate(l: &Launch, bound: &[Bound], mem: &Memory) -> Result<(LaunchSummary,
     alloc::tune();
     let k = l.kernel;
     let plan = plan::Plan::new(k);
+    let (shared, slot_ids) = build_shared(l, bound, mem, &plan);
+    let ordered = plan.ordered;
+    let fast = if !ordered && l.options.races == RaceMode::Error && !l.options.record_writers { run_fast(l, &shared)? } else { None };
+    let (mut summary, finals) = match fast {
+        Some(r) => r,
+        None if ordered => run_ordered(l, &shared)?,
+        None => run_exact(l, &shared)?,
+    };
+    for w in &mut summary.writers {
+        w.tensor = slot_ids[w.tensor.0 as usize];
+    }
+    drop(shared);
+    Ok((summary, slot_ids, finals))
+}
+
+type Finals = Vec<Option<Data>>;
+
+/// What every program of launch `l` shares, and the tensor of each slot.
+fn build_shared<'a>(l: &Launch<'a>, bound: &[Bound], mem: &'a Memory, plan: &'a plan::Plan) -> (Shared<'a>, Vec<TensorId>) {
+    let k = l.kernel;
     // Slots: distinct tensors bound to pointer parameters (aliasing parameters share a slot).
     let mut slot_ids: Vec<TensorId> = Vec::new();
     let mut param_slot: Vec<Option<u32>> = Vec::new();
@@ -107,7 +129,7 @@ fn evaluate(l: &Launch, bound: &[Bound], mem: &Memory) -> Result<(LaunchSummary,
         .collect();
     let shared = Shared {
         kernel: k,
-        plan: &plan,
+        plan,
         slots: slot_ids
             .iter()
             .zip(&slot_written)
@@ -120,21 +142,29 @@ fn evaluate(l: &Launch, bound: &[Bound], mem: &Memory) -> Result<(LaunchSummary,
         grid: l.grid.0,
         poison: l.options.poison_masked_loads,
     };
-    let ordered = plan.ordered;
-    let fast = if !ordered && l.options.races == RaceMode::Error && !l.options.record_writers { run_fast(l, &shared)? } else { None };
-    let (mut summary, finals) = match fast {
-        Some(r) => r,
-        None if ordered => run_ordered(l, &shared)?,
-        None => run_exact(l, &shared)?,
-    };
-    for w in &mut summary.writers {
-        w.tensor = slot_ids[w.tensor.0 as usize];
-    }
-    drop(shared);
-    Ok((summary, slot_ids, finals))
+    (shared, slot_ids)
 }
 
-type Finals = Vec<Option<Data>>;
+/// Runs program `pid` of a launch alone, recording the value of every op it runs (see
+/// [`ProgramRecord`]); `target` (a store instruction, a tensor and an element) freezes the values
+/// at the last execution of that store that wrote that element. Its writes are discarded.
+pub(crate) fn record(
+    l: &Launch,
+    bound: &[Bound],
+    mem: &Memory,
+    pid: [u32; 3],
+    target: Option<(Inst, TensorId, i64)>,
+) -> Result<ProgramRecord, ExecError> {
+    let plan = plan::Plan::new(l.kernel);
+    let (shared, slot_ids) = build_shared(l, bound, mem, &plan);
+    let rec = record::Recorder {
+        values: vec![None; l.kernel.values.len()],
+        target: target.and_then(|(i, t, e)| slot_ids.iter().position(|&s| s == t).map(|s| (i, s as u32, e))),
+        slot_tensor: slot_ids.clone(),
+        ..Default::default()
+    };
+    Ok(Program::new(&shared, pid).run_recorded(rec)?.finish())
+}
 
 /// Runs every program in chunks of the grid, in parallel, handing each program's outcome to
 /// `sink` in program order; the first error in program order stops the launch.

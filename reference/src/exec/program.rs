@@ -165,6 +165,8 @@ pub(crate) struct Program<'a> {
     /// yet set back to the value they had (slot, offset, free value bits). Its accesses while
     /// holding one are ordered with the other programs' accesses under the same lock.
     held: Vec<(u32, i64, u64)>,
+    /// Records every op's value ([`super::record`]); `None` in ordinary launches.
+    rec: Option<Box<super::record::Recorder>>,
 }
 
 fn bits_of(d: &Data, i: usize) -> u64 {
@@ -272,6 +274,7 @@ impl<'a> Program<'a> {
             stored: 0,
             atomic: 0,
             held: Vec::new(),
+            rec: None,
         }
     }
 
@@ -280,6 +283,13 @@ impl<'a> Program<'a> {
         let mut l: LockSet = self.held.iter().map(|&(s, o, _)| (s, o)).collect();
         l.sort_unstable();
         l
+    }
+
+    /// Runs the program recording every op's value; its writes are discarded.
+    pub fn run_recorded(mut self, rec: super::record::Recorder) -> Result<super::record::Recorder, ExecError> {
+        self.rec = Some(Box::new(rec));
+        self.block(self.sh.kernel.body)?;
+        Ok(*self.rec.take().expect("set above"))
     }
 
     /// Runs the program. With `fast` outputs, its stores are written there at the end (in
@@ -357,6 +367,11 @@ impl<'a> Program<'a> {
                 return Ok(d.args.iter().map(|&a| self.get(a).clone()).collect());
             }
             self.inst(i)?;
+            if let Some(mut r) = self.rec.take() {
+                let env = &self.env;
+                r.after(k, i, &|v| env.get(v.index()).cloned().flatten());
+                self.rec = Some(r);
+            }
             for &v in &self.sh.plan.free_after[i.index()] {
                 self.env[v.index()] = None;
             }

@@ -1,0 +1,967 @@
+//! Data-flow slices: the source lines through which one wrong element's value was computed.
+//!
+//! Blame names the store that wrote a wrong element; the bug is usually some lines above it. The
+//! program instance that wrote the element is run again alone on the reference interpreter with
+//! its launch's memory as it was ([`tilegrad_reference::Launch::record_program`]), recording
+//! every op's value, and the kernel's def-use chains are walked back from the store's operands,
+//! lane by lane: through elementwise ops, broadcasts and reshapes, reductions (every lane of the
+//! reduced row), `dot` (a row of one operand, a column of the other), `where` (the branch taken at
+//! that lane, and its condition), casts, loads (their offsets and masks) and loop-carried values
+//! (to the op in the body that updates the accumulator, and its initial value). A load of a
+//! tensor that an earlier launch of the pass wrote is followed into that launch's program.
+//!
+//! Lines are ranked so that the likeliest culprit comes first: where the first non-finite value
+//! appeared (for a NaN/inf element); masks and conditions when the element looks masked wrongly
+//! (expected zero but written, or the reverse); lines computing floats used only on the path to
+//! this store before lines shared with the kernel's other outputs; plain loads, index arithmetic
+//! and addresses last.
+
+use super::steps::{Env, Trace, TracedLaunch};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::fmt;
+use tilegrad_ir::{Block, Inst, Kernel, Op, Value};
+use tilegrad_reference::{Arg, Launch, Memory, Options, ProgramRecord, Recorded, TensorId, Writers};
+
+/// Lines shown at most (the rest are counted in [`Slice::omitted`]).
+const SHOWN: usize = 10;
+/// Lines of each earlier launch followed that are always shown.
+const PER_LAUNCH: usize = 3;
+/// Earlier launches followed, at most, from one slice.
+const MAX_DEPTH: usize = 2;
+/// Lanes followed per value, at most: which lines a value depends on rarely needs more, and a
+/// `dot` inside a loop would otherwise spread to whole tiles.
+const MAX_LANES: usize = 256;
+
+/// The source lines through which a blamed element's value was computed, most likely culprit
+/// first, with the value each computed at that element.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Slice {
+    /// Lines, ranked (at most ten).
+    pub lines: Vec<SliceLine>,
+    /// Lines of the slice not shown.
+    pub omitted: usize,
+    /// For a non-finite element: the first op, in program order, whose result became non-finite
+    /// from finite operands (or the load that read a non-finite value), with its operands.
+    pub nonfinite: Option<String>,
+    /// Masks and conditions that decided whether, and from what, the element was written.
+    pub decided_by: Vec<String>,
+}
+
+/// One line of a [`Slice`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SliceLine {
+    /// Location of the line's main op (file:line:col).
+    pub loc: String,
+    /// The kernel.
+    pub kernel: String,
+    /// Step of the pass that launched it.
+    pub step: usize,
+    /// The program instance.
+    pub program: [u32; 3],
+    /// The line's main op (the one nearest the store along the data flow).
+    pub op: String,
+    /// How the line's value reaches the element: `value`, `index`, `mask` or `address`.
+    pub role: String,
+    /// The main op's value at the lane that led to the element.
+    pub value: Option<f64>,
+    /// The source line, trimmed (empty when the file cannot be read).
+    pub source: String,
+    /// Why it is ranked where it is, or what else is known about it.
+    pub note: Option<String>,
+}
+
+impl fmt::Display for Slice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(n) = &self.nonfinite {
+            writeln!(f, "      first non-finite value: {n}")?;
+        }
+        for d in &self.decided_by {
+            writeln!(f, "      decided by {d}")?;
+        }
+        if self.lines.is_empty() {
+            return Ok(());
+        }
+        writeln!(f, "      data flow of the element, most likely culprit first:")?;
+        let width = self.lines.iter().map(|l| short_loc(&l.loc).len()).max().unwrap_or(0);
+        let mut at: Option<(usize, &str, [u32; 3])> = self.lines.first().map(|l| (l.step, l.kernel.as_str(), l.program));
+        for l in &self.lines {
+            if at != Some((l.step, l.kernel.as_str(), l.program)) {
+                at = Some((l.step, l.kernel.as_str(), l.program));
+            }
+            let first = self.lines.first().is_some_and(|f0| f0.step == l.step && f0.kernel == l.kernel);
+            let value = l.value.map_or(String::new(), |v| format!("= {}", fmt_val(v)));
+            let role = if l.role == "value" { String::new() } else { format!("[{}] ", l.role) };
+            let whr = if first {
+                String::new()
+            } else {
+                format!("  (kernel `{}`, step {}, program ({}, {}, {}))", l.kernel, l.step, l.program[0], l.program[1], l.program[2])
+            };
+            write!(f, "        {:<width$}  {:<10} {:<12} | {role}{}", short_loc(&l.loc), l.op, value, l.source)?;
+            if let Some(n) = &l.note {
+                write!(f, "  <- {n}")?;
+            }
+            writeln!(f, "{whr}")?;
+        }
+        if self.omitted > 0 {
+            writeln!(f, "        ({} more line{} of the slice not shown)", self.omitted, if self.omitted == 1 { "" } else { "s" })?;
+        }
+        Ok(())
+    }
+}
+
+/// `file:line` of a `file:line:col` location.
+fn short_loc(loc: &str) -> &str {
+    match loc.rfind(':') {
+        Some(i) if loc[i + 1..].chars().all(|c| c.is_ascii_digit()) => &loc[..i],
+        _ => loc,
+    }
+}
+
+/// What blame knows about the element to explain.
+pub(crate) struct Target<'a> {
+    /// The pass's steps traced.
+    pub trace: &'a Trace,
+    /// The pass's environment after it ran.
+    pub env: &'a Env,
+    /// Step of the launch that wrote the element.
+    pub step: usize,
+    /// The written tensor (name in `env`) and the flat element.
+    pub tensor: &'a str,
+    pub element: usize,
+    /// Linear id of the program that wrote it, and the store.
+    pub program: u32,
+    pub inst: Inst,
+    /// Ground truth and the value checked, when known.
+    pub expected: Option<f64>,
+    pub got: Option<f64>,
+}
+
+/// The slice of the element `t` describes, or `None` when its program cannot be re-run.
+pub(crate) fn explain(t: &Target) -> Option<Slice> {
+    let mut files = Files::default();
+    let mut lines = Vec::new();
+    let mut out = Slice { lines: Vec::new(), omitted: 0, nonfinite: None, decided_by: Vec::new() };
+    walk_launch(t, 0, &mut files, &mut lines, &mut out)?;
+    // Rank: class, then earlier launches after the blamed one, then distance from the store.
+    lines.sort_by_key(|a| (a.class, a.launch, a.depth, a.order));
+    let mut shown: Vec<usize> = (0..lines.len().min(SHOWN)).collect();
+    if let Some(st) = lines.iter().position(|l| l.store).filter(|st| !shown.contains(st)) {
+        shown.pop();
+        shown.push(st);
+    }
+    // Every launch followed keeps its best lines.
+    for launch in 1..=MAX_DEPTH {
+        let theirs: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].launch == launch).take(PER_LAUNCH).collect();
+        for i in theirs {
+            if !shown.contains(&i) {
+                if shown.len() >= SHOWN {
+                    if let Some(pos) = shown.iter().rposition(|&j| lines[j].launch == 0 && !lines[j].store) {
+                        shown.remove(pos);
+                    }
+                }
+                shown.push(i);
+            }
+        }
+    }
+    shown.sort_unstable();
+    out.omitted = lines.len() - shown.len();
+    out.lines = shown.into_iter().map(|i| lines[i].line.clone()).collect();
+    Some(out)
+}
+
+/// A line with its ranking keys.
+struct Ranked {
+    line: SliceLine,
+    class: u8,
+    launch: usize,
+    depth: u32,
+    order: usize,
+    /// The line of the blamed store: always shown.
+    store: bool,
+}
+
+/// Source files, read once.
+#[derive(Default)]
+struct Files(HashMap<String, Option<Vec<String>>>);
+
+impl Files {
+    fn line(&mut self, file: &str, line: u32) -> String {
+        let text = self
+            .0
+            .entry(file.to_string())
+            .or_insert_with(|| std::fs::read_to_string(file).ok().map(|s| s.lines().map(String::from).collect()));
+        let Some(l) = text.as_ref().and_then(|t| t.get((line as usize).wrapping_sub(1))) else { return String::new() };
+        let l = l.trim();
+        if l.chars().count() > 100 {
+            format!("{}...", l.chars().take(97).collect::<String>())
+        } else {
+            l.to_string()
+        }
+    }
+}
+
+/// The memory of launch `tl` as it was before it ran, as a fresh [`Memory`]; its arguments
+/// re-bound to it; and the pass's tensor of each of its tensors.
+fn memory_before(trace: &Trace, env: &Env, tl: &TracedLaunch) -> (Memory, Vec<(String, Arg)>, Vec<TensorId>) {
+    let mut mem = Memory::new();
+    let mut back: Vec<TensorId> = Vec::new();
+    let mut args = Vec::new();
+    for (n, a) in &tl.args {
+        let a = match a {
+            Arg::Tensor(t) => Arg::Tensor(match back.iter().position(|b| b == t) {
+                Some(p) => TensorId(p as u32),
+                None => {
+                    // As it was then: its snapshot before this launch or the first later one that
+                    // wrote it, else as it is now.
+                    let then = trace
+                        .launches
+                        .iter()
+                        .filter(|l| l.step >= tl.step)
+                        .find_map(|l| l.before.iter().find(|(b, _)| b == t).map(|(_, h)| h))
+                        .unwrap_or_else(|| env.mem.get(*t));
+                    back.push(*t);
+                    mem.add(env.mem.name(*t), then.clone())
+                }
+            }),
+            s => *s,
+        };
+        args.push((n.clone(), a));
+    }
+    (mem, args, back)
+}
+
+/// How a value reaches the element (weakest last).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Role {
+    Value,
+    Mask,
+    Address,
+}
+
+/// Where a value is defined.
+#[derive(Clone, Copy)]
+enum Def {
+    Param,
+    Inst(Inst, usize),
+    BlockParam(Block, usize),
+}
+
+/// The kernel's def-use structure.
+struct Graph<'k> {
+    k: &'k Kernel,
+    def: Vec<Def>,
+    owner: Vec<Option<Inst>>,
+    order: Vec<usize>,
+}
+
+impl<'k> Graph<'k> {
+    fn new(k: &'k Kernel) -> Graph<'k> {
+        let mut def = vec![Def::Param; k.values.len()];
+        let mut owner = vec![None; k.blocks.len()];
+        let mut order = vec![0; k.insts.len()];
+        let mut n = 0;
+        k.walk(&mut |i, d| {
+            order[i.index()] = n;
+            n += 1;
+            for (j, &r) in d.results.iter().enumerate() {
+                def[r.index()] = Def::Inst(i, j);
+            }
+            for b in d.op.blocks() {
+                owner[b.index()] = Some(i);
+                for (j, &p) in k.block(b).params.iter().enumerate() {
+                    def[p.index()] = Def::BlockParam(b, j);
+                }
+            }
+        });
+        Graph { k, def, owner, order }
+    }
+
+    /// The operands of a block's final `yield`.
+    fn yielded(&self, b: Block) -> &[Value] {
+        match self.k.block(b).insts.last().map(|&l| self.k.inst(l)) {
+            Some(d) if matches!(d.op, Op::Yield) => &d.args,
+            _ => &[],
+        }
+    }
+
+    fn shape(&self, v: Value) -> Vec<usize> {
+        self.k.ty(v).shape.to_vec()
+    }
+}
+
+fn unravel(mut l: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for d in (0..shape.len()).rev() {
+        idx[d] = l % shape[d].max(1);
+        l /= shape[d].max(1);
+    }
+    idx
+}
+
+fn ravel(idx: &[usize], shape: &[usize]) -> u32 {
+    idx.iter().zip(shape).fold(0usize, |acc, (&i, &n)| acc * n + i) as u32
+}
+
+/// Lanes of an operand of shape `arg` read by lanes `lanes` of an elementwise result of shape
+/// `res` (a scalar operand: lane 0; a broadcast operand: its 1-sized dimensions at 0).
+fn same(lanes: &[u32], arg: &[usize], res: &[usize]) -> Vec<u32> {
+    if arg.iter().product::<usize>() == 1 {
+        return vec![0];
+    }
+    if arg == res || arg.len() != res.len() {
+        return lanes.to_vec();
+    }
+    lanes
+        .iter()
+        .map(|&l| {
+            let mut idx = unravel(l as usize, res);
+            for (d, i) in idx.iter_mut().enumerate() {
+                if arg[d] == 1 {
+                    *i = 0;
+                }
+            }
+            ravel(&idx, arg)
+        })
+        .collect()
+}
+
+/// The walk over one program's record.
+struct Walk<'g, 'k> {
+    g: &'g Graph<'k>,
+    rec: &'g ProgramRecord,
+    lanes: Vec<Option<Vec<u32>>>,
+    role: Vec<Role>,
+    depth: Vec<u32>,
+    queue: Vec<Value>,
+}
+
+impl Walk<'_, '_> {
+    fn reach(&mut self, v: Value, mut lanes: Vec<u32>, role: Role, depth: u32) {
+        lanes.sort_unstable();
+        lanes.dedup();
+        lanes.truncate(MAX_LANES);
+        let i = v.index();
+        let grew = match &mut self.lanes[i] {
+            None => {
+                self.lanes[i] = Some(lanes);
+                self.role[i] = role;
+                self.depth[i] = depth;
+                true
+            }
+            Some(old) => {
+                let n = old.len();
+                old.extend(lanes);
+                old.sort_unstable();
+                old.dedup();
+                old.truncate(MAX_LANES);
+                let stronger = role < self.role[i];
+                self.role[i] = self.role[i].min(role);
+                self.depth[i] = self.depth[i].min(depth);
+                old.len() > n || stronger
+            }
+        };
+        if grew {
+            self.queue.push(v);
+        }
+    }
+
+    fn cond_at(&self, c: Value, lane: u32) -> Option<bool> {
+        self.rec.values.get(c.index())?.as_ref().map(|r| r.at(lane as usize) != 0.0)
+    }
+
+    fn run(&mut self) {
+        let mut budget = 200_000usize;
+        while let Some(v) = self.queue.pop() {
+            budget = budget.saturating_sub(1);
+            if budget == 0 {
+                break;
+            }
+            let lanes = self.lanes[v.index()].clone().unwrap_or_default();
+            let (role, depth) = (self.role[v.index()], self.depth[v.index()] + 1);
+            let g = self.g;
+            let k = g.k;
+            match g.def[v.index()] {
+                Def::Param => {}
+                Def::BlockParam(b, j) => {
+                    let Some(o) = g.owner[b.index()] else { continue };
+                    let d = k.inst(o);
+                    if let Op::For { .. } = d.op {
+                        if j == 0 {
+                            for &a in &d.args[..3] {
+                                self.reach(a, vec![0], role, depth);
+                            }
+                        } else {
+                            self.reach(d.args[3 + j - 1], lanes.clone(), role, depth);
+                            if let Some(&y) = g.yielded(b).get(j - 1) {
+                                self.reach(y, lanes.clone(), role, depth);
+                            }
+                        }
+                    }
+                }
+                Def::Inst(i, r) => self.step(i, r, v, &lanes, role, depth),
+            }
+        }
+    }
+
+    fn step(&mut self, i: Inst, r: usize, v: Value, lanes: &[u32], role: Role, depth: u32) {
+        let g = self.g;
+        let d = g.k.inst(i);
+        let a = &d.args;
+        let res = g.shape(v);
+        let sub = |edge: Role| role.max(edge);
+        match &d.op {
+            Op::ProgramId { .. } | Op::NumPrograms { .. } | Op::Const { .. } | Op::Arange { .. } => {}
+            Op::Broadcast | Op::Unary(_) | Op::Binary(_) | Op::Cmp(_) | Op::Cast => {
+                for &x in a {
+                    let l = same(lanes, &g.shape(x), &res);
+                    self.reach(x, l, role, depth);
+                }
+            }
+            Op::ExpandDims { .. } | Op::Reshape => self.reach(a[0], lanes.to_vec(), role, depth),
+            Op::Permute { perm } => {
+                let src = g.shape(a[0]);
+                let l = lanes
+                    .iter()
+                    .map(|&l| {
+                        let ri = unravel(l as usize, &res);
+                        let mut ai = vec![0; src.len()];
+                        for (dd, &p) in perm.iter().enumerate() {
+                            if let (Some(x), Some(&y)) = (ai.get_mut(p as usize), ri.get(dd)) {
+                                *x = y;
+                            }
+                        }
+                        ravel(&ai, &src)
+                    })
+                    .collect();
+                self.reach(a[0], l, role, depth);
+            }
+            Op::Where => {
+                let c = a[0];
+                self.reach(c, same(lanes, &g.shape(c), &res), sub(Role::Mask), depth);
+                let (mut t, mut f) = (Vec::new(), Vec::new());
+                for &l in lanes {
+                    let cl = same(&[l], &g.shape(c), &res)[0];
+                    match self.cond_at(c, cl) {
+                        Some(true) => t.push(l),
+                        Some(false) => f.push(l),
+                        None => {
+                            t.push(l);
+                            f.push(l);
+                        }
+                    }
+                }
+                if !t.is_empty() {
+                    self.reach(a[1], same(&t, &g.shape(a[1]), &res), role, depth);
+                }
+                if !f.is_empty() {
+                    self.reach(a[2], same(&f, &g.shape(a[2]), &res), role, depth);
+                }
+            }
+            Op::Reduce { axis, keep_dims, .. } => {
+                let src = g.shape(a[0]);
+                let ax = *axis as usize;
+                let n = src.get(ax).copied().unwrap_or(1);
+                let mut l = Vec::new();
+                for &x in lanes {
+                    let mut idx = unravel(x as usize, &res);
+                    if *keep_dims {
+                        idx[ax] = 0;
+                    } else {
+                        idx.insert(ax.min(idx.len()), 0);
+                    }
+                    for kk in 0..n {
+                        idx[ax] = kk;
+                        l.push(ravel(&idx, &src));
+                    }
+                }
+                self.reach(a[0], l, role, depth);
+            }
+            Op::Cumsum { axis, reverse } => {
+                let ax = *axis as usize;
+                let n = res[ax];
+                let mut l = Vec::new();
+                for &x in lanes {
+                    let mut idx = unravel(x as usize, &res);
+                    let at = idx[ax];
+                    let range = if *reverse { at..n } else { 0..at + 1 };
+                    for kk in range {
+                        idx[ax] = kk;
+                        l.push(ravel(&idx, &res));
+                    }
+                }
+                self.reach(a[0], l, role, depth);
+            }
+            Op::Dot { .. } => {
+                let (sa, sb) = (g.shape(a[0]), g.shape(a[1]));
+                let kk = sa.get(1).copied().unwrap_or(1);
+                let (mut la, mut lb) = (Vec::new(), Vec::new());
+                for &x in lanes {
+                    let idx = unravel(x as usize, &res);
+                    for j in 0..kk {
+                        la.push(ravel(&[idx[0], j], &sa));
+                        lb.push(ravel(&[j, idx[1]], &sb));
+                    }
+                }
+                self.reach(a[0], la, role, depth);
+                self.reach(a[1], lb, role, depth);
+                self.reach(a[2], lanes.to_vec(), role, depth);
+            }
+            Op::AddPtr => {
+                self.reach(a[0], lanes.to_vec(), sub(Role::Address), depth);
+                self.reach(a[1], same(lanes, &g.shape(a[1]), &res), sub(Role::Address), depth);
+            }
+            Op::Load { mask, other } => {
+                self.reach(a[0], lanes.to_vec(), sub(Role::Address), depth);
+                if *mask {
+                    self.reach(a[1], same(lanes, &g.shape(a[1]), &res), sub(Role::Mask), depth);
+                    if *other {
+                        let off: Vec<u32> = lanes.iter().copied().filter(|&l| self.cond_at(a[1], l) == Some(false)).collect();
+                        if !off.is_empty() {
+                            self.reach(a[2], same(&off, &g.shape(a[2]), &res), role, depth);
+                        }
+                    }
+                }
+            }
+            Op::For { body, .. } => {
+                if let Some(&y) = g.yielded(*body).get(r) {
+                    self.reach(y, lanes.to_vec(), role, depth);
+                }
+                self.reach(a[3 + r], lanes.to_vec(), role, depth);
+            }
+            Op::If { then_block, else_block } => {
+                self.reach(a[0], vec![0], sub(Role::Mask), depth);
+                let blocks = match self.cond_at(a[0], 0) {
+                    Some(true) => vec![*then_block],
+                    Some(false) => vec![*else_block],
+                    None => vec![*then_block, *else_block],
+                };
+                for b in blocks {
+                    if let Some(&y) = g.yielded(b).get(r) {
+                        self.reach(y, lanes.to_vec(), role, depth);
+                    }
+                }
+            }
+            Op::While { body, .. } => {
+                if let Some(&y) = g.yielded(*body).get(r) {
+                    self.reach(y, lanes.to_vec(), role, depth);
+                }
+                if let Some(&init) = a.get(r) {
+                    self.reach(init, lanes.to_vec(), role, depth);
+                }
+            }
+            // The old values of atomics come from memory as the programs before left it: the
+            // slice follows their address, as for a load.
+            Op::AtomicRmw { .. } | Op::AtomicCas => self.reach(a[0], lanes.to_vec(), sub(Role::Address), depth),
+            Op::Store { .. } | Op::AtomicAdd { .. } | Op::Yield => {}
+        }
+    }
+}
+
+/// Instructions whose values some store other than `store` (to another tensor) uses.
+fn used_elsewhere(g: &Graph, store: Inst) -> Vec<bool> {
+    let k = g.k;
+    let src = tilegrad_ir::analysis::pointer_sources(k);
+    let mine = &src[k.inst(store).args[0].index()];
+    let mut seen = vec![false; k.values.len()];
+    let mut stack: Vec<Value> = Vec::new();
+    k.walk(&mut |i, d| {
+        if i != store && matches!(d.op, Op::Store { .. } | Op::AtomicAdd { .. }) && src[d.args[0].index()] != *mine {
+            stack.push(d.args[1]);
+        }
+    });
+    let mut used = vec![false; k.insts.len()];
+    while let Some(v) = stack.pop() {
+        if std::mem::replace(&mut seen[v.index()], true) {
+            continue;
+        }
+        match g.def[v.index()] {
+            Def::Param => {}
+            Def::BlockParam(b, j) => {
+                if let Some(o) = g.owner[b.index()] {
+                    let d = k.inst(o);
+                    if matches!(d.op, Op::For { .. }) && j > 0 {
+                        stack.push(d.args[3 + j - 1]);
+                        stack.extend(g.yielded(b).get(j - 1));
+                    }
+                }
+            }
+            Def::Inst(i, r) => {
+                used[i.index()] = true;
+                let d = k.inst(i);
+                match &d.op {
+                    Op::For { body, .. } => {
+                        stack.extend(g.yielded(*body).get(r));
+                        stack.push(d.args[3 + r]);
+                    }
+                    Op::If { then_block, else_block } => {
+                        stack.extend(g.yielded(*then_block).get(r));
+                        stack.extend(g.yielded(*else_block).get(r));
+                    }
+                    // Only the data: offsets and masks of loads are not what the other store uses
+                    // the value for.
+                    Op::Load { .. } => {}
+                    _ => stack.extend(d.args.iter().copied()),
+                }
+            }
+        }
+    }
+    used
+}
+
+/// Whether an op computes floats (rather than moving them, or computing indices).
+fn computes(k: &Kernel, d: &tilegrad_ir::InstData) -> bool {
+    let float = d.results.first().is_some_and(|&r| k.ty(r).dtype().is_some_and(|t| t.is_float()));
+    match d.op {
+        Op::Unary(_) | Op::Binary(_) | Op::Reduce { .. } | Op::Cumsum { .. } | Op::Dot { .. } | Op::Where | Op::Cast => float,
+        _ => false,
+    }
+}
+
+/// A value as reports show it: integers plainly, others with five significant digits.
+fn fmt_val(x: f64) -> String {
+    if x == x.trunc() && x.abs() < 1e9 {
+        format!("{x}")
+    } else if (1e-3..1e5).contains(&x.abs()) {
+        let digits = (4 - x.abs().log10().floor() as i32).max(0) as usize;
+        format!("{x:.digits$}")
+    } else {
+        format!("{x:.4e}")
+    }
+}
+
+/// Re-runs the program of `t`, walks its slice and appends its lines (and those of the earlier
+/// launches it reads from) to `lines`; `launch` counts launches followed.
+fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ranked>, out: &mut Slice) -> Option<()> {
+    let tl = t.trace.launches.iter().find(|l| l.step == t.step)?;
+    let k: &Kernel = &tl.kernel;
+    let (mem, args, back) = memory_before(t.trace, t.env, tl);
+    let tensor = t.env.id(t.tensor)?;
+    let new_id = TensorId(back.iter().position(|&b| b == tensor)? as u32);
+    let opts = Options { record_writers: false, ..tl.options.clone() };
+    let mut l = Launch::new(k, tl.grid).options(opts);
+    for (n, a) in &args {
+        l = l.arg(n, *a);
+    }
+    let pid = tl.grid.pid(t.program as u64);
+    let rec = l.record_program(&mem, pid, Some((t.inst, new_id, t.element))).ok()?;
+    let lane = rec.target_lane? as u32;
+    let g = Graph::new(k);
+    let n = k.values.len();
+    let mut w = Walk { g: &g, rec: &rec, lanes: vec![None; n], role: vec![Role::Value; n], depth: vec![0; n], queue: Vec::new() };
+    let sd = k.inst(t.inst);
+    let vshape = g.shape(sd.args[1]);
+    let pshape = g.shape(sd.args[0]);
+    w.reach(sd.args[1], same(&[lane], &vshape, &pshape), Role::Value, 1);
+    w.reach(sd.args[0], vec![lane], Role::Address, 1);
+    if let Some(&m) = sd.args.get(2) {
+        let ms = g.shape(m);
+        w.reach(m, same(&[lane], &ms, &pshape), Role::Mask, 1);
+    }
+    w.run();
+
+    let masky = matches!((t.expected, t.got), (Some(e), Some(gv)) if (e == 0.0) != (gv == 0.0));
+    let nonfinite_elem = t.got.is_some_and(|x| !x.is_finite());
+    let shared = used_elsewhere(&g, t.inst);
+    let mut others = false;
+    k.walk(&mut |i, d| others |= i != t.inst && matches!(d.op, Op::Store { .. } | Op::AtomicAdd { .. }));
+
+    // The first non-finite value on the slice, in program order.
+    let mut origin: Option<Inst> = None;
+    if nonfinite_elem && out.nonfinite.is_none() {
+        let on = |nf: &&tilegrad_reference::NonFinite| {
+            k.inst(nf.inst)
+                .results
+                .first()
+                .is_some_and(|r| w.lanes[r.index()].as_ref().is_some_and(|ls| nf.lanes.iter().any(|x| ls.binary_search(x).is_ok())))
+        };
+        let loads = |nf: &&tilegrad_reference::NonFinite| matches!(k.inst(nf.inst).op, Op::Load { .. });
+        let pick = rec
+            .nonfinite
+            .iter()
+            .filter(|nf| on(nf) && !loads(nf))
+            .min_by_key(|nf| nf.seq)
+            .or_else(|| rec.nonfinite.iter().filter(|nf| on(nf)).min_by_key(|nf| nf.seq));
+        if let Some(nf) = pick {
+            let d = k.inst(nf.inst);
+            let src = files.line(&d.loc.file, d.loc.line);
+            let what = if nf.result.is_nan() { "NaN" } else { "inf" };
+            let msg = match d.op {
+                Op::Load { mask, .. } => {
+                    let lane0 = nf.lanes[0] as usize;
+                    let masked_off = mask && rec.values[d.args[1].index()].as_ref().is_some_and(|m| m.at(lane0) == 0.0);
+                    let whence = if masked_off {
+                        let ml = def_line(&g, d.args[1]).map_or(String::new(), |l| format!(", mask computed at line {l}"));
+                        format!("a masked-off lane without `other`, which Triton leaves undefined{ml}")
+                    } else {
+                        match rec.values[d.args[0].index()].as_ref() {
+                            Some(Recorded::Ptr { tensor, offsets, .. }) => {
+                                format!("element {} of `{}`", offsets.get(lane0).copied().unwrap_or(-1), mem.name(*tensor))
+                            }
+                            _ => "memory".into(),
+                        }
+                    };
+                    format!("`load` at {} (kernel `{}`) read {what} from {whence}: `{src}`", d.loc, k.name)
+                }
+                _ => {
+                    let ops: Vec<String> = nf.operands.iter().map(|&x| fmt_val(x)).collect();
+                    format!(
+                        "`{}` at {} (kernel `{}`) made {what} from finite operands: {}({}) = {}: `{src}`",
+                        d.op.mnemonic(),
+                        d.loc,
+                        k.name,
+                        d.op.mnemonic(),
+                        ops.join(", "),
+                        fmt_val(nf.result)
+                    )
+                }
+            };
+            out.nonfinite = Some(msg);
+            origin = Some(nf.inst);
+        }
+    }
+
+    // What masks and conditions decided.
+    if launch == 0 && (masky || origin.is_some_and(|o| matches!(k.inst(o).op, Op::Load { .. }))) {
+        if let Some(&m) = sd.args.get(2) {
+            let ml = def_line(&g, m).map_or(String::new(), |l| format!(" computed at line {l}"));
+            out.decided_by.push(format!("the store's mask{ml}, true for this element: `{}`", def_src(&g, m, files)));
+        }
+        let mut wheres: Vec<Inst> = Vec::new();
+        k.walk(&mut |i, d| {
+            if matches!(d.op, Op::Where) && w.lanes[d.results[0].index()].is_some() && w.role[d.results[0].index()] == Role::Value {
+                wheres.push(i);
+            }
+        });
+        for i in wheres.into_iter().take(3) {
+            let d = k.inst(i);
+            let r = d.results[0];
+            let l0 = w.lanes[r.index()].as_ref().and_then(|v| v.first().copied()).unwrap_or(0);
+            let cl = same(&[l0], &g.shape(d.args[0]), &g.shape(r))[0];
+            let taken = match w.cond_at(d.args[0], cl) {
+                Some(true) => "its first operand (condition true)",
+                Some(false) => "its second operand (condition false)",
+                None => "an operand",
+            };
+            let cline = def_line(&g, d.args[0]).map_or(String::new(), |l| format!(", condition from line {l}"));
+            out.decided_by.push(format!("`where` at {} selecting {taken}{cline}: `{}`", d.loc, files.line(&d.loc.file, d.loc.line)));
+        }
+    }
+
+    // Group by line.
+    struct Acc {
+        loc: tilegrad_ir::Loc,
+        role: Role,
+        depth: u32,
+        main: Option<(u32, Inst)>,
+        compute: bool,
+        compute_shared: bool,
+        float: bool,
+        origin: bool,
+        /// A `where` on the line selects both ways among the lanes used: a mask that shaped
+        /// the value (a reduction over a masked row).
+        mixed: bool,
+        order: usize,
+    }
+    let mut by_line: Vec<Acc> = Vec::new();
+    let mut follow: Vec<(u32, Inst)> = Vec::new();
+    let add = |i: Inst, role: Role, depth: u32, by_line: &mut Vec<Acc>| {
+        let d = k.inst(i);
+        // Loops and branches are not lines of the data flow (their bodies' ops are), nor are
+        // constants (the line using one shows it).
+        if d.loc.is_unknown() || matches!(d.op, Op::For { .. } | Op::If { .. } | Op::Yield | Op::Const { .. }) {
+            return;
+        }
+        let comp = role == Role::Value && computes(k, d);
+        let float = d.results.first().is_none_or(|&r| k.ty(r).dtype().is_some_and(|t| t.is_float()));
+        let pos = by_line.iter().position(|a| a.loc.file == d.loc.file && a.loc.line == d.loc.line);
+        let a = match pos {
+            Some(p) => &mut by_line[p],
+            None => {
+                by_line.push(Acc {
+                    loc: d.loc.clone(),
+                    role,
+                    depth,
+                    main: None,
+                    compute: false,
+                    compute_shared: true,
+                    float: false,
+                    origin: false,
+                    mixed: false,
+                    order: g.order[i.index()],
+                });
+                by_line.last_mut().expect("pushed")
+            }
+        };
+        a.role = a.role.min(role);
+        a.depth = a.depth.min(depth);
+        if a.main.is_none_or(|(dd, _)| depth < dd) {
+            a.main = Some((depth, i));
+            a.loc = d.loc.clone();
+        }
+        if comp {
+            a.compute = true;
+            a.compute_shared &= shared[i.index()];
+        }
+        a.float |= role == Role::Value && float;
+        a.origin |= origin == Some(i);
+        if let (Op::Where, Role::Value, Some(ls)) = (&d.op, role, d.results.first().and_then(|r| w.lanes[r.index()].as_ref())) {
+            let (rs, cs) = (g.shape(d.results[0]), g.shape(d.args[0]));
+            let vals: Vec<Option<bool>> = ls.iter().take(4096).map(|&l| w.cond_at(d.args[0], same(&[l], &cs, &rs)[0])).collect();
+            a.mixed |= vals.contains(&Some(true)) && vals.contains(&Some(false));
+        }
+    };
+    add(t.inst, Role::Value, 0, &mut by_line);
+    let mut reached: Vec<(Inst, Role, u32)> = Vec::new();
+    k.walk(&mut |i, d| {
+        if let Some(&r) = d.results.iter().find(|r| w.lanes[r.index()].is_some()) {
+            reached.push((i, w.role[r.index()], w.depth[r.index()]));
+            if matches!(d.op, Op::Load { .. }) && w.role[r.index()] == Role::Value {
+                follow.push((w.depth[r.index()], i));
+            }
+        }
+    });
+    for (i, role, depth) in reached {
+        add(i, role, depth, &mut by_line);
+    }
+
+    // Loads of tensors an earlier launch wrote: which launch and line produced what was read.
+    let mut notes: HashMap<Inst, String> = HashMap::new();
+    let mut sub_targets = Vec::new();
+    follow.sort();
+    for (_, i) in follow {
+        let d = k.inst(i);
+        let r = d.results[0];
+        let Some(Recorded::Ptr { tensor, offsets, .. }) = rec.values[d.args[0].index()].as_ref() else { continue };
+        let active = |l: &u32| d.args.get(1).is_none_or(|&m| w.cond_at(m, *l) != Some(false));
+        let Some(&l0) = w.lanes[r.index()].as_ref().and_then(|ls| ls.iter().find(|l| active(l))) else { continue };
+        let Some(&off) = offsets.get(l0 as usize) else { continue };
+        let name = t.env.mem.name(back[tensor.0 as usize]).to_string();
+        let Some((_, _, layers)) = t.trace.get(&name) else { continue };
+        let hit = layers
+            .iter()
+            .rev()
+            .filter(|(s, ..)| *s < t.step)
+            .find_map(|(s, lk, grid, wr)| wr.of(off as usize).map(|(p, inst)| (*s, lk.clone(), *grid, p, inst)));
+        let Some((s, lk, grid, p, inst)) = hit else { continue };
+        let shape = t.env.tensor(&name).map(|h| h.shape().to_vec()).unwrap_or_default();
+        let idx = super::report::unravel(off as usize, &shape);
+        let sl = lk.inst(inst).loc.clone();
+        if p == Writers::MANY {
+            notes.insert(i, format!("reads `{name}`{idx:?}, added to by several programs at {sl} (step {s})"));
+            continue;
+        }
+        let pid = grid.pid(p as u64);
+        notes.insert(
+            i,
+            format!(
+                "reads `{name}`{idx:?}, written at {} by kernel `{}` (step {s}), program ({}, {}, {})",
+                short_loc(&sl.to_string()),
+                lk.name,
+                pid[0],
+                pid[1],
+                pid[2]
+            ),
+        );
+        if launch < MAX_DEPTH && sub_targets.len() < 2 {
+            sub_targets.push((s, name, off as usize, p, inst));
+        }
+    }
+
+    let pidv = pid;
+    for a in by_line {
+        let Some((_, main)) = a.main else { continue };
+        let d = k.inst(main);
+        let class = if a.origin {
+            0
+        } else if a.role == Role::Mask && masky {
+            1
+        } else if a.role == Role::Value && a.compute {
+            if a.compute_shared && !a.mixed {
+                3
+            } else {
+                2
+            }
+        } else if a.role == Role::Value && a.float {
+            4
+        } else if a.role == Role::Mask {
+            5
+        } else if a.role == Role::Value {
+            6
+        } else {
+            7
+        };
+        let role = match a.role {
+            Role::Value if a.float => "value",
+            Role::Value => "index",
+            Role::Mask => "mask",
+            Role::Address => "address",
+        };
+        let value = match d.op {
+            Op::Store { .. } | Op::AtomicAdd { .. } => {
+                rec.values[d.args[1].index()].as_ref().map(|v| v.at(same(&[lane], &vshape, &pshape)[0] as usize))
+            }
+            _ => d.results.first().and_then(|r| {
+                let l0 = w.lanes[r.index()].as_ref()?.first().copied()?;
+                rec.values[r.index()].as_ref().filter(|v| matches!(v, Recorded::Num { .. })).map(|v| v.at(l0 as usize))
+            }),
+        };
+        let mut note = notes.get(&main).cloned();
+        if note.is_none() {
+            // A load on this line may carry the note.
+            note = notes
+                .iter()
+                .find(|(i, _)| k.inst(**i).loc.line == a.loc.line && k.inst(**i).loc.file == a.loc.file)
+                .map(|(_, n)| n.clone());
+        }
+        if a.origin && note.is_none() {
+            note = Some("first non-finite value".into());
+        } else if class == 2 && !a.compute_shared && note.is_none() && launch == 0 && others {
+            note = Some("used only on the way to this element".into());
+        }
+        let op = if a.origin { k.inst(origin.expect("origin")).op.mnemonic() } else { d.op.mnemonic() };
+        lines.push(Ranked {
+            line: SliceLine {
+                loc: a.loc.to_string(),
+                kernel: k.name.clone(),
+                step: t.step,
+                program: pidv,
+                op: op.to_string(),
+                role: role.to_string(),
+                value,
+                source: files.line(&a.loc.file, a.loc.line),
+                note,
+            },
+            class,
+            launch,
+            depth: if a.mixed { a.depth.min(2) } else { a.depth },
+            order: a.order,
+            store: main == t.inst && launch == 0,
+        });
+    }
+
+    for (s, name, e, p, inst) in sub_targets {
+        let sub = Target { trace: t.trace, env: t.env, step: s, tensor: &name, element: e, program: p, inst, expected: None, got: t.got };
+        walk_launch(&sub, launch + 1, files, lines, out);
+    }
+    Some(())
+}
+
+/// The line defining `v`, if an op defines it.
+fn def_line(g: &Graph, v: Value) -> Option<u32> {
+    match g.def[v.index()] {
+        Def::Inst(i, _) => Some(g.k.inst(i).loc.line).filter(|&l| l > 0),
+        _ => None,
+    }
+}
+
+/// The source of the line defining `v`.
+fn def_src(g: &Graph, v: Value, files: &mut Files) -> String {
+    match g.def[v.index()] {
+        Def::Inst(i, _) => {
+            let l = &g.k.inst(i).loc;
+            files.line(&l.file, l.line)
+        }
+        _ => String::new(),
+    }
+}

@@ -666,7 +666,9 @@ impl Loader {
             }
         }
         if !compile_only.is_empty() && matches!(kr, KernelRef::Text(_)) {
-            return Err(self.err(&format!("{key}.args.{}", compile_only[0].0), "strings, None and dtypes bind constexprs of Triton kernels only"));
+            return Err(
+                self.err(&format!("{key}.args.{}", compile_only[0].0), "strings, None and dtypes bind constexprs of Triton kernels only")
+            );
         }
         let scope = Static { constants, tensors: &self.tensors };
         for e in &grid {

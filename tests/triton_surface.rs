@@ -21,8 +21,11 @@ fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{name}.toml"))
 }
 
+/// Named tensors as f64 values and shapes.
+type Inputs = Vec<(String, Vec<f64>, Vec<usize>)>;
+
 /// The forward's inputs and outputs, by name, as f64.
-fn forward(name: &str) -> (Vec<(String, Vec<f64>, Vec<usize>)>, Vec<(String, Vec<f64>)>) {
+fn forward(name: &str) -> (Inputs, Vec<(String, Vec<f64>)>) {
     let s = spec::load(&example(name)).unwrap_or_else(|e| panic!("{e}"));
     let (i, o) = tilegrad::check::run_forward(&s.forward, &s.inputs, 0).unwrap_or_else(|e| panic!("{name}: {e}"));
     let f = |t: &HostTensor| t.to_f64_vec();
@@ -238,7 +241,8 @@ fn spec_bindings_of_strings_none_and_dtypes() {
     assert!(e.contains("args.ACTIVATION") && e.contains("unknown name `relu6`") && e.contains("written quoted"), "{e}");
     let e = load_text("noparam", &ACT.replace("ACT }", "\"'relu6'\", MODE = \"'x'\" }")).unwrap_err();
     assert!(e.contains("args.MODE") && e.contains("no constexpr parameter `MODE`"), "{e}");
-    let e = load_text("runtime", &ACT.replace("ACT }", "\"'relu6'\" }").replace("n_elements = 100", "n_elements = \"tl.float16\"")).unwrap_err();
+    let e = load_text("runtime", &ACT.replace("ACT }", "\"'relu6'\" }").replace("n_elements = 100", "n_elements = \"tl.float16\""))
+        .unwrap_err();
     assert!(e.contains("args.n_elements") && e.contains("no constexpr parameter"), "{e}");
     // A float bound to a float constexpr is a value, not the old "has no value" error.
     assert!(load_text("float", &ACT.replace("ACT }", "\"'leaky_relu'\", negative_slope = 0.2 }")).is_ok());
@@ -262,10 +266,10 @@ fn spec_bindings_of_strings_none_and_dtypes() {
 
 #[test]
 fn cotangents_per_output_and_arange_inputs() {
-    let text = ACT.replace("ACT }", "\"'leaky_relu'\", negative_slope = 0.25 }").replace("x = { shape = [100] }", "x = { shape = [100], init = \"arange(-5, 0.1)\" }").replace(
-        "outputs = [\"y\"]",
-        "outputs = [\"y\"]\ncotangents = { y = \"const(1)\" }",
-    );
+    let text = ACT
+        .replace("ACT }", "\"'leaky_relu'\", negative_slope = 0.25 }")
+        .replace("x = { shape = [100] }", "x = { shape = [100], init = \"arange(-5, 0.1)\" }")
+        .replace("outputs = [\"y\"]", "outputs = [\"y\"]\ncotangents = { y = \"const(1)\" }");
     let s = load_text("cot", &text).unwrap_or_else(|e| panic!("{e}"));
     let g = tilegrad::check::ground_truth(&s.forward, &s.inputs, &CheckOptions::default()).unwrap();
     let x = g.inputs.iter().find(|(n, _)| n == "x").unwrap().1.to_f64_vec();
@@ -286,7 +290,7 @@ fn cotangents_per_output_and_arange_inputs() {
     let e = load_text("cot-dist", &text.replace("const(1)", "poisson(1)")).unwrap_err();
     assert!(e.contains("forward.cotangents.y") && e.contains("arange"), "{e}");
     let labels = text.replace("init = \"arange(-5, 0.1)\"", "init = \"arange(3, 2, 7)\", dtype = \"i32\"");
-    let s = load_text("arange-mod", &labels.replace("X = \"x\", ", "X = \"x\", ").replace("cotangents = { y = \"const(1)\" }", "")).map(|s| s.inputs);
+    let s = load_text("arange-mod", &labels.replace("cotangents = { y = \"const(1)\" }", "")).map(|s| s.inputs);
     // An i32 x cannot feed a float kernel, but the input itself materialises as a cycling ramp.
     let inputs = s.unwrap_or_else(|e| panic!("{e}"));
     let env = tilegrad::check::run_forward(&tilegrad::check::Forward::new(&[], &[]), &inputs, 0).unwrap().0;
@@ -330,7 +334,8 @@ fn cli_ir_names_pointers_and_binds_every_constexpr_kind() {
         let o = Command::new(bin).arg("ir").arg(&k).args(extra).output().unwrap();
         (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
     };
-    let (code, out, err) = run(&["--ptr", "X=f16", "--ptr", "Y=bf16", "--const", "ACTIVATION=relu6", "--const", "negative_slope=0.2", "--const", "BLOCK=128"]);
+    let (code, out, err) =
+        run(&["--ptr", "X=f16", "--ptr", "Y=bf16", "--const", "ACTIVATION=relu6", "--const", "negative_slope=0.2", "--const", "BLOCK=128"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("ptr<f16>") && out.contains("ptr<bf16>") && out.contains("min") && out.contains("max"), "{out}");
     // Without --ptr, `Y` is a scalar: the error says how to make it a pointer, at its line.

@@ -143,7 +143,8 @@ impl Inputs {
                 Source::Random { dtype, shape, dist } => {
                     let n: usize = shape.iter().product();
                     let mut r = StdRng::seed_from_u64(seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64 * 0x9e37_79b9 + 1));
-                    let v = sample(dist, &mut r, n).ok_or_else(|| CheckError::Spec(format!("input `{}`: empty range in {dist:?}", it.name)))?;
+                    let v =
+                        sample(dist, &mut r, n).ok_or_else(|| CheckError::Spec(format!("input `{}`: empty range in {dist:?}", it.name)))?;
                     if !dtype.is_float() && v.iter().any(|x| x.fract() != 0.0) {
                         return Err(CheckError::Spec(format!(
                             "input `{}` is {dtype}: use an integer distribution (randint) or a constant",
@@ -167,7 +168,9 @@ pub(crate) fn sample(dist: &Dist, r: &mut StdRng, n: usize) -> Option<Vec<f64>> 
         Dist::RandInt { lo, hi } if lo < hi => (0..n).map(|_| r.gen_range(lo..hi) as f64).collect(),
         Dist::Constant(c) => vec![c; n],
         Dist::Arange { start, step } => (0..n).map(|i| start + step * i as f64).collect(),
-        Dist::ArangeMod { start, step, modulus } if modulus != 0.0 => (0..n).map(|i| (start + step * i as f64).rem_euclid(modulus)).collect(),
+        Dist::ArangeMod { start, step, modulus } if modulus != 0.0 => {
+            (0..n).map(|i| (start + step * i as f64).rem_euclid(modulus)).collect()
+        }
         Dist::Uniform { .. } | Dist::RandInt { .. } | Dist::ArangeMod { .. } => return None,
     })
 }

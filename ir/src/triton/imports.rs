@@ -71,19 +71,8 @@ impl fmt::Display for ConstValue {
 }
 
 /// Triton's dtype names outside the IR's dtypes: usable as values (compared, bound), not computed in.
-const OTHER_DTYPES: &[&str] = &[
-    "int8",
-    "int16",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float8e5",
-    "float8e5b16",
-    "float8e4nv",
-    "float8e4b8",
-    "float8e4b15",
-];
+const OTHER_DTYPES: &[&str] =
+    &["int8", "int16", "uint8", "uint16", "uint32", "uint64", "float8e5", "float8e5b16", "float8e4nv", "float8e4b8", "float8e4b15"];
 
 /// The Triton name of a dtype written as Triton, PyTorch or tilegrad spell it (`tl.float16`,
 /// `torch.float8_e5m2`, `f32`), if it is one.
@@ -278,10 +267,7 @@ pub(crate) fn load(source: &str, file: &str) -> Result<Vec<SourceFile>, IrError>
                 None => {
                     if files.len() >= MAX_FILES {
                         let msg = format!("more than {MAX_FILES} source files are imported");
-                        return Err(IrError::Parse {
-                            file: file.to_string(),
-                            error: ParseError { line: 1, col: 1, message: msg },
-                        });
+                        return Err(IrError::Parse { file: file.to_string(), error: ParseError { line: 1, col: 1, message: msg } });
                     }
                     let text = std::fs::read_to_string(&path).map_err(|e| IrError::Parse {
                         file: path.display().to_string(),
@@ -311,7 +297,10 @@ pub(crate) fn load(source: &str, file: &str) -> Result<Vec<SourceFile>, IrError>
 fn find(dir: &Path, level: u32, module: &str) -> Option<PathBuf> {
     let first = module.split('.').next().unwrap_or_default();
     if level == 0
-        && matches!(first, "triton" | "torch" | "numpy" | "math" | "typing" | "functools" | "os" | "sys" | "operator" | "enum" | "dataclasses")
+        && matches!(
+            first,
+            "triton" | "torch" | "numpy" | "math" | "typing" | "functools" | "os" | "sys" | "operator" | "enum" | "dataclasses"
+        )
     {
         return None;
     }
@@ -319,9 +308,7 @@ fn find(dir: &Path, level: u32, module: &str) -> Option<PathBuf> {
     if rel.as_os_str().is_empty() {
         return None;
     }
-    let probe = |base: &Path| {
-        [base.join(&rel).with_extension("py"), base.join(&rel).join("__init__.py")].into_iter().find(|p| p.is_file())
-    };
+    let probe = |base: &Path| [base.join(&rel).with_extension("py"), base.join(&rel).join("__init__.py")].into_iter().find(|p| p.is_file());
     if level > 0 {
         let mut base = dir.to_path_buf();
         for _ in 1..level {

@@ -205,7 +205,8 @@ fn lookup<'a>(mods: &[Module<'a>], kernel: &str, assume_jit: bool) -> Result<&'a
         }));
     };
     if !assume_jit && !m.jit.iter().any(|n| n == kernel) {
-        let decs: Vec<String> = f.decorator_list.iter().filter_map(|d| dotted(strip_call(&d.expression))).map(|d| format!("@{d}")).collect();
+        let decs: Vec<String> =
+            f.decorator_list.iter().filter_map(|d| dotted(strip_call(&d.expression))).map(|d| format!("@{d}")).collect();
         let has = if decs.is_empty() { "no decorator".to_string() } else { format!("only {}", decs.join(", ")) };
         return Err(lines.error(errors::Fail {
             off: f.name.range.start().to_u32(),
@@ -401,7 +402,7 @@ impl<'a> Module<'a> {
         };
         let Some(inner) = inner else { return };
         let f = self.funcs[inner.as_str()];
-        let inner_jit = self.jit.iter().any(|j| *j == inner);
+        let inner_jit = self.jit.contains(&inner);
         let known_wrappers = wrappers.iter().all(|w| self.is_triton_wrapper(w));
         if saw_jit || (inner_jit && known_wrappers) {
             let mut decs = wrappers;

@@ -77,7 +77,10 @@ fn float_bool_and_dtype_constexprs_bind_and_fold() {
     let src = format!(
         "{HEAD}@triton.jit\ndef k(x_ptr, y_ptr, eps: tl.constexpr, FLAG: tl.constexpr, X_dtype: tl.constexpr, BLOCK: tl.constexpr):\n    offs = tl.arange(0, BLOCK)\n    x = tl.load(x_ptr + offs)\n    if FLAG:\n        x = x + eps\n    if X_dtype == tl.float16:\n        x = x * 3.0\n    tl.store(y_ptr + offs, x.to(X_dtype))\n"
     );
-    let opts = ConvertOptions::with_constexprs(&[("BLOCK", 8)]).bind("eps", 1e-6).bind("FLAG", true).bind("X_dtype", ConstValue::DType("float16".into()));
+    let opts = ConvertOptions::with_constexprs(&[("BLOCK", 8)])
+        .bind("eps", 1e-6)
+        .bind("FLAG", true)
+        .bind("X_dtype", ConstValue::DType("float16".into()));
     let k = convert(&src, "k.py", "k", &opts).unwrap();
     let p = |n: &str| k.param(n).unwrap().kind.clone();
     assert_eq!(p("eps"), ParamKind::Constexpr(DType::F32, Lit::Float(1e-6)));
@@ -214,7 +217,11 @@ fn helpers_imported_from_sibling_and_package_modules() {
         format!("{HEAD}SCALE = 3.0\n\n@triton.jit\ndef triton_tanh(x):\n    return tl.math.tanh(x) * SCALE\n\n@triton.jit\ndef broken(x):\n    return x.foo\n"),
     )
     .unwrap();
-    std::fs::write(d.join("pkg/ops/helpers.py"), format!("{HEAD}from ..utils import triton_tanh\n\n@triton.jit\ndef twice(x):\n    return triton_tanh(x) * 2.0\n")).unwrap();
+    std::fs::write(
+        d.join("pkg/ops/helpers.py"),
+        format!("{HEAD}from ..utils import triton_tanh\n\n@triton.jit\ndef twice(x):\n    return triton_tanh(x) * 2.0\n"),
+    )
+    .unwrap();
     let kernel = format!(
         "{HEAD}from .helpers import twice\nfrom .. import utils\nfrom pkg.utils import SCALE\n\n@triton.jit\ndef k(x_ptr, y_ptr, BLOCK: tl.constexpr):\n    offs = tl.arange(0, BLOCK)\n    x = tl.load(x_ptr + offs)\n    tl.store(y_ptr + offs, twice(x) + utils.triton_tanh(x) * SCALE)\n"
     );

@@ -59,6 +59,10 @@ struct SpecArgs {
     /// Precision of the ground truth (default: the spec's, else f64).
     #[arg(long, value_enum)]
     precision: Option<PrecisionArg>,
+    /// Accept NaN or infinite inputs and ground truth (by default a usage error naming the
+    /// tensor and element: NaN would match NaN whatever the backward computes).
+    #[arg(long)]
+    allow_non_finite: bool,
     /// Replace a kernel of the spec: `KEY=FILE::NAME` (relative to the working directory) or
     /// `KEY=::NAME` (another kernel of the same file). Repeatable.
     #[arg(long = "kernel", value_name = "KEY=REF")]
@@ -80,6 +84,7 @@ impl SpecArgs {
         if let Some(t) = self.trials {
             o.trials = t;
         }
+        o.allow_non_finite |= self.allow_non_finite;
         if let Some(p) = self.precision {
             o.precision = match p {
                 PrecisionArg::F64 => Precision::F64,
@@ -106,6 +111,10 @@ enum Command {
         /// Print the reports as JSON (an array, one per spec).
         #[arg(long)]
         json: bool,
+        /// Print the seconds spent per phase (spec and inputs, forward, ground truth, backward,
+        /// comparison, blame, output); the JSON always has them.
+        #[arg(long)]
+        timings: bool,
         #[command(flatten)]
         opts: SpecArgs,
     },
@@ -239,18 +248,26 @@ fn write_npy(dir: &Path, groups: &[(&str, &check::Named)]) -> Result<()> {
 /// Runs a command; `Ok(false)` means it ran and found a failure.
 fn run(cli: Cli) -> Result<bool> {
     match cli.command {
-        Command::Check { specs, json, opts } => {
+        Command::Check { specs, json, timings, opts } => {
             let mut reports = Vec::new();
             for path in &specs {
+                let t_spec = Instant::now();
                 let (spec, o) = opts.load(path)?;
+                let spec_seconds = t_spec.elapsed().as_secs_f64();
                 let bwd = spec.backward.as_ref().with_context(|| format!("{}: the spec has no [backward] to check", path.display()))?;
                 let mut progress = Progress::new(&spec.name);
-                let report =
+                let mut report =
                     check::check_backward_with(&spec.forward, bwd, &spec.inputs, &o, &spec.name, &mut |d, t| progress.update(d, t))
                         .with_context(|| format!("{}", path.display()))?;
                 drop(progress);
+                report.timings.phases.insert(0, ("spec and kernels".into(), spec_seconds));
                 if !json {
+                    let t_out = Instant::now();
                     out!("{report}");
+                    report.timings.add("output", t_out.elapsed().as_secs_f64());
+                    if timings {
+                        out!("{}", report.timings);
+                    }
                 }
                 reports.push(report);
             }
@@ -331,7 +348,7 @@ fn run(cli: Cli) -> Result<bool> {
         }
         Command::Ir { file, consts, ptrs, scalars, jit } => {
             if let Some((path, name)) = file.split_once("::") {
-                let src = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+                let src = tilegrad_ir::source_text(std::fs::read(path).with_context(|| format!("reading {path}"))?, path)?;
                 let opts = ir_options(&consts, &ptrs, &scalars, jit)?;
                 let k = tilegrad_ir::triton::convert(&src, path, name, &opts)?;
                 out!("{}", k.to_string().trim_end());
@@ -340,7 +357,7 @@ fn run(cli: Cli) -> Result<bool> {
             if !consts.is_empty() || !ptrs.is_empty() || !scalars.is_empty() || jit {
                 bail!("--const, --ptr, --scalar and --jit apply to Triton kernels (FILE.py::NAME)");
             }
-            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
+            let text = tilegrad_ir::source_text(std::fs::read(&file).with_context(|| format!("reading {file}"))?, &file)?;
             let kernels = tilegrad_ir::text::parse(&text, &file)?;
             if kernels.is_empty() {
                 bail!("{file}: no kernels");

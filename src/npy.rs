@@ -43,15 +43,27 @@ pub fn write(path: &Path, t: &HostTensor) -> Result<(), NpyError> {
     let shape: Vec<String> = t.shape().iter().map(|s| s.to_string()).collect();
     let shape = if shape.len() == 1 { format!("({},)", shape[0]) } else { format!("({})", shape.join(", ")) };
     let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    // Version 1.0 has a 16-bit header length; a longer header (a shape of very high rank) needs 2.0.
+    let v2 = header.len() + 64 > usize::from(u16::MAX);
+    let prefix = MAGIC.len() + if v2 { 6 } else { 4 };
     // Pad so that the data starts on a 64-byte boundary, ending the header with a newline.
-    while (MAGIC.len() + 4 + header.len() + 1) % 64 != 0 {
+    while (prefix + header.len() + 1) % 64 != 0 {
         header.push(' ');
     }
     header.push('\n');
-    let mut out = Vec::with_capacity(MAGIC.len() + 4 + header.len() + body.len());
+    let mut out = Vec::with_capacity(prefix + header.len() + body.len());
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&[1, 0]);
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    if v2 {
+        let len = u32::try_from(header.len()).map_err(|_| NpyError::Format {
+            path: path.display().to_string(),
+            message: "the shape is too long for a .npy header".into(),
+        })?;
+        out.extend_from_slice(&[2, 0]);
+        out.extend_from_slice(&len.to_le_bytes());
+    } else {
+        out.extend_from_slice(&[1, 0]);
+        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    }
     out.extend_from_slice(header.as_bytes());
     out.extend_from_slice(&body);
     std::fs::write(path, out).map_err(|source| NpyError::Io { path: path.display().to_string(), source })
@@ -94,10 +106,11 @@ pub fn parse(bytes: &[u8]) -> Result<HostTensor, String> {
         .filter(|s| !s.is_empty())
         .map(|s| s.parse::<usize>().map_err(|_| format!("bad dimension `{s}`")))
         .collect::<Result<_, _>>()?;
-    let n: usize = shape.iter().product();
+    let n = tilegrad_reference::checked_numel(&shape)?;
     let body = &bytes[start + hlen..];
     let need = |size: usize| -> Result<&[u8], String> {
-        body.get(..n * size).ok_or_else(|| format!("{} data bytes for {n} elements of {descr}, need {}", body.len(), n * size))
+        let bytes = n.checked_mul(size).ok_or_else(|| format!("shape {shape:?} of {descr} needs more bytes than fit 64 bits"))?;
+        body.get(..bytes).ok_or_else(|| format!("{} data bytes for {n} elements of {descr}, need {bytes}", body.len()))
     };
     let (dtype, data) = match descr {
         "|b1" | "<b1" | "|u1" => (DType::I1, Data::I1(need(1)?.iter().map(|&b| b != 0).collect())),
@@ -153,5 +166,32 @@ mod tests {
         let at = b.windows(5).position(|w| w == b"False").unwrap();
         b[at..at + 5].copy_from_slice(b"True ");
         assert!(parse(&b).unwrap_err().contains("Fortran"));
+    }
+
+    #[test]
+    fn shapes_that_overflow_are_refused_not_wrapped() {
+        // Each would wrap to a small element count (2, 0, 0) that the data bytes then satisfy.
+        for shape in ["(3, 6148914691236517206)", "(4294967296, 4294967296)", "(0, 4294967296, 4294967296)", "(4611686018427387904,)"] {
+            let mut b = [MAGIC, b"\x01\x00__"].concat();
+            b.extend_from_slice(format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}\n").as_bytes());
+            let hlen = (b.len() - 10) as u16;
+            b[8..10].copy_from_slice(&hlen.to_le_bytes());
+            b.extend_from_slice(&[0u8; 8]);
+            let e = parse(&b).unwrap_err();
+            assert!(e.contains("fit 64 bits"), "{shape}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_header_longer_than_64_kib_is_written_as_version_2() {
+        let p = std::env::temp_dir().join(format!("tilegrad-npy-v2-{}.npy", std::process::id()));
+        let t = HostTensor::from_f32(&[1; 30_000], vec![2.5]);
+        write(&p, &t).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(bytes[6], 2);
+        let hlen = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+        assert_eq!((12 + hlen) % 64, 0, "data aligned");
+        assert_eq!(read(&p).unwrap(), t);
+        std::fs::remove_file(&p).unwrap();
     }
 }

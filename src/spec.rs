@@ -47,16 +47,19 @@
 //! trials = 2
 //! precision = "f64"                     # or "native"
 //! rtol = 1e-4                           # both or neither: override the defaults by dtype
-//! atol = 1e-5
+//! atol = 1e-5                           # (and turn off the calibrated tolerance of f16/bf16)
+//! allow_non_finite = false              # true: accept NaN/inf inputs and ground truth
 //! ```
 //!
 //! Launch arguments are expressions (see [`crate::check::expr`]); a bare tensor name passes the
-//! tensor. A Triton kernel is converted per launch: its constexprs from the launch's constant
-//! arguments, its pointer dtypes from the tensors passed, float arguments as f32 scalars. A
-//! constexpr may also be bound to a value that exists only at conversion: a quoted string
-//! (`reduction = "'mean'"`), `"None"`, or a dtype (`X_dtype = "tl.float16"`); TOML `true`/`false`
-//! bind bools and floats bind float constexprs (`eps = 1e-6`). Errors name the file, the key and
-//! what was expected.
+//! tensor; `"descriptor(q, [BLOCK_M, HEAD_DIM])"` passes what `TensorDescriptor.from_tensor(q,
+//! [BLOCK_M, HEAD_DIM])` builds on the host (the kernel uses it with `desc.load([..])`,
+//! `desc.store([..], v)` or `tl._experimental_descriptor_load/store`). A Triton kernel is
+//! converted per launch: its constexprs from the launch's constant arguments, its pointer dtypes
+//! from the tensors passed, float arguments as f32 scalars. A constexpr may also be bound to a
+//! value that exists only at conversion: a quoted string (`reduction = "'mean'"`), `"None"`, or a
+//! dtype (`X_dtype = "tl.float16"`); TOML `true`/`false` bind bools and floats bind float
+//! constexprs (`eps = 1e-6`). Errors name the file, the key and what was expected.
 
 use crate::check::{
     expr::Scope, Backward, CheckOptions, Cotangent, Dist, Expr, Forward, Init, Inputs, KernelLaunch, Precision, Scalar, Source, Step,
@@ -65,7 +68,7 @@ use crate::check::{
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
+use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions, HostDescriptor};
 use tilegrad_ir::{DType, Kernel};
 use toml::{Table, Value};
 
@@ -116,7 +119,14 @@ pub fn load(path: &Path) -> Result<Spec, SpecError> {
 /// Loads a spec file with some of its kernels replaced.
 pub fn load_with(path: &Path, overrides: &[KernelOverride]) -> Result<Spec, SpecError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| SpecError { file: file.clone(), key: "-".into(), message: e.to_string() })?;
+    let bytes = std::fs::read(path).map_err(|e| SpecError { file: file.clone(), key: "-".into(), message: e.to_string() })?;
+    let text = tilegrad_ir::source_text(bytes, &file).map_err(|e| {
+        let message = match e {
+            tilegrad_ir::IrError::Parse { error, .. } => format!("line {}, column {}: {}", error.line, error.col, error.message),
+            e => e.to_string(),
+        };
+        SpecError { file: file.clone(), key: "-".into(), message }
+    })?;
     let table: Table = text.parse().map_err(|e: toml::de::Error| {
         let at = e.span().map(|s| line_col(&text, s.start)).map_or(String::new(), |(l, c)| format!("line {l}, column {c}: "));
         SpecError { file: file.clone(), key: "-".into(), message: format!("{at}{}", e.message()) }
@@ -147,7 +157,7 @@ enum KernelRef {
     Text(Arc<Kernel>),
 }
 
-type ConvertKey = (String, Vec<(String, ConstValue)>, Vec<(String, DType)>, Vec<(String, DType)>);
+type ConvertKey = (String, Vec<(String, ConstValue)>, Vec<(String, DType)>, Vec<(String, DType)>, Vec<(String, HostDescriptor)>);
 
 struct Loader {
     file: String,
@@ -377,7 +387,8 @@ impl Loader {
             let src = match self.sources.get(&path) {
                 Some(s) => s.clone(),
                 None => {
-                    let s = std::fs::read_to_string(&path).map_err(|e| self.err(&key, format!("{}: {e}", path.display())))?;
+                    let bytes = std::fs::read(&path).map_err(|e| self.err(&key, format!("{}: {e}", path.display())))?;
+                    let s = tilegrad_ir::source_text(bytes, &path.display().to_string()).map_err(|e| self.err(&key, e.to_string()))?;
                     self.sources.insert(path.clone(), s.clone());
                     s
                 }
@@ -444,6 +455,8 @@ impl Loader {
                 None => Dist::default(),
                 Some(v) => self.dist(&self.string(v, &format!("{key}.init"))?, &format!("{key}.init"))?,
             };
+            crate::check::check_dist(dtype, dist).map_err(|m| self.err(&format!("{key}.init"), m))?;
+            tilegrad_reference::check_alloc(dtype, &shape).map_err(|e| self.err(&format!("{key}.shape"), e.to_string()))?;
             Source::Random { dtype, shape, dist }
         };
         let (d, s) = match &source {
@@ -456,25 +469,47 @@ impl Loader {
 
     fn dist(&self, s: &str, key: &str) -> Result<Dist, SpecError> {
         let s = s.trim();
-        let (f, args) = match s.split_once('(') {
+        let (f, texts) = match s.split_once('(') {
             Some((f, rest)) => {
                 let inner = rest.strip_suffix(')').ok_or_else(|| self.err(key, format!("`{s}`: missing `)`")))?;
-                let args: Result<Vec<f64>, _> = inner.split(',').map(|a| a.trim().parse::<f64>()).collect();
-                (f.trim(), args.map_err(|_| self.err(key, format!("`{s}`: arguments must be numbers")))?)
+                (f.trim(), inner.split(',').map(str::trim).collect::<Vec<_>>())
             }
             None => (s, Vec::new()),
         };
-        let d = match (f, &args[..]) {
-            ("normal", []) => Dist::default(),
-            ("normal", [m, sd]) => Dist::Normal { mean: *m, std: *sd },
-            ("uniform", []) => Dist::Uniform { lo: -1.0, hi: 1.0 },
-            ("uniform", [lo, hi]) if lo < hi => Dist::Uniform { lo: *lo, hi: *hi },
-            ("randint", [lo, hi]) if lo < hi && lo.fract() == 0.0 && hi.fract() == 0.0 => Dist::RandInt { lo: *lo as i64, hi: *hi as i64 },
-            ("const", [c]) => Dist::Constant(*c),
-            ("arange", []) => Dist::Arange { start: 0.0, step: 1.0 },
-            ("arange", [a]) => Dist::Arange { start: *a, step: 1.0 },
-            ("arange", [a, st]) => Dist::Arange { start: *a, step: *st },
-            ("arange", [a, st, m]) if *m != 0.0 => Dist::ArangeMod { start: *a, step: *st, modulus: *m },
+        let args: Vec<f64> = texts
+            .iter()
+            .map(|a| a.parse::<f64>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| self.err(key, format!("`{s}`: arguments must be numbers")))?;
+        // Integer arguments as written (an f64 rounds integers above 2^53).
+        let ints: Option<Vec<i64>> = texts
+            .iter()
+            .zip(&args)
+            .map(|(t, &x)| {
+                t.replace('_', "")
+                    .parse::<i64>()
+                    .ok()
+                    .or_else(|| (x.fract() == 0.0 && x.abs() <= 9_007_199_254_740_992.0).then_some(x as i64))
+            })
+            .collect();
+        let d = match (f, &args[..], ints.as_deref()) {
+            ("normal", [], _) => Dist::default(),
+            ("normal", [m, sd], _) => Dist::Normal { mean: *m, std: *sd },
+            ("uniform", [], _) => Dist::Uniform { lo: -1.0, hi: 1.0 },
+            ("uniform", [lo, hi], _) if !(lo.is_finite() && hi.is_finite()) => {
+                return Err(self.err(key, format!("`{s}`: the bounds must be finite")));
+            }
+            ("uniform", [lo, hi], _) if lo < hi => Dist::Uniform { lo: *lo, hi: *hi },
+            ("randint", [..], Some(&[lo, hi])) if lo < hi => Dist::RandInt { lo, hi },
+            ("randint", [_, _], None) => {
+                return Err(self.err(key, format!("`{s}`: randint takes integer bounds that fit 64 bits")));
+            }
+            ("const", [_], Some(&[c])) => Dist::ConstInt(c),
+            ("const", [c], _) => Dist::Constant(*c),
+            ("arange", [], _) => Dist::Arange { start: 0.0, step: 1.0 },
+            ("arange", [a], _) => Dist::Arange { start: *a, step: 1.0 },
+            ("arange", [a, st], _) => Dist::Arange { start: *a, step: *st },
+            ("arange", [a, st, m], _) if *m != 0.0 && m.is_finite() => Dist::ArangeMod { start: *a, step: *st, modulus: *m },
             _ => {
                 return Err(self.err(
                     key,
@@ -492,7 +527,7 @@ impl Loader {
         let mut o = CheckOptions::default();
         let Some(v) = v else { return Ok(o) };
         let t = self.table(v, "check")?;
-        self.only(t, "check", &["seed", "trials", "precision", "rtol", "atol"])?;
+        self.only(t, "check", &["seed", "trials", "precision", "rtol", "atol", "allow_non_finite"])?;
         let int = |k: &str| -> Result<Option<u64>, SpecError> {
             t.get(k)
                 .map(|v| {
@@ -524,6 +559,9 @@ impl Loader {
                 })
                 .transpose()
         };
+        if let Some(v) = t.get("allow_non_finite") {
+            o.allow_non_finite = v.as_bool().ok_or_else(|| self.err("check.allow_non_finite", "expected true or false"))?;
+        }
         match (num("rtol")?, num("atol")?) {
             (Some(rtol), Some(atol)) => o.tolerance = Some(Tolerance { rtol, atol }),
             (None, None) => {}
@@ -576,6 +614,7 @@ impl Loader {
         };
         let scope = Static { constants, tensors: &self.tensors };
         let sh = crate::check::steps_eval_shape(&shape, &scope).map_err(|m| self.err(&format!("{key}.shape"), m))?;
+        tilegrad_reference::check_alloc(dtype, &sh).map_err(|e| self.err(&format!("{key}.shape"), e.to_string()))?;
         self.define(&name, dtype, sh, key)?;
         Ok(Step::Alloc { name, shape, dtype, init })
     }
@@ -641,6 +680,49 @@ impl Loader {
         Ok(step)
     }
 
+    /// A host-built tensor descriptor argument, `descriptor(t, [B0, B1, ...])` (what
+    /// `TensorDescriptor.from_tensor(t, block_shape)` passes): the descriptor and the launch
+    /// arguments it stands for (the tensor, then its shape and strides).
+    fn descriptor_arg(
+        &self,
+        n: &str,
+        rest: &str,
+        key: &str,
+        constants: &[(String, Scalar)],
+    ) -> Result<(HostDescriptor, Vec<(String, Expr)>), SpecError> {
+        let usage = "expected `descriptor(TENSOR, [BLOCK0, BLOCK1, ...])`";
+        let body = rest.trim_end().strip_suffix(')').ok_or_else(|| self.err(key, usage))?;
+        let (tn, blocks) = body.split_once(',').ok_or_else(|| self.err(key, usage))?;
+        let tn = tn.trim();
+        let blocks = blocks.trim().strip_prefix('[').and_then(|b| b.strip_suffix(']')).ok_or_else(|| self.err(key, usage))?;
+        let (_, dtype, shape) = self
+            .tensors
+            .iter()
+            .find(|(x, ..)| x == tn)
+            .ok_or_else(|| self.err(key, format!("no tensor `{tn}` is defined before this launch")))?
+            .clone();
+        let scope = Static { constants, tensors: &self.tensors };
+        let mut block_shape = Vec::new();
+        for b in blocks.split(',').map(str::trim).filter(|b| !b.is_empty()) {
+            let e = Expr::parse(b).map_err(|e| self.err(key, format!("`{b}`: {e}")))?;
+            let v = e.eval_int(&scope).map_err(|e| self.err(key, format!("`{b}`: {e}")))?;
+            if v <= 0 {
+                return Err(self.err(key, format!("block dims must be positive, `{b}` is {v}")));
+            }
+            block_shape.push(v as usize);
+        }
+        if block_shape.len() != shape.len() {
+            return Err(self.err(key, format!("`{tn}` has rank {} but the block shape has {} dims", shape.len(), block_shape.len())));
+        }
+        let mut args = vec![(n.to_string(), Expr::parse(tn).map_err(|e| self.err(key, e.to_string()))?)];
+        for (i, &d) in shape.iter().enumerate() {
+            args.push((HostDescriptor::shape_param(n, i), Expr::from(d as i64)));
+            let st = Expr::parse(&format!("{tn}.stride({i})")).map_err(|e| self.err(key, e.to_string()))?;
+            args.push((HostDescriptor::stride_param(n, i), st));
+        }
+        Ok((HostDescriptor { dtype, block_shape }, args))
+    }
+
     fn launch(&mut self, t: &Table, key: &str, constants: &[(String, Scalar)]) -> Result<Step, SpecError> {
         self.only(t, key, &["launch", "grid", "args"])?;
         let kname = self.string(&t["launch"], &format!("{key}.launch"))?;
@@ -654,10 +736,17 @@ impl Loader {
             return Err(self.err(&format!("{key}.grid"), format!("a grid has 1 to 3 axes, got {}", grid.len())));
         }
         let mut args = Vec::new();
+        let mut descs: Vec<(String, HostDescriptor)> = Vec::new();
         // Constexprs bound to values that exist only at conversion (strings, None, dtypes).
         let mut compile_only: Vec<(String, ConstValue)> = Vec::new();
         if let Some(a) = t.get("args") {
             for (n, v) in self.table(a, &format!("{key}.args"))? {
+                if let Some(d) = v.as_str().and_then(|s| s.trim().strip_prefix("descriptor(")) {
+                    let (hd, more) = self.descriptor_arg(n, d, &format!("{key}.args.{n}"), constants)?;
+                    descs.push((n.clone(), hd));
+                    args.extend(more);
+                    continue;
+                }
                 if let Some(c) = v.as_str().and_then(ConstValue::parse).filter(|c| !c.is_number()) {
                     compile_only.push((n.clone(), c));
                     continue;
@@ -675,6 +764,9 @@ impl Loader {
             e.eval_int(&scope).map_err(|err| self.err(&format!("{key}.grid"), format!("`{e}`: {err}")))?;
         }
         let kernel = match kr {
+            KernelRef::Text(_) if !descs.is_empty() => {
+                return Err(self.err(&format!("{key}.args.{}", descs[0].0), "descriptor arguments need a Triton kernel (FILE.py::NAME)"))
+            }
             KernelRef::Text(k) => k,
             KernelRef::Triton { file, name, config, jit } => {
                 let mut ptrs = Vec::new();
@@ -682,6 +774,13 @@ impl Loader {
                 consts.extend(compile_only.iter().cloned());
                 let mut scalars = Vec::new();
                 for (n, e) in &args {
+                    if descs.iter().any(|(dn, hd)| {
+                        (0..hd.block_shape.len())
+                            .any(|i| *n == HostDescriptor::shape_param(dn, i) || *n == HostDescriptor::stride_param(dn, i))
+                    }) {
+                        scalars.push((n.clone(), DType::I64));
+                        continue;
+                    }
                     if let Some((_, d, _)) = e.as_name().and_then(|tn| self.tensors.iter().find(|(x, ..)| x == tn)) {
                         ptrs.push((n.clone(), *d));
                         continue;
@@ -714,7 +813,7 @@ impl Loader {
                         }
                     }
                 }
-                let ck: ConvertKey = (format!("{}::{name}", file.display()), consts.clone(), ptrs.clone(), scalars.clone());
+                let ck: ConvertKey = (format!("{}::{name}", file.display()), consts.clone(), ptrs.clone(), scalars.clone(), descs.clone());
                 match self.cache.iter().find(|(k, _)| *k == ck) {
                     Some((_, k)) => k.clone(),
                     None => {
@@ -722,6 +821,7 @@ impl Loader {
                             constexprs: consts,
                             pointer_dtypes: ptrs,
                             scalar_dtypes: scalars,
+                            descriptors: descs,
                             assume_jit: jit,
                             ..ConvertOptions::default()
                         };

@@ -54,3 +54,31 @@ fn a_closed_stdout_ends_the_process_without_a_panic() {
     // status of one ended by SIGPIPE.
     assert_eq!(out.status.code(), Some(141), "{err}");
 }
+
+#[test]
+fn timings_list_every_phase_of_a_check() {
+    let (code, out, err) = tilegrad(&["check", "examples/vector_add.toml", "--timings", "--trials", "1"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let t = &out[out.find("timings").unwrap_or_else(|| panic!("no timings: {out}"))..];
+    for phase in [
+        "spec and kernels",
+        "inputs",
+        "forward in the kernels' dtypes",
+        "forward of the ground truth",
+        "ground truth",
+        "backward",
+        "comparison",
+        "output",
+        "total",
+    ] {
+        assert!(t.contains(phase), "no `{phase}` in {t}");
+    }
+    let (code, out, err) = tilegrad(&["check", "examples/vector_add.toml", "--json", "--non-finite-is-not-a-flag"]);
+    assert_eq!(code, 2, "{out}{err}");
+    let (code, out, _) = tilegrad(&["check", "examples/vector_add.toml", "--json", "--trials", "1"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["schema_version"], tilegrad::check::SCHEMA_VERSION);
+    assert!(v[0]["timings"]["phases"].as_array().unwrap().len() >= 6, "{out}");
+    assert_eq!(v[0]["findings"].as_array().unwrap().len(), 0, "{out}");
+}

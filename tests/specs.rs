@@ -80,6 +80,8 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "softmax",
         "layer_norm",
         "layer_norm_saved",
+        "layer_norm_lock",
+        "row_scale_desc",
         "flash_attention",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
@@ -153,6 +155,10 @@ const CASES: &[Case] = &[
     ("layer_norm_bwd_broken_accumulate", "layer_norm_saved", "bwd", Wrong { input: "x", line: 191 }, "loop accumulator: blamed on the store"),
     ("layer_norm_bwd_broken_partial_row", "layer_norm_saved", "bwd", Race(230), ""),
     ("layer_norm_bwd_broken_mask", "layer_norm_saved", "bwd", Oob(261), ""),
+    ("layer_norm_bwd_dx_fused_broken_no_lock", "layer_norm_lock", "dx", Race(101), "unlocked read-modify-write: the race is at its store"),
+    ("layer_norm_bwd_dx_fused_broken_c2", "layer_norm_lock", "dx", Wrong { input: "x", line: 130 }, "expression: blamed on the store"),
+    ("row_scale_bwd_broken_offsets", "row_scale_desc", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "swapped tile offsets: tiles off the transposed grid are never written"),
+    ("row_scale_bwd_broken_tanh", "row_scale_desc", "bwd", Wrong { input: "x", line: 58 }, "expression: blamed on the store"),
     ("attn_bwd_broken_sm_scale", "flash_attention", "bwd", Wrong { input: "q", line: 108 }, ""),
     ("attn_bwd_broken_key_mask", "flash_attention", "bwd", Wrong { input: "q", line: 155 }, "mask: blamed on the store of grad_q"),
     ("attn_bwd_broken_race", "flash_attention", "bwd", Race(196), ""),

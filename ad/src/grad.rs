@@ -74,6 +74,11 @@ pub struct Gradient {
 /// The VJP of `launch` on `mem`: cotangents of the initial contents of `inputs` (float tensors)
 /// given cotangents of the final contents of `outputs`.
 ///
+/// Atomics other than `atomic_add` (max/min/and/or/xor/exchange/compare-and-swap), and an
+/// `atomic_add` whose old value the kernel uses, make the launch depend on the order of its
+/// programs (spin locks, first-writer flags); such a forward is refused with the op and its
+/// location. Differentiate the kernel that does the math, not its synchronisation.
+///
 /// Out-of-bounds accesses, races and loops beyond their `max_iters` are errors, reported as the
 /// reference interpreter reports them (with their locations). Where the engine can find them
 /// itself while it differentiates ([`crate::graph::KernelFacts::self_checking`]: no tensor both
@@ -89,6 +94,7 @@ pub fn vjp(
 ) -> Result<Gradient, AdError> {
     let k = launch.kernel();
     launch.check_arguments(mem)?;
+    refuse_ordered_atomics(k)?;
 
     // Bind parameters: tensors to slots (aliases share one), scalars to values.
     let mut slot_ids: Vec<TensorId> = Vec::new();
@@ -685,5 +691,47 @@ mod tests {
         assert!(!needs[addptr.args[1].index()] && !needs[r.index()]);
         let f = k.insts.iter().find(|d| matches!(d.op, tilegrad_ir::Op::For { .. })).unwrap();
         assert!(needs[f.args[0].index()] && needs[f.args[2].index()]);
+    }
+}
+
+/// The refusal described on [`vjp`]: the first order-dependent atomic of `k`, in program order.
+fn refuse_ordered_atomics(k: &tilegrad_ir::Kernel) -> Result<(), AdError> {
+    use tilegrad_ir::Op;
+    let mut added: Vec<(tilegrad_ir::Value, tilegrad_ir::Inst)> = Vec::new();
+    let mut first: Option<(tilegrad_ir::Inst, String)> = None;
+    k.walk(&mut |i, d| match d.op {
+        Op::AtomicRmw { .. } | Op::AtomicCas if first.is_none() => {
+            first = Some((
+                i,
+                format!(
+                    "`{}` makes the launch depend on the order of its programs; tilegrad does not differentiate it \
+                     (only `atomic_add` whose old value is unused is differentiable)",
+                    d.op.mnemonic()
+                ),
+            ));
+        }
+        Op::AtomicAdd { .. } => added.extend(d.results.iter().map(|&r| (r, i))),
+        _ => {}
+    });
+    if first.is_none() && !added.is_empty() {
+        k.walk(&mut |_, d| {
+            if first.is_none() {
+                if let Some(&(_, i)) = added.iter().find(|(r, _)| d.args.contains(r)) {
+                    first = Some((
+                        i,
+                        "the old value this `atomic_add` returns is used: it depends on the order of programs, and tilegrad \
+                         does not differentiate it"
+                            .into(),
+                    ));
+                }
+            }
+        });
+    }
+    match first {
+        Some((i, message)) => {
+            let d = k.inst(i);
+            Err(AdError::Unsupported { kernel: k.name.clone(), op: d.op.mnemonic().into(), loc: d.loc.clone(), message })
+        }
+        None => Ok(()),
     }
 }

@@ -102,7 +102,7 @@ impl KernelGraph {
                 Op::Load { .. } => NodeKind::Gather,
                 Op::Store { .. } => NodeKind::Scatter,
                 Op::AtomicAdd { .. } => NodeKind::AtomicAdd,
-                Op::For { .. } => NodeKind::Loop,
+                Op::For { .. } | Op::While { .. } => NodeKind::Loop,
                 Op::If { .. } => NodeKind::Branch,
                 _ => NodeKind::Compute,
             };
@@ -146,7 +146,7 @@ impl KernelGraph {
                 }
                 let before = memory.len();
                 self.add_block(k, nb, Some(n), src, param_slot, def, memory);
-                if matches!(d.op, Op::For { .. }) {
+                if matches!(d.op, Op::For { .. } | Op::While { .. }) {
                     // Loop-carried memory: a write late in the body reaches reads early in the
                     // next iteration.
                     let body: Vec<NodeIndex> = memory[before..].to_vec();
@@ -234,6 +234,18 @@ pub fn active_values(k: &Kernel) -> Vec<bool> {
                     }
                     changed |= pass(k, *body, act);
                 }
+                Op::While { cond, body, .. } => {
+                    let (cp, bp) = (&k.block(*cond).params, &k.block(*body).params);
+                    let ys = yields(k, *body);
+                    for (j, &r) in d.results.iter().enumerate() {
+                        let on = act[d.args[j].index()] || ys.get(j).is_some_and(|y| act[y.index()]);
+                        for v in [r, cp[j], bp[j]] {
+                            changed |= set(act, v, on);
+                        }
+                    }
+                    changed |= pass(k, *cond, act);
+                    changed |= pass(k, *body, act);
+                }
                 Op::If { then_block, else_block } => {
                     changed |= pass(k, *then_block, act);
                     changed |= pass(k, *else_block, act);
@@ -314,6 +326,16 @@ pub fn floats_steer(k: &Kernel) -> bool {
                         }
                     }
                 }
+                Op::While { cond, body, .. } => {
+                    let ys = yields(*body).unwrap_or_default();
+                    let (cp, bp) = (&k.block(*cond).params, &k.block(*body).params);
+                    for (j, &r) in d.results.iter().enumerate() {
+                        let on = dep[d.args[j].index()] || ys.get(j).is_some_and(|y| dep[y.index()]);
+                        for v in [r, cp[j], bp[j]] {
+                            set(&mut dep, v, on);
+                        }
+                    }
+                }
                 Op::If { then_block, else_block } => {
                     let (t, e) = (yields(*then_block).unwrap_or_default(), yields(*else_block).unwrap_or_default());
                     for (j, &r) in d.results.iter().enumerate() {
@@ -343,6 +365,7 @@ pub fn floats_steer(k: &Kernel) -> bool {
             }
             Op::For { .. } => &d.args[..3],
             Op::If { .. } => &d.args[..1],
+            Op::While { cond, .. } => return yields(*cond).unwrap_or_default().iter().any(|v| dep[v.index()]),
             _ => &[],
         };
         steering.iter().any(|v| dep[v.index()])
@@ -382,6 +405,10 @@ pub fn reverse_needs(k: &Kernel, active: &[bool]) -> Vec<bool> {
                     mark(d.args[2]);
                     walk(k, *body, active, need);
                 }
+                Op::While { cond, body, .. } => {
+                    walk(k, *cond, active, need);
+                    walk(k, *body, active, need);
+                }
                 Op::If { then_block, else_block } => {
                     mark(d.args[0]);
                     walk(k, *then_block, active, need);
@@ -415,7 +442,7 @@ pub fn forward_drops(k: &Kernel, needs: &[bool]) -> Vec<Vec<Value>> {
         out.extend(d.args.iter().copied());
         let nested: &[Block] = match &d.op {
             Op::For { body, .. } => std::slice::from_ref(body),
-            Op::If { then_block, else_block } => &[*then_block, *else_block],
+            Op::If { then_block, else_block } | Op::While { cond: then_block, body: else_block, .. } => &[*then_block, *else_block],
             _ => &[],
         };
         for &b in nested {
@@ -431,7 +458,7 @@ pub fn forward_drops(k: &Kernel, needs: &[bool]) -> Vec<Vec<Value>> {
             let d = k.inst(i);
             match &d.op {
                 Op::For { body, .. } => walk(k, *body, needs, last, kept, drops),
-                Op::If { then_block, else_block } => {
+                Op::If { then_block, else_block } | Op::While { cond: then_block, body: else_block, .. } => {
                     walk(k, *then_block, needs, last, kept, drops);
                     walk(k, *else_block, needs, last, kept, drops);
                 }
@@ -444,7 +471,7 @@ pub fn forward_drops(k: &Kernel, needs: &[bool]) -> Vec<Vec<Value>> {
             for v in used.iter().chain(&d.results) {
                 last[v.index()] = Some(i);
             }
-            if let Op::For { .. } = d.op {
+            if let Op::For { .. } | Op::While { .. } = d.op {
                 used.iter().for_each(|v| kept[v.index()] = true);
             }
         }

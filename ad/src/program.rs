@@ -436,6 +436,7 @@ impl<'a> Program<'a> {
                     self.set(*r, v);
                 }
             }
+            Op::While { cond, body, max_iters } => self.forward_while(i, *cond, *body, *max_iters)?,
             Op::If { then_block, else_block } => {
                 let c = self.uniform_scalar(d.args[0])? != 0.0;
                 let outs = self.forward_block(if c { *then_block } else { *else_block })?;
@@ -491,6 +492,132 @@ impl<'a> Program<'a> {
         let r = self.forward_block(body);
         self.path.pop();
         r
+    }
+
+    /// A `while` loop: the condition (the same in every program of the batch, else the batch
+    /// diverges), then the body while it holds, taping the carried values of each iteration
+    /// as `for` loops do. Past `max_iters` (or, without one, a generous bound) it is an error.
+    fn forward_while(&mut self, i: Inst, cond: Block, body: Block, max_iters: Option<u32>) -> Result<(), AdError> {
+        const LIMIT: u64 = 10_000_000;
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        let mut carried: Vec<V> = d.args.iter().map(|&a| self.get(a).clone()).collect();
+        let key = self.instance(i);
+        let mut tape = Vec::new();
+        let values = self.body_values(body);
+        let mut snaps: Option<Vec<Vec<(Value, V)>>> = (!self.replay).then(Vec::new);
+        let cparams = k.block(cond).params.clone();
+        let mut t = 0u64;
+        loop {
+            for (p, v) in cparams.iter().zip(&carried) {
+                self.env[p.index()] = Some(v.clone());
+            }
+            self.path.push(t as u32);
+            let c = self.forward_block(cond);
+            self.path.pop();
+            let c = c?;
+            let cv = &c.first().expect("the verifier checked the condition yields a value").num().data;
+            if cv.iter().any(|&x| (x != 0.0) != (cv[0] != 0.0)) {
+                self.divergent = true;
+                return Err(AdError::Spec("control flow diverges across the batch".into()));
+            }
+            if cv[0] == 0.0 {
+                break;
+            }
+            if t >= max_iters.map_or(LIMIT, u64::from) {
+                return Err(self.unsupported(
+                    i,
+                    match max_iters {
+                        Some(m) => format!("loop ran {} iterations, more than its max_iters = {m}", t + 1),
+                        None => format!("`while` loop ran more than {LIMIT} iterations without ending"),
+                    },
+                ));
+            }
+            tape.push(carried.clone());
+            carried = self.iterate_while(body, t, carried)?;
+            if let Some(sn) = &mut snaps {
+                let needs = self.sh.needs;
+                let snap: Vec<(Value, V)> =
+                    values.iter().filter_map(|&v| self.env[v.index()].take().filter(|_| needs[v.index()]).map(|x| (v, x))).collect();
+                let bytes: usize = snap.iter().map(|(_, x)| x.num().data.len() * 8).sum();
+                if self.snap_bytes + bytes <= self.sh.tape_budget * self.pids.len() {
+                    self.snap_bytes += bytes;
+                    sn.push(snap);
+                } else {
+                    self.snap_bytes -= sn.iter().flatten().map(|(_, x)| x.num().data.len() * 8).sum::<usize>();
+                    snaps = None;
+                }
+            }
+            t += 1;
+        }
+        match self.out.trips.iter_mut().find(|(j, _)| *j == i) {
+            Some((_, x)) => *x = (*x).max(t),
+            None => self.out.trips.push((i, t)),
+        }
+        if let Some(sn) = snaps {
+            self.snaps.insert(key.clone(), sn);
+        }
+        self.tapes.insert(key, tape);
+        for (r, v) in d.results.iter().zip(carried) {
+            self.set(*r, v);
+        }
+        Ok(())
+    }
+
+    /// Runs body iteration `t` of a `while` loop from `carried`, returning the next carried values.
+    fn iterate_while(&mut self, body: Block, t: u64, carried: Vec<V>) -> Result<Vec<V>, AdError> {
+        let params = &self.sh.kernel.block(body).params;
+        for (p, v) in params.iter().zip(carried) {
+            self.env[p.index()] = Some(v);
+        }
+        self.path.push(t as u32);
+        let r = self.forward_block(body);
+        self.path.pop();
+        r
+    }
+
+    /// Reverse of a `while` loop: body iterations last to first, as [`Program::reverse_loop`]
+    /// (the condition carries no gradient: it is a boolean).
+    fn reverse_while(&mut self, i: Inst, body: Block) -> Result<(), AdError> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        let key = self.instance(i);
+        let Some(tape) = self.tapes.remove(&key) else { return Ok(()) };
+        let params = k.block(body).params.clone();
+        let yields = k.block(body).insts.last().map(|&l| k.inst(l).args.clone()).unwrap_or_default();
+        let mut carried_cot: Vec<Option<BTile>> = d.results.iter().map(|&r| self.take_cot(r)).collect();
+        let mut snaps = self.snaps.remove(&key);
+        for t in (0..tape.len()).rev() {
+            match snaps.as_mut().and_then(|s| s.pop()) {
+                Some(snap) => {
+                    for (v, x) in snap {
+                        self.env[v.index()] = Some(x);
+                    }
+                }
+                None => {
+                    let saved = self.replay;
+                    self.replay = true;
+                    self.iterate_while(body, t as u64, tape[t].clone())?;
+                    self.replay = saved;
+                }
+            }
+            for (y, c) in yields.iter().zip(carried_cot.drain(..)) {
+                if let Some(c) = c {
+                    self.add_cot(*y, c);
+                }
+            }
+            self.path.push(t as u32);
+            let r = self.reverse_block(body);
+            self.path.pop();
+            r?;
+            carried_cot = params.iter().map(|&p| self.take_cot(p)).collect();
+        }
+        for (a, c) in d.args.iter().zip(carried_cot) {
+            if let Some(c) = c {
+                self.add_cot(*a, c);
+            }
+        }
+        Ok(())
     }
 
     fn unsupported(&self, i: Inst, message: String) -> AdError {
@@ -562,6 +689,7 @@ impl<'a> Program<'a> {
                 self.add_cot(d.args[1], fit_batch(BTile::new(self.events[ev].batch, &vt.shape, c), vb));
             }
             Op::For { body, .. } => self.reverse_loop(i, *body)?,
+            Op::While { body, .. } => self.reverse_while(i, *body)?,
             Op::Broadcast if self.sh.views[d.results[0].index()] => {
                 // The view's cotangent is already summed over the broadcast dimensions.
                 if let Some(c) = self.take_cot(d.results[0]) {
@@ -718,9 +846,16 @@ fn invariant_inst(k: &Kernel, i: Inst, known: &[Option<V>]) -> bool {
         | Op::Dot { .. }
         | Op::AddPtr
         | Op::NumPrograms { .. } => true,
-        Op::ProgramId { .. } | Op::Load { .. } | Op::Store { .. } | Op::AtomicAdd { .. } | Op::For { .. } | Op::If { .. } | Op::Yield => {
-            false
-        }
+        Op::ProgramId { .. }
+        | Op::Load { .. }
+        | Op::Store { .. }
+        | Op::AtomicAdd { .. }
+        | Op::AtomicRmw { .. }
+        | Op::AtomicCas
+        | Op::For { .. }
+        | Op::While { .. }
+        | Op::If { .. }
+        | Op::Yield => false,
     };
     pure && d.args.iter().all(|a| known[a.index()].is_some() || k.params.iter().any(|p| p.value == *a))
 }

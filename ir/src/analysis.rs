@@ -60,6 +60,18 @@ pub fn pointer_sources(k: &Kernel) -> Vec<Vec<bool>> {
                         }
                     }
                 }
+                Op::While { cond, body, .. } => {
+                    let (cd, bd) = (k.block(*cond), k.block(*body));
+                    let y = bd.insts.last().map(|&l| k.inst(l).args.clone()).unwrap_or_default();
+                    for (j, &init) in d.args.iter().enumerate() {
+                        for p in [cd.params[j], bd.params[j], d.results[j]] {
+                            changed |= union(&mut src, p, init);
+                            if let Some(&yv) = y.get(j) {
+                                changed |= union(&mut src, p, yv);
+                            }
+                        }
+                    }
+                }
                 Op::If { then_block, else_block } => {
                     for b in [then_block, else_block] {
                         if let Some(&l) = k.block(*b).insts.last() {
@@ -85,6 +97,8 @@ pub fn pointer_sources(k: &Kernel) -> Vec<Vec<bool>> {
                 | Op::Load { .. }
                 | Op::Store { .. }
                 | Op::AtomicAdd { .. }
+                | Op::AtomicRmw { .. }
+                | Op::AtomicCas
                 | Op::Yield => {}
             }
         }
@@ -102,7 +116,7 @@ pub struct ParamUse {
     pub loaded: bool,
     /// Some store may write through it.
     pub stored: bool,
-    /// Some atomic_add may update through it.
+    /// Some atomic op may update through it.
     pub atomic: bool,
 }
 
@@ -114,7 +128,7 @@ pub fn param_uses(k: &Kernel) -> Vec<ParamUse> {
         let (field, ptr): (fn(&mut ParamUse) -> &mut bool, Value) = match d.op {
             Op::Load { .. } => (|u| &mut u.loaded, d.args[0]),
             Op::Store { .. } => (|u| &mut u.stored, d.args[0]),
-            Op::AtomicAdd { .. } => (|u| &mut u.atomic, d.args[0]),
+            Op::AtomicAdd { .. } | Op::AtomicRmw { .. } | Op::AtomicCas => (|u| &mut u.atomic, d.args[0]),
             _ => return,
         };
         for (j, &b) in src[ptr.index()].iter().enumerate() {

@@ -9,7 +9,7 @@
 
 use crate::error::{Diagnostic, IrError};
 use crate::kernel::{Block, InstData, Kernel, Loc, Param, ParamKind, Value};
-use crate::op::{BinaryOp, CmpOp, DotPrecision, Op, ReduceOp, UnaryOp};
+use crate::op::{AtomicOp, BinaryOp, CmpOp, DotPrecision, Op, ReduceOp, UnaryOp};
 use crate::types::{DType, Elem, Lit, Shape, Type};
 use smallvec::{smallvec, SmallVec};
 
@@ -309,7 +309,7 @@ impl KernelBuilder {
     pub fn reshape(&mut self, x: Value, shape: &[usize]) -> Value {
         let loc = Loc::caller();
         let t = self.ty(x);
-        if t.numel() != shape.iter().product::<usize>() {
+        if Some(t.numel()) != shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
             self.error("reshape", &loc, format!("cannot reshape {t} to {shape:?}"));
             return x;
         }
@@ -650,12 +650,19 @@ impl KernelBuilder {
         Some((self.broadcast_at(ptr, &s, loc), Some(self.broadcast_at(m, &s, loc))))
     }
 
-    fn store_like(&mut self, atomic: bool, ptr: Value, value: Value, mask: Option<Value>, loc: &Loc) {
-        let name = if atomic { "atomic_add" } else { "store" };
+    /// A store (`atomic` `None`) or an atomic read-modify-write: the pointer's shape is the
+    /// access's, the value is cast to the pointee dtype and broadcast. Atomics return the old
+    /// values (`None` after an error or for stores).
+    fn store_like(&mut self, atomic: Option<Option<AtomicOp>>, ptr: Value, value: Value, mask: Option<Value>, loc: &Loc) -> Option<Value> {
+        let name = match atomic {
+            None => "store",
+            Some(None) => "atomic_add",
+            Some(Some(k)) => k.name(),
+        };
         let pt = self.ty(ptr);
         let Elem::Ptr(dt) = pt.elem else {
-            self.error(name, loc, format!("stores need a pointer, found {pt}"));
-            return;
+            self.error(name, loc, format!("{name} needs a pointer, found {pt}"));
+            return None;
         };
         // The pointer shape is the shape of the access; the value broadcasts to it.
         let vt = self.ty(value);
@@ -663,32 +670,80 @@ impl KernelBuilder {
             Ok(s) => s,
             Err(e) => {
                 self.error(name, loc, e);
-                return;
+                return None;
             }
         };
         let ptr = self.broadcast_at(ptr, &s, loc);
-        let Some((ptr, mask)) = self.ptr_and_mask(ptr, mask, name, loc) else { return };
+        let (ptr, mask) = self.ptr_and_mask(ptr, mask, name, loc)?;
         let s = self.shape(ptr);
         let v = self.cast_at(value, dt, loc);
         let v = self.broadcast_at(v, &s, loc);
         let mut args = vec![ptr, v];
         args.extend(mask);
-        let op = if atomic { Op::AtomicAdd { mask: mask.is_some() } } else { Op::Store { mask: mask.is_some() } };
-        self.emit(op, &args, vec![], loc);
+        let m = mask.is_some();
+        match atomic {
+            None => {
+                self.emit(Op::Store { mask: m }, &args, vec![], loc);
+                None
+            }
+            Some(kind) => {
+                let op = match kind {
+                    None => Op::AtomicAdd { mask: m },
+                    Some(kind) => Op::AtomicRmw { kind, mask: m },
+                };
+                Some(self.emit1(op, &args, Type::tile(dt, &s), loc))
+            }
+        }
     }
 
     /// `tl.store(ptr, value, mask)`; the value is cast to the pointee dtype and broadcast.
     #[track_caller]
     pub fn store(&mut self, ptr: Value, value: Value, mask: Option<Value>) {
         let loc = Loc::caller();
-        self.store_like(false, ptr, value, mask, &loc)
+        self.store_like(None, ptr, value, mask, &loc);
     }
 
-    /// `tl.atomic_add(ptr, value, mask)` (its old value is not available; see [`Op::AtomicAdd`]).
+    /// `tl.atomic_add(ptr, value, mask)`: returns the old values (see [`Op::AtomicAdd`]; after
+    /// an error, the pointer).
     #[track_caller]
-    pub fn atomic_add(&mut self, ptr: Value, value: Value, mask: Option<Value>) {
+    pub fn atomic_add(&mut self, ptr: Value, value: Value, mask: Option<Value>) -> Value {
         let loc = Loc::caller();
-        self.store_like(true, ptr, value, mask, &loc)
+        self.store_like(Some(None), ptr, value, mask, &loc).unwrap_or(ptr)
+    }
+
+    /// `tl.atomic_max/min/and/or/xor/xchg(ptr, value, mask)`: returns the old values.
+    #[track_caller]
+    pub fn atomic_rmw(&mut self, kind: AtomicOp, ptr: Value, value: Value, mask: Option<Value>) -> Value {
+        let loc = Loc::caller();
+        self.store_like(Some(Some(kind)), ptr, value, mask, &loc).unwrap_or(ptr)
+    }
+
+    /// `tl.atomic_cas(ptr, cmp, value)`: `cmp` and `value` are cast to the pointee dtype and
+    /// broadcast to the pointer's shape; returns the old values.
+    #[track_caller]
+    pub fn atomic_cas(&mut self, ptr: Value, cmp: Value, value: Value) -> Value {
+        let loc = Loc::caller();
+        let pt = self.ty(ptr);
+        let Elem::Ptr(dt) = pt.elem else {
+            self.error("atomic_cas", &loc, format!("atomic_cas needs a pointer, found {pt}"));
+            return ptr;
+        };
+        let mut s = pt.shape.clone();
+        for v in [cmp, value] {
+            match Self::broadcast_shapes(&s, &self.ty(v).shape) {
+                Ok(x) => s = x,
+                Err(e) => {
+                    self.error("atomic_cas", &loc, e);
+                    return ptr;
+                }
+            }
+        }
+        let ptr = self.broadcast_at(ptr, &s, &loc);
+        let c = self.cast_at(cmp, dt, &loc);
+        let c = self.broadcast_at(c, &s, &loc);
+        let v = self.cast_at(value, dt, &loc);
+        let v = self.broadcast_at(v, &s, &loc);
+        self.emit1(Op::AtomicCas, &[ptr, c, v], Type::tile(dt, &s), &loc)
     }
 
     // ---- block pointers ---------------------------------------------------------------------
@@ -831,7 +886,7 @@ impl KernelBuilder {
     pub fn store_block(&mut self, bp: &BlockPtr, value: Value, boundary_check: &[usize]) {
         let loc = Loc::caller();
         let (p, mask) = self.block_ptr_lanes(bp, boundary_check, &loc);
-        self.store_like(false, p, value, mask, &loc)
+        self.store_like(None, p, value, mask, &loc);
     }
 
     // ---- control flow -----------------------------------------------------------------------
@@ -869,6 +924,50 @@ impl KernelBuilder {
         let mut args = vec![b3[0], b3[1], b3[2]];
         args.extend_from_slice(init);
         self.emit(Op::For { body: blk, max_iters }, &args, init_tys, &loc).to_vec()
+    }
+
+    /// `while cond(carried): carried = body(carried)`. `cond` receives the carried values and
+    /// returns a scalar condition (non-i1 scalars compare with 0); `body` receives them and
+    /// returns the next ones; the loop returns the final ones. `max_iters` bounds the number of
+    /// body runs (inferred from a run when `None`).
+    #[track_caller]
+    pub fn while_loop(
+        &mut self,
+        max_iters: Option<u32>,
+        init: &[Value],
+        cond: impl FnOnce(&mut KernelBuilder, &[Value]) -> Value,
+        body: impl FnOnce(&mut KernelBuilder, &[Value]) -> Vec<Value>,
+    ) -> Vec<Value> {
+        let loc = Loc::caller();
+        let init_tys: Vec<Type> = init.iter().map(|&v| self.ty(v)).collect();
+        let cb = self.k.new_block();
+        let cparams: Vec<Value> = init_tys.iter().map(|t| self.k.new_value(t.clone())).collect();
+        self.k.blocks[cb.index()].params = cparams.clone();
+        self.stack.push(cb);
+        let c = cond(self, &cparams);
+        let ct = self.ty(c);
+        let c = match ct.dtype() {
+            Some(DType::I1) if ct.is_scalar() => c,
+            Some(d) if ct.is_scalar() => {
+                let z = self.constant_at(Lit::Int(0), d, &loc);
+                self.cmp_at(CmpOp::Ne, c, z, &loc)
+            }
+            _ => {
+                self.error("while", &loc, format!("the condition must be a scalar, found {ct}"));
+                c
+            }
+        };
+        self.emit(Op::Yield, &[c], vec![], &loc);
+        self.stack.pop();
+        let bb = self.k.new_block();
+        let bparams: Vec<Value> = init_tys.iter().map(|t| self.k.new_value(t.clone())).collect();
+        self.k.blocks[bb.index()].params = bparams.clone();
+        self.stack.push(bb);
+        let next = body(self, &bparams);
+        let next = self.coerce_yield(&next, &init_tys, "while", &loc);
+        self.emit(Op::Yield, &next, vec![], &loc);
+        self.stack.pop();
+        self.emit(Op::While { cond: cb, body: bb, max_iters }, init, init_tys, &loc).to_vec()
     }
 
     /// Yielded values must keep the carried types; a scalar or a lower dtype is converted the way

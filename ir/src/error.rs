@@ -60,6 +60,28 @@ pub enum IrError {
     },
 }
 
+/// The text of a source file (Triton, text IR, spec) from its bytes; bytes that are not UTF-8 are
+/// an [`IrError::Parse`] at the line:column (columns count characters) of the first bad byte.
+pub fn source_text(bytes: Vec<u8>, file: &str) -> Result<String, IrError> {
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let bytes = e.as_bytes();
+        let good = std::str::from_utf8(&bytes[..at]).unwrap_or_default();
+        let line_start = good.rfind('\n').map_or(0, |i| i + 1);
+        let line = good.matches('\n').count() + 1;
+        let col = good[line_start..].chars().count() + 1;
+        let bad = bytes.get(at).map_or(String::new(), |b| format!(" (byte 0x{b:02x})"));
+        IrError::Parse {
+            file: file.to_string(),
+            error: ParseError {
+                line: u32::try_from(line).unwrap_or(u32::MAX),
+                col: u32::try_from(col).unwrap_or(u32::MAX),
+                message: format!("the file is not valid UTF-8{bad}: save it as UTF-8"),
+            },
+        }
+    })
+}
+
 fn list(d: &[Diagnostic]) -> String {
     d.iter().map(|d| format!("  {d}")).collect::<Vec<_>>().join("\n")
 }

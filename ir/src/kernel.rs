@@ -285,6 +285,11 @@ impl Renumber<'_> {
             self.insts.push(InstData { op: Op::Yield, args, results, loc: d.loc.clone() });
             let op = match &d.op {
                 Op::For { body, max_iters } => Op::For { body: self.block(*body), max_iters: *max_iters },
+                Op::While { cond, body, max_iters } => {
+                    let c = self.block(*cond);
+                    let b = self.block(*body);
+                    Op::While { cond: c, body: b, max_iters: *max_iters }
+                }
                 Op::If { then_block, else_block } => {
                     let t = self.block(*then_block);
                     let e = self.block(*else_block);

@@ -40,8 +40,8 @@ mod types;
 mod verify;
 
 pub use builder::{BlockPtr, KernelBuilder, Padding};
-pub use error::{Diagnostic, IrError, ParseError};
+pub use error::{source_text, Diagnostic, IrError, ParseError};
 pub use kernel::{Block, BlockData, Inst, InstData, Kernel, Loc, Param, ParamKind, Value, ValueData};
-pub use op::{BinaryOp, CmpOp, DotPrecision, Op, ReduceOp, UnaryOp};
-pub use types::{DType, Elem, Lit, Shape, Type, MAX_RANK};
+pub use op::{AtomicOp, BinaryOp, CmpOp, DotPrecision, Op, ReduceOp, UnaryOp};
+pub use types::{DType, Elem, Lit, Shape, Type, MAX_NUMEL, MAX_RANK};
 pub use verify::verify;

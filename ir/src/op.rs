@@ -155,6 +155,24 @@ named_enum! {
 }
 
 named_enum! {
+    /// Atomic read-modify-write ops other than add (see [`Op::AtomicRmw`]).
+    AtomicOp {
+        /// `max(old, value)`.
+        Max => "atomic_max",
+        /// `min(old, value)`.
+        Min => "atomic_min",
+        /// `old & value` (integers).
+        And => "atomic_and",
+        /// `old | value` (integers).
+        Or => "atomic_or",
+        /// `old ^ value` (integers).
+        Xor => "atomic_xor",
+        /// `value` (exchange).
+        Xchg => "atomic_xchg",
+    }
+}
+
+named_enum! {
     /// How `dot` treats f32 operands.
     DotPrecision {
         /// Exact f32 products.
@@ -252,18 +270,42 @@ pub enum Op {
         /// A mask operand follows the value.
         mask: bool,
     },
-    /// Atomically add to memory: (ptr, value, [mask]) -> (). The old value is not returned:
-    /// it depends on the order of programs, which a checker must not depend on.
+    /// Atomically add to memory: (ptr, value, [mask]) -> [old]. The optional result is the
+    /// element's value before the addition (masked-off lanes read 0); it depends on the order of
+    /// programs, which the reference fixes as program order (see `tilegrad-reference`).
     AtomicAdd {
         /// A mask operand follows the value.
         mask: bool,
     },
+    /// Atomic read-modify-write: (ptr, value, [mask]) -> [old], like [`Op::AtomicAdd`] with
+    /// another combination of the element and the value.
+    AtomicRmw {
+        /// The combination.
+        kind: AtomicOp,
+        /// A mask operand follows the value.
+        mask: bool,
+    },
+    /// Atomic compare-and-swap: (ptr, cmp, value) -> old. Each lane whose element equals `cmp`
+    /// gets `value`; every lane returns the element's previous value.
+    AtomicCas,
     /// Structured counted loop: (lo, hi, step, init...) -> carried... . The body block's
     /// parameters are the induction variable then the carried values; it ends in `yield`.
     For {
         /// The loop body.
         body: Block,
         /// Upper bound on the trip count (required for AD of dynamic loops; inferred when absent).
+        max_iters: Option<u32>,
+    },
+    /// `while` loop: (init...) -> carried... . Each iteration runs `cond` on the carried values
+    /// (its parameters); it ends in `yield %c` with an i1 scalar. When true, `body` runs on the
+    /// same carried values (its parameters) and yields the next ones; when false, the loop
+    /// returns them.
+    While {
+        /// Computes the condition.
+        cond: Block,
+        /// The loop body.
+        body: Block,
+        /// Upper bound on the number of body runs (inferred from a run when absent).
         max_iters: Option<u32>,
     },
     /// `if cond {then} else {else}`: (i1 scalar) -> results. Both blocks end in `yield`.
@@ -301,7 +343,10 @@ impl Op {
             Op::Load { .. } => "load",
             Op::Store { .. } => "store",
             Op::AtomicAdd { .. } => "atomic_add",
+            Op::AtomicRmw { kind, .. } => kind.name(),
+            Op::AtomicCas => "atomic_cas",
             Op::For { .. } => "for",
+            Op::While { .. } => "while",
             Op::If { .. } => "if",
             Op::Yield => "yield",
         }
@@ -311,6 +356,7 @@ impl Op {
     pub fn blocks(&self) -> SmallVec<[Block; 2]> {
         match self {
             Op::For { body, .. } => smallvec::smallvec![*body],
+            Op::While { cond, body, .. } => smallvec::smallvec![*cond, *body],
             Op::If { then_block, else_block } => smallvec::smallvec![*then_block, *else_block],
             _ => SmallVec::new(),
         }
@@ -318,6 +364,11 @@ impl Op {
 
     /// True for ops that write memory.
     pub fn writes_memory(&self) -> bool {
-        matches!(self, Op::Store { .. } | Op::AtomicAdd { .. })
+        matches!(self, Op::Store { .. } | Op::AtomicAdd { .. } | Op::AtomicRmw { .. } | Op::AtomicCas)
+    }
+
+    /// True for the atomic ops (their old value depends on the order of programs).
+    pub fn is_atomic(&self) -> bool {
+        matches!(self, Op::AtomicAdd { .. } | Op::AtomicRmw { .. } | Op::AtomicCas)
     }
 }

@@ -12,6 +12,10 @@ pub type Shape = SmallVec<[usize; 4]>;
 /// The largest rank a tile may have.
 pub const MAX_RANK: usize = 4;
 
+/// The most elements a tile may have: Triton's `TRITON_MAX_TENSOR_NUMEL` (2^20), so a kernel
+/// Triton would refuse is refused here too, before an interpreter allocates it.
+pub const MAX_NUMEL: usize = 1 << 20;
+
 /// Element data types, as Triton names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
@@ -200,9 +204,10 @@ impl Type {
         self.shape.is_empty()
     }
 
-    /// Number of elements (1 for scalars).
+    /// Number of elements (1 for scalars); `usize::MAX` when the count overflows, never a
+    /// wrapped-around small number (the verifier refuses such types).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX)
     }
 
     /// Rank of the tile.

@@ -4,7 +4,7 @@
 use crate::error::{Diagnostic, IrError};
 use crate::kernel::{Block, Inst, Kernel, Loc, ParamKind, Value};
 use crate::op::{Op, ReduceOp, UnaryOp};
-use crate::types::{DType, Elem, Type, MAX_RANK};
+use crate::types::{DType, Elem, Type, MAX_NUMEL, MAX_RANK};
 
 /// Checks `k`; on failure every problem found is listed.
 pub fn verify(k: &Kernel) -> Result<(), IrError> {
@@ -404,7 +404,7 @@ impl<'k> Verifier<'k> {
                     }
                 }
             }
-            Op::Store { mask } | Op::AtomicAdd { mask } => {
+            Op::Store { mask } => {
                 if arity(2 + *mask as usize, 0, &mut errs) {
                     let (p, v) = (args[0], args[1]);
                     if let Elem::Ptr(dt) = p.elem {
@@ -413,12 +413,82 @@ impl<'k> Verifier<'k> {
                         if *mask {
                             check!(*args[2] == p.with_dtype(DType::I1), "mask must be {}, found {}", p.with_dtype(DType::I1), args[2]);
                         }
-                        if matches!(d.op, Op::AtomicAdd { .. }) {
-                            check!(!dt.is_bool(), "atomic_add on i1 is not supported");
-                        }
                     } else {
                         errs.push(format!("stores need a pointer, found {p}"));
                     }
+                }
+            }
+            Op::AtomicAdd { mask } | Op::AtomicRmw { mask, .. } => {
+                let n = 2 + *mask as usize;
+                if args.len() != n || res.len() > 1 {
+                    errs.push(format!(
+                        "takes {n} operand(s) and defines at most one result (the old value), found {} and {}",
+                        args.len(),
+                        res.len()
+                    ));
+                } else {
+                    let (p, v) = (args[0], args[1]);
+                    if let Elem::Ptr(dt) = p.elem {
+                        let vt = Type::tile(dt, &p.shape);
+                        check!(*v == vt, "value must be {vt}, found {v} (front ends cast to the pointee dtype)");
+                        if *mask {
+                            check!(*args[2] == p.with_dtype(DType::I1), "mask must be {}, found {}", p.with_dtype(DType::I1), args[2]);
+                        }
+                        if let Some(r) = res.first() {
+                            check!(**r == vt, "result (the old value) must be {vt}, found {r}");
+                        }
+                        if let Some(why) = atomic_dtype_problem(&d.op, dt) {
+                            errs.push(why);
+                        }
+                    } else {
+                        errs.push(format!("atomics need a pointer, found {p}"));
+                    }
+                }
+            }
+            Op::AtomicCas => {
+                if arity(3, 1, &mut errs) {
+                    let p = args[0];
+                    if let Elem::Ptr(dt) = p.elem {
+                        let vt = Type::tile(dt, &p.shape);
+                        check!(*args[1] == vt, "`cmp` must be {vt}, found {}", args[1]);
+                        check!(*args[2] == vt, "value must be {vt}, found {}", args[2]);
+                        check!(*res[0] == vt, "result (the old value) must be {vt}, found {}", res[0]);
+                        if let Some(why) = atomic_dtype_problem(&d.op, dt) {
+                            errs.push(why);
+                        }
+                    } else {
+                        errs.push(format!("atomics need a pointer, found {p}"));
+                    }
+                }
+            }
+            Op::While { cond, body, max_iters } => {
+                check!(max_iters.is_none_or(|m| m > 0), "max_iters must be positive");
+                if args.len() != res.len() {
+                    errs.push(format!("defines one result per init value, found {} operand(s) and {} result(s)", args.len(), res.len()));
+                }
+                for (j, (init, r)) in args.iter().zip(&res).enumerate() {
+                    check!(init == r, "carried value {j}: init is {init} but result is {r}");
+                }
+                for (what, b) in [("condition", cond), ("body", body)] {
+                    match k.blocks.get(b.index()) {
+                        Some(bd) => {
+                            let pt: Vec<&Type> = bd.params.iter().filter_map(|&p| self.ty(p)).collect();
+                            let ok = pt.len() == args.len() && pt.iter().zip(&args).all(|(a, b)| a == b);
+                            check!(ok, "the {what} block's parameters must be the carried values, matching the init values");
+                        }
+                        None => errs.push(format!("{b} does not exist")),
+                    }
+                }
+                if errs.is_empty() {
+                    for &p in &k.block(*cond).params {
+                        self.define(p, name, loc);
+                    }
+                    self.block(*cond, BlockRole::Region, &[Type::scalar(DType::I1)]);
+                    for &p in &k.block(*body).params {
+                        self.define(p, name, loc);
+                    }
+                    let ys: Vec<Type> = res.iter().map(|t| (*t).clone()).collect();
+                    self.block(*body, BlockRole::Region, &ys);
                 }
             }
             Op::For { body, max_iters } => {
@@ -484,6 +554,22 @@ impl<'k> Verifier<'k> {
     }
 }
 
+/// Why an atomic op cannot update elements of `dt`, following Triton's rules: no i1; add on
+/// any other dtype; max/min/exchange on 32- and 64-bit types; and/or/xor on integers;
+/// compare-and-swap on 16-, 32- and 64-bit types.
+fn atomic_dtype_problem(op: &Op, dt: DType) -> Option<String> {
+    use crate::AtomicOp;
+    let ok = match op {
+        Op::AtomicAdd { .. } => dt != DType::I1,
+        Op::AtomicRmw { kind: AtomicOp::And | AtomicOp::Or | AtomicOp::Xor, .. } => dt.is_int() && dt != DType::I1,
+        Op::AtomicRmw { kind: AtomicOp::Max | AtomicOp::Min | AtomicOp::Xchg, .. } => {
+            matches!(dt, DType::I32 | DType::I64 | DType::F32 | DType::F64)
+        }
+        _ => dt != DType::I1,
+    };
+    (!ok).then(|| format!("`{}` does not support {dt} elements", op.mnemonic()))
+}
+
 /// The element count of `t`, or `None` when it overflows `usize`.
 fn checked_numel(t: &Type) -> Option<usize> {
     t.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
@@ -497,8 +583,14 @@ fn value_type_problems(v: Value, ty: &Type) -> Vec<String> {
     }
     if ty.shape.contains(&0) {
         out.push(format!("value {v} has an empty dimension: {ty}"));
-    } else if checked_numel(ty).is_none() {
-        out.push(format!("value {v} has too many elements: {ty}"));
+    } else {
+        match checked_numel(ty) {
+            None => out.push(format!("value {v} has too many elements: {ty}")),
+            Some(n) if n > MAX_NUMEL => {
+                out.push(format!("value {v} has {n} elements ({ty}), above the maximum of {MAX_NUMEL} elements per tile (Triton's limit)"))
+            }
+            Some(_) => {}
+        }
     }
     out
 }

@@ -17,4 +17,6 @@ mod tensor;
 pub use error::{ExecError, Race, RaceKind, Site};
 pub use exec::round_tf32;
 pub use launch::{Arg, Grid, Launch, LaunchSummary, Memory, Options, RaceMode, TensorId, Writers};
-pub use tensor::{round_bf16, round_f16, round_to, Data, HostTensor};
+pub use tensor::{
+    available_memory, check_alloc, checked_numel, human_bytes, round_bf16, round_f16, round_to, storage_bytes, Data, HostTensor,
+};

@@ -85,6 +85,75 @@ pub fn round_to(d: DType, x: f64) -> f64 {
     }
 }
 
+/// Bytes one element of `dtype` takes in host storage (f16 and bf16 are held as f32).
+pub fn storage_bytes(dtype: DType) -> usize {
+    match dtype {
+        DType::I1 => std::mem::size_of::<bool>(),
+        DType::I32 | DType::F16 | DType::BF16 | DType::F32 => 4,
+        DType::I64 | DType::F64 => 8,
+    }
+}
+
+/// The element count of `shape`, checked: an error when it, or the stride of any dimension (the
+/// product of the dimensions after it, empty ones counted as 1), does not fit 64 bits.
+pub fn checked_numel(shape: &[usize]) -> Result<usize, String> {
+    let mut n = 1usize;
+    let mut stride = 1i64;
+    for &d in shape.iter().rev() {
+        n = n.checked_mul(d).ok_or_else(|| format!("shape {shape:?} has more elements than fit 64 bits"))?;
+        stride = i64::try_from(d.max(1))
+            .ok()
+            .and_then(|d| stride.checked_mul(d))
+            .ok_or_else(|| format!("shape {shape:?}: its strides do not fit 64 bits"))?;
+    }
+    Ok(n)
+}
+
+/// The memory the machine can still give this process, in bytes (`MemAvailable` in
+/// `/proc/meminfo`), where the system says.
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.trim_start_matches("MemAvailable:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// A byte count for people (`1.5 GiB`).
+pub fn human_bytes(b: u128) -> String {
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut x = b as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < units.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} bytes")
+    } else {
+        format!("{x:.1} {}", units[u])
+    }
+}
+
+/// Checks that a tensor of `dtype` and `shape` can be held in memory before it is allocated: its
+/// element count fits (see [`checked_numel`]) and its storage is no more than the memory
+/// available. Returns the element count; the error says what was asked and what is available.
+pub fn check_alloc(dtype: DType, shape: &[usize]) -> Result<usize, ExecError> {
+    let n = checked_numel(shape).map_err(|message| ExecError::BadTensor { message })?;
+    let bytes = n as u128 * storage_bytes(dtype) as u128;
+    let too_big = |have: String| ExecError::BadTensor {
+        message: format!("a {dtype} tensor of shape {shape:?} needs {} of memory; {have}", human_bytes(bytes)),
+    };
+    if bytes > isize::MAX as u128 {
+        return Err(too_big("no allocation can be that large".into()));
+    }
+    if let Some(avail) = available_memory() {
+        if bytes > avail as u128 {
+            return Err(too_big(format!("{} is available", human_bytes(avail as u128))));
+        }
+    }
+    Ok(n)
+}
+
 /// A tensor in host memory.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostTensor {
@@ -96,7 +165,7 @@ pub struct HostTensor {
 impl HostTensor {
     /// Checks that data matches dtype and shape.
     pub fn new(dtype: DType, shape: &[usize], data: Data) -> Result<HostTensor, ExecError> {
-        let n: usize = shape.iter().product();
+        let n = checked_numel(shape).map_err(|message| ExecError::BadTensor { message })?;
         let storage_ok = matches!(
             (&data, dtype),
             (Data::I1(_), DType::I1)
@@ -121,10 +190,34 @@ impl HostTensor {
         Ok(t)
     }
 
-    /// A tensor of zeros.
+    /// A tensor of zeros. Panics if the element count overflows (a programming error; sizes from
+    /// users go through [`HostTensor::try_full`]).
     pub fn zeros(dtype: DType, shape: &[usize]) -> HostTensor {
-        let n = shape.iter().product();
+        let n = checked_numel(shape).unwrap_or_else(|e| panic!("{e}"));
         HostTensor { dtype, shape: Shape::from_slice(shape), data: Data::zeros(dtype, n) }
+    }
+
+    /// A tensor with every element `value` (converted to `dtype`), after checking with
+    /// [`check_alloc`] that the machine can hold it; the allocation itself failing is an error
+    /// too, not an abort.
+    pub fn try_full(dtype: DType, shape: &[usize], value: f64) -> Result<HostTensor, ExecError> {
+        let n = check_alloc(dtype, shape)?;
+        fn fill<T: Clone>(n: usize, x: T, what: impl Fn() -> ExecError) -> Result<Vec<T>, ExecError> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| what())?;
+            v.resize(n, x);
+            Ok(v)
+        }
+        let what = || ExecError::BadTensor { message: format!("could not allocate a {dtype} tensor of shape {shape:?}") };
+        let x = round_to(dtype, value);
+        let data = match dtype {
+            DType::I1 => Data::I1(fill(n, x != 0.0, what)?),
+            DType::I32 => Data::I32(fill(n, x as i32, what)?),
+            DType::I64 => Data::I64(fill(n, x as i64, what)?),
+            DType::F16 | DType::BF16 | DType::F32 => Data::F32(fill(n, x as f32, what)?),
+            DType::F64 => Data::F64(fill(n, x, what)?),
+        };
+        Ok(HostTensor { dtype, shape: Shape::from_slice(shape), data })
     }
 
     /// An f32 tensor. Panics if `data.len()` does not match the shape (a programming error).
@@ -150,7 +243,7 @@ impl HostTensor {
     /// A tensor of any dtype from f64 values, rounded/converted to `dtype`. Panics if the length
     /// does not match the shape.
     pub fn from_f64_as(dtype: DType, shape: &[usize], values: &[f64]) -> HostTensor {
-        let n: usize = shape.iter().product();
+        let n = checked_numel(shape).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(n, values.len(), "data length matches shape");
         let data = match dtype {
             DType::I1 => Data::I1(values.iter().map(|&x| x != 0.0).collect()),

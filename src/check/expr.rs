@@ -62,12 +62,22 @@ pub struct Expr {
     node: Node,
 }
 
+/// The deepest nesting of parentheses, calls and operator levels accepted: far beyond what a
+/// launcher writes, and shallow enough that parsing and evaluating never exhaust the stack.
+pub const MAX_DEPTH: usize = 64;
+
+/// A parsed expression. Chains of operators of one precedence (`a + b - c`, `a * b // c`) are
+/// flat lists and runs of unary minus are a count, so that a long expression is not a deep tree:
+/// only parentheses and calls nest, and they are bounded by [`MAX_DEPTH`].
 #[derive(Clone, Debug, PartialEq)]
 enum Node {
     Num(Scalar),
     Name(String, usize),
-    Neg(Box<Node>),
-    Bin(BinOp, Box<Node>, Box<Node>, usize),
+    /// `-` applied this many times (at this column).
+    Neg(usize, Box<Node>, usize),
+    /// The first operand, then each operator (at its column) with its right operand, applied
+    /// left to right.
+    Chain(Box<Node>, Vec<(BinOp, Node, usize)>),
     Call(Func, Vec<Node>, usize),
     Tensor(String, Prop, i64, usize),
 }
@@ -121,7 +131,7 @@ impl From<f64> for Expr {
 impl Expr {
     /// Parses an expression.
     pub fn parse(text: &str) -> Result<Expr, ExprError> {
-        let mut p = Parser { s: text.as_bytes(), i: 0 };
+        let mut p = Parser { s: text.as_bytes(), i: 0, depth: 0 };
         let node = p.expr()?;
         p.ws();
         if p.i < p.s.len() {
@@ -148,10 +158,10 @@ impl Expr {
         fn go(n: &Node, out: &mut Vec<String>) {
             match n {
                 Node::Num(_) | Node::Name(..) => {}
-                Node::Neg(a) => go(a, out),
-                Node::Bin(_, a, b, _) => {
+                Node::Neg(_, a, _) => go(a, out),
+                Node::Chain(a, rest) => {
                     go(a, out);
-                    go(b, out);
+                    rest.iter().for_each(|(_, b, _)| go(b, out));
                 }
                 Node::Call(_, args, _) => args.iter().for_each(|a| go(a, out)),
                 Node::Tensor(t, ..) => out.push(t.clone()),
@@ -194,42 +204,18 @@ fn eval(n: &Node, scope: &dyn Scope) -> Result<Scalar, ExprError> {
             };
             ExprError { column: *col, message: msg }
         })?,
-        Node::Neg(a) => match eval(a, scope)? {
-            Int(i) => Int(i.wrapping_neg()),
+        Node::Neg(times, a, col) => match eval(a, scope)? {
+            // An even number of minuses is the value itself (Python's integers do not overflow).
+            v if times % 2 == 0 => v,
+            Int(i) => Int(i.checked_neg().ok_or_else(|| ExprError { column: *col, message: format!("integer overflow: -({i})") })?),
             Float(x) => Float(-x),
         },
-        Node::Bin(op, a, b, col) => {
-            let (a, b) = (eval(a, scope)?, eval(b, scope)?);
-            let err = |m: &str| ExprError { column: *col, message: m.to_string() };
-            match (op, a, b) {
-                (BinOp::Div, a, b) => {
-                    if b.as_f64() == 0.0 {
-                        return Err(err("division by zero"));
-                    }
-                    Float(a.as_f64() / b.as_f64())
-                }
-                (_, Int(x), Int(y)) => match op {
-                    BinOp::Add => Int(x.checked_add(y).ok_or_else(|| err("integer overflow"))?),
-                    BinOp::Sub => Int(x.checked_sub(y).ok_or_else(|| err("integer overflow"))?),
-                    BinOp::Mul => Int(x.checked_mul(y).ok_or_else(|| err("integer overflow"))?),
-                    BinOp::FloorDiv | BinOp::Mod if y == 0 => return Err(err("division by zero")),
-                    BinOp::FloorDiv => Int(x.div_euclid(y) - i64::from(y < 0 && x.rem_euclid(y) != 0)),
-                    BinOp::Mod => Int(x - y * (x.div_euclid(y) - i64::from(y < 0 && x.rem_euclid(y) != 0))),
-                    BinOp::Div => unreachable!("handled above"),
-                },
-                (_, a, b) => {
-                    let (x, y) = (a.as_f64(), b.as_f64());
-                    match op {
-                        BinOp::Add => Float(x + y),
-                        BinOp::Sub => Float(x - y),
-                        BinOp::Mul => Float(x * y),
-                        BinOp::FloorDiv | BinOp::Mod if y == 0.0 => return Err(err("division by zero")),
-                        BinOp::FloorDiv => Float((x / y).floor()),
-                        BinOp::Mod => Float(x - y * (x / y).floor()),
-                        BinOp::Div => unreachable!("handled above"),
-                    }
-                }
+        Node::Chain(first, rest) => {
+            let mut acc = eval(first, scope)?;
+            for (op, b, col) in rest {
+                acc = binary(*op, acc, eval(b, scope)?, *col)?;
             }
+            acc
         }
         Node::Call(f, args, col) => {
             let vals = args.iter().map(|a| eval(a, scope)).collect::<Result<Vec<_>, _>>()?;
@@ -269,8 +255,14 @@ fn eval(n: &Node, scope: &dyn Scope) -> Result<Scalar, ExprError> {
         }
         Node::Tensor(t, prop, axis, col) => {
             let shape = scope.shape(t).ok_or_else(|| ExprError { column: *col, message: format!("unknown tensor `{t}`") })?;
+            let count = |dims: &[usize]| {
+                dims.iter().try_fold(1i64, |n, &d| i64::try_from(d).ok().and_then(|d| n.checked_mul(d))).ok_or_else(|| ExprError {
+                    column: *col,
+                    message: format!("the element count of `{t}` (shape {shape:?}) does not fit 64 bits"),
+                })
+            };
             if *prop == Prop::Numel {
-                return Ok(Int(shape.iter().product::<usize>() as i64));
+                return Ok(Int(count(&shape)?));
             }
             let rank = shape.len() as i64;
             let a = if *axis < 0 { axis + rank } else { *axis };
@@ -279,9 +271,53 @@ fn eval(n: &Node, scope: &dyn Scope) -> Result<Scalar, ExprError> {
             }
             let a = a as usize;
             match prop {
-                Prop::Size => Int(shape[a] as i64),
-                Prop::Stride => Int(shape[a + 1..].iter().product::<usize>() as i64),
+                Prop::Size => Int(count(&shape[a..=a])?),
+                Prop::Stride => Int(count(&shape[a + 1..])?),
                 Prop::Numel => unreachable!("handled above"),
+            }
+        }
+    })
+}
+
+/// `a op b`, as Python computes it; an integer result that does not fit 64 bits is an error.
+fn binary(op: BinOp, a: Scalar, b: Scalar, col: usize) -> Result<Scalar, ExprError> {
+    use Scalar::{Float, Int};
+    let err = |m: String| ExprError { column: col, message: m };
+    let overflow = |sym: &str, x: i64, y: i64| err(format!("integer overflow: {x} {sym} {y} does not fit 64 bits"));
+    Ok(match (op, a, b) {
+        (BinOp::Div, a, b) => {
+            if b.as_f64() == 0.0 {
+                return Err(err("division by zero".into()));
+            }
+            Float(a.as_f64() / b.as_f64())
+        }
+        (_, Int(x), Int(y)) => match op {
+            BinOp::Add => Int(x.checked_add(y).ok_or_else(|| overflow("+", x, y))?),
+            BinOp::Sub => Int(x.checked_sub(y).ok_or_else(|| overflow("-", x, y))?),
+            BinOp::Mul => Int(x.checked_mul(y).ok_or_else(|| overflow("*", x, y))?),
+            BinOp::FloorDiv | BinOp::Mod if y == 0 => return Err(err("division by zero".into())),
+            BinOp::FloorDiv => {
+                // Floor division; only MIN // -1 overflows.
+                let q = x.checked_div(y).ok_or_else(|| overflow("//", x, y))?;
+                Int(q - i64::from((x % y != 0) && ((x < 0) != (y < 0))))
+            }
+            BinOp::Mod => {
+                // Python's modulo takes the divisor's sign; MIN % -1 is 0.
+                let r = x.checked_rem(y).unwrap_or(0);
+                Int(if r != 0 && ((r < 0) != (y < 0)) { r + y } else { r })
+            }
+            BinOp::Div => unreachable!("handled above"),
+        },
+        (_, a, b) => {
+            let (x, y) = (a.as_f64(), b.as_f64());
+            match op {
+                BinOp::Add => Float(x + y),
+                BinOp::Sub => Float(x - y),
+                BinOp::Mul => Float(x * y),
+                BinOp::FloorDiv | BinOp::Mod if y == 0.0 => return Err(err("division by zero".into())),
+                BinOp::FloorDiv => Float((x / y).floor()),
+                BinOp::Mod => Float(x - y * (x / y).floor()),
+                BinOp::Div => unreachable!("handled above"),
             }
         }
     })
@@ -290,6 +326,8 @@ fn eval(n: &Node, scope: &dyn Scope) -> Result<Scalar, ExprError> {
 struct Parser<'a> {
     s: &'a [u8],
     i: usize,
+    /// Parentheses and calls open around the current position.
+    depth: usize,
 }
 
 impl Parser<'_> {
@@ -321,8 +359,14 @@ impl Parser<'_> {
         }
     }
 
+    /// `term (('+' | '-') term)*`, one level deeper than the caller.
     fn expr(&mut self) -> Result<Node, ExprError> {
-        let mut a = self.term()?;
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(self.err(format!("expression nested deeper than {MAX_DEPTH} levels")));
+        }
+        let first = self.term()?;
+        let mut rest = Vec::new();
         loop {
             self.ws();
             let col = self.i + 1;
@@ -331,15 +375,17 @@ impl Parser<'_> {
             } else if self.eat("-") {
                 BinOp::Sub
             } else {
-                return Ok(a);
+                break;
             };
-            let b = self.term()?;
-            a = Node::Bin(op, Box::new(a), Box::new(b), col);
+            rest.push((op, self.term()?, col));
         }
+        self.depth -= 1;
+        Ok(if rest.is_empty() { first } else { Node::Chain(Box::new(first), rest) })
     }
 
     fn term(&mut self) -> Result<Node, ExprError> {
-        let mut a = self.unary()?;
+        let first = self.unary()?;
+        let mut rest = Vec::new();
         loop {
             self.ws();
             let col = self.i + 1;
@@ -352,18 +398,24 @@ impl Parser<'_> {
             } else if self.eat("%") {
                 BinOp::Mod
             } else {
-                return Ok(a);
+                break;
             };
-            let b = self.unary()?;
-            a = Node::Bin(op, Box::new(a), Box::new(b), col);
+            rest.push((op, self.unary()?, col));
         }
+        Ok(if rest.is_empty() { first } else { Node::Chain(Box::new(first), rest) })
     }
 
     fn unary(&mut self) -> Result<Node, ExprError> {
-        if self.eat("-") {
-            return Ok(Node::Neg(Box::new(self.unary()?)));
+        let mut times = 0;
+        let mut col = 0;
+        while self.eat("-") {
+            if times == 0 {
+                col = self.i;
+            }
+            times += 1;
         }
-        self.atom()
+        let a = self.atom()?;
+        Ok(if times == 0 { a } else { Node::Neg(times, Box::new(a), col) })
     }
 
     fn ident(&mut self) -> Option<String> {
@@ -383,7 +435,7 @@ impl Parser<'_> {
         let neg = self.eat("-");
         self.ws();
         match self.number()? {
-            Some(Scalar::Int(i)) => Ok(if neg { -i } else { i }),
+            Some(Scalar::Int(i)) => Ok(if neg { -i } else { i }), // a parsed i64 is never MIN
             _ => Err(self.err("expected an integer axis".into())),
         }
     }
@@ -429,6 +481,7 @@ impl Parser<'_> {
         if let Some(n) = self.number()? {
             return Ok(Node::Num(n));
         }
+
         let col = self.i + 1;
         let Some(name) = self.ident() else {
             return Err(self.err(format!("unexpected `{}`", String::from_utf8_lossy(&self.s[self.i..]))));
@@ -569,5 +622,81 @@ mod tests {
             assert_eq!(e.column, col, "{t}: {e}");
             assert!(e.message.contains(frag), "{t}: {e}");
         }
+    }
+
+    #[test]
+    fn long_chains_evaluate_and_deep_nesting_is_a_located_error() {
+        // 33,000 terms: a flat chain, no recursion per term.
+        let long = vec!["1"; 33_000].join(" + ");
+        assert_eq!(ev(&long).unwrap(), Scalar::Int(33_000));
+        let prod = format!("ROWS{}", " * 1 // 1".repeat(10_000));
+        assert_eq!(ev(&prod).unwrap(), Scalar::Int(1000));
+        // Runs of unary minus are counted: Python gives -5 and 5.
+        assert_eq!(ev(&format!("{}5", "-".repeat(7_401))).unwrap(), Scalar::Int(-5));
+        assert_eq!(ev(&format!("{}5", "- ".repeat(7_400))).unwrap(), Scalar::Int(5));
+        // 8,900 nested parentheses: an error at the column where the limit is crossed.
+        let deep = format!("{}1{}", "(".repeat(8_900), ")".repeat(8_900));
+        let e = ev(&deep).unwrap_err();
+        assert!(e.message.contains(&format!("nested deeper than {MAX_DEPTH} levels")), "{e}");
+        assert_eq!(e.column, MAX_DEPTH + 1, "{e}");
+        let calls = format!("{}1{}", "max(".repeat(3_000), ")".repeat(3_000));
+        assert!(ev(&calls).unwrap_err().message.contains("nested deeper"));
+        // Within the limit, nesting works.
+        let ok = format!("{}7{}", "(".repeat(MAX_DEPTH - 1), ")".repeat(MAX_DEPTH - 1));
+        assert_eq!(ev(&ok).unwrap(), Scalar::Int(7));
+    }
+
+    #[test]
+    fn integer_arithmetic_is_python_exact_or_an_overflow_error() {
+        let min = "(-9223372036854775807 - 1)";
+        for (t, frag, col) in [
+            (format!("{min} // -1"), "integer overflow", min.len() + 2),
+            ("9223372036854775807 + 1".to_string(), "integer overflow", 21),
+            (format!("{min} - 1"), "integer overflow", min.len() + 2),
+            (format!("{min} * -1"), "integer overflow", min.len() + 2),
+            (format!("-{min}"), "integer overflow", 1),
+            ("x.numel() * 9223372036854775807".to_string(), "integer overflow", 11),
+        ] {
+            let e = ev(&t).unwrap_err();
+            assert!(e.message.contains(frag), "{t}: {e}");
+            assert_eq!(e.column, col, "{t}: {e}");
+        }
+        assert_eq!(ev(&format!("{min} % -1")).unwrap(), Scalar::Int(0));
+        assert_eq!(ev(&format!("--{min}")).unwrap(), Scalar::Int(i64::MIN));
+        assert_eq!(ev(&format!("{min} // 1")).unwrap(), Scalar::Int(i64::MIN));
+        // Floor division and modulo against an i128 reference, over signs and magnitudes.
+        let vals = [i64::MIN, i64::MIN + 1, -1_000_000_007, -7, -2, -1, 0, 1, 2, 3, 7, 1_000_000_007, i64::MAX - 1, i64::MAX];
+        for &x in &vals {
+            for &y in vals.iter().filter(|&&y| y != 0) {
+                let (a, b) = (x as i128, y as i128);
+                let q = a.div_euclid(b) - i128::from(b < 0 && a.rem_euclid(b) != 0);
+                let r = a - b * q;
+                let got = binary(BinOp::FloorDiv, Scalar::Int(x), Scalar::Int(y), 1);
+                match i64::try_from(q) {
+                    Ok(q) => assert_eq!(got, Ok(Scalar::Int(q)), "{x} // {y}"),
+                    Err(_) => assert!(got.unwrap_err().message.contains("overflow"), "{x} // {y}"),
+                }
+                assert_eq!(binary(BinOp::Mod, Scalar::Int(x), Scalar::Int(y), 1), Ok(Scalar::Int(r as i64)), "{x} % {y}");
+            }
+        }
+    }
+
+    #[test]
+    fn sizes_that_overflow_are_errors() {
+        struct Big;
+        impl Scope for Big {
+            fn constant(&self, _: &str) -> Option<Scalar> {
+                None
+            }
+            fn shape(&self, _: &str) -> Option<Vec<usize>> {
+                Some(vec![3, 1 << 62, 4])
+            }
+        }
+        for t in ["t.numel()", "t.stride(0)"] {
+            let e = Expr::parse(t).unwrap().eval(&Big).unwrap_err();
+            assert!(e.message.contains("does not fit 64 bits"), "{t}: {e}");
+        }
+        assert_eq!(Expr::parse("t.size(1)").unwrap().eval(&Big).unwrap(), Scalar::Int(1 << 62));
+        assert_eq!(Expr::parse("t.stride(1)").unwrap().eval(&Big).unwrap(), Scalar::Int(4));
     }
 }

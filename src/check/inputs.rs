@@ -7,7 +7,7 @@ use super::CheckError;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tilegrad_ir::DType;
-use tilegrad_reference::HostTensor;
+use tilegrad_reference::{Data, HostTensor};
 
 /// A distribution of random input elements (rounded to the tensor's dtype).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -35,6 +35,8 @@ pub enum Dist {
     },
     /// Every element this value.
     Constant(f64),
+    /// Every element this integer (exact for i64 tensors, where an f64 would round).
+    ConstInt(i64),
     /// `start, start + step, ...` in row-major order (positions, labels, ramps).
     Arange {
         /// The first element.
@@ -141,17 +143,8 @@ impl Inputs {
             let t = match &it.source {
                 Source::Given(t) => t.clone(),
                 Source::Random { dtype, shape, dist } => {
-                    let n: usize = shape.iter().product();
                     let mut r = StdRng::seed_from_u64(seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64 * 0x9e37_79b9 + 1));
-                    let v =
-                        sample(dist, &mut r, n).ok_or_else(|| CheckError::Spec(format!("input `{}`: empty range in {dist:?}", it.name)))?;
-                    if !dtype.is_float() && v.iter().any(|x| x.fract() != 0.0) {
-                        return Err(CheckError::Spec(format!(
-                            "input `{}` is {dtype}: use an integer distribution (randint) or a constant",
-                            it.name
-                        )));
-                    }
-                    HostTensor::from_f64_as(*dtype, shape, &v)
+                    draw(*dtype, shape, *dist, &mut r).map_err(|m| CheckError::Spec(format!("input `{}`: {m}", it.name)))?
                 }
             };
             env.add(&it.name, t).map_err(CheckError::Spec)?;
@@ -160,15 +153,122 @@ impl Inputs {
     }
 }
 
-/// `n` values of `dist` in row-major order; `None` for an empty range.
+/// 2^63, exactly.
+const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+
+/// The smallest and largest value of an integer dtype.
+fn int_range(dtype: DType) -> (i64, i64) {
+    match dtype {
+        DType::I1 => (0, 1),
+        DType::I32 => (i32::MIN.into(), i32::MAX.into()),
+        _ => (i64::MIN, i64::MAX),
+    }
+}
+
+/// Whether `dist` can fill a tensor of `dtype`: an integer tensor takes integers in its range,
+/// drawn or given exactly; uniform bounds are finite. Returns the first and last integer value
+/// for an integer dtype drawn or given as one integer (`None` for float dtypes and ramps).
+pub(crate) fn check_dist(dtype: DType, dist: Dist) -> Result<Option<(i64, i64)>, String> {
+    if let Dist::Uniform { lo, hi } = dist {
+        if !(lo.is_finite() && hi.is_finite()) {
+            return Err(format!("uniform({lo}, {hi}): the bounds must be finite"));
+        }
+    }
+    let empty = match dist {
+        Dist::RandInt { lo, hi } => lo >= hi,
+        Dist::Uniform { lo, hi } => lo.is_nan() || hi.is_nan() || lo >= hi,
+        Dist::ArangeMod { modulus, .. } => modulus == 0.0 || !modulus.is_finite(),
+        _ => false,
+    };
+    if empty {
+        return Err(format!("empty range in {dist:?}"));
+    }
+    if dtype.is_float() || matches!(dist, Dist::Arange { .. } | Dist::ArangeMod { .. }) {
+        return Ok(None);
+    }
+    let (min, max) = int_range(dtype);
+    let (lo, last) = match dist {
+        Dist::RandInt { lo, hi } => (lo, hi - 1),
+        Dist::ConstInt(c) => (c, c),
+        // An integer-valued float below 2^63 in magnitude converts exactly.
+        Dist::Constant(c) if c.fract() == 0.0 && (-TWO_63..TWO_63).contains(&c) => (c as i64, c as i64),
+        Dist::Constant(c) if c.is_finite() && c.fract() == 0.0 => {
+            return Err(format!("const({c}) is outside the range of {dtype} ({min} to {max})"))
+        }
+        _ => return Err(format!("the tensor is {dtype}: use an integer distribution (randint), an integer constant or arange")),
+    };
+    if lo < min || last > max {
+        return Err(format!("{dist:?} has values outside the range of {dtype} ({min} to {max})"));
+    }
+    Ok(Some((lo, last)))
+}
+
+/// An integer tensor of `dtype` holding `v` (every value in the dtype's range).
+fn int_tensor(dtype: DType, shape: &[usize], v: Vec<i64>) -> Result<HostTensor, String> {
+    let data = match dtype {
+        DType::I1 => Data::I1(v.iter().map(|&x| x != 0).collect()),
+        DType::I32 => Data::I32(v.iter().map(|&x| x as i32).collect()), // in range: checked by the callers
+        _ => Data::I64(v),
+    };
+    HostTensor::new(dtype, shape, data).map_err(|e| e.to_string())
+}
+
+/// A tensor of `dtype` and `shape` drawn from `dist`: integer tensors exactly (never through a
+/// float), each value checked against the dtype's range; float tensors rounded to the dtype.
+fn draw(dtype: DType, shape: &[usize], dist: Dist, r: &mut StdRng) -> Result<HostTensor, String> {
+    let n = tilegrad_reference::check_alloc(dtype, shape).map_err(|e| e.to_string())?;
+    let ints = check_dist(dtype, dist)?;
+    if !dtype.is_float() {
+        let v: Vec<i64> = match (dist, ints) {
+            (Dist::RandInt { lo, hi }, _) => (0..n).map(|_| r.gen_range(lo..hi)).collect(),
+            (_, Some((lo, _))) => vec![lo; n],
+            // A ramp: every value an integer of the dtype (exact below 2^53).
+            _ => {
+                let (min, max) = int_range(dtype);
+                let v = sample(&dist, r, n).ok_or_else(|| format!("empty range in {dist:?}"))?;
+                v.into_iter()
+                    .map(|x| {
+                        let ok = x.fract() == 0.0 && x.abs() <= 9_007_199_254_740_992.0 && x >= min as f64 && x <= max as f64;
+                        if ok {
+                            Ok(x as i64)
+                        } else {
+                            Err(format!("{dist:?} gives {x}, which is not an integer of {dtype}"))
+                        }
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+        };
+        return int_tensor(dtype, shape, v);
+    }
+    tilegrad_reference::check_alloc(DType::F64, shape).map_err(|e| e.to_string())?;
+    let v = sample(&dist, r, n).ok_or_else(|| format!("empty range in {dist:?}"))?;
+    Ok(HostTensor::from_f64_as(dtype, shape, &v))
+}
+
+/// `n` values of `dist` in row-major order, as floats; `None` when the distribution is empty
+/// (or its bounds are not finite).
 pub(crate) fn sample(dist: &Dist, r: &mut StdRng, n: usize) -> Option<Vec<f64>> {
     Some(match *dist {
         Dist::Normal { mean, std } => normal(r, n).into_iter().map(|x| mean + std * x).collect(),
-        Dist::Uniform { lo, hi } if lo < hi => (0..n).map(|_| r.gen_range(lo..hi)).collect(),
+        Dist::Uniform { lo, hi } if lo < hi && (hi - lo).is_finite() => (0..n).map(|_| r.gen_range(lo..hi)).collect(),
+        // The width overflows (e.g. uniform(-1e308, 1e308)): a convex combination of the bounds
+        // stays finite; rounding up to `hi` is pulled back below it.
+        Dist::Uniform { lo, hi } if lo < hi && lo.is_finite() && hi.is_finite() => (0..n)
+            .map(|_| {
+                let u: f64 = r.gen();
+                let x = lo * (1.0 - u) + hi * u;
+                if x < hi {
+                    x.max(lo)
+                } else {
+                    lo
+                }
+            })
+            .collect(),
         Dist::RandInt { lo, hi } if lo < hi => (0..n).map(|_| r.gen_range(lo..hi) as f64).collect(),
         Dist::Constant(c) => vec![c; n],
+        Dist::ConstInt(c) => vec![c as f64; n],
         Dist::Arange { start, step } => (0..n).map(|i| start + step * i as f64).collect(),
-        Dist::ArangeMod { start, step, modulus } if modulus != 0.0 => {
+        Dist::ArangeMod { start, step, modulus } if modulus != 0.0 && modulus.is_finite() => {
             (0..n).map(|i| (start + step * i as f64).rem_euclid(modulus)).collect()
         }
         Dist::Uniform { .. } | Dist::RandInt { .. } | Dist::ArangeMod { .. } => return None,

@@ -61,6 +61,7 @@
 
 mod blame;
 pub mod expr;
+mod findings;
 mod ground;
 mod inputs;
 mod report;
@@ -68,8 +69,11 @@ mod steps;
 mod truth;
 
 pub use expr::{Expr, ExprError, Scalar};
+pub(crate) use inputs::check_dist;
 pub use inputs::{Dist, InputTensor, Inputs, Source};
-pub use report::{Blame, BlameSite, Failure, Report, TensorReport, Tolerance, Worst};
+pub use report::{
+    Blame, BlameSite, Calibration, Failure, Finding, FindingKind, Location, Report, TensorReport, Timings, Tolerance, Worst, SCHEMA_VERSION,
+};
 pub(crate) use steps::{eval_shape as steps_eval_shape, split_axis};
 pub use steps::{Env, Init, KernelLaunch, Step};
 pub use tilegrad_ad::Precision;
@@ -111,6 +115,10 @@ pub enum CheckError {
     /// This build cannot do what was asked.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// Inputs or the ground truth are not finite, so no verdict can be trusted (see
+    /// [`CheckOptions::allow_non_finite`]).
+    #[error("{0}")]
+    NonFinite(String),
 }
 
 /// The forward pass.
@@ -235,6 +243,10 @@ pub struct CheckOptions {
     pub backend: Backend,
     /// Memory budget of the ground truth's programs in flight.
     pub memory_budget: usize,
+    /// Accept non-finite inputs and a non-finite ground truth (NaN then matches only NaN, an
+    /// infinity only the same infinity). Off by default: such a check is a usage error that
+    /// names the tensor and the element.
+    pub allow_non_finite: bool,
 }
 
 impl Default for CheckOptions {
@@ -246,6 +258,7 @@ impl Default for CheckOptions {
             precision: Precision::F64,
             backend: Backend::Cpu,
             memory_budget: GradOptions::default().memory_budget,
+            allow_non_finite: false,
         }
     }
 }
@@ -269,10 +282,16 @@ pub fn check_backward_with(
         return Err(CheckError::Spec("at least one cotangent trial is needed".into()));
     }
     validate_backward(fwd, bwd)?;
-    let p = truth::prepare(fwd, inputs, opts)?;
+    let bwd_tf32 = uses_tf32(&bwd.steps);
+    let fwd_tf32 = uses_tf32(&fwd.steps);
+    // Calibrate where the default tolerances are loose: f16/bf16 gradients, tf32 `dot`s.
+    let calibrate = opts.tolerance.is_none()
+        && opts.precision == Precision::F64
+        && (bwd_tf32 || fwd_tf32 || inputs.tensors.iter().any(|t| fwd.differentiable.contains(&t.name) && is_narrow(input_dtype(t))));
+    let mut p = truth::prepare(fwd, inputs, opts, calibrate)?;
+    let mut tm = std::mem::take(&mut p.timings);
     let (env_n, trace_f) = (&p.native, &p.trace);
 
-    let fwd_tf32 = uses_tf32(&fwd.steps);
     let mut forward = Vec::new();
     for o in fwd.outputs.iter().chain(&fwd.saved) {
         let t = env_n.tensor(o).ok_or_else(|| CheckError::Spec(format!("forward tensor `{o}` is not a tensor after the forward")))?;
@@ -291,60 +310,124 @@ pub fn check_backward_with(
         }
         let tol = opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(t.dtype(), fwd_tf32));
         let exp = p.truth.tensor(o).expect("same steps").to_f64_vec();
-        let (mut r, w) = report::compare(o, o, t.dtype(), t.shape(), tol, &exp, &t.to_f64_vec(), 0);
+        if !opts.allow_non_finite {
+            if let Some(i) = exp.iter().position(|x| !x.is_finite()) {
+                return Err(non_finite(
+                    format!("the ground truth's forward output `{o}`"),
+                    exp[i],
+                    report::unravel(i, t.shape()),
+                    "the forward is not finite on these inputs",
+                ));
+            }
+        }
+        let (mut r, w) = tm.time("comparison", || report::compare(o, o, t.dtype(), t.shape(), tol, &exp, &t.to_f64_vec(), 0));
         if let (Some((w, _)), Some(worst)) = (w, r.worst.as_mut()) {
-            worst.blame = Some(blame::blame(trace_f, env_n, &fwd.steps, o, w));
+            worst.blame = Some(tm.time("blame", || blame::blame(trace_f, env_n, &fwd.steps, o, w)));
         }
         forward.push(r);
     }
 
     let gopts = GradOptions { precision: opts.precision, memory_budget: opts.memory_budget, ..GradOptions::default() };
-    let bwd_tf32 = uses_tf32(&bwd.steps);
     let mut gradients: Vec<Option<(TensorReport, f64)>> = vec![None; bwd.gradients.len()];
     let mut failure = None;
+    let mut findings = Vec::new();
+    let mut provisional = false;
     let mut rng = truth::cotangent_rng(opts.seed);
     progress(0, opts.trials);
     for trial in 0..opts.trials {
-        let mut cot = HashMap::new();
-        let mut env_b = env_n.clone();
-        for (o, c, h) in truth::draw_cotangents(&mut rng, env_n, fwd)? {
-            env_b.add(&format!("grad_{o}"), h).map_err(CheckError::Spec)?;
-            cot.insert(o, c);
-        }
-        let truth = ground::reverse(&fwd.steps, &p.records, &p.truth, cot, &gopts)?;
-
-        let mut trace_b = Trace::default();
-        if let Err(f) = steps::run(&mut env_b, &bwd.steps, Mode::Poisoned, None, Some(&mut trace_b)) {
-            let what = bwd.steps[f.step].describe();
-            match f.error {
-                StepError::Spec(message) => return Err(CheckError::Backward { step: f.step, what, message }),
-                StepError::Exec(e) => {
-                    failure = Some(Failure { step: f.step, what, message: e.to_string(), trial });
-                    break;
+        let drawn = tm.time("cotangents", || truth::draw_cotangents(&mut rng, env_n, fwd))?;
+        // The backward's environment: the forward's tensors and the cotangents `grad_<output>`.
+        let backward_env = || -> Result<Env, CheckError> {
+            let mut env = env_n.clone();
+            for (o, _, h) in &drawn {
+                env.add(&format!("grad_{o}"), h.clone()).map_err(CheckError::Spec)?;
+            }
+            Ok(env)
+        };
+        let mut env_b = tm.time("backward", backward_env)?;
+        let cot: HashMap<String, Vec<f64>> = drawn.iter().map(|(o, c, _)| (o.clone(), c.clone())).collect();
+        let noise_truth = match &p.native_records {
+            Some(records) => {
+                let o = GradOptions { precision: Precision::Native, ..gopts.clone() };
+                Some(tm.time("ground truth in the kernels' dtypes (calibration)", || {
+                    ground::reverse(&fwd.steps, records, env_n, cot.clone(), &o)
+                })?)
+            }
+            None => None,
+        };
+        let truth = tm.time("ground truth", || ground::reverse(&fwd.steps, &p.records, &p.truth, cot, &gopts))?;
+        if !opts.allow_non_finite {
+            for d in &fwd.differentiable {
+                if let Some((i, &x)) = truth.get(d).and_then(|g| g.iter().enumerate().find(|(_, x)| !x.is_finite())) {
+                    let shape = p.drawn.tensor(d).expect("validated").shape();
+                    return Err(non_finite(
+                        format!("the ground-truth gradient of `{d}` (trial {trial})"),
+                        x,
+                        report::unravel(i, shape),
+                        "the forward is not differentiable to a finite value on these inputs",
+                    ));
                 }
             }
+        }
+
+        let mut trace_b = Trace::default();
+        if let Err(f) = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, Mode::Poisoned, None, Some(&mut trace_b))) {
+            let what = bwd.steps[f.step].describe();
+            let e = match f.error {
+                StepError::Spec(message) => return Err(CheckError::Backward { step: f.step, what, message }),
+                StepError::Exec(e) => e,
+            };
+            findings.push(findings::of_error(&e, f.step, trial));
+            failure = Some(Failure { step: f.step, what, message: e.to_string(), trial });
+            // A racy backward still has gradients worth seeing: run it again with its races
+            // resolved in program order, and show the table as provisional.
+            if !matches!(*e, tilegrad_reference::ExecError::Race(_)) {
+                break;
+            }
+            env_b = backward_env()?;
+            trace_b = Trace::default();
+            if tm.time("backward", || steps::run(&mut env_b, &bwd.steps, Mode::PoisonedResolvingRaces, None, Some(&mut trace_b))).is_err() {
+                break;
+            }
+            provisional = true;
         }
         for (gi, (input, gname)) in bwd.gradients.iter().enumerate() {
             let it = p.drawn.tensor(input).expect("validated");
             let Some(g) = env_b.tensor(gname) else {
                 return Err(CheckError::Spec(format!("gradient tensor `{gname}` of input `{input}` is not defined by the backward")));
             };
+            if let Some((_, steps::Origin::Given, layers)) = trace_b.get(gname) {
+                if layers.is_empty() {
+                    return Err(CheckError::Spec(format!(
+                        "backward.gradients.{input} = `{gname}`: no step of the backward writes `{gname}`, {}; a check cannot pass \
+                         unless the backward produces the gradient it is compared on",
+                        given_what(fwd, inputs, gname)
+                    )));
+                }
+            }
             if g.shape() != it.shape() {
-                failure = Some(Failure {
-                    step: bwd.steps.len(),
-                    what: "gradients".into(),
-                    message: format!("gradient `{gname}` has shape {:?}, input `{input}` has shape {:?}", g.shape(), it.shape()),
-                    trial,
-                });
+                let message = format!("gradient `{gname}` has shape {:?}, input `{input}` has shape {:?}", g.shape(), it.shape());
+                findings.push(findings::shape_mismatch(input, gname, message.clone(), bwd.steps.len(), trial));
+                failure = Some(Failure { step: bwd.steps.len(), what: "gradients".into(), message, trial });
                 break;
             }
             let exp = truth.get(input).cloned().unwrap_or_else(|| vec![0.0; it.numel()]);
             let tol = opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(g.dtype(), bwd_tf32));
-            let (mut r, w) = report::compare(input, gname, g.dtype(), g.shape(), tol, &exp, &g.to_f64_vec(), trial);
-            let badness = w.map_or(0.0, |(_, ratio)| ratio);
+            let t_cmp = std::time::Instant::now();
+            let got = g.to_f64_vec();
+            let (mut r, w) = report::compare(input, gname, g.dtype(), g.shape(), tol, &exp, &got, trial);
+            let mut badness = w.map_or(0.0, |(_, ratio)| ratio);
+            if let Some(nt) = &noise_truth {
+                let noisy = nt.get(input).cloned().unwrap_or_else(|| vec![0.0; it.numel()]);
+                let c = calibration(g.dtype(), bwd_tf32 || fwd_tf32, &exp, &noisy, &got);
+                r.passed &= c.margin >= 1.0;
+                badness = badness.max(1.0 / c.margin);
+                r.calibration = Some(c);
+            }
+            tm.add("comparison", t_cmp.elapsed().as_secs_f64());
             if gradients[gi].as_ref().is_none_or(|(_, b)| badness > *b) {
                 if let (Some((w, _)), Some(worst)) = (w, r.worst.as_mut()) {
-                    worst.blame = Some(blame::blame(&trace_b, &env_b, &bwd.steps, gname, w));
+                    worst.blame = Some(tm.time("blame", || blame::blame(&trace_b, &env_b, &bwd.steps, gname, w)));
                 }
                 gradients[gi] = Some((r, badness));
             }
@@ -356,7 +439,12 @@ pub fn check_backward_with(
     }
     let gradients: Vec<TensorReport> = gradients.into_iter().flatten().map(|(r, _)| r).collect();
     let passed = failure.is_none() && forward.iter().all(|r| r.passed) && gradients.iter().all(|r| r.passed);
+    let mut all = Vec::new();
+    all.extend(forward.iter().filter_map(|r| findings::of_tensor("forward", r)));
+    all.extend(findings);
+    all.extend(gradients.iter().filter_map(|r| findings::of_tensor("backward", r)));
     Ok(Report {
+        schema_version: report::SCHEMA_VERSION,
         name: name.to_string(),
         passed,
         seed: opts.seed,
@@ -364,8 +452,78 @@ pub fn check_backward_with(
         precision: if opts.precision == Precision::F64 { "f64".into() } else { "native".into() },
         forward,
         gradients,
+        gradients_provisional: provisional,
         failure,
+        findings: all,
+        timings: tm,
     })
+}
+
+/// The dtype of an input tensor.
+fn input_dtype(t: &InputTensor) -> DType {
+    match &t.source {
+        Source::Given(h) => h.dtype(),
+        Source::Random { dtype, .. } => *dtype,
+    }
+}
+
+/// f16 or bf16: dtypes whose default tolerances are loose.
+fn is_narrow(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16)
+}
+
+/// What a tensor the backward was given is, for messages.
+fn given_what(fwd: &Forward, inputs: &Inputs, name: &str) -> String {
+    if let Some(o) = fwd.outputs.iter().find(|o| format!("grad_{o}") == name) {
+        format!("it is the cotangent of output `{o}` as given to the backward")
+    } else if inputs.tensors.iter().any(|t| t.name == name) {
+        "it is an input of the forward as given".into()
+    } else {
+        "it is a tensor of the forward as the forward left it".into()
+    }
+}
+
+/// A usage error for a non-finite value where finite values are needed.
+fn non_finite(what: String, x: f64, index: Vec<usize>, why: &str) -> CheckError {
+    CheckError::NonFinite(format!(
+        "{what} is {} at {index:?}: {why}; a check against a non-finite ground truth cannot tell a right backward from a \
+         wrong one (allow it with `allow_non_finite`)",
+        if x.is_nan() { "NaN".to_string() } else { format!("{x}") }
+    ))
+}
+
+/// How many times the rounding noise of the ground truth in the kernels' dtypes a gradient's
+/// normwise error may be.
+const NOISE_FACTOR: f64 = 3.0;
+
+/// The calibrated normwise tolerance of a gradient of dtype `d` (see [`report::Calibration`]):
+/// `truth` in f64, `noisy` the ground truth computed in the kernels' dtypes, `got` the checked
+/// gradient; `tf32` when a tf32 `dot` computes it. Both are measured against the truth rounded to
+/// `d` (the best a backward can store), so that the rounding every result of `d` has does not
+/// drown a small systematic error.
+fn calibration(d: DType, tf32: bool, truth: &[f64], noisy: &[f64], got: &[f64]) -> report::Calibration {
+    let rounded: Vec<f64> = truth.iter().map(|&x| tilegrad_reference::round_to(d, x)).collect();
+    let dist = |v: &[f64]| v.iter().zip(&rounded).map(|(a, b)| (tilegrad_reference::round_to(d, *a) - b).powi(2)).sum::<f64>().sqrt();
+    let scale = truth.iter().map(|x| x * x).sum::<f64>().sqrt().max(f64::MIN_POSITIVE);
+    let noise = dist(noisy) / scale;
+    // Half a unit of roundoff of the dtype (of tf32 where a tf32 `dot` computes the gradient):
+    // what a correct backward computing in that dtype, rather than as the forward does, may err.
+    let unit = match d {
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        _ if tf32 => 2f64.powi(-11),
+        _ => 2f64.powi(-24),
+    };
+    let limit = (NOISE_FACTOR * noise).max(0.5 * unit);
+    let err = dist(got) / scale;
+    let margin = if err.is_nan() {
+        0.0
+    } else if err > 0.0 {
+        limit / err
+    } else {
+        f64::INFINITY
+    };
+    report::Calibration { noise, limit, error: err, margin }
 }
 
 /// Differentiable inputs are float inputs; outputs and saved tensors are consistent.

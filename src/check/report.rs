@@ -19,10 +19,54 @@
 //! A correct f32 backward with reductions of a few thousand terms passes (blocked f32 sums err by
 //! about `sqrt(n)` units of roundoff, 1e-6 relative at n = 4096); an element off by 1e-3 relative
 //! fails.
+//!
+//! Where those defaults are loose (f16, bf16, a tf32 `dot`), an elementwise tolerance alone would
+//! hide real bugs, so the tolerance is also *calibrated* to the kernel (see [`Calibration`]): the
+//! ground truth is evaluated a second time in the kernels' own dtypes, its normwise distance to
+//! the f64 truth is the rounding noise a correct computation in those dtypes has, and a gradient
+//! whose normwise error lies far outside it fails. An explicit `rtol`/`atol` turns calibration off.
+//!
+//! # JSON (`--json`), schema version [`SCHEMA_VERSION`]
+//!
+//! A [`Report`] serialises with these fields: `schema_version`, `name`, `passed`, `seed`,
+//! `trials`, `precision`, `forward` and `gradients` (arrays of [`TensorReport`]),
+//! `gradients_provisional` (the gradient table comes from a backward run again with its races
+//! resolved in program order, after the race failed the check), `failure` (why the backward could
+//! not run: a [`Failure`]), `timings` (seconds per phase: `phases`, an array of
+//! `[name, seconds]`) and `findings`: one [`Finding`] per reason the check failed, each with a
+//! `kind` (see [`FindingKind`]: `wrong_value`, `non_finite`, `never_written`, `race`,
+//! `out_of_bounds`, `loop_bound`, `runtime_error`, `shape_mismatch`), the pass (`forward` or
+//! `backward`), the tensor, the element's multi-index, the program ids and the source locations
+//! (`file`, `line`, `col`, `kernel`, `op`) as fields. Floats that are not finite are the strings
+//! `"NaN"`, `"inf"` and `"-inf"` (JSON has no such numbers); every other float is a number.
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 use std::fmt;
 use tilegrad_ir::DType;
+
+/// The version of the JSON form of a [`Report`]; it changes when a field changes meaning or goes.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// A float as JSON: a number when finite, else the string `"NaN"`, `"inf"` or `"-inf"`.
+fn float<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+    if x.is_finite() {
+        s.serialize_f64(*x)
+    } else if x.is_nan() {
+        s.serialize_str("NaN")
+    } else if *x > 0.0 {
+        s.serialize_str("inf")
+    } else {
+        s.serialize_str("-inf")
+    }
+}
+
+/// An optional float as JSON (see [`float`]).
+fn opt_float<S: Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match x {
+        Some(x) => float(x, s),
+        None => s.serialize_none(),
+    }
+}
 
 /// Tolerances of a comparison (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -152,8 +196,10 @@ pub struct Worst {
     /// Multi-index.
     pub index: Vec<usize>,
     /// Ground truth.
+    #[serde(serialize_with = "float")]
     pub expected: f64,
     /// What the checked code produced.
+    #[serde(serialize_with = "float")]
     pub got: f64,
     /// Who wrote it.
     pub blame: Option<Blame>,
@@ -172,11 +218,17 @@ pub struct TensorReport {
     pub shape: Vec<usize>,
     /// Tolerances applied.
     pub tolerance: Tolerance,
-    /// Largest `|got - expected|`.
+    /// Largest `|got - expected|`: NaN when some element is NaN where a finite value is
+    /// expected, infinite when some is infinite.
+    #[serde(serialize_with = "float")]
     pub max_abs_err: f64,
-    /// Largest `|got - expected| / max(|expected|, (atol / rtol) * scale)`.
+    /// Largest `|got - expected| / max(|expected|, (atol / rtol) * scale)` (NaN and infinite as
+    /// `max_abs_err`).
+    #[serde(serialize_with = "float")]
     pub max_rel_err: f64,
-    /// `||got - expected||_2 / ||expected||_2` (over finite elements).
+    /// `||got - expected||_2 / ||expected||_2`: NaN or infinite as `max_abs_err`, never a
+    /// small number computed over the finite elements alone.
+    #[serde(serialize_with = "float")]
     pub normwise_rel_err: f64,
     /// Elements over tolerance.
     pub over_tolerance: usize,
@@ -184,12 +236,40 @@ pub struct TensorReport {
     pub nan: usize,
     /// Infinite elements in `got`.
     pub inf: usize,
+    /// The calibrated normwise tolerance, where the tolerance was calibrated to the kernel.
+    pub calibration: Option<Calibration>,
     /// The element furthest over (or closest to) its tolerance.
     pub worst: Option<Worst>,
     /// The cotangent trial (0-based) this comparison comes from (the worst trial).
     pub trial: usize,
     /// Every element within tolerance.
     pub passed: bool,
+}
+
+/// A tolerance calibrated to the kernel: how far from the f64 ground truth a correct computation
+/// in the kernels' own dtypes lands, and the normwise error a gradient may have.
+///
+/// Distances are normwise, relative to the f64 ground truth's norm, and measured against the
+/// ground truth rounded to the gradient's dtype (the best a backward can store). `noise` is the
+/// distance of the ground truth evaluated in the kernels' dtypes (the forward's ops rounded as the
+/// kernels round them), for the same cotangent: a correct hand-written backward makes errors of
+/// the same kind and size. `limit = max(3 * noise, half a unit of roundoff of the dtype)`. A
+/// gradient whose `error` exceeds the limit fails even when every element is within the
+/// elementwise tolerance.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Calibration {
+    /// Distance of the ground truth computed in the kernels' dtypes.
+    #[serde(serialize_with = "float")]
+    pub noise: f64,
+    /// The distance a gradient may have.
+    #[serde(serialize_with = "float")]
+    pub limit: f64,
+    /// Distance of the checked gradient.
+    #[serde(serialize_with = "float")]
+    pub error: f64,
+    /// `limit / error`: at least 1 passes, below 1 fails.
+    #[serde(serialize_with = "float")]
+    pub margin: f64,
 }
 
 /// The backward could not produce gradients (a verdict: the check fails).
@@ -205,9 +285,83 @@ pub struct Failure {
     pub trial: usize,
 }
 
+/// What kind of failure a [`Finding`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    /// Elements of a compared tensor are outside the tolerance (or the normwise error is over
+    /// its calibrated limit).
+    WrongValue,
+    /// Elements of a compared tensor are NaN or infinite where the ground truth is finite.
+    NonFinite,
+    /// The worst element of a compared tensor was never written by the pass.
+    NeverWritten,
+    /// Two programs (or two lanes of one store) access one element without ordering.
+    Race,
+    /// An unmasked lane accessed memory outside its tensor.
+    OutOfBounds,
+    /// A loop ran more iterations than its bound.
+    LoopBound,
+    /// Something undefined happened at run time (integer division by zero, ...).
+    RuntimeError,
+    /// A gradient tensor's shape is not its input's.
+    ShapeMismatch,
+}
+
+/// A source location in a finding.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Location {
+    /// Source file.
+    pub file: String,
+    /// Line, from 1.
+    pub line: u32,
+    /// Column, from 1.
+    pub col: u32,
+    /// Kernel.
+    pub kernel: String,
+    /// Op mnemonic.
+    pub op: String,
+}
+
+/// One reason a check failed, as fields (the JSON report's `findings`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Finding {
+    /// What kind of failure.
+    pub kind: FindingKind,
+    /// `forward` (a forward output or saved tensor against the ground truth's forward) or
+    /// `backward`.
+    pub pass: &'static str,
+    /// For a compared tensor: the differentiable input (gradients) or the output (forward).
+    pub name: Option<String>,
+    /// The tensor concerned.
+    pub tensor: Option<String>,
+    /// The element (multi-index; for races and out-of-bounds accesses the flat offset).
+    pub element: Option<Vec<i64>>,
+    /// Ground truth at the element.
+    #[serde(serialize_with = "opt_float")]
+    pub expected: Option<f64>,
+    /// The value found at the element.
+    #[serde(serialize_with = "opt_float")]
+    pub got: Option<f64>,
+    /// How many elements are affected, where known.
+    pub count: Option<usize>,
+    /// The cotangent trial.
+    pub trial: Option<usize>,
+    /// Step of the pass (0-based), where one step is concerned.
+    pub step: Option<usize>,
+    /// Program ids concerned.
+    pub programs: Vec<[u32; 3]>,
+    /// Source locations concerned (the writing store; both accesses of a race).
+    pub locations: Vec<Location>,
+    /// The same in words.
+    pub message: String,
+}
+
 /// The outcome of a check.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
+    /// Version of the JSON form ([`SCHEMA_VERSION`]).
+    pub schema_version: u32,
     /// Name of the check.
     pub name: String,
     /// Everything within tolerance and the backward ran cleanly.
@@ -222,8 +376,57 @@ pub struct Report {
     pub forward: Vec<TensorReport>,
     /// One per differentiable input: the backward's gradient against the ground truth.
     pub gradients: Vec<TensorReport>,
+    /// The gradient table comes from the backward run again with its races resolved in program
+    /// order (the highest program id's store wins), after a race failed the check.
+    pub gradients_provisional: bool,
     /// Why the backward failed to run, if it did.
     pub failure: Option<Failure>,
+    /// Every reason the check failed, as fields.
+    pub findings: Vec<Finding>,
+    /// Seconds spent per phase of the check (printed by `--timings`).
+    pub timings: Timings,
+}
+
+/// Wall-clock seconds per phase of a check, in the order the phases first ran (a phase that runs
+/// once per trial is summed over the trials).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Timings {
+    /// `(phase, seconds)`.
+    pub phases: Vec<(String, f64)>,
+}
+
+impl Timings {
+    /// Adds `seconds` to `phase`.
+    pub fn add(&mut self, phase: &str, seconds: f64) {
+        match self.phases.iter_mut().find(|(p, _)| p == phase) {
+            Some((_, s)) => *s += seconds,
+            None => self.phases.push((phase.to_string(), seconds)),
+        }
+    }
+
+    /// Runs `f` as (part of) `phase`.
+    pub fn time<T>(&mut self, phase: &str, f: impl FnOnce() -> T) -> T {
+        let t = std::time::Instant::now();
+        let out = f();
+        self.add(phase, t.elapsed().as_secs_f64());
+        out
+    }
+
+    /// Total seconds.
+    pub fn total(&self) -> f64 {
+        self.phases.iter().map(|(_, s)| s).sum()
+    }
+}
+
+impl fmt::Display for Timings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let total = self.total();
+        writeln!(f, "timings")?;
+        for (p, s) in &self.phases {
+            writeln!(f, "  {p:<40} {s:>9.3} s {:>5.1}%", if total > 0.0 { 100.0 * s / total } else { 0.0 })?;
+        }
+        writeln!(f, "  {:<40} {total:>9.3} s", "total")
+    }
 }
 
 impl Report {
@@ -255,6 +458,22 @@ fn table(f: &mut fmt::Formatter<'_>, first: &str, rows: &[TensorReport]) -> fmt:
             format!("rtol {:.0e} atol {:.0e}", r.tolerance.rtol, r.tolerance.atol),
             if r.passed { "ok" } else { "FAIL" }
         )?;
+    }
+    for r in rows {
+        if let Some(c) = &r.calibration {
+            writeln!(
+                f,
+                "    `{}` ({}): calibrated normwise tolerance {:.2e} against the truth rounded to {} (the truth computed in the \
+                 kernels' dtypes is off by {:.2e}); error {:.2e}, {}",
+                r.tensor,
+                r.dtype,
+                c.limit,
+                r.dtype,
+                c.noise,
+                c.error,
+                if c.margin >= 1.0 { format!("{:.1}x within", c.margin) } else { format!("{:.1}x over", 1.0 / c.margin) }
+            )?;
+        }
     }
     for r in rows.iter().filter(|r| !r.passed) {
         if let Some(w) = &r.worst {
@@ -294,7 +513,14 @@ impl fmt::Display for Report {
             }
         }
         if !self.gradients.is_empty() {
-            writeln!(f, "gradients (backward vs ground truth)")?;
+            if self.gradients_provisional {
+                writeln!(
+                    f,
+                    "gradients (backward vs ground truth; provisional: the backward run again with its races resolved in program order)"
+                )?;
+            } else {
+                writeln!(f, "gradients (backward vs ground truth)")?;
+            }
             table(f, "input", &self.gradients)?;
         }
         Ok(())
@@ -320,17 +546,19 @@ pub(crate) fn compare(
     let (mut max_abs, mut max_rel, mut over, mut nan, mut inf) = (0.0f64, 0.0f64, 0, 0, 0);
     let (mut num, mut den) = (0.0f64, 0.0f64);
     let mut worst: Option<(usize, f64)> = None;
+    // A mismatch involving a non-finite value makes every metric NaN (a NaN on either side) or
+    // infinite, never a small number computed over the finite elements alone.
+    let mut poison: Option<f64> = None;
     for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
         nan += g.is_nan() as usize;
         inf += g.is_infinite() as usize;
-        let ratio = if !e.is_finite() {
-            if g.is_nan() && e.is_nan() || g == e {
-                0.0
-            } else {
-                f64::INFINITY
-            }
-        } else if !g.is_finite() {
+        let mismatch = if !e.is_finite() { !(g.is_nan() && e.is_nan() || g == e) } else { !g.is_finite() };
+        let ratio = if mismatch {
+            let p = if g.is_nan() || e.is_nan() { f64::NAN } else { f64::INFINITY };
+            poison = Some(if poison.is_some_and(f64::is_nan) { f64::NAN } else { p });
             f64::INFINITY
+        } else if !e.is_finite() {
+            0.0
         } else {
             let d = (g - e).abs();
             max_abs = max_abs.max(d);
@@ -343,16 +571,15 @@ pub(crate) fn compare(
                 d / (tol.atol * scale + tol.rtol * e.abs())
             }
         };
-        if ratio.is_infinite() {
-            max_abs = f64::INFINITY;
-            max_rel = f64::INFINITY;
-        }
         over += (ratio > 1.0) as usize;
         if worst.is_none_or(|(_, r)| ratio > r) {
             worst = Some((i, ratio));
         }
     }
-    let normwise = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
+    let mut normwise = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
+    if let Some(p) = poison {
+        (max_abs, max_rel, normwise) = (p, p, p);
+    }
     let report = TensorReport {
         name: name.to_string(),
         tensor: tensor.to_string(),
@@ -365,6 +592,7 @@ pub(crate) fn compare(
         over_tolerance: over,
         nan,
         inf,
+        calibration: None,
         worst: worst.map(|(i, _)| Worst { index: unravel(i, shape), expected: expected[i], got: got[i], blame: None }),
         trial,
         passed: over == 0,
@@ -410,7 +638,13 @@ mod tests {
         let e = [1.0, 2.0, 3.0];
         let r = run(&e, &[1.0, f64::NAN, f64::INFINITY]);
         assert_eq!((r.nan, r.inf, r.over_tolerance), (1, 1, 2));
+        // NaN shows in every metric: none looks small because NaN elements were left out.
+        assert!(r.max_abs_err.is_nan() && r.max_rel_err.is_nan() && r.normwise_rel_err.is_nan(), "{r:?}");
         assert_eq!(r.worst.unwrap().index, vec![1]);
+        let r = run(&e, &[1.0, 2.0, f64::INFINITY]);
+        assert!(r.max_abs_err == f64::INFINITY && r.normwise_rel_err == f64::INFINITY, "{r:?}");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!((json["max_abs_err"].as_str(), json["worst"]["got"].as_str()), (Some("inf"), Some("inf")));
         // A NaN expected value is matched only by NaN.
         assert!(run(&[f64::NAN, 1.0], &[f64::NAN, 1.0]).passed);
         assert!(!run(&[f64::NAN, 1.0], &[0.0, 1.0]).passed);

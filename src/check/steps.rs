@@ -10,7 +10,7 @@ use super::expr::{Expr, Scalar, Scope};
 use super::CheckError;
 use std::sync::Arc;
 use tilegrad_ir::{DType, Kernel, Lit, ParamKind};
-use tilegrad_reference::{Arg, ExecError, Grid, HostTensor, Launch, Memory, Options, TensorId, Writers};
+use tilegrad_reference::{Arg, ExecError, Grid, HostTensor, Launch, Memory, Options, RaceMode, TensorId, Writers};
 
 /// How an allocated tensor starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,6 +172,9 @@ pub(crate) enum Mode {
     /// The kernels' own dtypes, masked-off float lanes of loads without `other` reading NaN (the
     /// user's backward: Triton leaves them undefined).
     Poisoned,
+    /// As [`Mode::Poisoned`], with races resolved in program order (the highest program id's
+    /// store wins) instead of failing: to still compare the gradients of a racy backward.
+    PoisonedResolvingRaces,
     /// Every float promoted to f64 (kernels and tensors).
     F64,
 }
@@ -254,10 +257,8 @@ pub(crate) fn run(
             Step::Alloc { name, shape, dtype, init } => {
                 let shape = eval_shape(shape, scope).map_err(spec)?;
                 let dtype = if mode == Mode::F64 && dtype.is_float() { DType::F64 } else { *dtype };
-                let mut t = HostTensor::zeros(dtype, &shape);
-                if *init == Init::Empty && dtype.is_float() {
-                    t = HostTensor::from_f64_as(dtype, &shape, &vec![f64::NAN; t.numel()]);
-                }
+                let fill = if *init == Init::Empty && dtype.is_float() { f64::NAN } else { 0.0 };
+                let t = HostTensor::try_full(dtype, &shape, fill).map_err(|e| spec(format!("`{name}`: {e}")))?;
                 env.add(name, t).map_err(spec)?;
                 if let Some(tr) = trace.as_deref_mut() {
                     tr.tensors.push((name.clone(), Origin::Alloc { step: i, init: *init }, Vec::new()));
@@ -265,7 +266,7 @@ pub(crate) fn run(
             }
             Step::Launch(kl) => {
                 let kernel = match mode {
-                    Mode::Native | Mode::Poisoned => kl.kernel.clone(),
+                    Mode::Native | Mode::Poisoned | Mode::PoisonedResolvingRaces => kl.kernel.clone(),
                     Mode::F64 => Arc::new(
                         tilegrad_ir::passes::promote_floats(&kl.kernel, DType::F64)
                             .map_err(|e| fail(StepError::Exec(Box::new(e.into()))))?,
@@ -296,7 +297,12 @@ pub(crate) fn run(
                         .collect();
                     r.push(LaunchRecord { step: i, kernel: kernel.clone(), grid, args, before, names });
                 }
-                let opts = Options { poison_masked_loads: mode == Mode::Poisoned, record_writers: trace.is_some(), ..Options::default() };
+                let opts = Options {
+                    poison_masked_loads: matches!(mode, Mode::Poisoned | Mode::PoisonedResolvingRaces),
+                    record_writers: trace.is_some(),
+                    races: if mode == Mode::PoisonedResolvingRaces { RaceMode::Warn } else { RaceMode::Error },
+                    ..Options::default()
+                };
                 let mut launch = Launch::new(&kernel, grid).options(opts);
                 for (n, a) in &args {
                     launch = launch.arg(n, *a);
@@ -378,7 +384,10 @@ pub(crate) fn split_axis(shape: &[usize], axis: i64) -> Option<(usize, usize, us
 }
 
 pub(crate) fn eval_shape(shape: &[Expr], scope: &dyn Scope) -> Result<Vec<usize>, String> {
-    shape.iter().map(|e| e.eval_size(scope).map_err(|err| format!("shape `{e}`: {err}"))).collect()
+    let dims: Vec<usize> =
+        shape.iter().map(|e| e.eval_size(scope).map_err(|err| format!("shape `{e}`: {err}"))).collect::<Result<_, _>>()?;
+    tilegrad_reference::checked_numel(&dims)?;
+    Ok(dims)
 }
 
 /// Evaluates a launch's grid and arguments: tensors by name, scalars converted to the

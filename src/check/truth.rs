@@ -5,7 +5,7 @@
 //! finite differences (`tilegrad gradcheck`).
 
 use super::steps::{self, Mode, Trace};
-use super::{ground, inputs, promote, validate_forward, Backend, CheckError, CheckOptions, Env, Forward, Inputs, Precision};
+use super::{ground, inputs, promote, validate_forward, Backend, CheckError, CheckOptions, Env, Forward, Inputs, Precision, Timings};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Serialize;
@@ -77,23 +77,64 @@ pub(crate) struct Prepared {
     pub truth: Env,
     /// The launches of the ground truth's forward.
     pub records: Vec<steps::LaunchRecord>,
+    /// The launches of the forward in the kernels' dtypes, when asked for (to evaluate the
+    /// ground truth in those dtypes too, for a calibrated tolerance).
+    pub native_records: Option<Vec<steps::LaunchRecord>>,
+    /// Seconds spent so far, by phase.
+    pub timings: Timings,
 }
 
-pub(crate) fn prepare(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<Prepared, CheckError> {
+/// Runs the forward both ways; with `native_records`, the native run's launches are recorded too.
+pub(crate) fn prepare(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, native_records: bool) -> Result<Prepared, CheckError> {
     if opts.backend == Backend::Gpu {
         return Err(CheckError::Unsupported("the GPU backend is not part of this build; use the CPU backend (`--backend cpu`)".into()));
     }
-    let drawn = inputs.materialise(opts.seed)?;
+    let mut timings = Timings::default();
+    let drawn = timings.time("inputs", || inputs.materialise(opts.seed))?;
     validate_forward(fwd, &drawn)?;
+    if !opts.allow_non_finite {
+        timings.time("inputs", || check_finite_inputs(&drawn, inputs))?;
+    }
     let mut native = drawn.clone();
     let mut trace = Trace::default();
-    steps::run(&mut native, &fwd.steps, Mode::Native, None, Some(&mut trace)).map_err(forward_err(fwd))?;
+    let mut nrec = native_records.then(Vec::new);
+    timings
+        .time("forward in the kernels' dtypes", || steps::run(&mut native, &fwd.steps, Mode::Native, nrec.as_mut(), Some(&mut trace)))
+        .map_err(forward_err(fwd))?;
     let f64_mode = opts.precision == Precision::F64;
     let mut truth = if f64_mode { promote(&drawn) } else { drawn.clone() };
     let mut records = Vec::new();
-    steps::run(&mut truth, &fwd.steps, if f64_mode { Mode::F64 } else { Mode::Native }, Some(&mut records), None)
+    timings
+        .time("forward of the ground truth", || {
+            steps::run(&mut truth, &fwd.steps, if f64_mode { Mode::F64 } else { Mode::Native }, Some(&mut records), None)
+        })
         .map_err(forward_err(fwd))?;
-    Ok(Prepared { drawn, native, trace, truth, records })
+    Ok(Prepared { drawn, native, trace, truth, records, native_records: nrec, timings })
+}
+
+/// Every float input is finite: with a NaN or an infinity among the inputs the ground truth is
+/// not finite either, and NaN would match NaN whatever the backward computes.
+fn check_finite_inputs(drawn: &Env, inputs: &Inputs) -> Result<(), CheckError> {
+    for t in &inputs.tensors {
+        let Some(h) = drawn.tensor(&t.name) else { continue };
+        if !h.dtype().is_float() {
+            continue;
+        }
+        if let Some((i, x)) = h.to_f64_vec().into_iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            return Err(CheckError::NonFinite(format!(
+                "input `{}` is {} at {:?} ({}): a check on non-finite inputs cannot tell a right backward from a wrong \
+                 one (allow it with `allow_non_finite`)",
+                t.name,
+                if x.is_nan() { "NaN".to_string() } else { format!("{x}") },
+                super::report::unravel(i, h.shape()),
+                match &t.source {
+                    inputs::Source::Given(_) => "given".to_string(),
+                    inputs::Source::Random { dist, .. } => format!("{dist:?}"),
+                }
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The generator of the cotangents of a check (trial 0 of `check` and `grad` draw the same).
@@ -133,7 +174,7 @@ pub(crate) fn draw_cotangents(rng: &mut StdRng, env: &Env, fwd: &Forward) -> Res
 
 /// The ground-truth gradients of `fwd` for a random cotangent drawn from `opts.seed`.
 pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<GroundTruth, CheckError> {
-    let p = prepare(fwd, inputs, opts)?;
+    let p = prepare(fwd, inputs, opts, false)?;
     let drawn = draw_cotangents(&mut cotangent_rng(opts.seed), &p.native, fwd)?;
     let cot: HashMap<String, Vec<f64>> = drawn.iter().map(|(o, c, _)| (o.clone(), c.clone())).collect();
     let cotangents = drawn.into_iter().map(|(o, _, h)| (o, h)).collect();
@@ -204,7 +245,7 @@ impl fmt::Display for GradcheckReport {
 /// forward, promoted to f64, along `opts.trials` random directions.
 pub fn gradcheck(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, name: &str) -> Result<GradcheckReport, CheckError> {
     let opts = CheckOptions { precision: Precision::F64, ..opts.clone() };
-    let p = prepare(fwd, inputs, &opts)?;
+    let p = prepare(fwd, inputs, &opts, false)?;
     let mut rng = StdRng::seed_from_u64(opts.seed ^ 0x5851_f42d_4c95_7f2d);
     let cot: HashMap<String, Vec<f64>> = draw_cotangents(&mut rng, &p.truth, fwd)?.into_iter().map(|(o, c, _)| (o, c)).collect();
     let gopts = GradOptions { memory_budget: opts.memory_budget, ..GradOptions::default() };

@@ -267,7 +267,9 @@ pub(super) fn unary_vjp(c: &Ctx<'_>, op: UnaryOp, result: &BTile, cot: &BTile) -
         let mut data = Vec::with_capacity(cot.data.len());
         for b in 0..cot.batch {
             let r = v.row(if v.batch == 1 { 0 } else { b });
-            data.extend(cot.row(b).iter().zip(r).map(|(&g, &r)| g * d(r)));
+            // A zero cotangent contributes zero, even where the derivative is infinite or NaN
+            // (a masked-off lane whose forward value overflowed).
+            data.extend(cot.row(b).iter().zip(r).map(|(&g, &r)| if g == 0.0 { 0.0 } else { g * d(r) }));
         }
         c.unbatch(0, BTile { batch: cot.batch, shape: cot.shape.clone(), data })
     }
@@ -479,9 +481,12 @@ fn arith_vjp(c: &Ctx<'_>, op: BinaryOp, cot: &BTile) -> Result<Vec<Option<BTile>
             Ok(c.unbatch(i, BTile { batch: cot.batch, shape, data }))
         })
     }
+    /// `g * p`, where a zero factor on either side is a symbolic zero: a zero partial does not
+    /// turn an infinite cotangent into NaN, and a zero cotangent (a masked-off lane) does not
+    /// turn an infinite or NaN partial into NaN.
     #[inline(always)]
     fn keep(g: f64, p: f64) -> f64 {
-        if p == 0.0 {
+        if p == 0.0 || g == 0.0 {
             0.0
         } else {
             g * p
@@ -654,9 +659,9 @@ pub(super) fn binary_vjp(c: &Ctx<'_>, op: BinaryOp, cot: &BTile) -> Result<Vec<O
                 for ((g, &a), &b) in g.row_mut(bt).iter_mut().zip(x).zip(y) {
                     let (da, db) = partials(a, b);
                     let p = if i == 0 { da } else { db };
-                    // A zero partial is a symbolic zero: it does not turn an infinite cotangent
-                    // into NaN.
-                    *g = if p == 0.0 { 0.0 } else { *g * p };
+                    // A zero partial or a zero cotangent is a symbolic zero: neither turns an
+                    // infinite or NaN factor into NaN.
+                    *g = if p == 0.0 || *g == 0.0 { 0.0 } else { *g * p };
                 }
             }
             Ok(c.unbatch(i, g))

@@ -64,7 +64,10 @@ pub fn eval(op: &Op, args: &[&BTile], arg_types: &[&Type], result_type: &Type, p
         | Op::Load { .. }
         | Op::Store { .. }
         | Op::AtomicAdd { .. }
+        | Op::AtomicRmw { .. }
+        | Op::AtomicCas
         | Op::For { .. }
+        | Op::While { .. }
         | Op::If { .. }
         | Op::Yield => Err(c.err("handled by the evaluator")),
         Op::Const { value } => elementwise::constant(&c, *value, precision),
@@ -115,7 +118,10 @@ pub fn vjp(
         | Op::Load { .. }
         | Op::Store { .. }
         | Op::AtomicAdd { .. }
+        | Op::AtomicRmw { .. }
+        | Op::AtomicCas
         | Op::For { .. }
+        | Op::While { .. }
         | Op::If { .. }
         | Op::Yield => return Err(c.err("handled by the evaluator")),
         Op::Const { .. } | Op::Arange { .. } => Vec::new(),
@@ -149,7 +155,10 @@ fn arity(op: &Op) -> Option<usize> {
         | Op::Load { .. }
         | Op::Store { .. }
         | Op::AtomicAdd { .. }
+        | Op::AtomicRmw { .. }
+        | Op::AtomicCas
         | Op::For { .. }
+        | Op::While { .. }
         | Op::If { .. }
         | Op::Yield => return None,
     })

@@ -314,6 +314,36 @@ fn gemm_acc_impl(out: &mut [f64], a: &[f64], b: &[f64], (m, k, n): (usize, usize
     }
 }
 
+/// [`gemm_acc`] for a VJP, where one factor is a cotangent: [`gemm_acc_masked`] when a factor is
+/// infinite or NaN.
+fn gemm_acc_vjp(out: &mut [f64], a: &[f64], b: &[f64], mkn: (usize, usize, usize)) {
+    if a.iter().chain(b).all(|x| x.is_finite()) {
+        gemm_acc(out, a, b, mkn)
+    } else {
+        gemm_acc_masked(out, a, b, mkn)
+    }
+}
+
+/// [`gemm_acc`] where a factor is infinite or NaN: a product with a zero factor is a symbolic
+/// zero (a zero cotangent of a masked-off lane does not turn an infinite operand into NaN, nor
+/// does a zero operand an infinite cotangent); the same order of sums otherwise.
+fn gemm_acc_masked(out: &mut [f64], a: &[f64], b: &[f64], (m, k, n): (usize, usize, usize)) {
+    for i in 0..m {
+        let row = &mut out[i * n..(i + 1) * n];
+        for kk in 0..k {
+            let x = a[i * k + kk];
+            if x == 0.0 {
+                continue;
+            }
+            row.iter_mut().zip(&b[kk * n..(kk + 1) * n]).for_each(|(o, &y)| {
+                if y != 0.0 {
+                    *o += x * y
+                }
+            });
+        }
+    }
+}
+
 /// Checks `dot`'s shapes and returns (M, K, N).
 fn dot_dims(c: &Ctx<'_>) -> Result<(usize, usize, usize), AdError> {
     let (a, b, acc) = (&c.tys[0].shape, &c.tys[1].shape, &c.tys[2].shape);
@@ -374,7 +404,7 @@ pub(super) fn dot_vjp(c: &Ctx<'_>, cot: &BTile) -> Result<Vec<Option<BTile>>, Ad
                     }
                 }
             }
-            gemm_acc(&mut g[bt * m * k..(bt + 1) * m * k], ct, &bt_t, (m, n, k));
+            gemm_acc_vjp(&mut g[bt * m * k..(bt + 1) * m * k], ct, &bt_t, (m, n, k));
         }
         Ok(c.unbatch(0, BTile::new(bsz, &[m, k], g)))
     })?;
@@ -391,7 +421,7 @@ pub(super) fn dot_vjp(c: &Ctx<'_>, cot: &BTile) -> Result<Vec<Option<BTile>>, Ad
                 }
             }
             // b_bar[kk, :] = sum over i (ascending) of a^T[kk, i] * cot[i, :].
-            gemm_acc(&mut g[bt * k * n..(bt + 1) * k * n], &a_t, ct, (k, m, n));
+            gemm_acc_vjp(&mut g[bt * k * n..(bt + 1) * k * n], &a_t, ct, (k, m, n));
         }
         Ok(c.unbatch(1, BTile::new(bsz, &[k, n], g)))
     })?;

@@ -9,7 +9,7 @@
 use super::lexer::{lex, Tok, Token};
 use crate::error::ParseError;
 use crate::kernel::{Block, Inst, InstData, Kernel, Loc, Param, ParamKind, Value};
-use crate::op::{BinaryOp, CmpOp, DotPrecision, Op, ReduceOp, UnaryOp};
+use crate::op::{AtomicOp, BinaryOp, CmpOp, DotPrecision, Op, ReduceOp, UnaryOp};
 use crate::types::{DType, Elem, Lit, Shape, Type};
 use smallvec::SmallVec;
 use std::collections::{HashMap, HashSet};
@@ -512,6 +512,7 @@ impl Parser {
         match mnemonic.as_str() {
             "for" => return self.for_op(block, results, default_loc, depth, (ml, mc)),
             "if" => return self.if_op(block, results, default_loc, depth, (ml, mc)),
+            "while" => return self.while_op(block, results, default_loc, depth, (ml, mc)),
             _ => {}
         }
         let (op, args) = self.simple_op(&mnemonic, ml, mc)?;
@@ -648,18 +649,22 @@ impl Parser {
                 }
                 Op::Load { mask, other }
             }
-            "store" | "atomic_add" => {
+            "store" | "atomic_add" | "atomic_max" | "atomic_min" | "atomic_and" | "atomic_or" | "atomic_xor" | "atomic_xchg" => {
                 self.operands(&mut args, 2)?;
                 let mask = self.eat_punct(',');
                 if mask {
                     self.attr("mask", "")?;
                     args.push(self.operand("a mask operand")?);
                 }
-                if m == "store" {
-                    Op::Store { mask }
-                } else {
-                    Op::AtomicAdd { mask }
+                match m {
+                    "store" => Op::Store { mask },
+                    "atomic_add" => Op::AtomicAdd { mask },
+                    _ => Op::AtomicRmw { kind: AtomicOp::from_name(m).expect("listed above"), mask },
                 }
+            }
+            "atomic_cas" => {
+                self.operands(&mut args, 3)?;
+                Op::AtomicCas
             }
             "yield" => {
                 if matches!(self.peek().tok, Tok::Value(_)) {
@@ -778,6 +783,79 @@ impl Parser {
         self.block_body(body, depth + 1, "the `for` body", open)?;
         self.close_scope();
         self.finish_region_op(block, Op::For { body, max_iters }, args, results, loc)
+    }
+
+    /// `while [max_iters=N, ]iter_args(%a: T = %init, ...) [@ loc] { cond } do (%b: T, ...) { body }`.
+    fn while_op(&mut self, block: Block, results: Vec<Decl>, default_loc: Loc, depth: usize, at: (u32, u32)) -> PResult<()> {
+        self.reserve_all(&results)?;
+        let mut max_iters = None;
+        if self.is_ident("max_iters") {
+            self.attr("max_iters", "")?;
+            max_iters = Some(self.uint::<u32>("an iteration count")?);
+            self.expect_punct(',', "after max_iters")?;
+        }
+        if !self.is_ident("iter_args") {
+            return self.expected(if max_iters.is_none() { "`max_iters=` or `iter_args`" } else { "`iter_args`" });
+        }
+        self.bump();
+        self.expect_punct('(', "after `iter_args`")?;
+        let mut args: SmallVec<[Value; 4]> = SmallVec::new();
+        let mut carried: Vec<Decl> = Vec::new();
+        self.skip_newlines();
+        if !self.eat_punct(')') {
+            loop {
+                carried.push(self.decl("for a carried value")?);
+                self.expect_punct('=', "after the carried value")?;
+                args.push(self.operand("an initial value")?);
+                self.skip_newlines();
+                if self.eat_punct(')') {
+                    break;
+                }
+                self.expect_punct(',', "or `)` after the carried value")?;
+                self.skip_newlines();
+            }
+        }
+        let loc = self.opt_loc()?.unwrap_or(default_loc);
+        let open = self.open_block(depth, "while", at)?;
+        let cond = self.state().k.new_block();
+        self.open_scope();
+        let mut params = Vec::new();
+        for d in carried {
+            params.push(self.define(d)?);
+        }
+        if let Some(b) = self.state().k.blocks.get_mut(cond.index()) {
+            b.params = params;
+        }
+        self.block_body(cond, depth + 1, "the `while` condition", open)?;
+        self.close_scope();
+        self.expect_keyword("do", "after the `while` condition")?;
+        self.expect_punct('(', "after `do`")?;
+        let mut body_params: Vec<Decl> = Vec::new();
+        self.skip_newlines();
+        if !self.eat_punct(')') {
+            loop {
+                body_params.push(self.decl("for a carried value")?);
+                self.skip_newlines();
+                if self.eat_punct(')') {
+                    break;
+                }
+                self.expect_punct(',', "or `)` after the carried value")?;
+                self.skip_newlines();
+            }
+        }
+        let open = self.open_block(depth, "do", at)?;
+        let body = self.state().k.new_block();
+        self.open_scope();
+        let mut params = Vec::new();
+        for d in body_params {
+            params.push(self.define(d)?);
+        }
+        if let Some(b) = self.state().k.blocks.get_mut(body.index()) {
+            b.params = params;
+        }
+        self.block_body(body, depth + 1, "the `while` body", open)?;
+        self.close_scope();
+        self.finish_region_op(block, Op::While { cond, body, max_iters }, args, results, loc)
     }
 
     /// `if %c [@ loc] { ... } else { ... }`.

@@ -190,7 +190,7 @@ impl<W: Write> Printer<'_, W> {
                     self.arg(d, if *mask { 2 } else { 1 })?;
                 }
             }
-            Op::Store { mask } | Op::AtomicAdd { mask } => {
+            Op::Store { mask } | Op::AtomicAdd { mask } | Op::AtomicRmw { mask, .. } => {
                 self.out.write_str(" ")?;
                 self.arg(d, 0)?;
                 self.out.write_str(", ")?;
@@ -200,7 +200,12 @@ impl<W: Write> Printer<'_, W> {
                     self.arg(d, 2)?;
                 }
             }
+            Op::AtomicCas => {
+                self.out.write_str(" ")?;
+                self.args_from(d, 0)?;
+            }
             Op::For { body, max_iters } => return self.for_op(d, *body, *max_iters, depth),
+            Op::While { cond, body, max_iters } => return self.while_op(d, *cond, *body, *max_iters, depth),
             Op::If { then_block, else_block } => {
                 self.out.write_str(" ")?;
                 self.arg(d, 0)?;
@@ -250,6 +255,46 @@ impl<W: Write> Printer<'_, W> {
         self.out.write_str(")")?;
         write_loc(&mut self.out, &d.loc)?;
         self.out.write_str(" {\n")?;
+        self.block(body, depth + 1)?;
+        self.indent(depth)?;
+        self.out.write_str("}\n")
+    }
+}
+
+impl<W: Write> Printer<'_, W> {
+    /// `while [max_iters=N, ]iter_args(%a: T = %init, ...) { cond } do (%b: T, ...) { body }`.
+    fn while_op(&mut self, d: &InstData, cond: Block, body: Block, max_iters: Option<u32>, depth: usize) -> fmt::Result {
+        self.out.write_str(" ")?;
+        if let Some(m) = max_iters {
+            write!(self.out, "max_iters={m}, ")?;
+        }
+        self.out.write_str("iter_args(")?;
+        let cp: Vec<Value> = self.k.blocks.get(cond.index()).map_or(Vec::new(), |b| b.params.clone());
+        for j in 0..d.args.len().max(cp.len()) {
+            if j > 0 {
+                self.out.write_str(", ")?;
+            }
+            match cp.get(j) {
+                Some(&p) => self.typed(p)?,
+                None => self.out.write_str("%?: ?")?,
+            }
+            self.out.write_str(" = ")?;
+            self.arg(d, j)?;
+        }
+        self.out.write_str(")")?;
+        write_loc(&mut self.out, &d.loc)?;
+        self.out.write_str(" {\n")?;
+        self.block(cond, depth + 1)?;
+        self.indent(depth)?;
+        self.out.write_str("} do (")?;
+        let bp: Vec<Value> = self.k.blocks.get(body.index()).map_or(Vec::new(), |b| b.params.clone());
+        for (j, &p) in bp.iter().enumerate() {
+            if j > 0 {
+                self.out.write_str(", ")?;
+            }
+            self.typed(p)?;
+        }
+        self.out.write_str(") {\n")?;
         self.block(body, depth + 1)?;
         self.indent(depth)?;
         self.out.write_str("}\n")

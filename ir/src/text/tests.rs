@@ -635,3 +635,28 @@ fn mutated_texts_never_panic() {
     assert_eq!(ok + failed, 6000);
     assert!(failed > 3000, "mutations should mostly break the text ({ok} parsed)");
 }
+
+#[test]
+fn tiles_above_the_element_limit_and_non_utf8_text_are_located_errors() {
+    // A 2^24 x 2^24 tile (and one just over Triton's 2^20 elements) is refused at its op, before
+    // any interpreter allocates it.
+    for ty in ["f32[16777216, 16777216]", "f32[1048577]"] {
+        let e = parse(&with_line(&format!("  %b: {ty} = broadcast %a")), "bad.tgir").unwrap_err();
+        let d = e.diagnostics();
+        assert!(!d.is_empty(), "{e:?}");
+        assert_eq!((d[0].op.as_str(), &d[0].loc), ("broadcast", &Loc::new("bad.tgir", 4, 3)), "{e}");
+        assert!(d[0].message.contains("above the maximum of 1048576 elements per tile"), "{e}");
+    }
+    parse(&with_line("  %b: f32[1024, 1024] = broadcast %a"), "ok.tgir").unwrap();
+    // Bytes that are not UTF-8: the line:column of the first bad one.
+    let mut bytes = b"kernel k() {\n  # caf\xc3\xa9 \xff\xfe\n}\n".to_vec();
+    match crate::source_text(bytes.clone(), "bad.tgir") {
+        Err(IrError::Parse { file, error }) => {
+            assert_eq!((file.as_str(), error.line, error.col), ("bad.tgir", 2, 10), "{error}");
+            assert!(error.message.contains("not valid UTF-8 (byte 0xff)"), "{error}");
+        }
+        other => panic!("expected a parse error, got {other:?}"),
+    }
+    bytes.retain(|&b| b < 0xf0);
+    assert_eq!(crate::source_text(bytes, "ok.tgir").unwrap(), "kernel k() {\n  # café \n}\n");
+}

@@ -311,6 +311,54 @@ impl Cx<'_> {
         Ok(Val::TensorDesc(TensorDesc { base, shape, strides, block_shape }))
     }
 
+    /// `tl._experimental_descriptor_load(desc, offsets, shape, dtype)` and
+    /// `tl._experimental_descriptor_store(desc, value, offsets)` on a host-built descriptor: the
+    /// same accesses as `desc.load`/`desc.store`, with the block shape and dtype given at the
+    /// call checked against the descriptor's.
+    fn experimental_descriptor(&mut self, name: &str, a: Args, o: u32) -> R<Val> {
+        let load = name.ends_with("load");
+        let b = if load {
+            a.bind_at(name, &["desc_pointer", "offsets", "shape", "dtype"])?
+        } else {
+            a.bind_at(name, &["desc_pointer", "value", "offsets"])?
+        };
+        let d = match &b[0] {
+            Some((Val::TensorDesc(d), _)) => d.clone(),
+            Some((v, vo)) => {
+                return fail(
+                    *vo,
+                    format!(
+                        "`{name}` needs a tensor descriptor (a kernel argument the spec passes as `descriptor(t, [..])`), found {}",
+                        v.kind()
+                    ),
+                )
+            }
+            None => return fail(o, format!("`{name}` needs a descriptor")),
+        };
+        let offs = self.desc_offsets(&d, &b[if load { 1 } else { 2 }], o)?;
+        if !load {
+            let v = match &b[1] {
+                Some((v, vo)) => tensor(&mut self.b, v, *vo, "the value")?,
+                None => return fail(o, format!("`{name}` needs a value")),
+            };
+            self.desc_store(&d, &offs, v);
+            return Ok(Val::None);
+        }
+        let (so, dto) = (b[2].as_ref().map_or(o, |x| x.1), b[3].as_ref().map_or(o, |x| x.1));
+        let s = shape(&b[2].as_ref().map(|x| x.0.clone()), so)?;
+        if s != d.block_shape {
+            return fail(so, format!("`{name}` reads blocks of {s:?}, but the descriptor's block shape is {:?}", d.block_shape));
+        }
+        let want = dtype(&b[3].as_ref().map(|x| x.0.clone()), dto)?;
+        let have = self.b.ty(d.base).elem;
+        if let (Some(w), crate::Elem::Ptr(h)) = (want, have) {
+            if w != h {
+                return fail(dto, format!("`{name}` reads {w}, but the descriptor's tensor holds {h}"));
+            }
+        }
+        Ok(Val::Tensor(self.desc_load(&d, &offs)))
+    }
+
     /// The offsets of a descriptor access: a list or tuple of one integer scalar per dim.
     fn desc_offsets(&mut self, d: &TensorDesc, v: &Option<(Val, u32)>, o: u32) -> R<Vec<Value>> {
         let n = d.block_shape.len();
@@ -586,14 +634,7 @@ impl Cx<'_> {
                 self.b.store(p, v, m);
                 Ok(Val::None)
             }
-            "tl.atomic_add" => {
-                let b = a.bind(name, &["pointer", "val", "mask", "sem", "scope"])?;
-                let p = self.t(&b[0], "the pointer", o)?;
-                let v = self.t(&b[1], "the value", o)?;
-                let m = self.opt_t(&b[2], "the mask", o)?;
-                self.b.atomic_add(p, v, m);
-                Ok(Val::None)
-            }
+            _ if super::atomics::is_atomic(name) => self.atomic(name, a, o),
             "tl.dot" => {
                 let b = a.bind(name, &["input", "other", "acc", "input_precision", "allow_tf32", "max_num_imprecise_acc", "out_dtype"])?;
                 let x = self.t(&b[0], "the first operand", o)?;
@@ -661,7 +702,10 @@ impl Cx<'_> {
                     if *y == 0 {
                         return fail(o, "`cdiv` by zero");
                     }
-                    return Ok(Val::Int(x.div_euclid(*y) + (x.rem_euclid(*y) != 0) as i64));
+                    return match x.checked_div_euclid(*y) {
+                        Some(q) => Ok(Val::Int(q + (x.rem_euclid(*y) != 0) as i64)),
+                        None => fail(o, format!("integer overflow in `cdiv({x}, {y})`")),
+                    };
                 }
                 let (x, y) = match (x, y) {
                     (Val::Tensor(x), v) if v.is_const() => (*x, literal_like(&mut self.b, v, *x, o, "an operand")?),
@@ -810,6 +854,7 @@ impl Cx<'_> {
             }
             "range" | "tl.range" | "tl.static_range" => fail(o, format!("`{name}` can only be iterated by a `for` loop")),
             "tl.make_tensor_descriptor" => self.make_tensor_descriptor(a, o),
+            "tl._experimental_descriptor_load" | "tl._experimental_descriptor_store" => self.experimental_descriptor(name, a, o),
             "tl.load_tensor_descriptor" | "tl.store_tensor_descriptor" => {
                 let load = name == "tl.load_tensor_descriptor";
                 let b = if load { a.bind_at(name, &["desc", "offsets"])? } else { a.bind_at(name, &["desc", "offsets", "value"])? };

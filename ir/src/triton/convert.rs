@@ -11,10 +11,18 @@ use ruff_text_size::Ranged;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+mod host_descriptor;
+mod while_loop;
+
 /// The deepest helper-call nesting accepted (recursion is an error, not a stack overflow).
 const MAX_DEPTH: usize = 32;
 /// The most `tl.static_range` iterations unrolled in one kernel.
 const MAX_UNROLL: usize = 65_536;
+/// The deepest nesting of expressions and statement blocks accepted, counted across inlined
+/// helpers: Python itself refuses more than 200 nested parentheses and 100 levels of indentation,
+/// and the conversion recurses once per level, so a bound keeps it from exhausting the stack.
+/// Chains of one binary operator (`a + b + c + ...`) are walked iteratively and do not count.
+pub(crate) const MAX_NESTING: usize = 200;
 
 /// Conversion state of one kernel.
 pub(crate) struct Cx<'a> {
@@ -39,6 +47,8 @@ pub(crate) struct Cx<'a> {
     /// Whether the current function is the kernel (not a helper).
     in_kernel: bool,
     unrolled: usize,
+    /// Expressions and blocks being converted around the current node (see [`MAX_NESTING`]).
+    nesting: usize,
 }
 
 /// Start offset of a node.
@@ -64,6 +74,7 @@ pub(crate) fn convert_kernel(mods: &[Module], f: &StmtFunctionDef, name: &str, o
         depth: 0,
         in_kernel: true,
         unrolled: 0,
+        nesting: 0,
     };
     cx.b.set_loc(Some(lines.loc(off(&f.name))));
     let r = cx.params(f, opts).and_then(|()| cx.block(&f.body));
@@ -89,6 +100,10 @@ impl<'a> Cx<'a> {
         for pw in p.posonlyargs.iter().chain(&p.args).chain(&p.kwonlyargs) {
             let name = pw.parameter.name.id.to_string();
             let o = off(&pw.parameter);
+            if let Some((_, hd)) = opts.descriptors.iter().find(|(n, _)| *n == name) {
+                self.host_descriptor(&name, hd, o)?;
+                continue;
+            }
             let is_constexpr =
                 pw.parameter.annotation.as_deref().and_then(dotted).is_some_and(|d| d == "constexpr" || d.ends_with(".constexpr"));
             if is_constexpr {
@@ -145,6 +160,13 @@ impl<'a> Cx<'a> {
 
     /// Runs statements; `Some` when a `return` ended them.
     pub(crate) fn block(&mut self, stmts: &[Stmt]) -> R<Option<Val>> {
+        self.enter(off_of_body(stmts))?;
+        let r = self.block_inner(stmts);
+        self.nesting -= 1;
+        r
+    }
+
+    fn block_inner(&mut self, stmts: &[Stmt]) -> R<Option<Val>> {
         for (i, s) in stmts.iter().enumerate() {
             if let Stmt::If(ifs) = s {
                 if self.loops == 0 && (has_return(&ifs.body) || ifs.elif_else_clauses.iter().any(|c| has_return(&c.body))) {
@@ -156,6 +178,15 @@ impl<'a> Cx<'a> {
             }
         }
         Ok(None)
+    }
+
+    /// One level deeper (an expression or a block at `o`), or an error past [`MAX_NESTING`].
+    fn enter(&mut self, o: u32) -> R<()> {
+        if self.nesting >= MAX_NESTING {
+            return fail(o, format!("expression or block nested deeper than {MAX_NESTING} levels (split it, with intermediate variables)"));
+        }
+        self.nesting += 1;
+        Ok(())
     }
 
     fn stmt(&mut self, s: &Stmt) -> R<Option<Val>> {
@@ -210,7 +241,7 @@ impl<'a> Cx<'a> {
                     return fail(o, "assertion failed");
                 }
             }
-            Stmt::While(_) => return fail(o, "`while` loops are not supported: use `for i in range(...)` or `tl.range(...)`"),
+            Stmt::While(w) => self.while_stmt(w)?,
             Stmt::Break(_) => return fail(o, "`break` is not supported in Triton kernels: bound the loop with `range(...)` instead"),
             Stmt::Continue(_) => return fail(o, "`continue` is not supported in Triton kernels: guard the loop body with an `if`"),
             other => {
@@ -623,6 +654,34 @@ impl<'a> Cx<'a> {
     }
 
     pub(crate) fn expr(&mut self, e: &Expr) -> R<Val> {
+        self.enter(off(e))?;
+        let r = match e {
+            Expr::BinOp(_) => self.binop_chain(e),
+            e => self.expr_inner(e),
+        };
+        self.nesting -= 1;
+        r
+    }
+
+    /// A binary operation whose left operand may itself be a long chain of binary operations
+    /// (`1.0 + x + x + ...`, as Python parses it: left-nested): the chain is walked iteratively,
+    /// from its innermost operation out, so its length costs no stack.
+    fn binop_chain(&mut self, e: &Expr) -> R<Val> {
+        let mut chain = Vec::new();
+        let mut cur = e;
+        while let Expr::BinOp(b) = cur {
+            chain.push(b);
+            cur = &b.left;
+        }
+        let mut acc = self.expr(cur)?;
+        for b in chain.into_iter().rev() {
+            let r = self.expr(&b.right)?;
+            acc = self.binop(b.op.as_str(), acc, r, off(b))?;
+        }
+        Ok(acc)
+    }
+
+    fn expr_inner(&mut self, e: &Expr) -> R<Val> {
         let o = off(e);
         match e {
             Expr::NumberLiteral(n) => match &n.value {
@@ -645,11 +704,7 @@ impl<'a> Cx<'a> {
                 self.attribute(v, &a.attr.id, o)
             }
             Expr::Call(c) => self.call(c),
-            Expr::BinOp(b) => {
-                let l = self.expr(&b.left)?;
-                let r = self.expr(&b.right)?;
-                self.binop(b.op.as_str(), l, r, o)
-            }
+            Expr::BinOp(_) => self.binop_chain(e),
             Expr::UnaryOp(u) => {
                 let v = self.expr(&u.operand)?;
                 self.at(o);
@@ -918,30 +973,43 @@ fn off_of_body(body: &[Stmt]) -> u32 {
     body.first().map_or(0, off)
 }
 
-/// The names a body assigns (recursively, in first-assignment order).
+/// The names a body assigns (in nested bodies too, in first-assignment order). Iterative, like
+/// [`target_names`]: bodies and targets can nest as deep as the parser allows.
 fn assigned(body: &[Stmt], out: &mut Vec<String>) {
-    fn target(e: &Expr, out: &mut Vec<String>) {
-        match e {
-            Expr::Name(n) if !out.iter().any(|x| x == n.id.as_str()) => out.push(n.id.to_string()),
-            Expr::Tuple(ast::ExprTuple { elts, .. }) | Expr::List(ast::ExprList { elts, .. }) => elts.iter().for_each(|x| target(x, out)),
+    let mut stack: Vec<std::slice::Iter<Stmt>> = vec![body.iter()];
+    while let Some(top) = stack.last_mut() {
+        let Some(s) = top.next() else {
+            stack.pop();
+            continue;
+        };
+        match s {
+            Stmt::Assign(a) => a.targets.iter().for_each(|t| target_names(t, out)),
+            Stmt::AugAssign(a) => target_names(&a.target, out),
+            Stmt::AnnAssign(a) => target_names(&a.target, out),
+            Stmt::For(f) => {
+                target_names(&f.target, out);
+                stack.push(f.body.iter());
+            }
+            Stmt::If(i) => {
+                // The top of the stack runs first: push the last body first.
+                for c in i.elif_else_clauses.iter().rev() {
+                    stack.push(c.body.iter());
+                }
+                stack.push(i.body.iter());
+            }
+            Stmt::While(_) => while_loop::assigned_in(s, out),
             _ => {}
         }
     }
-    for s in body {
-        match s {
-            Stmt::Assign(a) => a.targets.iter().for_each(|t| target(t, out)),
-            Stmt::AugAssign(a) => target(&a.target, out),
-            Stmt::AnnAssign(a) => target(&a.target, out),
-            Stmt::For(f) => {
-                target(&f.target, out);
-                assigned(&f.body, out);
-            }
-            Stmt::If(i) => {
-                assigned(&i.body, out);
-                for c in &i.elif_else_clauses {
-                    assigned(&c.body, out);
-                }
-            }
+}
+
+/// The names an assignment target binds, in order (`a`, `(a, (b, c))`).
+fn target_names(e: &Expr, out: &mut Vec<String>) {
+    let mut stack = vec![e];
+    while let Some(e) = stack.pop() {
+        match e {
+            Expr::Name(n) if !out.iter().any(|x| x == n.id.as_str()) => out.push(n.id.to_string()),
+            Expr::Tuple(ast::ExprTuple { elts, .. }) | Expr::List(ast::ExprList { elts, .. }) => stack.extend(elts.iter().rev()),
             _ => {}
         }
     }

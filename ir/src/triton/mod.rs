@@ -59,6 +59,7 @@
 //! assert_eq!(k.params.len(), 4);
 //! ```
 
+mod atomics;
 mod autotune;
 mod builtins;
 mod convert;
@@ -93,9 +94,38 @@ pub struct ConvertOptions {
     pub scalar_dtypes: Vec<(String, DType)>,
     /// The dtype of other runtime scalar parameters.
     pub default_scalar_dtype: DType,
+    /// Parameters that are tensor descriptors built on the host
+    /// (`TensorDescriptor.from_tensor(t, block_shape)`), by name; see [`HostDescriptor`].
+    pub descriptors: Vec<(String, HostDescriptor)>,
     /// Take the named function (and the helpers it calls) as Triton functions even when no
     /// `triton.jit` form is recognised on them (a third-party decorator that wraps `triton.jit`).
     pub assume_jit: bool,
+}
+
+/// A tensor descriptor built on the host and passed as a kernel argument. In the kernel it is
+/// used as `tl.make_tensor_descriptor` results are (`desc.load([offs])`, `desc.store([offs], v)`,
+/// and the older `tl._experimental_descriptor_load/store`). The IR kernel takes it as a pointer
+/// parameter of the parameter's own name and one i64 scalar parameter per dim for the shape
+/// and for the strides, named by [`HostDescriptor::shape_param`] and
+/// [`HostDescriptor::stride_param`]; a launcher binds them from the tensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostDescriptor {
+    /// The tensor's element dtype.
+    pub dtype: DType,
+    /// The block shape; its length is the tensor's rank.
+    pub block_shape: Vec<usize>,
+}
+
+impl HostDescriptor {
+    /// The name of the scalar parameter holding the size of dim `i` of descriptor `name`.
+    pub fn shape_param(name: &str, i: usize) -> String {
+        format!("{name}__shape{i}")
+    }
+
+    /// The name of the scalar parameter holding the stride (in elements) of dim `i`.
+    pub fn stride_param(name: &str, i: usize) -> String {
+        format!("{name}__stride{i}")
+    }
 }
 
 impl Default for ConvertOptions {
@@ -106,6 +136,7 @@ impl Default for ConvertOptions {
             default_pointer_dtype: DType::F32,
             scalar_dtypes: Vec::new(),
             default_scalar_dtype: DType::I32,
+            descriptors: Vec::new(),
             assume_jit: false,
         }
     }
@@ -493,31 +524,53 @@ fn strip_call(e: &Expr) -> &Expr {
 /// A module-level constant: an int, float, bool or string literal, `None`, possibly negated,
 /// possibly wrapped in `tl.constexpr(...)`.
 fn module_const(e: &Expr) -> Option<Val> {
-    match e {
+    // Iterative: runs of `-` and of `tl.constexpr(...)` are legal Python of any length.
+    let mut negs = 0usize;
+    let mut e = e;
+    loop {
+        match e {
+            Expr::UnaryOp(u) if u.op == ruff_python_ast::UnaryOp::USub => {
+                negs += 1;
+                e = &u.operand;
+            }
+            Expr::Call(c) if dotted(&c.func).is_some_and(|d| d.ends_with("constexpr")) && c.arguments.args.len() == 1 => {
+                e = &c.arguments.args[0];
+            }
+            _ => break,
+        }
+    }
+    let v = match e {
         Expr::NumberLiteral(n) => match &n.value {
             ruff_python_ast::Number::Int(i) => i.as_i64().map(Val::Int),
             ruff_python_ast::Number::Float(f) => Some(Val::Float(*f)),
             _ => None,
         },
-        Expr::BooleanLiteral(b) => Some(Val::Bool(b.value)),
-        Expr::StringLiteral(s) => Some(Val::Str(s.value.to_str().to_string())),
-        Expr::UnaryOp(u) if u.op == ruff_python_ast::UnaryOp::USub => match module_const(&u.operand)? {
-            Val::Int(i) => i.checked_neg().map(Val::Int),
-            Val::Float(f) => Some(Val::Float(-f)),
-            _ => None,
-        },
-        Expr::Call(c) if dotted(&c.func).is_some_and(|d| d.ends_with("constexpr")) && c.arguments.args.len() == 1 => {
-            module_const(&c.arguments.args[0])
-        }
+        Expr::BooleanLiteral(b) if negs == 0 => Some(Val::Bool(b.value)),
+        Expr::StringLiteral(s) if negs == 0 => Some(Val::Str(s.value.to_str().to_string())),
+        _ => None,
+    }?;
+    match v {
+        v if negs % 2 == 0 => Some(v),
+        Val::Int(i) => i.checked_neg().map(Val::Int),
+        Val::Float(f) => Some(Val::Float(-f)),
         _ => None,
     }
 }
 
 /// `a.b.c` as a string, for names and attribute chains.
 pub(crate) fn dotted(e: &Expr) -> Option<String> {
-    match e {
-        Expr::Name(n) => Some(n.id.to_string()),
-        Expr::Attribute(a) => Some(format!("{}.{}", dotted(&a.value)?, a.attr.id)),
-        _ => None,
+    // Iterative: an attribute chain can be as long as the source.
+    let mut attrs = Vec::new();
+    let mut e = e;
+    while let Expr::Attribute(a) = e {
+        attrs.push(a.attr.id.as_str());
+        e = &a.value;
     }
+    let Expr::Name(n) = e else { return None };
+    let mut out = n.id.to_string();
+    for a in attrs.iter().rev() {
+        out.push('.');
+        out.push_str(a);
+    }
+    Some(out)
 }

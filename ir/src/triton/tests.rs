@@ -212,9 +212,9 @@ fn errors_at_line_and_column() {
     let (l, c, m) = e("    x = tl.frobnicate(1)\n");
     assert_eq!((l, c), (6, 9), "{m}");
     assert!(m.contains("unsupported function `tl.frobnicate`"), "{m}");
-    let (l, c, m) = e("    i = 0\n    while i < n:\n        i += 1\n");
-    assert_eq!((l, c), (7, 5));
-    assert!(m.contains("`while`"), "{m}");
+    let (l, c, m) = e("    i = 0\n    while True:\n        i += 1\n");
+    assert_eq!((l, c), (7, 11));
+    assert!(m.contains("`while` condition is always true"), "{m}");
     let (l, c, m) = e("    for i in range(n):\n        break\n");
     assert_eq!((l, c), (7, 9));
     assert!(m.contains("`break`"), "{m}");
@@ -509,4 +509,65 @@ fn pointer_element_types() {
     assert_eq!(casts, vec![Some(DType::F16), Some(DType::BF16)]);
     let e = convert(&src.replace("Y.dtype.element_ty", "Y.dtype.shape"), "k.py", "k", &opts).unwrap_err();
     assert!(e.to_string().contains("the pointer type ptr<f16> has no attribute `shape`"), "{e}");
+}
+
+#[test]
+fn long_chains_convert_and_deep_nesting_is_a_located_error() {
+    // 7,400 terms of `1.0 + ...`: Python nests them to the left; the chain is walked iteratively.
+    let terms = vec!["1.0"; 7_400].join(" + ");
+    let k = conv(&format!("{HEAD}def k(x_ptr):\n    tl.store(x_ptr, {terms})\n"), "k", &[]).unwrap();
+    assert_eq!(count(&k, |o| matches!(o, Op::Store { .. })), 1);
+    let k =
+        conv(&format!("{HEAD}def k(x_ptr):\n    x = tl.load(x_ptr)\n    tl.store(x_ptr, x{})\n", " + x".repeat(7_400)), "k", &[]).unwrap();
+    assert_eq!(count(&k, |o| matches!(o, Op::Binary(crate::BinaryOp::Add))), 7_400);
+    let limit = format!("nested deeper than {} levels", super::convert::MAX_NESTING);
+    // Nested calls, unary minuses and parentheses: an error at the expression past the limit.
+    for (expr, first_col) in [
+        (format!("{}x{}", "tl.abs(".repeat(2_900), ")".repeat(2_900)), 21),
+        (format!("{}x", "-".repeat(7_400)), 21),
+        (format!("{}x{}", "x + (".repeat(300), ")".repeat(300)), 21),
+    ] {
+        let src = format!("{HEAD}def k(x_ptr):\n    x = tl.load(x_ptr)\n    tl.store(x_ptr, {expr})\n");
+        let (line, col, msg) = err(&src, &[]);
+        assert_eq!(line, 7, "{msg}");
+        assert!(col > first_col && (col as usize) < first_col as usize + expr.len(), "{col}: {msg}");
+        assert!(msg.contains(&limit), "{msg}");
+    }
+    // Blocks count too: 250 nested `if True:` (Python allows 100 levels of indentation).
+    let mut body = String::new();
+    for d in 0..250 {
+        body.push_str(&format!("{}if True:\n", "    ".repeat(d + 1)));
+    }
+    body.push_str(&format!("{}tl.store(x_ptr, 1.0)\n", "    ".repeat(251)));
+    let (line, _, msg) = err(&format!("{HEAD}def k(x_ptr):\n{body}"), &[]);
+    assert!(msg.contains(&limit) && line > 100, "{line}: {msg}");
+    // Module-level constants and attribute chains of any length are read without recursion.
+    let src = format!("{HEAD}def k(x_ptr):\n    tl.store(x_ptr, C)\n\nC = {}3\n", "-".repeat(7_401));
+    let k = conv(&src, "k", &[]).unwrap();
+    assert_eq!(count(&k, |o| matches!(o, Op::Store { .. })), 1);
+    let src = format!("{HEAD}def k(x_ptr):\n    tl.store(x_ptr, tl{})\n", ".a".repeat(10_000));
+    let (line, col, _) = err(&src, &[]);
+    assert_eq!((line, col), (6, 21));
+}
+
+#[test]
+fn tiles_above_tritons_element_limit_are_refused_at_their_line() {
+    for (expr, n) in [("tl.zeros((16777216, 16777216), tl.float32)", 1u64 << 48), ("tl.arange(0, 2097152).to(tl.float32)", 1 << 21)] {
+        let src = format!("{HEAD}def k(x_ptr):\n    y = {expr}\n    tl.store(x_ptr, tl.sum(y))\n");
+        match conv(&src, "k", &[]) {
+            Err(IrError::Invalid { kernel, diagnostics }) => {
+                assert_eq!(kernel, "k");
+                let d = diagnostics.iter().find(|d| d.message.contains("above the maximum of 1048576")).expect("a size diagnostic");
+                assert_eq!(d.loc.line, 6, "{d}");
+                assert!(d.message.contains(&n.to_string()), "{d}");
+            }
+            other => panic!("{expr}: expected an invalid kernel, got {other:?}"),
+        }
+    }
+    // Constant folding checks its arithmetic.
+    let (line, _, msg) = err(&format!("{HEAD}def k(x_ptr):\n    tl.store(x_ptr, tl.cdiv(-9223372036854775807 - 1, -1))\n"), &[]);
+    assert!(line == 6 && msg.contains("integer overflow"), "{msg}");
+    // At the limit, fine.
+    let src = format!("{HEAD}def k(x_ptr):\n    y = tl.arange(0, 1048576).to(tl.float32)\n    tl.store(x_ptr, tl.sum(y))\n");
+    conv(&src, "k", &[]).unwrap();
 }

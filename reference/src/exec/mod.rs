@@ -22,6 +22,7 @@ use crate::launch::{Bound, Launch, LaunchSummary, Memory, RaceMode, TensorId};
 use crate::tensor::{Data, HostTensor};
 use program::{lit_data, Program, ProgramOut, Shared, Slot};
 use rayon::prelude::*;
+use std::collections::HashMap;
 use tile::{PtrTile, Tile, RV};
 use tilegrad_ir::{DType, Inst, Kernel};
 
@@ -38,6 +39,10 @@ struct Commit {
     /// Linear program id of the programs that atomically updated each element (MANY if several).
     atomic_owner: Vec<u32>,
     atomic_inst: Vec<u32>,
+    /// The locks held by every store (atomic update) of each element so far, as interned lock
+    /// sets; empty until some access holds a lock.
+    owner_locks: Vec<u32>,
+    atomic_locks: Vec<u32>,
 }
 
 /// Runs a launch and commits the final contents of its written tensors to `mem`.
@@ -115,9 +120,11 @@ fn evaluate(l: &Launch, bound: &[Bound], mem: &Memory) -> Result<(LaunchSummary,
         grid: l.grid.0,
         poison: l.options.poison_masked_loads,
     };
-    let fast = if l.options.races == RaceMode::Error && !l.options.record_writers { run_fast(l, &shared)? } else { None };
+    let ordered = plan.ordered;
+    let fast = if !ordered && l.options.races == RaceMode::Error && !l.options.record_writers { run_fast(l, &shared)? } else { None };
     let (mut summary, finals) = match fast {
         Some(r) => r,
+        None if ordered => run_ordered(l, &shared)?,
         None => run_exact(l, &shared)?,
     };
     for w in &mut summary.writers {
@@ -350,85 +357,189 @@ impl Owners {
 /// owner tables, so the first race in program order is reported (or, in warn mode, every race is
 /// listed and the highest program wins, as a sequential emulation would have it).
 fn run_exact(l: &Launch, shared: &Shared) -> Result<(LaunchSummary, Finals), ExecError> {
-    let k = shared.kernel;
-    let mut commits: Vec<Option<Commit>> = shared
-        .slots
-        .iter()
-        .map(|s| {
-            s.written.then(|| {
-                let n = s.initial.len();
-                Commit {
-                    data: s.initial.clone(),
-                    owner: vec![NONE; n],
-                    owner_inst: vec![NONE; n],
-                    atomic_owner: vec![NONE; n],
-                    atomic_inst: vec![NONE; n],
-                }
+    let mut c = Committer::new(shared);
+    let summary = run_programs(l, shared, None, |p, out| c.program(l, shared, p, out))?;
+    c.finish(l, shared, summary)
+}
+
+/// The ordered path, for kernels whose meaning depends on the order of programs (atomics that
+/// return values they use, compare-and-swap, exchange): programs run one after another in
+/// program order, each seeing the memory the earlier ones left. Accesses that two programs make
+/// while holding the same lock (an element set by a successful `atomic_cas` and not yet set
+/// back) are ordered by it, in program order, and are not races; any other conflict is.
+fn run_ordered(l: &Launch, shared: &Shared) -> Result<(LaunchSummary, Finals), ExecError> {
+    let mut c = Committer::new(shared);
+    let mut summary = LaunchSummary { programs: l.grid.programs(), ..Default::default() };
+    for p in 0..l.grid.programs() {
+        let out = {
+            let slots = shared
+                .slots
+                .iter()
+                .zip(&c.commits)
+                .map(|(s, cm)| Slot {
+                    name: s.name.clone(),
+                    dtype: s.dtype,
+                    initial: cm.as_ref().map_or(s.initial, |cm| &cm.data),
+                    written: s.written,
+                })
+                .collect();
+            let sh = Shared {
+                kernel: shared.kernel,
+                plan: shared.plan,
+                slots,
+                params: shared.params.clone(),
+                grid: shared.grid,
+                poison: shared.poison,
+            };
+            Program::new(&sh, l.grid.pid(p)).run(None)?
+        };
+        summary.elements_loaded += out.loaded;
+        summary.elements_stored += out.stored;
+        summary.elements_atomic += out.atomic;
+        for (inst, t) in &out.trips {
+            let e = summary.max_trips.entry(*inst).or_insert(0);
+            *e = (*e).max(*t);
+        }
+        c.program(l, shared, p as u32, out)?;
+    }
+    c.finish(l, shared, summary)
+}
+
+/// Interned lock sets: id 0 is the empty set.
+struct LockSets {
+    sets: Vec<program::LockSet>,
+    ids: HashMap<program::LockSet, u32>,
+}
+
+impl LockSets {
+    fn new() -> LockSets {
+        LockSets { sets: vec![Vec::new()], ids: HashMap::from([(Vec::new(), 0)]) }
+    }
+
+    fn id(&mut self, s: &program::LockSet) -> u32 {
+        if s.is_empty() {
+            return 0;
+        }
+        if let Some(&i) = self.ids.get(s) {
+            return i;
+        }
+        self.sets.push(s.clone());
+        self.ids.insert(s.clone(), self.sets.len() as u32 - 1);
+        self.sets.len() as u32 - 1
+    }
+
+    /// The locks both sets hold (interned).
+    fn common(&mut self, a: u32, b: u32) -> u32 {
+        if a == b {
+            return a;
+        }
+        if a == 0 || b == 0 {
+            return 0;
+        }
+        let both: program::LockSet = self.sets[a as usize].iter().filter(|x| self.sets[b as usize].contains(x)).copied().collect();
+        self.id(&both)
+    }
+}
+
+/// Commits programs' writes in program order, checking conflicts.
+struct Committer {
+    commits: Vec<Option<Commit>>,
+    races: Vec<Race>,
+    reads: Vec<(u32, Vec<program::SlotLog>)>,
+    locks: LockSets,
+}
+
+impl Committer {
+    fn new(shared: &Shared) -> Committer {
+        let commits = shared
+            .slots
+            .iter()
+            .map(|s| {
+                s.written.then(|| {
+                    let n = s.initial.len();
+                    Commit {
+                        data: s.initial.clone(),
+                        owner: vec![NONE; n],
+                        owner_inst: vec![NONE; n],
+                        atomic_owner: vec![NONE; n],
+                        atomic_inst: vec![NONE; n],
+                        owner_locks: Vec::new(),
+                        atomic_locks: Vec::new(),
+                    }
+                })
             })
-        })
-        .collect();
-    let mut races: Vec<Race> = Vec::new();
-    let mut reads: Vec<(u32, Vec<program::SlotLog>)> = Vec::new();
-    let mut summary = run_programs(l, shared, None, |p, out| {
+            .collect();
+        Committer { commits, races: Vec::new(), reads: Vec::new(), locks: LockSets::new() }
+    }
+
+    fn program(&mut self, l: &Launch, shared: &Shared, p: u32, out: ProgramOut) -> Result<(), ExecError> {
         let mut logs = out.logs;
         for (s, log) in logs.iter_mut().enumerate() {
-            if let Some(c) = commits[s].as_mut() {
-                commit(k, l, &shared.slots[s], c, p, log, &mut races)?;
+            if let Some(c) = self.commits[s].as_mut() {
+                commit(shared.kernel, l, &shared.slots[s], c, p, log, &mut self.races, &mut self.locks)?;
             }
         }
         if logs.iter().any(|g| !g.reads.is_empty()) {
             logs.iter_mut().for_each(|g| g.events = Vec::new());
-            reads.push((p, logs));
+            self.reads.push((p, logs));
         }
         Ok(())
-    })?;
-    summary.races = races;
-    // Loads against the final owner tables.
-    for (p, logs) in &reads {
-        for (s, log) in logs.iter().enumerate() {
-            let Some(c) = commits[s].as_ref() else { continue };
-            'reads: for r in &log.reads {
-                for &(st, len) in &r.runs {
-                    for o in st as usize..st as usize + len as usize {
-                        let (w, wi) = if c.owner[o] != NONE && c.owner[o] != *p {
-                            (c.owner[o], c.owner_inst[o])
-                        } else if c.atomic_owner[o] != NONE && c.atomic_owner[o] != *p {
-                            (c.atomic_owner[o], c.atomic_inst[o])
-                        } else {
-                            continue;
-                        };
-                        let race = Race {
-                            kind: RaceKind::ReadWrite,
-                            tensor: shared.slots[s].name.clone(),
-                            offset: o as i64,
-                            first: site(k, l, if w == MANY { *p } else { w }, wi),
-                            second: site(k, l, *p, r.inst.0),
-                        };
-                        match l.options.races {
-                            RaceMode::Error => return Err(ExecError::Race(Box::new(race))),
-                            RaceMode::Warn => {
-                                if summary.races.len() < 100 {
-                                    summary.races.push(race);
+    }
+
+    /// Checks the loads against the final owner tables.
+    fn finish(mut self, l: &Launch, shared: &Shared, mut summary: LaunchSummary) -> Result<(LaunchSummary, Finals), ExecError> {
+        let k = shared.kernel;
+        summary.races = std::mem::take(&mut self.races);
+        for (p, logs) in &self.reads {
+            for (s, log) in logs.iter().enumerate() {
+                let Some(c) = self.commits[s].as_ref() else { continue };
+                'reads: for r in &log.reads {
+                    let rl = self.locks.id(&r.locks);
+                    for &(st, len) in &r.runs {
+                        for o in st as usize..st as usize + len as usize {
+                            let (w, wi, wl) = if c.owner[o] != NONE && c.owner[o] != *p {
+                                (c.owner[o], c.owner_inst[o], c.owner_locks.get(o).copied().unwrap_or(0))
+                            } else if c.atomic_owner[o] != NONE && c.atomic_owner[o] != *p {
+                                (c.atomic_owner[o], c.atomic_inst[o], c.atomic_locks.get(o).copied().unwrap_or(0))
+                            } else {
+                                continue;
+                            };
+                            if self.locks.common(rl, wl) != 0 {
+                                continue;
+                            }
+                            let race = Race {
+                                kind: RaceKind::ReadWrite,
+                                tensor: shared.slots[s].name.clone(),
+                                offset: o as i64,
+                                first: site(k, l, if w == MANY { *p } else { w }, wi),
+                                second: site(k, l, *p, r.inst.0),
+                            };
+                            match l.options.races {
+                                RaceMode::Error => return Err(ExecError::Race(Box::new(race))),
+                                RaceMode::Warn => {
+                                    if summary.races.len() < 100 {
+                                        summary.races.push(race);
+                                    }
+                                    break 'reads;
                                 }
-                                break 'reads;
                             }
                         }
                     }
                 }
             }
         }
-    }
-    if l.options.record_writers {
-        // Slot indices here; `execute` maps them to tensor ids.
-        for (s, c) in commits.iter_mut().enumerate() {
-            let Some(c) = c else { continue };
-            let (program, inst) = (0..c.owner.len())
-                .map(|o| if c.owner[o] != NONE { (c.owner[o], c.owner_inst[o]) } else { (c.atomic_owner[o], c.atomic_inst[o]) })
-                .unzip();
-            summary.writers.push(crate::launch::Writers { tensor: TensorId(s as u32), program, inst });
+        if l.options.record_writers {
+            // Slot indices here; `execute` maps them to tensor ids.
+            for (s, c) in self.commits.iter_mut().enumerate() {
+                let Some(c) = c else { continue };
+                let (program, inst) = (0..c.owner.len())
+                    .map(|o| if c.owner[o] != NONE { (c.owner[o], c.owner_inst[o]) } else { (c.atomic_owner[o], c.atomic_inst[o]) })
+                    .unzip();
+                summary.writers.push(crate::launch::Writers { tensor: TensorId(s as u32), program, inst });
+            }
         }
+        Ok((summary, self.commits.into_iter().map(|c| c.map(|c| c.data)).collect()))
     }
-    Ok((summary, commits.into_iter().map(|c| c.map(|c| c.data)).collect()))
 }
 
 fn site(k: &Kernel, l: &Launch, p: u32, inst: u32) -> Site {
@@ -441,7 +552,9 @@ fn site(k: &Kernel, l: &Launch, p: u32, inst: u32) -> Site {
     Site { kernel: k.name.clone(), op, loc, pid: l.grid.pid(p as u64) }
 }
 
-/// Applies one program's logged writes to a tensor, checking for conflicts with earlier programs.
+/// Applies one program's logged writes to a tensor, checking for conflicts with earlier
+/// programs; accesses under a common lock are ordered and do not conflict.
+#[allow(clippy::too_many_arguments)]
 fn commit(
     k: &Kernel,
     l: &Launch,
@@ -450,15 +563,23 @@ fn commit(
     p: u32,
     log: &program::SlotLog,
     races: &mut Vec<Race>,
+    locks: &mut LockSets,
 ) -> Result<(), ExecError> {
     for e in &log.events {
+        let el = locks.id(&e.locks);
+        if el != 0 && c.owner_locks.is_empty() {
+            c.owner_locks = vec![0; c.owner.len()];
+            c.atomic_locks = vec![0; c.owner.len()];
+        }
         for (lane, o) in e.lanes() {
             let o = o as usize;
+            let (ol, al) = (c.owner_locks.get(o).copied().unwrap_or(0), c.atomic_locks.get(o).copied().unwrap_or(0));
+            let by_other = |owner: u32, held: u32, locks: &mut LockSets| owner != NONE && owner != p && locks.common(held, el) == 0;
             let conflict = if e.atomic {
-                (c.owner[o] != NONE && c.owner[o] != p).then(|| (RaceKind::StoreAtomic, c.owner[o], c.owner_inst[o]))
-            } else if c.owner[o] != NONE && c.owner[o] != p {
+                by_other(c.owner[o], ol, locks).then(|| (RaceKind::StoreAtomic, c.owner[o], c.owner_inst[o]))
+            } else if by_other(c.owner[o], ol, locks) {
                 Some((RaceKind::WriteWrite, c.owner[o], c.owner_inst[o]))
-            } else if c.atomic_owner[o] != NONE && c.atomic_owner[o] != p {
+            } else if by_other(c.atomic_owner[o], al, locks) {
                 Some((RaceKind::StoreAtomic, c.atomic_owner[o], c.atomic_inst[o]))
             } else {
                 None
@@ -481,10 +602,20 @@ fn commit(
                 }
             }
             if e.atomic {
-                c.atomic_owner[o] = if c.atomic_owner[o] == NONE || c.atomic_owner[o] == p { p } else { MANY };
+                let first = c.atomic_owner[o] == NONE;
+                c.atomic_owner[o] = if first || c.atomic_owner[o] == p { p } else { MANY };
                 c.atomic_inst[o] = e.inst.0;
-                add_into(&mut c.data, o, &e.vals, lane, slot.dtype);
+                if !c.atomic_locks.is_empty() {
+                    c.atomic_locks[o] = if first { el } else { locks.common(al, el) };
+                }
+                let cur = program::elem_bits(&c.data, o);
+                let v = program::elem_bits(&e.vals, lane);
+                program::set_bits(&mut c.data, o, program::rmw_bits(e.rmw, slot.dtype, cur, v));
             } else {
+                let first = c.owner[o] == NONE || c.owner[o] == p;
+                if !c.owner_locks.is_empty() {
+                    c.owner_locks[o] = if first { el } else { locks.common(ol, el) };
+                }
                 c.owner[o] = p;
                 c.owner_inst[o] = e.inst.0;
                 set_into(&mut c.data, o, &e.vals, lane);
@@ -502,20 +633,5 @@ fn set_into(d: &mut Data, o: usize, v: &Data, lane: usize) {
         (Data::F32(d), Data::F32(v)) => d[o] = v[lane],
         (Data::F64(d), Data::F64(v)) => d[o] = v[lane],
         _ => unreachable!("the verifier checked stored values have the pointee dtype"),
-    }
-}
-
-fn add_into(d: &mut Data, o: usize, v: &Data, lane: usize, dtype: DType) {
-    match (d, v) {
-        (Data::I1(d), Data::I1(v)) => d[o] |= v[lane],
-        (Data::I32(d), Data::I32(v)) => d[o] = d[o].wrapping_add(v[lane]),
-        (Data::I64(d), Data::I64(v)) => d[o] = d[o].wrapping_add(v[lane]),
-        (Data::F32(d), Data::F32(v)) => {
-            let mut s = [d[o] + v[lane]];
-            ops::round_narrow(dtype, &mut s);
-            d[o] = s[0];
-        }
-        (Data::F64(d), Data::F64(v)) => d[o] += v[lane],
-        _ => unreachable!("the verifier checked atomic values have the pointee dtype"),
     }
 }

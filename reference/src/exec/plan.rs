@@ -10,6 +10,10 @@ pub(crate) struct Plan {
     pub free_after: Vec<Vec<Value>>,
     /// For each parameter (by position), whether a store or atomic may write through it.
     pub param_written: Vec<bool>,
+    /// Programs must run one after another in program order, each seeing the memory the
+    /// earlier ones left: the kernel has atomics other than `atomic_add`, or uses the old value
+    /// an atomic returns (which depends on that order).
+    pub ordered: bool,
 }
 
 impl Plan {
@@ -19,8 +23,27 @@ impl Plan {
         for f in &mut free_after {
             f.sort();
         }
-        Plan { free_after, param_written: tilegrad_ir::analysis::param_uses(k).iter().map(|u| u.stored || u.atomic).collect() }
+        Plan {
+            free_after,
+            param_written: tilegrad_ir::analysis::param_uses(k).iter().map(|u| u.stored || u.atomic).collect(),
+            ordered: needs_order(k),
+        }
     }
+}
+
+/// Whether a kernel's meaning depends on the order of its programs (see [`Plan::ordered`]).
+pub(crate) fn needs_order(k: &Kernel) -> bool {
+    let mut results = HashSet::new();
+    let mut ordered = false;
+    k.walk(&mut |_, d| match d.op {
+        Op::AtomicRmw { .. } | Op::AtomicCas => ordered = true,
+        Op::AtomicAdd { .. } => results.extend(d.results.iter().copied()),
+        _ => {}
+    });
+    if !ordered && !results.is_empty() {
+        k.walk(&mut |_, d| ordered |= d.args.iter().any(|a| results.contains(a)));
+    }
+    ordered
 }
 
 /// All values used by an instruction, including uses nested in its blocks.

@@ -11,7 +11,13 @@ use crate::error::{ExecError, Site};
 use crate::tensor::Data;
 use std::collections::HashMap;
 use std::sync::Arc;
-use tilegrad_ir::{Block, DType, Inst, Kernel, Lit, Op, Value};
+use tilegrad_ir::{AtomicOp, Block, DType, Inst, Kernel, Lit, Op, Value};
+
+/// Iterations of a `while` loop without `max_iters` after which the reference gives up.
+pub(crate) const WHILE_LIMIT: u64 = 10_000_000;
+
+/// Elements held as locks: (slot, offset), sorted. Empty when no lock is held.
+pub(crate) type LockSet = Vec<(u32, i64)>;
 
 /// A tensor of the launch, as programs see it.
 pub(crate) struct Slot<'m> {
@@ -20,6 +26,17 @@ pub(crate) struct Slot<'m> {
     pub initial: &'m Data,
     /// Some op may write it: loads from it are logged for race detection.
     pub written: bool,
+}
+
+/// How a logged write combines with the element: a store, or an atomic read-modify-write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rmw {
+    /// `tl.store`.
+    Store,
+    /// `tl.atomic_add`.
+    Add,
+    /// The other read-modify-writes (a successful compare-and-swap is logged as an exchange).
+    Op(AtomicOp),
 }
 
 /// What every program of a launch shares.
@@ -39,6 +56,10 @@ pub(crate) struct Shared<'a> {
 pub(crate) struct Event {
     pub inst: Inst,
     pub atomic: bool,
+    /// How the values combine with the element.
+    pub rmw: Rmw,
+    /// Locks this program held during the access (see [`Program`]).
+    pub locks: LockSet,
     offs: Arc<Data>,
     pub vals: Arc<Data>,
     mask: Option<Arc<Data>>,
@@ -91,6 +112,8 @@ pub(crate) fn runs_of(offs: impl IntoIterator<Item = i64>) -> Runs {
 pub(crate) struct ReadLog {
     pub inst: Inst,
     pub runs: Runs,
+    /// Locks this program held during the load.
+    pub locks: LockSet,
 }
 
 /// Per-slot record of one program.
@@ -138,6 +161,10 @@ pub(crate) struct Program<'a> {
     loaded: u64,
     stored: u64,
     atomic: u64,
+    /// Locks this program holds: elements it set with a successful `atomic_cas` and has not
+    /// yet set back to the value they had (slot, offset, free value bits). Its accesses while
+    /// holding one are ordered with the other programs' accesses under the same lock.
+    held: Vec<(u32, i64, u64)>,
 }
 
 fn bits_of(d: &Data, i: usize) -> u64 {
@@ -148,6 +175,69 @@ fn bits_of(d: &Data, i: usize) -> u64 {
         Data::F32(v) => v[i].to_bits() as u64,
         Data::F64(v) => v[i].to_bits(),
     }
+}
+
+/// Combines element bits `cur` with value bits `v` (both of `dtype`) as `rmw` does.
+pub(crate) fn rmw_bits(rmw: Rmw, dtype: DType, cur: u64, v: u64) -> u64 {
+    let f = |x: u64| f32::from_bits(x as u32);
+    let narrow = |x: f32| {
+        let mut s = [x];
+        ops::round_narrow(dtype, &mut s);
+        s[0].to_bits() as u64
+    };
+    let pick = |max: bool| -> u64 {
+        match dtype {
+            DType::I32 => {
+                let (a, b) = (cur as i64 as i32, v as i64 as i32);
+                (if max { a.max(b) } else { a.min(b) }) as i64 as u64
+            }
+            DType::I64 => {
+                let (a, b) = (cur as i64, v as i64);
+                (if max { a.max(b) } else { a.min(b) }) as u64
+            }
+            DType::F64 => {
+                let (a, b) = (f64::from_bits(cur), f64::from_bits(v));
+                (if max { a.max(b) } else { a.min(b) }).to_bits()
+            }
+            DType::I1 => {
+                if max {
+                    cur | v
+                } else {
+                    cur & v
+                }
+            }
+            _ => narrow(if max { f(cur).max(f(v)) } else { f(cur).min(f(v)) }),
+        }
+    };
+    match rmw {
+        Rmw::Store | Rmw::Op(AtomicOp::Xchg) => v,
+        Rmw::Add => add_bits(dtype, cur, v),
+        Rmw::Op(AtomicOp::Max) => pick(true),
+        Rmw::Op(AtomicOp::Min) => pick(false),
+        // Integers only (the verifier checked): bits of i32 are kept sign-extended.
+        Rmw::Op(AtomicOp::And) => cur & v,
+        Rmw::Op(AtomicOp::Or) => cur | v,
+        Rmw::Op(AtomicOp::Xor) => match dtype {
+            DType::I32 => ((cur as i64 as i32) ^ (v as i64 as i32)) as i64 as u64,
+            _ => cur ^ v,
+        },
+    }
+}
+
+/// Data of one element from its bits.
+pub(crate) fn set_bits(d: &mut Data, o: usize, b: u64) {
+    match d {
+        Data::I1(v) => v[o] = b != 0,
+        Data::I32(v) => v[o] = b as i64 as i32,
+        Data::I64(v) => v[o] = b as i64,
+        Data::F32(v) => v[o] = f32::from_bits(b as u32),
+        Data::F64(v) => v[o] = f64::from_bits(b),
+    }
+}
+
+/// Bits of element `i` of `d`.
+pub(crate) fn elem_bits(d: &Data, i: usize) -> u64 {
+    bits_of(d, i)
 }
 
 /// Adds `a` (bits of `d`'s element type) to `b`.
@@ -181,7 +271,15 @@ impl<'a> Program<'a> {
             loaded: 0,
             stored: 0,
             atomic: 0,
+            held: Vec::new(),
         }
+    }
+
+    /// The locks held now.
+    fn lockset(&self) -> LockSet {
+        let mut l: LockSet = self.held.iter().map(|&(s, o, _)| (s, o)).collect();
+        l.sort_unstable();
+        l
     }
 
     /// Runs the program. With `fast` outputs, its stores are written there at the end (in
@@ -396,8 +494,21 @@ impl<'a> Program<'a> {
                 self.set(res(0), num(t));
             }
             Op::Store { mask } => self.store(i, false, a[0], a[1], mask.then(|| a[2]))?,
-            Op::AtomicAdd { mask } => self.store(i, true, a[0], a[1], mask.then(|| a[2]))?,
+            Op::AtomicAdd { mask } if !self.sh.plan.ordered => {
+                self.store(i, true, a[0], a[1], mask.then(|| a[2]))?;
+                if let Some(&r) = d.results.first() {
+                    // Unused (the plan found no use): launches whose atomics return values
+                    // they use run ordered.
+                    let ty = rty(0);
+                    let dt = ty.dtype().expect("verified atomics return numbers");
+                    self.set(r, num(Tile::scalar(dt, lit_data(Lit::Int(0), dt)).broadcast(&ty.shape)));
+                }
+            }
+            Op::AtomicAdd { mask } => self.atomic(i, Rmw::Add, a[0], a[1], None, mask.then(|| a[2]))?,
+            Op::AtomicRmw { kind, mask } => self.atomic(i, Rmw::Op(*kind), a[0], a[1], None, mask.then(|| a[2]))?,
+            Op::AtomicCas => self.atomic(i, Rmw::Op(AtomicOp::Xchg), a[0], a[2], Some(a[1]), None)?,
             Op::For { body, max_iters } => self.for_loop(i, *body, *max_iters)?,
+            Op::While { cond, body, max_iters } => self.while_loop(i, *cond, *body, *max_iters)?,
             Op::If { then_block, else_block } => {
                 let c = self.num(a[0]).bool_scalar();
                 let outs = self.block(if c { *then_block } else { *else_block })?;
@@ -448,6 +559,160 @@ impl<'a> Program<'a> {
         }
         for (r, v) in d.results.iter().zip(carried) {
             self.set(*r, v);
+        }
+        Ok(())
+    }
+
+    /// A `while` loop: the condition block, then the body while it holds. A loop past its
+    /// `max_iters` is an error; so is one whose iteration changes neither memory nor its carried
+    /// values (it can never end: programs run in program order, so nothing else will change
+    /// them), and, without `max_iters`, one past [`WHILE_LIMIT`] iterations.
+    fn while_loop(&mut self, i: Inst, cond: Block, body: Block, max_iters: Option<u32>) -> Result<(), ExecError> {
+        let k = self.sh.kernel;
+        let d = k.inst(i);
+        let cparams = k.block(cond).params.clone();
+        let bparams = k.block(body).params.clone();
+        let mut carried: Vec<RV> = d.args.iter().map(|&a| self.get(a).clone()).collect();
+        let mut trips = 0u64;
+        loop {
+            let events: usize = self.logs.iter().map(|l| l.events.len()).sum();
+            let before = carried.clone();
+            for (p, v) in cparams.iter().zip(&carried) {
+                self.set(*p, v.clone());
+            }
+            let c = self.block(cond)?;
+            let go = match c.first() {
+                Some(RV::Num(t)) => t.bool_scalar(),
+                _ => unreachable!("the verifier checked the condition yields an i1 scalar"),
+            };
+            if !go {
+                break;
+            }
+            trips += 1;
+            let limit = max_iters.map_or(WHILE_LIMIT, u64::from);
+            if trips > limit {
+                return Err(match max_iters {
+                    Some(m) => ExecError::LoopBound { site: Box::new(self.site(i)), trips, max_iters: m },
+                    None => self.runtime(
+                        i,
+                        format!("`while` loop ran more than {WHILE_LIMIT} iterations without ending (give it a `max_iters` bound if it is meant to)"),
+                    ),
+                });
+            }
+            for (p, v) in bparams.iter().zip(carried.drain(..)) {
+                self.set(*p, v);
+            }
+            carried = self.block(body)?;
+            let events_after: usize = self.logs.iter().map(|l| l.events.len()).sum();
+            if events_after == events && carried.iter().zip(&before).all(|(a, b)| same_rv(a, b)) {
+                return Err(self.runtime(
+                    i,
+                    "this `while` loop can never end: an iteration changed neither memory nor its carried values (a spin lock \
+                     that no earlier program released? programs run in program order, so a program never waits on a later one)"
+                        .into(),
+                ));
+            }
+        }
+        match self.trips.iter_mut().find(|(j, _)| *j == i) {
+            Some((_, t)) => *t = (*t).max(trips),
+            None => self.trips.push((i, trips)),
+        }
+        for (r, v) in d.results.iter().zip(carried) {
+            self.set(*r, v);
+        }
+        Ok(())
+    }
+
+    /// An atomic read-modify-write in an ordered launch: each active lane, in lane order, reads
+    /// the element as this program sees it (the launch's memory after the earlier programs, and
+    /// this program's own writes), combines it, and returns the old value (masked-off lanes: 0).
+    /// `cmp` makes it a compare-and-swap: lanes whose element differs write nothing. A
+    /// successful compare-and-swap that changes its element acquires it as a lock; a write that
+    /// gives a held element back its previous value releases it.
+    fn atomic(&mut self, i: Inst, rmw: Rmw, ptr: Value, val: Value, cmp: Option<Value>, mask: Option<Value>) -> Result<(), ExecError> {
+        let p = self.ptr(ptr).clone();
+        let (offs, md) = self.active(i, &p, mask)?;
+        let vals = self.num(val).materialize();
+        let cmpd = cmp.map(|c| self.num(c).materialize());
+        let slot = &self.sh.slots[p.slot as usize];
+        let (dtype, initial) = (slot.dtype, slot.initial);
+        let n = offs.len();
+        let mv: Option<&[bool]> = match md.as_deref() {
+            Some(Data::I1(m)) => Some(m),
+            _ => None,
+        };
+        let log = &mut self.logs[p.slot as usize];
+        if log.overlay.is_none() {
+            log.overlay = Some(build_overlay(dtype, initial, &log.events));
+        }
+        let overlay = log.overlay.as_mut().expect("built above");
+        let mut old = vec![0u64; n];
+        let mut wrote = vec![false; n];
+        let mut acquired: Vec<(i64, u64)> = Vec::new();
+        for l in 0..n {
+            if mv.is_some_and(|m| !m[l]) {
+                continue;
+            }
+            let o = with_offs!(&*offs, |ov| ov[l].i());
+            let cur = overlay.get(&o).copied().unwrap_or_else(|| bits_of(initial, o as usize));
+            old[l] = cur;
+            let v = bits_of(&vals, l);
+            if let Some(c) = &cmpd {
+                if bits_of(c, l) != cur {
+                    continue;
+                }
+                if v != cur {
+                    acquired.push((o, cur));
+                }
+            }
+            overlay.insert(o, rmw_bits(rmw, dtype, cur, v));
+            wrote[l] = true;
+        }
+        let before = self.lockset();
+        for &(o, free) in &acquired {
+            if !self.held.iter().any(|&(s, x, _)| s == p.slot && x == o) {
+                self.held.push((p.slot, o, free));
+            }
+        }
+        // A held element given back its free value is released.
+        let overlay = self.logs[p.slot as usize].overlay.as_ref().expect("built above");
+        self.held.retain(|&(s, o, free)| s != p.slot || overlay.get(&o).is_none_or(|&b| b != free));
+        let mut locks = before;
+        for l in self.lockset() {
+            if !locks.contains(&l) {
+                locks.push(l);
+            }
+        }
+        locks.sort_unstable();
+        let active = wrote.iter().filter(|&&w| w).count();
+        self.atomic += active as u64;
+        if active > 0 {
+            let all = active == n;
+            let e = Event {
+                inst: i,
+                atomic: true,
+                rmw,
+                locks,
+                offs: offs.clone(),
+                vals: vals.clone(),
+                mask: (!all).then(|| Arc::new(Data::I1(wrote))),
+                runs: None,
+            };
+            self.logs[p.slot as usize].events.push(e);
+        }
+        let d = self.sh.kernel.inst(i);
+        if let Some(&r) = d.results.first() {
+            let mut out = match dtype {
+                DType::I1 => Data::I1(vec![false; n]),
+                DType::I32 => Data::I32(vec![0; n]),
+                DType::I64 => Data::I64(vec![0; n]),
+                DType::F64 => Data::F64(vec![0.0; n]),
+                _ => Data::F32(vec![0.0; n]),
+            };
+            for (l, &b) in old.iter().enumerate() {
+                set_bits(&mut out, l, b);
+            }
+            self.set(r, RV::Num(Tile::dense(dtype, &p.offs.shape, out)));
         }
         Ok(())
     }
@@ -581,7 +846,8 @@ impl<'a> Program<'a> {
                 None => runs,
                 Some(m) => with_offs!(&*offs, |ov| runs_of(ov.iter().zip(m).filter(|(_, &b)| b).map(|(&o, _)| o.i()))),
             };
-            self.logs[p.slot as usize].reads.push(ReadLog { inst: i, runs });
+            let locks = self.lockset();
+            self.logs[p.slot as usize].reads.push(ReadLog { inst: i, runs, locks });
         }
         Ok(Tile::dense(slot.dtype, &p.offs.shape, data))
     }
@@ -591,7 +857,9 @@ impl<'a> Program<'a> {
         let (offs, md) = self.active(i, &p, mask)?;
         let vals = self.num(val).materialize();
         let runs = md.is_none().then(|| with_offs!(&*offs, |ov| offs::runs(ov)));
-        let e = Event { inst: i, atomic, offs, vals, mask: md, runs };
+        let locks = self.lockset();
+        let rmw = if atomic { Rmw::Add } else { Rmw::Store };
+        let e = Event { inst: i, atomic, rmw, locks, offs, vals, mask: md, runs };
         let active = match e.mask() {
             None => e.offsets().len(),
             Some(m) => m.iter().filter(|&&b| b).count(),
@@ -616,7 +884,15 @@ impl<'a> Program<'a> {
         if let Some(overlay) = &mut log.overlay {
             apply(overlay, slot.dtype, slot.initial, &e);
         }
+        let released: Vec<(i64, u64)> = if self.held.iter().any(|&(s, ..)| s == p.slot) {
+            let mut m = HashMap::new();
+            apply(&mut m, slot.dtype, slot.initial, &e);
+            self.held.iter().filter(|h| h.0 == p.slot && m.get(&h.1) == Some(&h.2)).map(|h| (h.1, h.2)).collect()
+        } else {
+            Vec::new()
+        };
         log.events.push(e);
+        self.held.retain(|h| h.0 != p.slot || !released.contains(&(h.1, h.2)));
         Ok(())
     }
 }
@@ -627,10 +903,20 @@ fn apply(m: &mut HashMap<i64, u64>, dtype: DType, initial: &Data, e: &Event) {
         let b = bits_of(&e.vals, l);
         if e.atomic {
             let cur = m.get(&o).copied().unwrap_or_else(|| bits_of(initial, o as usize));
-            m.insert(o, add_bits(dtype, cur, b));
+            m.insert(o, rmw_bits(e.rmw, dtype, cur, b));
         } else {
             m.insert(o, b);
         }
+    }
+}
+
+/// Whether two values hold the same bits (loop-progress check).
+fn same_rv(a: &RV, b: &RV) -> bool {
+    let same = |x: &Tile, y: &Tile| x.dtype == y.dtype && x.shape == y.shape && *x.materialize() == *y.materialize();
+    match (a, b) {
+        (RV::Num(x), RV::Num(y)) => same(x, y),
+        (RV::Ptr(x), RV::Ptr(y)) => x.slot == y.slot && same(&x.offs, &y.offs),
+        _ => false,
     }
 }
 

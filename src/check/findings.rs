@@ -1,0 +1,141 @@
+//! Findings: every reason a check failed, as fields (kind, tensor, element, programs, source
+//! locations) for machines, built from the compared tensors and from the error that stopped the
+//! backward.
+
+use super::report::{BlameSite, Finding, FindingKind, Location, TensorReport};
+use tilegrad_reference::{ExecError, Site};
+
+/// A location from a site of the reference interpreter.
+fn site_location(s: &Site) -> Location {
+    Location { file: s.loc.file.to_string(), line: s.loc.line, col: s.loc.col, kernel: s.kernel.clone(), op: s.op.to_string() }
+}
+
+/// A location from a blame site's `file:line:col` (unknown locations give none).
+fn parse_location(loc: &str, kernel: &str, op: &str) -> Option<Location> {
+    let mut it = loc.rsplitn(3, ':');
+    let col = it.next()?.parse().ok()?;
+    let line = it.next()?.parse().ok()?;
+    let file = it.next()?.to_string();
+    Some(Location { file, line, col, kernel: kernel.to_string(), op: op.to_string() })
+}
+
+/// The finding of a compared tensor that failed (`None` when it passed).
+pub(crate) fn of_tensor(pass: &'static str, r: &TensorReport) -> Option<Finding> {
+    if r.passed {
+        return None;
+    }
+    let mut f = Finding {
+        kind: FindingKind::WrongValue,
+        pass,
+        name: Some(r.name.clone()),
+        tensor: Some(r.tensor.clone()),
+        element: None,
+        expected: None,
+        got: None,
+        count: Some(r.over_tolerance),
+        trial: Some(r.trial),
+        step: None,
+        programs: Vec::new(),
+        locations: Vec::new(),
+        message: String::new(),
+    };
+    let Some(w) = &r.worst else {
+        f.message = format!("`{}` is wrong", r.tensor);
+        return Some(f);
+    };
+    f.element = Some(w.index.iter().map(|&i| i as i64).collect());
+    (f.expected, f.got) = (Some(w.expected), Some(w.got));
+    if !w.got.is_finite() && w.expected.is_finite() {
+        f.kind = FindingKind::NonFinite;
+    }
+    for s in w.blame.iter().flat_map(|b| &b.sites) {
+        match s {
+            BlameSite::Store { step, kernel, op, loc, programs, .. } => {
+                f.step = f.step.or(Some(*step));
+                f.programs.extend(programs.iter().copied());
+                f.locations.extend(parse_location(loc, kernel, op));
+            }
+            BlameSite::ManyPrograms { step, kernel, loc } => {
+                f.step = f.step.or(Some(*step));
+                f.locations.extend(parse_location(loc, kernel, "atomic_add"));
+            }
+            BlameSite::NeverWritten { .. } => f.kind = FindingKind::NeverWritten,
+            BlameSite::Given { .. } => {}
+        }
+    }
+    let over = match (r.over_tolerance, &r.calibration) {
+        (0, Some(c)) => format!("normwise error {:.3e} over its calibrated limit {:.3e}", c.error, c.limit),
+        (n, _) => format!("{n} element{} over tolerance", if n == 1 { "" } else { "s" }),
+    };
+    f.message = format!("`{}`: {over}; worst {:?}: expected {:e}, got {:e}", r.tensor, w.index, w.expected, w.got);
+    Some(f)
+}
+
+/// The finding of an error that stopped step `step` of the backward in trial `trial`.
+pub(crate) fn of_error(e: &ExecError, step: usize, trial: usize) -> Finding {
+    let mut f = Finding {
+        kind: FindingKind::RuntimeError,
+        pass: "backward",
+        name: None,
+        tensor: None,
+        element: None,
+        expected: None,
+        got: None,
+        count: None,
+        trial: Some(trial),
+        step: Some(step),
+        programs: Vec::new(),
+        locations: Vec::new(),
+        message: e.to_string(),
+    };
+    let mut at = |s: &Site| {
+        if !f.programs.contains(&s.pid) {
+            f.programs.push(s.pid);
+        }
+        let l = site_location(s);
+        if !f.locations.contains(&l) {
+            f.locations.push(l);
+        }
+    };
+    match e {
+        ExecError::Race(r) => {
+            at(&r.first);
+            at(&r.second);
+            f.kind = FindingKind::Race;
+            f.tensor = Some(r.tensor.clone());
+            f.element = Some(vec![r.offset]);
+        }
+        ExecError::OutOfBounds { site, tensor, offset, .. } => {
+            at(site);
+            f.kind = FindingKind::OutOfBounds;
+            f.tensor = Some(tensor.clone());
+            f.element = Some(vec![*offset]);
+        }
+        ExecError::LoopBound { site, .. } => {
+            at(site);
+            f.kind = FindingKind::LoopBound;
+        }
+        ExecError::Runtime { site, .. } => at(site),
+        ExecError::Invalid(_) | ExecError::BadTensor { .. } | ExecError::Argument { .. } | ExecError::Grid { .. } => {}
+    }
+    f
+}
+
+/// The finding of a gradient tensor whose shape is not its input's.
+pub(crate) fn shape_mismatch(input: &str, tensor: &str, message: String, step: usize, trial: usize) -> Finding {
+    Finding {
+        kind: FindingKind::ShapeMismatch,
+        pass: "backward",
+        name: Some(input.to_string()),
+        tensor: Some(tensor.to_string()),
+        element: None,
+        expected: None,
+        got: None,
+        count: None,
+        trial: Some(trial),
+        step: Some(step),
+        programs: Vec::new(),
+        locations: Vec::new(),
+        message,
+    }
+}

@@ -13,7 +13,7 @@ impl Cx<'_> {
     /// Declares the parameters of host descriptor `name` and binds it.
     pub(super) fn host_descriptor(&mut self, name: &str, hd: &HostDescriptor, o: u32) -> R<()> {
         let n = hd.block_shape.len();
-        if n == 0 || n > crate::MAX_RANK || hd.block_shape.iter().any(|&b| b == 0) {
+        if n == 0 || n > crate::MAX_RANK || hd.block_shape.contains(&0) {
             return fail(
                 o,
                 format!("descriptor `{name}` needs a block shape of 1 to {} positive dims, found {:?}", crate::MAX_RANK, hd.block_shape),

@@ -433,7 +433,7 @@ impl<'a> Module<'a> {
         };
         let Some(inner) = inner else { return };
         let f = self.funcs[inner.as_str()];
-        let inner_jit = self.jit.iter().any(|j| *j == inner);
+        let inner_jit = self.jit.contains(&inner);
         let known_wrappers = wrappers.iter().all(|w| self.is_triton_wrapper(w));
         if saw_jit || (inner_jit && known_wrappers) {
             let mut decs = wrappers;

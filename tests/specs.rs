@@ -319,6 +319,9 @@ const SLICE_MISSES: &[(&str, &str)] = &[
     // The tile-local mask makes every lane pass the condition, so the `where` selects one way
     // only and ranks with the many lines of the softmax recomputation shared by dq, dk and dv.
     ("attn_bwd_broken_key_mask", "a mask that masks nothing ranks with the shared lines"),
+    // The bug is an `if` on a string constexpr, folded at conversion: the branch it should have
+    // taken leaves no op in the kernel, so no value of the element passes through its line.
+    ("liger_cross_entropy_bwd_kernel_broken_reduction", "a constexpr branch folded away leaves no op on its line"),
 ];
 
 /// For a wrong or NaN gradient, the worst element's data-flow slice names the variant's `# BUG:`

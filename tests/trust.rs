@@ -4,7 +4,7 @@
 //! turned a masked-off lane's infinity into NaN, and a failed check reports NaN as NaN and its
 //! reasons as fields.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use tilegrad::check::{CheckError, Dist, FindingKind};
 use tilegrad::spec::{load, load_with, KernelOverride};
 use tilegrad::CheckOptions;
@@ -19,7 +19,7 @@ fn write(tag: &str, kernels: &str, spec: &str) -> PathBuf {
     p
 }
 
-fn check(p: &PathBuf, bwd: Option<&str>) -> Result<tilegrad::Report, CheckError> {
+fn check(p: &Path, bwd: Option<&str>) -> Result<tilegrad::Report, CheckError> {
     let overrides: Vec<KernelOverride> =
         bwd.map(|b| KernelOverride { key: "bwd".into(), reference: format!("::{b}") }).into_iter().collect();
     let s = load_with(p, &overrides).unwrap();

@@ -424,7 +424,10 @@ pub fn check_backward_with(
             let got = g.to_f64_vec();
             let (mut r, w) = report::compare(input, gname, g.dtype(), g.shape(), tol, &exp, &got, trial);
             let mut badness = w.map_or(0.0, |(_, ratio)| ratio);
-            if let Some(nt) = &noise_truth {
+            // Calibrated where the elementwise defaults are loose: f16/bf16 gradients, and f32
+            // ones computed through a tf32 `dot`.
+            let loose = is_narrow(g.dtype()) || (g.dtype() == DType::F32 && (bwd_tf32 || fwd_tf32));
+            if let (Some(nt), true) = (&noise_truth, loose) {
                 let noisy = nt.get(input).cloned().unwrap_or_else(|| vec![0.0; it.numel()]);
                 let c = calibration(g.dtype(), bwd_tf32 || fwd_tf32, &exp, &noisy, &got);
                 r.passed &= c.margin >= 1.0;

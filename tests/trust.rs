@@ -285,26 +285,6 @@ def ln_bwd(x_ptr, w_ptr, dy_ptr, dx_ptr, n_rows, n_cols, eps, BLOCK_M: tl.conste
     c2 = tl.sum(wdy, axis=1) / n_cols
     dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
     tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-
-@triton.jit
-def ln_bwd_block_mean(x_ptr, w_ptr, dy_ptr, dx_ptr, n_rows, n_cols, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    cmask = cols < n_cols
-    mask = (rows[:, None] < n_rows) & cmask[None, :]
-    offs = rows[:, None] * n_cols + cols[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=1) / n_cols
-    xc = tl.where(mask, x - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
-    xhat = xc * rstd[:, None]
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    wdy = dy * w[None, :]
-    c1 = tl.sum(xhat * wdy, axis=1) / BLOCK_N
-    c2 = tl.sum(wdy, axis=1) / n_cols
-    dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
-    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 "#;
 
 fn ln_spec(dtype: &str) -> String {
@@ -343,7 +323,13 @@ steps = [
 #[test]
 fn narrow_dtype_tolerances_are_calibrated_to_the_kernel() {
     for (dtype, bug) in [("f32", "BLOCK_N"), ("f16", "BLOCK_N"), ("bf16", "(n_cols * 1.1)")] {
-        let kernels = LN.replace("axis=1) / BLOCK_N", &format!("axis=1) / {bug}"));
+        // The broken backward: the correct one with the mean of `xhat * wdy` over `bug`.
+        let bwd = &LN[LN.find("@triton.jit\ndef ln_bwd(").unwrap()..];
+        let broken = bwd
+            .replace("def ln_bwd(", "def ln_bwd_block_mean(")
+            .replace("c1 = tl.sum(xhat * wdy, axis=1) / n_cols", &format!("c1 = tl.sum(xhat * wdy, axis=1) / {bug}"));
+        assert!(broken.contains(&format!("/ {bug}")), "the bug was not seeded");
+        let kernels = format!("{LN}\n{broken}");
         let p = write(&format!("ln-{dtype}"), &kernels, &ln_spec(dtype));
         let r = check(&p, None).unwrap();
         assert!(r.passed, "{dtype}: {r}");

@@ -749,26 +749,7 @@ impl Parser {
             max_iters = Some(self.uint::<u32>("an iteration count")?);
             self.expect_punct(',', "after max_iters")?;
         }
-        if !self.is_ident("iter_args") {
-            return self.expected(if max_iters.is_none() { "`max_iters=` or `iter_args`" } else { "`iter_args`" });
-        }
-        self.bump();
-        self.expect_punct('(', "after `iter_args`")?;
-        let mut carried: Vec<Decl> = Vec::new();
-        self.skip_newlines();
-        if !self.eat_punct(')') {
-            loop {
-                carried.push(self.decl("for a carried value")?);
-                self.expect_punct('=', "after the carried value")?;
-                args.push(self.operand("an initial value")?);
-                self.skip_newlines();
-                if self.eat_punct(')') {
-                    break;
-                }
-                self.expect_punct(',', "or `)` after the carried value")?;
-                self.skip_newlines();
-            }
-        }
+        let carried = self.iter_args(max_iters.is_some(), &mut args)?;
         let loc = self.opt_loc()?.unwrap_or(default_loc);
         let open = self.open_block(depth, "for", at)?;
         let body = self.state().k.new_block();
@@ -785,21 +766,14 @@ impl Parser {
         self.finish_region_op(block, Op::For { body, max_iters }, args, results, loc)
     }
 
-    /// `while [max_iters=N, ]iter_args(%a: T = %init, ...) [@ loc] { cond } do (%b: T, ...) { body }`.
-    fn while_op(&mut self, block: Block, results: Vec<Decl>, default_loc: Loc, depth: usize, at: (u32, u32)) -> PResult<()> {
-        self.reserve_all(&results)?;
-        let mut max_iters = None;
-        if self.is_ident("max_iters") {
-            self.attr("max_iters", "")?;
-            max_iters = Some(self.uint::<u32>("an iteration count")?);
-            self.expect_punct(',', "after max_iters")?;
-        }
+    /// `iter_args(%a: T = %init, ...)` of a loop: the carried values' declarations, their
+    /// initial values pushed onto `args`.
+    fn iter_args(&mut self, after_max_iters: bool, args: &mut SmallVec<[Value; 4]>) -> PResult<Vec<Decl>> {
         if !self.is_ident("iter_args") {
-            return self.expected(if max_iters.is_none() { "`max_iters=` or `iter_args`" } else { "`iter_args`" });
+            return self.expected(if after_max_iters { "`iter_args`" } else { "`max_iters=` or `iter_args`" });
         }
         self.bump();
         self.expect_punct('(', "after `iter_args`")?;
-        let mut args: SmallVec<[Value; 4]> = SmallVec::new();
         let mut carried: Vec<Decl> = Vec::new();
         self.skip_newlines();
         if !self.eat_punct(')') {
@@ -815,6 +789,20 @@ impl Parser {
                 self.skip_newlines();
             }
         }
+        Ok(carried)
+    }
+
+    /// `while [max_iters=N, ]iter_args(%a: T = %init, ...) [@ loc] { cond } do (%b: T, ...) { body }`.
+    fn while_op(&mut self, block: Block, results: Vec<Decl>, default_loc: Loc, depth: usize, at: (u32, u32)) -> PResult<()> {
+        self.reserve_all(&results)?;
+        let mut max_iters = None;
+        if self.is_ident("max_iters") {
+            self.attr("max_iters", "")?;
+            max_iters = Some(self.uint::<u32>("an iteration count")?);
+            self.expect_punct(',', "after max_iters")?;
+        }
+        let mut args: SmallVec<[Value; 4]> = SmallVec::new();
+        let carried = self.iter_args(max_iters.is_some(), &mut args)?;
         let loc = self.opt_loc()?.unwrap_or(default_loc);
         let open = self.open_block(depth, "while", at)?;
         let cond = self.state().k.new_block();

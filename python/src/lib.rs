@@ -15,10 +15,10 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
 use std::sync::Arc;
-use tilegrad::check::{compare as compare_tensors, unravel, Blame, BlameSite, Failure, Report, TensorReport, Tolerance};
+use tilegrad::check::{calibration, compare as compare_tensors, unravel, Blame, BlameSite, Failure, Report, TensorReport, Tolerance};
 use tilegrad_ad::{GradOptions, Precision};
 use tilegrad_ir::analysis::param_uses;
-use tilegrad_ir::triton::ConvertOptions;
+use tilegrad_ir::triton::{ConstValue, ConvertOptions};
 use tilegrad_ir::{DType, DotPrecision, Kernel, Lit, Loc, Op, ParamKind, Value};
 use tilegrad_reference::{Arg, ExecError, Grid, Launch, Memory, Options, TensorId, Writers};
 
@@ -82,19 +82,41 @@ impl PyKernel {
     }
 }
 
-/// Converts kernel `name` of the Python source `source` (from file `file`).
+/// A constexpr's value as the Python side tags it: `int`, `float`, `bool`, `str`, `none`, or
+/// `dtype` (the value is its text, `tl.float16` or `torch.bfloat16`).
+fn const_value(name: &str, kind: &str, v: &Bound<'_, PyAny>) -> PyResult<ConstValue> {
+    let bad = || usage(format!("constexpr `{name}`: a {kind} value cannot be read from {v}"));
+    Ok(match kind {
+        "int" => ConstValue::Int(v.extract().map_err(|_| usage(format!("constexpr `{name}`: integer out of the i64 range")))?),
+        "float" => ConstValue::Float(v.extract().map_err(|_| bad())?),
+        "bool" => ConstValue::Bool(v.extract().map_err(|_| bad())?),
+        "str" => ConstValue::Str(v.extract().map_err(|_| bad())?),
+        "none" => ConstValue::None,
+        "dtype" => {
+            let text: String = v.extract().map_err(|_| bad())?;
+            ConstValue::DType(
+                tilegrad_ir::triton::triton_dtype_name(&text)
+                    .ok_or_else(|| usage(format!("constexpr `{name}` = {text}: not a dtype Triton knows")))?,
+            )
+        }
+        _ => return Err(usage(format!("constexpr `{name}`: unknown kind `{kind}`"))),
+    })
+}
+
+/// Converts kernel `name` of the Python source `source` (from file `file`). `constexprs`:
+/// (parameter, kind, value) as [`const_value`] reads them.
 #[pyfunction]
 fn convert(
     source: &str,
     file: &str,
     name: &str,
-    constexprs: Vec<(String, i64)>,
+    constexprs: Vec<(String, String, Bound<'_, PyAny>)>,
     pointer_dtypes: Vec<(String, String)>,
     scalar_dtypes: Vec<(String, String)>,
 ) -> PyResult<PyKernel> {
     let parse = |v: Vec<(String, String)>| -> PyResult<Vec<_>> { v.into_iter().map(|(n, d)| Ok((n, dtype(&d).map_err(usage)?))).collect() };
     let opts = ConvertOptions {
-        constexprs: constexprs.into_iter().map(|(n, v)| (n, tilegrad_ir::triton::ConstValue::Int(v))).collect(),
+        constexprs: constexprs.into_iter().map(|(n, k, v)| Ok((n.clone(), const_value(&n, &k, &v)?))).collect::<PyResult<_>>()?,
         pointer_dtypes: parse(pointer_dtypes)?,
         scalar_dtypes: parse(scalar_dtypes)?,
         ..ConvertOptions::default()
@@ -374,9 +396,12 @@ impl Comparison {
 }
 
 /// Compares `got` with `expected` (contiguous f64 buffers of the product of `shape` elements) with
-/// the tolerances given or the CLI's defaults for `dtype`.
+/// the tolerances given or the CLI's defaults for `dtype`. With `noisy` (the ground truth computed
+/// in the kernels' own dtypes, same layout), the comparison is also calibrated as the CLI's is
+/// for f16/bf16 gradients and f32 ones through a tf32 `dot`: the normwise error must be within
+/// the limit that noise sets.
 #[pyfunction]
-#[pyo3(signature = (name, tensor, dtype_name, shape, expected, got, trial, rtol=None, atol=None, tf32=false))]
+#[pyo3(signature = (name, tensor, dtype_name, shape, expected, got, trial, rtol=None, atol=None, tf32=false, noisy=None))]
 #[allow(clippy::too_many_arguments)]
 fn compare(
     name: &str,
@@ -389,6 +414,7 @@ fn compare(
     rtol: Option<f64>,
     atol: Option<f64>,
     tf32: bool,
+    noisy: Option<usize>,
 ) -> PyResult<Comparison> {
     let d = dtype(dtype_name).map_err(usage)?;
     let def = Tolerance::for_dtype(d, tf32);
@@ -396,7 +422,17 @@ fn compare(
     let n = shape.iter().product();
     let e = read_f64(expected, n).map_err(usage)?;
     let g = read_f64(got, n).map_err(usage)?;
-    let (report, worst) = compare_tensors(name, tensor, d, &shape, tol, &e, &g, trial);
+    let (mut report, mut worst) = compare_tensors(name, tensor, d, &shape, tol, &e, &g, trial);
+    if let Some(addr) = noisy {
+        let c = calibration(d, tf32, &e, &read_f64(addr, n).map_err(usage)?, &g);
+        report.passed &= c.margin >= 1.0;
+        // Over the calibrated limit with every element within the elementwise tolerance: the
+        // worst element still ranks the comparison.
+        if let Some(w) = worst.as_mut() {
+            w.1 = w.1.max(1.0 / c.margin);
+        }
+        report.calibration = Some(c);
+    }
     Ok(Comparison { report, worst })
 }
 
@@ -416,6 +452,11 @@ impl PyReport {
     #[getter]
     fn passed(&self) -> bool {
         self.0.passed
+    }
+
+    /// The same report under another name.
+    fn renamed(&self, name: String) -> PyReport {
+        PyReport(Report { name, ..self.0.clone() })
     }
 
     /// The report as JSON (the CLI's `--json`).

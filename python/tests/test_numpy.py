@@ -127,3 +127,61 @@ def test_numpy_inputs_in_process():
         return (gx,)
 
     tilegrad.check_backward(square, bwd, [x]).assert_passes()
+
+
+def test_trust_rules_and_constexprs_without_torch():
+    out = run_without_torch(
+        """
+        import kernels_surface as S
+        rng = np.random.default_rng(1)
+        N = 1000
+
+        def act(eps):
+            def fwd(x, b):
+                y = np.empty_like(x)
+                S.scaled_act[(8,)](x, b, y, N, eps=1e-3, ACT="leaky_relu", reduction="mean", OUT=triton.language.float32, BLOCK=128)
+                return y
+
+            def bwd(x, b, gy):
+                gx = np.empty_like(x)
+                S.scaled_act_bwd[(8,)](x, b, gy, gx, N, eps=eps, ACT="leaky_relu", reduction="mean", BLOCK=128)
+                return gx, gx.copy()
+
+            return fwd, bwd
+
+        x = rng.standard_normal(N).astype(np.float32)
+        b = rng.standard_normal(N).astype(np.float32)
+        assert tilegrad.check_backward(*act(1e-3), [x, b]).passed
+        assert not tilegrad.check_backward(*act(0.05), [x, b]).passed
+
+        # A NaN input is an error naming it, unless allowed.
+        bad = x.copy(); bad[7] = np.nan
+        try:
+            tilegrad.check_backward(*act(1e-3), [bad, b])
+            raise SystemExit("no error")
+        except tilegrad.NonFiniteError as e:
+            assert "input `x` is NaN at [7]" in str(e), e
+        tilegrad.check_backward(*act(1e-3), [bad, b], allow_non_finite=True)
+
+        # f16 gradients: calibrated to the kernels' rounding noise.
+        def scale(x):
+            y = np.empty_like(x)
+            S.scale[(24,)](x, y, x.size, 1.7, BLOCK=128)
+            return y
+
+        def scale_bwd(skew):
+            def bwd(x, gy):
+                gx = np.empty_like(x)
+                S.scale_bwd_f16[(24,)](gy, gx, x.size, 1.7, skew, BLOCK=128)
+                return (gx,)
+            return bwd
+
+        h = rng.standard_normal(3001).astype(np.float16)
+        good = tilegrad.check_backward(scale, scale_bwd(1.0), [h])
+        assert good.passed and good.to_dict()["gradients"][0]["calibration"] is not None, str(good)
+        skewed = tilegrad.check_backward(scale, scale_bwd(1.003), [h])
+        assert not skewed.passed and skewed.to_dict()["gradients"][0]["over_tolerance"] == 0, str(skewed)
+        print("ok")
+        """
+    )
+    assert out.strip().endswith("ok")

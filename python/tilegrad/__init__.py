@@ -16,12 +16,13 @@ from typing import Any, Callable
 
 from . import _native
 from ._intercept import LaunchCall, intercepting
-from ._report import Report
+from ._report import NonFiniteError, Report
 
 __all__ = [
     "Report",
     "UsageError",
     "LaunchError",
+    "NonFiniteError",
     "check_backward",
     "check_function",
     "autograd",
@@ -45,6 +46,8 @@ def check_backward(
     rtol: float | None = None,
     atol: float | None = None,
     name: str | None = None,
+    allow_non_finite: bool = False,
+    autotune: int | str = 0,
 ) -> Report:
     """Checks `backward` against the ground-truth gradient of `forward` on `inputs`.
 
@@ -53,15 +56,23 @@ def check_backward(
     differentiated. Torch tensors (CPU or CUDA) use torch autograd through the host code; numpy
     arrays are supported where no torch is installed (the host code between launches is then not
     differentiated: see `tilegrad._numpy_check`).
+
+    Tolerances are the CLI's: by dtype, and calibrated to the kernels' own rounding noise for
+    f16/bf16 gradients and f32 ones computed through a tf32 `dot`, unless `rtol`/`atol` are given.
+    A NaN or infinite input, ground-truth output or gradient raises `NonFiniteError` unless
+    `allow_non_finite`. `autotune`: which config `@triton.autotune` kernels use (an index), or
+    `"all"` to check each config in turn (the first failing report, named by its config, else the
+    last).
     """
     inputs = list(inputs)
+    opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=name, allow_non_finite=allow_non_finite, autotune=autotune)
     if _has_torch_tensor(inputs):
         from ._check import check_backward as torch_check
 
-        return torch_check(forward, backward, inputs, seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=name)
+        return torch_check(forward, backward, inputs, **opts)
     from ._numpy_check import check_backward as numpy_check
 
-    return numpy_check(forward, backward, inputs, seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=name)
+    return numpy_check(forward, backward, inputs, **opts)
 
 
 def check_function(fn: type, *args: Any, **kwargs: Any) -> Report:

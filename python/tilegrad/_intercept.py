@@ -117,14 +117,40 @@ def _scalar_dtype(v: Any) -> str:
     return "f32"
 
 
-def _constexpr_value(name: str, v: Any) -> int:
+def _dtype_text(v: Any) -> str | None:
+    """`tl.float16` / `torch.bfloat16` for a Triton or torch dtype object, else None."""
+    mod = type(v).__module__
+    if mod.startswith("torch") and type(v).__name__ == "dtype":
+        return str(v)
+    if mod.startswith("triton") and type(v).__name__ == "dtype" and hasattr(v, "name"):
+        # Triton names its dtypes `fp16`, `bf16`, `fp8e5`, `int32`...
+        n = str(v.name)
+        n = "bfloat" + n[2:] if n.startswith("bf") else "float" + n[2:] if n.startswith("fp") else n
+        return f"tl.{n}"
+    return None
+
+
+def _constexpr_value(name: str, v: Any) -> tuple[str, Any]:
+    """(kind, value) of a constexpr as the engine binds it: int, float, bool, str, None, dtype."""
     if hasattr(v, "value") and type(v).__name__ == "constexpr":
         v = v.value
     if isinstance(v, bool):
-        return int(v)
+        return ("bool", v)
     if isinstance(v, int):
-        return v
-    raise _native.UsageError(f"constexpr `{name}` = {v!r}: tilegrad binds integer and boolean constexprs only")
+        return ("int", v)
+    if isinstance(v, float):
+        return ("float", v)
+    if isinstance(v, str):
+        return ("str", v)
+    if v is None:
+        return ("none", None)
+    d = _dtype_text(v)
+    if d is not None:
+        return ("dtype", d)
+    raise _native.UsageError(
+        f"constexpr `{name}` = {v!r}: tilegrad binds int, float, bool, str, None and dtype constexprs "
+        f"(not {type(v).__name__})"
+    )
 
 
 def bind(jit: Any, args: tuple, kwargs: dict, grid: Any) -> LaunchCall:
@@ -165,7 +191,7 @@ def bind(jit: Any, args: tuple, kwargs: dict, grid: Any) -> LaunchCall:
     for p in params:
         v = bound[p.name]
         if p.is_constexpr:
-            constexprs.append((p.name, _constexpr_value(p.name, v)))
+            constexprs.append((p.name, *_constexpr_value(p.name, v)))
         elif is_tensor(v):
             i, off = storages.add(p.name, v)
             ptr_args.append((p.name, i, off))
@@ -174,7 +200,9 @@ def bind(jit: Any, args: tuple, kwargs: dict, grid: Any) -> LaunchCall:
             scalar_dtypes.append((p.name, _scalar_dtype(v)))
             scalars.append((p.name, v))
         elif v is None:
-            raise _native.UsageError(f"kernel `{fn.__name__}`: argument `{p.name}` is None, which tilegrad does not support")
+            # Triton specializes an argument passed as None (an optional bias pointer) as a
+            # constexpr None: `if B is not None:` folds away.
+            constexprs.append((p.name, "none", None))
         else:
             raise _native.UsageError(
                 f"kernel `{fn.__name__}`: argument `{p.name}` of type {type(v).__name__} is not supported "
@@ -193,8 +221,12 @@ def bind(jit: Any, args: tuple, kwargs: dict, grid: Any) -> LaunchCall:
 
 _installed = False
 _original: dict[str, Any] = {}
-# Which autotune config a launch through `@triton.autotune` uses (index into its configs).
+# Which autotune config a launch through `@triton.autotune` uses (index into its configs); with
+# `autotune_wrap`, an index past a kernel's configs wraps around (checks of every config).
 autotune_config = 0
+autotune_wrap = False
+# The most configs any `@triton.autotune` kernel launched so far has.
+autotune_seen = 0
 
 
 def install() -> None:
@@ -218,10 +250,13 @@ def install() -> None:
     def autotune_run(self, *args, **kwargs):
         if _handler() is None:
             return _original["autotune"](self, *args, **kwargs)
+        global autotune_seen
         configs = self.configs
-        if not 0 <= autotune_config < len(configs):
-            raise _native.UsageError(f"autotune config {autotune_config} of {len(configs)}")
-        config = configs[autotune_config]
+        autotune_seen = max(autotune_seen, len(configs))
+        index = autotune_config % len(configs) if autotune_wrap and configs else autotune_config
+        if not 0 <= index < len(configs):
+            raise _native.UsageError(f"autotune config {index} of {len(configs)}")
+        config = configs[index]
         nargs = dict(zip(self.arg_names, args))
         if config.pre_hook is not None:
             config.pre_hook({**nargs, **kwargs, **config.all_kwargs()})

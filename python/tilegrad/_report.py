@@ -5,6 +5,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import _native
+
+
+class NonFiniteError(_native.UsageError):
+    """An input, the ground truth's forward or its gradient is NaN or infinite: against a
+    non-finite ground truth a check cannot tell a right backward from a wrong one (pass
+    `allow_non_finite=True` to check anyway)."""
+
+
+def non_finite(what: str, value: float, index: list[int], why: str) -> NonFiniteError:
+    v = "NaN" if value != value else repr(value)
+    return NonFiniteError(
+        f"{what} is {v} at {index}: {why}; a check against a non-finite ground truth cannot tell a right backward "
+        "from a wrong one (allow it with `allow_non_finite=True`)"
+    )
+
 
 class Report:
     """The outcome of a check.

@@ -483,7 +483,7 @@ fn input_dtype(t: &InputTensor) -> DType {
 }
 
 /// f16 or bf16: dtypes whose default tolerances are loose.
-fn is_narrow(d: DType) -> bool {
+pub fn is_narrow(d: DType) -> bool {
     matches!(d, DType::F16 | DType::BF16)
 }
 
@@ -516,7 +516,7 @@ const NOISE_FACTOR: f64 = 3.0;
 /// gradient; `tf32` when a tf32 `dot` computes it. Both are measured against the truth rounded to
 /// `d` (the best a backward can store), so that the rounding every result of `d` has does not
 /// drown a small systematic error.
-fn calibration(d: DType, tf32: bool, truth: &[f64], noisy: &[f64], got: &[f64]) -> report::Calibration {
+pub fn calibration(d: DType, tf32: bool, truth: &[f64], noisy: &[f64], got: &[f64]) -> report::Calibration {
     let rounded: Vec<f64> = truth.iter().map(|&x| tilegrad_reference::round_to(d, x)).collect();
     let dist = |v: &[f64]| v.iter().zip(&rounded).map(|(a, b)| (tilegrad_reference::round_to(d, *a) - b).powi(2)).sum::<f64>().sqrt();
     let scale = truth.iter().map(|x| x * x).sum::<f64>().sqrt().max(f64::MIN_POSITIVE);

@@ -73,7 +73,7 @@ mod value;
 
 use crate::{DType, IrError, Kernel, ParseError};
 use errors::{fail, Lines, R};
-pub use imports::ConstValue;
+pub use imports::{triton_dtype_name, ConstValue};
 use imports::{Import, SourceFile};
 use ruff_python_ast::{Expr, Stmt, StmtFunctionDef};
 use ruff_text_size::Ranged;

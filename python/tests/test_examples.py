@@ -6,6 +6,7 @@ at its line of the backward file, a NaN (an element never written) or a wrong va
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 
@@ -18,6 +19,8 @@ import tilegrad  # noqa: E402
 from launchers import EXAMPLE_NAMES, broken_variants, correct_bwd, inputs, make  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# `TILEGRAD_TEST_DEVICE=cuda` runs the same checks on CUDA tensors (copied to the host per launch).
+DEVICE = os.environ.get("TILEGRAD_TEST_DEVICE", "cpu")
 
 
 def expected_outcomes() -> dict[str, str]:
@@ -37,7 +40,8 @@ CASES = [(e, b) for e in EXAMPLE_NAMES for b in broken_variants(e)]
 def check(example: str, bwd: str | None, seed: int = 0):
     gen = torch.Generator().manual_seed(1234)
     fn = make(example, bwd)
-    return tilegrad.check_function(fn, *inputs(example, gen), seed=seed)
+    args = [x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in inputs(example, gen)]
+    return tilegrad.check_function(fn, *args, seed=seed)
 
 
 @pytest.mark.parametrize("example", EXAMPLE_NAMES)

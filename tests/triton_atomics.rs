@@ -131,11 +131,25 @@ fn old_values_follow_program_order_and_cas_counts_exactly() {
     assert_eq!(mem.get(x).as_i64().unwrap(), &[xr]);
 }
 
+/// How `locked_sum` guards its read-modify-write of the shared rows.
+#[derive(Clone, Copy, Debug)]
+enum Guard {
+    /// No lock: the accumulation races.
+    None,
+    /// `while tl.atomic_cas(lock, 0, 1) == 1: pass` ... `tl.atomic_xchg(lock, 0)`.
+    Cas,
+    /// A test-and-set lock: `while tl.atomic_xchg(lock, 1) == 1: pass` ... `tl.atomic_xchg(lock, 0)`.
+    Xchg,
+}
+
 /// Partial sums of rows accumulated into `GROUPS` shared rows under a spin lock, with a
 /// `count` flag telling the first writer, as in Triton's layer-norm backward tutorial.
-fn locked_source(with_lock: bool) -> String {
-    let (acquire, release) =
-        if with_lock { ("    while tl.atomic_cas(lock, 0, 1) == 1:\n        pass\n", "    tl.atomic_xchg(lock, 0)\n") } else { ("", "") };
+fn locked_source(guard: Guard) -> String {
+    let (acquire, release) = match guard {
+        Guard::None => ("", ""),
+        Guard::Cas => ("    while tl.atomic_cas(lock, 0, 1) == 1:\n        pass\n", "    tl.atomic_xchg(lock, 0)\n"),
+        Guard::Xchg => ("    while tl.atomic_xchg(lock, 1) == 1:\n        pass\n", "    tl.atomic_xchg(lock, 0)\n"),
+    };
     format!(
         r#"
 import triton
@@ -161,8 +175,8 @@ def locked_sum(x_ptr, out_ptr, lock_ptr, n, GROUPS: tl.constexpr, BLOCK: tl.cons
     )
 }
 
-fn run_locked(with_lock: bool) -> (Result<(), String>, Vec<f32>, Vec<f32>) {
-    let k = kernel(&locked_source(with_lock), "locked_sum", &[("GROUPS", 4), ("BLOCK", 64)], &[("lock_ptr", DType::I32)]);
+fn run_locked(guard: Guard) -> (Result<(), String>, Vec<f32>, Vec<f32>) {
+    let k = kernel(&locked_source(guard), "locked_sum", &[("GROUPS", 4), ("BLOCK", 64)], &[("lock_ptr", DType::I32)]);
     let (rows, n, groups) = (29usize, 50usize, 4usize);
     let mut r = StdRng::seed_from_u64(7);
     let x: Vec<f32> = (0..rows * n).map(|_| r.gen_range(-1.0..1.0)).collect();
@@ -194,12 +208,37 @@ fn run_locked(with_lock: bool) -> (Result<(), String>, Vec<f32>, Vec<f32>) {
 
 #[test]
 fn spin_lock_guarded_accumulation_is_exact_and_racy_without_the_lock() {
-    let (res, got, expected) = run_locked(true);
-    res.unwrap();
-    assert_eq!(got, expected);
-    let (res, _, _) = run_locked(false);
+    for guard in [Guard::Cas, Guard::Xchg] {
+        let (res, got, expected) = run_locked(guard);
+        res.unwrap_or_else(|e| panic!("{guard:?}: {e}"));
+        assert_eq!(got, expected, "{guard:?}");
+    }
+    let (res, _, _) = run_locked(Guard::None);
     let e = res.expect_err("without the lock the accumulation races");
     assert!(e.contains("race") && e.contains("partial") && e.contains("k.py:"), "{e}");
+}
+
+const EXCHANGED_NOT_RELEASED: &str = r#"
+import triton
+import triton.language as tl
+
+@triton.jit
+def flagged(flag_ptr, x_ptr):
+    pid = tl.program_id(0)
+    tl.atomic_xchg(flag_ptr, pid + 1)
+    tl.store(x_ptr, pid * 1.0)
+"#;
+
+#[test]
+fn an_exchange_never_set_back_orders_nothing() {
+    // Each program changes the flag and keeps it changed: no critical section, so the two
+    // stores to x still race.
+    let k = kernel(EXCHANGED_NOT_RELEASED, "flagged", &[], &[("flag_ptr", DType::I32)]);
+    let mut mem = Memory::new();
+    let f = mem.add("flag", HostTensor::from_i32(&[1], vec![0]));
+    let x = mem.add("x", HostTensor::zeros(DType::F32, &[1]));
+    let e = Launch::new(&k, 2).arg("flag_ptr", f).arg("x_ptr", x).run(&mut mem).unwrap_err().to_string();
+    assert!(e.contains("race") && e.contains("`x`") && e.contains("k.py:9:"), "{e}");
 }
 
 const NEVER_RELEASED: &str = r#"

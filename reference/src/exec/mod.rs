@@ -395,8 +395,9 @@ fn run_exact(l: &Launch, shared: &Shared) -> Result<(LaunchSummary, Finals), Exe
 /// The ordered path, for kernels whose meaning depends on the order of programs (atomics that
 /// return values they use, compare-and-swap, exchange): programs run one after another in
 /// program order, each seeing the memory the earlier ones left. Accesses that two programs make
-/// while holding the same lock (an element set by a successful `atomic_cas` and not yet set
-/// back) are ordered by it, in program order, and are not races; any other conflict is.
+/// while holding the same lock (an element set by a successful `atomic_cas` or changed by an
+/// `atomic_xchg`, and not yet set back; one a program never sets back guards nothing) are
+/// ordered by it, in program order, and are not races; any other conflict is.
 fn run_ordered(l: &Launch, shared: &Shared) -> Result<(LaunchSummary, Finals), ExecError> {
     let mut c = Committer::new(shared);
     let mut summary = LaunchSummary { programs: l.grid.programs(), ..Default::default() };

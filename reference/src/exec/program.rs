@@ -161,9 +161,11 @@ pub(crate) struct Program<'a> {
     loaded: u64,
     stored: u64,
     atomic: u64,
-    /// Locks this program holds: elements it set with a successful `atomic_cas` and has not
-    /// yet set back to the value they had (slot, offset, free value bits). Its accesses while
-    /// holding one are ordered with the other programs' accesses under the same lock.
+    /// Locks this program holds: elements it set with a successful `atomic_cas` or changed with
+    /// an `atomic_xchg`, and has not yet set back to the value they had (slot, offset, free value
+    /// bits). Its accesses while holding one are ordered with the other programs' accesses under
+    /// the same lock; one still held when the program ends guarded nothing (see
+    /// [`Program::drop_unreleased_locks`]).
     held: Vec<(u32, i64, u64)>,
     /// Records every op's value ([`super::record`]); `None` in ordinary launches.
     rec: Option<Box<super::record::Recorder>>,
@@ -278,6 +280,21 @@ impl<'a> Program<'a> {
         }
     }
 
+    /// An element this program took and never gave back (a flag set once, a value exchanged in)
+    /// guarded no critical section: the accesses made while holding it are not ordered by it.
+    fn drop_unreleased_locks(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        let stuck: LockSet = self.lockset();
+        let strip = |l: &mut LockSet| l.retain(|x| !stuck.contains(x));
+        for log in &mut self.logs {
+            log.events.iter_mut().for_each(|e| strip(&mut e.locks));
+            log.reads.iter_mut().for_each(|r| strip(&mut r.locks));
+        }
+        self.held.clear();
+    }
+
     /// The locks held now.
     fn lockset(&self) -> LockSet {
         let mut l: LockSet = self.held.iter().map(|&(s, o, _)| (s, o)).collect();
@@ -296,6 +313,7 @@ impl<'a> Program<'a> {
     /// program order) and kept only as runs; atomics stay logged.
     pub fn run(mut self, fast: Option<&[Option<super::fast::FastBuf>]>) -> Result<ProgramOut, ExecError> {
         self.block(self.sh.kernel.body)?;
+        self.drop_unreleased_locks();
         let mut mixed = false;
         if let Some(bufs) = fast {
             for (s, log) in self.logs.iter_mut().enumerate() {
@@ -679,6 +697,10 @@ impl<'a> Program<'a> {
                 if v != cur {
                     acquired.push((o, cur));
                 }
+            } else if rmw == Rmw::Op(AtomicOp::Xchg) && v != cur {
+                // A test-and-set lock (`while tl.atomic_xchg(lock, 1) == 1: pass`): an exchange
+                // that changes its element takes it, until the element gets its value back.
+                acquired.push((o, cur));
             }
             overlay.insert(o, rmw_bits(rmw, dtype, cur, v));
             wrote[l] = true;

@@ -19,6 +19,9 @@
 //! x = { shape = ["ROWS", "D"] }         # uniform(lo, hi) | randint(lo, hi) | const(v) |
 //!                                       # arange(start, step[, modulus]) (row-major); or file
 //! w = { shape = ["D"], init = "uniform(-1, 1)" }   # = "w.npy"
+//! # labels = { shape = ["ROWS"], dtype = "i64", slices = [    # consecutive slices along `axis`
+//! #   { len = "ROWS - 8", init = "randint(0, D)" },          # (default 0), each from its own
+//! #   { len = 8, init = "const(-100)" } ] }                   # distribution
 //!
 //! [forward]
 //! differentiable = ["x", "w"]           # default: every float input
@@ -433,7 +436,7 @@ impl Loader {
     fn input(&mut self, name: &str, v: &Value, constants: &[(String, Scalar)]) -> Result<crate::check::InputTensor, SpecError> {
         let key = format!("inputs.{name}");
         let t = self.table(v, &key)?;
-        self.only(t, &key, &["shape", "dtype", "init", "file"])?;
+        self.only(t, &key, &["shape", "dtype", "init", "file", "slices", "axis"])?;
         let source = if let Some(f) = t.get("file") {
             let f = self.string(f, &format!("{key}.file"))?;
             let p = self.dir.join(&f);
@@ -451,20 +454,74 @@ impl Loader {
             let shape = self.exprs(shape_v, &format!("{key}.shape"))?;
             let scope = Static { constants, tensors: &self.tensors };
             let shape = crate::check::steps_eval_shape(&shape, &scope).map_err(|m| self.err(&format!("{key}.shape"), m))?;
-            let dist = match t.get("init") {
-                None => Dist::default(),
-                Some(v) => self.dist(&self.string(v, &format!("{key}.init"))?, &format!("{key}.init"))?,
-            };
-            crate::check::check_dist(dtype, dist).map_err(|m| self.err(&format!("{key}.init"), m))?;
             tilegrad_reference::check_alloc(dtype, &shape).map_err(|e| self.err(&format!("{key}.shape"), e.to_string()))?;
-            Source::Random { dtype, shape, dist }
+            if let Some(sl) = t.get("slices") {
+                if t.contains_key("init") {
+                    return Err(self.err(&key, "give `init` or `slices`, not both"));
+                }
+                self.slices(sl, t.get("axis"), &key, dtype, shape, &scope)?
+            } else {
+                if t.contains_key("axis") {
+                    return Err(self.err(&format!("{key}.axis"), "`axis` goes with `slices`"));
+                }
+                let dist = match t.get("init") {
+                    None => Dist::default(),
+                    Some(v) => self.dist(&self.string(v, &format!("{key}.init"))?, &format!("{key}.init"))?,
+                };
+                crate::check::check_dist(dtype, dist).map_err(|m| self.err(&format!("{key}.init"), m))?;
+                Source::Random { dtype, shape, dist }
+            }
         };
         let (d, s) = match &source {
             Source::Given(h) => (h.dtype(), h.shape().to_vec()),
-            Source::Random { dtype, shape, .. } => (*dtype, shape.clone()),
+            Source::Random { dtype, shape, .. } | Source::Slices { dtype, shape, .. } => (*dtype, shape.clone()),
         };
         self.tensors.push((name.to_string(), d, s));
         Ok(crate::check::InputTensor { name: name.to_string(), source })
+    }
+
+    /// `slices = [{ len = "ROWS - 8", init = "randint(0, V)" }, { len = 8, init = "const(-100)" }]`
+    /// (with `axis`, default 0): consecutive slices along the axis, each from its distribution.
+    fn slices(
+        &self,
+        v: &Value,
+        axis: Option<&Value>,
+        key: &str,
+        dtype: DType,
+        shape: Vec<usize>,
+        scope: &Static,
+    ) -> Result<Source, SpecError> {
+        let akey = format!("{key}.axis");
+        let axis = match axis {
+            None => 0,
+            Some(a) => a.as_integer().ok_or_else(|| self.err(&akey, "expected an integer axis"))?,
+        };
+        let Some((a, ..)) = crate::check::split_axis(&shape, axis) else {
+            return Err(self.err(&akey, format!("axis {axis} of shape {shape:?}")));
+        };
+        let skey = format!("{key}.slices");
+        let arr = v
+            .as_array()
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| self.err(&skey, "expected a non-empty array of `{ len = .., init = \"..\" }` tables"))?;
+        let mut parts = Vec::new();
+        for (i, p) in arr.iter().enumerate() {
+            let k = format!("{skey}[{i}]");
+            let pt = self.table(p, &k)?;
+            self.only(pt, &k, &["len", "init"])?;
+            let len =
+                self.expr(pt.get("len").ok_or_else(|| self.err(&format!("{k}.len"), "missing: the slice's extent"))?, &format!("{k}.len"))?;
+            let len = len.eval_size(scope).map_err(|e| self.err(&format!("{k}.len"), format!("`{len}`: {e}")))?;
+            let init = pt.get("init").ok_or_else(|| self.err(&format!("{k}.init"), "missing: the slice's distribution"))?;
+            let dist = self.dist(&self.string(init, &format!("{k}.init"))?, &format!("{k}.init"))?;
+            crate::check::check_dist(dtype, dist).map_err(|m| self.err(&format!("{k}.init"), m))?;
+            parts.push((len, dist));
+        }
+        let total: usize = parts.iter().map(|p| p.0).sum();
+        if total != shape[a] {
+            return Err(self.err(&skey, format!("the slices' lengths add up to {total}, axis {axis} of shape {shape:?} is {}", shape[a])));
+        }
+        Ok(Source::Slices { dtype, shape, axis: a, parts })
     }
 
     fn dist(&self, s: &str, key: &str) -> Result<Dist, SpecError> {

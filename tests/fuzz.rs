@@ -313,7 +313,7 @@ fn cheap(spec: &Spec) -> bool {
     for t in &spec.inputs.tensors {
         let shape = match &t.source {
             Source::Given(h) => h.shape().to_vec(),
-            Source::Random { shape, .. } => shape.clone(),
+            Source::Random { shape, .. } | Source::Slices { shape, .. } => shape.clone(),
         };
         total = total.saturating_add(shape.iter().product());
         sh.1.push((t.name.clone(), shape));

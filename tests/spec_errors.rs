@@ -173,3 +173,56 @@ fn inputs_can_come_from_npy_files() {
     let e = load(&write("npy-missing", &spec.replace("x.npy", "nope.npy"))).unwrap_err().to_string();
     assert!(e.contains("inputs.x.file: ") && e.contains("nope.npy"), "{e}");
 }
+
+#[test]
+fn inputs_can_be_drawn_per_slice() {
+    // The first 990 elements normal, the last 10 a constant: drawn as written, and checked.
+    let spec = GOOD.replace(
+        "x = { shape = [\"n\"], init = \"uniform(-2, 2)\" }",
+        "x = { shape = [\"n\"], slices = [{ len = \"n - 10\", init = \"normal(0, 1)\" }, { len = 10, init = \"const(7.5)\" }] }",
+    );
+    let p = write("slices", &spec);
+    let s = load(&p).unwrap();
+    let gt = tilegrad::check::ground_truth(&s.forward, &s.inputs, &s.options).unwrap();
+    let x = gt.inputs[0].1.as_f32().unwrap();
+    assert_eq!(x.len(), 1000);
+    assert!(x[990..].iter().all(|&v| v == 7.5), "{:?}", &x[990..]);
+    assert!(x[..990].iter().all(|&v| v != 7.5 && v.abs() < 8.0));
+    let mean = x[..990].iter().map(|&v| v as f64).sum::<f64>() / 990.0;
+    assert!(mean.abs() < 0.15, "{mean}");
+    let r = tilegrad::check_backward(&s.forward, s.backward.as_ref().unwrap(), &s.inputs, &s.options).unwrap();
+    assert!(r.passed, "{r}");
+
+    // Along the last axis of a matrix, integers exact.
+    let spec2 = GOOD
+        .replace("n = 1000", "n = 1000\nR = 4\nC = 250")
+        .replace(
+            "x = { shape = [\"n\"], init = \"uniform(-2, 2)\" }",
+            "x = { shape = [\"n\"] }\nlab = { shape = [\"R\", \"C\"], dtype = \"i64\", axis = -1, slices = [{ len = 240, init = \"randint(0, 50)\" }, { len = \"C - 240\", init = \"const(-100)\" }] }",
+        );
+    let s = load(&write("slices-2d", &spec2)).unwrap();
+    let gt = tilegrad::check::ground_truth(&s.forward, &s.inputs, &s.options).unwrap();
+    let lab = gt.inputs.iter().find(|(n, _)| n == "lab").unwrap().1.as_i64().unwrap().to_vec();
+    for r in 0..4 {
+        let row = &lab[r * 250..(r + 1) * 250];
+        assert!(row[..240].iter().all(|&v| (0..50).contains(&v)), "row {r}");
+        assert!(row[240..].iter().all(|&v| v == -100), "row {r}");
+    }
+    assert!(lab.iter().filter(|&&v| v >= 0).collect::<std::collections::BTreeSet<_>>().len() > 40);
+
+    // Errors name the key.
+    for (tag, from, to, expect) in [
+        ("sum", "len = 10,", "len = 11,", "inputs.x.slices: the slices' lengths add up to 1001"),
+        ("both", "slices = [", "init = \"normal\", slices = [", "inputs.x: give `init` or `slices`, not both"),
+        ("dist", "const(7.5)", "uniform(3, 1)", "inputs.x.slices[1].init: "),
+        ("len", "len = 10,", "len = \"m\",", "inputs.x.slices[1].len: `m`"),
+        ("axis", "slices = [", "axis = 1, slices = [", "inputs.x.axis: axis 1 of shape [1000]"),
+        ("key", "len = 10,", "len = 10, count = 3,", "inputs.x.slices[1].count: unknown key"),
+    ] {
+        assert!(spec.contains(from), "{tag}");
+        let e = load(&write(&format!("slices-{tag}"), &spec.replacen(from, to, 1))).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains(expect), "{tag}: `{e}` lacks `{expect}`");
+    }
+    let e = load(&write("slices-axis-alone", &GOOD.replace("init = \"uniform(-2, 2)\"", "axis = 0"))).map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("inputs.x.axis: `axis` goes with `slices`"), "{e}");
+}

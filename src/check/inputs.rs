@@ -76,6 +76,18 @@ pub enum Source {
         /// Distribution.
         dist: Dist,
     },
+    /// Consecutive slices along one axis, each drawn from its own distribution (e.g. the last
+    /// rows of a label tensor set to `ignore_index`, or a block of large values among small ones).
+    Slices {
+        /// Dtype.
+        dtype: DType,
+        /// Shape.
+        shape: Vec<usize>,
+        /// The axis the slices split.
+        axis: usize,
+        /// Each slice's extent along `axis` (they add up to `shape[axis]`) and distribution.
+        parts: Vec<(usize, Dist)>,
+    },
 }
 
 /// A named input tensor.
@@ -145,6 +157,10 @@ impl Inputs {
                 Source::Random { dtype, shape, dist } => {
                     let mut r = StdRng::seed_from_u64(seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64 * 0x9e37_79b9 + 1));
                     draw(*dtype, shape, *dist, &mut r).map_err(|m| CheckError::Spec(format!("input `{}`: {m}", it.name)))?
+                }
+                Source::Slices { dtype, shape, axis, parts } => {
+                    let mut r = StdRng::seed_from_u64(seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64 * 0x9e37_79b9 + 1));
+                    draw_slices(*dtype, shape, *axis, parts, &mut r).map_err(|m| CheckError::Spec(format!("input `{}`: {m}", it.name)))?
                 }
             };
             env.add(&it.name, t).map_err(CheckError::Spec)?;
@@ -243,6 +259,50 @@ fn draw(dtype: DType, shape: &[usize], dist: Dist, r: &mut StdRng) -> Result<Hos
     tilegrad_reference::check_alloc(DType::F64, shape).map_err(|e| e.to_string())?;
     let v = sample(&dist, r, n).ok_or_else(|| format!("empty range in {dist:?}"))?;
     Ok(HostTensor::from_f64_as(dtype, shape, &v))
+}
+
+/// A tensor whose consecutive slices along `axis` are drawn from their own distributions (each
+/// slice from the same generator, in order).
+fn draw_slices(dtype: DType, shape: &[usize], axis: usize, parts: &[(usize, Dist)], r: &mut StdRng) -> Result<HostTensor, String> {
+    let n = tilegrad_reference::check_alloc(dtype, shape).map_err(|e| e.to_string())?;
+    if axis >= shape.len() || parts.iter().map(|p| p.0).sum::<usize>() != shape[axis] {
+        return Err(format!(
+            "slices of {:?} along axis {axis} do not cover shape {shape:?}",
+            parts.iter().map(|p| p.0).collect::<Vec<_>>()
+        ));
+    }
+    let outer: usize = shape[..axis].iter().product();
+    let inner: usize = shape[axis + 1..].iter().product();
+    let drawn: Vec<HostTensor> = parts
+        .iter()
+        .map(|&(len, dist)| {
+            let mut sh = shape.to_vec();
+            sh[axis] = len;
+            draw(dtype, &sh, dist, r)
+        })
+        .collect::<Result<_, _>>()?;
+    // Row-major interleaving: for each outer index, each slice's `len * inner` elements in turn.
+    macro_rules! stitch {
+        ($var:ident) => {{
+            let mut out = Vec::with_capacity(n);
+            for o in 0..outer {
+                for (t, &(len, _)) in drawn.iter().zip(parts) {
+                    let Data::$var(v) = t.data() else { unreachable!("drawn in one dtype") };
+                    out.extend_from_slice(&v[o * len * inner..(o + 1) * len * inner]);
+                }
+            }
+            Data::$var(out)
+        }};
+    }
+    let data = match drawn.first().map(|t| t.data()) {
+        Some(Data::I1(_)) => stitch!(I1),
+        Some(Data::I32(_)) => stitch!(I32),
+        Some(Data::I64(_)) => stitch!(I64),
+        Some(Data::F32(_)) => stitch!(F32),
+        Some(Data::F64(_)) => stitch!(F64),
+        None => return Err("no slices".into()),
+    };
+    HostTensor::new(dtype, shape, data).map_err(|e| e.to_string())
 }
 
 /// `n` values of `dist` in row-major order, as floats; `None` when the distribution is empty

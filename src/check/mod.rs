@@ -478,7 +478,7 @@ pub fn check_backward_with(
 fn input_dtype(t: &InputTensor) -> DType {
     match &t.source {
         Source::Given(h) => h.dtype(),
-        Source::Random { dtype, .. } => *dtype,
+        Source::Random { dtype, .. } | Source::Slices { dtype, .. } => *dtype,
     }
 }
 

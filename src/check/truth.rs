@@ -130,6 +130,7 @@ fn check_finite_inputs(drawn: &Env, inputs: &Inputs) -> Result<(), CheckError> {
                 match &t.source {
                     inputs::Source::Given(_) => "given".to_string(),
                     inputs::Source::Random { dist, .. } => format!("{dist:?}"),
+                    inputs::Source::Slices { parts, .. } => format!("slices {parts:?}"),
                 }
             )));
         }

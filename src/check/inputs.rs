@@ -256,9 +256,68 @@ fn draw(dtype: DType, shape: &[usize], dist: Dist, r: &mut StdRng) -> Result<Hos
         };
         return int_tensor(dtype, shape, v);
     }
-    tilegrad_reference::check_alloc(DType::F64, shape).map_err(|e| e.to_string())?;
-    let v = sample(&dist, r, n).ok_or_else(|| format!("empty range in {dist:?}"))?;
-    Ok(HostTensor::from_f64_as(dtype, shape, &v))
+    draw_floats(dtype, shape, n, dist, r)
+}
+
+/// Elements per independently seeded chunk of a float tensor. A tensor of at most this many
+/// elements is one chunk drawn from the tensor's own generator; chunk `k > 0` of a larger one
+/// from a generator keyed by the tensor's generator and `k`. The draw depends on the seed only,
+/// not on the number of threads drawing the chunks.
+const CHUNK: usize = 1 << 20;
+
+/// A float tensor drawn from `dist` chunk by chunk, chunks in parallel, each rounded to `dtype`
+/// as it is drawn (no f64 copy of the whole tensor).
+fn draw_floats(dtype: DType, shape: &[usize], n: usize, dist: Dist, r: &mut StdRng) -> Result<HostTensor, String> {
+    if n <= CHUNK {
+        // One chunk: from the generator itself, which goes on (slices of one tensor draw in turn).
+        let v = sample(&dist, r, n).ok_or_else(|| format!("empty range in {dist:?}"))?;
+        return Ok(HostTensor::from_f64_as(dtype, shape, &v));
+    }
+    if sample(&dist, &mut r.clone(), 0).is_none() {
+        return Err(format!("empty range in {dist:?}"));
+    }
+    let key: u64 = r.clone().gen();
+    // What draws next from `r` (a following slice) starts from a fresh key, not where chunk 0 did.
+    let next = StdRng::seed_from_u64(key.rotate_left(29) ^ 0x5851_f42d_4c95_7f2d);
+    let chunks = n.div_ceil(CHUNK);
+    let fill = |k: usize, out: &mut dyn FnMut(usize, f64)| {
+        let len = CHUNK.min(n - k * CHUNK);
+        let v = if k == 0 {
+            sample(&dist, &mut r.clone(), len)
+        } else {
+            let mut rk = StdRng::seed_from_u64(key ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            sample(&dist, &mut rk, len)
+        };
+        for (i, x) in v.expect("checked non-empty above").into_iter().enumerate() {
+            out(i, x);
+        }
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(chunks).max(1);
+    macro_rules! par {
+        ($ty:ty, $conv:expr) => {{
+            let mut data: Vec<$ty> = vec![Default::default(); n];
+            std::thread::scope(|sc| {
+                let mut per: Vec<Vec<(usize, &mut [$ty])>> = (0..threads).map(|_| Vec::new()).collect();
+                for (k, c) in data.chunks_mut(CHUNK).enumerate() {
+                    per[k % threads].push((k, c));
+                }
+                for mine in per {
+                    sc.spawn(|| {
+                        for (k, c) in mine {
+                            fill(k, &mut |i, x| c[i] = $conv(x));
+                        }
+                    });
+                }
+            });
+            data
+        }};
+    }
+    let data = match dtype {
+        DType::F64 => Data::F64(par!(f64, |x: f64| x)),
+        _ => Data::F32(par!(f32, |x: f64| tilegrad_reference::round_to(dtype, x) as f32)),
+    };
+    *r = next;
+    HostTensor::new(dtype, shape, data).map_err(|e| e.to_string())
 }
 
 /// A tensor whose consecutive slices along `axis` are drawn from their own distributions (each

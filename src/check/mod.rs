@@ -296,6 +296,10 @@ pub fn check_backward_with(
         && (bwd_tf32 || fwd_tf32 || inputs.tensors.iter().any(|t| fwd.differentiable.contains(&t.name) && is_narrow(input_dtype(t))));
     let mut p = truth::prepare(fwd, inputs, opts, calibrate)?;
     let mut tm = std::mem::take(&mut p.timings);
+    // The inputs as drawn are not needed past here, only their shapes: free them early.
+    let input_shape: HashMap<String, Vec<usize>> =
+        p.drawn.names.iter().map(|(n, id)| (n.clone(), p.drawn.mem.get(*id).shape().to_vec())).collect();
+    p.drawn = Env::default();
     let (env_n, trace_f) = (&p.native, &p.trace);
 
     let mut forward = Vec::new();
@@ -326,8 +330,8 @@ pub fn check_backward_with(
                 ));
             }
         }
-        let (mut r, w) = tm.time("comparison", || report::compare(o, o, t.dtype(), t.shape(), tol, &exp, &t.to_f64_vec(), 0));
-        if let (Some((w, _)), Some(worst)) = (w, r.worst.as_mut()) {
+        let (mut r, w) = tm.time("comparison", || compare_tensor(o, o, t, tol, &exp, 0));
+        if let (Some((w, _)), Some(worst), false) = (w, r.worst.as_mut(), r.passed) {
             worst.blame = Some(tm.time("blame", || blame::blame(trace_f, env_n, &fwd.steps, o, w, Some((worst.expected, worst.got)))));
         }
         forward.push(r);
@@ -366,7 +370,7 @@ pub fn check_backward_with(
         if !opts.allow_non_finite {
             for d in &fwd.differentiable {
                 if let Some((i, &x)) = truth.get(d).and_then(|g| g.iter().enumerate().find(|(_, x)| !x.is_finite())) {
-                    let shape = p.drawn.tensor(d).expect("validated").shape();
+                    let shape = &input_shape[d];
                     return Err(non_finite(
                         format!("the ground-truth gradient of `{d}` (trial {trial})"),
                         x,
@@ -377,8 +381,22 @@ pub fn check_backward_with(
             }
         }
 
-        let mut trace_b = Trace::default();
-        if let Err(f) = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, Mode::Poisoned, None, Some(&mut trace_b))) {
+        // The backward runs untraced; who wrote what (for blame) costs a second, traced run of
+        // the same deterministic steps, made only when a report needs it: a failing gradient,
+        // elements asked about, a racy backward's provisional table.
+        let mut traced: Option<(Env, Trace)> = None;
+        let mode = Mode::Poisoned;
+        let explain = !opts.blame_elements.is_empty() && trial + 1 == opts.trials;
+        let mut run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, mode, None, None));
+        if run.is_err() {
+            // A backward that fails may fail in more than one way (a race and an access out of
+            // bounds); the traced run takes the reference's exact path, whose first error (in
+            // program order) is the one reported, as without the untraced run.
+            env_b = backward_env()?;
+            let mut t = Trace::default();
+            run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, mode, None, Some(&mut t)));
+        }
+        if let Err(f) = run {
             let what = bwd.steps[f.step].describe();
             let e = match f.error {
                 StepError::Spec(message) => return Err(CheckError::Backward { step: f.step, what, message }),
@@ -392,53 +410,76 @@ pub fn check_backward_with(
                 break;
             }
             env_b = backward_env()?;
-            trace_b = Trace::default();
-            if tm.time("backward", || steps::run(&mut env_b, &bwd.steps, Mode::PoisonedResolvingRaces, None, Some(&mut trace_b))).is_err() {
+            let mut t = Trace::default();
+            if tm.time("backward", || steps::run(&mut env_b, &bwd.steps, Mode::PoisonedResolvingRaces, None, Some(&mut t))).is_err() {
                 break;
             }
+            traced = Some((env_b.clone(), t));
             provisional = true;
         }
+        let rerun_traced = |tm: &mut Timings| -> Result<(Env, Trace), CheckError> {
+            tm.time("blame", || {
+                let mut env = backward_env()?;
+                let mut t = Trace::default();
+                steps::run(&mut env, &bwd.steps, mode, None, Some(&mut t)).map_err(|f| CheckError::Backward {
+                    step: f.step,
+                    what: bwd.steps[f.step].describe(),
+                    message: "the traced re-run failed".into(),
+                })?;
+                Ok((env, t))
+            })
+        };
         for (gi, (input, gname)) in bwd.gradients.iter().enumerate() {
-            let it = p.drawn.tensor(input).expect("validated");
+            let it_shape = &input_shape[input];
+            let it_numel: usize = it_shape.iter().product();
             let Some(g) = env_b.tensor(gname) else {
                 return Err(CheckError::Spec(format!("gradient tensor `{gname}` of input `{input}` is not defined by the backward")));
             };
-            if let Some((_, steps::Origin::Given, layers)) = trace_b.get(gname) {
-                if layers.is_empty() {
-                    return Err(CheckError::Spec(format!(
-                        "backward.gradients.{input} = `{gname}`: no step of the backward writes `{gname}`, {}; a check cannot pass \
-                         unless the backward produces the gradient it is compared on",
-                        given_what(fwd, inputs, gname)
-                    )));
-                }
+            if bwd.steps.iter().all(|s| !step_writes(s, gname)) && !defined_by(&bwd.steps, gname) {
+                return Err(CheckError::Spec(format!(
+                    "backward.gradients.{input} = `{gname}`: no step of the backward writes `{gname}`, {}; a check cannot pass \
+                     unless the backward produces the gradient it is compared on",
+                    given_what(fwd, inputs, gname)
+                )));
             }
-            if g.shape() != it.shape() {
-                let message = format!("gradient `{gname}` has shape {:?}, input `{input}` has shape {:?}", g.shape(), it.shape());
+            if g.shape() != &it_shape[..] {
+                let message = format!("gradient `{gname}` has shape {:?}, input `{input}` has shape {:?}", g.shape(), it_shape);
                 findings.push(findings::shape_mismatch(input, gname, message.clone(), bwd.steps.len(), trial));
                 failure = Some(Failure { step: bwd.steps.len(), what: "gradients".into(), message, trial });
                 break;
             }
-            let exp = truth.get(input).cloned().unwrap_or_else(|| vec![0.0; it.numel()]);
+            let zeros: Vec<f64>;
+            let exp: &[f64] = match truth.get(input) {
+                Some(t) => t,
+                None => {
+                    zeros = vec![0.0; it_numel];
+                    &zeros
+                }
+            };
             let tol = opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(g.dtype(), bwd_tf32));
             let t_cmp = std::time::Instant::now();
-            let got = g.to_f64_vec();
-            let (mut r, w) = report::compare(input, gname, g.dtype(), g.shape(), tol, &exp, &got, trial);
+            let (mut r, w) = compare_tensor(input, gname, g, tol, exp, trial);
             let mut badness = w.map_or(0.0, |(_, ratio)| ratio);
             // Calibrated where the elementwise defaults are loose: f16/bf16 gradients, and f32
             // ones computed through a tf32 `dot`.
             let loose = is_narrow(g.dtype()) || (g.dtype() == DType::F32 && (bwd_tf32 || fwd_tf32));
             if let (Some(nt), true) = (&noise_truth, loose) {
-                let noisy = nt.get(input).cloned().unwrap_or_else(|| vec![0.0; it.numel()]);
-                let c = calibration(g.dtype(), bwd_tf32 || fwd_tf32, &exp, &noisy, &got);
+                let zeros = vec![0.0; if nt.contains_key(input) { 0 } else { it_numel }];
+                let noisy = nt.get(input).map_or(&zeros[..], |v| &v[..]);
+                let c = calibration(g.dtype(), bwd_tf32 || fwd_tf32, exp, noisy, &g.to_f64_vec());
                 r.passed &= c.margin >= 1.0;
                 badness = badness.max(1.0 / c.margin);
                 r.calibration = Some(c);
             }
             tm.add("comparison", t_cmp.elapsed().as_secs_f64());
             if gradients[gi].as_ref().is_none_or(|(_, b)| badness > *b) {
-                if let (Some((w, _)), Some(worst)) = (w, r.worst.as_mut()) {
+                if let (Some((w, _)), Some(worst), false) = (w, r.worst.as_mut(), r.passed) {
+                    if traced.is_none() {
+                        traced = Some(rerun_traced(&mut tm)?);
+                    }
+                    let (env_t, trace_t) = traced.as_ref().expect("made above");
                     worst.blame =
-                        Some(tm.time("blame", || blame::blame(&trace_b, &env_b, &bwd.steps, gname, w, Some((worst.expected, worst.got)))));
+                        Some(tm.time("blame", || blame::blame(trace_t, env_t, &bwd.steps, gname, w, Some((worst.expected, worst.got)))));
                 }
                 gradients[gi] = Some((r, badness));
             }
@@ -446,8 +487,12 @@ pub fn check_backward_with(
         if failure.is_some() {
             break;
         }
-        if trial + 1 == opts.trials {
-            explained = explain_elements(opts, bwd, &env_b, &trace_b, &truth, trial)?;
+        if explain {
+            if traced.is_none() {
+                traced = Some(rerun_traced(&mut tm)?);
+            }
+            let (env_t, trace_t) = traced.as_ref().expect("made above");
+            explained = explain_elements(opts, bwd, env_t, trace_t, &truth, trial)?;
         }
         progress(trial + 1, opts.trials);
     }
@@ -471,6 +516,48 @@ pub fn check_backward_with(
         findings: all,
         explained,
         timings: tm,
+    })
+}
+
+/// [`report::compare`] of a tensor in its own dtype against f64 values, without an f64 copy.
+fn compare_tensor(
+    name: &str,
+    tensor: &str,
+    t: &HostTensor,
+    tol: Tolerance,
+    expected: &[f64],
+    trial: usize,
+) -> (TensorReport, Option<(usize, f64)>) {
+    use tilegrad_reference::Data;
+    match t.data() {
+        Data::F32(v) => report::compare_by(name, tensor, t.dtype(), t.shape(), tol, expected, |i| v[i] as f64, trial),
+        Data::F64(v) => report::compare(name, tensor, t.dtype(), t.shape(), tol, expected, v, trial),
+        _ => report::compare(name, tensor, t.dtype(), t.shape(), tol, expected, &t.to_f64_vec(), trial),
+    }
+}
+
+/// Whether `step` may write into the existing tensor `name`: a launch passing it to a pointer
+/// parameter that some store or atomic writes through.
+fn step_writes(step: &Step, name: &str) -> bool {
+    match step {
+        Step::Launch(kl) => {
+            let uses = tilegrad_ir::analysis::param_uses(&kl.kernel);
+            kl.kernel
+                .params
+                .iter()
+                .zip(&uses)
+                .any(|(p, u)| (u.stored || u.atomic) && kl.args.iter().any(|(n, e)| *n == p.name && e.as_name() == Some(name)))
+        }
+        Step::Alloc { .. } | Step::Sum { .. } | Step::Reshape { .. } | Step::Scale { .. } => false,
+    }
+}
+
+/// Whether a step of `steps` makes the tensor `name` (an allocation or a host step's result).
+fn defined_by(steps: &[Step], name: &str) -> bool {
+    steps.iter().any(|s| match s {
+        Step::Alloc { name: n, .. } => n == name,
+        Step::Sum { dst, .. } | Step::Reshape { dst, .. } | Step::Scale { dst, .. } => dst == name,
+        Step::Launch(_) => false,
     })
 }
 

@@ -602,6 +602,23 @@ pub fn compare(
     got: &[f64],
     trial: usize,
 ) -> (TensorReport, Option<(usize, f64)>) {
+    assert_eq!(expected.len(), got.len(), "compared tensors have one length");
+    compare_by(name, tensor, dtype, shape, tol, expected, |i| got[i], trial)
+}
+
+/// [`compare`] with the checked values read element by element (`got(i)` for `i` in
+/// `0..expected.len()`), so that a tensor in its own dtype needs no f64 copy.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn compare_by(
+    name: &str,
+    tensor: &str,
+    dtype: DType,
+    shape: &[usize],
+    tol: Tolerance,
+    expected: &[f64],
+    got: impl Fn(usize) -> f64,
+    trial: usize,
+) -> (TensorReport, Option<(usize, f64)>) {
     let scale = expected.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
     let scale = if scale > 0.0 { scale } else { 1.0 };
     let floor = if tol.rtol > 0.0 { tol.atol / tol.rtol * scale } else { 0.0 };
@@ -611,7 +628,8 @@ pub fn compare(
     // A mismatch involving a non-finite value makes every metric NaN (a NaN on either side) or
     // infinite, never a small number computed over the finite elements alone.
     let mut poison: Option<f64> = None;
-    for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
+    for (i, &e) in expected.iter().enumerate() {
+        let g = got(i);
         nan += g.is_nan() as usize;
         inf += g.is_infinite() as usize;
         let mismatch = if !e.is_finite() { !(g.is_nan() && e.is_nan() || g == e) } else { !g.is_finite() };
@@ -655,7 +673,7 @@ pub fn compare(
         nan,
         inf,
         calibration: None,
-        worst: worst.map(|(i, _)| Worst { index: unravel(i, shape), expected: expected[i], got: got[i], blame: None }),
+        worst: worst.map(|(i, _)| Worst { index: unravel(i, shape), expected: expected[i], got: got(i), blame: None }),
         trial,
         passed: over == 0,
     };

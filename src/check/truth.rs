@@ -120,7 +120,12 @@ fn check_finite_inputs(drawn: &Env, inputs: &Inputs) -> Result<(), CheckError> {
         if !h.dtype().is_float() {
             continue;
         }
-        if let Some((i, x)) = h.to_f64_vec().into_iter().enumerate().find(|(_, x)| !x.is_finite()) {
+        let bad = match h.data() {
+            tilegrad_reference::Data::F32(v) => v.iter().position(|x| !x.is_finite()),
+            tilegrad_reference::Data::F64(v) => v.iter().position(|x| !x.is_finite()),
+            _ => None,
+        };
+        if let Some((i, x)) = bad.map(|i| (i, h.get_f64(i))) {
             return Err(CheckError::NonFinite(format!(
                 "input `{}` is {} at {:?} ({}): a check on non-finite inputs cannot tell a right backward from a wrong \
                  one (allow it with `allow_non_finite`)",

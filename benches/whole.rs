@@ -1,9 +1,10 @@
 //! Whole-process cost of `tilegrad check`, `grad` and `run` at training sizes, as ratios to the
 //! work they do measured in-process in the same run:
 //!
-//! - `check` (one trial) over the sum of its parts: the forward in the kernels' dtypes
-//!   ([`run_forward`]), the f64 gradient ([`ground_truth`]: its forwards and reverse sweep) and the
-//!   backward run (the `backward` phase of an in-process [`check_backward`]);
+//! - `check` (one trial) over the sum of its parts, the engine's work measured by an in-process
+//!   [`check_backward`]: the forward in the kernels' dtypes, the f64 gradient (the ground truth's
+//!   forward and reverse sweep) and the backward run (its phases of those names); what `check`
+//!   adds to them is drawing the inputs, comparing, blame, the process and its output;
 //! - `check` with two trials over one;
 //! - `grad` over [`ground_truth`], `run` over [`run_forward`];
 //! - each command's peak RSS over its bound, 3x the bytes of the spec's tensors (inputs, outputs,
@@ -151,13 +152,16 @@ fn main() {
         let s = spec::load(&path).expect("spec");
         let opts = CheckOptions { trials: 1, ..s.options.clone() };
         let bwd = s.backward.as_ref().expect("a backward");
-        // In-process parts (each after a warm-up of the allocator by the one before).
-        let (t_fwd, (ins, outs)) = secs(|| run_forward(&s.forward, &s.inputs, opts.seed).expect("forward"));
-        let (t_grad, _) = secs(|| ground_truth(&s.forward, &s.inputs, &opts).expect("ground truth"));
+        // In-process: the engine's parts of a check, and the work of `run` and `grad`.
         let r = check_backward(&s.forward, bwd, &s.inputs, &opts).expect("check");
-        let t_bwd = r.timings.phases.iter().filter(|(p, _)| p == "backward").map(|(_, t)| t).sum::<f64>();
+        let phase = |names: &[&str]| r.timings.phases.iter().filter(|(p, _)| names.contains(&p.as_str())).map(|(_, t)| t).sum::<f64>();
+        let (t_fwd, t_grad, t_bwd) =
+            (phase(&["forward in the kernels' dtypes"]), phase(&["forward of the ground truth", "ground truth"]), phase(&["backward"]));
+        drop(r);
+        let (t_run, (ins, outs)) = secs(|| run_forward(&s.forward, &s.inputs, opts.seed).expect("forward"));
         let data = tensor_bytes(&ins, &outs, &s.forward.differentiable);
-        drop((ins, outs, r));
+        drop((ins, outs));
+        let (t_gt, _) = secs(|| ground_truth(&s.forward, &s.inputs, &opts).expect("ground truth"));
         let bound = 3 * data + (64 << 20);
         let p = path.to_str().expect("utf-8 path");
         let (c1, m1) = cli(&["check", p, "--trials", "1"]);
@@ -174,8 +178,8 @@ fn main() {
             c1,
             c1 / (t_fwd + t_grad + t_bwd),
             c2 / c1,
-            g / t_grad,
-            rn / t_fwd,
+            g / t_gt,
+            rn / t_run,
             mb(data),
             mb(bound),
             mb(m1),

@@ -215,15 +215,20 @@ impl Progress {
         Progress { start: Instant::now(), bar: None, label: label.to_string() }
     }
 
-    fn update(&mut self, done: usize, total: usize) {
+    /// `phase` starts now; `done` of `total` trials are done.
+    fn update(&mut self, phase: &str, done: usize, total: usize) {
         if self.bar.is_none() && self.start.elapsed() > Duration::from_secs(1) && std::io::stderr().is_terminal() && done < total {
             let b = indicatif::ProgressBar::new(total as u64);
-            b.set_message(self.label.clone());
+            if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {prefix}: {msg} [trial {pos}/{len}] {elapsed}") {
+                b.set_style(style);
+            }
+            b.set_prefix(self.label.clone());
             b.enable_steady_tick(Duration::from_millis(200));
             self.bar = Some(b);
         }
         if let Some(b) = &self.bar {
             b.set_position(done as u64);
+            b.set_message(phase.to_string());
         }
     }
 }
@@ -285,9 +290,10 @@ fn run(cli: Cli) -> Result<bool> {
                 let spec_seconds = t_spec.elapsed().as_secs_f64();
                 let bwd = spec.backward.as_ref().with_context(|| format!("{}: the spec has no [backward] to check", path.display()))?;
                 let mut progress = Progress::new(&spec.name);
-                let mut report =
-                    check::check_backward_with(&spec.forward, bwd, &spec.inputs, &o, &spec.name, &mut |d, t| progress.update(d, t))
-                        .with_context(|| format!("{}", path.display()))?;
+                let mut report = check::check_backward_with(&spec.forward, bwd, &spec.inputs, &o, &spec.name, &mut |phase, d, t| {
+                    progress.update(phase, d, t)
+                })
+                .with_context(|| format!("{}", path.display()))?;
                 drop(progress);
                 report.timings.phases.insert(0, ("spec and kernels".into(), spec_seconds));
                 if !json {

@@ -75,7 +75,7 @@ impl GradCase {
 
     /// Runs the check.
     pub fn run(&self) -> Result<Report, CheckError> {
-        check_backward_with(&self.forward, &self.backward, &self.inputs, &self.options, &self.name, &mut |_, _| {})
+        check_backward_with(&self.forward, &self.backward, &self.inputs, &self.options, &self.name, &mut |_, _, _| {})
     }
 
     /// Runs the check and panics, printing the report, unless it passes.

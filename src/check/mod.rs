@@ -271,18 +271,18 @@ impl Default for CheckOptions {
 
 /// Checks `bwd` against the ground-truth gradient of `fwd` on `inputs`.
 pub fn check_backward(fwd: &Forward, bwd: &Backward, inputs: &Inputs, opts: &CheckOptions) -> Result<Report, CheckError> {
-    check_backward_with(fwd, bwd, inputs, opts, "check", &mut |_, _| {})
+    check_backward_with(fwd, bwd, inputs, opts, "check", &mut |_, _, _| {})
 }
 
-/// [`check_backward`] with a name for the report and a progress callback `(done, total)` over
-/// the trials.
+/// [`check_backward`] with a name for the report and a progress callback `(phase, done, total)`:
+/// the phase starting now, and the cotangent trials done of all.
 pub fn check_backward_with(
     fwd: &Forward,
     bwd: &Backward,
     inputs: &Inputs,
     opts: &CheckOptions,
     name: &str,
-    progress: &mut dyn FnMut(usize, usize),
+    progress: &mut dyn FnMut(&str, usize, usize),
 ) -> Result<Report, CheckError> {
     if opts.trials == 0 {
         return Err(CheckError::Spec("at least one cotangent trial is needed".into()));
@@ -294,6 +294,7 @@ pub fn check_backward_with(
     let calibrate = opts.tolerance.is_none()
         && opts.precision == Precision::F64
         && (bwd_tf32 || fwd_tf32 || inputs.tensors.iter().any(|t| fwd.differentiable.contains(&t.name) && is_narrow(input_dtype(t))));
+    progress("inputs and forward", 0, opts.trials);
     let mut p = truth::prepare(fwd, inputs, opts, calibrate)?;
     let mut tm = std::mem::take(&mut p.timings);
     // The inputs as drawn are not needed past here, only their shapes: free them early.
@@ -344,8 +345,8 @@ pub fn check_backward_with(
     let mut provisional = false;
     let mut rng = truth::cotangent_rng(opts.seed);
     let mut explained = Vec::new();
-    progress(0, opts.trials);
     for trial in 0..opts.trials {
+        progress("ground truth", trial, opts.trials);
         let drawn = tm.time("cotangents", || truth::draw_cotangents(&mut rng, env_n, fwd))?;
         // The backward's environment: the forward's tensors and the cotangents `grad_<output>`.
         let backward_env = || -> Result<Env, CheckError> {
@@ -387,6 +388,7 @@ pub fn check_backward_with(
         let mut traced: Option<(Env, Trace)> = None;
         let mode = Mode::Poisoned;
         let explain = !opts.blame_elements.is_empty() && trial + 1 == opts.trials;
+        progress("backward", trial, opts.trials);
         let mut run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, mode, None, None));
         if run.is_err() {
             // A backward that fails may fail in more than one way (a race and an access out of
@@ -429,6 +431,7 @@ pub fn check_backward_with(
                 Ok((env, t))
             })
         };
+        progress("comparison", trial, opts.trials);
         for (gi, (input, gname)) in bwd.gradients.iter().enumerate() {
             let it_shape = &input_shape[input];
             let it_numel: usize = it_shape.iter().product();
@@ -494,7 +497,7 @@ pub fn check_backward_with(
             let (env_t, trace_t) = traced.as_ref().expect("made above");
             explained = explain_elements(opts, bwd, env_t, trace_t, &truth, trial)?;
         }
-        progress(trial + 1, opts.trials);
+        progress("trial done", trial + 1, opts.trials);
     }
     let gradients: Vec<TensorReport> = gradients.into_iter().flatten().map(|(r, _)| r).collect();
     let passed = failure.is_none() && forward.iter().all(|r| r.passed) && gradients.iter().all(|r| r.passed);

@@ -136,7 +136,7 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
                         }
                         let mut idx: Vec<String> = unravel(from[0], &src_shape).iter().map(|i| i.to_string()).collect();
                         idx[a] = ":".into();
-                        format!("`{name}` = {} (step {step}): from `{src}`[{}]", steps[*step].describe(), idx.join(", "))
+                        format!("`{}` (step {step}): from `{src}`[{}]", steps[*step].describe(), idx.join(", "))
                     }
                     Step::Compute { .. } => {
                         let map = broadcast_map(&src_shape, &shape);
@@ -145,11 +145,11 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
                                 from.push(map[e]);
                             }
                         }
-                        format!("`{name}` = {} (step {step}): from `{src}`{:?}", steps[*step].describe(), unravel(from[0], &src_shape))
+                        format!("`{}` (step {step}): from `{src}`{:?}", steps[*step].describe(), unravel(from[0], &src_shape))
                     }
                     s => {
                         from.extend(unwritten.iter().copied());
-                        format!("`{name}` = {} (step {step}): from `{src}`{:?}", s.describe(), unravel(from[0], &src_shape))
+                        format!("`{}` (step {step}): from `{src}`{:?}", s.describe(), unravel(from[0], &src_shape))
                     }
                 };
                 b.via.push(what);

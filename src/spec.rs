@@ -39,8 +39,8 @@
 //!   { alloc = "grad_x", like = "x" },
 //!   { alloc = "partial", shape = ["cdiv(ROWS, 16)", "D"], dtype = "f32" },
 //!   { launch = "bwd", grid = ["cdiv(ROWS, 16)"], args = { ... } },
-//!   { sum = "partial", axis = 0, into = "grad_w" },     # also: reshape = "t", shape = [..],
-//! ]                                                     # into; scale = "t", by = "expr", into
+//!   { sum = "partial", axis = 0, into = "grad_w" },     # host steps: see below
+//! ]
 //!
 //! [check]                               # defaults for the CLI's options
 //! seed = 0
@@ -50,6 +50,35 @@
 //! atol = 1e-5                           # (and turn off the calibrated tolerance of f16/bf16)
 //! allow_non_finite = false              # true: accept NaN/inf inputs and ground truth
 //! ```
+//!
+//! Host steps, what a launcher does with torch between launches (each a table with one kind key;
+//! `into` names the new tensor, except for `accumulate`, which updates one in place):
+//!
+//! - `{ sum = "t", axis = 0, into = "s" }`, and likewise `mean`, `logsumexp` (of floats) and
+//!   `max` (`amax`: the cotangent is shared among tied maxima): a reduction over one axis
+//!   (negative counts from the end), which is removed (a 1-d tensor gives a 0-d one); computed in
+//!   f64 and rounded once to `t`'s dtype.
+//! - `{ reshape = "t", shape = ["R", "C"], into = "r" }` and `{ scale = "t", by = "EXPR", into =
+//!   "s" }` (a size expression, as launch arguments).
+//! - `{ compute = "grad_x * grad_loss", into = "g" }`: an elementwise expression of tensors,
+//!   constants and numbers (see [`crate::check::tensor_expr`]): `+ - * /`, unary minus, one
+//!   comparison `< <= > >= == !=` (a bool), `exp log sqrt abs tanh sigmoid`, `min(a, b)`,
+//!   `max(a, b)` and `where(cond, a, b)` (`where(labels == -100, 0.0, x)`). Shapes broadcast as
+//!   in NumPy and torch (0-d tensors and numbers everywhere); the dtype is torch's promotion
+//!   (float beats int; among floats a dimensioned tensor's dtype wins over a 0-d tensor's, which
+//!   wins over a number's, which is f32) or `dtype = "f16"`. Natively the value is computed in
+//!   f64 and rounded once to that dtype (torch rounds after each operation); the ground truth
+//!   keeps floats in f64.
+//! - `{ cast = "x", dtype = "f16", into = "x16" }`: `x.to(torch.float16)`.
+//! - `{ accumulate = "src", into = "dst" }`: `dst += src` in place, `src` broadcast to `dst`'s
+//!   shape and the sum rounded to `dst`'s dtype (not a float into an integer tensor).
+//!
+//! The ground truth differentiates each host step exactly (an expression per element, with no
+//! gradient through comparisons, `where`'s condition or integer tensors; a cast as the identity;
+//! `accumulate` passing `dst`'s cotangent through and summing it into `src` over the axes `src`
+//! was broadcast along), at the operands as the step read them, even where a later launch or
+//! `accumulate` overwrites them. Shapes and dtypes are checked when the spec loads: an error
+//! names the step's key (`backward.steps[2].compute`) and, in an expression, the column.
 //!
 //! Launch arguments are expressions (see [`crate::check::expr`]); a bare tensor name passes the
 //! tensor; `"descriptor(q, [BLOCK_M, HEAD_DIM])"` passes what `TensorDescriptor.from_tensor(q,

@@ -136,7 +136,10 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
                         }
                         let mut idx: Vec<String> = unravel(from[0], &src_shape).iter().map(|i| i.to_string()).collect();
                         idx[a] = ":".into();
-                        format!("`{}` (step {step}): from `{src}`[{}]", steps[*step].describe(), idx.join(", "))
+                        match &steps[*step] {
+                            Step::Sum { .. } => format!("`{name}` = `{src}`.sum({axis}) (step {step}): from `{src}`[{}]", idx.join(", ")),
+                            s => format!("`{}` (step {step}): from `{src}`[{}]", s.describe(), idx.join(", ")),
+                        }
                     }
                     Step::Compute { .. } => {
                         let map = broadcast_map(&src_shape, &shape);

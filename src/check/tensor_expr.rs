@@ -228,7 +228,9 @@ impl TensorExpr {
     pub fn check(&self, lookup: &dyn Fn(&str) -> Option<Operand>) -> Result<Typed, ExprError> {
         let tys = self.types(lookup)?;
         let last = tys.last().expect("an expression has an instruction");
-        tilegrad_reference::checked_numel(&last.shape).map_err(|m| err(1, m))?;
+        // Evaluated in f64: the result's values must fit in memory (a spec can broadcast two
+        // large tensors into a huge one).
+        tilegrad_reference::check_alloc(DType::F64, &last.shape).map_err(|e| err(1, e.to_string()))?;
         let mut tensors = Vec::new();
         for ((ins, _), t) in self.prog.iter().zip(&tys) {
             if let Ins::Name(n) = ins {
@@ -797,6 +799,8 @@ mod tests {
         // Sizes are checked: broadcasting huge dimensions is an error, not an overflow.
         let huge = [("x", t(F32, &[1 << 40, 1])), ("y", t(F32, &[1 << 40]))];
         assert!(ty("x + y", &huge).is_err());
+        let big = [("x", t(F32, &[1 << 24, 1])), ("y", t(F32, &[1 << 24]))];
+        assert!(ty("x + y", &big).unwrap_err().message.contains("needs"), "2^48 elements do not fit in memory");
     }
 
     #[test]

@@ -803,6 +803,50 @@ mod tests {
         assert!(ty("x + y", &big).unwrap_err().message.contains("needs"), "2^48 elements do not fit in memory");
     }
 
+    /// Random token soup parses to a value or an error, and what parses type-checks and evaluates
+    /// (values and VJP) without panicking.
+    #[test]
+    fn random_expressions_never_panic() {
+        let toks = [
+            "a", "b", "c", "i", "K", "1", "2.5", "1e3", "_", ".", "+", "-", "*", "/", "(", ")", ",", "<", "<=", "==", "!=", ">", "exp(",
+            "where(", "min(", "max(", "sigmoid(", "é", " ", "//", "0x1",
+        ];
+        let ops = [("a", t(DType::F32, &[3, 1])), ("b", t(DType::F16, &[4])), ("c", t(DType::F32, &[])), ("i", t(DType::I64, &[3, 4]))];
+        let lookup =
+            |n: &str| ops.iter().find(|(o, _)| *o == n).map(|(_, v)| v.clone()).or((n == "K").then_some(Operand::Scalar(Scalar::Int(3))));
+        let mut rng = StdRng::seed_from_u64(1);
+        let mut evaluated = 0;
+        for _ in 0..20000 {
+            let n = rng.gen_range(1..12);
+            let text: String = (0..n).map(|_| toks[rng.gen_range(0..toks.len())]).collect();
+            let Ok(e) = TensorExpr::parse(&text) else { continue };
+            let Ok(typed) = e.check(&lookup) else { continue };
+            let operands = e
+                .names()
+                .into_iter()
+                .map(|n| match lookup(n) {
+                    Some(Operand::Tensor(d, s)) => {
+                        let k = s.iter().product();
+                        (
+                            n.to_string(),
+                            Values::Tensor {
+                                values: (0..k).map(|j| j as f64 - 1.5).collect(),
+                                map: broadcast_map(&s, &typed.shape),
+                                float: d.is_float(),
+                            },
+                        )
+                    }
+                    _ => (n.to_string(), Values::Scalar(3.0)),
+                })
+                .collect();
+            let b = Bound::new(&e, operands, &typed.shape);
+            let v = b.eval();
+            let _ = b.vjp(&vec![1.0; v.len()]);
+            evaluated += 1;
+        }
+        assert!(evaluated > 500, "only {evaluated} expressions evaluated");
+    }
+
     #[test]
     fn broadcast_map_reads_the_stretched_element() {
         let out = [3, 4, 5];

@@ -327,4 +327,13 @@ fn the_cross_entropy_example_fails_with_a_broken_host_step() {
             "{wrong}: {blame:?}"
         );
     }
+    // A wrong term added in place is blamed too.
+    let mut bwd = good.backward.clone().unwrap();
+    bwd.steps.push(compute("extra", "x * 0.001"));
+    bwd.steps.push(Step::Accumulate { src: "extra".into(), dst: "grad_x".into() });
+    let r = check_backward(&good.forward, &bwd, &good.inputs, &good.options).unwrap();
+    assert!(!r.passed, "{r}");
+    let blame = r.gradients[0].worst.as_ref().and_then(|w| w.blame.as_ref()).expect("blamed");
+    assert!(blame.via.iter().any(|v| v.starts_with("`grad_x += extra` (step 5): also from `extra`[")), "{blame:?}");
+    assert!(blame.via.iter().any(|v| v.starts_with("`extra = x * 0.001` (step 4): from `x`[")), "{blame:?}");
 }

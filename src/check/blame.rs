@@ -1,6 +1,8 @@
 //! Blame: which program instance and which store wrote a compared element, following it back
 //! through host steps (a gradient summed on the host from a partial buffer is blamed on the
-//! stores that wrote the partial buffer's elements it was summed from).
+//! stores that wrote the partial buffer's elements it was summed from; one computed on the host
+//! from several tensors, on each float tensor's elements it read; one with a tensor added in
+//! place, on that tensor's elements too).
 
 use super::report::{unravel, Blame, BlameSite};
 use super::slice::{explain, Target};
@@ -99,6 +101,30 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
                     programs: vec![pid],
                     elements: 1,
                 })
+            }
+        }
+    }
+    // `name += src` steps added `src` into every element: its elements are blamed too.
+    if depth <= 16 {
+        for (k, step) in steps.iter().enumerate() {
+            let Step::Accumulate { src, dst } = step else { continue };
+            if dst != name {
+                continue;
+            }
+            let src_shape = env.tensor(src).map(|t| t.shape().to_vec()).unwrap_or_default();
+            if super::tensor_expr::broadcast(&src_shape, &shape).as_deref() != Some(&shape[..]) {
+                continue;
+            }
+            let map = broadcast_map(&src_shape, &shape);
+            let mut from: Vec<usize> = Vec::new();
+            for &e in elems.iter().filter(|&&e| e < map.len()) {
+                if !from.contains(&map[e]) {
+                    from.push(map[e]);
+                }
+            }
+            if let Some(&f) = from.first() {
+                b.via.push(format!("`{}` (step {k}): also from `{src}`{:?}", step.describe(), unravel(f, &src_shape)));
+                go(trace, env, steps, src, &from, b, depth + 1, values);
             }
         }
     }

@@ -42,8 +42,8 @@
 //!   { alloc = "grad_x", like = "x" },
 //!   { alloc = "partial", shape = ["cdiv(ROWS, 16)", "D"], dtype = "f32" },
 //!   { launch = "bwd", grid = ["cdiv(ROWS, 16)"], args = { ... } },
-//!   { sum = "partial", axis = 0, into = "grad_w" },     # also: reshape = "t", shape = [..],
-//! ]                                                     # into; scale = "t", by = "expr", into
+//!   { sum = "partial", axis = 0, into = "grad_w" },     # host steps: see below
+//! ]
 //!
 //! [check]                               # defaults for the CLI's options
 //! seed = 0
@@ -53,6 +53,35 @@
 //! atol = 1e-5                           # (and turn off the calibrated tolerance of f16/bf16)
 //! allow_non_finite = false              # true: accept NaN/inf inputs and ground truth
 //! ```
+//!
+//! Host steps, what a launcher does with torch between launches (each a table with one kind key;
+//! `into` names the new tensor, except for `accumulate`, which updates one in place):
+//!
+//! - `{ sum = "t", axis = 0, into = "s" }`, and likewise `mean`, `logsumexp` (of floats) and
+//!   `max` (`amax`: the cotangent is shared among tied maxima): a reduction over one axis
+//!   (negative counts from the end), which is removed (a 1-d tensor gives a 0-d one); computed in
+//!   f64 and rounded once to `t`'s dtype.
+//! - `{ reshape = "t", shape = ["R", "C"], into = "r" }` and `{ scale = "t", by = "EXPR", into =
+//!   "s" }` (a size expression, as launch arguments).
+//! - `{ compute = "grad_x * grad_loss", into = "g" }`: an elementwise expression of tensors,
+//!   constants and numbers (see [`crate::check::tensor_expr`]): `+ - * /`, unary minus, one
+//!   comparison `< <= > >= == !=` (a bool), `exp log sqrt abs tanh sigmoid`, `min(a, b)`,
+//!   `max(a, b)` and `where(cond, a, b)` (`where(labels == -100, 0.0, x)`). Shapes broadcast as
+//!   in NumPy and torch (0-d tensors and numbers everywhere); the dtype is torch's promotion
+//!   (float beats int; among floats a dimensioned tensor's dtype wins over a 0-d tensor's, which
+//!   wins over a number's, which is f32) or `dtype = "f16"`. Natively the value is computed in
+//!   f64 and rounded once to that dtype (torch rounds after each operation); the ground truth
+//!   keeps floats in f64.
+//! - `{ cast = "x", dtype = "f16", into = "x16" }`: `x.to(torch.float16)`.
+//! - `{ accumulate = "src", into = "dst" }`: `dst += src` in place, `src` broadcast to `dst`'s
+//!   shape and the sum rounded to `dst`'s dtype (not a float into an integer tensor).
+//!
+//! The ground truth differentiates each host step exactly (an expression per element, with no
+//! gradient through comparisons, `where`'s condition or integer tensors; a cast as the identity;
+//! `accumulate` passing `dst`'s cotangent through and summing it into `src` over the axes `src`
+//! was broadcast along), at the operands as the step read them, even where a later launch or
+//! `accumulate` overwrites them. Shapes and dtypes are checked when the spec loads: an error
+//! names the step's key (`backward.steps[2].compute`) and, in an expression, the column.
 //!
 //! Launch arguments are expressions (see [`crate::check::expr`]); a bare tensor name passes the
 //! tensor; `"descriptor(q, [BLOCK_M, HEAD_DIM])"` passes what `TensorDescriptor.from_tensor(q,
@@ -64,10 +93,14 @@
 //! dtype (`X_dtype = "tl.float16"`); TOML `true`/`false` bind bools and floats bind float
 //! constexprs (`eps = 1e-6`). Errors name the file, the key and what was expected.
 
+use crate::check::tensor_expr::{broadcast, Operand};
 use crate::check::{
-    expr::Scope, Backward, CheckOptions, Cotangent, Dist, Expr, Forward, Init, Inputs, KernelLaunch, Precision, Scalar, Source, Step,
-    Tolerance,
+    expr::Scope, Backward, CheckOptions, Cotangent, Dist, Expr, Forward, Init, Inputs, KernelLaunch, Precision, Reduction, Scalar, Source,
+    Step, TensorExpr, Tolerance,
 };
+
+/// The keys that say what a step is.
+const STEP_KINDS: [&str; 11] = ["alloc", "launch", "sum", "mean", "logsumexp", "max", "reshape", "scale", "compute", "cast", "accumulate"];
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -634,12 +667,14 @@ impl Loader {
         for (i, s) in a.iter().enumerate() {
             let key = format!("{key}[{i}]");
             let t = self.table(s, &key)?;
-            let kinds: Vec<&str> = ["alloc", "launch", "sum", "reshape", "scale"].into_iter().filter(|k| t.contains_key(*k)).collect();
+            let kinds: Vec<&str> = STEP_KINDS.into_iter().filter(|k| t.contains_key(*k)).collect();
             let step = match kinds[..] {
                 ["alloc"] => self.alloc(t, &key, constants)?,
                 ["launch"] => self.launch(t, &key, constants)?,
-                ["sum"] | ["reshape"] | ["scale"] => self.host(t, kinds[0], &key, constants)?,
-                _ => return Err(self.err(&key, "a step has exactly one of alloc, launch, sum, reshape, scale")),
+                ["compute"] => self.compute(t, &key, constants)?,
+                ["accumulate"] => self.accumulate(t, &key)?,
+                [kind] => self.host(t, kind, &key, constants)?,
+                _ => return Err(self.err(&key, format!("a step has exactly one of {}", STEP_KINDS.join(", ")))),
             };
             out.push(step);
         }
@@ -690,22 +725,67 @@ impl Loader {
         Ok(())
     }
 
-    fn host(&mut self, t: &Table, kind: &str, key: &str, constants: &[(String, Scalar)]) -> Result<Step, SpecError> {
-        let extra: &[&str] = match kind {
-            "sum" => &["sum", "axis", "into"],
-            "reshape" => &["reshape", "shape", "into"],
-            _ => &["scale", "by", "into"],
-        };
-        self.only(t, key, extra)?;
-        let src = self.string(&t[kind], &format!("{key}.{kind}"))?;
-        let dst = self.string(
+    /// The `into` key of a step: the tensor it makes (or updates).
+    fn target(&self, t: &Table, key: &str) -> Result<String, SpecError> {
+        self.string(
             t.get("into").ok_or_else(|| self.err(&format!("{key}.into"), "missing: the new tensor's name"))?,
             &format!("{key}.into"),
-        )?;
+        )
+    }
+
+    /// `{ compute = "EXPR", into = "t", dtype = "f16" }`: an elementwise expression.
+    fn compute(&mut self, t: &Table, key: &str, constants: &[(String, Scalar)]) -> Result<Step, SpecError> {
+        self.only(t, key, &["compute", "dtype", "into"])?;
+        let ekey = format!("{key}.compute");
+        let text = self.string(&t["compute"], &ekey)?;
+        let dst = self.target(t, key)?;
+        let expr = TensorExpr::parse(&text).map_err(|e| self.err(&ekey, format!("`{text}`: {e}")))?;
+        let lookup = |n: &str| match self.tensors.iter().find(|(x, ..)| x == n) {
+            Some((_, d, s)) => Some(Operand::Tensor(*d, s.clone())),
+            None => constants.iter().find(|(c, _)| c == n).map(|(_, v)| Operand::Scalar(*v)),
+        };
+        let typed = expr.check(&lookup).map_err(|e| self.err(&ekey, format!("`{text}`: {e}")))?;
+        let dtype = match t.get("dtype") {
+            Some(v) => Some(self.dtype(Some(v), &format!("{key}.dtype"))?),
+            None => None,
+        };
+        self.define(&dst, dtype.unwrap_or(typed.dtype), typed.shape, &format!("{key}.into"))?;
+        Ok(Step::Compute { expr, dtype, dst })
+    }
+
+    /// `{ accumulate = "src", into = "dst" }`: `dst += src` in place.
+    fn accumulate(&mut self, t: &Table, key: &str) -> Result<Step, SpecError> {
+        self.only(t, key, &["accumulate", "into"])?;
+        let skey = format!("{key}.accumulate");
+        let src = self.string(&t["accumulate"], &skey)?;
+        let dst = self.target(t, key)?;
+        let (sd, ss) = self.known(&src, &skey)?;
+        let (dd, ds) = self
+            .known(&dst, &format!("{key}.into"))
+            .map_err(|e| self.err(&e.key, format!("{} (`into` of `accumulate` names an existing tensor, updated in place)", e.message)))?;
+        if broadcast(&ss, &ds).as_deref() != Some(&ds[..]) {
+            return Err(self.err(&skey, format!("`{src}` of shape {ss:?} does not broadcast to `{dst}` of shape {ds:?}")));
+        }
+        if !crate::check::can_accumulate(sd, dd) {
+            return Err(self.err(&skey, format!("cannot add `{src}` ({sd}) into `{dst}` ({dd}) in place")));
+        }
+        Ok(Step::Accumulate { src, dst })
+    }
+
+    fn host(&mut self, t: &Table, kind: &str, key: &str, constants: &[(String, Scalar)]) -> Result<Step, SpecError> {
+        let extra: &[&str] = match kind {
+            "sum" | "mean" | "logsumexp" | "max" => &["axis", "into"],
+            "reshape" => &["shape", "into"],
+            "cast" => &["dtype", "into"],
+            _ => &["by", "into"],
+        };
+        self.only(t, key, &[&[kind], extra].concat())?;
+        let src = self.string(&t[kind], &format!("{key}.{kind}"))?;
+        let dst = self.target(t, key)?;
         let (d, s) = self.known(&src, &format!("{key}.{kind}"))?;
         let scope = Static { constants, tensors: &self.tensors };
-        let (step, shape) = match kind {
-            "sum" => {
+        let (step, shape, d) = match kind {
+            "sum" | "mean" | "logsumexp" | "max" => {
                 let axis = t
                     .get("axis")
                     .and_then(Value::as_integer)
@@ -715,7 +795,21 @@ impl Loader {
                 };
                 let mut ns = s.clone();
                 ns.remove(a);
-                (Step::Sum { src, axis, dst: dst.clone() }, ns)
+                let op = match kind {
+                    "sum" => return self.define(&dst, d, ns, &format!("{key}.into")).map(|_| Step::Sum { src, axis, dst }),
+                    "mean" => Reduction::Mean,
+                    "logsumexp" => Reduction::LogSumExp,
+                    _ => Reduction::Max,
+                };
+                if op.needs_float() && !d.is_float() {
+                    return Err(self.err(&format!("{key}.{kind}"), format!("`{src}` is {d}: {kind} needs a float tensor (cast it first)")));
+                }
+                (Step::Reduce { op, src, axis, dst: dst.clone() }, ns, d)
+            }
+            "cast" => {
+                let dv = t.get("dtype").ok_or_else(|| self.err(&format!("{key}.dtype"), "missing: the new dtype"))?;
+                let dtype = self.dtype(Some(dv), &format!("{key}.dtype"))?;
+                (Step::Cast { src, dtype, dst: dst.clone() }, s, dtype)
             }
             "reshape" => {
                 let shape =
@@ -724,13 +818,13 @@ impl Loader {
                 if ns.iter().product::<usize>() != s.iter().product::<usize>() {
                     return Err(self.err(&format!("{key}.shape"), format!("cannot reshape `{src}` of shape {s:?} to {ns:?}")));
                 }
-                (Step::Reshape { src, shape, dst: dst.clone() }, ns)
+                (Step::Reshape { src, shape, dst: dst.clone() }, ns, d)
             }
             _ => {
                 let by =
                     self.expr(t.get("by").ok_or_else(|| self.err(&format!("{key}.by"), "missing: the factor"))?, &format!("{key}.by"))?;
                 by.eval(&scope).map_err(|e| self.err(&format!("{key}.by"), format!("`{by}`: {e}")))?;
-                (Step::Scale { src, factor: by, dst: dst.clone() }, s)
+                (Step::Scale { src, factor: by, dst: dst.clone() }, s, d)
             }
         };
         self.define(&dst, d, shape, &format!("{key}.into"))?;

@@ -14,9 +14,9 @@ use rand::{Rng, SeedableRng};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use tilegrad::check::{expr::Scope, CheckOptions, Scalar, Source, Step};
+use tilegrad::check::{expr::Scope, tensor_expr::Operand, CheckOptions, Scalar, Source, Step};
 use tilegrad::spec::{load, Spec, SpecError};
-use tilegrad_ir::IrError;
+use tilegrad_ir::{DType, IrError};
 
 /// Tokens a mutation inserts: syntax, names and numbers that reach the corners of each parser.
 const TOKENS: &[&str] = &[
@@ -362,10 +362,30 @@ fn cheap(spec: &Spec) -> bool {
                 let Some(s) = shape.iter().map(|e| e.eval_size(&sh).ok()).collect::<Option<Vec<usize>>>() else { return false };
                 sh.1.push((dst.clone(), s));
             }
-            Step::Scale { src, dst, .. } => {
+            Step::Scale { src, dst, .. } | Step::Cast { src, dst, .. } => {
                 let Some(s) = sh.shape(src) else { return false };
                 sh.1.push((dst.clone(), s));
             }
+            Step::Reduce { src, axis, dst, .. } => {
+                let Some(mut s) = sh.shape(src) else { return false };
+                let a = if *axis < 0 { *axis + s.len() as i64 } else { *axis };
+                if !(0..s.len() as i64).contains(&a) {
+                    return false;
+                }
+                s.remove(a as usize);
+                sh.1.push((dst.clone(), s));
+            }
+            Step::Compute { expr, dst, .. } => {
+                // Shapes only: every tensor taken as f32 (a spec this misjudges is skipped).
+                let lookup = |n: &str| match sh.shape(n) {
+                    Some(s) => Some(Operand::Tensor(DType::F32, s)),
+                    None => sh.constant(n).map(Operand::Scalar),
+                };
+                let Ok(t) = expr.check(&lookup) else { return false };
+                total = total.saturating_add(t.shape.iter().product());
+                sh.1.push((dst.clone(), t.shape));
+            }
+            Step::Accumulate { .. } => {}
         }
     }
     total <= 1 << 15

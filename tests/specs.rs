@@ -83,6 +83,7 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "layer_norm_lock",
         "row_scale_desc",
         "flash_attention",
+        "cross_entropy_mean",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }

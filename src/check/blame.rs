@@ -1,10 +1,13 @@
 //! Blame: which program instance and which store wrote a compared element, following it back
 //! through host steps (a gradient summed on the host from a partial buffer is blamed on the
-//! stores that wrote the partial buffer's elements it was summed from).
+//! stores that wrote the partial buffer's elements it was summed from; one computed on the host
+//! from several tensors, on each float tensor's elements it read; one with a tensor added in
+//! place, on that tensor's elements too).
 
 use super::report::{unravel, Blame, BlameSite};
 use super::slice::{explain, Target};
 use super::steps::{split_axis, Env, Init, Origin, Step, Trace};
+use super::tensor_expr::broadcast_map;
 use tilegrad_ir::{Kernel, Loc, Value};
 use tilegrad_reference::Writers;
 
@@ -101,6 +104,30 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
             }
         }
     }
+    // `name += src` steps added `src` into every element: its elements are blamed too.
+    if depth <= 16 {
+        for (k, step) in steps.iter().enumerate() {
+            let Step::Accumulate { src, dst } = step else { continue };
+            if dst != name {
+                continue;
+            }
+            let src_shape = env.tensor(src).map(|t| t.shape().to_vec()).unwrap_or_default();
+            if super::tensor_expr::broadcast(&src_shape, &shape).as_deref() != Some(&shape[..]) {
+                continue;
+            }
+            let map = broadcast_map(&src_shape, &shape);
+            let mut from: Vec<usize> = Vec::new();
+            for &e in elems.iter().filter(|&&e| e < map.len()) {
+                if !from.contains(&map[e]) {
+                    from.push(map[e]);
+                }
+            }
+            if let Some(&f) = from.first() {
+                b.via.push(format!("`{}` (step {k}): also from `{src}`{:?}", step.describe(), unravel(f, &src_shape)));
+                go(trace, env, steps, src, &from, b, depth + 1, values);
+            }
+        }
+    }
     if unwritten.is_empty() {
         return;
     }
@@ -112,30 +139,51 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
             elements: unwritten.len(),
             init: if *init == Init::Zeros { "zero".into() } else { "NaN".into() },
         }),
-        Origin::Host { step, src } => {
+        Origin::Host { step, srcs } => {
             if depth > 16 {
                 return;
             }
-            let src_shape = env.tensor(src).map(|t| t.shape().to_vec()).unwrap_or_default();
-            let mut from = Vec::new();
-            let what = match &steps[*step] {
-                Step::Sum { axis, .. } => {
-                    let (a, _, n, inner) = split_axis(&src_shape, *axis).expect("the pass ran this sum");
-                    for &e in &unwritten {
-                        let (o, j) = (e / inner.max(1), e % inner.max(1));
-                        from.extend((0..n).map(|k| (o * n + k) * inner + j));
+            // The float sources (an integer operand, such as labels in a mask, holds no blame).
+            let float = |s: &&String| env.tensor(s).is_some_and(|t| t.dtype().is_float());
+            let followed: Vec<&String> =
+                if srcs.iter().any(|s| float(&s)) { srcs.iter().filter(float).collect() } else { srcs.iter().collect() };
+            for src in followed {
+                let src_shape = env.tensor(src).map(|t| t.shape().to_vec()).unwrap_or_default();
+                let mut from = Vec::new();
+                let what = match &steps[*step] {
+                    Step::Sum { axis, .. } | Step::Reduce { axis, .. } => {
+                        let (a, _, n, inner) = split_axis(&src_shape, *axis).expect("the pass ran this reduction");
+                        for &e in &unwritten {
+                            let (o, j) = (e / inner.max(1), e % inner.max(1));
+                            from.extend((0..n).map(|k| (o * n + k) * inner + j));
+                        }
+                        if from.is_empty() {
+                            continue;
+                        }
+                        let mut idx: Vec<String> = unravel(from[0], &src_shape).iter().map(|i| i.to_string()).collect();
+                        idx[a] = ":".into();
+                        match &steps[*step] {
+                            Step::Sum { .. } => format!("`{name}` = `{src}`.sum({axis}) (step {step}): from `{src}`[{}]", idx.join(", ")),
+                            s => format!("`{}` (step {step}): from `{src}`[{}]", s.describe(), idx.join(", ")),
+                        }
                     }
-                    let mut idx: Vec<String> = unravel(from[0], &src_shape).iter().map(|i| i.to_string()).collect();
-                    idx[a] = ":".into();
-                    format!("`{name}` = `{src}`.sum({axis}) (step {step}): from `{src}`[{}]", idx.join(", "))
-                }
-                s => {
-                    from.extend(unwritten.iter().copied());
-                    format!("`{name}` = {} (step {step}): from `{src}`{:?}", s.describe(), unravel(from[0], &src_shape))
-                }
-            };
-            b.via.push(what);
-            go(trace, env, steps, src, &from, b, depth + 1, values);
+                    Step::Compute { .. } => {
+                        let map = broadcast_map(&src_shape, &shape);
+                        for &e in &unwritten {
+                            if !from.contains(&map[e]) {
+                                from.push(map[e]);
+                            }
+                        }
+                        format!("`{}` (step {step}): from `{src}`{:?}", steps[*step].describe(), unravel(from[0], &src_shape))
+                    }
+                    s => {
+                        from.extend(unwritten.iter().copied());
+                        format!("`{}` (step {step}): from `{src}`{:?}", s.describe(), unravel(from[0], &src_shape))
+                    }
+                };
+                b.via.push(what);
+                go(trace, env, steps, src, &from, b, depth + 1, values);
+            }
         }
     }
 }

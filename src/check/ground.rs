@@ -4,20 +4,26 @@
 //! of the final contents of the tensors it touched to cotangents of their contents before it ran
 //! (every float tensor of the launch is both an input and, where it has a cotangent, an output, so
 //! that untouched elements pass theirs through); a host step's VJP is its transpose (sum over an
-//! axis -> broadcast, reshape -> reshape, scale -> scale); an allocation ends its tensor's
-//! cotangent.
+//! axis -> broadcast, reshape -> reshape, scale -> scale, cast -> identity, `dst += src` -> the
+//! cotangent of `dst` passes through and `src` gets it summed over the axes it was broadcast
+//! along), or for a nonlinear step its derivative at the operands as the step read them (an
+//! elementwise expression is differentiated per element in reverse over its instructions; mean,
+//! logsumexp and max per reduced row); an allocation ends its tensor's cotangent. Integer and
+//! bool tensors get no cotangent.
 
-use super::steps::{split_axis, LaunchRecord, Step};
+use super::steps::{bind, split_axis, Records, Reduction, Step};
+use super::tensor_expr::broadcast_map;
 use super::{CheckError, Env};
 use std::collections::HashMap;
 use tilegrad_ad::{vjp, GradOptions};
 use tilegrad_reference::Launch;
 
 /// Cotangents of the tensors of `env` before `steps` ran, from cotangents of their contents
-/// after. `records` are the launches of `steps` as they ran (with their tensors before).
+/// after. `records` are the launches of `steps` as they ran (with their tensors before) and the
+/// operands of host steps that later steps overwrote.
 pub(crate) fn reverse(
     steps: &[Step],
-    records: &[LaunchRecord],
+    records: &Records,
     env: &Env,
     mut cot: HashMap<String, Vec<f64>>,
     opts: &GradOptions,
@@ -29,7 +35,7 @@ pub(crate) fn reverse(
                 cot.remove(name);
             }
             Step::Launch(_) => {
-                let r = records.iter().find(|r| r.step == i).expect("every launch step is recorded");
+                let r = records.launches.iter().find(|r| r.step == i).expect("every launch step is recorded");
                 let floats: Vec<_> = r.names.iter().filter(|(t, _)| r.before.get(*t).dtype().is_float()).collect();
                 let outputs: Vec<_> = floats.iter().filter_map(|(t, n)| cot.get(n).map(|c| (*t, c.clone()))).collect();
                 if outputs.is_empty() {
@@ -69,7 +75,72 @@ pub(crate) fn reverse(
                 let s = cot.entry(src.clone()).or_insert_with(|| vec![0.0; c.len()]);
                 s.iter_mut().zip(&c).for_each(|(a, b)| *a += f * b);
             }
+            Step::Compute { expr, dst, .. } => {
+                let Some(c) = cot.remove(dst) else { continue };
+                if !is_float(env, dst) {
+                    continue;
+                }
+                let (bound, _) = bind(expr, env, &|n| records.operand(env, i, n)).map_err(at)?;
+                for (n, g) in bound.vjp(&c) {
+                    add(&mut cot, &n, &g);
+                }
+            }
+            Step::Cast { src, dst, .. } => {
+                let Some(c) = cot.remove(dst) else { continue };
+                if is_float(env, src) && is_float(env, dst) {
+                    add(&mut cot, src, &c);
+                }
+            }
+            Step::Reduce { op, src, axis, dst } => {
+                let Some(c) = cot.remove(dst) else { continue };
+                let x = records.operand(env, i, src).expect("ran forward");
+                if !x.dtype().is_float() {
+                    continue;
+                }
+                let (_, outer, n, inner) = split_axis(x.shape(), *axis).expect("the forward ran this reduction");
+                let v = x.to_f64_vec();
+                let mut g = vec![0.0; v.len()];
+                for (e, &ce) in c.iter().enumerate().take(outer * inner) {
+                    let start = (e / inner.max(1)) * n * inner + e % inner.max(1);
+                    let row = (0..n).map(|k| start + k * inner);
+                    match op {
+                        Reduction::Mean => row.for_each(|j| g[j] = ce / n as f64),
+                        Reduction::LogSumExp => {
+                            let lse = op.apply(&v, start, n, inner);
+                            row.for_each(|j| g[j] = ce * (v[j] - lse).exp());
+                        }
+                        Reduction::Max => {
+                            let m = op.apply(&v, start, n, inner);
+                            let ties: Vec<usize> = row.filter(|&j| v[j] == m).collect();
+                            ties.iter().for_each(|&j| g[j] = ce / ties.len() as f64);
+                        }
+                    }
+                }
+                add(&mut cot, src, &g);
+            }
+            Step::Accumulate { src, dst } => {
+                let Some(c) = cot.get(dst) else { continue };
+                if !is_float(env, src) {
+                    continue;
+                }
+                let (s, d) = (env.tensor(src).expect("ran forward"), env.tensor(dst).expect("ran forward"));
+                let mut g = vec![0.0; s.numel()];
+                for (k, ck) in broadcast_map(s.shape(), d.shape()).into_iter().zip(c) {
+                    g[k] += ck;
+                }
+                add(&mut cot, src, &g);
+            }
         }
     }
     Ok(cot)
+}
+
+fn is_float(env: &Env, name: &str) -> bool {
+    env.tensor(name).is_some_and(|t| t.dtype().is_float())
+}
+
+/// Adds `g` into the cotangent of `name`.
+fn add(cot: &mut HashMap<String, Vec<f64>>, name: &str, g: &[f64]) {
+    let s = cot.entry(name.to_string()).or_insert_with(|| vec![0.0; g.len()]);
+    s.iter_mut().zip(g).for_each(|(a, b)| *a += b);
 }

@@ -67,6 +67,7 @@ mod inputs;
 mod report;
 mod slice;
 mod steps;
+pub mod tensor_expr;
 mod truth;
 
 pub use expr::{Expr, ExprError, Scalar};
@@ -76,8 +77,9 @@ pub use report::{
     compare, unravel, Blame, BlameSite, Calibration, Explained, Failure, Finding, FindingKind, Location, Report, Slice, SliceLine,
     TensorReport, Timings, Tolerance, Worst, SCHEMA_VERSION,
 };
-pub(crate) use steps::{eval_shape as steps_eval_shape, split_axis};
-pub use steps::{Env, Init, KernelLaunch, Step};
+pub(crate) use steps::{can_accumulate, eval_shape as steps_eval_shape, split_axis};
+pub use steps::{Env, Init, KernelLaunch, Reduction, Step};
+pub use tensor_expr::TensorExpr;
 pub use tilegrad_ad::Precision;
 pub use truth::{gradcheck, ground_truth, run_forward, FdTrial, GradcheckReport, GroundTruth, Named};
 
@@ -208,6 +210,12 @@ impl Step {
     /// `Alloc` of an empty (NaN-poisoned) tensor; shape entries are size expressions.
     pub fn alloc(name: &str, shape: &[&str], dtype: DType) -> Result<Step, CheckError> {
         Ok(Step::Alloc { name: name.into(), shape: parse_all(shape)?, dtype, init: Init::Empty })
+    }
+
+    /// `Compute`: `dst = expr` (a [`TensorExpr`]), the result's dtype by promotion.
+    pub fn compute(dst: &str, expr: &str) -> Result<Step, CheckError> {
+        let expr = TensorExpr::parse(expr).map_err(|e| CheckError::Spec(format!("`{expr}`: {e}")))?;
+        Ok(Step::Compute { expr, dtype: None, dst: dst.into() })
     }
 
     /// `Alloc` of a zero tensor.
@@ -540,7 +548,7 @@ fn compare_tensor(
 }
 
 /// Whether `step` may write into the existing tensor `name`: a launch passing it to a pointer
-/// parameter that some store or atomic writes through.
+/// parameter that some store or atomic writes through, or an in-place `+=` into it.
 fn step_writes(step: &Step, name: &str) -> bool {
     match step {
         Step::Launch(kl) => {
@@ -551,7 +559,14 @@ fn step_writes(step: &Step, name: &str) -> bool {
                 .zip(&uses)
                 .any(|(p, u)| (u.stored || u.atomic) && kl.args.iter().any(|(n, e)| *n == p.name && e.as_name() == Some(name)))
         }
-        Step::Alloc { .. } | Step::Sum { .. } | Step::Reshape { .. } | Step::Scale { .. } => false,
+        Step::Accumulate { dst, .. } => dst == name,
+        Step::Alloc { .. }
+        | Step::Sum { .. }
+        | Step::Reshape { .. }
+        | Step::Scale { .. }
+        | Step::Compute { .. }
+        | Step::Cast { .. }
+        | Step::Reduce { .. } => false,
     }
 }
 
@@ -559,8 +574,13 @@ fn step_writes(step: &Step, name: &str) -> bool {
 fn defined_by(steps: &[Step], name: &str) -> bool {
     steps.iter().any(|s| match s {
         Step::Alloc { name: n, .. } => n == name,
-        Step::Sum { dst, .. } | Step::Reshape { dst, .. } | Step::Scale { dst, .. } => dst == name,
-        Step::Launch(_) => false,
+        Step::Sum { dst, .. }
+        | Step::Reshape { dst, .. }
+        | Step::Scale { dst, .. }
+        | Step::Compute { dst, .. }
+        | Step::Cast { dst, .. }
+        | Step::Reduce { dst, .. } => dst == name,
+        Step::Launch(_) | Step::Accumulate { .. } => false,
     })
 }
 

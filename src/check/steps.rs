@@ -1,5 +1,6 @@
 //! Pipelines of steps over named tensors: kernel launches and the host steps real forward and
-//! backward passes use between them (allocate, sum over an axis, reshape, scale).
+//! backward passes use between them (allocate; sum, mean, logsumexp or max over an axis;
+//! reshape; scale; elementwise expressions with broadcasting; casts; in-place `+=`).
 //!
 //! A forward or backward pass is a list of [`Step`]s run against an [`Env`] of named tensors. The
 //! same steps run natively (the kernels in their own dtypes: the user's view) and promoted to f64
@@ -7,6 +8,7 @@
 //! so that a report can blame the line that wrote a wrong gradient element.
 
 use super::expr::{Expr, Scalar, Scope};
+use super::tensor_expr::{broadcast, broadcast_map, Bound, Operand, TensorExpr, Typed, Values};
 use super::CheckError;
 use std::sync::Arc;
 use tilegrad_ir::{DType, Kernel, Lit, ParamKind};
@@ -94,6 +96,91 @@ pub enum Step {
         /// New tensor.
         dst: String,
     },
+    /// `dst = expr`, elementwise with broadcasting (see [`TensorExpr`]): computed in f64 and
+    /// rounded once to the result's dtype.
+    Compute {
+        /// The expression.
+        expr: TensorExpr,
+        /// The result's dtype; `None`: torch's promotion of the operands.
+        dtype: Option<DType>,
+        /// New tensor.
+        dst: String,
+    },
+    /// `dst = src.to(dtype)`.
+    Cast {
+        /// Source tensor.
+        src: String,
+        /// The new dtype.
+        dtype: DType,
+        /// New tensor.
+        dst: String,
+    },
+    /// `dst = src.<op>(axis)` (a new tensor of `src`'s dtype without the axis, computed in f64
+    /// and rounded once).
+    Reduce {
+        /// Which reduction.
+        op: Reduction,
+        /// Source tensor.
+        src: String,
+        /// Axis (negative counts from the end).
+        axis: i64,
+        /// New tensor.
+        dst: String,
+    },
+    /// `dst += src` in place (`src` broadcast to `dst`'s shape, the sum rounded to `dst`'s dtype).
+    Accumulate {
+        /// Added tensor.
+        src: String,
+        /// Existing tensor, updated.
+        dst: String,
+    },
+}
+
+/// A reduction over one axis besides `sum`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduction {
+    /// The mean (of floats).
+    Mean,
+    /// `log(sum(exp(x)))`, computed stably (of floats).
+    LogSumExp,
+    /// The largest element (`amax`: NaN if any is NaN; ties share the cotangent evenly).
+    Max,
+}
+
+impl Reduction {
+    /// The spec key and method name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reduction::Mean => "mean",
+            Reduction::LogSumExp => "logsumexp",
+            Reduction::Max => "max",
+        }
+    }
+
+    /// Whether it is defined on floats only (as in torch).
+    pub fn needs_float(self) -> bool {
+        match self {
+            Reduction::Mean | Reduction::LogSumExp => true,
+            Reduction::Max => false,
+        }
+    }
+
+    /// The reduction of `v` (`n` elements along the axis, `inner` apart, from `start`).
+    pub(crate) fn apply(self, v: &[f64], start: usize, n: usize, inner: usize) -> f64 {
+        let xs = (0..n).map(|k| v[start + k * inner]);
+        match self {
+            Reduction::Mean => xs.sum::<f64>() / n as f64,
+            Reduction::Max => xs.fold(f64::NEG_INFINITY, |m, x| if x.is_nan() || m.is_nan() { f64::NAN } else { m.max(x) }),
+            Reduction::LogSumExp => {
+                let m = Reduction::Max.apply(v, start, n, inner);
+                if !m.is_finite() {
+                    // -inf (every element -inf, or none), inf or NaN, as torch gives.
+                    return if m == f64::NEG_INFINITY { m } else { m + xs.sum::<f64>() * 0.0 };
+                }
+                m + xs.map(|x| (x - m).exp()).sum::<f64>().ln()
+            }
+        }
+    }
 }
 
 impl Step {
@@ -114,6 +201,11 @@ impl Step {
                 format!("{dst} = {src}.reshape([{}])", sh.join(", "))
             }
             Step::Scale { src, factor, dst } => format!("{dst} = {src} * ({factor})"),
+            Step::Compute { expr, dtype: Some(d), dst } => format!("{dst} = ({expr}).to({d})"),
+            Step::Compute { expr, dtype: None, dst } => format!("{dst} = {expr}"),
+            Step::Cast { src, dtype, dst } => format!("{dst} = {src}.to({dtype})"),
+            Step::Reduce { op, src, axis, dst } => format!("{dst} = {src}.{}({axis})", op.name()),
+            Step::Accumulate { src, dst } => format!("{dst} += {src}"),
         }
     }
 }
@@ -192,6 +284,23 @@ pub(crate) struct LaunchRecord {
     pub names: Vec<(TensorId, String)>,
 }
 
+/// What the ground truth's reverse sweep needs again of a forward run: each launch, and the
+/// operands of host steps whose VJP reads their values, where a later step may overwrite them.
+#[derive(Default)]
+pub(crate) struct Records {
+    pub launches: Vec<LaunchRecord>,
+    /// `(step, tensor name, its contents when the step ran)`.
+    pub snapshots: Vec<(usize, String, HostTensor)>,
+}
+
+impl Records {
+    /// Tensor `name` as step `step` read it: its snapshot, else its contents in `env` (nothing
+    /// overwrote it since).
+    pub fn operand<'a>(&'a self, env: &'a Env, step: usize, name: &str) -> Option<&'a HostTensor> {
+        self.snapshots.iter().find(|(s, n, _)| *s == step && n == name).map(|(.., t)| t).or_else(|| env.tensor(name))
+    }
+}
+
 /// Where a tensor's elements came from, for blame.
 #[derive(Clone, Debug)]
 pub(crate) enum Origin {
@@ -199,8 +308,8 @@ pub(crate) enum Origin {
     Given,
     /// Allocated by a step.
     Alloc { step: usize, init: Init },
-    /// Made by a host step from another tensor.
-    Host { step: usize, src: String },
+    /// Made by a host step from other tensors.
+    Host { step: usize, srcs: Vec<String> },
 }
 
 /// A launch that wrote into a tensor: its step, kernel, grid and who wrote each element.
@@ -253,7 +362,7 @@ pub(crate) fn run(
     env: &mut Env,
     steps: &[Step],
     mode: Mode,
-    mut records: Option<&mut Vec<LaunchRecord>>,
+    mut records: Option<&mut Records>,
     mut trace: Option<&mut Trace>,
 ) -> Result<(), StepFailure> {
     if let Some(t) = trace.as_deref_mut() {
@@ -309,7 +418,7 @@ pub(crate) fn run(
                             (n.clone(), a)
                         })
                         .collect();
-                    r.push(LaunchRecord { step: i, kernel: kernel.clone(), grid, args, before, names });
+                    r.launches.push(LaunchRecord { step: i, kernel: kernel.clone(), grid, args, before, names });
                 }
                 let opts = Options {
                     poison_masked_loads: matches!(mode, Mode::Poisoned | Mode::PoisonedResolvingRaces),
@@ -367,7 +476,7 @@ pub(crate) fn run(
                 let mut nshape = shape.clone();
                 nshape.remove(a);
                 let nt = HostTensor::from_f64_as(t.dtype(), &nshape, &out);
-                add_host(env, trace.as_deref_mut(), dst, nt, i, src).map_err(spec)?;
+                add_host(env, trace.as_deref_mut(), dst, nt, i, &[src]).map_err(spec)?;
             }
             Step::Reshape { src, shape, dst } => {
                 let nshape = eval_shape(shape, scope).map_err(spec)?;
@@ -376,26 +485,142 @@ pub(crate) fn run(
                     return Err(spec(format!("cannot reshape `{src}` of shape {:?} to {nshape:?}", t.shape())));
                 }
                 let nt = HostTensor::new(t.dtype(), &nshape, t.data().clone()).map_err(|e| spec(e.to_string()))?;
-                add_host(env, trace.as_deref_mut(), dst, nt, i, src).map_err(spec)?;
+                add_host(env, trace.as_deref_mut(), dst, nt, i, &[src]).map_err(spec)?;
             }
             Step::Scale { src, factor, dst } => {
                 let f = factor.eval(scope).map_err(|e| spec(format!("factor `{factor}`: {e}")))?.as_f64();
                 let t = env.tensor(src).ok_or_else(|| spec(env.need(src).unwrap_err()))?;
                 let v: Vec<f64> = t.to_f64_vec().iter().map(|x| x * f).collect();
                 let nt = HostTensor::from_f64_as(t.dtype(), t.shape(), &v);
-                add_host(env, trace.as_deref_mut(), dst, nt, i, src).map_err(spec)?;
+                add_host(env, trace.as_deref_mut(), dst, nt, i, &[src]).map_err(spec)?;
+            }
+            Step::Compute { expr, dtype, dst } => {
+                let (bound, typed) = bind(expr, env, &|n| env.tensor(n)).map_err(spec)?;
+                let d = dtype.unwrap_or(typed.dtype);
+                let d = if mode == Mode::F64 && d.is_float() { DType::F64 } else { d };
+                let nt = HostTensor::from_f64_as(d, &typed.shape, &bound.eval());
+                if let Some(r) = records.as_deref_mut() {
+                    if !expr.is_affine() {
+                        snapshot(r, env, steps, i, &typed.tensors);
+                    }
+                }
+                let srcs: Vec<&String> = typed.tensors.iter().collect();
+                add_host(env, trace.as_deref_mut(), dst, nt, i, &srcs).map_err(spec)?;
+            }
+            Step::Cast { src, dtype, dst } => {
+                let t = env.tensor(src).ok_or_else(|| spec(env.need(src).unwrap_err()))?;
+                let d = if mode == Mode::F64 && dtype.is_float() { DType::F64 } else { *dtype };
+                let nt = HostTensor::from_f64_as(d, t.shape(), &t.to_f64_vec());
+                add_host(env, trace.as_deref_mut(), dst, nt, i, &[src]).map_err(spec)?;
+            }
+            Step::Reduce { op, src, axis, dst } => {
+                let t = env.tensor(src).ok_or_else(|| spec(env.need(src).unwrap_err()))?;
+                let shape = t.shape().to_vec();
+                let Some((a, outer, n, inner)) = split_axis(&shape, *axis) else {
+                    return Err(spec(format!("{} over axis {axis} of `{src}`, which has shape {shape:?}", op.name())));
+                };
+                if op.needs_float() && !t.dtype().is_float() {
+                    return Err(spec(format!("{} of `{src}`, which is {}: cast it to a float first", op.name(), t.dtype())));
+                }
+                let v = t.to_f64_vec();
+                let out: Vec<f64> =
+                    (0..outer * inner).map(|e| op.apply(&v, (e / inner.max(1)) * n * inner + e % inner.max(1), n, inner)).collect();
+                let mut nshape = shape.clone();
+                nshape.remove(a);
+                let nt = HostTensor::from_f64_as(t.dtype(), &nshape, &out);
+                if let Some(r) = records.as_deref_mut() {
+                    if *op != Reduction::Mean {
+                        snapshot(r, env, steps, i, std::slice::from_ref(src));
+                    }
+                }
+                add_host(env, trace.as_deref_mut(), dst, nt, i, &[src]).map_err(spec)?;
+            }
+            Step::Accumulate { src, dst } => {
+                let id = env.need(dst).map_err(spec)?;
+                let s = env.tensor(src).ok_or_else(|| spec(env.need(src).unwrap_err()))?;
+                let d = env.mem.get(id);
+                if broadcast(s.shape(), d.shape()).as_deref() != Some(d.shape()) {
+                    return Err(spec(format!("`{src}` of shape {:?} does not broadcast to `{dst}` of shape {:?}", s.shape(), d.shape())));
+                }
+                if !can_accumulate(s.dtype(), d.dtype()) {
+                    return Err(spec(format!("cannot add `{src}` ({}) into `{dst}` ({}) in place", s.dtype(), d.dtype())));
+                }
+                let (sv, map) = (s.to_f64_vec(), broadcast_map(s.shape(), d.shape()));
+                let v: Vec<f64> = d.to_f64_vec().iter().zip(&map).map(|(x, &k)| x + sv[k]).collect();
+                let nt = HostTensor::from_f64_as(d.dtype(), d.shape(), &v);
+                *env.mem.get_mut(id) = nt;
             }
         }
     }
     Ok(())
 }
 
-fn add_host(env: &mut Env, trace: Option<&mut Trace>, dst: &str, t: HostTensor, step: usize, src: &str) -> Result<(), String> {
+/// Records the contents of `names` as step `step` reads them, those a later step may overwrite.
+fn snapshot(r: &mut Records, env: &Env, steps: &[Step], step: usize, names: &[String]) {
+    for n in names {
+        if let Some(t) = env.tensor(n).filter(|_| written_later(steps, step, n)) {
+            r.snapshots.push((step, n.clone(), t.clone()));
+        }
+    }
+}
+
+fn add_host(env: &mut Env, trace: Option<&mut Trace>, dst: &str, t: HostTensor, step: usize, srcs: &[&String]) -> Result<(), String> {
     env.add(dst, t)?;
     if let Some(tr) = trace {
-        tr.tensors.push((dst.to_string(), Origin::Host { step, src: src.to_string() }, Vec::new()));
+        tr.tensors.push((dst.to_string(), Origin::Host { step, srcs: srcs.iter().map(|s| s.to_string()).collect() }, Vec::new()));
     }
     Ok(())
+}
+
+/// Whether a step after `step` may write tensor `name` (a launch that is passed it, or `+=` into
+/// it): then a VJP that reads its value needs a snapshot.
+fn written_later(steps: &[Step], step: usize, name: &str) -> bool {
+    steps[step + 1..].iter().any(|s| match s {
+        Step::Launch(kl) => kl.args.iter().any(|(_, e)| e.as_name() == Some(name)),
+        Step::Accumulate { dst, .. } => dst == name,
+        Step::Alloc { .. }
+        | Step::Sum { .. }
+        | Step::Reshape { .. }
+        | Step::Scale { .. }
+        | Step::Compute { .. }
+        | Step::Cast { .. }
+        | Step::Reduce { .. } => false,
+    })
+}
+
+/// What a name of an expression is in `env`, with tensors looked up by `tensor`.
+fn operand_of<'a>(env: &'a Env, tensor: &dyn Fn(&str) -> Option<&'a HostTensor>, name: &str) -> Option<Operand> {
+    match tensor(name) {
+        Some(t) => Some(Operand::Tensor(t.dtype(), t.shape().to_vec())),
+        None => env.constant(name).map(Operand::Scalar),
+    }
+}
+
+/// `expr` type-checked against `env` and bound to its operands' values, tensors looked up by
+/// `tensor` (the pass's tensors, or the ground truth's snapshots).
+pub(crate) fn bind<'e, 'a>(
+    expr: &'e TensorExpr,
+    env: &'a Env,
+    tensor: &dyn Fn(&str) -> Option<&'a HostTensor>,
+) -> Result<(Bound<'e>, Typed), String> {
+    let typed = expr.check(&|n| operand_of(env, tensor, n)).map_err(|e| format!("`{expr}`: {e}"))?;
+    let mut operands = Vec::new();
+    for n in expr.names() {
+        let v = match tensor(n) {
+            Some(t) => Values::Tensor { values: t.to_f64_vec(), map: broadcast_map(t.shape(), &typed.shape), float: t.dtype().is_float() },
+            None => Values::Scalar(env.constant(n).expect("checked").as_f64()),
+        };
+        operands.push((n.to_string(), v));
+    }
+    Ok((Bound::new(expr, operands, &typed.shape), typed))
+}
+
+/// Whether `+=` may store a value of dtype `from` into a tensor of dtype `to` (torch refuses
+/// float into int and int into bool).
+pub(crate) fn can_accumulate(from: DType, to: DType) -> bool {
+    let float_into_int = from.is_float() && !to.is_float();
+    let into_bool = !from.is_bool() && to.is_bool();
+    !float_into_int && !into_bool
 }
 
 /// The axis `axis` of a tensor of `shape` (negative counts from the end) and the extents around
@@ -451,4 +676,154 @@ fn resolve(kl: &KernelLaunch, kernel: &Kernel, env: &Env) -> Result<(Grid, Vec<(
         args.push((name.clone(), a));
     }
     Ok((Grid(g), args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    fn env_with(tensors: &[(&str, HostTensor)]) -> Env {
+        let mut env = Env::default();
+        for (n, t) in tensors {
+            env.add(n, t.clone()).unwrap();
+        }
+        env.constants.push(("N".into(), Scalar::Int(5)));
+        env
+    }
+
+    fn random(rng: &mut StdRng, d: DType, shape: &[usize]) -> HostTensor {
+        let n = shape.iter().product();
+        let v: Vec<f64> = (0..n).map(|_| rng.gen_range(-3.0..3.0)).collect();
+        HostTensor::from_f64_as(d, shape, &v)
+    }
+
+    fn reduce(op: Reduction, src: &str, axis: i64, dst: &str) -> Step {
+        Step::Reduce { op, src: src.into(), axis, dst: dst.into() }
+    }
+
+    #[test]
+    fn reductions_match_plain_loops() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let x = random(&mut rng, DType::F32, &[5, 7, 3]);
+        let v = x.to_f64_vec();
+        let mut env = env_with(&[("x", x)]);
+        let steps =
+            [reduce(Reduction::Mean, "x", 1, "m"), reduce(Reduction::LogSumExp, "x", -1, "l"), reduce(Reduction::Max, "x", 0, "mx")];
+        run(&mut env, &steps, Mode::Native, None, None).unwrap();
+        let at = |i: usize, j: usize, k: usize| v[(i * 7 + j) * 3 + k];
+        let close = |name: &str, want: Vec<f64>, shape: &[usize]| {
+            let t = env.tensor(name).unwrap();
+            assert_eq!(t.shape(), shape, "{name}");
+            assert_eq!(t.dtype(), DType::F32, "{name}");
+            for (g, w) in t.to_f64_vec().iter().zip(&want) {
+                assert_eq!(*g, *w as f32 as f64, "{name}");
+            }
+        };
+        let mut m = Vec::new();
+        for i in 0..5 {
+            for k in 0..3 {
+                m.push((0..7).map(|j| at(i, j, k)).sum::<f64>() / 7.0);
+            }
+        }
+        close("m", m, &[5, 3]);
+        let mut l = Vec::new();
+        for i in 0..5 {
+            for j in 0..7 {
+                l.push((0..3).map(|k| at(i, j, k).exp()).sum::<f64>().ln());
+            }
+        }
+        // Stable and naive logsumexp agree here to well within f32 rounding.
+        let lt = env.tensor("l").unwrap().to_f64_vec();
+        assert!(lt.iter().zip(&l).all(|(g, w)| (g - w).abs() <= 1e-6 * w.abs().max(1.0)));
+        let mut mx = Vec::new();
+        for j in 0..7 {
+            for k in 0..3 {
+                mx.push((0..5).map(|i| at(i, j, k)).fold(f64::NEG_INFINITY, f64::max));
+            }
+        }
+        close("mx", mx, &[7, 3]);
+        // logsumexp stays finite where the naive form overflows, and is -inf on a row of -inf.
+        let big = HostTensor::from_f64(&[2, 2], vec![1000.0, 1000.0, f64::NEG_INFINITY, f64::NEG_INFINITY]);
+        let mut env = env_with(&[("b", big)]);
+        run(&mut env, &[reduce(Reduction::LogSumExp, "b", 1, "lb")], Mode::Native, None, None).unwrap();
+        assert_eq!(env.tensor("lb").unwrap().to_f64_vec(), vec![1000.0 + 2f64.ln(), f64::NEG_INFINITY]);
+    }
+
+    #[test]
+    fn compute_rounds_once_and_f64_mode_keeps_floats_wide() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let x = random(&mut rng, DType::F16, &[3, 4]);
+        let s = HostTensor::from_f64_as(DType::F32, &[], &[0.1]);
+        let steps = [
+            Step::compute("y", "x * s + N").unwrap(),
+            Step::Compute { expr: TensorExpr::parse("x / 3").unwrap(), dtype: Some(DType::BF16), dst: "z".into() },
+        ];
+        let mut env = env_with(&[("x", x.clone()), ("s", s)]);
+        run(&mut env, &steps, Mode::Native, None, None).unwrap();
+        let y = env.tensor("y").unwrap();
+        assert_eq!((y.dtype(), y.shape()), (DType::F16, &[3usize, 4][..]));
+        let sv = 0.1f32 as f64;
+        for (g, xv) in y.to_f64_vec().iter().zip(x.to_f64_vec()) {
+            assert_eq!(*g, tilegrad_reference::round_to(DType::F16, xv * sv + 5.0));
+        }
+        assert_eq!(env.tensor("z").unwrap().dtype(), DType::BF16);
+        let mut env = env_with(&[("x", HostTensor::from_f64(&[3, 4], x.to_f64_vec())), ("s", HostTensor::from_f64(&[], vec![0.1]))]);
+        run(&mut env, &steps, Mode::F64, None, None).unwrap();
+        let y = env.tensor("y").unwrap();
+        assert_eq!(y.dtype(), DType::F64);
+        assert_eq!(y.to_f64_vec()[0], x.to_f64_vec()[0] * 0.1 + 5.0);
+        assert_eq!(env.tensor("z").unwrap().dtype(), DType::F64);
+    }
+
+    #[test]
+    fn cast_and_accumulate() {
+        let x = HostTensor::from_f64(&[2, 3], vec![0.1, -1.7, 2.5, 1e-9, 70000.0, -3.0]);
+        let b = HostTensor::from_f64_as(DType::F32, &[3], &[1.0, 2.0, 3.0]);
+        let mut env = env_with(&[("x", x.clone()), ("b", b)]);
+        let steps = [
+            Step::Cast { src: "x".into(), dtype: DType::F16, dst: "h".into() },
+            Step::Cast { src: "x".into(), dtype: DType::I32, dst: "i".into() },
+            Step::Accumulate { src: "b".into(), dst: "h".into() },
+        ];
+        run(&mut env, &steps, Mode::Native, None, None).unwrap();
+        let h = env.tensor("h").unwrap();
+        assert_eq!(h.dtype(), DType::F16);
+        let r = |v: f64| tilegrad_reference::round_to(DType::F16, v);
+        let want: Vec<f64> = x.to_f64_vec().iter().enumerate().map(|(k, &v)| r(r(v) + [1.0, 2.0, 3.0][k % 3])).collect();
+        assert_eq!(h.to_f64_vec(), want);
+        assert_eq!(env.tensor("i").unwrap().to_f64_vec(), vec![0.0, -1.0, 2.0, 0.0, 70000.0, -3.0]);
+        // Errors: a shape that does not broadcast to dst's, a float into an int, an int mean.
+        let bad = |s: Step| run(&mut env.clone(), &[s], Mode::Native, None, None).unwrap_err().error;
+        let msg = |e: StepError| match e {
+            StepError::Spec(m) => m,
+            StepError::Exec(e) => panic!("{e}"),
+        };
+        assert!(msg(bad(Step::Accumulate { src: "x".into(), dst: "b".into() })).contains("does not broadcast"));
+        assert!(msg(bad(Step::Accumulate { src: "b".into(), dst: "i".into() })).contains("cannot add `b` (f32) into `i` (i32)"));
+        assert!(msg(bad(reduce(Reduction::Mean, "i", 0, "m"))).contains("cast it to a float first"));
+        assert!(msg(bad(reduce(Reduction::Max, "i", 2, "m"))).contains("axis 2"));
+        assert!(msg(bad(Step::compute("c", "x + b * nope").unwrap())).contains("column 9: no tensor or constant named `nope`"));
+    }
+
+    #[test]
+    fn operands_overwritten_later_are_snapshotted_and_only_those() {
+        let x = HostTensor::from_f64(&[3], vec![1.0, 2.0, 3.0]);
+        let mut env = env_with(&[("x", x.clone()), ("y", x)]);
+        let steps = [
+            Step::compute("p", "x * y").unwrap(),
+            Step::compute("q", "x + y").unwrap(),
+            reduce(Reduction::LogSumExp, "x", 0, "l"),
+            reduce(Reduction::Max, "y", 0, "m"),
+            Step::Accumulate { src: "p".into(), dst: "x".into() },
+        ];
+        let mut rec = Records::default();
+        run(&mut env, &steps, Mode::F64, Some(&mut rec), None).unwrap();
+        let snaps: Vec<(usize, &str)> = rec.snapshots.iter().map(|(s, n, _)| (*s, n.as_str())).collect();
+        // `x` is overwritten by step 4: the product and the logsumexp read it; the sum is affine.
+        assert_eq!(snaps, vec![(0, "x"), (2, "x")]);
+        assert_eq!(rec.operand(&env, 0, "x").unwrap().to_f64_vec(), vec![1.0, 2.0, 3.0]);
+        assert_eq!(rec.operand(&env, 1, "x").unwrap().to_f64_vec(), vec![2.0, 6.0, 12.0]);
+    }
 }

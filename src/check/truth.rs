@@ -76,10 +76,10 @@ pub(crate) struct Prepared {
     /// After the forward, as the ground truth computes it.
     pub truth: Env,
     /// The launches of the ground truth's forward.
-    pub records: Vec<steps::LaunchRecord>,
+    pub records: steps::Records,
     /// The launches of the forward in the kernels' dtypes, when asked for (to evaluate the
     /// ground truth in those dtypes too, for a calibrated tolerance).
-    pub native_records: Option<Vec<steps::LaunchRecord>>,
+    pub native_records: Option<steps::Records>,
     /// Seconds spent so far, by phase.
     pub timings: Timings,
 }
@@ -97,13 +97,13 @@ pub(crate) fn prepare(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, nativ
     }
     let mut native = drawn.clone();
     let mut trace = Trace::default();
-    let mut nrec = native_records.then(Vec::new);
+    let mut nrec = native_records.then(steps::Records::default);
     timings
         .time("forward in the kernels' dtypes", || steps::run(&mut native, &fwd.steps, Mode::Native, nrec.as_mut(), Some(&mut trace)))
         .map_err(forward_err(fwd))?;
     let f64_mode = opts.precision == Precision::F64;
     let mut truth = if f64_mode { promote(&drawn) } else { drawn.clone() };
-    let mut records = Vec::new();
+    let mut records = steps::Records::default();
     timings
         .time("forward of the ground truth", || {
             steps::run(&mut truth, &fwd.steps, if f64_mode { Mode::F64 } else { Mode::Native }, Some(&mut records), None)

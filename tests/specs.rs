@@ -85,6 +85,8 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "flash_attention",
         "kl_div",
         "kl_div_log_target",
+        "jsd",
+        "jsd_forward_kl",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }
@@ -174,6 +176,8 @@ const CASES: &[Case] = &[
     ("_rope_backward_broken_sign", "rope", "bwd", Wrong { input: "q", line: 76 }, "helper call: blamed on the store of the second half"),
     ("_kl_div_bwd_kernel_broken_scale", "kl_div", "bwd", Wrong { input: "y", line: 101 }, "reduction scale: blamed on the store of grad_y"),
     ("_kl_div_bwd_kernel_broken_log_target", "kl_div_log_target", "bwd", Wrong { input: "gt", line: 148 }, "expression: blamed on the store of grad_gt"),
+    ("_jsd_bwd_kernel_broken_beta", "jsd", "bwd", Wrong { input: "x", line: 101 }, "expression: blamed on the store of grad_x"),
+    ("_jsd_bwd_kernel_broken_grad_output", "jsd", "bwd", Wrong { input: "y", line: 148 }, ""),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator

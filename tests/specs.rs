@@ -87,6 +87,8 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "kl_div_log_target",
         "jsd",
         "jsd_forward_kl",
+        "glu",
+        "glu_geglu_bf16",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }
@@ -178,6 +180,8 @@ const CASES: &[Case] = &[
     ("_kl_div_bwd_kernel_broken_log_target", "kl_div_log_target", "bwd", Wrong { input: "gt", line: 148 }, "expression: blamed on the store of grad_gt"),
     ("_jsd_bwd_kernel_broken_beta", "jsd", "bwd", Wrong { input: "x", line: 101 }, "expression: blamed on the store of grad_x"),
     ("_jsd_bwd_kernel_broken_grad_output", "jsd", "bwd", Wrong { input: "y", line: 148 }, ""),
+    ("_glu_backward_kernel_broken_silu", "glu", "bwd", Wrong { input: "a", line: 56 }, "expression: blamed on the in-place store of grad_a"),
+    ("_glu_backward_kernel_broken_gelu", "glu_geglu_bf16", "bwd", Wrong { input: "a", line: 78 }, "expression: blamed on the in-place store of grad_a"),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator

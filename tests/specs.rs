@@ -89,6 +89,7 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "jsd_forward_kl",
         "glu",
         "glu_geglu_bf16",
+        "embedding",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }
@@ -182,6 +183,8 @@ const CASES: &[Case] = &[
     ("_jsd_bwd_kernel_broken_grad_output", "jsd", "bwd", Wrong { input: "y", line: 148 }, ""),
     ("_glu_backward_kernel_broken_silu", "glu", "bwd", Wrong { input: "a", line: 56 }, "expression: blamed on the in-place store of grad_a"),
     ("_glu_backward_kernel_broken_gelu", "glu_geglu_bf16", "bwd", Wrong { input: "a", line: 78 }, "expression: blamed on the in-place store of grad_a"),
+    ("_embedding_bwd_kernel_broken_store", "embedding", "bwd", Race(52), ""),
+    ("_embedding_bwd_kernel_broken_padding", "embedding", "bwd", Wrong { input: "weight", line: 74 }, "early-return condition: blamed on the atomic_add into the padding row"),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator
@@ -334,6 +337,9 @@ const SLICE_MISSES: &[(&str, &str)] = &[
     // The bug is an `if` on a string constexpr, folded at conversion: the branch it should have
     // taken leaves no op in the kernel, so no value of the element passes through its line.
     ("liger_cross_entropy_bwd_kernel_broken_reduction", "a constexpr branch folded away leaves no op on its line"),
+    // The bug is the condition of an early return: it decides whether the program reaches its
+    // atomic_add at all, and the slice follows the values of the element, not that branch.
+    ("_embedding_bwd_kernel_broken_padding", "an early return's condition is control flow, not data flow"),
 ];
 
 /// For a wrong or NaN gradient, the worst element's data-flow slice names the variant's `# BUG:`

@@ -90,6 +90,8 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "glu",
         "glu_geglu_bf16",
         "embedding",
+        "pointwise_loss",
+        "pointwise_loss_smooth_l1_f16",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }
@@ -185,6 +187,9 @@ const CASES: &[Case] = &[
     ("_glu_backward_kernel_broken_gelu", "glu_geglu_bf16", "bwd", Wrong { input: "a", line: 78 }, "expression: blamed on the in-place store of grad_a"),
     ("_embedding_bwd_kernel_broken_store", "embedding", "bwd", Race(52), ""),
     ("_embedding_bwd_kernel_broken_padding", "embedding", "bwd", Wrong { input: "weight", line: 74 }, "early-return condition: blamed on the atomic_add into the padding row"),
+    ("_pointwise_loss_bwd_broken_sign", "pointwise_loss", "bwd", Wrong { input: "t", line: 88 }, ""),
+    ("_pointwise_loss_bwd_broken_delta", "pointwise_loss", "bwd", Wrong { input: "x", line: 126 }, "builtin min/max: blamed on the store of grad_x"),
+    ("_pointwise_loss_bwd_broken_mask", "pointwise_loss_smooth_l1_f16", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "mask: the last element is never written"),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator

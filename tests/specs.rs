@@ -92,6 +92,7 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "embedding",
         "pointwise_loss",
         "pointwise_loss_smooth_l1_f16",
+        "bce_with_logits",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }
@@ -190,6 +191,8 @@ const CASES: &[Case] = &[
     ("_pointwise_loss_bwd_broken_sign", "pointwise_loss", "bwd", Wrong { input: "t", line: 88 }, ""),
     ("_pointwise_loss_bwd_broken_delta", "pointwise_loss", "bwd", Wrong { input: "x", line: 126 }, "builtin min/max: blamed on the store of grad_x"),
     ("_pointwise_loss_bwd_broken_mask", "pointwise_loss_smooth_l1_f16", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "mask: the last element is never written"),
+    ("_bce_logits_bwd_broken_pos_weight", "bce_with_logits", "bwd", Wrong { input: "x", line: 86 }, "expression: blamed on the store of grad_x"),
+    ("_bce_logits_bwd_broken_mean", "bce_with_logits", "bwd", Wrong { input: "t", line: 123 }, "reduction scale: blamed on the store of grad_t"),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator

@@ -93,6 +93,8 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "pointwise_loss",
         "pointwise_loss_smooth_l1_f16",
         "bce_with_logits",
+        "cumsum",
+        "cumsum_exclusive",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }
@@ -193,6 +195,8 @@ const CASES: &[Case] = &[
     ("_pointwise_loss_bwd_broken_mask", "pointwise_loss_smooth_l1_f16", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "mask: the last element is never written"),
     ("_bce_logits_bwd_broken_pos_weight", "bce_with_logits", "bwd", Wrong { input: "x", line: 86 }, "expression: blamed on the store of grad_x"),
     ("_bce_logits_bwd_broken_mean", "bce_with_logits", "bwd", Wrong { input: "t", line: 123 }, "reduction scale: blamed on the store of grad_t"),
+    ("_cumsum_bwd_broken_forward", "cumsum_exclusive", "bwd", Wrong { input: "x", line: 44 }, "scan direction: blamed on the store"),
+    ("_cumsum_bwd_broken_carry", "cumsum", "bwd", Wrong { input: "x", line: 63 }, "while-loop carry: blamed on the store of the next block"),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator
@@ -348,6 +352,10 @@ const SLICE_MISSES: &[(&str, &str)] = &[
     // The bug is the condition of an early return: it decides whether the program reaches its
     // atomic_add at all, and the slice follows the values of the element, not that branch.
     ("_embedding_bwd_kernel_broken_padding", "an early return's condition is control flow, not data flow"),
+    // The bug sets a value a `while` loop carries to its next iteration: the slice follows values
+    // carried by `for` loops across iterations (as in `layer_norm_bwd_broken_accumulate`) but not
+    // those of `while` loops, so it stops at the carried value's use.
+    ("_cumsum_bwd_broken_carry", "the slice does not follow values carried across `while` iterations"),
 ];
 
 /// For a wrong or NaN gradient, the worst element's data-flow slice names the variant's `# BUG:`

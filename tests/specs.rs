@@ -95,6 +95,7 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "bce_with_logits",
         "cumsum",
         "cumsum_exclusive",
+        "group_norm",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }
@@ -197,6 +198,8 @@ const CASES: &[Case] = &[
     ("_bce_logits_bwd_broken_mean", "bce_with_logits", "bwd", Wrong { input: "t", line: 123 }, "reduction scale: blamed on the store of grad_t"),
     ("_cumsum_bwd_broken_forward", "cumsum_exclusive", "bwd", Wrong { input: "x", line: 44 }, "scan direction: blamed on the store"),
     ("_cumsum_bwd_broken_carry", "cumsum", "bwd", Wrong { input: "x", line: 63 }, "while-loop carry: blamed on the store of the next block"),
+    ("_group_norm_bwd_broken_count", "group_norm", "bwd", Wrong { input: "x", line: 102 }, "reduction scale: blamed on the store of grad_x"),
+    ("_group_norm_bwd_broken_dw", "group_norm", "bwd", Wrong { input: "w", line: 154 }, "expression: blamed on the store of the partial dw"),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator

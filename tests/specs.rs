@@ -96,6 +96,7 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "cumsum",
         "cumsum_exclusive",
         "group_norm",
+        "fused_add_rms_norm",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }
@@ -200,6 +201,8 @@ const CASES: &[Case] = &[
     ("_cumsum_bwd_broken_carry", "cumsum", "bwd", Wrong { input: "x", line: 63 }, "while-loop carry: blamed on the store of the next block"),
     ("_group_norm_bwd_broken_count", "group_norm", "bwd", Wrong { input: "x", line: 102 }, "reduction scale: blamed on the store of grad_x"),
     ("_group_norm_bwd_broken_dw", "group_norm", "bwd", Wrong { input: "w", line: 154 }, "expression: blamed on the store of the partial dw"),
+    ("_fused_add_rms_norm_bwd_broken_residual", "fused_add_rms_norm", "bwd", Wrong { input: "x", line: 67 }, "wrong load: blamed on the in-place store into grad_h"),
+    ("_fused_add_rms_norm_bwd_broken_rstd", "fused_add_rms_norm", "bwd", Wrong { input: "residual", line: 96 }, "expression: blamed on the in-place store into grad_h"),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator

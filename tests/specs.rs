@@ -97,6 +97,7 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "cumsum_exclusive",
         "group_norm",
         "fused_add_rms_norm",
+        "log_softmax",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }
@@ -203,6 +204,8 @@ const CASES: &[Case] = &[
     ("_group_norm_bwd_broken_dw", "group_norm", "bwd", Wrong { input: "w", line: 154 }, "expression: blamed on the store of the partial dw"),
     ("_fused_add_rms_norm_bwd_broken_residual", "fused_add_rms_norm", "bwd", Wrong { input: "x", line: 67 }, "wrong load: blamed on the in-place store into grad_h"),
     ("_fused_add_rms_norm_bwd_broken_rstd", "fused_add_rms_norm", "bwd", Wrong { input: "residual", line: 96 }, "expression: blamed on the in-place store into grad_h"),
+    ("_log_softmax_bwd_broken_exp", "log_softmax", "bwd", Wrong { input: "x", line: 48 }, "expression: blamed on the store"),
+    ("_log_softmax_bwd_broken_other", "log_softmax", "bwd", NanWritten { input: "x", line: 68 }, "masked load without `other`: the NaN is blamed on the store"),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator

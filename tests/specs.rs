@@ -98,6 +98,7 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "group_norm",
         "fused_add_rms_norm",
         "log_softmax",
+        "linear_act",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }
@@ -206,6 +207,8 @@ const CASES: &[Case] = &[
     ("_fused_add_rms_norm_bwd_broken_rstd", "fused_add_rms_norm", "bwd", Wrong { input: "residual", line: 96 }, "expression: blamed on the in-place store into grad_h"),
     ("_log_softmax_bwd_broken_exp", "log_softmax", "bwd", Wrong { input: "x", line: 48 }, "expression: blamed on the store"),
     ("_log_softmax_bwd_broken_other", "log_softmax", "bwd", NanWritten { input: "x", line: 68 }, "masked load without `other`: the NaN is blamed on the store"),
+    ("_linear_act_bwd_da_broken_mask", "linear_act", "bwd_da", Oob(141), ""),
+    ("_linear_act_bwd_db_broken_axis", "linear_act", "bwd_db", Wrong { input: "bias", line: 186 }, "reduction axis: blamed on the store of grad_bias"),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator

@@ -99,6 +99,7 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "fused_add_rms_norm",
         "log_softmax",
         "linear_act",
+        "layer_scale",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }
@@ -209,6 +210,8 @@ const CASES: &[Case] = &[
     ("_log_softmax_bwd_broken_other", "log_softmax", "bwd", NanWritten { input: "x", line: 68 }, "masked load without `other`: the NaN is blamed on the store"),
     ("_linear_act_bwd_da_broken_mask", "linear_act", "bwd_da", Oob(141), ""),
     ("_linear_act_bwd_db_broken_axis", "linear_act", "bwd_db", Wrong { input: "bias", line: 186 }, "reduction axis: blamed on the store of grad_bias"),
+    ("_layer_scale_bwd_broken_last", "layer_scale", "bwd", Unwritten { input: "gamma", tensor: "grad_gamma" }, "ticket condition: no program is the last, dgamma is never written"),
+    ("_layer_scale_bwd_broken_dx", "layer_scale", "bwd", Wrong { input: "x", line: 105 }, ""),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator

@@ -212,7 +212,7 @@ const CASES: &[Case] = &[
     ("_linear_act_bwd_da_broken_mask", "linear_act", "bwd_da", Oob(141), ""),
     ("_linear_act_bwd_db_broken_axis", "linear_act", "bwd_db", Wrong { input: "bias", line: 186 }, "reduction axis: blamed on the store of grad_bias"),
     ("_layer_scale_bwd_broken_last", "layer_scale", "bwd", Unwritten { input: "gamma", tensor: "grad_gamma" }, "ticket condition: no program is the last, dgamma is never written"),
-    ("_layer_scale_bwd_broken_dx", "layer_scale", "bwd", Wrong { input: "x", line: 105 }, ""),
+    ("_layer_scale_bwd_broken_dx", "layer_scale", "bwd", Wrong { input: "x", line: 110 }, ""),
     ("_dyt_bwd_broken_tanh_grad", "dyt", "bwd", Wrong { input: "x", line: 82 }, "expression: blamed on the store of grad_x"),
     ("_dyt_bwd_broken_dgamma", "dyt", "bwd", Wrong { input: "gamma", line: 119 }, ""),
 ];

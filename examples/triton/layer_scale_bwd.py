@@ -5,7 +5,8 @@
     dgamma = sum over rows of dy * x: each program adds its tile's column sums into a zeroed f32
     accumulator with `tl.atomic_add`, then takes a ticket from a counter (`tl.atomic_add`'s old
     value); every program but the last returns early, and the last reads the accumulator back
-    with an atomic read (`tl.atomic_add(ptr, 0.0)`) and writes dgamma.
+    with an atomic read (`tl.atomic_add(ptr, 0.0)`), writes dgamma and resets the counter with
+    `tl.atomic_xchg`.
 
 `_layer_scale_bwd_broken_*` differ from the correct kernel in one line, marked `# BUG:`.
 """
@@ -44,6 +45,8 @@ def _layer_scale_bwd(
         return
     total = tl.atomic_add(DGAMMA_ACC + cols, 0.0, mask=col_mask)
     tl.store(DGAMMA + cols, total, mask=col_mask)
+    # Leave the counter at zero for the next launch (callers cache it).
+    tl.atomic_xchg(COUNTER, 0)
 
 
 @triton.jit
@@ -77,6 +80,8 @@ def _layer_scale_bwd_broken_last(
         return
     total = tl.atomic_add(DGAMMA_ACC + cols, 0.0, mask=col_mask)
     tl.store(DGAMMA + cols, total, mask=col_mask)
+    # Leave the counter at zero for the next launch (callers cache it).
+    tl.atomic_xchg(COUNTER, 0)
 
 
 @triton.jit
@@ -110,3 +115,5 @@ def _layer_scale_bwd_broken_dx(
         return
     total = tl.atomic_add(DGAMMA_ACC + cols, 0.0, mask=col_mask)
     tl.store(DGAMMA + cols, total, mask=col_mask)
+    # Leave the counter at zero for the next launch (callers cache it).
+    tl.atomic_xchg(COUNTER, 0)

@@ -101,6 +101,7 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "linear_act",
         "layer_scale",
         "dyt",
+        "batch_norm",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }
@@ -215,6 +216,8 @@ const CASES: &[Case] = &[
     ("_layer_scale_bwd_broken_dx", "layer_scale", "bwd", Wrong { input: "x", line: 110 }, ""),
     ("_dyt_bwd_broken_tanh_grad", "dyt", "bwd", Wrong { input: "x", line: 82 }, "expression: blamed on the store of grad_x"),
     ("_dyt_bwd_broken_dgamma", "dyt", "bwd", Wrong { input: "gamma", line: 119 }, ""),
+    ("_batch_norm_bwd_broken_bessel", "batch_norm", "bwd", Wrong { input: "x", line: 105 }, "reduction scale: blamed on the store of grad_x"),
+    ("_batch_norm_bwd_broken_row_mask", "batch_norm", "bwd", Oob(136), "mask: the access is at the load that uses it"),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator

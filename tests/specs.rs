@@ -102,6 +102,8 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "layer_scale",
         "dyt",
         "batch_norm",
+        "smooth_ce",
+        "smooth_ce_bf16",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }
@@ -218,6 +220,8 @@ const CASES: &[Case] = &[
     ("_dyt_bwd_broken_dgamma", "dyt", "bwd", Wrong { input: "gamma", line: 119 }, ""),
     ("_batch_norm_bwd_broken_bessel", "batch_norm", "bwd", Wrong { input: "x", line: 105 }, "reduction scale: blamed on the store of grad_x"),
     ("_batch_norm_bwd_broken_row_mask", "batch_norm", "bwd", Oob(136), "mask: the access is at the load that uses it"),
+    ("_smooth_ce_bwd_broken_target", "smooth_ce", "bwd", Wrong { input: "x", line: 81 }, "expression: blamed on the store"),
+    ("_smooth_ce_bwd_broken_z_loss", "smooth_ce", "bwd", Wrong { input: "x", line: 117 }, "constexpr-guarded expression: blamed on the store"),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator

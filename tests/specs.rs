@@ -84,6 +84,27 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "row_scale_desc",
         "flash_attention",
         "cross_entropy_mean",
+        "kl_div",
+        "kl_div_log_target",
+        "jsd",
+        "jsd_forward_kl",
+        "glu",
+        "glu_geglu_bf16",
+        "embedding",
+        "pointwise_loss",
+        "pointwise_loss_smooth_l1_f16",
+        "bce_with_logits",
+        "cumsum",
+        "cumsum_exclusive",
+        "group_norm",
+        "fused_add_rms_norm",
+        "log_softmax",
+        "linear_act",
+        "layer_scale",
+        "dyt",
+        "batch_norm",
+        "smooth_ce",
+        "smooth_ce_bf16",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }
@@ -171,6 +192,37 @@ const CASES: &[Case] = &[
     ("_activation_bwd_broken_slope", "activation", "bwd", Wrong { input: "x", line: 49 }, "expression: blamed on the store"),
     ("_activation_bwd_broken_gelu", "activation_gelu_bf16", "bwd", Wrong { input: "x", line: 71 }, "expression: blamed on the store"),
     ("_rope_backward_broken_sign", "rope", "bwd", Wrong { input: "q", line: 76 }, "helper call: blamed on the store of the second half"),
+    ("_kl_div_bwd_kernel_broken_scale", "kl_div", "bwd", Wrong { input: "y", line: 101 }, "reduction scale: blamed on the store of grad_y"),
+    ("_kl_div_bwd_kernel_broken_log_target", "kl_div_log_target", "bwd", Wrong { input: "gt", line: 148 }, "expression: blamed on the store of grad_gt"),
+    ("_jsd_bwd_kernel_broken_beta", "jsd", "bwd", Wrong { input: "x", line: 101 }, "expression: blamed on the store of grad_x"),
+    ("_jsd_bwd_kernel_broken_grad_output", "jsd", "bwd", Wrong { input: "y", line: 148 }, ""),
+    ("_glu_backward_kernel_broken_silu", "glu", "bwd", Wrong { input: "a", line: 56 }, "expression: blamed on the in-place store of grad_a"),
+    ("_glu_backward_kernel_broken_gelu", "glu_geglu_bf16", "bwd", Wrong { input: "a", line: 78 }, "expression: blamed on the in-place store of grad_a"),
+    ("_embedding_bwd_kernel_broken_store", "embedding", "bwd", Race(52), ""),
+    ("_embedding_bwd_kernel_broken_padding", "embedding", "bwd", Wrong { input: "weight", line: 74 }, "early-return condition: blamed on the atomic_add into the padding row"),
+    ("_pointwise_loss_bwd_broken_sign", "pointwise_loss", "bwd", Wrong { input: "t", line: 88 }, ""),
+    ("_pointwise_loss_bwd_broken_delta", "pointwise_loss", "bwd", Wrong { input: "x", line: 126 }, "builtin min/max: blamed on the store of grad_x"),
+    ("_pointwise_loss_bwd_broken_mask", "pointwise_loss_smooth_l1_f16", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "mask: the last element is never written"),
+    ("_bce_logits_bwd_broken_pos_weight", "bce_with_logits", "bwd", Wrong { input: "x", line: 86 }, "expression: blamed on the store of grad_x"),
+    ("_bce_logits_bwd_broken_mean", "bce_with_logits", "bwd", Wrong { input: "t", line: 123 }, "reduction scale: blamed on the store of grad_t"),
+    ("_cumsum_bwd_broken_forward", "cumsum_exclusive", "bwd", Wrong { input: "x", line: 44 }, "scan direction: blamed on the store"),
+    ("_cumsum_bwd_broken_carry", "cumsum", "bwd", Wrong { input: "x", line: 63 }, "while-loop carry: blamed on the store of the next block"),
+    ("_group_norm_bwd_broken_count", "group_norm", "bwd", Wrong { input: "x", line: 102 }, "reduction scale: blamed on the store of grad_x"),
+    ("_group_norm_bwd_broken_dw", "group_norm", "bwd", Wrong { input: "w", line: 154 }, "expression: blamed on the store of the partial dw"),
+    ("_fused_add_rms_norm_bwd_broken_residual", "fused_add_rms_norm", "bwd", Wrong { input: "x", line: 67 }, "wrong load: blamed on the in-place store into grad_h"),
+    ("_fused_add_rms_norm_bwd_broken_rstd", "fused_add_rms_norm", "bwd", Wrong { input: "residual", line: 96 }, "expression: blamed on the in-place store into grad_h"),
+    ("_log_softmax_bwd_broken_exp", "log_softmax", "bwd", Wrong { input: "x", line: 48 }, "expression: blamed on the store"),
+    ("_log_softmax_bwd_broken_other", "log_softmax", "bwd", NanWritten { input: "x", line: 68 }, "masked load without `other`: the NaN is blamed on the store"),
+    ("_linear_act_bwd_da_broken_mask", "linear_act", "bwd_da", Oob(141), ""),
+    ("_linear_act_bwd_db_broken_axis", "linear_act", "bwd_db", Wrong { input: "bias", line: 186 }, "reduction axis: blamed on the store of grad_bias"),
+    ("_layer_scale_bwd_broken_last", "layer_scale", "bwd", Unwritten { input: "gamma", tensor: "grad_gamma" }, "ticket condition: no program is the last, dgamma is never written"),
+    ("_layer_scale_bwd_broken_dx", "layer_scale", "bwd", Wrong { input: "x", line: 110 }, ""),
+    ("_dyt_bwd_broken_tanh_grad", "dyt", "bwd", Wrong { input: "x", line: 82 }, "expression: blamed on the store of grad_x"),
+    ("_dyt_bwd_broken_dgamma", "dyt", "bwd", Wrong { input: "gamma", line: 119 }, ""),
+    ("_batch_norm_bwd_broken_bessel", "batch_norm", "bwd", Wrong { input: "x", line: 105 }, "reduction scale: blamed on the store of grad_x"),
+    ("_batch_norm_bwd_broken_row_mask", "batch_norm", "bwd", Oob(136), "mask: the access is at the load that uses it"),
+    ("_smooth_ce_bwd_broken_target", "smooth_ce", "bwd", Wrong { input: "x", line: 81 }, "expression: blamed on the store"),
+    ("_smooth_ce_bwd_broken_z_loss", "smooth_ce", "bwd", Wrong { input: "x", line: 117 }, "constexpr-guarded expression: blamed on the store"),
 ];
 
 /// A kernel of `examples/triton/`: its file name, the lines of its `def` to the next decorator
@@ -323,6 +375,13 @@ const SLICE_MISSES: &[(&str, &str)] = &[
     // The bug is an `if` on a string constexpr, folded at conversion: the branch it should have
     // taken leaves no op in the kernel, so no value of the element passes through its line.
     ("liger_cross_entropy_bwd_kernel_broken_reduction", "a constexpr branch folded away leaves no op on its line"),
+    // The bug is the condition of an early return: it decides whether the program reaches its
+    // atomic_add at all, and the slice follows the values of the element, not that branch.
+    ("_embedding_bwd_kernel_broken_padding", "an early return's condition is control flow, not data flow"),
+    // The bug sets a value a `while` loop carries to its next iteration: the slice follows values
+    // carried by `for` loops across iterations (as in `layer_norm_bwd_broken_accumulate`) but not
+    // those of `while` loops, so it stops at the carried value's use.
+    ("_cumsum_bwd_broken_carry", "the slice does not follow values carried across `while` iterations"),
 ];
 
 /// For a wrong or NaN gradient, the worst element's data-flow slice names the variant's `# BUG:`

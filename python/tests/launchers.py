@@ -324,6 +324,108 @@ def _weighted_sum(bwd, stem="weighted_sum"):
     return WeightedSum
 
 
+# ---------------------------------------------------------------- the corpus in library style
+# (the examples whose kernels take only integer and boolean constexprs: the package's interception
+# binds no float, string, None or dtype constexprs yet)
+
+
+def _cumsum(bwd):
+    fwd = load("cumsum")._cumsum_fwd
+
+    class Cumsum(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            R, N = x.shape
+            y = torch.empty_like(x)
+            fwd[(R,)](x, y, x.stride(0), N, EXCLUSIVE=False, BLOCK=64)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad_y):
+            R, N = grad_y.shape
+            grad_x = torch.empty_like(grad_y)
+            bwd[(R,)](grad_y, grad_x, grad_x.stride(0), N, EXCLUSIVE=False, BLOCK=64)
+            return grad_x
+
+    return Cumsum
+
+
+def _log_softmax(bwd):
+    fwd = load("log_softmax")._log_softmax_fwd
+
+    class LogSoftmax(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            R, N = x.shape
+            y = torch.empty_like(x)
+            fwd[(R,)](x, y, x.stride(0), N, BLOCK_SIZE=128)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad_y):
+            (y,) = ctx.saved_tensors
+            R, N = y.shape
+            grad_x = torch.empty_like(y)
+            bwd[(R,)](y, grad_y, grad_x, y.stride(0), N, BLOCK_SIZE=128)
+            return grad_x
+
+    return LogSoftmax
+
+
+def _layer_scale(bwd):
+    fwd = load("layer_scale")._layer_scale_fwd
+    BM, BN = 16, 128
+
+    class LayerScale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, gamma):
+            M, N = x.shape
+            y = torch.empty_like(x)
+            fwd[(cdiv(M, BM),)](x, gamma, y, M, N, x.stride(0), BLOCK_M=BM, BLOCK_N=BN)
+            ctx.save_for_backward(x, gamma)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad_y):
+            x, gamma = ctx.saved_tensors
+            M, N = x.shape
+            grad_x, grad_gamma = torch.empty_like(x), torch.empty_like(gamma)
+            acc = torch.zeros(N, dtype=torch.float32, device=x.device)
+            counter = torch.zeros(1, dtype=torch.int32, device=x.device)
+            bwd[(cdiv(M, BM),)](x, gamma, grad_y, grad_x, acc, counter, grad_gamma, M, N, x.stride(0), BLOCK_M=BM, BLOCK_N=BN)
+            return grad_x, grad_gamma
+
+    return LayerScale
+
+
+def _dyt(bwd):
+    fwd = load("dyt")._dyt_fwd
+    BM, BN = 16, 128
+
+    class DyT(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, alpha, gamma, beta):
+            M, N = x.shape
+            y = torch.empty_like(x)
+            fwd[(cdiv(M, BM),)](x, y, alpha, gamma, beta, M, N, x.stride(0), BLOCK_M=BM, BLOCK_N=BN)
+            ctx.save_for_backward(x, alpha, gamma)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad_y):
+            x, alpha, gamma = ctx.saved_tensors
+            M, N = x.shape
+            grad_x = torch.empty_like(x)
+            grad_alpha = torch.zeros_like(alpha)
+            partial_dgamma = torch.empty(cdiv(M, BM), N, dtype=torch.float32, device=x.device)
+            partial_dbeta = torch.empty(cdiv(M, BM), N, dtype=torch.float32, device=x.device)
+            bwd[(cdiv(M, BM),)](x, grad_y, grad_x, alpha, gamma, grad_alpha, partial_dgamma, partial_dbeta, M, N, x.stride(0), BLOCK_M=BM, BLOCK_N=BN)
+            return grad_x, grad_alpha, partial_dgamma.sum(0), partial_dbeta.sum(0)
+
+    return DyT
+
+
 _FACTORIES = {
     "vector_add": ("vector_add_bwd", _vector_add),
     "copy": ("copy_bwd", _copy),
@@ -336,6 +438,10 @@ _FACTORIES = {
     "flash_attention": ("attn_bwd", _attention),
     "weighted_sum": ("weighted_sum_bwd", _weighted_sum),
     "weighted_sum_desc": ("weighted_sum_desc_bwd", lambda b: _weighted_sum(b, "weighted_sum_desc")),
+    "cumsum": ("_cumsum_bwd", _cumsum),
+    "log_softmax": ("_log_softmax_bwd", _log_softmax),
+    "layer_scale": ("_layer_scale_bwd", _layer_scale),
+    "dyt": ("_dyt_bwd", _dyt),
 }
 EXAMPLE_NAMES = sorted([*_FACTORIES, "matmul"])
 
@@ -386,4 +492,8 @@ def inputs(example: str, gen: torch.Generator) -> list:
         "flash_attention": lambda: [randn(70, 64), randn(70, 64), randn(70, 64), 0.125],
         "weighted_sum": lambda: [randn(100, 300), unif(-1, 1, 300)],
         "weighted_sum_desc": lambda: [randn(100, 300), unif(-1, 1, 300)],
+        "cumsum": lambda: [randn(13, 300)],
+        "log_softmax": lambda: [randn(23, 300, scale=2.0)],
+        "layer_scale": lambda: [randn(75, 90), unif(0.1, 1, 90)],
+        "dyt": lambda: [randn(70, 90, scale=2.0), unif(0.4, 0.6, 1), unif(0.5, 1.5, 90), unif(-0.5, 0.5, 90)],
     }[example]()

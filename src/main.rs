@@ -242,14 +242,26 @@ impl Drop for Progress {
 }
 
 /// Writes `<prefix><name>.npy` for each tensor of each group into `dir`.
+/// The files are written in parallel (one thread per file, at most the machine's cores).
 fn write_npy(dir: &Path, groups: &[(&str, &check::Named)]) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    for (prefix, tensors) in groups {
-        for (n, t) in tensors.iter() {
-            let p = dir.join(format!("{prefix}{n}.npy"));
-            npy::write(&p, t)?;
-            out!("wrote {} {:?} {}", p.display(), t.shape(), t.dtype());
-        }
+    let files: Vec<(PathBuf, &tilegrad_reference::HostTensor)> =
+        groups.iter().flat_map(|(prefix, tensors)| tensors.iter().map(move |(n, t)| (dir.join(format!("{prefix}{n}.npy")), t))).collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(files.len()).max(1);
+    let results: Vec<Result<(), npy::NpyError>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..threads)
+            .map(|k| {
+                let files = &files;
+                sc.spawn(move || files.iter().skip(k).step_by(threads).map(|(p, t)| npy::write(p, t)).collect::<Vec<_>>())
+            })
+            .collect();
+        let mut per: Vec<Vec<Result<(), npy::NpyError>>> = handles.into_iter().map(|h| h.join().expect("npy writer")).collect();
+        // Back in the files' order.
+        (0..files.len()).map(|i| std::mem::replace(&mut per[i % threads][i / threads], Ok(()))).collect()
+    });
+    for ((p, t), r) in files.iter().zip(results) {
+        r?;
+        out!("wrote {} {:?} {}", p.display(), t.shape(), t.dtype());
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! as `.npy` so that NumPy and PyTorch users can compare in their own harness, and inputs can come
 //! in from them. Little-endian C-order arrays of bool, int32, int64, float16, float32 and float64.
 
+use std::io::Write;
 use std::path::Path;
 use tilegrad_ir::DType;
 use tilegrad_reference::{Data, HostTensor};
@@ -31,13 +32,13 @@ const MAGIC: &[u8] = b"\x93NUMPY";
 
 /// Writes `t` as a `.npy` file in its own dtype (bf16, which NumPy lacks, as float32).
 pub fn write(path: &Path, t: &HostTensor) -> Result<(), NpyError> {
-    let (descr, body): (&str, Vec<u8>) = match (t.dtype(), t.data()) {
-        (DType::I1, Data::I1(v)) => ("|b1", v.iter().map(|&b| b as u8).collect()),
-        (DType::I32, Data::I32(v)) => ("<i4", v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        (DType::I64, Data::I64(v)) => ("<i8", v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        (DType::F16, Data::F32(v)) => ("<f2", v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect()),
-        (_, Data::F32(v)) => ("<f4", v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        (_, Data::F64(v)) => ("<f8", v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+    let descr = match (t.dtype(), t.data()) {
+        (DType::I1, Data::I1(_)) => "|b1",
+        (DType::I32, Data::I32(_)) => "<i4",
+        (DType::I64, Data::I64(_)) => "<i8",
+        (DType::F16, Data::F32(_)) => "<f2",
+        (_, Data::F32(_)) => "<f4",
+        (_, Data::F64(_)) => "<f8",
         (d, _) => return Err(NpyError::Format { path: path.display().to_string(), message: format!("cannot write {d}") }),
     };
     let shape: Vec<String> = t.shape().iter().map(|s| s.to_string()).collect();
@@ -51,22 +52,46 @@ pub fn write(path: &Path, t: &HostTensor) -> Result<(), NpyError> {
         header.push(' ');
     }
     header.push('\n');
-    let mut out = Vec::with_capacity(prefix + header.len() + body.len());
-    out.extend_from_slice(MAGIC);
+    let mut head = Vec::with_capacity(prefix + header.len());
+    head.extend_from_slice(MAGIC);
     if v2 {
         let len = u32::try_from(header.len()).map_err(|_| NpyError::Format {
             path: path.display().to_string(),
             message: "the shape is too long for a .npy header".into(),
         })?;
-        out.extend_from_slice(&[2, 0]);
-        out.extend_from_slice(&len.to_le_bytes());
+        head.extend_from_slice(&[2, 0]);
+        head.extend_from_slice(&len.to_le_bytes());
     } else {
-        out.extend_from_slice(&[1, 0]);
-        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        head.extend_from_slice(&[1, 0]);
+        head.extend_from_slice(&(header.len() as u16).to_le_bytes());
     }
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(&body);
-    std::fs::write(path, out).map_err(|source| NpyError::Io { path: path.display().to_string(), source })
+    head.extend_from_slice(header.as_bytes());
+    let io = |source| NpyError::Io { path: path.display().to_string(), source };
+    let mut f = std::fs::File::create(path).map_err(io)?;
+    f.write_all(&head).map_err(io)?;
+    // The body in chunks of a few hundred KiB, converted to little-endian bytes as it goes (no
+    // copy of the whole tensor).
+    let mut buf: Vec<u8> = Vec::with_capacity(1 << 19);
+    macro_rules! body {
+        ($v:expr, $bytes:expr) => {
+            for chunk in $v.chunks(1 << 16) {
+                buf.clear();
+                for x in chunk {
+                    buf.extend_from_slice(&$bytes(x));
+                }
+                f.write_all(&buf).map_err(io)?;
+            }
+        };
+    }
+    match (t.dtype(), t.data()) {
+        (_, Data::I1(v)) => body!(v, |b: &bool| [*b as u8]),
+        (_, Data::I32(v)) => body!(v, |x: &i32| x.to_le_bytes()),
+        (_, Data::I64(v)) => body!(v, |x: &i64| x.to_le_bytes()),
+        (DType::F16, Data::F32(v)) => body!(v, |x: &f32| half::f16::from_f32(*x).to_le_bytes()),
+        (_, Data::F32(v)) => body!(v, |x: &f32| x.to_le_bytes()),
+        (_, Data::F64(v)) => body!(v, |x: &f64| x.to_le_bytes()),
+    }
+    Ok(())
 }
 
 /// Reads a `.npy` file.

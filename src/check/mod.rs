@@ -346,6 +346,14 @@ pub fn check_backward_with(
         forward.push(r);
     }
 
+    // The reverse sweep reads the ground truth's environment only through host steps (their
+    // operands' values); a forward of launches alone needs only names and shapes, which the
+    // native environment has: its f64 copies are freed.
+    let host_steps = fwd.steps.iter().any(|s| !matches!(s, Step::Alloc { .. } | Step::Launch(_)));
+    if !host_steps {
+        p.truth = Env::default();
+    }
+    let truth_env = if host_steps { &p.truth } else { env_n };
     let gopts = GradOptions { precision: opts.precision, memory_budget: opts.memory_budget, ..GradOptions::default() };
     let mut gradients: Vec<Option<(TensorReport, f64)>> = vec![None; bwd.gradients.len()];
     let mut failure = None;
@@ -375,7 +383,7 @@ pub fn check_backward_with(
             }
             None => None,
         };
-        let truth = tm.time("ground truth", || ground::reverse(&fwd.steps, &p.records, &p.truth, cot, &gopts))?;
+        let truth = tm.time("ground truth", || ground::reverse(&fwd.steps, &p.records, truth_env, cot, &gopts))?;
         if !opts.allow_non_finite {
             for d in &fwd.differentiable {
                 if let Some((i, &x)) = truth.get(d).and_then(|g| g.iter().enumerate().find(|(_, x)| !x.is_finite())) {

@@ -999,7 +999,10 @@ _FACTORIES = {
     "smooth_ce": ("_smooth_ce_bwd", _smooth_ce),
 }
 # Examples whose launch the package's interception cannot take yet (the error it raises); their
-# launchers are kept for when it can, and left out of EXAMPLE_NAMES.
+# launchers are kept for when it can, and left out of EXAMPLE_NAMES. The activation and glu ones
+# give torch autograd's values under TRITON_INTERPRET=1; Triton's interpreter runs neither
+# fused_add_rms_norm's kernel (its `tl.float32(x)` casts: "'dtype' object is not callable") nor
+# row_scale_desc's (`tl._experimental_descriptor_load` is gone from Triton 3.9).
 _NOT_INTERCEPTED = "is not a `@triton.jit` function (it has no decorator)"
 BLOCKED = {
     # `kernel = triton.jit(fn)` under another name, or inside `triton.heuristics(...)(...)`: the

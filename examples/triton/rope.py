@@ -10,7 +10,6 @@ import triton.language as tl
 from .rope_utils import half_offsets, rotate_pair
 
 
-@triton.jit
 def _rope_embedding(
     Q,
     Q_row_stride,

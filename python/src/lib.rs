@@ -18,7 +18,7 @@ use std::sync::Arc;
 use tilegrad::check::{calibration, compare as compare_tensors, unravel, Blame, BlameSite, Failure, Report, TensorReport, Tolerance};
 use tilegrad_ad::{GradOptions, Precision};
 use tilegrad_ir::analysis::param_uses;
-use tilegrad_ir::triton::{ConstValue, ConvertOptions};
+use tilegrad_ir::triton::{ConstValue, ConvertOptions, HostDescriptor};
 use tilegrad_ir::{DType, DotPrecision, Kernel, Lit, Loc, Op, ParamKind, Value};
 use tilegrad_reference::{Arg, ExecError, Grid, Launch, Memory, Options, TensorId, Writers};
 
@@ -104,8 +104,12 @@ fn const_value(name: &str, kind: &str, v: &Bound<'_, PyAny>) -> PyResult<ConstVa
 }
 
 /// Converts kernel `name` of the Python source `source` (from file `file`). `constexprs`:
-/// (parameter, kind, value) as [`const_value`] reads them.
+/// (parameter, kind, value) as [`const_value`] reads them; `descriptors`: (parameter, dtype,
+/// block shape) of the host-built tensor descriptors passed; `promoted`: the tensors are the
+/// ground truth's f64 promotion of the user's (see `ConvertOptions::promoted`).
 #[pyfunction]
+#[pyo3(signature = (source, file, name, constexprs, pointer_dtypes, scalar_dtypes, descriptors, promoted=false))]
+#[allow(clippy::too_many_arguments)]
 fn convert(
     source: &str,
     file: &str,
@@ -113,12 +117,22 @@ fn convert(
     constexprs: Vec<(String, String, Bound<'_, PyAny>)>,
     pointer_dtypes: Vec<(String, String)>,
     scalar_dtypes: Vec<(String, String)>,
+    descriptors: Vec<(String, String, Vec<usize>)>,
+    promoted: bool,
 ) -> PyResult<PyKernel> {
     let parse = |v: Vec<(String, String)>| -> PyResult<Vec<_>> { v.into_iter().map(|(n, d)| Ok((n, dtype(&d).map_err(usage)?))).collect() };
     let opts = ConvertOptions {
         constexprs: constexprs.into_iter().map(|(n, k, v)| Ok((n.clone(), const_value(&n, &k, &v)?))).collect::<PyResult<_>>()?,
         pointer_dtypes: parse(pointer_dtypes)?,
         scalar_dtypes: parse(scalar_dtypes)?,
+        descriptors: descriptors
+            .into_iter()
+            .map(|(n, d, block_shape)| Ok((n, HostDescriptor { dtype: dtype(&d).map_err(usage)?, block_shape })))
+            .collect::<PyResult<_>>()?,
+        // The function was launched as a JITFunction: whatever form made it one (an alias of
+        // `triton.jit(fn)`, a wrapper of another package), it is a kernel.
+        assume_jit: true,
+        promoted,
         ..ConvertOptions::default()
     };
     let k = tilegrad_ir::triton::convert(source, file, name, &opts).map_err(usage)?;

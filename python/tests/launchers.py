@@ -41,7 +41,13 @@ def load(stem: str):
 
 
 # Examples that are another spec of an example's kernels (other constexprs, dtypes or sizes).
-_SAME_KERNELS = {"layer_norm_saved": "layer_norm", "rms_norm_f16": "rms_norm", "kl_div_log_target": "kl_div"}
+_SAME_KERNELS = {
+    "layer_norm_saved": "layer_norm",
+    "rms_norm_f16": "rms_norm",
+    "kl_div_log_target": "kl_div",
+    "activation_gelu_bf16": "activation",
+    "glu_geglu_bf16": "glu",
+}
 
 
 def bwd_module(example: str):
@@ -505,7 +511,7 @@ def _cross_entropy(bwd):
     return CrossEntropy
 
 
-def _activation(bwd):
+def _activation(bwd, act="leaky_relu"):
     fwd = load("activation").activation_fwd  # BLOCK from its `triton.heuristics`
 
     class Activation(torch.autograd.Function):
@@ -513,7 +519,7 @@ def _activation(bwd):
         def forward(ctx, x, negative_slope):
             y = torch.empty_like(x)
             n = x.numel()
-            fwd[lambda meta: (cdiv(n, meta["BLOCK"]),)](x, y, n, negative_slope=negative_slope, ACTIVATION="leaky_relu")
+            fwd[lambda meta: (cdiv(n, meta["BLOCK"]),)](x, y, n, negative_slope=negative_slope, ACTIVATION=act)
             ctx.save_for_backward(x)
             ctx.negative_slope = negative_slope
             return y
@@ -524,7 +530,7 @@ def _activation(bwd):
             grad_x = torch.empty_like(x)
             n = x.numel()
             BLOCK = 1024
-            bwd[(cdiv(n, BLOCK),)](x, grad_y, grad_x, n, negative_slope=ctx.negative_slope, ACTIVATION="leaky_relu", BLOCK=BLOCK)
+            bwd[(cdiv(n, BLOCK),)](x, grad_y, grad_x, n, negative_slope=ctx.negative_slope, ACTIVATION=act, BLOCK=BLOCK)
             return grad_x, None
 
     return Activation
@@ -690,7 +696,7 @@ def _jsd(bwd):
     return JSD
 
 
-def _glu(bwd):
+def _glu(bwd, act="silu"):
     fwd = load("glu")._glu_forward_kernel
 
     class SwiGLU(torch.autograd.Function):
@@ -698,7 +704,7 @@ def _glu(bwd):
         def forward(ctx, a, b):
             R, N = a.shape
             c = torch.empty_like(a)
-            fwd[(R,)](a, b, c, a.stride(0), N, ACT="silu", BLOCK_SIZE=triton.next_power_of_2(N))
+            fwd[(R,)](a, b, c, a.stride(0), N, ACT=act, BLOCK_SIZE=triton.next_power_of_2(N))
             ctx.save_for_backward(a, b)
             return c
 
@@ -707,7 +713,7 @@ def _glu(bwd):
             # The backward overwrites the saved a and b with their gradients, in place.
             a, b = ctx.saved_tensors
             R, N = a.shape
-            bwd[(R,)](grad_c, a, b, a.stride(0), N, ACT="silu", BLOCK_SIZE=triton.next_power_of_2(N))
+            bwd[(R,)](grad_c, a, b, a.stride(0), N, ACT=act, BLOCK_SIZE=triton.next_power_of_2(N))
             return a, b
 
     return SwiGLU
@@ -982,6 +988,7 @@ _FACTORIES = {
     "rms_norm_f16": ("_rms_norm_backward_kernel", _rms_norm),
     "cross_entropy": ("liger_cross_entropy_bwd_kernel", _cross_entropy),
     "activation": ("_activation_bwd", _activation),
+    "activation_gelu_bf16": ("_activation_bwd", lambda b: _activation(b, "tanh_gelu")),
     "rope": ("_rope_backward", _rope),
     "layer_norm_lock": (("layer_norm_bwd_dx_fused", "layer_norm_bwd_dwdb"), _layer_norm_lock),
     "row_scale_desc": ("row_scale_bwd", _row_scale_desc),
@@ -989,6 +996,7 @@ _FACTORIES = {
     "kl_div_log_target": ("_kl_div_bwd_kernel", _kl_div),
     "jsd": ("_jsd_bwd_kernel", _jsd),
     "glu": ("_glu_backward_kernel", _glu),
+    "glu_geglu_bf16": ("_glu_backward_kernel", lambda b: _glu(b, "gelu_tanh")),
     "embedding": ("_embedding_bwd_kernel", _embedding),
     "pointwise_loss": ("_pointwise_loss_bwd", _pointwise_loss),
     "bce_with_logits": ("_bce_logits_bwd", _bce_with_logits),
@@ -1003,17 +1011,7 @@ _FACTORIES = {
 # give torch autograd's values under TRITON_INTERPRET=1; Triton's interpreter runs neither
 # fused_add_rms_norm's kernel (its `tl.float32(x)` casts: "'dtype' object is not callable") nor
 # row_scale_desc's (`tl._experimental_descriptor_load` is gone from Triton 3.9).
-_NOT_INTERCEPTED = "is not a `@triton.jit` function (it has no decorator)"
-BLOCKED = {
-    # `kernel = triton.jit(fn)` under another name, or inside `triton.heuristics(...)(...)`: the
-    # interception converts the def by its own name, which carries no decorator.
-    "activation": f"`_activation_fwd` {_NOT_INTERCEPTED}",
-    "glu": f"`_glu_forward` {_NOT_INTERCEPTED}",
-    "fused_add_rms_norm": f"`_fused_add_rms_norm_fwd` {_NOT_INTERCEPTED}",
-    # A host-built `triton.tools.tensor_descriptor.TensorDescriptor` as a kernel argument.
-    "row_scale_desc": "kernel `row_scale_fwd`: argument `x_desc` of type TensorDescriptor is not supported",
-}
-EXAMPLE_NAMES = sorted(set(_FACTORIES) - set(BLOCKED))
+EXAMPLE_NAMES = sorted(_FACTORIES)
 
 
 def correct_bwds(example: str) -> tuple[str, ...]:
@@ -1104,6 +1102,7 @@ def inputs(example: str, gen: torch.Generator) -> list:
         "rms_norm_f16": lambda: [randn(19, 200).half(), unif(-0.5, 0.5, 200).half(), 1e-6, 1.0],
         "cross_entropy": lambda: [randn(40, 300, scale=2.0), labels(40, 300), "mean"],
         "activation": lambda: [randn(3001, scale=2.0), 0.1],
+        "activation_gelu_bf16": lambda: [randn(1777, scale=2.0).bfloat16(), 0.1],
         "rope": lambda: [randn(13, 6, 24).half(), (unif(-1, 1, 5, 12), unif(-1, 1, 5, 12))],
         "layer_norm_lock": lambda: [randn(203, 300, scale=2.0, shift=0.5), unif(0.5, 1.5, 300), unif(-1, 1, 300), 1e-5],
         "row_scale_desc": lambda: [randn(150, 200), unif(-1, 1, 200), unif(-1, 1, 200)],
@@ -1111,6 +1110,7 @@ def inputs(example: str, gen: torch.Generator) -> list:
         "kl_div_log_target": lambda: [randn(17, 250, shift=-5.0), randn(17, 250, shift=-5.0), "sum", True, 1e-10],
         "jsd": lambda: [randn(21, 333, shift=-5.0), randn(21, 333, shift=-5.0), 0.3],
         "glu": lambda: [randn(27, 300, scale=2.0), randn(27, 300)],
+        "glu_geglu_bf16": lambda: [randn(11, 200, scale=2.0).bfloat16(), randn(11, 200).bfloat16()],
         "embedding": lambda: [randn(40, 90), ids(53, 40, pad=3), 3],
         "pointwise_loss": lambda: [randn(2500), randn(2500), 0.7],
         "bce_with_logits": lambda: [randn(19, 150, scale=3.0), unif(0, 1, 19, 150), 2.5],

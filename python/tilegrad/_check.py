@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import _native
-from ._intercept import LaunchCall, intercepting
+from ._intercept import LaunchCall, _is_descriptor, intercepting
 from ._memory import torch_flat
 from ._modes import PoisonEmpty, PromoteFloats
 from ._configs import each_config
@@ -78,6 +78,7 @@ def _truth_launch(native: bool) -> Callable[[LaunchCall], None]:
         flats = []
         for s in call.storages.items:
             t = next(v for n, v in call.args.items() if n in s.names)
+            t = t.base if _is_descriptor(t) else t
             flats.append(torch.as_strided(t, (s.numel,), (1,), 0))
         if not torch.is_grad_enabled() or not any(f.requires_grad for f in flats):
             call.run(promote=not native)
@@ -87,6 +88,7 @@ def _truth_launch(native: bool) -> Callable[[LaunchCall], None]:
             for i, o in zip(sorted(call.written), outs):
                 flats[i].copy_(o)
 
+    run.promoted = not native  # type: ignore[attr-defined]
     return run
 
 

@@ -153,6 +153,11 @@ def _constexpr_value(name: str, v: Any) -> tuple[str, Any]:
     )
 
 
+def _is_descriptor(v: Any) -> bool:
+    """A host-built `triton.tools.tensor_descriptor.TensorDescriptor`."""
+    return type(v).__name__ == "TensorDescriptor" and all(hasattr(v, a) for a in ("base", "shape", "strides", "block_shape"))
+
+
 def bind(jit: Any, args: tuple, kwargs: dict, grid: Any) -> LaunchCall:
     """Binds a launch of the JITFunction `jit` as Triton does and converts its kernel."""
     fn = jit.fn
@@ -186,12 +191,23 @@ def bind(jit: Any, args: tuple, kwargs: dict, grid: Any) -> LaunchCall:
         raise _native.UsageError(f"kernel `{fn.__name__}`: grid {g} has an empty axis")
 
     storages = Storages()
-    constexprs, ptr_dtypes, scalar_dtypes = [], [], []
+    constexprs, ptr_dtypes, scalar_dtypes, descriptors = [], [], [], []
     ptr_args, scalars = [], []
     for p in params:
         v = bound[p.name]
         if p.is_constexpr:
             constexprs.append((p.name, *_constexpr_value(p.name, v)))
+        elif _is_descriptor(v):
+            # `TensorDescriptor.from_tensor(t, block_shape)`: the tensor, and its shape and
+            # strides as hidden scalar parameters of the converted kernel.
+            i, off = storages.add(p.name, v.base)
+            ptr_args.append((p.name, i, off))
+            ptr_dtypes.append((p.name, storages.items[i].dtype))
+            descriptors.append((p.name, storages.items[i].dtype, [int(b) for b in v.block_shape]))
+            for d, (size, stride) in enumerate(zip(v.shape, v.strides)):
+                for kind, x in (("shape", size), ("stride", stride)):
+                    scalar_dtypes.append((f"{p.name}__{kind}{d}", "i64"))
+                    scalars.append((f"{p.name}__{kind}{d}", int(x)))
         elif is_tensor(v):
             i, off = storages.add(p.name, v)
             ptr_args.append((p.name, i, off))
@@ -209,10 +225,12 @@ def bind(jit: Any, args: tuple, kwargs: dict, grid: Any) -> LaunchCall:
                 "(tensors, arrays, bool, int and float are)"
             )
     file, src = _source(fn)
-    key = (file, hash(src), fn.__name__, tuple(constexprs), tuple(ptr_dtypes), tuple(scalar_dtypes))
+    # The ground truth's handlers run on f64 promotions of the user's tensors.
+    promoted = bool(getattr(_handler(), "promoted", False))
+    key = (file, hash(src), fn.__name__, tuple(constexprs), tuple(ptr_dtypes), tuple(scalar_dtypes), repr(descriptors), promoted)
     kernel = _kernel_cache.get(key)
     if kernel is None:
-        kernel = _native.convert(src, file, fn.__name__, constexprs, ptr_dtypes, scalar_dtypes)
+        kernel = _native.convert(src, file, fn.__name__, constexprs, ptr_dtypes, scalar_dtypes, descriptors, promoted)
         _kernel_cache[key] = kernel
     written_params = set(kernel.written())
     written = {i for (n, i, _) in ptr_args if n in written_params}

@@ -51,6 +51,7 @@ class _Tape:
 
     def __init__(self, native: bool) -> None:
         self.native = native
+        self.promoted = not native  # its launches run on f64 copies of the inputs
         self.entries: list[tuple[LaunchCall, list[np.ndarray]]] = []
         self.keep: list[Any] = []
 

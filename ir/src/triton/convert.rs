@@ -34,6 +34,8 @@ pub(crate) struct Cx<'a> {
     pub lines: &'a Lines,
     /// Whether helpers without a recognised jit form may be called.
     assume_jit: bool,
+    /// See [`ConvertOptions::promoted`].
+    pub(crate) promoted: bool,
     /// The first error raised inside a helper of another file, located in that file.
     foreign_err: Option<IrError>,
     pub b: KernelBuilder,
@@ -66,6 +68,7 @@ pub(crate) fn convert_kernel(mods: &[Module], f: &StmtFunctionDef, name: &str, o
         m,
         lines,
         assume_jit: opts.assume_jit,
+        promoted: opts.promoted,
         foreign_err: None,
         b: KernelBuilder::new(name),
         env: HashMap::new(),

@@ -100,6 +100,10 @@ pub struct ConvertOptions {
     /// Take the named function (and the helpers it calls) as Triton functions even when no
     /// `triton.jit` form is recognised on them (a third-party decorator that wraps `triton.jit`).
     pub assume_jit: bool,
+    /// The pointer dtypes are those of an f64-promoted run (the Python package's ground truth,
+    /// whose host code promotes every float tensor): a dtype the kernel names for what it reads
+    /// through a descriptor is then taken as read in f64.
+    pub promoted: bool,
 }
 
 /// A tensor descriptor built on the host and passed as a kernel argument. In the kernel it is
@@ -138,6 +142,7 @@ impl Default for ConvertOptions {
             default_scalar_dtype: DType::I32,
             descriptors: Vec::new(),
             assume_jit: false,
+            promoted: false,
         }
     }
 }

@@ -180,12 +180,18 @@ pub(crate) fn draw_cotangents(rng: &mut StdRng, env: &Env, fwd: &Forward) -> Res
 
 /// The ground-truth gradients of `fwd` for a random cotangent drawn from `opts.seed`.
 pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<GroundTruth, CheckError> {
-    let p = prepare(fwd, inputs, opts, false)?;
+    let mut p = prepare(fwd, inputs, opts, false)?;
     let drawn = draw_cotangents(&mut cotangent_rng(opts.seed), &p.native, fwd)?;
     let cot: HashMap<String, Vec<f64>> = drawn.iter().map(|(o, c, _)| (o.clone(), c.clone())).collect();
     let cotangents = drawn.into_iter().map(|(o, _, h)| (o, h)).collect();
     let gopts = GradOptions { precision: opts.precision, memory_budget: opts.memory_budget, ..GradOptions::default() };
-    let truth = ground::reverse(&fwd.steps, &p.records, &p.truth, cot, &gopts)?;
+    // As in a check: a forward of launches alone reverses against the native environment's
+    // names and shapes, and the f64 one is freed first.
+    let host_steps = fwd.steps.iter().any(|s| !matches!(s, steps::Step::Alloc { .. } | steps::Step::Launch(_)));
+    if !host_steps {
+        p.truth = Env::default();
+    }
+    let truth = ground::reverse(&fwd.steps, &p.records, if host_steps { &p.truth } else { &p.native }, cot, &gopts)?;
     let gradients = fwd
         .differentiable
         .iter()

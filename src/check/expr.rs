@@ -330,27 +330,40 @@ struct Parser<'a> {
     depth: usize,
 }
 
-impl Parser<'_> {
-    fn err(&self, message: String) -> ExprError {
-        ExprError { column: self.i + 1, message }
+/// The cursor of a hand-written expression parser (this module's and the tensor expressions'):
+/// the text as bytes and a position in it, with whitespace skipping, tokens and errors at the
+/// position's column.
+pub(crate) trait Scan {
+    /// The text and the position in it.
+    fn cursor(&mut self) -> (&[u8], &mut usize);
+
+    /// An error at the current column (1-based).
+    fn err(&mut self, message: String) -> ExprError {
+        let (_, i) = self.cursor();
+        ExprError { column: *i + 1, message }
     }
 
+    /// Skips whitespace.
     fn ws(&mut self) {
-        while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
-            self.i += 1;
+        let (s, i) = self.cursor();
+        while *i < s.len() && s[*i].is_ascii_whitespace() {
+            *i += 1;
         }
     }
 
+    /// Consumes `tok` (after whitespace) if it comes next.
     fn eat(&mut self, tok: &str) -> bool {
         self.ws();
-        if self.s[self.i..].starts_with(tok.as_bytes()) {
-            self.i += tok.len();
+        let (s, i) = self.cursor();
+        if s[*i..].starts_with(tok.as_bytes()) {
+            *i += tok.len();
             true
         } else {
             false
         }
     }
 
+    /// Consumes `tok`, or fails naming it.
     fn expect(&mut self, tok: &str) -> Result<(), ExprError> {
         if self.eat(tok) {
             Ok(())
@@ -358,7 +371,15 @@ impl Parser<'_> {
             Err(self.err(format!("expected `{tok}`")))
         }
     }
+}
 
+impl Scan for Parser<'_> {
+    fn cursor(&mut self) -> (&[u8], &mut usize) {
+        (self.s, &mut self.i)
+    }
+}
+
+impl Parser<'_> {
     /// `term (('+' | '-') term)*`, one level deeper than the caller.
     fn expr(&mut self) -> Result<Node, ExprError> {
         self.depth += 1;

@@ -18,7 +18,7 @@
 //! compiled to a flat program (operands before their operation), so that evaluating it per
 //! element and differentiating it in reverse are loops, not recursion.
 
-use super::expr::{ExprError, Scalar, MAX_DEPTH};
+use super::expr::{ExprError, Scalar, Scan, MAX_DEPTH};
 use std::fmt;
 use tilegrad_ir::DType;
 
@@ -499,35 +499,13 @@ struct Parser<'a> {
     prog: Vec<(Ins, usize)>,
 }
 
+impl Scan for Parser<'_> {
+    fn cursor(&mut self) -> (&[u8], &mut usize) {
+        (self.s, &mut self.i)
+    }
+}
+
 impl Parser<'_> {
-    fn err(&self, message: String) -> ExprError {
-        err(self.i + 1, message)
-    }
-
-    fn ws(&mut self) {
-        while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, tok: &str) -> bool {
-        self.ws();
-        if self.s[self.i..].starts_with(tok.as_bytes()) {
-            self.i += tok.len();
-            true
-        } else {
-            false
-        }
-    }
-
-    fn expect(&mut self, tok: &str) -> Result<(), ExprError> {
-        if self.eat(tok) {
-            Ok(())
-        } else {
-            Err(self.err(format!("expected `{tok}`")))
-        }
-    }
-
     fn push(&mut self, ins: Ins, col: usize) -> usize {
         self.prog.push((ins, col));
         self.prog.len() - 1

@@ -218,11 +218,16 @@ impl Progress {
     /// `phase` starts now; `done` of `total` trials are done.
     fn update(&mut self, phase: &str, done: usize, total: usize) {
         if self.bar.is_none() && self.start.elapsed() > Duration::from_secs(1) && std::io::stderr().is_terminal() && done < total {
-            let b = indicatif::ProgressBar::new(total as u64);
+            // Set up hidden, shown once it has its phase (no frame with an empty message).
+            let b = indicatif::ProgressBar::with_draw_target(Some(total as u64), indicatif::ProgressDrawTarget::hidden())
+                .with_elapsed(self.start.elapsed());
             if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {prefix}: {msg} [trial {pos}/{len}] {elapsed}") {
                 b.set_style(style);
             }
             b.set_prefix(self.label.clone());
+            b.set_message(phase.to_string());
+            b.set_position(done as u64);
+            b.set_draw_target(indicatif::ProgressDrawTarget::stderr());
             b.enable_steady_tick(Duration::from_millis(200));
             self.bar = Some(b);
         }

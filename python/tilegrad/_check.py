@@ -190,22 +190,8 @@ def run_check(
         raise ValueError("the forward returned no float tensor")
 
     # 2. The ground truth's forward.
-    leaves = {}
-    ins_t = []
-    for i, x in enumerate(inputs):
-        if i in diff:
-            leaf = x.detach().to(x.dtype if native else torch.float64).requires_grad_(True)
-            leaves[i] = leaf
-            ins_t.append(leaf.clone())
-        else:
-            ins_t.append(_clone(x))
-    modes = PromoteFloats() if not native else None
-    with torch.enable_grad(), intercepting(_truth_launch(native)):
-        if modes is not None:
-            with modes:
-                outs_t = _as_tuple(forward(ins_t))
-        else:
-            outs_t = _as_tuple(forward(ins_t))
+    truth_f = _Truth(forward, inputs, diff, native)
+    outs_t = truth_f.outs
     if len(outs_t) != len(outs_n):
         raise ValueError(f"the forward returned {len(outs_n)} values, then {len(outs_t)}")
 
@@ -220,7 +206,10 @@ def run_check(
         forward_cmp.append(c)
 
     calibrate = rtol is None and atol is None and not native
-    calib = _NativeTruth(forward, inputs, diff, out_idx)
+    # The ground truth in the kernels' own dtypes (their rounding noise), for calibrated
+    # tolerances: its forward runs on first use, its gradients once per trial.
+    noise: _Truth | None = None
+    noise_grads: tuple[int, dict[int, torch.Tensor]] = (-1, {})
     gen = torch.Generator().manual_seed((seed ^ _COT_SEED_MIX) & 0x7FFFFFFFFFFFFFFF)
     best: dict[int, Any] = {}
     failure = None
@@ -232,14 +221,10 @@ def run_check(
             else:
                 cots_n.append(None)
         # Ground truth for this cotangent.
-        diff_outs = [(outs_t[i], cots_n[i].to(torch.float64 if not native else outs_t[i].dtype)) for i in out_idx if outs_t[i].requires_grad]
-        truth = [None] * len(inputs)
-        if diff_outs:
-            gs = torch.autograd.grad([o for o, _ in diff_outs], [leaves[i] for i in diff], [c for _, c in diff_outs], retain_graph=True, allow_unused=True)
-            for i, g in zip(diff, gs):
-                truth[i] = g
-                if g is not None and not allow_non_finite:
-                    _finite(g, f"the ground-truth gradient of `{input_names[i]}` (trial {trial})", "the forward is not differentiable to a finite value on these inputs")
+        truth = truth_f.grads(cots_n, out_idx)
+        if not allow_non_finite:
+            for i, g in truth.items():
+                _finite(g, f"the ground-truth gradient of `{input_names[i]}` (trial {trial})", "the forward is not differentiable to a finite value on these inputs")
         # The backward under test.
         bwd = _Backward()
         poison = PoisonEmpty()
@@ -265,13 +250,18 @@ def run_check(
                 shape = tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__
                 failure = (len(bwd.records), "gradients", f"gradient of `{input_names[i]}` has shape {shape}, the input has {tuple(x.shape)}", trial)
                 break
-            exp = _f64_cpu(truth[i]) if truth[i] is not None else torch.zeros(x.shape, dtype=torch.float64)
+            zeros = torch.zeros(x.shape, dtype=torch.float64)
+            exp = _f64_cpu(truth[i]) if i in truth else zeros
             got = _f64_cpu(g)
             noisy = None
             # Calibrated where the elementwise defaults are loose, as the CLI does: f16/bf16
             # gradients, and f32 ones computed through a tf32 `dot`.
             if calibrate and (_dt(g) in ("f16", "bf16") or (_dt(g) == "f32" and (tf32b or tf32[0]))):
-                noisy = calib.gradient(i, cots_n, trial)
+                if noise is None:
+                    noise = _Truth(forward, inputs, diff, True)
+                if noise_grads[0] != trial:
+                    noise_grads = (trial, noise.grads(cots_n, out_idx))
+                noisy = _f64_cpu(noise_grads[1][i]) if i in noise_grads[1] else zeros
             c = _native.compare(
                 input_names[i], gname, _dt(g), list(x.shape), *_ptrs(exp, got), trial, rtol, atol, tf32b or tf32[0],
                 None if noisy is None else noisy.data_ptr(),
@@ -288,37 +278,39 @@ def run_check(
     return Report(rep)
 
 
-class _NativeTruth:
-    """The ground truth computed in the kernels' own dtypes (their rounding noise), for calibrated
-    tolerances: its forward runs on first use and is kept for every trial."""
+class _Truth:
+    """The ground truth: the forward run with the float inputs as autograd leaves, each launch a
+    differentiable function whose backward is the engine's VJP; promoted to f64 with the host
+    code unless `native` (then in the kernels' own dtypes)."""
 
-    def __init__(self, forward: Callable[[list[Any]], tuple], inputs: Sequence[Any], diff: list[int], out_idx: list[int]) -> None:
-        self.forward, self.inputs, self.diff, self.out_idx = forward, inputs, diff, out_idx
-        self.outs: tuple | None = None
+    def __init__(self, forward: Callable[[list[Any]], tuple], inputs: Sequence[Any], diff: list[int], native: bool) -> None:
+        self.native = native
+        self.diff = diff
         self.leaves: dict[int, torch.Tensor] = {}
-        self.trial = -1
-        self.grads: dict[int, torch.Tensor] = {}
+        ins = []
+        for i, x in enumerate(inputs):
+            if i in diff:
+                self.leaves[i] = x.detach().to(x.dtype if native else torch.float64).requires_grad_(True)
+                ins.append(self.leaves[i].clone())
+            else:
+                ins.append(_clone(x))
+        with torch.enable_grad(), intercepting(_truth_launch(native)):
+            if native:
+                self.outs = _as_tuple(forward(ins))
+            else:
+                with PromoteFloats():
+                    self.outs = _as_tuple(forward(ins))
 
-    def gradient(self, i: int, cots: list[Any], trial: int) -> torch.Tensor:
-        """The gradient of input `i` for this trial's cotangents, f64 on the host."""
-        if self.outs is None:
-            ins = []
-            for j, x in enumerate(self.inputs):
-                if j in self.diff:
-                    self.leaves[j] = x.detach().clone().requires_grad_(True)
-                    ins.append(self.leaves[j].clone())
-                else:
-                    ins.append(_clone(x))
-            with torch.enable_grad(), intercepting(_truth_launch(True)):
-                self.outs = _as_tuple(self.forward(ins))
-        if self.trial != trial:
-            self.trial, self.grads = trial, {}
-            pairs = [(self.outs[j], cots[j].to(self.outs[j].dtype)) for j in self.out_idx if self.outs[j].requires_grad]
-            if pairs:
-                gs = torch.autograd.grad([o for o, _ in pairs], [self.leaves[j] for j in self.diff], [c for _, c in pairs], retain_graph=True, allow_unused=True)
-                self.grads = {j: _f64_cpu(g) for j, g in zip(self.diff, gs) if g is not None}
-        g = self.grads.get(i)
-        return g if g is not None else torch.zeros(self.inputs[i].shape, dtype=torch.float64)
+    def grads(self, cots: list[Any], out_idx: list[int]) -> dict[int, torch.Tensor]:
+        """The gradient of each differentiable input (by index) for the outputs' cotangents `cots`;
+        inputs the outputs do not depend on are left out."""
+        pairs = [
+            (self.outs[i], cots[i].to(self.outs[i].dtype if self.native else torch.float64)) for i in out_idx if self.outs[i].requires_grad
+        ]
+        if not pairs:
+            return {}
+        gs = torch.autograd.grad([o for o, _ in pairs], [self.leaves[i] for i in self.diff], [c for _, c in pairs], retain_graph=True, allow_unused=True)
+        return {i: g for i, g in zip(self.diff, gs) if g is not None}
 
 
 def _finite(t: torch.Tensor, what: str, why: str) -> None:

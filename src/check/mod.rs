@@ -442,7 +442,10 @@ pub fn check_backward_with(
                 steps::run(&mut env, &bwd.steps, mode, None, Some(&mut t)).map_err(|f| CheckError::Backward {
                     step: f.step,
                     what: bwd.steps[f.step].describe(),
-                    message: "the traced re-run failed".into(),
+                    message: format!(
+                        "the backward ran, then failed when run again to record its writers (is it deterministic?): {}",
+                        f.error.message()
+                    ),
                 })?;
                 Ok((env, t))
             })

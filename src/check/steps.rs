@@ -356,6 +356,16 @@ pub(crate) enum StepError {
     Exec(Box<ExecError>),
 }
 
+impl StepError {
+    /// What went wrong, for a message.
+    pub(crate) fn message(self) -> String {
+        match self {
+            StepError::Spec(m) => m,
+            StepError::Exec(e) => e.to_string(),
+        }
+    }
+}
+
 /// Runs `steps` on `env`. With `records`, every launch's tensors are snapshotted before it runs
 /// (for the ground truth's reverse sweep); with `trace`, origins and writers are recorded.
 pub(crate) fn run(

@@ -16,14 +16,7 @@ use tilegrad_reference::HostTensor;
 
 /// The usage error of a forward step that failed.
 pub(crate) fn forward_err(fwd: &Forward) -> impl Fn(steps::StepFailure) -> CheckError + '_ {
-    move |f| CheckError::Forward {
-        step: f.step,
-        what: fwd.steps[f.step].describe(),
-        message: match f.error {
-            steps::StepError::Spec(m) => m,
-            steps::StepError::Exec(e) => e.to_string(),
-        },
-    }
+    move |f| CheckError::Forward { step: f.step, what: fwd.steps[f.step].describe(), message: f.error.message() }
 }
 
 /// Tensors by name.

@@ -34,8 +34,12 @@ struct Cli {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum BackendArg {
+    /// The CPU reference interpreter.
     Cpu,
+    /// A CUDA GPU (an error when none is usable).
     Gpu,
+    /// The GPU when one is usable, else the CPU.
+    Auto,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -53,7 +57,7 @@ struct SpecArgs {
     /// Random cotangent trials (default: the spec's, else 2).
     #[arg(long)]
     trials: Option<usize>,
-    /// Where gradients are computed.
+    /// Where launches run (the ground truth's reverse sweep runs on the CPU).
     #[arg(long, value_enum, default_value = "cpu")]
     backend: BackendArg,
     /// Precision of the ground truth (default: the spec's, else f64).
@@ -94,6 +98,7 @@ impl SpecArgs {
         o.backend = match self.backend {
             BackendArg::Cpu => Backend::Cpu,
             BackendArg::Gpu => Backend::Gpu,
+            BackendArg::Auto => Backend::Auto,
         };
         Ok((spec, o))
     }
@@ -339,8 +344,12 @@ fn run(cli: Cli) -> Result<bool> {
         }
         Command::Run { spec, out, opts } => {
             let (s, o) = opts.load(&spec)?;
-            let (i, t) = check::run_forward(&s.forward, &s.inputs, o.seed).with_context(|| format!("{}", spec.display()))?;
+            let (i, t, ran) =
+                check::run_forward_on(&s.forward, &s.inputs, o.seed, o.backend).with_context(|| format!("{}", spec.display()))?;
             write_npy(&out, &[("input_", &i), ("output_", &t)])?;
+            if ran != "cpu" {
+                eprintln!("backend: {ran}");
+            }
             Ok(true)
         }
         Command::Gradcheck { spec, json, opts } => {

@@ -59,6 +59,7 @@
 //! assert!(report.passed, "{report}");
 //! ```
 
+mod backend;
 mod blame;
 pub mod expr;
 mod findings;
@@ -81,7 +82,7 @@ pub(crate) use steps::{can_accumulate, eval_shape as steps_eval_shape, split_axi
 pub use steps::{Env, Init, KernelLaunch, Reduction, Step};
 pub use tensor_expr::TensorExpr;
 pub use tilegrad_ad::Precision;
-pub use truth::{gradcheck, ground_truth, run_forward, FdTrial, GradcheckReport, GroundTruth, Named};
+pub use truth::{gradcheck, ground_truth, run_forward, run_forward_on, FdTrial, GradcheckReport, GroundTruth, Named};
 
 use std::collections::HashMap;
 use steps::{Mode, StepError, Trace};
@@ -234,8 +235,13 @@ pub enum Backend {
     /// The CPU reference interpreter and AD engine.
     #[default]
     Cpu,
-    /// A CUDA GPU.
+    /// A CUDA GPU (`tilegrad-gpu`); an error when none is usable.
     Gpu,
+    /// The GPU when one is usable, else the CPU.
+    Auto,
+    /// Every launch on both the GPU and the reference, recording where they differ (for testing
+    /// the GPU backend: [`Report::backend`] lists the differences); an error without a GPU.
+    Compare,
 }
 
 /// Options of a check.
@@ -303,7 +309,8 @@ pub fn check_backward_with(
         && opts.precision == Precision::F64
         && (bwd_tf32 || fwd_tf32 || inputs.tensors.iter().any(|t| fwd.differentiable.contains(&t.name) && is_narrow(input_dtype(t))));
     progress("inputs and forward", 0, opts.trials);
-    let mut p = truth::prepare(fwd, inputs, opts, calibrate)?;
+    let exec = backend::Executor::new(opts.backend)?;
+    let mut p = truth::prepare(fwd, inputs, opts, calibrate, &exec)?;
     let mut tm = std::mem::take(&mut p.timings);
     // The inputs as drawn are not needed past here, only their shapes: free them early.
     let input_shape: HashMap<String, Vec<usize>> =
@@ -405,14 +412,14 @@ pub fn check_backward_with(
         let mode = Mode::Poisoned;
         let explain = !opts.blame_elements.is_empty() && trial + 1 == opts.trials;
         progress("backward", trial, opts.trials);
-        let mut run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, mode, None, None));
+        let mut run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, mode, None, None, &exec));
         if run.is_err() {
             // A backward that fails may fail in more than one way (a race and an access out of
             // bounds); the traced run takes the reference's exact path, whose first error (in
             // program order) is the one reported, as without the untraced run.
             env_b = backward_env()?;
             let mut t = Trace::default();
-            run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, mode, None, Some(&mut t)));
+            run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, mode, None, Some(&mut t), &exec));
         }
         if let Err(f) = run {
             let what = bwd.steps[f.step].describe();
@@ -429,7 +436,8 @@ pub fn check_backward_with(
             }
             env_b = backward_env()?;
             let mut t = Trace::default();
-            if tm.time("backward", || steps::run(&mut env_b, &bwd.steps, Mode::PoisonedResolvingRaces, None, Some(&mut t))).is_err() {
+            if tm.time("backward", || steps::run(&mut env_b, &bwd.steps, Mode::PoisonedResolvingRaces, None, Some(&mut t), &exec)).is_err()
+            {
                 break;
             }
             traced = Some((env_b.clone(), t));
@@ -439,7 +447,7 @@ pub fn check_backward_with(
             tm.time("blame", || {
                 let mut env = backward_env()?;
                 let mut t = Trace::default();
-                steps::run(&mut env, &bwd.steps, mode, None, Some(&mut t)).map_err(|f| CheckError::Backward {
+                steps::run(&mut env, &bwd.steps, mode, None, Some(&mut t), &exec).map_err(|f| CheckError::Backward {
                     step: f.step,
                     what: bwd.steps[f.step].describe(),
                     message: format!(
@@ -538,6 +546,8 @@ pub fn check_backward_with(
         findings: all,
         explained,
         timings: tm,
+        backend: exec.describe(),
+        backend_mismatches: exec.mismatches(),
     })
 }
 

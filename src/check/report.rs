@@ -396,6 +396,11 @@ pub struct Report {
     pub explained: Vec<Explained>,
     /// Seconds spent per phase of the check (printed by `--timings`).
     pub timings: Timings,
+    /// Where the launches ran: `cpu`, or the GPU and the launches it passed to the reference.
+    pub backend: String,
+    /// With [`super::Backend::Compare`]: launches whose GPU run differed from the reference's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub backend_mismatches: Vec<String>,
 }
 
 /// Wall-clock seconds per phase of a check, in the order the phases first ran (a phase that runs
@@ -482,6 +487,8 @@ impl Report {
             findings,
             explained: Vec::new(),
             timings: Timings::default(),
+            backend: "cpu".into(),
+            backend_mismatches: Vec::new(),
         }
     }
 
@@ -557,6 +564,12 @@ impl fmt::Display for Report {
             if self.trials == 1 { "" } else { "s" },
             self.precision
         )?;
+        if self.backend != "cpu" {
+            writeln!(f, "backend: {}", self.backend)?;
+        }
+        for m in &self.backend_mismatches {
+            writeln!(f, "GPU/reference mismatch: {m}")?;
+        }
         if !self.forward.is_empty() {
             writeln!(f, "forward outputs and saved tensors (kernels in their dtypes vs the ground truth's forward)")?;
             table(f, "output", &self.forward)?;

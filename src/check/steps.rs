@@ -374,6 +374,7 @@ pub(crate) fn run(
     mode: Mode,
     mut records: Option<&mut Records>,
     mut trace: Option<&mut Trace>,
+    exec: &super::backend::Executor,
 ) -> Result<(), StepFailure> {
     if let Some(t) = trace.as_deref_mut() {
         for (n, _) in &env.names {
@@ -453,7 +454,7 @@ pub(crate) fn run(
                     }
                     tr.launches.push(TracedLaunch { step: i, kernel: kernel.clone(), grid, args: args.clone(), options: opts, before });
                 }
-                let summary = launch.run(&mut env.mem).map_err(|e| match e {
+                let summary = exec.run(&launch, &mut env.mem).map_err(|e| match e {
                     ExecError::Invalid(_) | ExecError::Argument { .. } | ExecError::Grid { .. } | ExecError::BadTensor { .. } => {
                         spec(e.to_string())
                     }
@@ -690,6 +691,7 @@ fn resolve(kl: &KernelLaunch, kernel: &Kernel, env: &Env) -> Result<(Grid, Vec<(
 
 #[cfg(test)]
 mod tests {
+    use super::super::backend::Executor;
     use super::*;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
@@ -721,7 +723,7 @@ mod tests {
         let mut env = env_with(&[("x", x)]);
         let steps =
             [reduce(Reduction::Mean, "x", 1, "m"), reduce(Reduction::LogSumExp, "x", -1, "l"), reduce(Reduction::Max, "x", 0, "mx")];
-        run(&mut env, &steps, Mode::Native, None, None).unwrap();
+        run(&mut env, &steps, Mode::Native, None, None, &Executor::cpu()).unwrap();
         let at = |i: usize, j: usize, k: usize| v[(i * 7 + j) * 3 + k];
         let close = |name: &str, want: Vec<f64>, shape: &[usize]| {
             let t = env.tensor(name).unwrap();
@@ -757,7 +759,7 @@ mod tests {
         // logsumexp stays finite where the naive form overflows, and is -inf on a row of -inf.
         let big = HostTensor::from_f64(&[2, 2], vec![1000.0, 1000.0, f64::NEG_INFINITY, f64::NEG_INFINITY]);
         let mut env = env_with(&[("b", big)]);
-        run(&mut env, &[reduce(Reduction::LogSumExp, "b", 1, "lb")], Mode::Native, None, None).unwrap();
+        run(&mut env, &[reduce(Reduction::LogSumExp, "b", 1, "lb")], Mode::Native, None, None, &Executor::cpu()).unwrap();
         assert_eq!(env.tensor("lb").unwrap().to_f64_vec(), vec![1000.0 + 2f64.ln(), f64::NEG_INFINITY]);
     }
 
@@ -771,7 +773,7 @@ mod tests {
             Step::Compute { expr: TensorExpr::parse("x / 3").unwrap(), dtype: Some(DType::BF16), dst: "z".into() },
         ];
         let mut env = env_with(&[("x", x.clone()), ("s", s)]);
-        run(&mut env, &steps, Mode::Native, None, None).unwrap();
+        run(&mut env, &steps, Mode::Native, None, None, &Executor::cpu()).unwrap();
         let y = env.tensor("y").unwrap();
         assert_eq!((y.dtype(), y.shape()), (DType::F16, &[3usize, 4][..]));
         let sv = 0.1f32 as f64;
@@ -780,7 +782,7 @@ mod tests {
         }
         assert_eq!(env.tensor("z").unwrap().dtype(), DType::BF16);
         let mut env = env_with(&[("x", HostTensor::from_f64(&[3, 4], x.to_f64_vec())), ("s", HostTensor::from_f64(&[], vec![0.1]))]);
-        run(&mut env, &steps, Mode::F64, None, None).unwrap();
+        run(&mut env, &steps, Mode::F64, None, None, &Executor::cpu()).unwrap();
         let y = env.tensor("y").unwrap();
         assert_eq!(y.dtype(), DType::F64);
         assert_eq!(y.to_f64_vec()[0], x.to_f64_vec()[0] * 0.1 + 5.0);
@@ -797,7 +799,7 @@ mod tests {
             Step::Cast { src: "x".into(), dtype: DType::I32, dst: "i".into() },
             Step::Accumulate { src: "b".into(), dst: "h".into() },
         ];
-        run(&mut env, &steps, Mode::Native, None, None).unwrap();
+        run(&mut env, &steps, Mode::Native, None, None, &Executor::cpu()).unwrap();
         let h = env.tensor("h").unwrap();
         assert_eq!(h.dtype(), DType::F16);
         let r = |v: f64| tilegrad_reference::round_to(DType::F16, v);
@@ -805,7 +807,7 @@ mod tests {
         assert_eq!(h.to_f64_vec(), want);
         assert_eq!(env.tensor("i").unwrap().to_f64_vec(), vec![0.0, -1.0, 2.0, 0.0, 70000.0, -3.0]);
         // Errors: a shape that does not broadcast to dst's, a float into an int, an int mean.
-        let bad = |s: Step| run(&mut env.clone(), &[s], Mode::Native, None, None).unwrap_err().error;
+        let bad = |s: Step| run(&mut env.clone(), &[s], Mode::Native, None, None, &Executor::cpu()).unwrap_err().error;
         let msg = |e: StepError| match e {
             StepError::Spec(m) => m,
             StepError::Exec(e) => panic!("{e}"),
@@ -829,7 +831,7 @@ mod tests {
             Step::Accumulate { src: "p".into(), dst: "x".into() },
         ];
         let mut rec = Records::default();
-        run(&mut env, &steps, Mode::F64, Some(&mut rec), None).unwrap();
+        run(&mut env, &steps, Mode::F64, Some(&mut rec), None, &Executor::cpu()).unwrap();
         let snaps: Vec<(usize, &str)> = rec.snapshots.iter().map(|(s, n, _)| (*s, n.as_str())).collect();
         // `x` is overwritten by step 4: the product and the logsumexp read it; the sum is affine.
         assert_eq!(snaps, vec![(0, "x"), (2, "x")]);

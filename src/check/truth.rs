@@ -4,6 +4,7 @@
 //! written as `.npy` for users' own harnesses), and the engine's self-check against central
 //! finite differences (`tilegrad gradcheck`).
 
+use super::backend::Executor;
 use super::steps::{self, Mode, Trace};
 use super::{ground, inputs, promote, validate_forward, Backend, CheckError, CheckOptions, Env, Forward, Inputs, Precision, Timings};
 use rand::rngs::StdRng;
@@ -25,12 +26,19 @@ pub type Named = Vec<(String, HostTensor)>;
 /// Runs the forward in the kernels' own dtypes; returns the inputs as drawn and the outputs and
 /// saved tensors, by name.
 pub fn run_forward(fwd: &Forward, inputs: &Inputs, seed: u64) -> Result<(Named, Named), CheckError> {
+    run_forward_on(fwd, inputs, seed, Backend::Cpu).map(|(i, o, _)| (i, o))
+}
+
+/// [`run_forward`] on a backend; also says where the launches ran.
+pub fn run_forward_on(fwd: &Forward, inputs: &Inputs, seed: u64, backend: Backend) -> Result<(Named, Named, String), CheckError> {
+    let exec = Executor::new(backend)?;
     let env0 = inputs.materialise(seed)?;
     let mut env = env0.clone();
-    steps::run(&mut env, &fwd.steps, Mode::Native, None, None).map_err(forward_err(fwd))?;
+    steps::run(&mut env, &fwd.steps, Mode::Native, None, None, &exec).map_err(forward_err(fwd))?;
     Ok((
         named(&env0, inputs.tensors.iter().map(|t| t.name.as_str()))?,
         named(&env, fwd.outputs.iter().chain(&fwd.saved).map(String::as_str))?,
+        exec.describe(),
     ))
 }
 
@@ -78,10 +86,13 @@ pub(crate) struct Prepared {
 }
 
 /// Runs the forward both ways; with `native_records`, the native run's launches are recorded too.
-pub(crate) fn prepare(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, native_records: bool) -> Result<Prepared, CheckError> {
-    if opts.backend == Backend::Gpu {
-        return Err(CheckError::Unsupported("the GPU backend is not part of this build; use the CPU backend (`--backend cpu`)".into()));
-    }
+pub(crate) fn prepare(
+    fwd: &Forward,
+    inputs: &Inputs,
+    opts: &CheckOptions,
+    native_records: bool,
+    exec: &Executor,
+) -> Result<Prepared, CheckError> {
     let mut timings = Timings::default();
     let drawn = timings.time("inputs", || inputs.materialise(opts.seed))?;
     validate_forward(fwd, &drawn)?;
@@ -92,14 +103,14 @@ pub(crate) fn prepare(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, nativ
     let mut trace = Trace::default();
     let mut nrec = native_records.then(steps::Records::default);
     timings
-        .time("forward in the kernels' dtypes", || steps::run(&mut native, &fwd.steps, Mode::Native, nrec.as_mut(), Some(&mut trace)))
+        .time("forward in the kernels' dtypes", || steps::run(&mut native, &fwd.steps, Mode::Native, nrec.as_mut(), Some(&mut trace), exec))
         .map_err(forward_err(fwd))?;
     let f64_mode = opts.precision == Precision::F64;
     let mut truth = if f64_mode { promote(&drawn) } else { drawn.clone() };
     let mut records = steps::Records::default();
     timings
         .time("forward of the ground truth", || {
-            steps::run(&mut truth, &fwd.steps, if f64_mode { Mode::F64 } else { Mode::Native }, Some(&mut records), None)
+            steps::run(&mut truth, &fwd.steps, if f64_mode { Mode::F64 } else { Mode::Native }, Some(&mut records), None, exec)
         })
         .map_err(forward_err(fwd))?;
     Ok(Prepared { drawn, native, trace, truth, records, native_records: nrec, timings })
@@ -173,7 +184,8 @@ pub(crate) fn draw_cotangents(rng: &mut StdRng, env: &Env, fwd: &Forward) -> Res
 
 /// The ground-truth gradients of `fwd` for a random cotangent drawn from `opts.seed`.
 pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<GroundTruth, CheckError> {
-    let mut p = prepare(fwd, inputs, opts, false)?;
+    let exec = Executor::new(opts.backend)?;
+    let mut p = prepare(fwd, inputs, opts, false, &exec)?;
     let drawn = draw_cotangents(&mut cotangent_rng(opts.seed), &p.native, fwd)?;
     let cot: HashMap<String, Vec<f64>> = drawn.iter().map(|(o, c, _)| (o.clone(), c.clone())).collect();
     let cotangents = drawn.into_iter().map(|(o, _, h)| (o, h)).collect();
@@ -250,7 +262,8 @@ impl fmt::Display for GradcheckReport {
 /// forward, promoted to f64, along `opts.trials` random directions.
 pub fn gradcheck(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, name: &str) -> Result<GradcheckReport, CheckError> {
     let opts = CheckOptions { precision: Precision::F64, ..opts.clone() };
-    let p = prepare(fwd, inputs, &opts, false)?;
+    let exec = Executor::new(opts.backend)?;
+    let p = prepare(fwd, inputs, &opts, false, &exec)?;
     let mut rng = StdRng::seed_from_u64(opts.seed ^ 0x5851_f42d_4c95_7f2d);
     let cot: HashMap<String, Vec<f64>> = draw_cotangents(&mut rng, &p.truth, fwd)?.into_iter().map(|(o, c, _)| (o, c)).collect();
     let gopts = GradOptions { memory_budget: opts.memory_budget, ..GradOptions::default() };
@@ -265,7 +278,7 @@ pub fn gradcheck(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, name: &str
             let x: Vec<f64> = t.to_f64_vec().iter().zip(v).map(|(a, b)| a + h * b).collect();
             *env.mem.get_mut(id) = HostTensor::from_f64(t.shape(), x);
         }
-        steps::run(&mut env, &fwd.steps, Mode::F64, None, None).map_err(forward_err(fwd))?;
+        steps::run(&mut env, &fwd.steps, Mode::F64, None, None, &exec).map_err(forward_err(fwd))?;
         Ok(cot.iter().map(|(o, c)| env.tensor(o).expect("ran").to_f64_vec().iter().zip(c).map(|(a, b)| a * b).sum::<f64>()).sum())
     };
     let rel_step = 1e-6;

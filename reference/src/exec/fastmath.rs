@@ -11,8 +11,8 @@ const LOG2E: f64 = std::f64::consts::LOG2_E;
 /// 1.5 * 2^52: adding and subtracting it rounds an f64 of magnitude < 2^51 to an integer.
 const SHIFT: f64 = 6755399441055744.0;
 
-/// Coefficients of 2^f on [-1/2, 1/2] (Chebyshev interpolation, degree 9, monomial form).
-const C: [f64; 10] = [
+/// Coefficients of 2^f on [-1/2, 1/2], used by every backend's f32 `exp` (Chebyshev interpolation, degree 9, monomial form).
+pub const C: [f64; 10] = [
     1.0000000000000135,
     0.6931471805599462,
     0.2402265069564034,

@@ -16,7 +16,10 @@ mod program;
 mod record;
 mod tile;
 
+pub use fastmath::C as EXP2_POLY;
 pub use ops::round_tf32;
+pub use plan::needs_order;
+pub use program::WHILE_LIMIT;
 pub use record::{NonFinite, ProgramRecord, Recorded};
 
 use crate::error::{ExecError, Race, RaceKind, Site};

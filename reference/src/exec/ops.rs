@@ -50,16 +50,19 @@ pub(crate) fn unary(op: UnaryOp, x: &Tile) -> Result<Tile, String> {
                 Neg => |a| -a,
                 Abs => f32::abs,
                 Exp => super::fastmath::exp1,
-                Exp2 => f32::exp2,
-                Log => f32::ln,
-                Log2 => f32::log2,
+                // Transcendentals are evaluated in f64 and rounded once: correctly rounded
+                // but for values within an f64 ulp of an f32 rounding boundary, so every
+                // backend (libm here, CUDA's f64 functions on a GPU) gives the same f32.
+                Exp2 => |a| (a as f64).exp2() as f32,
+                Log => |a| (a as f64).ln() as f32,
+                Log2 => |a| (a as f64).log2() as f32,
                 Sqrt => f32::sqrt,
                 Rsqrt => |a| 1.0 / a.sqrt(),
-                Sin => f32::sin,
-                Cos => f32::cos,
-                Tanh => f32::tanh,
+                Sin => |a| (a as f64).sin() as f32,
+                Cos => |a| (a as f64).cos() as f32,
+                Tanh => |a| (a as f64).tanh() as f32,
                 Sigmoid => sigmoid32,
-                Erf => libm::erff,
+                Erf => |a| libm::erf(a as f64) as f32,
                 Floor => f32::floor,
                 Ceil => f32::ceil,
                 Not => return Err(bad()),
@@ -147,7 +150,7 @@ macro_rules! float_binary {
             Mod => map2($a, $x, $b, $y, |p: $t, q: $t| p % q),
             Min => map2($a, $x, $b, $y, <$t>::min),
             Max => map2($a, $x, $b, $y, <$t>::max),
-            Pow => map2($a, $x, $b, $y, <$t>::powf),
+            Pow => map2($a, $x, $b, $y, |p: $t, q: $t| (p as f64).powf(q as f64) as $t),
             FloorDiv | And | Or | Xor => return Err(format!("`{}` is not defined on floats", $op.name())),
         }
     }};

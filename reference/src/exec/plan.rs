@@ -31,8 +31,10 @@ impl Plan {
     }
 }
 
-/// Whether a kernel's meaning depends on the order of its programs (see [`Plan::ordered`]).
-pub(crate) fn needs_order(k: &Kernel) -> bool {
+/// Whether a kernel's meaning depends on the order of its programs: it has atomics other than
+/// `atomic_add`, or uses the old value an atomic returns. Its launches run their programs one after
+/// another, in program order.
+pub fn needs_order(k: &Kernel) -> bool {
     let mut results = HashSet::new();
     let mut ordered = false;
     k.walk(&mut |_, d| match d.op {

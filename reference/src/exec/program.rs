@@ -14,7 +14,7 @@ use std::sync::Arc;
 use tilegrad_ir::{AtomicOp, Block, DType, Inst, Kernel, Lit, Op, Value};
 
 /// Iterations of a `while` loop without `max_iters` after which the reference gives up.
-pub(crate) const WHILE_LIMIT: u64 = 10_000_000;
+pub const WHILE_LIMIT: u64 = 10_000_000;
 
 /// Elements held as locks: (slot, offset), sorted. Empty when no lock is held.
 pub(crate) type LockSet = Vec<(u32, i64)>;

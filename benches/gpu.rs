@@ -1,0 +1,167 @@
+//! Kernel times of the GPU backend beside Triton's own, on the forward kernels of `examples/`
+//! at training sizes: the weighted sum (65536x1024), matmul (2048^3, 64x64x32 tiles, `ieee`
+//! dots) and a row softmax (16384x4096, one row per program).
+//!
+//! `cargo bench --bench gpu [-- --triton FILE.json] [--reps N]` on a machine with a GPU. Each
+//! kernel runs (after a warm-up) `reps` times with the device's race marks off and on; the
+//! fastest run of each counts, from CUDA events. `FILE.json` holds Triton's milliseconds for the
+//! same kernels, launched with the same block sizes, as `benches/gpu_triton.py` writes it; the
+//! table then has the ratios. Without a GPU it says so and exits.
+
+use tilegrad_gpu::{Gpu, GpuOptions};
+use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
+use tilegrad_reference::{HostTensor, Launch, Memory, TensorId};
+
+struct Case {
+    name: &'static str,
+    file: &'static str,
+    kernel: &'static str,
+    constexprs: Vec<(&'static str, i64)>,
+    /// Tensors: name and shape (f32, random in [-1, 1)).
+    tensors: Vec<(&'static str, Vec<usize>)>,
+    /// Scalar arguments.
+    scalars: Vec<(&'static str, i64)>,
+    grid: [u32; 3],
+}
+
+fn cases() -> Vec<Case> {
+    let (rows, d) = (65536usize, 1024usize);
+    let n = 2048usize;
+    let (sr, sc) = (16384usize, 4096usize);
+    vec![
+        Case {
+            name: "weighted_sum",
+            file: "weighted_sum.py",
+            kernel: "weighted_sum_fwd",
+            constexprs: vec![("ROWS_TILE_SIZE", 16), ("D_TILE_SIZE", 64)],
+            tensors: vec![("x_ptr", vec![rows, d]), ("weight_ptr", vec![d]), ("output_ptr", vec![rows])],
+            scalars: vec![
+                ("x_stride_row", d as i64),
+                ("x_stride_dim", 1),
+                ("weight_stride_dim", 1),
+                ("output_stride_row", 1),
+                ("ROWS", rows as i64),
+                ("D", d as i64),
+            ],
+            grid: [(rows / 16) as u32, 1, 1],
+        },
+        Case {
+            name: "matmul",
+            file: "matmul.py",
+            kernel: "matmul",
+            constexprs: vec![("BLOCK_M", 64), ("BLOCK_N", 64), ("BLOCK_K", 32)],
+            tensors: vec![("a_ptr", vec![n, n]), ("b_ptr", vec![n, n]), ("c_ptr", vec![n, n])],
+            scalars: vec![
+                ("M", n as i64),
+                ("N", n as i64),
+                ("K", n as i64),
+                ("stride_am", n as i64),
+                ("stride_ak", 1),
+                ("stride_bk", n as i64),
+                ("stride_bn", 1),
+                ("stride_cm", n as i64),
+                ("stride_cn", 1),
+            ],
+            grid: [(n / 64) as u32, (n / 64) as u32, 1],
+        },
+        Case {
+            name: "softmax",
+            file: "softmax.py",
+            kernel: "softmax",
+            constexprs: vec![("BLOCK_ROWS", 1), ("BLOCK_COLS", sc as i64)],
+            tensors: vec![("x_ptr", vec![sr, sc]), ("y_ptr", vec![sr, sc])],
+            scalars: vec![("x_row_stride", sc as i64), ("y_row_stride", sc as i64), ("n_rows", sr as i64), ("n_cols", sc as i64)],
+            grid: [sr as u32, 1, 1],
+        },
+    ]
+}
+
+/// Uniform in [-1, 1), from a fixed xorshift stream.
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let mut triton: Option<serde_json::Value> = None;
+    let mut reps = 20;
+    let mut i = 1;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--triton" => {
+                let text = std::fs::read_to_string(&args[i + 1]).expect("readable --triton file");
+                triton = Some(serde_json::from_str(&text).expect("JSON"));
+                i += 1;
+            }
+            "--reps" => {
+                reps = args[i + 1].parse().expect("--reps N");
+                i += 1;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    let gpu = match Gpu::new() {
+        Ok(g) => g,
+        Err(e) => {
+            println!("skipped: {e}");
+            return;
+        }
+    };
+    println!("device: {}", gpu.describe());
+    println!("{:<14} {:>12} {:>12} {:>12} {:>9} {:>9}", "kernel", "triton ms", "gpu ms", "+races ms", "ratio", "+races");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/triton");
+    for c in cases() {
+        let path = dir.join(c.file);
+        let src = std::fs::read_to_string(&path).expect("example source");
+        let opts = ConvertOptions {
+            constexprs: c.constexprs.iter().map(|(n, v)| (n.to_string(), ConstValue::Int(*v))).collect(),
+            ..ConvertOptions::default()
+        };
+        let k = convert(&src, &path.display().to_string(), c.kernel, &opts).unwrap_or_else(|e| panic!("{e}"));
+        let mut mem = Memory::new();
+        let ids: Vec<(&str, TensorId)> = c
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(j, (n, shape))| {
+                let numel = shape.iter().product();
+                (*n, mem.add(n, HostTensor::from_f32(shape, random(numel, j as u64 + 1))))
+            })
+            .collect();
+        let mut launch = Launch::new(&k, c.grid);
+        for (n, id) in &ids {
+            launch = launch.arg(n, *id);
+        }
+        for (n, v) in &c.scalars {
+            launch = launch.arg(n, *v);
+        }
+        for (n, v) in &c.constexprs {
+            launch = launch.arg(n, *v);
+        }
+        let time = |races: bool, mem: &mut Memory| {
+            gpu.time(&launch, mem, GpuOptions { races }, reps).unwrap_or_else(|e| panic!("{}: {e}", c.name)) * 1e3
+        };
+        let plain = time(false, &mut mem);
+        let marked = time(true, &mut mem);
+        let t = triton.as_ref().and_then(|j| j.get(c.name)).and_then(|v| v.as_f64());
+        let ratio = |x: f64| t.map_or("-".to_string(), |t| format!("{:.2}x", x / t));
+        println!(
+            "{:<14} {:>12} {:>12.3} {:>12.3} {:>9} {:>9}",
+            c.name,
+            t.map_or("-".to_string(), |t| format!("{t:.3}")),
+            plain,
+            marked,
+            ratio(plain),
+            ratio(marked)
+        );
+    }
+}

@@ -1,0 +1,1230 @@
+//! Tile IR to CUDA C: one CUDA block runs one program instance at a time (blocks take programs
+//! from a counter, in program order), and every tile is spread over the block's threads: element
+//! `e` of a tile lives in thread `e % NT`, register `e / NT`. Scalars are held, identically, by
+//! every thread. Ops that move elements between threads (broadcast, permute, reductions, scans,
+//! `dot`) go through a scratch area (shared memory, or global memory when large).
+//!
+//! The numerics are the reference interpreter's, op by op: f16/bf16 results rounded after each
+//! op, `dot` accumulated over k in order with separately rounded products, sums reduced in the
+//! reference's order, wrapping integers. Errors (out-of-bounds lanes, loop bounds, runtime
+//! errors) are found by each program and the first one in program order is reported, as the
+//! reference does.
+//!
+//! The generator matches [`Op`] exhaustively: a new op does not compile until it has a rule here.
+
+use crate::GpuError;
+use std::fmt::Write;
+use tilegrad_ir::{BinaryOp, Block, CmpOp, DType, DotPrecision, Elem, Inst, Kernel, Lit, Op, ReduceOp, UnaryOp, Value};
+
+/// Words of the argument block before the per-parameter words (see [`Layout`]).
+pub(crate) const HEADER_WORDS: usize = 16;
+/// Words per pointer parameter: base, numel, write marks, read marks, atomic marks.
+pub(crate) const PTR_WORDS: usize = 5;
+/// Words of one atomic-log entry: offset, parameter, value bits.
+pub(crate) const LOG_WORDS: usize = 3;
+/// Words of one block's error record: program, instruction, kind, lane, offset, aux.
+pub(crate) const ERR_WORDS: usize = 6;
+
+/// Error kinds in an error record.
+pub(crate) const ERR_OOB: u64 = 1;
+pub(crate) const ERR_LOOP: u64 = 2;
+pub(crate) const ERR_RUNTIME: u64 = 3;
+
+/// Fallback flags (the launch is settled by the reference instead).
+pub(crate) const FLAG_CONFLICT: u32 = 1;
+pub(crate) const FLAG_LOG_FULL: u32 = 2;
+pub(crate) const FLAG_OWN_ATOMIC: u32 = 4;
+pub(crate) const FLAG_DUPLICATE: u32 = 8;
+
+/// A kernel compiled to CUDA C, with what the launcher needs to know about it.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    /// The CUDA C source (prelude included).
+    pub source: String,
+    /// Threads per block.
+    pub threads: u32,
+    /// Scratch bytes one block needs.
+    pub scratch_bytes: usize,
+    /// Loops by index in the trip counters: their instructions.
+    pub loops: Vec<Inst>,
+    /// Runtime error messages by id.
+    pub messages: Vec<String>,
+    /// Some `atomic_add` on floats: their contributions are applied in program order.
+    pub float_atomics: bool,
+}
+
+/// The name of the generated entry point.
+pub const ENTRY: &str = "tg_main";
+
+/// Most threads per block.
+const MAX_THREADS: usize = 256;
+
+/// Compiles a kernel (constexprs bound) to CUDA C.
+pub fn generate(k: &Kernel) -> Result<Generated, GpuError> {
+    let mut largest = 1usize;
+    k.walk(&mut |_, d| {
+        for &v in d.results.iter().chain(d.args.iter()) {
+            largest = largest.max(k.ty(v).numel());
+        }
+    });
+    let threads = largest.next_power_of_two().clamp(32, MAX_THREADS);
+    let mut g = Gen {
+        k,
+        nt: threads,
+        out: String::new(),
+        depth: 2,
+        sources: tilegrad_ir::analysis::pointer_sources(k),
+        loops: Vec::new(),
+        messages: Vec::new(),
+        scratch: 0,
+        float_atomics: false,
+    };
+    g.check_pointers()?;
+    g.block(k.body)?;
+    let body = std::mem::take(&mut g.out);
+    let mut src = String::new();
+    let poly = tilegrad_reference::EXP2_POLY;
+    let _ = writeln!(src, "#define TG_LOG2E {:?}", std::f64::consts::LOG2_E);
+    for (i, c) in poly.iter().enumerate() {
+        let _ = writeln!(src, "#define TG_C{i} {c:?}");
+    }
+    src.push_str(include_str!("prelude.cu"));
+    g.emit_entry(&mut src, &body);
+    Ok(Generated {
+        source: src,
+        threads: threads as u32,
+        scratch_bytes: g.scratch,
+        loops: g.loops,
+        messages: g.messages,
+        float_atomics: g.float_atomics,
+    })
+}
+
+struct Gen<'k> {
+    k: &'k Kernel,
+    nt: usize,
+    out: String,
+    depth: usize,
+    sources: Vec<Vec<bool>>,
+    loops: Vec<Inst>,
+    messages: Vec<String>,
+    scratch: usize,
+    float_atomics: bool,
+}
+
+/// The C type that holds values of a dtype in registers (f16/bf16 as rounded f32, as the
+/// reference holds them).
+fn ctype(d: DType) -> &'static str {
+    match d {
+        DType::I1 => "bool",
+        DType::I32 => "int",
+        DType::I64 => "i64",
+        DType::F16 | DType::BF16 | DType::F32 => "float",
+        DType::F64 => "double",
+    }
+}
+
+/// The C type of a dtype in memory.
+fn storage(d: DType) -> &'static str {
+    match d {
+        DType::I1 => "u8",
+        DType::I32 => "int",
+        DType::I64 => "i64",
+        DType::F16 | DType::BF16 => "u16",
+        DType::F32 => "float",
+        DType::F64 => "double",
+    }
+}
+
+/// Reads storage `x` of dtype `d` as a register value.
+fn from_storage(d: DType, x: &str) -> String {
+    match d {
+        DType::I1 => format!("({x} != 0)"),
+        DType::F16 => format!("tg_h2f({x})"),
+        DType::BF16 => format!("tg_bf2f({x})"),
+        _ => x.to_string(),
+    }
+}
+
+/// Converts register value `x` of dtype `d` to its storage.
+fn to_storage(d: DType, x: &str) -> String {
+    match d {
+        DType::I1 => format!("(u8)({x})"),
+        DType::F16 => format!("tg_f2h({x})"),
+        DType::BF16 => format!("tg_f2bf({x})"),
+        _ => x.to_string(),
+    }
+}
+
+/// Rounds an f32 expression to dtype `d` when it is f16 or bf16.
+fn narrow(d: DType, x: &str) -> String {
+    match d {
+        DType::F16 => format!("tg_f16((double)({x}))"),
+        DType::BF16 => format!("tg_bf16((double)({x}))"),
+        _ => x.to_string(),
+    }
+}
+
+/// An exact C literal of a value of dtype `d` (as the reference's `lit_data` converts it).
+fn literal(l: Lit, d: DType) -> String {
+    match d {
+        DType::I1 => (if l.as_i64() != 0 { "true" } else { "false" }).to_string(),
+        DType::I32 => format!("((int){})", l.as_i64() as i32),
+        DType::I64 => format!("((i64){}LL)", l.as_i64()),
+        DType::F16 => format!("__int_as_float({:#x})", half::f16::from_f64(l.as_f64()).to_f32().to_bits()),
+        DType::BF16 => format!("__int_as_float({:#x})", half::bf16::from_f64(l.as_f64()).to_f32().to_bits()),
+        DType::F32 => format!("__int_as_float({:#x})", (l.as_f64() as f32).to_bits()),
+        DType::F64 => format!("__longlong_as_double({:#x}LL)", l.as_f64().to_bits() as i64),
+    }
+}
+
+/// A conversion of `x` from dtype `from` to `to`, as the reference's `cast_data`.
+fn convert(from: DType, to: DType, x: &str) -> String {
+    use DType::*;
+    if from == to {
+        return x.to_string();
+    }
+    let as_double = match from {
+        I1 => format!("(double)(int)({x})"),
+        _ => format!("(double)({x})"),
+    };
+    match to {
+        I1 => match from {
+            F16 | BF16 | F32 => format!("(({x}) != 0.0f)"),
+            F64 => format!("(({x}) != 0.0)"),
+            _ => format!("(({x}) != 0)"),
+        },
+        I32 => match from {
+            I1 => format!("(int)({x})"),
+            I64 => format!("(int)(u32)(u64)({x})"),
+            _ => format!("tg_d2i32((double)({x}))"),
+        },
+        I64 => match from {
+            I1 | I32 => format!("(i64)({x})"),
+            _ => format!("tg_d2i64((double)({x}))"),
+        },
+        F32 => match from {
+            I1 => format!("(float)(int)({x})"),
+            I64 => format!("(float)({x})"),
+            F16 | BF16 => x.to_string(),
+            _ => format!("(float)({as_double})"),
+        },
+        F16 => format!("tg_f16({as_double})"),
+        BF16 => format!("tg_bf16({as_double})"),
+        F64 => as_double,
+    }
+}
+
+/// Row-major strides of a shape.
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}
+
+impl<'k> Gen<'k> {
+    fn line(&mut self, s: &str) {
+        for _ in 0..self.depth {
+            self.out.push_str("    ");
+        }
+        self.out.push_str(s);
+        self.out.push('\n');
+    }
+
+    fn unsupported(&self, i: Inst, why: &str) -> GpuError {
+        let d = self.k.inst(i);
+        GpuError::Unsupported { kernel: self.k.name.clone(), op: d.op.mnemonic(), loc: d.loc.clone(), why: why.to_string() }
+    }
+
+    /// Every pointer value points into one parameter's tensor.
+    fn check_pointers(&self) -> Result<(), GpuError> {
+        let mut bad = None;
+        self.k.walk(&mut |i, d| {
+            for &r in &d.results {
+                if self.k.ty(r).is_ptr() && self.sources[r.index()].iter().filter(|&&b| b).count() != 1 && bad.is_none() {
+                    bad = Some(i);
+                }
+            }
+        });
+        match bad {
+            Some(i) => Err(self.unsupported(i, "this pointer may point into more than one tensor")),
+            None => Ok(()),
+        }
+    }
+
+    /// The parameter a pointer value points into.
+    fn param_of(&self, v: Value) -> usize {
+        self.sources[v.index()].iter().position(|&b| b).expect("check_pointers found one source")
+    }
+
+    fn numel(&self, v: Value) -> usize {
+        self.k.ty(v).numel()
+    }
+
+    fn scalar(&self, v: Value) -> bool {
+        self.k.ty(v).is_scalar()
+    }
+
+    /// Registers per thread of a value.
+    fn regs(&self, v: Value) -> usize {
+        if self.scalar(v) {
+            1
+        } else {
+            self.numel(v).div_ceil(self.nt)
+        }
+    }
+
+    fn dtype(&self, v: Value) -> DType {
+        match self.k.ty(v).elem {
+            Elem::Num(d) => d,
+            Elem::Ptr(_) => DType::I64,
+        }
+    }
+
+    fn pointee(&self, v: Value) -> DType {
+        match self.k.ty(v).elem {
+            Elem::Ptr(d) | Elem::Num(d) => d,
+        }
+    }
+
+    fn declare(&mut self, v: Value) {
+        let s = format!("{} v{}[{}];", ctype(self.dtype(v)), v.0, self.regs(v));
+        self.line(&s);
+    }
+
+    /// `for each element e of out (held by this thread as register j): body`. For scalars the
+    /// body runs once, in every thread, with `j = 0` and `e = 0`.
+    fn each(&mut self, out: Value, body: &str) {
+        if self.scalar(out) {
+            self.line(&format!("{{ const int j = 0; const int e = 0; (void)j; (void)e; {body} }}"));
+        } else {
+            let (r, n, nt) = (self.regs(out), self.numel(out), self.nt);
+            self.line(&format!(
+                "#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; if (e < {n}) {{ {body} }} }}"
+            ));
+        }
+    }
+
+    fn need_scratch(&mut self, bytes: usize) {
+        self.scratch = self.scratch.max(bytes.div_ceil(16) * 16);
+    }
+
+    /// Writes tile `v` to scratch (as its register type) at byte offset `at`.
+    fn spill(&mut self, v: Value, at: usize) {
+        let t = ctype(self.dtype(v));
+        if self.scalar(v) {
+            self.line(&format!("if (tid == 0) (({t}*)(scr + {at}))[0] = v{}[0];", v.0));
+        } else {
+            let (r, n, nt) = (self.regs(v), self.numel(v), self.nt);
+            self.line(&format!(
+                "#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; if (e < {n}) (({t}*)(scr + {at}))[e] = v{}[j]; }}",
+                v.0
+            ));
+        }
+    }
+
+    /// A failure of lane `lane` (an expression) with the given kind, offset and aux word.
+    fn fail(kind: u64, lane: &str, off: &str, aux: &str) -> String {
+        format!("TG_FAIL({lane}, {kind}ULL, (u64)({off}), (u64)({aux}));")
+    }
+
+    /// After an op that may fail: if any thread failed, the lowest failing lane reports and the
+    /// program ends.
+    fn check(&mut self, i: Inst) {
+        self.line(&format!("TG_CHECK({});", i.0));
+    }
+
+    fn message(&mut self, m: String) -> usize {
+        match self.messages.iter().position(|x| *x == m) {
+            Some(p) => p,
+            None => {
+                self.messages.push(m);
+                self.messages.len() - 1
+            }
+        }
+    }
+
+    /// Emits the instructions of a block; returns the operands of its final `yield`.
+    fn block(&mut self, b: Block) -> Result<Vec<Value>, GpuError> {
+        let k = self.k;
+        for &i in &k.block(b).insts {
+            let d = k.inst(i);
+            if let Op::Yield = d.op {
+                return Ok(d.args.to_vec());
+            }
+            self.inst(i)?;
+        }
+        Ok(Vec::new())
+    }
+
+    /// Copies value `from` into `to` (same type).
+    fn copy(&mut self, to: Value, from: Value) {
+        let r = self.regs(to);
+        self.line(&format!("#pragma unroll\nfor (int j = 0; j < {r}; ++j) v{}[j] = v{}[j];", to.0, from.0));
+    }
+
+    fn inst(&mut self, i: Inst) -> Result<(), GpuError> {
+        let k = self.k;
+        let d = k.inst(i);
+        let a = &d.args;
+        let loc = &d.loc;
+        self.line(&format!("// {} {}", d.op.mnemonic(), loc));
+        match &d.op {
+            Op::ProgramId { axis } => {
+                let r = d.results[0];
+                self.declare(r);
+                self.line(&format!("v{}[0] = pid{};", r.0, axis));
+            }
+            Op::NumPrograms { axis } => {
+                let r = d.results[0];
+                self.declare(r);
+                self.line(&format!("v{}[0] = (int)TG_G{};", r.0, axis));
+            }
+            Op::Const { value } => {
+                let r = d.results[0];
+                self.declare(r);
+                let lit = literal(*value, self.dtype(r));
+                self.line(&format!("v{}[0] = {lit};", r.0));
+            }
+            Op::Arange { start, .. } => {
+                let r = d.results[0];
+                self.declare(r);
+                self.each(r, &format!("v{}[j] = (int)({} + e);", r.0, start));
+            }
+            Op::Broadcast => {
+                let (r, x) = (d.results[0], a[0]);
+                self.declare(r);
+                if self.scalar(x) {
+                    self.each(r, &format!("v{}[j] = v{}[0];", r.0, x.0));
+                } else {
+                    let (rs, xs) = (k.ty(r).shape.clone(), k.ty(x).shape.clone());
+                    let xst = strides(&xs);
+                    let mut idx = String::from("int s = 0; int q = e;");
+                    for dim in (0..rs.len()).rev() {
+                        let _ = write!(idx, " {{ int c = q % {}; q /= {};", rs[dim], rs[dim]);
+                        if xs[dim] != 1 {
+                            let _ = write!(idx, " s += c * {};", xst[dim]);
+                        }
+                        idx.push_str(" }");
+                    }
+                    self.gather(r, x, &idx);
+                }
+            }
+            Op::ExpandDims { .. } | Op::Reshape => {
+                // Row-major element order is unchanged: each element stays in its thread.
+                let (r, x) = (d.results[0], a[0]);
+                self.declare(r);
+                if self.scalar(x) && !self.scalar(r) {
+                    self.each(r, &format!("v{}[j] = v{}[0];", r.0, x.0));
+                } else if !self.scalar(x) && self.scalar(r) {
+                    // A one-element tile becomes a scalar every thread holds.
+                    self.gather(r, x, "int s = 0;");
+                } else {
+                    self.copy(r, x);
+                }
+            }
+            Op::Permute { perm } => {
+                let (r, x) = (d.results[0], a[0]);
+                self.declare(r);
+                let rs = k.ty(r).shape.clone();
+                let xst = strides(&k.ty(x).shape);
+                let mut idx = String::from("int s = 0; int q = e;");
+                for dim in (0..rs.len()).rev() {
+                    let _ = write!(idx, " {{ int c = q % {}; q /= {}; s += c * {}; }}", rs[dim], rs[dim], xst[perm[dim] as usize]);
+                }
+                self.gather(r, x, &idx);
+            }
+            Op::Unary(u) => {
+                let (r, x) = (d.results[0], a[0]);
+                self.declare(r);
+                let dt = self.dtype(r);
+                let xv = format!("v{}[j]", x.0);
+                let e = match self.unary(*u, dt, &xv) {
+                    Some(e) => e,
+                    None => return Err(self.unsupported(i, &format!("`{}` is not defined on {dt}", u.name()))),
+                };
+                self.each(r, &format!("v{}[j] = {};", r.0, e));
+            }
+            Op::Binary(b) => {
+                let (r, x, y) = (d.results[0], a[0], a[1]);
+                self.declare(r);
+                let dt = self.dtype(r);
+                let (xv, yv) = (format!("v{}[j]", x.0), format!("v{}[j]", y.0));
+                if matches!(b, BinaryOp::FloorDiv | BinaryOp::Mod) && dt.is_int() {
+                    let m = self.message("integer division by zero".into());
+                    let lane = if self.scalar(r) { "0" } else { "e" };
+                    let guard = if self.scalar(r) { "tid == 0 && " } else { "" };
+                    let f = Self::fail(ERR_RUNTIME, lane, "0", &m.to_string());
+                    let w = if dt == DType::I32 { "32" } else { "64" };
+                    let op = if *b == BinaryOp::FloorDiv { "div" } else { "rem" };
+                    self.each(
+                        r,
+                        &format!("if ({yv} == 0) {{ if ({guard}true) {f} v{}[j] = 0; }} else v{}[j] = tg_{op}{w}({xv}, {yv});", r.0, r.0),
+                    );
+                    self.check(i);
+                } else {
+                    let e = match self.binary(*b, dt, &xv, &yv) {
+                        Some(e) => e,
+                        None => return Err(self.unsupported(i, &format!("`{}` is not defined on {dt}", b.name()))),
+                    };
+                    self.each(r, &format!("v{}[j] = {};", r.0, e));
+                }
+            }
+            Op::Cmp(c) => {
+                let (r, x, y) = (d.results[0], a[0], a[1]);
+                self.declare(r);
+                let op = match c {
+                    CmpOp::Eq => "==",
+                    CmpOp::Ne => "!=",
+                    CmpOp::Lt => "<",
+                    CmpOp::Le => "<=",
+                    CmpOp::Gt => ">",
+                    CmpOp::Ge => ">=",
+                };
+                self.each(r, &format!("v{}[j] = (v{}[j] {op} v{}[j]);", r.0, x.0, y.0));
+            }
+            Op::Where => {
+                let (r, c, x, y) = (d.results[0], a[0], a[1], a[2]);
+                self.declare(r);
+                self.each(r, &format!("v{}[j] = v{}[j] ? v{}[j] : v{}[j];", r.0, c.0, x.0, y.0));
+            }
+            Op::Cast => {
+                let (r, x) = (d.results[0], a[0]);
+                self.declare(r);
+                let e = convert(self.dtype(x), self.dtype(r), &format!("v{}[j]", x.0));
+                self.each(r, &format!("v{}[j] = {e};", r.0));
+            }
+            Op::Reduce { kind, axis, .. } => self.reduce(i, *kind, *axis as usize)?,
+            Op::Cumsum { axis, reverse } => self.cumsum(i, *axis as usize, *reverse)?,
+            Op::Dot { precision } => self.dot(i, *precision)?,
+            Op::AddPtr => {
+                let (r, p, o) = (d.results[0], a[0], a[1]);
+                self.declare(r);
+                self.each(r, &format!("v{}[j] = tg_add64(v{}[j], (i64)v{}[j]);", r.0, p.0, o.0));
+            }
+            Op::Load { mask, other } => self.load(i, *mask, *other),
+            Op::Store { mask } => self.store(i, *mask),
+            Op::AtomicAdd { mask } => self.atomic_add(i, *mask)?,
+            Op::AtomicRmw { .. } | Op::AtomicCas => {
+                return Err(self.unsupported(i, "its programs depend on each other's order; such launches run on the reference interpreter"))
+            }
+            Op::For { body, max_iters } => self.for_loop(i, *body, *max_iters)?,
+            Op::While { cond, body, max_iters } => self.while_loop(i, *cond, *body, *max_iters)?,
+            Op::If { then_block, else_block } => {
+                for &r in &d.results {
+                    self.declare(r);
+                }
+                self.line(&format!("if (v{}[0]) {{", a[0].0));
+                self.branch(i, *then_block)?;
+                self.line("} else {");
+                self.branch(i, *else_block)?;
+                self.line("}");
+            }
+            Op::Yield => unreachable!("yield is emitted by its enclosing op"),
+        }
+        Ok(())
+    }
+
+    fn branch(&mut self, i: Inst, b: Block) -> Result<(), GpuError> {
+        self.depth += 1;
+        let ys = self.block(b)?;
+        let results = self.k.inst(i).results.clone();
+        for (r, y) in results.iter().zip(ys) {
+            self.copy(*r, y);
+        }
+        self.depth -= 1;
+        Ok(())
+    }
+
+    /// `out[e] = x[s]` where `idx` computes `s` from `e`, through scratch.
+    fn gather(&mut self, out: Value, x: Value, idx: &str) {
+        let bytes = self.numel(x) * self.dtype(x).size_bytes().max(1);
+        self.need_scratch(bytes.max(8));
+        let t = ctype(self.dtype(x));
+        self.line("__syncthreads();");
+        self.spill(x, 0);
+        self.line("__syncthreads();");
+        self.each(out, &format!("{idx} v{}[j] = (({t}*)scr)[s];", out.0));
+    }
+
+    fn unary(&self, u: UnaryOp, dt: DType, x: &str) -> Option<String> {
+        use UnaryOp::*;
+        Some(match dt {
+            DType::F16 | DType::BF16 | DType::F32 => {
+                let e = match u {
+                    Neg => format!("(-{x})"),
+                    Abs => format!("fabsf({x})"),
+                    Exp => format!("tg_exp32({x})"),
+                    Exp2 => format!("(float)exp2((double){x})"),
+                    Log => format!("(float)log((double){x})"),
+                    Log2 => format!("(float)log2((double){x})"),
+                    Sqrt => format!("sqrtf({x})"),
+                    Rsqrt => format!("(1.0f / sqrtf({x}))"),
+                    Sin => format!("(float)sin((double){x})"),
+                    Cos => format!("(float)cos((double){x})"),
+                    Tanh => format!("(float)tanh((double){x})"),
+                    Sigmoid => format!("tg_sigmoid32({x})"),
+                    Erf => format!("(float)erf((double){x})"),
+                    Floor => format!("floorf({x})"),
+                    Ceil => format!("ceilf({x})"),
+                    Not => return None,
+                };
+                narrow(dt, &e)
+            }
+            DType::F64 => match u {
+                Neg => format!("(-{x})"),
+                Abs => format!("fabs({x})"),
+                Exp => format!("exp({x})"),
+                Exp2 => format!("exp2({x})"),
+                Log => format!("log({x})"),
+                Log2 => format!("log2({x})"),
+                Sqrt => format!("sqrt({x})"),
+                Rsqrt => format!("(1.0 / sqrt({x}))"),
+                Sin => format!("sin({x})"),
+                Cos => format!("cos({x})"),
+                Tanh => format!("tanh({x})"),
+                Sigmoid => format!("tg_sigmoid64({x})"),
+                Erf => format!("erf({x})"),
+                Floor => format!("floor({x})"),
+                Ceil => format!("ceil({x})"),
+                Not => return None,
+            },
+            DType::I32 | DType::I64 => {
+                let w = if dt == DType::I32 { "32" } else { "64" };
+                match u {
+                    Neg => format!("tg_neg{w}({x})"),
+                    Abs => format!("tg_abs{w}({x})"),
+                    Not => format!("(~{x})"),
+                    _ => return None,
+                }
+            }
+            DType::I1 => match u {
+                Not => format!("(!{x})"),
+                _ => return None,
+            },
+        })
+    }
+
+    fn binary(&self, b: BinaryOp, dt: DType, x: &str, y: &str) -> Option<String> {
+        use BinaryOp::*;
+        Some(match dt {
+            DType::F16 | DType::BF16 | DType::F32 => {
+                let e = match b {
+                    Add => format!("({x} + {y})"),
+                    Sub => format!("({x} - {y})"),
+                    Mul => format!("({x} * {y})"),
+                    Div => format!("({x} / {y})"),
+                    Mod => format!("fmodf({x}, {y})"),
+                    Min => format!("tg_minf({x}, {y})"),
+                    Max => format!("tg_maxf({x}, {y})"),
+                    Pow => format!("(float)pow((double){x}, (double){y})"),
+                    FloorDiv | And | Or | Xor => return None,
+                };
+                narrow(dt, &e)
+            }
+            DType::F64 => match b {
+                Add => format!("({x} + {y})"),
+                Sub => format!("({x} - {y})"),
+                Mul => format!("({x} * {y})"),
+                Div => format!("({x} / {y})"),
+                Mod => format!("fmod({x}, {y})"),
+                Min => format!("tg_mind({x}, {y})"),
+                Max => format!("tg_maxd({x}, {y})"),
+                Pow => format!("pow({x}, {y})"),
+                FloorDiv | And | Or | Xor => return None,
+            },
+            DType::I32 | DType::I64 => {
+                let w = if dt == DType::I32 { "32" } else { "64" };
+                match b {
+                    Add => format!("tg_add{w}({x}, {y})"),
+                    Sub => format!("tg_sub{w}({x}, {y})"),
+                    Mul => format!("tg_mul{w}({x}, {y})"),
+                    Min => format!("({y} < {x} ? {y} : {x})"),
+                    Max => format!("({y} > {x} ? {y} : {x})"),
+                    And => format!("({x} & {y})"),
+                    Or => format!("({x} | {y})"),
+                    Xor => format!("({x} ^ {y})"),
+                    FloorDiv | Mod => unreachable!("emitted with their zero check"),
+                    Div | Pow => return None,
+                }
+            }
+            DType::I1 => match b {
+                And => format!("({x} && {y})"),
+                Or => format!("({x} || {y})"),
+                Xor => format!("({x} != {y})"),
+                _ => return None,
+            },
+        })
+    }
+
+    fn reduce(&mut self, i: Inst, kind: ReduceOp, axis: usize) -> Result<(), GpuError> {
+        let k = self.k;
+        let d = k.inst(i);
+        let (r, x) = (d.results[0], d.args[0]);
+        let xd = self.dtype(x);
+        if xd == DType::I1 {
+            return Err(self.unsupported(i, "cannot reduce i1"));
+        }
+        self.declare(r);
+        let shape = k.ty(x).shape.clone();
+        let outer: usize = shape[..axis].iter().product();
+        let n = shape[axis];
+        let inner: usize = shape[axis + 1..].iter().product();
+        let t = ctype(xd);
+        let rd = self.dtype(r);
+        let xbytes = self.numel(x) * xd.size_bytes();
+        let at = |o: &str, kk: &str, ii: &str| format!("(({t}*)scr)[({o} * {n} + {kk}) * {inner} + {ii}]");
+        let float = xd.is_float();
+        let (plus, max2, min2) = match xd {
+            DType::I32 => ("tg_add32(A, B)", "(B > A ? B : A)", "(B < A ? B : A)"),
+            DType::I64 => ("tg_add64(A, B)", "(B > A ? B : A)", "(B < A ? B : A)"),
+            DType::F64 => ("(A + B)", "tg_maxd(A, B)", "tg_mind(A, B)"),
+            _ => ("(A + B)", "tg_maxf(A, B)", "tg_minf(A, B)"),
+        };
+        let f = |tmpl: &str, a: &str, b: &str| tmpl.replace('A', a).replace('B', b);
+        self.line("__syncthreads();");
+        self.spill(x, 0);
+        self.line("__syncthreads();");
+        // Output element e is (o, ii) with o = e / inner, ii = e % inner.
+        let oi = format!("const int o = e / {inner}; const int ii = e % {inner}; (void)o; (void)ii;");
+        match kind {
+            ReduceOp::Sum if inner == 1 => {
+                // The reference's order: eight interleaved accumulators from 0, combined
+                // pairwise, then the remainder in order. Chains run in parallel threads.
+                let part = xbytes.div_ceil(16) * 16;
+                self.need_scratch(part + outer * 8 * xd.size_bytes());
+                let chunks = n / 8;
+                self.line(&format!(
+                    "for (int q = tid; q < {}; q += {}) {{ const int o = q / 8; const int c8 = q % 8; {t} acc = ({t})0; for (int c = 0; c < {chunks}; ++c) acc = {}; (({t}*)(scr + {part}))[q] = acc; }}",
+                    outer * 8,
+                    self.nt,
+                    f(plus, "acc", &at("o", "(c * 8 + c8)", "0"))
+                ));
+                self.line("__syncthreads();");
+                let p = |q: &str| format!("(({t}*)(scr + {part}))[o * 8 + {q}]");
+                let comb = f(
+                    plus,
+                    &f(plus, &f(plus, &p("0"), &p("4")), &f(plus, &p("1"), &p("5"))),
+                    &f(plus, &f(plus, &p("2"), &p("6")), &f(plus, &p("3"), &p("7"))),
+                );
+                let body = format!(
+                    "{oi} {t} s = {comb}; for (int kk = {}; kk < {n}; ++kk) s = {}; v{}[j] = {};",
+                    chunks * 8,
+                    f(plus, "s", &at("o", "kk", "0")),
+                    r.0,
+                    narrow(rd, "s")
+                );
+                self.each(r, &body);
+            }
+            ReduceOp::Max | ReduceOp::Min if n >= 16 => {
+                // Max and min are exact in any order (a NaN operand yields the other): chains
+                // of a strided part of each row in parallel threads, then combined in order.
+                let outputs = outer * inner;
+                let mut ch = 1usize;
+                while outputs * ch * 2 <= self.nt && ch * 2 <= 32 && ch * 2 <= n {
+                    ch *= 2;
+                }
+                let part = xbytes.div_ceil(16) * 16;
+                self.need_scratch(part + outputs * ch * xd.size_bytes());
+                let op = if kind == ReduceOp::Max { max2 } else { min2 };
+                self.line(&format!(
+                    "for (int q = tid; q < {}; q += {}) {{ const int ov = q / {ch}; const int c = q % {ch}; const int o = ov / {inner}; const int ii = ov % {inner}; {t} acc = {}; for (int kk = c + {ch}; kk < {n}; kk += {ch}) acc = {}; (({t}*)(scr + {part}))[q] = acc; }}",
+                    outputs * ch,
+                    self.nt,
+                    at("o", "c", "ii"),
+                    f(op, "acc", &at("o", "kk", "ii"))
+                ));
+                self.line("__syncthreads();");
+                let p = |q: &str| format!("(({t}*)(scr + {part}))[e * {ch} + {q}]");
+                let body = format!(
+                    "{t} s = {}; for (int c = 1; c < {ch}; ++c) s = {}; v{}[j] = {};",
+                    p("0"),
+                    f(op, "s", &p("c")),
+                    r.0,
+                    narrow(rd, "s")
+                );
+                self.each(r, &body);
+            }
+            ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min => {
+                self.need_scratch(xbytes);
+                let op = match kind {
+                    ReduceOp::Sum => plus,
+                    ReduceOp::Max => max2,
+                    _ => min2,
+                };
+                let body = format!(
+                    "{oi} {t} s = {}; for (int kk = 1; kk < {n}; ++kk) s = {}; v{}[j] = {};",
+                    at("o", "0", "ii"),
+                    f(op, "s", &at("o", "kk", "ii")),
+                    r.0,
+                    narrow(rd, "s")
+                );
+                self.each(r, &body);
+            }
+            ReduceOp::Argmax | ReduceOp::Argmin => {
+                self.need_scratch(xbytes);
+                let better = if kind == ReduceOp::Argmax { "xv > bv" } else { "xv < bv" };
+                let nan = if float { "(bv != bv && xv == xv)" } else { "false" };
+                let body = format!(
+                    "{oi} int best = 0; for (int kk = 1; kk < {n}; ++kk) {{ {t} xv = {}; {t} bv = {}; if ({better} || {nan}) best = kk; }} v{}[j] = best;",
+                    at("o", "kk", "ii"),
+                    at("o", "best", "ii"),
+                    r.0
+                );
+                self.each(r, &body);
+            }
+        }
+        Ok(())
+    }
+
+    fn cumsum(&mut self, i: Inst, axis: usize, reverse: bool) -> Result<(), GpuError> {
+        let k = self.k;
+        let d = k.inst(i);
+        let (r, x) = (d.results[0], d.args[0]);
+        let xd = self.dtype(x);
+        if xd == DType::I1 {
+            return Err(self.unsupported(i, "cannot scan i1"));
+        }
+        self.declare(r);
+        let shape = k.ty(x).shape.clone();
+        let outer: usize = shape[..axis].iter().product();
+        let n = shape[axis];
+        let inner: usize = shape[axis + 1..].iter().product();
+        let t = ctype(xd);
+        self.need_scratch(self.numel(x) * xd.size_bytes());
+        let plus = match xd {
+            DType::I32 => "tg_add32(P, C)".to_string(),
+            DType::I64 => "tg_add64(P, C)".to_string(),
+            _ => narrow(xd, "(P + C)"),
+        };
+        let (k_of, prev_of) = if reverse { (format!("({n} - 1 - st)"), format!("({n} - st)")) } else { ("st".into(), "(st - 1)".into()) };
+        let at = |kk: &str| format!("(({t}*)scr)[(o * {n} + {kk}) * {inner} + ii]");
+        self.line("__syncthreads();");
+        self.spill(x, 0);
+        self.line("__syncthreads();");
+        let step = plus.replace('P', &at(&prev_of)).replace('C', &at(&k_of));
+        self.line(&format!(
+            "for (int q = tid; q < {}; q += {}) {{ const int o = q / {inner}; const int ii = q % {inner}; for (int st = 1; st < {n}; ++st) {} = {step}; }}",
+            outer * inner,
+            self.nt,
+            at(&k_of)
+        ));
+        self.line("__syncthreads();");
+        self.each(r, &format!("v{}[j] = (({t}*)scr)[e];", r.0));
+        Ok(())
+    }
+
+    fn dot(&mut self, i: Inst, precision: DotPrecision) -> Result<(), GpuError> {
+        let k = self.k;
+        let d = k.inst(i);
+        let (r, a, b, c) = (d.results[0], d.args[0], d.args[1], d.args[2]);
+        let rd = self.dtype(r);
+        let (m, kk, n) = (k.ty(a).shape[0], k.ty(a).shape[1], k.ty(b).shape[1]);
+        let acc = match rd {
+            DType::F16 | DType::BF16 | DType::F32 => DType::F32,
+            DType::F64 => DType::F64,
+            _ => return Err(self.unsupported(i, "dot accumulates in floats only")),
+        };
+        self.declare(r);
+        let t = ctype(acc);
+        let sz = acc.size_bytes();
+        let boff = (m * kk * sz).div_ceil(16) * 16;
+        self.need_scratch(boff + kk * n * sz);
+        let tf32 = precision == DotPrecision::Tf32 && self.dtype(a) == DType::F32 && acc == DType::F32;
+        let conv = |v: Value, g: &Gen| {
+            let e = convert(g.dtype(v), acc, &format!("v{}[j]", v.0));
+            if tf32 {
+                format!("tg_tf32({e})")
+            } else {
+                e
+            }
+        };
+        let (ca, cb) = (conv(a, self), conv(b, self));
+        self.line("__syncthreads();");
+        self.each_of(a, &format!("(({t}*)scr)[e] = {ca};"));
+        self.each_of(b, &format!("(({t}*)(scr + {boff}))[e] = {cb};"));
+        self.line("__syncthreads();");
+        let (mul, add) = if acc == DType::F32 { ("__fmul_rn", "__fadd_rn") } else { ("__dmul_rn", "__dadd_rn") };
+        let body = format!(
+            "const int row = e / {n}; const int col = e % {n}; {t} s = {}; for (int q = 0; q < {kk}; ++q) s = {add}(s, {mul}((({t}*)scr)[row * {kk} + q], (({t}*)(scr + {boff}))[q * {n} + col])); v{}[j] = {};",
+            convert(self.dtype(c), acc, &format!("v{}[j]", c.0)),
+            r.0,
+            narrow(rd, "s")
+        );
+        self.each(r, &body);
+        Ok(())
+    }
+
+    /// Like [`Gen::each`] over the elements of `v` (a tile), without a result.
+    fn each_of(&mut self, v: Value, body: &str) {
+        if self.scalar(v) {
+            self.line(&format!("if (tid == 0) {{ const int j = 0; const int e = 0; {body} }}"));
+        } else {
+            let (r, n, nt) = (self.regs(v), self.numel(v), self.nt);
+            self.line(&format!(
+                "#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; if (e < {n}) {{ {body} }} }}"
+            ));
+        }
+    }
+
+    /// The lane guard and lane index of an access: scalar accesses are made by thread 0.
+    fn access_lane(&self, p: Value) -> (&'static str, &'static str) {
+        if self.scalar(p) {
+            ("tid == 0", "0")
+        } else {
+            ("true", "e")
+        }
+    }
+
+    fn load(&mut self, i: Inst, mask: bool, other: bool) {
+        let k = self.k;
+        let d = k.inst(i);
+        let (r, p) = (d.results[0], d.args[0]);
+        let j = self.param_of(p);
+        let dt = self.pointee(p);
+        self.declare(r);
+        let m = if mask { format!("v{}[j]", d.args[1].0) } else { "true".into() };
+        let fill = if other {
+            format!("v{}[j]", d.args[2].0)
+        } else if dt.is_float() {
+            let nan = if dt == DType::F64 { "TG_NAN_D" } else { "TG_NAN_F" };
+            format!("(TG_POISON ? {nan} : ({})0)", ctype(dt))
+        } else {
+            format!("({})0", ctype(dt))
+        };
+        let (lead, lane) = self.access_lane(p);
+        let fail = Self::fail(ERR_OOB, lane, "off", &j.to_string());
+        let read = from_storage(dt, &format!("tg_b{j}[off]"));
+        let body = format!(
+            "if ({m}) {{ const i64 off = v{}[j]; if (off < 0 || off >= tg_n{j}) {{ if ({lead}) {fail} v{}[j] = ({})0; }} else {{ v{}[j] = {read}; if ({lead}) {{ tg_cl++; if (tg_r{j}) tg_mark(tg_r{j} + off, tg_p + 1); if (tg_a{j} && tg_a{j}[off] == tg_p + 1) atomicOr(TG_FLAGS, {FLAG_OWN_ATOMIC}u); }} }} }} else v{}[j] = {fill};",
+            p.0,
+            r.0,
+            ctype(dt),
+            r.0,
+            r.0
+        );
+        self.each(r, &body);
+        self.check(i);
+    }
+
+    fn store(&mut self, i: Inst, mask: bool) {
+        let k = self.k;
+        let d = k.inst(i);
+        let (p, v) = (d.args[0], d.args[1]);
+        let j = self.param_of(p);
+        let dt = self.pointee(p);
+        let m = if mask { format!("v{}[j]", d.args[2].0) } else { "true".into() };
+        let (_, lane) = self.access_lane(p);
+        let fail = Self::fail(ERR_OOB, lane, "off", &j.to_string());
+        let val = to_storage(dt, &format!("v{}[j]", v.0));
+        // First every lane's bounds (an out-of-bounds store writes nothing), then the writes.
+        self.line("tg_sseq++; tg_nev++;");
+        self.each_of(p, &format!("if ({m}) {{ const i64 off = v{}[j]; if (off < 0 || off >= tg_n{j}) {fail} }}", p.0));
+        self.check(i);
+        self.each_of(
+            p,
+            &format!(
+                "if ({m}) {{ const i64 off = v{}[j]; tg_b{j}[off] = {val}; tg_cs++; if (tg_w{j}) {{ const u64 stamp = ((u64)(tg_p + 1) << 32) | tg_sseq; const u64 old = atomicExch((unsigned long long*)(tg_w{j} + off), (unsigned long long)stamp); if (old == stamp) atomicOr(TG_FLAGS, {FLAG_DUPLICATE}u); else if (old != 0 && (u32)(old >> 32) != tg_p + 1) atomicOr(TG_FLAGS, {FLAG_CONFLICT}u); }} }}",
+                p.0
+            ),
+        );
+        self.line("__syncthreads();");
+    }
+
+    fn atomic_add(&mut self, i: Inst, mask: bool) -> Result<(), GpuError> {
+        let k = self.k;
+        let d = k.inst(i);
+        let (p, v) = (d.args[0], d.args[1]);
+        let j = self.param_of(p);
+        let dt = self.pointee(p);
+        if let Some(&r) = d.results.first() {
+            // Unused (launches that use the old values are ordered and run on the reference).
+            self.declare(r);
+            self.each(r, &format!("v{}[j] = ({})0;", r.0, ctype(dt)));
+        }
+        let m = if mask { format!("v{}[j]", d.args[2].0) } else { "true".into() };
+        let (_, lane) = self.access_lane(p);
+        let fail = Self::fail(ERR_OOB, lane, "off", &j.to_string());
+        self.line("tg_nev++;");
+        self.each_of(p, &format!("if ({m}) {{ const i64 off = v{}[j]; if (off < 0 || off >= tg_n{j}) {fail} }}", p.0));
+        self.check(i);
+        let mark = format!("tg_ca++; if (tg_a{j}) tg_mark(tg_a{j} + off, tg_p + 1);");
+        let x = format!("v{}[j]", v.0);
+        let body = match dt {
+            DType::I32 => format!("atomicAdd((int*)(tg_b{j} + off), {x});"),
+            DType::I64 => format!("atomicAdd((unsigned long long*)(tg_b{j} + off), (unsigned long long){x});"),
+            DType::I1 => {
+                format!("if ({x}) {{ const u64 ad = (u64)(tg_b{j} + off); atomicOr((u32*)(ad & ~3ULL), 1u << (8 * (ad & 3ULL))); }}")
+            }
+            _ => {
+                // Floats: logged, then added in program order when the program ends.
+                self.float_atomics = true;
+                let bits = if dt == DType::F64 { format!("(u64)__double_as_longlong({x})") } else { format!("(u64)__float_as_uint({x})") };
+                let n = self.numel(p).max(1);
+                self.line(&format!("const u32 tg_base{} = tg_alen; tg_alen += {n};", i.0));
+                let body = format!(
+                    "u64* le = TG_LOG + 3 * (u64)(tg_base{} + e); if (tg_base{} + e < TG_LOGCAP) {{ le[0] = ({m}) ? (u64)v{}[j] : ~0ULL; le[1] = {j}; le[2] = {bits}; }} else atomicOr(TG_FLAGS, {FLAG_LOG_FULL}u); if ({m}) {{ const i64 off = v{}[j]; {mark} }}",
+                    i.0,
+                    i.0,
+                    p.0,
+                    p.0
+                );
+                self.each_of_all(p, &body);
+                self.line("__syncthreads();");
+                return Ok(());
+            }
+        };
+        self.each_of(p, &format!("if ({m}) {{ const i64 off = v{}[j]; {body} {mark} }}", p.0));
+        self.line("__syncthreads();");
+        Ok(())
+    }
+
+    /// Like [`Gen::each_of`], every lane including masked-off ones (scalars: thread 0).
+    fn each_of_all(&mut self, v: Value, body: &str) {
+        self.each_of(v, body);
+    }
+
+    fn loop_index(&mut self, i: Inst) -> usize {
+        self.loops.push(i);
+        self.loops.len() - 1
+    }
+
+    fn for_loop(&mut self, i: Inst, body: Block, max_iters: Option<u32>) -> Result<(), GpuError> {
+        let k = self.k;
+        let d = k.inst(i);
+        let li = self.loop_index(i);
+        for &r in &d.results {
+            self.declare(r);
+        }
+        for (r, &init) in d.results.iter().zip(&d.args[3..]) {
+            self.copy(*r, init);
+        }
+        let n = i.0;
+        let step0 = self.message("loop step is zero".into());
+        self.line(&format!(
+            "const i64 tg_lo{n} = (i64)v{}[0], tg_hi{n} = (i64)v{}[0], tg_st{n} = (i64)v{}[0];",
+            d.args[0].0, d.args[1].0, d.args[2].0
+        ));
+        self.line(&format!("if (tg_st{n} == 0 && tid == 0) {}", Self::fail(ERR_RUNTIME, "0", "0", &step0.to_string())));
+        self.check(i);
+        self.line(&format!(
+            "const u64 tg_as{n} = tg_st{n} > 0 ? (u64)tg_st{n} : (u64)0 - (u64)tg_st{n}; const bool tg_pos{n} = tg_st{n} > 0 ? tg_hi{n} > tg_lo{n} : tg_lo{n} > tg_hi{n}; const u64 tg_span{n} = tg_st{n} > 0 ? (u64)tg_hi{n} - (u64)tg_lo{n} : (u64)tg_lo{n} - (u64)tg_hi{n}; const u64 tg_trips{n} = tg_pos{n} ? tg_span{n} / tg_as{n} + (tg_span{n} % tg_as{n} != 0) : 0;"
+        ));
+        if let Some(m) = max_iters {
+            self.line(&format!("if (tg_trips{n} > {m}ULL && tid == 0) {}", Self::fail(ERR_LOOP, "0", "0", &format!("tg_trips{n}"))));
+            self.check(i);
+        }
+        self.line(&format!("if (tid == 0) atomicMax((unsigned long long*)(TG_TRIPS + {li}), (unsigned long long)tg_trips{n} + 1ULL);"));
+        let iv_ty = self.dtype(d.args[0]);
+        let params = k.block(body).params.clone();
+        self.line(&format!("for (u64 tg_t{n} = 0; tg_t{n} < tg_trips{n}; ++tg_t{n}) {{"));
+        self.depth += 1;
+        let ivp = params[0];
+        self.declare(ivp);
+        self.line(&format!("v{}[0] = ({})((u64)tg_lo{n} + (u64)tg_st{n} * tg_t{n});", ivp.0, ctype(iv_ty)));
+        for (p, r) in params[1..].iter().zip(&d.results) {
+            self.declare(*p);
+            self.copy(*p, *r);
+        }
+        let ys = self.block(body)?;
+        for (r, y) in d.results.iter().zip(ys) {
+            self.copy(*r, y);
+        }
+        self.depth -= 1;
+        self.line("}");
+        Ok(())
+    }
+
+    fn while_loop(&mut self, i: Inst, cond: Block, body: Block, max_iters: Option<u32>) -> Result<(), GpuError> {
+        let k = self.k;
+        let d = k.inst(i);
+        let li = self.loop_index(i);
+        let n = i.0;
+        for &r in &d.results {
+            self.declare(r);
+        }
+        for (r, &init) in d.results.iter().zip(&d.args) {
+            self.copy(*r, init);
+        }
+        let limit = max_iters.map_or(tilegrad_reference::WHILE_LIMIT, u64::from);
+        let endless = self.message(
+            "this `while` loop can never end: an iteration changed neither memory nor its carried values (a spin lock \
+             that no earlier program released? programs run in program order, so a program never waits on a later one)"
+                .into(),
+        );
+        let unbounded = self.message(format!(
+            "`while` loop ran more than {} iterations without ending (give it a `max_iters` bound if it is meant to)",
+            tilegrad_reference::WHILE_LIMIT
+        ));
+        self.line(&format!("u64 tg_wt{n} = 0;"));
+        self.line("for (;;) {");
+        self.depth += 1;
+        self.line(&format!("bool tg_go{n};"));
+        self.line("{");
+        self.depth += 1;
+        let cparams = k.block(cond).params.clone();
+        for (p, r) in cparams.iter().zip(&d.results) {
+            self.declare(*p);
+            self.copy(*p, *r);
+        }
+        let c = self.block(cond)?;
+        self.line(&format!("tg_go{n} = v{}[0];", c[0].0));
+        self.depth -= 1;
+        self.line("}");
+        self.line(&format!("if (!tg_go{n}) break;"));
+        self.line(&format!("tg_wt{n}++;"));
+        let fail = match max_iters {
+            Some(_) => Self::fail(ERR_LOOP, "0", "0", &format!("tg_wt{n}")),
+            None => Self::fail(ERR_RUNTIME, "0", "0", &unbounded.to_string()),
+        };
+        self.line(&format!("if (tg_wt{n} > {limit}ULL && tid == 0) {fail}"));
+        self.check(i);
+        self.line(&format!("const u64 tg_ev{n} = tg_nev; int tg_changed{n} = 0;"));
+        self.line("{");
+        self.depth += 1;
+        let bparams = k.block(body).params.clone();
+        for (p, r) in bparams.iter().zip(&d.results) {
+            self.declare(*p);
+            self.copy(*p, *r);
+        }
+        let ys = self.block(body)?;
+        for (r, y) in d.results.iter().zip(ys) {
+            // Changed, with the reference's `==` (a NaN always counts as a change).
+            let cmp = format!("if (!(v{}[j] == v{}[j])) tg_changed{n} = 1;", r.0, y.0);
+            if self.scalar(*r) {
+                self.line(&format!("{{ const int j = 0; {cmp} }}"));
+            } else {
+                self.each(*r, &cmp);
+            }
+            self.copy(*r, y);
+        }
+        self.depth -= 1;
+        self.line("}");
+        self.line(&format!(
+            "if (!__syncthreads_or(tg_changed{n}) && tg_nev == tg_ev{n} && tid == 0) {}",
+            Self::fail(ERR_RUNTIME, "0", "0", &endless.to_string())
+        ));
+        self.check(i);
+        self.depth -= 1;
+        self.line("}");
+        self.line(&format!("if (tid == 0) atomicMax((unsigned long long*)(TG_TRIPS + {li}), (unsigned long long)tg_wt{n} + 1ULL);"));
+        Ok(())
+    }
+
+    fn emit_entry(&self, src: &mut String, body: &str) {
+        let k = self.k;
+        let nt = self.nt;
+        let _ = writeln!(src, "\n// kernel `{}`", k.name);
+        let _ = writeln!(src, "extern \"C\" __global__ void __launch_bounds__({nt}) {ENTRY}(const u64* __restrict__ A) {{");
+        src.push_str(
+            "    extern __shared__ __align__(16) unsigned char tg_smem[];\n\
+             \x20   __shared__ u32 tg_sh_p; __shared__ int tg_sh_lane; __shared__ int tg_sh_stop;\n\
+             \x20   const int tid = threadIdx.x;\n\
+             \x20   const u64 TG_G0 = A[0], TG_G1 = A[1], TG_G2 = A[2], TG_TOTAL = A[3];\n\
+             \x20   u32* const TG_NEXT = (u32*)A[4]; u32* const TG_TICKET = (u32*)A[5]; u64* const TG_ERR = (u64*)A[6];\n\
+             \x20   u32* const TG_FLAGS = (u32*)A[7]; u64* const TG_COUNT = (u64*)A[8]; u64* const TG_TRIPS = TG_COUNT + 3;\n\
+             \x20   unsigned char* const scr = A[10] ? (unsigned char*)A[9] + (u64)blockIdx.x * A[10] : tg_smem; (void)scr;\n\
+             \x20   u64* const TG_LOG = (u64*)A[11] + 3 * A[12] * (u64)blockIdx.x; const u64 TG_LOGCAP = A[12]; (void)TG_LOG; (void)TG_LOGCAP;\n\
+             \x20   const bool TG_POISON = A[13] != 0; (void)TG_POISON; (void)TG_G2; (void)TG_TRIPS;\n\
+             \x20   u64 tg_cl = 0, tg_cs = 0, tg_ca = 0;\n",
+        );
+        for (j, p) in k.params.iter().enumerate() {
+            match &p.kind {
+                tilegrad_ir::ParamKind::Ptr(d) => {
+                    let w = HEADER_WORDS + PTR_WORDS * j;
+                    let _ = writeln!(
+                        src,
+                        "    {st}* const tg_b{j} = ({st}*)A[{w}]; const i64 tg_n{j} = (i64)A[{}]; u64* const tg_w{j} = (u64*)A[{}]; u32* const tg_r{j} = (u32*)A[{}]; u32* const tg_a{j} = (u32*)A[{}]; (void)tg_b{j}; (void)tg_n{j}; (void)tg_w{j}; (void)tg_r{j}; (void)tg_a{j};",
+                        w + 1,
+                        w + 2,
+                        w + 3,
+                        w + 4,
+                        st = storage(*d)
+                    );
+                }
+                tilegrad_ir::ParamKind::Scalar(_) | tilegrad_ir::ParamKind::Constexpr(..) => {}
+            }
+        }
+        let _ = writeln!(src, "    for (;;) {{");
+        src.push_str(
+            "        if (tid == 0) { tg_sh_p = atomicAdd(TG_NEXT, 1u); tg_sh_lane = 0x7fffffff; tg_sh_stop = 0; }\n\
+             \x20       __syncthreads();\n\
+             \x20       const u32 tg_p = tg_sh_p;\n\
+             \x20       if ((u64)tg_p >= TG_TOTAL) break;\n\
+             \x20       const int pid0 = (int)(tg_p % TG_G0); const int pid1 = (int)((tg_p / TG_G0) % TG_G1); const int pid2 = (int)(tg_p / (TG_G0 * TG_G1));\n\
+             \x20       (void)pid0; (void)pid1; (void)pid2;\n\
+             \x20       int tg_ef = 0; int tg_el = 0; u64 tg_ek = 0, tg_eo = 0, tg_ea = 0; u32 tg_einst = 0;\n\
+             \x20       u64 tg_nev = 0; u32 tg_sseq = 0; u32 tg_alen = 0; (void)tg_nev; (void)tg_sseq; (void)tg_alen;\n\
+             \x20       (void)tg_el; (void)tg_ek; (void)tg_eo; (void)tg_ea; (void)tg_einst;\n",
+        );
+        let _ = writeln!(src, "#define TG_FAIL(lane, kind, off, aux) {{ if (!tg_ef) {{ tg_ef = 1; tg_el = (lane); tg_ek = (kind); tg_eo = (off); tg_ea = (aux); atomicMin(&tg_sh_lane, tg_el); }} }}");
+        let _ = writeln!(src, "#define TG_CHECK(inst) {{ if (__syncthreads_or(tg_ef)) {{ if (tg_ef && tg_el == tg_sh_lane) {{ u64* er = TG_ERR + {ERR_WORDS} * (u64)blockIdx.x; er[0] = tg_p; er[1] = (inst); er[2] = tg_ek; er[3] = (u64)tg_el; er[4] = tg_eo; er[5] = tg_ea; tg_sh_stop = 1; }} goto tg_end; }} }}");
+        for (j, p) in k.params.iter().enumerate() {
+            let v = p.value.0;
+            match &p.kind {
+                tilegrad_ir::ParamKind::Ptr(_) => {
+                    let _ = writeln!(src, "        i64 v{v}[1] = {{0}}; (void)v{v};");
+                }
+                tilegrad_ir::ParamKind::Scalar(d) | tilegrad_ir::ParamKind::Constexpr(d, _) => {
+                    let w = format!("A[{}]", HEADER_WORDS + PTR_WORDS * k.params.len() + j);
+                    let e = match d {
+                        DType::I1 => format!("({w} != 0)"),
+                        DType::I32 => format!("(int)(i64){w}"),
+                        DType::I64 => format!("(i64){w}"),
+                        DType::F64 => format!("__longlong_as_double((i64){w})"),
+                        // f16/bf16/f32 scalars arrive as the f32 bits of their value.
+                        _ => format!("__uint_as_float((u32){w})"),
+                    };
+                    let _ = writeln!(src, "        const {} v{v}[1] = {{ {e} }}; (void)v{v};", ctype(*d));
+                }
+            }
+        }
+        src.push_str("        {\n");
+        src.push_str(body);
+        src.push_str("        }\n        tg_end: ;\n        __syncthreads();\n");
+        if self.float_atomics {
+            // Float atomics in program order: wait for this program's turn, add its logged
+            // contributions (each element's in log order, by the thread its address hashes to),
+            // then pass the turn on. Every program takes its turn, failed or not.
+            src.push_str("        if (tid == 0) { while (atomicAdd(TG_TICKET, 0u) != tg_p) { } }\n        __syncthreads();\n        __threadfence();\n");
+            src.push_str("        if (!tg_sh_stop) {\n            const u32 tg_n = tg_alen < TG_LOGCAP ? tg_alen : (u32)TG_LOGCAP;\n            for (u32 q = 0; q < tg_n; ++q) {\n                const u64* le = TG_LOG + 3 * (u64)q;\n                if (le[0] == ~0ULL) continue;\n                const i64 off = (i64)le[0];\n                switch ((int)le[1]) {\n");
+            for (j, p) in k.params.iter().enumerate() {
+                if let tilegrad_ir::ParamKind::Ptr(dt) = &p.kind {
+                    if !dt.is_float() {
+                        continue;
+                    }
+                    let add = match dt {
+                        DType::F64 => format!("volatile double* x = (volatile double*)(tg_b{j} + off); if ((((u64)(tg_b{j} + off)) / 8) % {nt} == (u64)tid) *x = *x + __longlong_as_double((i64)le[2]);"),
+                        DType::F32 => format!("volatile float* x = (volatile float*)(tg_b{j} + off); if ((((u64)(tg_b{j} + off)) / 4) % {nt} == (u64)tid) *x = *x + __uint_as_float((u32)le[2]);"),
+                        DType::F16 => format!("volatile u16* x = (volatile u16*)(tg_b{j} + off); if ((((u64)(tg_b{j} + off)) / 2) % {nt} == (u64)tid) *x = tg_f2h(tg_f16((double)(tg_h2f(*x) + __uint_as_float((u32)le[2]))));"),
+                        _ => format!("volatile u16* x = (volatile u16*)(tg_b{j} + off); if ((((u64)(tg_b{j} + off)) / 2) % {nt} == (u64)tid) *x = tg_f2bf(tg_bf16((double)(tg_bf2f(*x) + __uint_as_float((u32)le[2]))));"),
+                    };
+                    let _ = writeln!(src, "                    case {j}: {{ {add} }} break;");
+                }
+            }
+            src.push_str("                    default: break;\n                }\n            }\n        }\n        __threadfence();\n        __syncthreads();\n        if (tid == 0) atomicExch(TG_TICKET, tg_p + 1);\n");
+        }
+        src.push_str("        const int tg_stop = tg_sh_stop;\n        __syncthreads();\n        if (tg_stop) break;\n#undef TG_FAIL\n#undef TG_CHECK\n    }\n");
+        src.push_str("    if (tg_cl) atomicAdd((unsigned long long*)TG_COUNT, (unsigned long long)tg_cl);\n    if (tg_cs) atomicAdd((unsigned long long*)(TG_COUNT + 1), (unsigned long long)tg_cs);\n    if (tg_ca) atomicAdd((unsigned long long*)(TG_COUNT + 2), (unsigned long long)tg_ca);\n}\n");
+    }
+}
+
+/// The ops of a kernel the GPU cannot run, with why (for `auto` to fall back before compiling).
+pub fn needs_reference(k: &Kernel) -> Option<&'static str> {
+    if tilegrad_reference::needs_order(k) {
+        return Some("its programs depend on each other's order (atomics that return values, compare-and-swap, exchange)");
+    }
+    let mut multi = false;
+    let src = tilegrad_ir::analysis::pointer_sources(k);
+    k.walk(&mut |_, d| {
+        for &r in &d.results {
+            multi |= k.ty(r).is_ptr() && src[r.index()].iter().filter(|&&b| b).count() != 1;
+        }
+    });
+    if multi {
+        return Some("a pointer may point into more than one tensor");
+    }
+    None
+}

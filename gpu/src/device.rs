@@ -1,0 +1,590 @@
+//! The device side: finding a usable GPU, compiling generated kernels (cached in memory and on
+//! disk by source hash), moving tensors, launching, and turning what the device found into the
+//! reference's errors.
+
+use crate::codegen::{self, Generated, ERR_LOOP, ERR_OOB, ERR_RUNTIME, ERR_WORDS, HEADER_WORDS, LOG_WORDS, PTR_WORDS};
+use crate::{GpuError, GpuOptions, Outcome, RanOn};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tilegrad_ir::{DType, Inst, Kernel, Lit, Op, ParamKind};
+use tilegrad_reference::{Arg, Data, ExecError, Launch, LaunchSummary, Memory, RaceMode, Site, TensorId};
+
+/// Entries of the float-atomic log per block.
+const LOG_CAP: u64 = 1 << 15;
+
+/// Why no GPU is usable here, or `Ok` when one is (without creating a context).
+pub fn usable() -> Result<(), String> {
+    // SAFETY: these only try to open the shared libraries.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("the CUDA driver library (libcuda.so.1) is not installed".into());
+    }
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err("NVRTC (libnvrtc.so) is not installed; it compiles the generated kernels".into());
+    }
+    match CudaContext::device_count() {
+        Ok(0) => Err("the CUDA driver sees no device".into()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("the CUDA driver failed to start: {e}")),
+    }
+}
+
+/// Whether NVRTC can be loaded (it compiles generated kernels; no device is needed for that).
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to open the shared library.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// NVRTC's options for generated kernels: no contraction of `a * b + c` (the reference rounds
+/// twice), IEEE division and square root, no flush to zero.
+fn nvrtc_options(arch: &str) -> cudarc::nvrtc::CompileOptions {
+    cudarc::nvrtc::CompileOptions {
+        fmad: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        ftz: Some(false),
+        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+        ..Default::default()
+    }
+}
+
+fn nvrtc(k: &Kernel, source: &str, arch: &str) -> Result<cudarc::nvrtc::Ptx, GpuError> {
+    cudarc::nvrtc::compile_ptx_with_opts(source, nvrtc_options(arch)).map_err(|e| GpuError::Compile {
+        kernel: k.name.clone(),
+        log: match &e {
+            cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            other => format!("{other:?}"),
+        },
+    })
+}
+
+/// Generates and compiles a kernel for a virtual architecture (`compute_90`) without a device:
+/// its PTX, or the error a launch of it would meet. Needs NVRTC ([`nvrtc_present`]).
+pub fn compile_only(k: &Kernel, arch: &str) -> Result<String, GpuError> {
+    if !nvrtc_present() {
+        return Err(GpuError::Unavailable("NVRTC (libnvrtc.so) is not installed".into()));
+    }
+    let gen = codegen::generate(k)?;
+    Ok(nvrtc(k, &gen.source, arch)?.to_src())
+}
+
+/// A GPU with its context and the kernels compiled for it.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    name: String,
+    arch: (i32, i32),
+    sms: u32,
+    max_smem_optin: usize,
+    modules: Mutex<HashMap<u128, Arc<Compiled>>>,
+}
+
+struct Compiled {
+    gen: Generated,
+    main: CudaFunction,
+    races: CudaFunction,
+    _module: Arc<CudaModule>,
+}
+
+fn driver(e: impl std::fmt::Display) -> GpuError {
+    GpuError::Driver(e.to_string())
+}
+
+/// FNV-1a, 128 bits: a hash that stays the same across builds (for the disk cache).
+fn hash128(s: &str) -> u128 {
+    let mut h: u128 = 0x6c62272e07bb014262b821756295c58d;
+    for b in s.bytes() {
+        h ^= b as u128;
+        h = h.wrapping_mul(0x0000000001000000000000000000013B);
+    }
+    h
+}
+
+fn cache_dir() -> Option<std::path::PathBuf> {
+    if let Some(d) = std::env::var_os("TILEGRAD_CACHE_DIR") {
+        return Some(d.into());
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))?;
+    Some(base.join("tilegrad").join("cuda"))
+}
+
+impl Gpu {
+    /// Device 0, or why no GPU is usable.
+    pub fn new() -> Result<Gpu, GpuError> {
+        usable().map_err(GpuError::Unavailable)?;
+        let ctx = CudaContext::new(0).map_err(|e| GpuError::Unavailable(format!("cannot create a CUDA context: {e}")))?;
+        // One stream, synchronised by hand: no per-buffer events.
+        // SAFETY: every buffer is used on the one stream, which is synchronised before reads.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let name = ctx.name().map_err(driver)?;
+        let arch = ctx.compute_capability().map_err(driver)?;
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let sms = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver)? as u32;
+        let max_smem_optin = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(driver)? as usize;
+        Ok(Gpu { ctx, stream, name, arch, sms, max_smem_optin, modules: Mutex::new(HashMap::new()) })
+    }
+
+    /// The device, in words.
+    pub fn describe(&self) -> String {
+        format!("{} (sm_{}{}, {} SMs)", self.name, self.arch.0, self.arch.1, self.sms)
+    }
+
+    /// The kernel compiled for this device: from memory, from the disk cache, or by NVRTC.
+    fn compiled(&self, k: &Kernel) -> Result<Arc<Compiled>, GpuError> {
+        let gen = codegen::generate(k)?;
+        let arch = format!("compute_{}{}", self.arch.0, self.arch.1);
+        let key = hash128(&format!("{arch}\n{}", gen.source));
+        if let Some(c) = self.modules.lock().expect("module cache").get(&key) {
+            return Ok(c.clone());
+        }
+        let file = cache_dir().map(|d| d.join(format!("{key:032x}.ptx")));
+        let cached = file.as_ref().and_then(|f| std::fs::read_to_string(f).ok());
+        let ptx = match cached {
+            Some(src) => cudarc::nvrtc::Ptx::from_src(src),
+            None => {
+                let ptx = nvrtc(k, &gen.source, &arch)?;
+                if let Some(f) = &file {
+                    // The cache is an optimisation: a failed write only costs a later compile.
+                    if let Some(dir) = f.parent() {
+                        let _ = std::fs::create_dir_all(dir);
+                    }
+                    let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+                    if std::fs::write(&tmp, ptx.to_src()).is_ok() {
+                        let _ = std::fs::rename(&tmp, f);
+                    }
+                }
+                ptx
+            }
+        };
+        let module = self.ctx.load_module(ptx).map_err(driver)?;
+        let main = module.load_function(codegen::ENTRY).map_err(driver)?;
+        let races = module.load_function("tg_races").map_err(driver)?;
+        let c = Arc::new(Compiled { gen, main, races, _module: module });
+        self.modules.lock().expect("module cache").insert(key, c.clone());
+        Ok(c)
+    }
+
+    /// Compiles a kernel (or fetches it from the caches) without running it: the CUDA C, for
+    /// inspection, or the error that would stop a launch of it.
+    pub fn prepare(&self, k: &Kernel) -> Result<String, GpuError> {
+        Ok(self.compiled(k)?.gen.source.clone())
+    }
+
+    /// Runs a launch: on success the written tensors of `mem` hold their final contents, as
+    /// [`Launch::run`] would leave them.
+    pub fn run(&self, launch: &Launch, mem: &mut Memory, opts: GpuOptions) -> Result<Outcome, GpuError> {
+        launch.check_arguments(mem)?;
+        let k = launch.kernel();
+        let o = launch.get_options();
+        if o.record_writers || o.races == RaceMode::Warn {
+            return reference(launch, mem, "blame records each element's writer, which the reference does");
+        }
+        if let Some(why) = codegen::needs_reference(k) {
+            return reference(launch, mem, why);
+        }
+        let c = self.compiled(k)?;
+        match self.run_compiled(&c, launch, mem, opts)? {
+            Some(summary) => Ok(Outcome { summary, ran_on: RanOn::Gpu }),
+            None => reference(launch, mem, "the device found a conflict between programs, which the reference reports exactly"),
+        }
+    }
+
+    /// Runs on the device; `None` when the reference must settle the launch.
+    fn run_compiled(&self, c: &Compiled, launch: &Launch, mem: &mut Memory, opts: GpuOptions) -> Result<Option<LaunchSummary>, GpuError> {
+        let mut p = self.upload(c, launch, mem, opts)?;
+        self.execute(c, &mut p)?;
+        self.stream.synchronize().map_err(driver)?;
+        self.finish(c, launch, mem, &p)
+    }
+
+    /// Times a launch on the device: its tensors are uploaded once, then the launch (with the
+    /// race check when `opts.races`) runs `reps` times; the fastest run's seconds, from CUDA
+    /// events. Launches the reference must run are an error. `mem` is left as one run leaves it.
+    pub fn time(&self, launch: &Launch, mem: &mut Memory, opts: GpuOptions, reps: usize) -> Result<f64, GpuError> {
+        launch.check_arguments(mem)?;
+        if let Some(why) = codegen::needs_reference(launch.kernel()) {
+            return Err(GpuError::Unsupported {
+                kernel: launch.kernel().name.clone(),
+                op: "launch",
+                loc: launch.kernel().loc.clone(),
+                why: why.to_string(),
+            });
+        }
+        let c = self.compiled(launch.kernel())?;
+        let mut p = self.upload(&c, launch, mem, opts)?;
+        let mut best = f64::INFINITY;
+        for _ in 0..reps.max(1) {
+            let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let start = self.ctx.new_event(timing).map_err(driver)?;
+            let end = self.ctx.new_event(timing).map_err(driver)?;
+            start.record(&self.stream).map_err(driver)?;
+            self.execute(&c, &mut p)?;
+            end.record(&self.stream).map_err(driver)?;
+            end.synchronize().map_err(driver)?;
+            best = best.min(start.elapsed_ms(&end).map_err(driver)? as f64 / 1e3);
+        }
+        self.finish(&c, launch, mem, &p)?.ok_or_else(|| GpuError::Driver("the timed launch has a conflict between programs".into()))?;
+        Ok(best)
+    }
+
+    /// Uploads a launch's tensors and allocates its marks, counters and scratch.
+    fn upload(&self, c: &Compiled, launch: &Launch, mem: &Memory, opts: GpuOptions) -> Result<Prepared, GpuError> {
+        let k = launch.kernel();
+        let s = &self.stream;
+        let grid = launch.grid();
+        let total = grid.programs();
+        if total > u32::MAX as u64 - 1 {
+            return Err(ExecError::Grid {
+                kernel: k.name.clone(),
+                grid: grid.0,
+                message: "more programs than the GPU backend counts (2^32 - 2)".into(),
+            }
+            .into());
+        }
+        let uses = tilegrad_ir::analysis::param_uses(k);
+        // Tensors of the launch (aliasing parameters share one), uploaded.
+        let mut slots: Vec<(TensorId, Slot)> = Vec::new();
+        let mut param_slot: Vec<Option<usize>> = Vec::new();
+        for (j, p) in k.params.iter().enumerate() {
+            let arg = launch.args().iter().find(|(n, _)| *n == p.name).map(|(_, a)| *a);
+            match (&p.kind, arg) {
+                (ParamKind::Ptr(_), Some(Arg::Tensor(t))) => {
+                    let at = match slots.iter().position(|(id, _)| *id == t) {
+                        Some(at) => at,
+                        None => {
+                            let bytes = tensor_bytes(mem.get(t).dtype(), mem.get(t).data());
+                            let buf = s.clone_htod(&bytes).map_err(driver)?;
+                            slots.push((t, Slot { buf, numel: mem.get(t).numel(), stored: false, atomic: false, marks: None }));
+                            slots.len() - 1
+                        }
+                    };
+                    slots[at].1.stored |= uses[j].stored;
+                    slots[at].1.atomic |= uses[j].atomic;
+                    param_slot.push(Some(at));
+                }
+                _ => param_slot.push(None),
+            }
+        }
+        if opts.races {
+            for (_, sl) in &mut slots {
+                if sl.stored || sl.atomic {
+                    let n = sl.numel.max(1);
+                    let w = if sl.stored { Some(s.alloc_zeros::<u64>(n).map_err(driver)?) } else { None };
+                    let r = s.alloc_zeros::<u32>(n).map_err(driver)?;
+                    let a = if sl.atomic { Some(s.alloc_zeros::<u32>(n).map_err(driver)?) } else { None };
+                    sl.marks = Some(Marks { w, r, a });
+                }
+            }
+        }
+        // Blocks: as many as fit at once, taking programs from a counter.
+        let nt = c.gen.threads;
+        let mut smem = c.gen.scratch_bytes;
+        let global_scratch = smem > self.max_smem_optin.min(200 * 1024);
+        if global_scratch {
+            smem = 0;
+        } else if smem > 48 * 1024 {
+            use cudarc::driver::sys::CUfunction_attribute as FA;
+            c.main.set_attribute(FA::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).map_err(driver)?;
+        }
+        let per_sm = c.main.occupancy_max_active_blocks_per_multiprocessor(nt, smem, None).map_err(driver)?.max(1);
+        let mut blocks = (self.sms as u64 * per_sm as u64).min(total).max(1);
+        if c.gen.float_atomics {
+            blocks = blocks.min(self.sms as u64 * 2);
+        }
+        let counters = s.alloc_zeros::<u32>(2).map_err(driver)?;
+        let errs = s.clone_htod(&vec![u64::MAX; ERR_WORDS * blocks as usize]).map_err(driver)?;
+        let flags = s.alloc_zeros::<u32>(1).map_err(driver)?;
+        let counts = s.alloc_zeros::<u64>(3 + c.gen.loops.len()).map_err(driver)?;
+        let scratch = if global_scratch { Some(s.alloc_zeros::<u8>(c.gen.scratch_bytes * blocks as usize).map_err(driver)?) } else { None };
+        let log_cap = if c.gen.float_atomics { LOG_CAP } else { 0 };
+        let log = s.alloc_zeros::<u64>((LOG_WORDS as u64 * log_cap * blocks).max(1) as usize).map_err(driver)?;
+        let ptr = |b: &CudaSlice<u8>| b.device_ptr(s).0;
+        let mut words = vec![0u64; HEADER_WORDS + (PTR_WORDS + 1) * k.params.len()];
+        words[0] = grid.0[0] as u64;
+        words[1] = grid.0[1] as u64;
+        words[2] = grid.0[2] as u64;
+        words[3] = total;
+        let cp = counters.device_ptr(s).0;
+        words[4] = cp;
+        words[5] = cp + 4;
+        words[6] = errs.device_ptr(s).0;
+        words[7] = flags.device_ptr(s).0;
+        words[8] = counts.device_ptr(s).0;
+        if let Some(sc) = &scratch {
+            words[9] = ptr(sc);
+            words[10] = c.gen.scratch_bytes as u64;
+        }
+        words[11] = log.device_ptr(s).0;
+        words[12] = log_cap;
+        words[13] = launch.get_options().poison_masked_loads as u64;
+        for (j, p) in k.params.iter().enumerate() {
+            if let Some(at) = param_slot[j] {
+                let sl = &slots[at].1;
+                let w = HEADER_WORDS + PTR_WORDS * j;
+                words[w] = ptr(&sl.buf);
+                words[w + 1] = sl.numel as u64;
+                if let Some(m) = &sl.marks {
+                    words[w + 2] = m.w.as_ref().map_or(0, |b| b.device_ptr(s).0);
+                    words[w + 3] = m.r.device_ptr(s).0;
+                    words[w + 4] = m.a.as_ref().map_or(0, |b| b.device_ptr(s).0);
+                }
+            } else {
+                let given = launch.args().iter().find(|(n, _)| *n == p.name).map(|(_, a)| *a);
+                let (d, lit) = match (&p.kind, given) {
+                    (ParamKind::Scalar(d), Some(Arg::Scalar(l))) => (*d, l),
+                    (ParamKind::Constexpr(d, v), _) => (*d, *v),
+                    _ => unreachable!("check_arguments bound every parameter"),
+                };
+                words[HEADER_WORDS + PTR_WORDS * k.params.len() + j] = scalar_bits(lit, d);
+            }
+        }
+        let args = s.clone_htod(&words).map_err(driver)?;
+        let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (nt, 1, 1), shared_mem_bytes: smem as u32 };
+        Ok(Prepared { slots, param_slot, counters, errs, flags, counts, _scratch: scratch, _log: log, args, cfg, races: opts.races, total })
+    }
+
+    /// Queues one run: counters, errors and marks reset, the launch, the race check.
+    fn execute(&self, c: &Compiled, p: &mut Prepared) -> Result<(), GpuError> {
+        let s = &self.stream;
+        s.memset_zeros(&mut p.counters).map_err(driver)?;
+        s.memset_zeros(&mut p.flags).map_err(driver)?;
+        s.memset_zeros(&mut p.counts).map_err(driver)?;
+        let n = p.errs.len();
+        s.memcpy_htod(&vec![u64::MAX; n], &mut p.errs).map_err(driver)?;
+        for (_, sl) in &mut p.slots {
+            if let Some(m) = &mut sl.marks {
+                s.memset_zeros(&mut m.r).map_err(driver)?;
+                if let Some(w) = &mut m.w {
+                    s.memset_zeros(w).map_err(driver)?;
+                }
+                if let Some(a) = &mut m.a {
+                    s.memset_zeros(a).map_err(driver)?;
+                }
+            }
+        }
+        // SAFETY: the argument block holds what the generated kernel reads (codegen's layout):
+        // live device buffers of the sizes given, on this stream.
+        unsafe { s.launch_builder(&c.main).arg(&p.args).launch(p.cfg) }.map_err(driver)?;
+        if p.races {
+            for (_, sl) in &p.slots {
+                if let Some(m) = &sl.marks {
+                    let n = sl.numel as i64;
+                    let wp = m.w.as_ref().map_or(0, |b| b.device_ptr(s).0);
+                    let rp = m.r.device_ptr(s).0;
+                    let ap = m.a.as_ref().map_or(0, |b| b.device_ptr(s).0);
+                    let fp = p.flags.device_ptr(s).0;
+                    let g = (sl.numel as u64).div_ceil(256).clamp(1, self.sms as u64 * 8) as u32;
+                    let cfg = LaunchConfig { grid_dim: (g, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                    // SAFETY: mark buffers of `n` elements (or null) and the flag word.
+                    unsafe { s.launch_builder(&c.races).arg(&wp).arg(&rp).arg(&ap).arg(&n).arg(&fp).launch(cfg) }.map_err(driver)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After a run: the reference's error, `None` for a conflict, or the summary with the
+    /// written tensors copied back into `mem`.
+    fn finish(&self, c: &Compiled, launch: &Launch, mem: &mut Memory, p: &Prepared) -> Result<Option<LaunchSummary>, GpuError> {
+        let s = &self.stream;
+        let flag = s.clone_dtoh(&p.flags).map_err(driver)?[0];
+        if flag != 0 {
+            return Ok(None);
+        }
+        let errs = s.clone_dtoh(&p.errs).map_err(driver)?;
+        let first = errs.chunks(ERR_WORDS).filter(|r| r[0] != u64::MAX).min_by_key(|r| r[0]);
+        if let Some(r) = first {
+            return Err(decode_error(c, launch, mem, &p.param_slot, &p.slots, r).into());
+        }
+        let counts = s.clone_dtoh(&p.counts).map_err(driver)?;
+        let mut summary = LaunchSummary {
+            programs: p.total,
+            elements_loaded: counts[0],
+            elements_stored: counts[1],
+            elements_atomic: counts[2],
+            ..Default::default()
+        };
+        for (li, &inst) in c.gen.loops.iter().enumerate() {
+            let t = counts[3 + li];
+            if t > 0 {
+                let e = summary.max_trips.entry(inst).or_insert(0);
+                *e = (*e).max(t - 1);
+            }
+        }
+        for (t, sl) in &p.slots {
+            if sl.stored || sl.atomic {
+                let bytes = s.clone_dtoh(&sl.buf).map_err(driver)?;
+                let old = mem.get(*t);
+                let data = from_bytes(old.dtype(), &bytes, sl.numel);
+                let nt = tilegrad_reference::HostTensor::new(old.dtype(), old.shape(), data)?;
+                *mem.get_mut(*t) = nt;
+            }
+        }
+        Ok(Some(summary))
+    }
+}
+
+/// A launch's device buffers and argument block.
+struct Prepared {
+    slots: Vec<(TensorId, Slot)>,
+    param_slot: Vec<Option<usize>>,
+    counters: CudaSlice<u32>,
+    errs: CudaSlice<u64>,
+    flags: CudaSlice<u32>,
+    counts: CudaSlice<u64>,
+    _scratch: Option<CudaSlice<u8>>,
+    _log: CudaSlice<u64>,
+    args: CudaSlice<u64>,
+    cfg: LaunchConfig,
+    races: bool,
+    total: u64,
+}
+
+struct Marks {
+    w: Option<CudaSlice<u64>>,
+    r: CudaSlice<u32>,
+    a: Option<CudaSlice<u32>>,
+}
+
+struct Slot {
+    buf: CudaSlice<u8>,
+    numel: usize,
+    stored: bool,
+    atomic: bool,
+    marks: Option<Marks>,
+}
+
+/// Runs a launch on the reference interpreter.
+fn reference(launch: &Launch, mem: &mut Memory, why: &str) -> Result<Outcome, GpuError> {
+    let summary = launch.run(mem)?;
+    Ok(Outcome { summary, ran_on: RanOn::Reference(why.to_string()) })
+}
+
+/// The bits a scalar parameter arrives in (f16/bf16/f32 as the f32 bits of their rounded value).
+fn scalar_bits(l: Lit, d: DType) -> u64 {
+    match d {
+        DType::I1 => (l.as_i64() != 0) as u64,
+        DType::I32 => l.as_i64() as i32 as i64 as u64,
+        DType::I64 => l.as_i64() as u64,
+        DType::F16 => half::f16::from_f64(l.as_f64()).to_f32().to_bits() as u64,
+        DType::BF16 => half::bf16::from_f64(l.as_f64()).to_f32().to_bits() as u64,
+        DType::F32 => (l.as_f64() as f32).to_bits() as u64,
+        DType::F64 => l.as_f64().to_bits(),
+    }
+}
+
+/// A tensor's data as device storage bytes (i1 as one byte; f16/bf16 as their 16 bits), padded
+/// to a multiple of 4 bytes (atomics on i1 update whole words).
+fn to_bytes(d: &Data) -> Vec<u8> {
+    let mut out: Vec<u8> = match d {
+        Data::I1(v) => v.iter().map(|&b| b as u8).collect(),
+        Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    };
+    out.resize(out.len().div_ceil(4).max(1) * 4, 0);
+    out
+}
+
+/// Like [`to_bytes`] for a tensor of dtype `dt` (f16/bf16 data is held as f32 values).
+fn tensor_bytes(dt: DType, d: &Data) -> Vec<u8> {
+    match (dt, d) {
+        (DType::F16, Data::F32(v)) => pad(v.iter().flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()).collect()),
+        (DType::BF16, Data::F32(v)) => pad(v.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect()),
+        _ => to_bytes(d),
+    }
+}
+
+fn pad(mut v: Vec<u8>) -> Vec<u8> {
+    v.resize(v.len().div_ceil(4).max(1) * 4, 0);
+    v
+}
+
+/// Device storage bytes back to a tensor's data.
+fn from_bytes(dt: DType, b: &[u8], n: usize) -> Data {
+    match dt {
+        DType::I1 => Data::I1(b[..n].iter().map(|&x| x != 0).collect()),
+        DType::I32 => Data::I32(b.chunks_exact(4).take(n).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
+        DType::I64 => Data::I64(b.chunks_exact(8).take(n).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()),
+        DType::F64 => Data::F64(b.chunks_exact(8).take(n).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()),
+        DType::F32 => Data::F32(b.chunks_exact(4).take(n).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
+        DType::F16 => {
+            Data::F32(b.chunks_exact(2).take(n).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect())
+        }
+        DType::BF16 => {
+            Data::F32(b.chunks_exact(2).take(n).map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect())
+        }
+    }
+}
+
+/// The reference's error for a device error record.
+fn decode_error(
+    c: &Compiled,
+    launch: &Launch,
+    mem: &Memory,
+    param_slot: &[Option<usize>],
+    slots: &[(TensorId, Slot)],
+    r: &[u64],
+) -> ExecError {
+    let k = launch.kernel();
+    let inst = Inst(r[1] as u32);
+    let d = k.inst(inst);
+    let site = Box::new(Site { kernel: k.name.clone(), op: d.op.mnemonic(), loc: d.loc.clone(), pid: launch.grid().pid(r[0]) });
+    match r[2] {
+        ERR_OOB => {
+            let j = r[5] as usize;
+            let t = param_slot[j].map(|at| slots[at].0).expect("out-of-bounds records name a pointer parameter");
+            let shape = k.ty(d.args[0]).shape.clone();
+            let mut lane = vec![0; shape.len()];
+            let mut l = r[3] as usize;
+            for dim in (0..shape.len()).rev() {
+                lane[dim] = l % shape[dim];
+                l /= shape[dim];
+            }
+            ExecError::OutOfBounds { site, tensor: mem.name(t).to_string(), offset: r[4] as i64, numel: mem.get(t).numel(), lane }
+        }
+        ERR_LOOP => {
+            let max_iters = match &d.op {
+                Op::For { max_iters, .. } | Op::While { max_iters, .. } => max_iters.unwrap_or(0),
+                _ => 0,
+            };
+            ExecError::LoopBound { site, trips: r[5], max_iters }
+        }
+        ERR_RUNTIME => ExecError::Runtime { site, message: c.gen.messages.get(r[5] as usize).cloned().unwrap_or_default() },
+        other => ExecError::Runtime { site, message: format!("unknown device error kind {other}") },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_bytes_round_trip() {
+        let f = Data::F32(vec![1.5, -0.0, 65504.0, 6.1e-5]);
+        for dt in [DType::F32, DType::F16, DType::BF16] {
+            let data = match (&f, dt) {
+                (Data::F32(v), DType::BF16) => Data::F32(v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()),
+                (Data::F32(v), DType::F16) => Data::F32(v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()),
+                _ => f.clone(),
+            };
+            let b = tensor_bytes(dt, &data);
+            assert_eq!(b.len() % 4, 0);
+            assert_eq!(from_bytes(dt, &b, 4), data, "{dt}");
+        }
+        let i = Data::I1(vec![true, false, true]);
+        assert_eq!(from_bytes(DType::I1, &to_bytes(&i), 3), i);
+        let l = Data::I64(vec![i64::MIN, 3, -7]);
+        assert_eq!(from_bytes(DType::I64, &to_bytes(&l), 3), l);
+    }
+
+    #[test]
+    fn hashes_are_stable() {
+        assert_eq!(hash128(""), 0x6c62272e07bb014262b821756295c58d);
+        assert_ne!(hash128("a"), hash128("b"));
+    }
+}

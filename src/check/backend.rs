@@ -1,0 +1,164 @@
+//! Where a check's launches run: the CPU reference interpreter, or the GPU backend
+//! (`tilegrad-gpu`), which gives the same results and the same errors. One [`Executor`] serves a
+//! whole check and keeps count of where each launch ran, for the report.
+
+use super::{Backend, CheckError};
+use std::sync::{Arc, Mutex, OnceLock};
+use tilegrad_gpu::{Gpu, GpuError, GpuOptions, RanOn};
+use tilegrad_reference::{Data, ExecError, Launch, LaunchSummary, Memory};
+
+/// The process's GPU, created on first use (a CUDA context costs a fraction of a second).
+fn gpu() -> Result<Arc<Gpu>, String> {
+    static GPU: OnceLock<Result<Arc<Gpu>, String>> = OnceLock::new();
+    GPU.get_or_init(|| Gpu::new().map(Arc::new).map_err(|e| e.to_string())).clone()
+}
+
+/// Runs launches on the chosen backend.
+pub(crate) struct Executor {
+    gpu: Option<Arc<Gpu>>,
+    /// Also run every launch on the reference and record where the two differ (tests).
+    compare: bool,
+    log: Mutex<Log>,
+}
+
+#[derive(Default)]
+struct Log {
+    on_gpu: usize,
+    on_reference: Vec<(String, String)>,
+    mismatches: Vec<String>,
+}
+
+impl Executor {
+    /// The reference interpreter only.
+    #[cfg(test)]
+    pub(crate) fn cpu() -> Executor {
+        Executor { gpu: None, compare: false, log: Mutex::default() }
+    }
+
+    /// The executor of a backend choice: `Gpu` fails when no GPU is usable, `Auto` then uses the
+    /// CPU.
+    pub(crate) fn new(backend: Backend) -> Result<Executor, CheckError> {
+        let gpu = match backend {
+            Backend::Cpu => None,
+            Backend::Auto => gpu().ok(),
+            Backend::Gpu | Backend::Compare => Some(gpu().map_err(|e| CheckError::Unsupported(format!("--backend gpu: {e}")))?),
+        };
+        Ok(Executor { gpu, compare: backend == Backend::Compare, log: Mutex::default() })
+    }
+
+    /// Runs a launch, as [`Launch::run`] does.
+    pub(crate) fn run(&self, launch: &Launch, mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
+        let Some(g) = &self.gpu else { return launch.run(mem) };
+        let before = self.compare.then(|| mem.clone());
+        let out = match g.run(launch, mem, GpuOptions::default()) {
+            Ok(o) => {
+                let mut log = self.log.lock().expect("executor log");
+                match o.ran_on {
+                    RanOn::Gpu => log.on_gpu += 1,
+                    RanOn::Reference(why) => log.on_reference.push((launch.kernel().name.clone(), why)),
+                }
+                Ok(o.summary)
+            }
+            Err(GpuError::Exec(e)) => {
+                self.log.lock().expect("executor log").on_gpu += 1;
+                Err(e)
+            }
+            Err(e) => {
+                // Not the launch's fault: the reference runs it, and the report says why.
+                let why = format!("the GPU failed ({e})");
+                self.log.lock().expect("executor log").on_reference.push((launch.kernel().name.clone(), why));
+                launch.run(mem)
+            }
+        };
+        if let Some(mut m) = before {
+            let want = launch.run(&mut m);
+            if let Some(d) = differ(launch, &want, &out, &m, mem) {
+                self.log.lock().expect("executor log").mismatches.push(d);
+            }
+        }
+        out
+    }
+
+    /// Where launches ran, for the report: `cpu`, or the GPU and the launches it passed on.
+    pub(crate) fn describe(&self) -> String {
+        let Some(g) = &self.gpu else { return "cpu".into() };
+        let log = self.log.lock().expect("executor log");
+        let mut s = format!("gpu: {}; {} launches on the GPU", g.describe(), log.on_gpu);
+        if !log.on_reference.is_empty() {
+            let mut whys: Vec<String> = Vec::new();
+            for (k, why) in &log.on_reference {
+                let w = format!("`{k}`: {why}");
+                if !whys.contains(&w) {
+                    whys.push(w);
+                }
+            }
+            s += &format!(", {} on the reference ({})", log.on_reference.len(), whys.join("; "));
+        }
+        s
+    }
+
+    /// Where the GPU and the reference differed (with [`Backend::Compare`]).
+    pub(crate) fn mismatches(&self) -> Vec<String> {
+        self.log.lock().expect("executor log").mismatches.clone()
+    }
+}
+
+/// Whether two runs of one launch differ: in outcome, error, summary counts, or any element of
+/// any tensor (bit for bit, every NaN equal to every NaN).
+fn differ(
+    launch: &Launch,
+    want: &Result<LaunchSummary, ExecError>,
+    got: &Result<LaunchSummary, ExecError>,
+    want_mem: &Memory,
+    got_mem: &Memory,
+) -> Option<String> {
+    let k = &launch.kernel().name;
+    match (want, got) {
+        (Err(a), Err(b)) => {
+            return (a.to_string() != b.to_string()).then(|| format!("`{k}`: the reference fails with\n  {a}\nthe GPU with\n  {b}"));
+        }
+        (Err(a), Ok(_)) => return Some(format!("`{k}`: the reference fails ({a}), the GPU does not")),
+        (Ok(_), Err(b)) => return Some(format!("`{k}`: the GPU fails ({b}), the reference does not")),
+        (Ok(a), Ok(b)) => {
+            let counts = |s: &LaunchSummary| (s.programs, s.elements_loaded, s.elements_stored, s.elements_atomic, s.max_trips.clone());
+            if counts(a) != counts(b) {
+                return Some(format!("`{k}`: summaries differ: reference {:?}, GPU {:?}", counts(a), counts(b)));
+            }
+        }
+    }
+    for i in 0..want_mem.len() {
+        let id = tilegrad_reference::TensorId(i as u32);
+        let (a, b) = (want_mem.get(id).data(), got_mem.get(id).data());
+        if let Some(e) = first_difference(a, b) {
+            return Some(format!(
+                "`{k}`: tensor `{}` differs at element {e}: reference {}, GPU {}",
+                want_mem.name(id),
+                want_mem.get(id).get_f64(e),
+                got_mem.get(id).get_f64(e)
+            ));
+        }
+    }
+    None
+}
+
+fn first_difference(a: &Data, b: &Data) -> Option<usize> {
+    fn first<T: Copy>(a: &[T], b: &[T], same: impl Fn(T, T) -> bool) -> Option<usize> {
+        if a.len() != b.len() {
+            return Some(a.len().min(b.len()));
+        }
+        a.iter().zip(b).position(|(&x, &y)| !same(x, y))
+    }
+    match (a, b) {
+        (Data::F32(x), Data::F32(y)) => first(x, y, |p, q| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())),
+        // f64: CUDA's and libm's exp, log, tanh, ... may differ in the last bit, and a sum that
+        // cancels makes that larger relative to its result: within 1e-13 of the tensor's largest.
+        (Data::F64(x), Data::F64(y)) => {
+            let scale = x.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+            first(x, y, |p, q| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()) || (p - q).abs() <= 1e-13 * scale)
+        }
+        (Data::I32(x), Data::I32(y)) => first(x, y, |p, q| p == q),
+        (Data::I64(x), Data::I64(y)) => first(x, y, |p, q| p == q),
+        (Data::I1(x), Data::I1(y)) => first(x, y, |p, q| p == q),
+        _ => Some(0),
+    }
+}

@@ -1,0 +1,137 @@
+//! The GPU backend against the reference interpreter, on every example spec and every broken
+//! backward variant of `examples/`.
+//!
+//! - Everywhere: every kernel (as written, and promoted to f64 as the ground truth runs it)
+//!   becomes CUDA C, or is one the GPU backend passes to the reference by design (its programs
+//!   depend on their order); where NVRTC is installed, the CUDA C compiles.
+//! - With a GPU: each check runs with `Backend::Compare`, so that every launch of it (the
+//!   forward in the kernels' dtypes and in f64, the backward, its traced and race-resolving
+//!   re-runs) runs on both backends, which must leave the same tensors bit for bit (f64 within
+//!   1e-13 of the tensor's largest element, where CUDA's and libm's `exp`, `log` or `tanh` may
+//!   differ in the last bit) and fail with the same error at the same place; and the check's
+//!   verdict must be the CPU's.
+//!
+//! Without a GPU the second test says so and checks nothing; the CPU verdicts themselves are
+//! tested by `tests/specs.rs`.
+
+use std::path::{Path, PathBuf};
+use tilegrad::check::{check_backward, Backend, CheckOptions, Report, Step};
+use tilegrad::spec::{self, KernelOverride, Spec};
+use tilegrad_ir::{DType, Kernel};
+
+mod cases;
+use cases::CASES;
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")
+}
+
+/// Every spec of `examples/` and every broken variant, loaded: (label, spec).
+fn all_specs() -> Vec<(String, Spec)> {
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(examples()).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "toml")).collect();
+    files.sort();
+    let mut out: Vec<(String, Spec)> =
+        files.iter().map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), spec::load(p).unwrap())).collect();
+    for (variant, spec_name, key, ..) in CASES {
+        let o = [KernelOverride { key: key.to_string(), reference: format!("::{variant}") }];
+        out.push((variant.to_string(), spec::load_with(&examples().join(format!("{spec_name}.toml")), &o).unwrap()));
+    }
+    out
+}
+
+fn kernels(s: &Spec) -> Vec<Kernel> {
+    let mut out: Vec<Kernel> = Vec::new();
+    let steps = s.forward.steps.iter().chain(s.backward.iter().flat_map(|b| b.steps.iter()));
+    for st in steps {
+        if let Step::Launch(kl) = st {
+            if !out.iter().any(|k| *k == *kl.kernel) {
+                out.push((*kl.kernel).clone());
+                out.push(tilegrad_ir::passes::promote_floats(&kl.kernel, DType::F64).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// Runs `f` on every item in its own thread and returns the error messages, in order.
+fn all<T: Sync>(items: &[T], f: impl Fn(&T) -> Result<(), String> + Sync) -> Vec<String> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items.iter().map(|it| s.spawn(|| f(it))).collect();
+        handles.into_iter().filter_map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())).err()).collect()
+    })
+}
+
+#[test]
+fn every_kernel_becomes_cuda_c() {
+    let specs = all_specs();
+    let mut ks: Vec<(String, Kernel)> = Vec::new();
+    for (label, s) in &specs {
+        for k in kernels(s) {
+            if !ks.iter().any(|(_, x)| *x == k) {
+                ks.push((label.clone(), k));
+            }
+        }
+    }
+    let nvrtc = tilegrad_gpu::nvrtc_present();
+    if !nvrtc {
+        eprintln!("NVRTC is not installed: the generated CUDA C is not compiled");
+    }
+    let mut by_reference = 0;
+    let failures = all(&ks, |(label, k)| {
+        if let Some(why) = tilegrad_gpu::codegen::needs_reference(k) {
+            assert!(!why.is_empty());
+            return Ok(());
+        }
+        let g = tilegrad_gpu::codegen::generate(k).map_err(|e| format!("{label}: `{}`: {e}", k.name))?;
+        if !g.source.contains(tilegrad_gpu::codegen::ENTRY) || g.threads < 32 {
+            return Err(format!("{label}: `{}`: no entry point", k.name));
+        }
+        if nvrtc {
+            tilegrad_gpu::compile_only(k, "compute_90").map_err(|e| format!("{label}: `{}`: {e}", k.name))?;
+        }
+        Ok(())
+    });
+    for (_, k) in &ks {
+        by_reference += tilegrad_gpu::codegen::needs_reference(k).is_some() as usize;
+    }
+    assert!(failures.is_empty(), "{} of {} kernels:\n{}", failures.len(), ks.len(), failures.join("\n\n"));
+    // Only the kernels whose programs take turns (locks, tickets) run on the reference.
+    assert!(by_reference * 10 <= ks.len(), "{by_reference} of {} kernels would run on the reference", ks.len());
+    eprintln!("{} kernels ({} of them by the reference, by design)", ks.len(), by_reference);
+}
+
+fn verdict(r: &Report) -> String {
+    format!("passed {}, failure {:?}", r.passed, r.failure.as_ref().map(|f| (f.step, &f.message)))
+}
+
+#[test]
+fn the_gpu_gives_the_reference_results_and_verdicts() {
+    if let Err(why) = tilegrad_gpu::usable() {
+        eprintln!("skipped: no usable GPU ({why})");
+        return;
+    }
+    let specs = all_specs();
+    let failures = all(&specs, |(label, s)| {
+        let bwd = s.backward.as_ref().ok_or_else(|| format!("{label}: no backward"))?;
+        let opts = CheckOptions { trials: 1, ..s.options.clone() };
+        let cpu = check_backward(&s.forward, bwd, &s.inputs, &CheckOptions { backend: Backend::Cpu, ..opts.clone() })
+            .map_err(|e| format!("{label}: cpu: {e}"))?;
+        let both = check_backward(&s.forward, bwd, &s.inputs, &CheckOptions { backend: Backend::Compare, ..opts.clone() })
+            .map_err(|e| format!("{label}: compare: {e}"))?;
+        if !both.backend_mismatches.is_empty() {
+            return Err(format!("{label}: {}", both.backend_mismatches.join("\n  ")));
+        }
+        let gpu = check_backward(&s.forward, bwd, &s.inputs, &CheckOptions { backend: Backend::Gpu, ..opts })
+            .map_err(|e| format!("{label}: gpu: {e}"))?;
+        if both.backend.contains("the GPU failed") || gpu.backend.contains("the GPU failed") {
+            return Err(format!("{label}: {}", gpu.backend));
+        }
+        if verdict(&cpu) != verdict(&gpu) {
+            return Err(format!("{label}: verdicts differ\n  cpu: {}\n  gpu: {}\n{gpu}", verdict(&cpu), verdict(&gpu)));
+        }
+        println!("{label}: {} ({})", if gpu.passed { "pass" } else { "fail" }, gpu.backend);
+        Ok(())
+    });
+    assert!(failures.is_empty(), "{} of {} checks:\n{}", failures.len(), specs.len(), failures.join("\n\n"));
+}

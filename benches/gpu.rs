@@ -2,7 +2,7 @@
 //! at training sizes: the weighted sum (65536x1024), matmul (2048^3, 64x64x32 tiles, `ieee`
 //! dots) and a row softmax (16384x4096, one row per program).
 //!
-//! `cargo bench --bench gpu [-- --triton FILE.json] [--reps N]` on a machine with a GPU. Each
+//! `cargo bench --bench gpu [-- --triton FILE.json] [--reps N] [--only NAME]` on a machine with a GPU. Each
 //! kernel runs (after a warm-up) `reps` times with the device's race marks off and on; the
 //! fastest run of each counts, from CUDA events. `FILE.json` holds Triton's milliseconds for the
 //! same kernels, launched with the same block sizes, as `benches/gpu_triton.py` writes it; the
@@ -93,12 +93,17 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mut triton: Option<serde_json::Value> = None;
     let mut reps = 20;
+    let mut only: Option<String> = None;
     let mut i = 1;
     while i < args.len() {
         match args[i].as_str() {
             "--triton" => {
                 let text = std::fs::read_to_string(&args[i + 1]).expect("readable --triton file");
                 triton = Some(serde_json::from_str(&text).expect("JSON"));
+                i += 1;
+            }
+            "--only" => {
+                only = Some(args[i + 1].clone());
                 i += 1;
             }
             "--reps" => {
@@ -150,6 +155,12 @@ fn main() {
         let time = |races: bool, mem: &mut Memory| {
             gpu.time(&launch, mem, GpuOptions { races }, reps).unwrap_or_else(|e| panic!("{}: {e}", c.name)) * 1e3
         };
+        if let Some(o) = &only {
+            if o != c.name {
+                continue;
+            }
+        }
+        eprintln!("{}: {}", c.name, gpu.describe_kernel(&k).unwrap_or_else(|e| e.to_string()));
         let plain = time(false, &mut mem);
         let marked = time(true, &mut mem);
         let t = triton.as_ref().and_then(|j| j.get(c.name)).and_then(|v| v.as_f64());

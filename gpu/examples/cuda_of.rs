@@ -1,5 +1,6 @@
 //! Prints the CUDA C the GPU backend generates for a text-IR kernel (`.tgir`), and compiles it
-//! with NVRTC where it is installed: `cargo run -p tilegrad-gpu --example cuda_of -- FILE.tgir`.
+//! with NVRTC where it is installed, writing the PTX to `OUT.ptx` when given:
+//! `cargo run -p tilegrad-gpu --example cuda_of -- FILE.tgir [OUT.ptx]`.
 
 fn main() {
     let path = std::env::args().nth(1).expect("usage: cuda_of FILE.tgir");
@@ -11,7 +12,12 @@ fn main() {
     }
     if tilegrad_gpu::nvrtc_present() {
         match tilegrad_gpu::compile_only(&k, "compute_90") {
-            Ok(ptx) => eprintln!("compiled: {} bytes of PTX", ptx.len()),
+            Ok(ptx) => {
+                eprintln!("compiled: {} bytes of PTX", ptx.len());
+                if let Some(out) = std::env::args().nth(2) {
+                    std::fs::write(&out, ptx).expect("writable PTX file");
+                }
+            }
             Err(e) => eprintln!("{e}"),
         }
     }

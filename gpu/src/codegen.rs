@@ -20,6 +20,8 @@ use tilegrad_ir::{BinaryOp, Block, CmpOp, DType, DotPrecision, Elem, Inst, Kerne
 pub(crate) const HEADER_WORDS: usize = 16;
 /// Words per pointer parameter: base, numel, write marks, read marks, atomic marks.
 pub(crate) const PTR_WORDS: usize = 5;
+/// Words of the argument block (a kernel parameter: at most 4 KiB).
+pub(crate) const ARG_WORDS: usize = 512;
 /// Words of one atomic-log entry: offset, parameter, value bits.
 pub(crate) const LOG_WORDS: usize = 3;
 /// Words of one block's error record: program, instruction, kind, lane, offset, aux.
@@ -57,7 +59,10 @@ pub struct Generated {
 pub const ENTRY: &str = "tg_main";
 
 /// Most threads per block.
-const MAX_THREADS: usize = 256;
+const MAX_THREADS: usize = 1024;
+
+/// Scratch up to this many bytes is a block's shared memory; more is global memory.
+pub const SHARED_SCRATCH: usize = 48 * 1024;
 
 /// Compiles a kernel (constexprs bound) to CUDA C.
 pub fn generate(k: &Kernel) -> Result<Generated, GpuError> {
@@ -78,6 +83,7 @@ pub fn generate(k: &Kernel) -> Result<Generated, GpuError> {
         messages: Vec::new(),
         scratch: 0,
         float_atomics: false,
+        upper: false,
     };
     g.check_pointers()?;
     g.block(k.body)?;
@@ -89,11 +95,12 @@ pub fn generate(k: &Kernel) -> Result<Generated, GpuError> {
         let _ = writeln!(src, "#define TG_C{i} {c:?}");
     }
     src.push_str(include_str!("prelude.cu"));
+    let _ = writeln!(src, "struct TgArgs {{ u64 w[{ARG_WORDS}]; }};");
     g.emit_entry(&mut src, &body);
     Ok(Generated {
         source: src,
         threads: threads as u32,
-        scratch_bytes: g.scratch,
+        scratch_bytes: 2 * g.scratch,
         loops: g.loops,
         messages: g.messages,
         float_atomics: g.float_atomics,
@@ -110,6 +117,8 @@ struct Gen<'k> {
     messages: Vec<String>,
     scratch: usize,
     float_atomics: bool,
+    /// Which half of the (double-buffered) scratch the next op uses.
+    upper: bool,
 }
 
 /// The C type that holds values of a dtype in registers (f16/bf16 as rounded f32, as the
@@ -307,6 +316,18 @@ impl<'k> Gen<'k> {
         }
     }
 
+    /// Opens an op's use of scratch: the half other than the previous op's, so that it need not
+    /// wait for that op's threads to finish reading (the op before that passed a barrier since).
+    fn open_scratch(&mut self) {
+        self.upper = !self.upper;
+        let base = if self.upper { "scr + TG_HALF" } else { "scr" };
+        self.line(&format!("{{ unsigned char* const sb = {base};"));
+    }
+
+    fn close_scratch(&mut self) {
+        self.line("}");
+    }
+
     fn need_scratch(&mut self, bytes: usize) {
         self.scratch = self.scratch.max(bytes.div_ceil(16) * 16);
     }
@@ -315,11 +336,11 @@ impl<'k> Gen<'k> {
     fn spill(&mut self, v: Value, at: usize) {
         let t = ctype(self.dtype(v));
         if self.scalar(v) {
-            self.line(&format!("if (tid == 0) (({t}*)(scr + {at}))[0] = v{}[0];", v.0));
+            self.line(&format!("if (tid == 0) (({t}*)(sb + {at}))[0] = v{}[0];", v.0));
         } else {
             let (r, n, nt) = (self.regs(v), self.numel(v), self.nt);
             self.line(&format!(
-                "#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; if (e < {n}) (({t}*)(scr + {at}))[e] = v{}[j]; }}",
+                "#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; if (e < {n}) (({t}*)(sb + {at}))[e] = v{}[j]; }}",
                 v.0
             ));
         }
@@ -327,7 +348,7 @@ impl<'k> Gen<'k> {
 
     /// A failure of lane `lane` (an expression) with the given kind, offset and aux word.
     fn fail(kind: u64, lane: &str, off: &str, aux: &str) -> String {
-        format!("TG_FAIL({lane}, {kind}ULL, (u64)({off}), (u64)({aux}));")
+        format!("TG_FAIL({lane}, {kind}ULL, (u64)({off}), (u64)({aux}))")
     }
 
     /// After an op that may fail: if any thread failed, the lowest failing lane reports and the
@@ -543,10 +564,11 @@ impl<'k> Gen<'k> {
         let bytes = self.numel(x) * self.dtype(x).size_bytes().max(1);
         self.need_scratch(bytes.max(8));
         let t = ctype(self.dtype(x));
-        self.line("__syncthreads();");
+        self.open_scratch();
         self.spill(x, 0);
         self.line("__syncthreads();");
-        self.each(out, &format!("{idx} v{}[j] = (({t}*)scr)[s];", out.0));
+        self.each(out, &format!("{idx} v{}[j] = (({t}*)sb)[s];", out.0));
+        self.close_scratch();
     }
 
     fn unary(&self, u: UnaryOp, dt: DType, x: &str) -> Option<String> {
@@ -675,7 +697,7 @@ impl<'k> Gen<'k> {
         let t = ctype(xd);
         let rd = self.dtype(r);
         let xbytes = self.numel(x) * xd.size_bytes();
-        let at = |o: &str, kk: &str, ii: &str| format!("(({t}*)scr)[({o} * {n} + {kk}) * {inner} + {ii}]");
+        let at = |o: &str, kk: &str, ii: &str| format!("(({t}*)sb)[({o} * {n} + {kk}) * {inner} + {ii}]");
         let float = xd.is_float();
         let (plus, max2, min2) = match xd {
             DType::I32 => ("tg_add32(A, B)", "(B > A ? B : A)", "(B < A ? B : A)"),
@@ -684,39 +706,39 @@ impl<'k> Gen<'k> {
             _ => ("(A + B)", "tg_maxf(A, B)", "tg_minf(A, B)"),
         };
         let f = |tmpl: &str, a: &str, b: &str| tmpl.replace('A', a).replace('B', b);
-        self.line("__syncthreads();");
+        self.open_scratch();
         self.spill(x, 0);
         self.line("__syncthreads();");
         // Output element e is (o, ii) with o = e / inner, ii = e % inner.
         let oi = format!("const int o = e / {inner}; const int ii = e % {inner}; (void)o; (void)ii;");
         match kind {
             ReduceOp::Sum if inner == 1 => {
-                // The reference's order: eight interleaved accumulators from 0, combined
-                // pairwise, then the remainder in order. Chains run in parallel threads.
+                // The reference's order (`sum_run`): 64 interleaved chains from 0, in parallel
+                // threads; then per output a warp folds them pairwise with shuffles (lane j takes
+                // lane j + w for w = 32, ..., 1) and adds the remainder in order.
+                const L: usize = tilegrad_reference::SUM_LANES;
                 let part = xbytes.div_ceil(16) * 16;
-                self.need_scratch(part + outer * 8 * xd.size_bytes());
-                let chunks = n / 8;
+                let res = part + (outer * L * xd.size_bytes()).div_ceil(16) * 16;
+                self.need_scratch(res + outer * xd.size_bytes());
+                let chunks = n / L;
                 self.line(&format!(
-                    "for (int q = tid; q < {}; q += {}) {{ const int o = q / 8; const int c8 = q % 8; {t} acc = ({t})0; for (int c = 0; c < {chunks}; ++c) acc = {}; (({t}*)(scr + {part}))[q] = acc; }}",
-                    outer * 8,
+                    "for (int q = tid; q < {}; q += {}) {{ const int o = q / {L}; const int c = q % {L}; {t} acc = ({t})0; for (int ch = 0; ch < {chunks}; ++ch) acc = {}; (({t}*)(sb + {part}))[q] = acc; }}",
+                    outer * L,
                     self.nt,
-                    f(plus, "acc", &at("o", "(c * 8 + c8)", "0"))
+                    f(plus, "acc", &at("o", &format!("(ch * {L} + c)"), "0"))
                 ));
                 self.line("__syncthreads();");
-                let p = |q: &str| format!("(({t}*)(scr + {part}))[o * 8 + {q}]");
-                let comb = f(
-                    plus,
-                    &f(plus, &f(plus, &p("0"), &p("4")), &f(plus, &p("1"), &p("5"))),
-                    &f(plus, &f(plus, &p("2"), &p("6")), &f(plus, &p("3"), &p("7"))),
-                );
-                let body = format!(
-                    "{oi} {t} s = {comb}; for (int kk = {}; kk < {n}; ++kk) s = {}; v{}[j] = {};",
-                    chunks * 8,
+                let pp = |q: &str| format!("(({t}*)(sb + {part}))[o * {L} + {q}]");
+                self.line(&format!(
+                    "for (int o = tid / 32; o < {outer}; o += {}) {{ const int lane = tid % 32; {t} s = {}; for (int w = 16; w >= 1; w /= 2) {{ const {t} other = __shfl_down_sync(0xffffffffu, s, w); s = {}; }} if (lane == 0) {{ for (int kk = {}; kk < {n}; ++kk) s = {}; (({t}*)(sb + {res}))[o] = s; }} }}",
+                    self.nt / 32,
+                    f(plus, &pp("lane"), &pp("lane + 32")),
+                    f(plus, "s", "other"),
+                    chunks * L,
                     f(plus, "s", &at("o", "kk", "0")),
-                    r.0,
-                    narrow(rd, "s")
-                );
-                self.each(r, &body);
+                ));
+                self.line("__syncthreads();");
+                self.each(r, &format!("v{}[j] = {};", r.0, narrow(rd, &format!("(({t}*)(sb + {res}))[e]"))));
             }
             ReduceOp::Max | ReduceOp::Min if n >= 16 => {
                 // Max and min are exact in any order (a NaN operand yields the other): chains
@@ -730,14 +752,14 @@ impl<'k> Gen<'k> {
                 self.need_scratch(part + outputs * ch * xd.size_bytes());
                 let op = if kind == ReduceOp::Max { max2 } else { min2 };
                 self.line(&format!(
-                    "for (int q = tid; q < {}; q += {}) {{ const int ov = q / {ch}; const int c = q % {ch}; const int o = ov / {inner}; const int ii = ov % {inner}; {t} acc = {}; for (int kk = c + {ch}; kk < {n}; kk += {ch}) acc = {}; (({t}*)(scr + {part}))[q] = acc; }}",
+                    "for (int q = tid; q < {}; q += {}) {{ const int ov = q / {ch}; const int c = q % {ch}; const int o = ov / {inner}; const int ii = ov % {inner}; {t} acc = {}; for (int kk = c + {ch}; kk < {n}; kk += {ch}) acc = {}; (({t}*)(sb + {part}))[q] = acc; }}",
                     outputs * ch,
                     self.nt,
                     at("o", "c", "ii"),
                     f(op, "acc", &at("o", "kk", "ii"))
                 ));
                 self.line("__syncthreads();");
-                let p = |q: &str| format!("(({t}*)(scr + {part}))[e * {ch} + {q}]");
+                let p = |q: &str| format!("(({t}*)(sb + {part}))[e * {ch} + {q}]");
                 let body = format!(
                     "{t} s = {}; for (int c = 1; c < {ch}; ++c) s = {}; v{}[j] = {};",
                     p("0"),
@@ -776,6 +798,7 @@ impl<'k> Gen<'k> {
                 self.each(r, &body);
             }
         }
+        self.close_scratch();
         Ok(())
     }
 
@@ -800,8 +823,8 @@ impl<'k> Gen<'k> {
             _ => narrow(xd, "(P + C)"),
         };
         let (k_of, prev_of) = if reverse { (format!("({n} - 1 - st)"), format!("({n} - st)")) } else { ("st".into(), "(st - 1)".into()) };
-        let at = |kk: &str| format!("(({t}*)scr)[(o * {n} + {kk}) * {inner} + ii]");
-        self.line("__syncthreads();");
+        let at = |kk: &str| format!("(({t}*)sb)[(o * {n} + {kk}) * {inner} + ii]");
+        self.open_scratch();
         self.spill(x, 0);
         self.line("__syncthreads();");
         let step = plus.replace('P', &at(&prev_of)).replace('C', &at(&k_of));
@@ -812,7 +835,8 @@ impl<'k> Gen<'k> {
             at(&k_of)
         ));
         self.line("__syncthreads();");
-        self.each(r, &format!("v{}[j] = (({t}*)scr)[e];", r.0));
+        self.each(r, &format!("v{}[j] = (({t}*)sb)[e];", r.0));
+        self.close_scratch();
         Ok(())
     }
 
@@ -842,18 +866,31 @@ impl<'k> Gen<'k> {
             }
         };
         let (ca, cb) = (conv(a, self), conv(b, self));
-        self.line("__syncthreads();");
-        self.each_of(a, &format!("(({t}*)scr)[e] = {ca};"));
-        self.each_of(b, &format!("(({t}*)(scr + {boff}))[e] = {cb};"));
+        self.open_scratch();
+        self.each_of(a, &format!("(({t}*)sb)[e] = {ca};"));
+        self.each_of(b, &format!("(({t}*)(sb + {boff}))[e] = {cb};"));
         self.line("__syncthreads();");
         let (mul, add) = if acc == DType::F32 { ("__fmul_rn", "__fadd_rn") } else { ("__dmul_rn", "__dadd_rn") };
-        let body = format!(
-            "const int row = e / {n}; const int col = e % {n}; {t} s = {}; for (int q = 0; q < {kk}; ++q) s = {add}(s, {mul}((({t}*)scr)[row * {kk} + q], (({t}*)(scr + {boff}))[q * {n} + col])); v{}[j] = {};",
-            convert(self.dtype(c), acc, &format!("v{}[j]", c.0)),
-            r.0,
-            narrow(rd, "s")
-        );
+        // Each output accumulates over k in order (products and sums rounded separately); k is
+        // the outer loop so that a column of b, when every register of a thread is in one
+        // column, is read once.
+        let (regs, numel, nt) = (self.regs(r), self.numel(r), self.nt);
+        let cv = convert(self.dtype(c), acc, &format!("v{}[j]", c.0));
+        let one_col = !self.scalar(r) && nt % n == 0;
+        let bq = if one_col { "bq".to_string() } else { format!("(({t}*)(sb + {boff}))[q * {n} + (e % {n})]") };
+        let hoist = if one_col { format!("const {t} bq = (({t}*)(sb + {boff}))[q * {n} + (tid % {n})];") } else { String::new() };
+        self.line("{");
+        self.line(&format!("{t} s[{regs}];"));
+        self.line(&format!(
+            "#pragma unroll\nfor (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; if (e < {numel}) s[j] = {cv}; }}"
+        ));
+        self.line(&format!(
+            "for (int q = 0; q < {kk}; ++q) {{ {hoist}\n#pragma unroll\nfor (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; if (e < {numel}) s[j] = {add}(s[j], {mul}((({t}*)sb)[(e / {n}) * {kk} + q], {bq})); }} }}"
+        ));
+        let body = format!("v{}[j] = {};", r.0, narrow(rd, "s[j]"));
         self.each(r, &body);
+        self.line("}");
+        self.close_scratch();
         Ok(())
     }
 
@@ -919,18 +956,19 @@ impl<'k> Gen<'k> {
         let (_, lane) = self.access_lane(p);
         let fail = Self::fail(ERR_OOB, lane, "off", &j.to_string());
         let val = to_storage(dt, &format!("v{}[j]", v.0));
-        // First every lane's bounds (an out-of-bounds store writes nothing), then the writes.
+        // One pass: each active lane checks its bounds and writes. A launch with an
+        // out-of-bounds lane fails, so what its other lanes wrote is never seen (and a write
+        // another program reads is a conflict the reference then settles). The check's barrier
+        // also makes the writes visible to the block's later loads.
         self.line("tg_sseq++; tg_nev++;");
-        self.each_of(p, &format!("if ({m}) {{ const i64 off = v{}[j]; if (off < 0 || off >= tg_n{j}) {fail} }}", p.0));
-        self.check(i);
         self.each_of(
             p,
             &format!(
-                "if ({m}) {{ const i64 off = v{}[j]; tg_b{j}[off] = {val}; tg_cs++; if (tg_w{j}) {{ const u64 stamp = ((u64)(tg_p + 1) << 32) | tg_sseq; const u64 old = atomicExch((unsigned long long*)(tg_w{j} + off), (unsigned long long)stamp); if (old == stamp) atomicOr(TG_FLAGS, {FLAG_DUPLICATE}u); else if (old != 0 && (u32)(old >> 32) != tg_p + 1) atomicOr(TG_FLAGS, {FLAG_CONFLICT}u); }} }}",
+                "if ({m}) {{ const i64 off = v{}[j]; if (off < 0 || off >= tg_n{j}) {fail} else {{ tg_b{j}[off] = {val}; tg_cs++; if (tg_w{j}) {{ const u64 stamp = ((u64)(tg_p + 1) << 32) | tg_sseq; const u64 old = atomicExch((unsigned long long*)(tg_w{j} + off), (unsigned long long)stamp); if (old == stamp) atomicOr(TG_FLAGS, {FLAG_DUPLICATE}u); else if (old != 0 && (u32)(old >> 32) != tg_p + 1) atomicOr(TG_FLAGS, {FLAG_CONFLICT}u); }} }} }}",
                 p.0
             ),
         );
-        self.line("__syncthreads();");
+        self.check(i);
     }
 
     fn atomic_add(&mut self, i: Inst, mask: bool) -> Result<(), GpuError> {
@@ -948,8 +986,6 @@ impl<'k> Gen<'k> {
         let (_, lane) = self.access_lane(p);
         let fail = Self::fail(ERR_OOB, lane, "off", &j.to_string());
         self.line("tg_nev++;");
-        self.each_of(p, &format!("if ({m}) {{ const i64 off = v{}[j]; if (off < 0 || off >= tg_n{j}) {fail} }}", p.0));
-        self.check(i);
         let mark = format!("tg_ca++; if (tg_a{j}) tg_mark(tg_a{j} + off, tg_p + 1);");
         let x = format!("v{}[j]", v.0);
         let body = match dt {
@@ -965,25 +1001,22 @@ impl<'k> Gen<'k> {
                 let n = self.numel(p).max(1);
                 self.line(&format!("const u32 tg_base{} = tg_alen; tg_alen += {n};", i.0));
                 let body = format!(
-                    "u64* le = TG_LOG + 3 * (u64)(tg_base{} + e); if (tg_base{} + e < TG_LOGCAP) {{ le[0] = ({m}) ? (u64)v{}[j] : ~0ULL; le[1] = {j}; le[2] = {bits}; }} else atomicOr(TG_FLAGS, {FLAG_LOG_FULL}u); if ({m}) {{ const i64 off = v{}[j]; {mark} }}",
-                    i.0,
-                    i.0,
+                    "const i64 off = v{}[j]; const bool act = ({m}) && off >= 0 && off < tg_n{j}; if (({m}) && !act) {fail} u64* le = TG_LOG + 3 * (u64)(tg_base{} + e); if (tg_base{} + e < TG_LOGCAP) {{ le[0] = act ? (u64)off : ~0ULL; le[1] = {j}; le[2] = {bits}; }} else atomicOr(TG_FLAGS, {FLAG_LOG_FULL}u); if (act) {{ {mark} }}",
                     p.0,
-                    p.0
+                    i.0,
+                    i.0,
                 );
-                self.each_of_all(p, &body);
-                self.line("__syncthreads();");
+                self.each_of(p, &body);
+                self.check(i);
                 return Ok(());
             }
         };
-        self.each_of(p, &format!("if ({m}) {{ const i64 off = v{}[j]; {body} {mark} }}", p.0));
-        self.line("__syncthreads();");
+        self.each_of(
+            p,
+            &format!("if ({m}) {{ const i64 off = v{}[j]; if (off < 0 || off >= tg_n{j}) {fail} else {{ {body} {mark} }} }}", p.0),
+        );
+        self.check(i);
         Ok(())
-    }
-
-    /// Like [`Gen::each_of`], every lane including masked-off ones (scalars: thread 0).
-    fn each_of_all(&mut self, v: Value, body: &str) {
-        self.each_of(v, body);
     }
 
     fn loop_index(&mut self, i: Inst) -> usize {
@@ -1117,26 +1150,35 @@ impl<'k> Gen<'k> {
         let k = self.k;
         let nt = self.nt;
         let _ = writeln!(src, "\n// kernel `{}`", k.name);
-        let _ = writeln!(src, "extern \"C\" __global__ void __launch_bounds__({nt}) {ENTRY}(const u64* __restrict__ A) {{");
+        // At most 64 registers a thread, so that a block (or several small ones) fills an SM.
+        let min_blocks = (MAX_THREADS / nt).max(1);
+        let _ = writeln!(src, "extern \"C\" __global__ void __launch_bounds__({nt}, {min_blocks}) {ENTRY}(const TgArgs A) {{");
+        // The argument block is a kernel parameter: read from the constant bank where used,
+        // holding no registers.
         src.push_str(
-            "    extern __shared__ __align__(16) unsigned char tg_smem[];\n\
-             \x20   __shared__ u32 tg_sh_p; __shared__ int tg_sh_lane; __shared__ int tg_sh_stop;\n\
+            "    __shared__ u32 tg_sh_p; __shared__ int tg_sh_lane; __shared__ int tg_sh_stop;\n\
              \x20   const int tid = threadIdx.x;\n\
-             \x20   const u64 TG_G0 = A[0], TG_G1 = A[1], TG_G2 = A[2], TG_TOTAL = A[3];\n\
-             \x20   u32* const TG_NEXT = (u32*)A[4]; u32* const TG_TICKET = (u32*)A[5]; u64* const TG_ERR = (u64*)A[6];\n\
-             \x20   u32* const TG_FLAGS = (u32*)A[7]; u64* const TG_COUNT = (u64*)A[8]; u64* const TG_TRIPS = TG_COUNT + 3;\n\
-             \x20   unsigned char* const scr = A[10] ? (unsigned char*)A[9] + (u64)blockIdx.x * A[10] : tg_smem; (void)scr;\n\
-             \x20   u64* const TG_LOG = (u64*)A[11] + 3 * A[12] * (u64)blockIdx.x; const u64 TG_LOGCAP = A[12]; (void)TG_LOG; (void)TG_LOGCAP;\n\
-             \x20   const bool TG_POISON = A[13] != 0; (void)TG_POISON; (void)TG_G2; (void)TG_TRIPS;\n\
+             #define TG_G0 (A.w[0])\n#define TG_G1 (A.w[1])\n#define TG_G2 (A.w[2])\n#define TG_TOTAL (A.w[3])\n\
+             #define TG_NEXT ((u32*)A.w[4])\n#define TG_TICKET ((u32*)A.w[5])\n#define TG_ERR ((u64*)A.w[6])\n\
+             #define TG_FLAGS ((u32*)A.w[7])\n#define TG_COUNT ((u64*)A.w[8])\n#define TG_TRIPS ((u64*)A.w[8] + 3)\n\
+             #define TG_LOG ((u64*)A.w[11] + 3 * A.w[12] * (u64)blockIdx.x)\n#define TG_LOGCAP (A.w[12])\n\
+             #define TG_POISON (A.w[13] != 0)\n\
              \x20   u64 tg_cl = 0, tg_cs = 0, tg_ca = 0;\n",
         );
+        let _ = writeln!(src, "#define TG_HALF {}", self.scratch);
+        if 2 * self.scratch <= SHARED_SCRATCH {
+            // Small scratch in shared memory (a static size, so loads from it are `ld.shared`).
+            let _ = writeln!(src, "    __shared__ __align__(16) unsigned char scr[{}]; (void)scr;", (2 * self.scratch).max(16));
+        } else {
+            let _ = writeln!(src, "#define scr ((unsigned char*)A.w[9] + (u64)blockIdx.x * A.w[10])");
+        }
         for (j, p) in k.params.iter().enumerate() {
             match &p.kind {
                 tilegrad_ir::ParamKind::Ptr(d) => {
                     let w = HEADER_WORDS + PTR_WORDS * j;
                     let _ = writeln!(
                         src,
-                        "    {st}* const tg_b{j} = ({st}*)A[{w}]; const i64 tg_n{j} = (i64)A[{}]; u64* const tg_w{j} = (u64*)A[{}]; u32* const tg_r{j} = (u32*)A[{}]; u32* const tg_a{j} = (u32*)A[{}]; (void)tg_b{j}; (void)tg_n{j}; (void)tg_w{j}; (void)tg_r{j}; (void)tg_a{j};",
+                        "#define tg_b{j} (({st}*)A.w[{w}])\n#define tg_n{j} ((i64)A.w[{}])\n#define tg_w{j} ((u64*)A.w[{}])\n#define tg_r{j} ((u32*)A.w[{}])\n#define tg_a{j} ((u32*)A.w[{}])",
                         w + 1,
                         w + 2,
                         w + 3,
@@ -1168,7 +1210,7 @@ impl<'k> Gen<'k> {
                     let _ = writeln!(src, "        i64 v{v}[1] = {{0}}; (void)v{v};");
                 }
                 tilegrad_ir::ParamKind::Scalar(d) | tilegrad_ir::ParamKind::Constexpr(d, _) => {
-                    let w = format!("A[{}]", HEADER_WORDS + PTR_WORDS * k.params.len() + j);
+                    let w = format!("A.w[{}]", HEADER_WORDS + PTR_WORDS * k.params.len() + j);
                     let e = match d {
                         DType::I1 => format!("({w} != 0)"),
                         DType::I32 => format!("(int)(i64){w}"),

@@ -2,9 +2,9 @@
 //! disk by source hash), moving tensors, launching, and turning what the device found into the
 //! reference's errors.
 
-use crate::codegen::{self, Generated, ERR_LOOP, ERR_OOB, ERR_RUNTIME, ERR_WORDS, HEADER_WORDS, LOG_WORDS, PTR_WORDS};
+use crate::codegen::{self, Generated, ARG_WORDS, ERR_LOOP, ERR_OOB, ERR_RUNTIME, ERR_WORDS, HEADER_WORDS, LOG_WORDS, PTR_WORDS};
 use crate::{GpuError, GpuOptions, Outcome, RanOn};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tilegrad_ir::{DType, Inst, Kernel, Lit, Op, ParamKind};
@@ -75,7 +75,6 @@ pub struct Gpu {
     name: String,
     arch: (i32, i32),
     sms: u32,
-    max_smem_optin: usize,
     modules: Mutex<HashMap<u128, Arc<Compiled>>>,
 }
 
@@ -123,8 +122,7 @@ impl Gpu {
         let arch = ctx.compute_capability().map_err(driver)?;
         use cudarc::driver::sys::CUdevice_attribute as A;
         let sms = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver)? as u32;
-        let max_smem_optin = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(driver)? as usize;
-        Ok(Gpu { ctx, stream, name, arch, sms, max_smem_optin, modules: Mutex::new(HashMap::new()) })
+        Ok(Gpu { ctx, stream, name, arch, sms, modules: Mutex::new(HashMap::new()) })
     }
 
     /// The device, in words.
@@ -165,6 +163,20 @@ impl Gpu {
         let c = Arc::new(Compiled { gen, main, races, _module: module });
         self.modules.lock().expect("module cache").insert(key, c.clone());
         Ok(c)
+    }
+
+    /// Facts about a kernel's compiled form, in words: threads, registers and local memory per
+    /// thread (spills), scratch bytes per block, blocks per SM.
+    pub fn describe_kernel(&self, k: &Kernel) -> Result<String, GpuError> {
+        let c = self.compiled(k)?;
+        let f = &c.main;
+        let regs = f.num_regs().map_err(driver)?;
+        let local = f.local_size_bytes().map_err(driver)?;
+        let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(c.gen.threads, 0, None).map_err(driver)?;
+        Ok(format!(
+            "{} threads, {regs} registers, {local} B local per thread, {} B scratch, {per_sm} blocks/SM",
+            c.gen.threads, c.gen.scratch_bytes
+        ))
     }
 
     /// Compiles a kernel (or fetches it from the caches) without running it: the CUDA C, for
@@ -281,14 +293,8 @@ impl Gpu {
         }
         // Blocks: as many as fit at once, taking programs from a counter.
         let nt = c.gen.threads;
-        let mut smem = c.gen.scratch_bytes;
-        let global_scratch = smem > self.max_smem_optin.min(200 * 1024);
-        if global_scratch {
-            smem = 0;
-        } else if smem > 48 * 1024 {
-            use cudarc::driver::sys::CUfunction_attribute as FA;
-            c.main.set_attribute(FA::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).map_err(driver)?;
-        }
+        let smem = 0usize;
+        let global_scratch = c.gen.scratch_bytes > codegen::SHARED_SCRATCH;
         let per_sm = c.main.occupancy_max_active_blocks_per_multiprocessor(nt, smem, None).map_err(driver)?.max(1);
         let mut blocks = (self.sms as u64 * per_sm as u64).min(total).max(1);
         if c.gen.float_atomics {
@@ -341,7 +347,16 @@ impl Gpu {
                 words[HEADER_WORDS + PTR_WORDS * k.params.len() + j] = scalar_bits(lit, d);
             }
         }
-        let args = s.clone_htod(&words).map_err(driver)?;
+        if words.len() > ARG_WORDS {
+            return Err(GpuError::Unsupported {
+                kernel: k.name.clone(),
+                op: "launch",
+                loc: k.loc.clone(),
+                why: format!("{} parameters are more than the GPU backend's argument block holds", k.params.len()),
+            });
+        }
+        let mut args = Box::new(ArgBlock([0; ARG_WORDS]));
+        args.0[..words.len()].copy_from_slice(&words);
         let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (nt, 1, 1), shared_mem_bytes: smem as u32 };
         Ok(Prepared { slots, param_slot, counters, errs, flags, counts, _scratch: scratch, _log: log, args, cfg, races: opts.races, total })
     }
@@ -367,7 +382,7 @@ impl Gpu {
         }
         // SAFETY: the argument block holds what the generated kernel reads (codegen's layout):
         // live device buffers of the sizes given, on this stream.
-        unsafe { s.launch_builder(&c.main).arg(&p.args).launch(p.cfg) }.map_err(driver)?;
+        unsafe { s.launch_builder(&c.main).arg(&*p.args).launch(p.cfg) }.map_err(driver)?;
         if p.races {
             for (_, sl) in &p.slots {
                 if let Some(m) = &sl.marks {
@@ -427,6 +442,13 @@ impl Gpu {
     }
 }
 
+/// The argument block of a generated kernel, passed by value (codegen's `TgArgs`).
+#[repr(C)]
+struct ArgBlock([u64; ARG_WORDS]);
+
+// SAFETY: plain words, laid out as the kernel's `struct TgArgs { u64 w[ARG_WORDS]; }`.
+unsafe impl DeviceRepr for ArgBlock {}
+
 /// A launch's device buffers and argument block.
 struct Prepared {
     slots: Vec<(TensorId, Slot)>,
@@ -437,7 +459,7 @@ struct Prepared {
     counts: CudaSlice<u64>,
     _scratch: Option<CudaSlice<u8>>,
     _log: CudaSlice<u64>,
-    args: CudaSlice<u64>,
+    args: Box<ArgBlock>,
     cfg: LaunchConfig,
     races: bool,
     total: u64,

@@ -319,18 +319,30 @@ fn split(shape: &[usize], axis: usize) -> (usize, usize, usize) {
     (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
 }
 
-/// Sum of a contiguous run with eight interleaved accumulators (vectorisable, deterministic).
+/// Interleaved accumulators of a sum (see [`sum_run`]).
+pub const SUM_LANES: usize = 64;
+
+/// Sum of a contiguous run, in the order every backend uses: [`SUM_LANES`] interleaved
+/// accumulators from 0 (accumulator j adds elements j, j + 64, ... of the whole chunks), folded
+/// pairwise (accumulator j takes j + w for w = 32, 16, ..., 1, as a warp's shuffle tree does),
+/// then the remainder in order. Vectorisable on a CPU, parallel on a GPU, deterministic on both.
 fn sum_run<T: Reducible>(v: &[T]) -> T {
-    let mut acc = [T::default(); 8];
-    let chunks = v.chunks_exact(8);
+    let mut acc = [T::default(); SUM_LANES];
+    let chunks = v.chunks_exact(SUM_LANES);
     let rest = chunks.remainder();
     for c in chunks {
-        for j in 0..8 {
+        for j in 0..SUM_LANES {
             acc[j] = T::plus(acc[j], c[j]);
         }
     }
-    let p = |a, b| T::plus(a, b);
-    let mut s = p(p(p(acc[0], acc[4]), p(acc[1], acc[5])), p(p(acc[2], acc[6]), p(acc[3], acc[7])));
+    let mut w = SUM_LANES / 2;
+    while w >= 1 {
+        for j in 0..w {
+            acc[j] = T::plus(acc[j], acc[j + w]);
+        }
+        w /= 2;
+    }
+    let mut s = acc[0];
     for &x in rest {
         s = T::plus(s, x);
     }

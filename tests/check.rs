@@ -335,9 +335,13 @@ fn descriptions_that_do_not_fit_are_errors() {
     ));
     let m = e(check_backward(&bad_fwd, &b, &i, &CheckOptions::default()));
     assert!(m.contains("forward step 1") && m.contains("kernels.py:7:") && m.contains("out-of-bounds"), "{m}");
-    // The GPU backend is not in this build.
-    let m = e(check_backward(&f, &b, &i, &CheckOptions { backend: Backend::Gpu, ..CheckOptions::default() }));
-    assert!(m.contains("GPU backend"), "{m}");
+    // Without a usable GPU, `--backend gpu` says why; `auto` runs on the CPU.
+    if let Err(why) = tilegrad_gpu::usable() {
+        let m = e(check_backward(&f, &b, &i, &CheckOptions { backend: Backend::Gpu, ..CheckOptions::default() }));
+        assert!(m.contains("--backend gpu: no usable GPU") && m.contains(&why), "{m}");
+        let r = check_backward(&f, &b, &i, &CheckOptions { backend: Backend::Auto, ..CheckOptions::default() }).unwrap();
+        assert!(r.passed && r.backend == "cpu", "{r}");
+    }
     // A gradient of the wrong shape is a verdict.
     let b5 = Backward::new(&[("x", "g")]).step(Step::alloc("g", &["n + 1"], DType::F32).unwrap());
     let r = check_backward(&f, &b5, &i, &CheckOptions::default()).unwrap();

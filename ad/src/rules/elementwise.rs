@@ -177,16 +177,17 @@ fn unary_f32(op: UnaryOp) -> Option<fn(f32) -> f32> {
         Abs => f32::abs,
         // The reference's polynomial agrees except in rare 1-ulp ties (see the module docs).
         Exp => |a| (a as f64).exp() as f32,
-        Exp2 => f32::exp2,
-        Log => f32::ln,
-        Log2 => f32::log2,
+        // Transcendentals in f64, rounded once, as the reference (and the GPU backend) does.
+        Exp2 => |a| (a as f64).exp2() as f32,
+        Log => |a| (a as f64).ln() as f32,
+        Log2 => |a| (a as f64).log2() as f32,
         Sqrt => f32::sqrt,
         Rsqrt => |a| 1.0 / a.sqrt(),
-        Sin => f32::sin,
-        Cos => f32::cos,
-        Tanh => f32::tanh,
+        Sin => |a| (a as f64).sin() as f32,
+        Cos => |a| (a as f64).cos() as f32,
+        Tanh => |a| (a as f64).tanh() as f32,
         Sigmoid => |a| 1.0 / (1.0 + (-a as f64).exp() as f32),
-        Erf => libm::erff,
+        Erf => |a| libm::erf(a as f64) as f32,
         Floor => f32::floor,
         Ceil => f32::ceil,
         Not => return None,
@@ -327,7 +328,7 @@ fn binary_f32(op: BinaryOp, a: f32, b: f32) -> Option<f32> {
         Mod => a % b,
         Min => a.min(b),
         Max => a.max(b),
-        Pow => a.powf(b),
+        Pow => (a as f64).powf(b as f64) as f32,
         FloorDiv | And | Or | Xor => return None,
     })
 }

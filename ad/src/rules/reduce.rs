@@ -7,21 +7,9 @@ use crate::{AdError, BTile};
 use tilegrad_ir::{DotPrecision, ReduceOp};
 use tilegrad_reference::round_tf32;
 
-/// Sum of a contiguous run with eight interleaved accumulators: the reference's `sum_run`.
+/// Sum of a contiguous run in the reference's order ([`tilegrad_reference::sum_in_order`]).
 pub(super) fn sum_run<T: Copy + Default + std::ops::Add<Output = T>>(v: &[T]) -> T {
-    let mut acc = [T::default(); 8];
-    let chunks = v.chunks_exact(8);
-    let rest = chunks.remainder();
-    for ch in chunks {
-        for j in 0..8 {
-            acc[j] = acc[j] + ch[j];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for &x in rest {
-        s = s + x;
-    }
-    s
+    tilegrad_reference::sum_in_order(v, |a, b| a + b)
 }
 
 /// Sums `v`, laid out as [outer, n, inner], along the middle, in the reference's order: a

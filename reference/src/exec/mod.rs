@@ -17,7 +17,7 @@ mod record;
 mod tile;
 
 pub use fastmath::C as EXP2_POLY;
-pub use ops::{round_tf32, SUM_LANES};
+pub use ops::{round_tf32, sum_in_order, SUM_LANES};
 pub use plan::needs_order;
 pub use program::WHILE_LIMIT;
 pub use record::{NonFinite, ProgramRecord, Recorded};

@@ -326,27 +326,32 @@ pub const SUM_LANES: usize = 64;
 /// accumulators from 0 (accumulator j adds elements j, j + 64, ... of the whole chunks), folded
 /// pairwise (accumulator j takes j + w for w = 32, 16, ..., 1, as a warp's shuffle tree does),
 /// then the remainder in order. Vectorisable on a CPU, parallel on a GPU, deterministic on both.
-fn sum_run<T: Reducible>(v: &[T]) -> T {
+/// `plus` is the addition (wrapping for integers).
+pub fn sum_in_order<T: Copy + Default>(v: &[T], plus: impl Fn(T, T) -> T) -> T {
     let mut acc = [T::default(); SUM_LANES];
     let chunks = v.chunks_exact(SUM_LANES);
     let rest = chunks.remainder();
     for c in chunks {
         for j in 0..SUM_LANES {
-            acc[j] = T::plus(acc[j], c[j]);
+            acc[j] = plus(acc[j], c[j]);
         }
     }
     let mut w = SUM_LANES / 2;
     while w >= 1 {
         for j in 0..w {
-            acc[j] = T::plus(acc[j], acc[j + w]);
+            acc[j] = plus(acc[j], acc[j + w]);
         }
         w /= 2;
     }
     let mut s = acc[0];
     for &x in rest {
-        s = T::plus(s, x);
+        s = plus(s, x);
     }
     s
+}
+
+fn sum_run<T: Reducible>(v: &[T]) -> T {
+    sum_in_order(v, T::plus)
 }
 
 /// Element types of reductions: addition wraps for integers (Triton/C semantics).

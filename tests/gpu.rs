@@ -1,5 +1,5 @@
-//! The GPU backend against the reference interpreter, on every example spec and every broken
-//! backward variant of `examples/`.
+//! The GPU backend against the reference interpreter, on every example spec, every broken
+//! backward variant of `examples/` and every zoo kernel.
 //!
 //! - Everywhere: every kernel (as written, and promoted to f64 as the ground truth runs it)
 //!   becomes CUDA C, or is one the GPU backend passes to the reference by design (its programs
@@ -9,7 +9,8 @@
 //!   re-runs) runs on both backends, which must leave the same tensors bit for bit (f64 within
 //!   1e-13 of the tensor's largest element, where CUDA's and libm's `exp`, `log` or `tanh` may
 //!   differ in the last bit) and fail with the same error at the same place; and the check's
-//!   verdict must be the CPU's.
+//!   verdict must be the CPU's. The zoo's kernels run the same way and pass their plain-Rust
+//!   f64 references on the GPU too.
 //!
 //! Without a GPU the second test says so and checks nothing; the CPU verdicts themselves are
 //! tested by `tests/specs.rs`.
@@ -134,4 +135,20 @@ fn the_gpu_gives_the_reference_results_and_verdicts() {
         Ok(())
     });
     assert!(failures.is_empty(), "{} of {} checks:\n{}", failures.len(), specs.len(), failures.join("\n\n"));
+}
+
+#[test]
+fn the_zoo_runs_alike_on_both_backends() {
+    if let Err(why) = tilegrad_gpu::usable() {
+        eprintln!("skipped: no usable GPU ({why})");
+        return;
+    }
+    for name in tilegrad::zoo::names() {
+        let r = tilegrad::zoo::run_case_on(name, 7, Backend::Compare).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(r.backend_mismatches.is_empty(), "{name}: {}", r.backend_mismatches.join("\n"));
+        assert!(r.passed() && r.launches > 0 && !r.backend.contains("the GPU failed"), "{name}: {r:?}");
+        let on_gpu = tilegrad::zoo::run_case_on(name, 7, Backend::Gpu).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(on_gpu.passed(), "{name} on the GPU: {on_gpu:?}");
+        println!("{name}: {}", on_gpu.backend);
+    }
 }

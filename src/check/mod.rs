@@ -59,7 +59,7 @@
 //! assert!(report.passed, "{report}");
 //! ```
 
-mod backend;
+pub(crate) mod backend;
 mod blame;
 pub mod expr;
 mod findings;

@@ -44,12 +44,14 @@ pub use softmax::*;
 pub use vector_add::*;
 pub use weighted_sum::*;
 
+use crate::check::backend::Executor;
+use crate::check::Backend;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::fmt;
 use std::time::{Duration, Instant};
 use tilegrad_ir::{DType, DotPrecision, IrError, Kernel, Lit, ParamKind};
-use tilegrad_reference::{ExecError, HostTensor, LaunchSummary, Memory, TensorId};
+use tilegrad_reference::{ExecError, HostTensor, Launch, Memory, TensorId};
 
 /// The unit roundoff of f32 (2^-24): the relative error of one correctly rounded f32 operation.
 /// Tolerances of the zoo are multiples of it: recursive or blocked summation of `n` terms in f32
@@ -82,6 +84,10 @@ pub struct ZooRun {
     pub elapsed: Duration,
     /// Output tensors compared: name and shape.
     pub outputs: Vec<(String, Vec<usize>)>,
+    /// Where the launches ran (see `check::Report::backend`).
+    pub backend: String,
+    /// With `Backend::Compare`: launches whose GPU run differed from the reference's.
+    pub backend_mismatches: Vec<String>,
 }
 
 impl ZooRun {
@@ -100,6 +106,8 @@ pub enum ZooError {
     Ir(IrError),
     /// A launch failed.
     Exec(ExecError),
+    /// The backend asked for cannot be used.
+    Backend(String),
 }
 
 impl fmt::Display for ZooError {
@@ -108,6 +116,7 @@ impl fmt::Display for ZooError {
             ZooError::UnknownCase(name) => write!(f, "no zoo case named `{name}` (cases: {})", names().join(", ")),
             ZooError::Ir(e) => write!(f, "{e}"),
             ZooError::Exec(e) => write!(f, "{e}"),
+            ZooError::Backend(e) => write!(f, "{e}"),
         }
     }
 }
@@ -115,7 +124,7 @@ impl fmt::Display for ZooError {
 impl std::error::Error for ZooError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ZooError::UnknownCase(_) => None,
+            ZooError::UnknownCase(_) | ZooError::Backend(_) => None,
             ZooError::Ir(e) => Some(e),
             ZooError::Exec(e) => Some(e),
         }
@@ -156,8 +165,16 @@ pub fn names() -> &'static [&'static str] {
 /// the f64 reference. A result outside the tolerance is reported in the [`ZooRun`] (see
 /// [`ZooRun::passed`]), not as an error.
 pub fn run_case(name: &str, seed: u64) -> Result<ZooRun, ZooError> {
+    run_case_on(name, seed, Backend::Cpu)
+}
+
+/// [`run_case`] with its launches on a backend ([`ZooRun::backend`] says where they ran, and
+/// with [`Backend::Compare`] [`ZooRun::backend_mismatches`] where the GPU and the reference
+/// differed).
+pub fn run_case_on(name: &str, seed: u64, backend: Backend) -> Result<ZooRun, ZooError> {
+    let exec = Executor::new(backend).map_err(|e| ZooError::Backend(e.to_string()))?;
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut run = CaseRun::new(name);
+    let mut run = CaseRun::new(name, exec);
     let mut mem = Memory::new();
     match name {
         "vector_add" => {
@@ -167,7 +184,7 @@ pub fn run_case(name: &str, seed: u64) -> Result<ZooRun, ZooError> {
             let y = mem.add("y", HostTensor::from_f32(&[n], ys.clone()));
             let out = mem.add("out", HostTensor::zeros(DType::F32, &[n]));
             let k = vector_add(1024)?;
-            run.launch(|| launch_vector_add(&k, &mut mem, x, y, out))?;
+            run.launch(&mut mem, |m| vector_add_launch(&k, m, x, y, out))?;
             let (xd, yd) = (to_f64(&xs), to_f64(&ys));
             let scale: Vec<f64> = xd.iter().zip(&yd).map(|(a, b)| a.abs() + b.abs()).collect();
             // One f32 rounding of an exact sum.
@@ -179,7 +196,7 @@ pub fn run_case(name: &str, seed: u64) -> Result<ZooRun, ZooError> {
             let src = mem.add("src", HostTensor::from_f32(&[n], xs.clone()));
             let dst = mem.add("dst", HostTensor::zeros(DType::F32, &[n]));
             let k = copy(1024)?;
-            run.launch(|| launch_copy(&k, &mut mem, src, dst))?;
+            run.launch(&mut mem, |m| copy_launch(&k, m, src, dst))?;
             let xd = to_f64(&xs);
             let scale: Vec<f64> = xd.iter().map(|v| v.abs()).collect();
             // A copy is exact.
@@ -191,7 +208,7 @@ pub fn run_case(name: &str, seed: u64) -> Result<ZooRun, ZooError> {
             let img = mem.add("img", HostTensor::from_f32(&[h, w, 3], px.clone()));
             let grey = mem.add("grey", HostTensor::zeros(DType::F32, &[h, w]));
             let k = rgb_to_grey(16, 32)?;
-            run.launch(|| launch_rgb_to_grey(&k, &mut mem, img, grey))?;
+            run.launch(&mut mem, |m| rgb_to_grey_launch(&k, m, img, grey))?;
             let pd = to_f64(&px);
             let scale: Vec<f64> = pd.chunks(3).map(|c| c.iter().zip(GREY_WEIGHTS).map(|(v, w)| (v * w as f64).abs()).sum()).collect();
             // Three products and two sums, each rounded once.
@@ -204,7 +221,7 @@ pub fn run_case(name: &str, seed: u64) -> Result<ZooRun, ZooError> {
             let wt = mem.add("weight", HostTensor::from_f32(&[d], ws.clone()));
             let out = mem.add("output", HostTensor::zeros(DType::F32, &[rows]));
             let k = weighted_sum_fwd(16, 128)?;
-            run.launch(|| launch_weighted_sum_fwd(&k, &mut mem, x, wt, out))?;
+            run.launch(&mut mem, |m| weighted_sum_fwd_launch(&k, m, x, wt, out))?;
             let (xd, wd) = (to_f64(&xs), to_f64(&ws));
             let scale: Vec<f64> = (0..rows).map(|r| (0..d).map(|j| (xd[r * d + j] * wd[j]).abs()).sum()).collect();
             // A sum of d rounded products, in any order.
@@ -220,7 +237,7 @@ pub fn run_case(name: &str, seed: u64) -> Result<ZooRun, ZooError> {
             let tiles = rows.div_ceil(rows_tile);
             let pgw = mem.add("partial_grad_weight", HostTensor::zeros(DType::F32, &[tiles, d]));
             let k = weighted_sum_bwd(rows_tile, 128)?;
-            run.launch(|| launch_weighted_sum_bwd(&k, &mut mem, x, wt, g, gx, pgw))?;
+            run.launch(&mut mem, |m| weighted_sum_bwd_launch(&k, m, x, wt, g, gx, pgw))?;
             let (xd, wd, gd) = (to_f64(&xs), to_f64(&ws), to_f64(&gs));
             let (gx_ref, gw_ref) = weighted_sum_bwd_ref(&xd, &wd, &gd, rows, d);
             let gx_scale: Vec<f64> = gx_ref.iter().map(|v| v.abs()).collect();
@@ -245,7 +262,7 @@ pub fn run_case(name: &str, seed: u64) -> Result<ZooRun, ZooError> {
                 (None, a_s.iter().map(|&v| round_tf32(v) as f64).collect(), b_s.iter().map(|&v| round_tf32(v) as f64).collect())
             };
             let k = matmul(64, 64, 32, precision)?;
-            run.launch(|| launch_matmul(&k, &mut mem, a, b, c))?;
+            run.launch(&mut mem, |m| matmul_launch(&k, m, a, b, c))?;
             // Products of tf32 values are exact in f32: only the f32 accumulation of K terms errs.
             run.compare(
                 &mem,
@@ -261,7 +278,7 @@ pub fn run_case(name: &str, seed: u64) -> Result<ZooRun, ZooError> {
             let x = mem.add("x", HostTensor::from_f32(&[rows, cols], xs.clone()));
             let y = mem.add("y", HostTensor::zeros(DType::F32, &[rows, cols]));
             let k = softmax(16, cols.next_power_of_two())?;
-            run.launch(|| launch_softmax(&k, &mut mem, x, y))?;
+            run.launch(&mut mem, |m| softmax_launch(&k, m, x, y))?;
             let expected = softmax_ref(&to_f64(&xs), rows, cols);
             let scale: Vec<f64> = expected.iter().map(|v| v.abs()).collect();
             // exp of an argument off by a rounding, a sum of `cols` terms, a division.
@@ -275,8 +292,8 @@ pub fn run_case(name: &str, seed: u64) -> Result<ZooRun, ZooError> {
             let partial = mem.add("partial", HostTensor::zeros(DType::F32, &[parts]));
             let out = mem.add("out", HostTensor::zeros(DType::F32, &[1]));
             let (k1, k2) = (l2_norm_partial(block)?, l2_norm_finish(256)?);
-            run.launch(|| launch_l2_norm_partial(&k1, &mut mem, x, partial))?;
-            run.launch(|| launch_l2_norm_finish(&k2, &mut mem, partial, out))?;
+            run.launch(&mut mem, |m| l2_norm_partial_launch(&k1, m, x, partial))?;
+            run.launch(&mut mem, |m| l2_norm_finish_launch(&k2, m, partial, out))?;
             let expected = [l2_norm_ref(&to_f64(&xs))];
             // Sums of positive terms: `block` per partial, then the partials; sqrt halves it.
             run.compare(&mem, out, &expected, &expected, 2.0 * ((block + parts) as f64 + 3.0) * F32_UNIT_ROUNDOFF);
@@ -287,7 +304,7 @@ pub fn run_case(name: &str, seed: u64) -> Result<ZooRun, ZooError> {
             let x = mem.add("x", HostTensor::from_f32(&[n], xs.clone()));
             let out = mem.add("out", HostTensor::zeros(DType::F32, &[1]));
             let k = atomic_sum(block)?;
-            run.launch(|| launch_atomic_sum(&k, &mut mem, x, out))?;
+            run.launch(&mut mem, |m| atomic_sum_launch(&k, m, x, out))?;
             let xd = to_f64(&xs);
             let scale = [xd.iter().map(|v| v.abs()).sum::<f64>()];
             // A sum of `block` terms per program, then one atomic add per program.
@@ -302,7 +319,7 @@ pub fn run_case(name: &str, seed: u64) -> Result<ZooRun, ZooError> {
             let l = mem.add("lengths", HostTensor::from_i32(&[segments], lengths.clone()));
             let out = mem.add("out", HostTensor::zeros(DType::F32, &[segments]));
             let k = segment_sum(128)?;
-            run.launch(|| launch_segment_sum(&k, &mut mem, v, s, l, out))?;
+            run.launch(&mut mem, |m| segment_sum_launch(&k, m, v, s, l, out))?;
             let vd = to_f64(&vs);
             let scale: Vec<f64> =
                 starts.iter().zip(&lengths).map(|(&s, &l)| vd[s as usize..(s + l) as usize].iter().map(|x| x.abs()).sum()).collect();
@@ -317,11 +334,13 @@ pub fn run_case(name: &str, seed: u64) -> Result<ZooRun, ZooError> {
 /// Accumulates launches and comparisons of one case.
 struct CaseRun {
     run: ZooRun,
+    exec: Executor,
 }
 
 impl CaseRun {
-    fn new(name: &str) -> CaseRun {
+    fn new(name: &str, exec: Executor) -> CaseRun {
         CaseRun {
+            exec,
             run: ZooRun {
                 name: name.to_string(),
                 programs: 0,
@@ -334,13 +353,17 @@ impl CaseRun {
                 tolerance: 0.0,
                 elapsed: Duration::ZERO,
                 outputs: Vec::new(),
+                backend: String::new(),
+                backend_mismatches: Vec::new(),
             },
         }
     }
 
-    fn launch(&mut self, f: impl FnOnce() -> Result<LaunchSummary, ExecError>) -> Result<(), ExecError> {
+    /// Builds a launch against `mem` and runs it on the case's backend.
+    fn launch<'k>(&mut self, mem: &mut Memory, build: impl FnOnce(&Memory) -> Result<Launch<'k>, ExecError>) -> Result<(), ExecError> {
+        let launch = build(mem)?;
         let t0 = Instant::now();
-        let s = f()?;
+        let s = self.exec.run(&launch, mem)?;
         self.run.elapsed += t0.elapsed();
         self.run.launches += 1;
         self.run.programs += s.programs;
@@ -364,7 +387,9 @@ impl CaseRun {
         self.run.outputs.push((name.to_string(), shape));
     }
 
-    fn finish(self) -> ZooRun {
+    fn finish(mut self) -> ZooRun {
+        self.run.backend = self.exec.describe();
+        self.run.backend_mismatches = self.exec.mismatches();
         self.run
     }
 }

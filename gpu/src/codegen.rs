@@ -18,8 +18,9 @@ use tilegrad_ir::{BinaryOp, Block, CmpOp, DType, DotPrecision, Elem, Inst, Kerne
 
 /// Words of the argument block before the per-parameter words (see [`Layout`]).
 pub(crate) const HEADER_WORDS: usize = 16;
-/// Words per pointer parameter: base, numel, write marks, read marks, atomic marks.
-pub(crate) const PTR_WORDS: usize = 5;
+/// Words per pointer parameter: base, numel, write marks, read marks, atomic marks, and for
+/// blame the storing instruction and the last atomic's key of each element.
+pub(crate) const PTR_WORDS: usize = 7;
 /// Words of the argument block (a kernel parameter: at most 4 KiB).
 pub(crate) const ARG_WORDS: usize = 512;
 /// Words of one atomic-log entry: offset, parameter, value bits.
@@ -37,6 +38,7 @@ pub(crate) const FLAG_CONFLICT: u32 = 1;
 pub(crate) const FLAG_LOG_FULL: u32 = 2;
 pub(crate) const FLAG_OWN_ATOMIC: u32 = 4;
 pub(crate) const FLAG_DUPLICATE: u32 = 8;
+pub(crate) const FLAG_WRITERS: u32 = 16;
 
 /// A kernel compiled to CUDA C, with what the launcher needs to know about it.
 #[derive(Clone, Debug)]
@@ -964,8 +966,9 @@ impl<'k> Gen<'k> {
         self.each_of(
             p,
             &format!(
-                "if ({m}) {{ const i64 off = v{}[j]; if (off < 0 || off >= tg_n{j}) {fail} else {{ tg_b{j}[off] = {val}; tg_cs++; if (tg_w{j}) {{ const u64 stamp = ((u64)(tg_p + 1) << 32) | tg_sseq; const u64 old = atomicExch((unsigned long long*)(tg_w{j} + off), (unsigned long long)stamp); if (old == stamp) atomicOr(TG_FLAGS, {FLAG_DUPLICATE}u); else if (old != 0 && (u32)(old >> 32) != tg_p + 1) atomicOr(TG_FLAGS, {FLAG_CONFLICT}u); }} }} }}",
-                p.0
+                "if ({m}) {{ const i64 off = v{}[j]; if (off < 0 || off >= tg_n{j}) {fail} else {{ tg_b{j}[off] = {val}; tg_cs++; if (tg_w{j}) {{ const u64 stamp = ((u64)(tg_p + 1) << 32) | tg_sseq; const u64 old = atomicExch((unsigned long long*)(tg_w{j} + off), (unsigned long long)stamp); if (old == stamp) atomicOr(TG_FLAGS, {FLAG_DUPLICATE}u); else if (old != 0 && (u32)(old >> 32) != tg_p + 1) atomicOr(TG_FLAGS, {FLAG_CONFLICT}u); }} if (tg_wi{j}) tg_wi{j}[off] = {}u; }} }}",
+                p.0,
+                i.0 + 1
             ),
         );
         self.check(i);
@@ -985,8 +988,15 @@ impl<'k> Gen<'k> {
         let m = if mask { format!("v{}[j]", d.args[2].0) } else { "true".into() };
         let (_, lane) = self.access_lane(p);
         let fail = Self::fail(ERR_OOB, lane, "off", &j.to_string());
-        self.line("tg_nev++;");
-        let mark = format!("tg_ca++; if (tg_a{j}) tg_mark(tg_a{j} + off, tg_p + 1);");
+        self.line("tg_nev++; tg_aseq++;");
+        if i.0 > 0xffff {
+            self.line(&format!("if (tg_ak{j}) atomicOr(TG_FLAGS, {FLAG_WRITERS}u);"));
+        }
+        // For blame: the last atomic on each element in program order has the largest key.
+        let key = format!("(((u64)(tg_p + 1) << 32) | ((u64)(tg_aseq & 0xffffu) << 16) | {}ULL)", i.0 & 0xffff);
+        let mark = format!(
+            "tg_ca++; if (tg_a{j}) tg_mark(tg_a{j} + off, tg_p + 1); if (tg_ak{j}) {{ if (tg_aseq > 0xffffu) atomicOr(TG_FLAGS, {FLAG_WRITERS}u); atomicMax((unsigned long long*)(tg_ak{j} + off), (unsigned long long){key}); }}"
+        );
         let x = format!("v{}[j]", v.0);
         let body = match dt {
             DType::I32 => format!("atomicAdd((int*)(tg_b{j} + off), {x});"),
@@ -1178,11 +1188,13 @@ impl<'k> Gen<'k> {
                     let w = HEADER_WORDS + PTR_WORDS * j;
                     let _ = writeln!(
                         src,
-                        "#define tg_b{j} (({st}*)A.w[{w}])\n#define tg_n{j} ((i64)A.w[{}])\n#define tg_w{j} ((u64*)A.w[{}])\n#define tg_r{j} ((u32*)A.w[{}])\n#define tg_a{j} ((u32*)A.w[{}])",
+                        "#define tg_b{j} (({st}*)A.w[{w}])\n#define tg_n{j} ((i64)A.w[{}])\n#define tg_w{j} ((u64*)A.w[{}])\n#define tg_r{j} ((u32*)A.w[{}])\n#define tg_a{j} ((u32*)A.w[{}])\n#define tg_wi{j} ((u32*)A.w[{}])\n#define tg_ak{j} ((u64*)A.w[{}])",
                         w + 1,
                         w + 2,
                         w + 3,
                         w + 4,
+                        w + 5,
+                        w + 6,
                         st = storage(*d)
                     );
                 }
@@ -1198,7 +1210,7 @@ impl<'k> Gen<'k> {
              \x20       const int pid0 = (int)(tg_p % TG_G0); const int pid1 = (int)((tg_p / TG_G0) % TG_G1); const int pid2 = (int)(tg_p / (TG_G0 * TG_G1));\n\
              \x20       (void)pid0; (void)pid1; (void)pid2;\n\
              \x20       int tg_ef = 0; int tg_el = 0; u64 tg_ek = 0, tg_eo = 0, tg_ea = 0; u32 tg_einst = 0;\n\
-             \x20       u64 tg_nev = 0; u32 tg_sseq = 0; u32 tg_alen = 0; (void)tg_nev; (void)tg_sseq; (void)tg_alen;\n\
+             \x20       u64 tg_nev = 0; u32 tg_sseq = 0; u32 tg_aseq = 0; u32 tg_alen = 0; (void)tg_nev; (void)tg_sseq; (void)tg_aseq; (void)tg_alen;\n\
              \x20       (void)tg_el; (void)tg_ek; (void)tg_eo; (void)tg_ea; (void)tg_einst;\n",
         );
         let _ = writeln!(src, "#define TG_FAIL(lane, kind, off, aux) {{ if (!tg_ef) {{ tg_ef = 1; tg_el = (lane); tg_ek = (kind); tg_eo = (off); tg_ea = (aux); atomicMin(&tg_sh_lane, tg_el); }} }}");

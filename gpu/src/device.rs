@@ -8,7 +8,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStrea
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tilegrad_ir::{DType, Inst, Kernel, Lit, Op, ParamKind};
-use tilegrad_reference::{Arg, Data, ExecError, Launch, LaunchSummary, Memory, RaceMode, Site, TensorId};
+use tilegrad_reference::{Arg, Data, ExecError, Launch, LaunchSummary, Memory, RaceMode, Site, TensorId, Writers};
 
 /// Entries of the float-atomic log per block.
 const LOG_CAP: u64 = 1 << 15;
@@ -191,8 +191,8 @@ impl Gpu {
         launch.check_arguments(mem)?;
         let k = launch.kernel();
         let o = launch.get_options();
-        if o.record_writers || o.races == RaceMode::Warn {
-            return reference(launch, mem, "blame records each element's writer, which the reference does");
+        if o.races == RaceMode::Warn {
+            return reference(launch, mem, "races resolved in program order (a racy backward's provisional table) are the reference's");
         }
         if let Some(why) = codegen::needs_reference(k) {
             return reference(launch, mem, why);
@@ -280,14 +280,19 @@ impl Gpu {
                 _ => param_slot.push(None),
             }
         }
-        if opts.races {
+        // Writers (for blame) are read off the race marks, with the storing instruction and the
+        // last atomic's key of each element.
+        let writers = launch.get_options().record_writers;
+        if opts.races || writers {
             for (_, sl) in &mut slots {
                 if sl.stored || sl.atomic {
                     let n = sl.numel.max(1);
                     let w = if sl.stored { Some(s.alloc_zeros::<u64>(n).map_err(driver)?) } else { None };
                     let r = s.alloc_zeros::<u32>(n).map_err(driver)?;
                     let a = if sl.atomic { Some(s.alloc_zeros::<u32>(n).map_err(driver)?) } else { None };
-                    sl.marks = Some(Marks { w, r, a });
+                    let wi = if writers && sl.stored { Some(s.alloc_zeros::<u32>(n).map_err(driver)?) } else { None };
+                    let ak = if writers && sl.atomic { Some(s.alloc_zeros::<u64>(n).map_err(driver)?) } else { None };
+                    sl.marks = Some(Marks { w, r, a, wi, ak });
                 }
             }
         }
@@ -336,6 +341,8 @@ impl Gpu {
                     words[w + 2] = m.w.as_ref().map_or(0, |b| b.device_ptr(s).0);
                     words[w + 3] = m.r.device_ptr(s).0;
                     words[w + 4] = m.a.as_ref().map_or(0, |b| b.device_ptr(s).0);
+                    words[w + 5] = m.wi.as_ref().map_or(0, |b| b.device_ptr(s).0);
+                    words[w + 6] = m.ak.as_ref().map_or(0, |b| b.device_ptr(s).0);
                 }
             } else {
                 let given = launch.args().iter().find(|(n, _)| *n == p.name).map(|(_, a)| *a);
@@ -358,7 +365,21 @@ impl Gpu {
         let mut args = Box::new(ArgBlock([0; ARG_WORDS]));
         args.0[..words.len()].copy_from_slice(&words);
         let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (nt, 1, 1), shared_mem_bytes: smem as u32 };
-        Ok(Prepared { slots, param_slot, counters, errs, flags, counts, _scratch: scratch, _log: log, args, cfg, races: opts.races, total })
+        Ok(Prepared {
+            slots,
+            param_slot,
+            counters,
+            errs,
+            flags,
+            counts,
+            _scratch: scratch,
+            _log: log,
+            args,
+            cfg,
+            races: opts.races || writers,
+            writers,
+            total,
+        })
     }
 
     /// Queues one run: counters, errors and marks reset, the launch, the race check.
@@ -377,6 +398,12 @@ impl Gpu {
                 }
                 if let Some(a) = &mut m.a {
                     s.memset_zeros(a).map_err(driver)?;
+                }
+                if let Some(wi) = &mut m.wi {
+                    s.memset_zeros(wi).map_err(driver)?;
+                }
+                if let Some(ak) = &mut m.ak {
+                    s.memset_zeros(ak).map_err(driver)?;
                 }
             }
         }
@@ -429,6 +456,13 @@ impl Gpu {
                 *e = (*e).max(t - 1);
             }
         }
+        if p.writers {
+            for (t, sl) in &p.slots {
+                if let (true, Some(m)) = (sl.stored || sl.atomic, &sl.marks) {
+                    summary.writers.push(writers_of(s, *t, sl.numel, m)?);
+                }
+            }
+        }
         for (t, sl) in &p.slots {
             if sl.stored || sl.atomic {
                 let bytes = s.clone_dtoh(&sl.buf).map_err(driver)?;
@@ -462,6 +496,7 @@ struct Prepared {
     args: Box<ArgBlock>,
     cfg: LaunchConfig,
     races: bool,
+    writers: bool,
     total: u64,
 }
 
@@ -469,6 +504,10 @@ struct Marks {
     w: Option<CudaSlice<u64>>,
     r: CudaSlice<u32>,
     a: Option<CudaSlice<u32>>,
+    /// For blame: each element's storing instruction + 1.
+    wi: Option<CudaSlice<u32>>,
+    /// For blame: each element's largest atomic key (program + 1, atomic count, instruction).
+    ak: Option<CudaSlice<u64>>,
 }
 
 struct Slot {
@@ -477,6 +516,32 @@ struct Slot {
     stored: bool,
     atomic: bool,
     marks: Option<Marks>,
+}
+
+/// Who wrote each element of a tensor, as the reference's [`Writers`] says it: the storing
+/// program and its last store there, else the atomic updater (or `MANY`) and the last atomic
+/// in program order.
+fn writers_of(s: &Arc<CudaStream>, t: TensorId, n: usize, m: &Marks) -> Result<Writers, GpuError> {
+    let get32 = |b: &Option<CudaSlice<u32>>| -> Result<Vec<u32>, GpuError> {
+        b.as_ref().map_or(Ok(vec![0; n]), |b| s.clone_dtoh(b).map_err(driver))
+    };
+    let get64 = |b: &Option<CudaSlice<u64>>| -> Result<Vec<u64>, GpuError> {
+        b.as_ref().map_or(Ok(vec![0; n]), |b| s.clone_dtoh(b).map_err(driver))
+    };
+    let (w, a, wi, ak) = (get64(&m.w)?, get32(&m.a)?, get32(&m.wi)?, get64(&m.ak)?);
+    let (mut program, mut inst) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for e in 0..n {
+        let (p, i) = if w[e] != 0 {
+            ((w[e] >> 32) as u32 - 1, wi[e].wrapping_sub(1))
+        } else if a[e] != 0 {
+            (if a[e] == Writers::MANY { Writers::MANY } else { a[e] - 1 }, (ak[e] & 0xffff) as u32)
+        } else {
+            (Writers::NONE, Writers::NONE)
+        };
+        program.push(p);
+        inst.push(i);
+    }
+    Ok(Writers { tensor: t, program, inst })
 }
 
 /// Runs a launch on the reference interpreter.

@@ -13,8 +13,12 @@
 //!   store writing one element, a program reading back its own float atomics, a full atomic log),
 //!   is run again by the reference interpreter, whose verdict is the answer: the same error at
 //!   the same place;
+//! - the writer of each element, for blame ([`tilegrad_reference::Options::record_writers`]), is
+//!   read off the marks, with each element's storing instruction and its last atomic in program
+//!   order;
 //! - launches whose programs depend on each other's order (atomics whose old values are used,
-//!   compare-and-swap, exchange) and launches that record writers for blame run on the reference.
+//!   compare-and-swap, exchange) and launches that resolve races in program order (a racy
+//!   backward's provisional table) run on the reference.
 //!
 //! [`Outcome::ran_on`] says which it was.
 #![warn(missing_docs)]

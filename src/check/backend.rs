@@ -120,9 +120,22 @@ fn differ(
         (Err(a), Ok(_)) => return Some(format!("`{k}`: the reference fails ({a}), the GPU does not")),
         (Ok(_), Err(b)) => return Some(format!("`{k}`: the GPU fails ({b}), the reference does not")),
         (Ok(a), Ok(b)) => {
-            let counts = |s: &LaunchSummary| (s.programs, s.elements_loaded, s.elements_stored, s.elements_atomic, s.max_trips.clone());
+            let counts = |s: &LaunchSummary| {
+                (s.programs, s.elements_loaded, s.elements_stored, s.elements_atomic, s.max_trips.clone(), s.writers.clone())
+            };
             if counts(a) != counts(b) {
-                return Some(format!("`{k}`: summaries differ: reference {:?}, GPU {:?}", counts(a), counts(b)));
+                let (ca, cb) = (counts(a), counts(b));
+                if ca.5 != cb.5 {
+                    let at = ca.5.iter().zip(&cb.5).find_map(|(x, y)| {
+                        (0..x.program.len().min(y.program.len())).find(|&e| x.of(e) != y.of(e)).map(|e| (x.tensor, e, x.of(e), y.of(e)))
+                    });
+                    return Some(format!("`{k}`: writers differ (tensor, element, reference, GPU): {at:?}"));
+                }
+                return Some(format!(
+                    "`{k}`: summaries differ: reference {:?}, GPU {:?}",
+                    (ca.0, ca.1, ca.2, ca.3, ca.4),
+                    (cb.0, cb.1, cb.2, cb.3, cb.4)
+                ));
             }
         }
     }

@@ -80,8 +80,7 @@ fn every_kernel_becomes_cuda_c() {
     }
     let mut by_reference = 0;
     let failures = all(&ks, |(label, k)| {
-        if let Some(why) = tilegrad_gpu::codegen::needs_reference(k) {
-            assert!(!why.is_empty());
+        if tilegrad_gpu::codegen::needs_reference(k).is_some() {
             return Ok(());
         }
         let g = tilegrad_gpu::codegen::generate(k).map_err(|e| format!("{label}: `{}`: {e}", k.name))?;

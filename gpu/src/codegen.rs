@@ -251,15 +251,7 @@ impl<'k> Gen<'k> {
 
     /// Every pointer value points into one parameter's tensor.
     fn check_pointers(&self) -> Result<(), GpuError> {
-        let mut bad = None;
-        self.k.walk(&mut |i, d| {
-            for &r in &d.results {
-                if self.k.ty(r).is_ptr() && self.sources[r.index()].iter().filter(|&&b| b).count() != 1 && bad.is_none() {
-                    bad = Some(i);
-                }
-            }
-        });
-        match bad {
+        match multi_source_pointer(self.k, &self.sources) {
             Some(i) => Err(self.unsupported(i, "this pointer may point into more than one tensor")),
             None => Ok(()),
         }
@@ -1209,9 +1201,9 @@ impl<'k> Gen<'k> {
              \x20       if ((u64)tg_p >= TG_TOTAL) break;\n\
              \x20       const int pid0 = (int)(tg_p % TG_G0); const int pid1 = (int)((tg_p / TG_G0) % TG_G1); const int pid2 = (int)(tg_p / (TG_G0 * TG_G1));\n\
              \x20       (void)pid0; (void)pid1; (void)pid2;\n\
-             \x20       int tg_ef = 0; int tg_el = 0; u64 tg_ek = 0, tg_eo = 0, tg_ea = 0; u32 tg_einst = 0;\n\
+             \x20       int tg_ef = 0; int tg_el = 0; u64 tg_ek = 0, tg_eo = 0, tg_ea = 0;\n\
              \x20       u64 tg_nev = 0; u32 tg_sseq = 0; u32 tg_aseq = 0; u32 tg_alen = 0; (void)tg_nev; (void)tg_sseq; (void)tg_aseq; (void)tg_alen;\n\
-             \x20       (void)tg_el; (void)tg_ek; (void)tg_eo; (void)tg_ea; (void)tg_einst;\n",
+             \x20       (void)tg_el; (void)tg_ek; (void)tg_eo; (void)tg_ea;\n",
         );
         let _ = writeln!(src, "#define TG_FAIL(lane, kind, off, aux) {{ if (!tg_ef) {{ tg_ef = 1; tg_el = (lane); tg_ek = (kind); tg_eo = (off); tg_ea = (aux); atomicMin(&tg_sh_lane, tg_el); }} }}");
         let _ = writeln!(src, "#define TG_CHECK(inst) {{ if (__syncthreads_or(tg_ef)) {{ if (tg_ef && tg_el == tg_sh_lane) {{ u64* er = TG_ERR + {ERR_WORDS} * (u64)blockIdx.x; er[0] = tg_p; er[1] = (inst); er[2] = tg_ek; er[3] = (u64)tg_el; er[4] = tg_eo; er[5] = tg_ea; tg_sh_stop = 1; }} goto tg_end; }} }}");
@@ -1270,15 +1262,20 @@ pub fn needs_reference(k: &Kernel) -> Option<&'static str> {
     if tilegrad_reference::needs_order(k) {
         return Some("its programs depend on each other's order (atomics that return values, compare-and-swap, exchange)");
     }
-    let mut multi = false;
-    let src = tilegrad_ir::analysis::pointer_sources(k);
-    k.walk(&mut |_, d| {
-        for &r in &d.results {
-            multi |= k.ty(r).is_ptr() && src[r.index()].iter().filter(|&&b| b).count() != 1;
-        }
-    });
-    if multi {
+    if multi_source_pointer(k, &tilegrad_ir::analysis::pointer_sources(k)).is_some() {
         return Some("a pointer may point into more than one tensor");
     }
     None
+}
+
+/// The first instruction defining a pointer that may point into more than one parameter's tensor
+/// (`sources` from [`tilegrad_ir::analysis::pointer_sources`]).
+fn multi_source_pointer(k: &Kernel, sources: &[Vec<bool>]) -> Option<Inst> {
+    let mut bad = None;
+    k.walk(&mut |i, d| {
+        if bad.is_none() && d.results.iter().any(|&r| k.ty(r).is_ptr() && sources[r.index()].iter().filter(|&&b| b).count() != 1) {
+            bad = Some(i);
+        }
+    });
+    bad
 }

@@ -179,12 +179,6 @@ impl Gpu {
         ))
     }
 
-    /// Compiles a kernel (or fetches it from the caches) without running it: the CUDA C, for
-    /// inspection, or the error that would stop a launch of it.
-    pub fn prepare(&self, k: &Kernel) -> Result<String, GpuError> {
-        Ok(self.compiled(k)?.gen.source.clone())
-    }
-
     /// Runs a launch: on success the written tensors of `mem` hold their final contents, as
     /// [`Launch::run`] would leave them.
     pub fn run(&self, launch: &Launch, mem: &mut Memory, opts: GpuOptions) -> Result<Outcome, GpuError> {
@@ -563,32 +557,20 @@ fn scalar_bits(l: Lit, d: DType) -> u64 {
     }
 }
 
-/// A tensor's data as device storage bytes (i1 as one byte; f16/bf16 as their 16 bits), padded
-/// to a multiple of 4 bytes (atomics on i1 update whole words).
-fn to_bytes(d: &Data) -> Vec<u8> {
-    let mut out: Vec<u8> = match d {
-        Data::I1(v) => v.iter().map(|&b| b as u8).collect(),
-        Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+/// A tensor's data as device storage bytes (i1 as one byte; f16/bf16, held as f32 values, as
+/// their 16 bits), padded to a multiple of 4 bytes (atomics on i1 update whole words).
+fn tensor_bytes(dt: DType, d: &Data) -> Vec<u8> {
+    let mut out: Vec<u8> = match (dt, d) {
+        (DType::F16, Data::F32(v)) => v.iter().flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()).collect(),
+        (DType::BF16, Data::F32(v)) => v.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect(),
+        (_, Data::I1(v)) => v.iter().map(|&b| b as u8).collect(),
+        (_, Data::I32(v)) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        (_, Data::I64(v)) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        (_, Data::F64(v)) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        (_, Data::F32(v)) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
     };
     out.resize(out.len().div_ceil(4).max(1) * 4, 0);
     out
-}
-
-/// Like [`to_bytes`] for a tensor of dtype `dt` (f16/bf16 data is held as f32 values).
-fn tensor_bytes(dt: DType, d: &Data) -> Vec<u8> {
-    match (dt, d) {
-        (DType::F16, Data::F32(v)) => pad(v.iter().flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()).collect()),
-        (DType::BF16, Data::F32(v)) => pad(v.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect()),
-        _ => to_bytes(d),
-    }
-}
-
-fn pad(mut v: Vec<u8>) -> Vec<u8> {
-    v.resize(v.len().div_ceil(4).max(1) * 4, 0);
-    v
 }
 
 /// Device storage bytes back to a tensor's data.
@@ -664,9 +646,9 @@ mod tests {
             assert_eq!(from_bytes(dt, &b, 4), data, "{dt}");
         }
         let i = Data::I1(vec![true, false, true]);
-        assert_eq!(from_bytes(DType::I1, &to_bytes(&i), 3), i);
+        assert_eq!(from_bytes(DType::I1, &tensor_bytes(DType::I1, &i), 3), i);
         let l = Data::I64(vec![i64::MIN, 3, -7]);
-        assert_eq!(from_bytes(DType::I64, &to_bytes(&l), 3), l);
+        assert_eq!(from_bytes(DType::I64, &tensor_bytes(DType::I64, &l), 3), l);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::rules::Precision;
 use crate::{AdError, BTile};
 use std::collections::BTreeMap;
 use tilegrad_ir::{DType, Inst, ParamKind, Type};
-use tilegrad_reference::{Arg, Launch, Memory, RaceMode, TensorId};
+use tilegrad_reference::{Arg, HostTensor, Launch, Memory, RaceMode, TensorId};
 
 /// Options of a gradient computation.
 #[derive(Clone, Debug)]
@@ -47,6 +47,11 @@ pub struct GradOptions {
     /// tape holds only each iteration's carried values and the reverse sweep recomputes the body
     /// from them (bounded memory).
     pub tape_budget: usize,
+    /// The launch already ran on this memory with every check of the reference (as the
+    /// launches of a recorded forward did): it is not checked again, and an f64 pointer
+    /// parameter may be bound to a tensor stored in a narrower float dtype, whose values are
+    /// then read exactly as f64 (see [`Launch::check_arguments_widened`]). Default false.
+    pub validated: bool,
 }
 
 impl Default for GradOptions {
@@ -57,8 +62,31 @@ impl Default for GradOptions {
             chunk_programs: None,
             batch_programs: None,
             tape_budget: 16 << 20,
+            validated: false,
         }
     }
+}
+
+/// `mem` with the tensors that f64 pointer parameters of `launch` take converted to f64 where
+/// they are stored narrower (for the reference, which binds f64 pointers to f64 tensors only).
+fn widen(launch: &Launch, mem: &Memory) -> Memory {
+    let k = launch.kernel();
+    let wide: Vec<TensorId> = launch
+        .args()
+        .iter()
+        .filter_map(|(n, a)| match (a, k.param(n).map(|p| &p.kind)) {
+            (Arg::Tensor(t), Some(ParamKind::Ptr(DType::F64))) => Some(*t),
+            _ => None,
+        })
+        .collect();
+    let mut out = Memory::new();
+    for i in 0..mem.len() {
+        let id = TensorId(i as u32);
+        let t = mem.get(id);
+        let widened = wide.contains(&id) && t.dtype() != DType::F64;
+        out.add(mem.name(id), if widened { HostTensor::from_f64(t.shape(), t.to_f64_vec()) } else { t.clone() });
+    }
+    out
 }
 
 /// The result of [`vjp`].
@@ -93,7 +121,11 @@ pub fn vjp(
     opts: &GradOptions,
 ) -> Result<Gradient, AdError> {
     let k = launch.kernel();
-    launch.check_arguments(mem)?;
+    if opts.validated {
+        launch.check_arguments_widened(mem)?;
+    } else {
+        launch.check_arguments(mem)?;
+    }
     refuse_ordered_atomics(k)?;
 
     // Bind parameters: tensors to slots (aliases share one), scalars to values.
@@ -164,7 +196,7 @@ pub fn vjp(
 
     let facts = KernelGraph::build(k, &param_slot).facts(k);
     let self_check = facts.self_checking && launch.get_options().races == RaceMode::Error;
-    let checked = if self_check { None } else { Some(launch.check(mem)?) };
+    let checked = if self_check || opts.validated { None } else { Some(launch.check(mem)?) };
     // Batches: at most 16K elements per batched tile of the largest tile type. Kernels of small
     // tiles then spread the per-op overhead over several programs, while tiles stay
     // cache-sized (measured: batching 16K-element tiles of a row softmax slows it down). One
@@ -198,7 +230,7 @@ pub fn vjp(
     };
     // An error the engine finds in a self-checking launch is the reference's to describe (when
     // the launch is at fault).
-    let described = |e: AdError| if self_check { launch.check(mem).err().map_or(e, AdError::from) } else { e };
+    let described = |e: AdError| if self_check && !opts.validated { launch.check(mem).err().map_or(e, AdError::from) } else { e };
     shared.invariant = Program::invariants(&shared, launch.grid().pid(0)).map_err(described)?;
     let mut grads: Vec<Vec<f64>> =
         slots.iter().map(|s| if s.is_input { crate::pages::zeroed(s.initial.len(), PAGE_CHUNK) } else { Vec::new() }).collect();
@@ -215,13 +247,15 @@ pub fn vjp(
         start = end;
     }
     let Totals { stored, max_trips, mut store_runs, too_many_runs } = totals;
-    if self_check && (too_many_runs || stores_overlap(&mut store_runs)) {
+    if self_check && !opts.validated && (too_many_runs || stores_overlap(&mut store_runs)) {
         // A race (which the reference names), or too many runs to tell cheaply.
         launch.check(mem)?;
     }
     if cfg!(debug_assertions) {
-        // The engine's own checks agree with the reference's.
-        let summary = checked.map_or_else(|| launch.check(mem), Ok);
+        // The engine's own checks agree with the reference's (on the memory as f64 where it is
+        // stored narrow).
+        let widened = opts.validated.then(|| widen(launch, mem));
+        let summary = checked.map_or_else(|| launch.check(widened.as_ref().unwrap_or(mem)), Ok);
         assert!(summary.is_ok(), "a launch the reference rejects was differentiated: {:?}", summary.err());
         assert_eq!(max_trips, summary.expect("checked").max_trips);
     }

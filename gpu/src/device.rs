@@ -523,19 +523,16 @@ fn writers_of(s: &Arc<CudaStream>, t: TensorId, n: usize, m: &Marks) -> Result<W
         b.as_ref().map_or(Ok(vec![0; n]), |b| s.clone_dtoh(b).map_err(driver))
     };
     let (w, a, wi, ak) = (get64(&m.w)?, get32(&m.a)?, get32(&m.wi)?, get64(&m.ak)?);
-    let (mut program, mut inst) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for e in 0..n {
-        let (p, i) = if w[e] != 0 {
+    let each = (0..n).map(|e| {
+        if w[e] != 0 {
             ((w[e] >> 32) as u32 - 1, wi[e].wrapping_sub(1))
         } else if a[e] != 0 {
             (if a[e] == Writers::MANY { Writers::MANY } else { a[e] - 1 }, (ak[e] & 0xffff) as u32)
         } else {
             (Writers::NONE, Writers::NONE)
-        };
-        program.push(p);
-        inst.push(i);
-    }
-    Ok(Writers { tensor: t, program, inst })
+        }
+    });
+    Ok(Writers::from_elements(t, each))
 }
 
 /// Runs a launch on the reference interpreter.

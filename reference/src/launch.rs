@@ -179,16 +179,20 @@ impl Default for Options {
     }
 }
 
-/// Who wrote each element of one tensor in a launch (see [`Options::record_writers`]).
+/// Who wrote each element of one tensor in a launch (see [`Options::record_writers`]), as runs
+/// of consecutive elements with one writer: programs write rows and tiles, so a written tensor
+/// takes a few bytes per tile rather than per element.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Writers {
     /// The tensor.
     pub tensor: TensorId,
-    /// Per element: the linear program id of its last writer ([`Writers::NONE`] when no program
-    /// wrote it, [`Writers::MANY`] when several programs added to it atomically).
-    pub program: Vec<u32>,
-    /// Per element: the store or `atomic_add` instruction that wrote it (index of an [`Inst`]).
-    pub inst: Vec<u32>,
+    /// Elements of the tensor.
+    len: usize,
+    /// Maximal runs of elements with one writer, in element order: (first element, the linear
+    /// program id of its last writer ([`Writers::NONE`] when no program wrote it,
+    /// [`Writers::MANY`] when several programs added to it atomically), the store or
+    /// `atomic_add` instruction that wrote it (index of an [`Inst`])).
+    runs: Vec<(usize, u32, u32)>,
 }
 
 impl Writers {
@@ -197,9 +201,44 @@ impl Writers {
     /// Several programs wrote the element (atomically).
     pub const MANY: u32 = u32::MAX - 1;
 
+    /// From per-element writers: `(program, instruction)` of each element in order.
+    pub fn from_elements(tensor: TensorId, elements: impl IntoIterator<Item = (u32, u32)>) -> Writers {
+        let mut runs: Vec<(usize, u32, u32)> = Vec::new();
+        let mut len = 0;
+        for (e, (p, i)) in elements.into_iter().enumerate() {
+            let i = if p == Writers::NONE { Writers::NONE } else { i };
+            if runs.last().is_none_or(|&(_, lp, li)| (lp, li) != (p, i)) {
+                runs.push((e, p, i));
+            }
+            len = e + 1;
+        }
+        runs.shrink_to_fit();
+        Writers { tensor, len, runs }
+    }
+
+    /// Elements of the tensor.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a tensor of no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The writer of element `e`: (linear program id, instruction), or `None` when unwritten.
     pub fn of(&self, e: usize) -> Option<(u32, Inst)> {
-        (self.program[e] != Writers::NONE).then(|| (self.program[e], Inst(self.inst[e])))
+        let r = self.runs.partition_point(|&(start, ..)| start <= e).checked_sub(1)?;
+        let (_, p, i) = self.runs[r];
+        (e < self.len && p != Writers::NONE).then_some((p, Inst(i)))
+    }
+
+    /// The writer of every element in order (as [`Writers::of`]).
+    pub fn iter(&self) -> impl Iterator<Item = Option<(u32, Inst)>> + '_ {
+        self.runs.iter().enumerate().flat_map(move |(r, &(start, p, i))| {
+            let end = self.runs.get(r + 1).map_or(self.len, |n| n.0);
+            std::iter::repeat_n((p != Writers::NONE).then_some((p, Inst(i))), end - start)
+        })
     }
 }
 
@@ -320,8 +359,22 @@ impl<'k> Launch<'k> {
         self.bind(mem).map(|_| ())
     }
 
+    /// [`Launch::check_arguments`], where an f64 pointer parameter also takes a tensor stored
+    /// in a narrower float dtype, standing for its values read exactly as f64: how the records
+    /// of a forward run in f64 keep tensors whose values all fit a narrower dtype. Only for
+    /// readers of the memory that convert every element to f64 (the AD engine), not for runs.
+    pub fn check_arguments_widened(&self, mem: &Memory) -> Result<(), ExecError> {
+        tilegrad_ir::verify(self.kernel)?;
+        self.bind_as(mem, true).map(|_| ())
+    }
+
     /// Checks the arguments against the parameters and returns them in parameter order.
     pub(crate) fn bind(&self, mem: &Memory) -> Result<Vec<Bound>, ExecError> {
+        self.bind_as(mem, false)
+    }
+
+    /// [`Launch::bind`]; with `widened`, an f64 pointer takes a narrower float tensor.
+    fn bind_as(&self, mem: &Memory, widened: bool) -> Result<Vec<Bound>, ExecError> {
         let k = self.kernel;
         let err = |param: &str, message: String| ExecError::Argument { kernel: k.name.clone(), param: param.into(), message };
         if self.grid.0.contains(&0) {
@@ -345,7 +398,7 @@ impl<'k> Launch<'k> {
             let b = match (&p.kind, given) {
                 (ParamKind::Ptr(d), Some(Arg::Tensor(t))) => {
                     let Some(ten) = mem.try_get(t) else { return Err(err(&p.name, format!("tensor id {} is not in this memory", t.0))) };
-                    if ten.dtype() != *d {
+                    if ten.dtype() != *d && !(widened && *d == DType::F64 && ten.dtype().is_float()) {
                         return Err(err(&p.name, format!("expected a tensor of {d}, got `{}` of {}", mem.name(t), ten.dtype())));
                     }
                     Bound::Tensor(t)
@@ -383,5 +436,37 @@ fn check_lit(l: Lit, d: DType) -> Result<Lit, String> {
         (Lit::Int(i), f) if f.is_float() => Ok(Lit::Float(i as f64)),
         (Lit::Float(_), f) if f.is_float() => Ok(l),
         _ => Err(format!("expected a {d} scalar, got {l}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writers_as_runs_give_every_element_its_writer() {
+        // Rows of one program, an unwritten gap, atomics by several programs, single elements.
+        let mut each: Vec<(u32, u32)> = Vec::new();
+        for p in 0..5u32 {
+            each.extend(std::iter::repeat_n((p, 3), 7));
+        }
+        each.extend(std::iter::repeat_n((Writers::NONE, 9), 4));
+        each.extend(std::iter::repeat_n((Writers::MANY, 5), 3));
+        each.extend((0..6u32).map(|i| (i % 2, 4 + i % 3)));
+        let w = Writers::from_elements(TensorId(2), each.iter().copied());
+        assert_eq!(w.len(), each.len());
+        assert!(w.runs.len() < each.len() / 2, "runs, not elements: {}", w.runs.len());
+        let want: Vec<Option<(u32, Inst)>> = each.iter().map(|&(p, i)| (p != Writers::NONE).then_some((p, Inst(i)))).collect();
+        let got: Vec<_> = (0..each.len()).map(|e| w.of(e)).collect();
+        assert_eq!(got, want);
+        assert_eq!(w.iter().collect::<Vec<_>>(), want);
+        assert_eq!(w.of(each.len()), None, "past the end");
+        assert_eq!(w.of(35), None);
+        assert_eq!(w.of(39), Some((Writers::MANY, Inst(5))));
+        // Equal writers give equal values, whatever the unwritten elements' instructions said.
+        let mut other = each.clone();
+        other[36].1 = 0;
+        assert_eq!(Writers::from_elements(TensorId(2), other), w);
+        assert!(Writers::from_elements(TensorId(0), std::iter::empty()).is_empty());
     }
 }

@@ -5,6 +5,7 @@
 //! a GPU.
 
 use crate::ExecError;
+use std::sync::Arc;
 use tilegrad_ir::{DType, Shape};
 
 /// Typed element storage. f16/bf16 use `F32` storage (see the module docs).
@@ -154,12 +155,14 @@ pub fn check_alloc(dtype: DType, shape: &[usize]) -> Result<usize, ExecError> {
     Ok(n)
 }
 
-/// A tensor in host memory.
+/// A tensor in host memory. Its storage is shared between clones and copied on the first write
+/// to a shared one, so that keeping a tensor's state (launch records, blame's traces, the
+/// backward's environment) costs nothing until the tensor changes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostTensor {
     dtype: DType,
     shape: Shape,
-    data: Data,
+    data: Arc<Data>,
 }
 
 impl HostTensor {
@@ -179,8 +182,8 @@ impl HostTensor {
                 message: format!("{} elements of the wrong storage or count for a {dtype} tensor of shape {shape:?}", data.len()),
             });
         }
-        let mut t = HostTensor { dtype, shape: Shape::from_slice(shape), data };
-        if let Data::F32(v) = &mut t.data {
+        let mut t = HostTensor { dtype, shape: Shape::from_slice(shape), data: Arc::new(data) };
+        if let Data::F32(v) = t.data_mut() {
             match dtype {
                 DType::F16 => v.iter_mut().for_each(|x| *x = round_f16(*x)),
                 DType::BF16 => v.iter_mut().for_each(|x| *x = round_bf16(*x)),
@@ -194,7 +197,7 @@ impl HostTensor {
     /// users go through [`HostTensor::try_full`]).
     pub fn zeros(dtype: DType, shape: &[usize]) -> HostTensor {
         let n = checked_numel(shape).unwrap_or_else(|e| panic!("{e}"));
-        HostTensor { dtype, shape: Shape::from_slice(shape), data: Data::zeros(dtype, n) }
+        HostTensor { dtype, shape: Shape::from_slice(shape), data: Arc::new(Data::zeros(dtype, n)) }
     }
 
     /// A tensor with every element `value` (converted to `dtype`), after checking with
@@ -217,7 +220,7 @@ impl HostTensor {
             DType::F16 | DType::BF16 | DType::F32 => Data::F32(fill(n, x as f32, what)?),
             DType::F64 => Data::F64(fill(n, x, what)?),
         };
-        Ok(HostTensor { dtype, shape: Shape::from_slice(shape), data })
+        Ok(HostTensor { dtype, shape: Shape::from_slice(shape), data: Arc::new(data) })
     }
 
     /// An f32 tensor. Panics if `data.len()` does not match the shape (a programming error).
@@ -252,7 +255,7 @@ impl HostTensor {
             DType::F16 | DType::BF16 | DType::F32 => Data::F32(values.iter().map(|&x| round_to(dtype, x) as f32).collect()),
             DType::F64 => Data::F64(values.to_vec()),
         };
-        HostTensor { dtype, shape: Shape::from_slice(shape), data }
+        HostTensor { dtype, shape: Shape::from_slice(shape), data: Arc::new(data) }
     }
 
     /// Element dtype.
@@ -289,19 +292,30 @@ impl HostTensor {
         &self.data
     }
 
-    /// The storage, mutably. Writes to f16/bf16 tensors must store representable values.
+    /// The storage, mutably (copied first if another clone shares it). Writes to f16/bf16
+    /// tensors must store representable values.
     pub fn data_mut(&mut self) -> &mut Data {
-        &mut self.data
+        Arc::make_mut(&mut self.data)
     }
 
-    /// The storage, taken.
+    /// The storage, taken (copied if another clone shares it).
     pub fn into_data(self) -> Data {
-        self.data
+        Arc::try_unwrap(self.data).unwrap_or_else(|d| (*d).clone())
+    }
+
+    /// The storage, taken, unless another clone shares it.
+    pub fn try_into_data(self) -> Option<Data> {
+        Arc::try_unwrap(self.data).ok()
+    }
+
+    /// Whether `other` is a clone sharing this tensor's storage (no element was written since).
+    pub fn shares_storage(&self, other: &HostTensor) -> bool {
+        Arc::ptr_eq(&self.data, &other.data)
     }
 
     /// f32 storage (f16, bf16 and f32 tensors).
     pub fn as_f32(&self) -> Option<&[f32]> {
-        match &self.data {
+        match &*self.data {
             Data::F32(v) => Some(v),
             _ => None,
         }
@@ -309,7 +323,7 @@ impl HostTensor {
 
     /// f64 storage.
     pub fn as_f64(&self) -> Option<&[f64]> {
-        match &self.data {
+        match &*self.data {
             Data::F64(v) => Some(v),
             _ => None,
         }
@@ -317,7 +331,7 @@ impl HostTensor {
 
     /// i32 storage.
     pub fn as_i32(&self) -> Option<&[i32]> {
-        match &self.data {
+        match &*self.data {
             Data::I32(v) => Some(v),
             _ => None,
         }
@@ -325,7 +339,7 @@ impl HostTensor {
 
     /// i64 storage.
     pub fn as_i64(&self) -> Option<&[i64]> {
-        match &self.data {
+        match &*self.data {
             Data::I64(v) => Some(v),
             _ => None,
         }
@@ -339,5 +353,27 @@ impl HostTensor {
     /// Element at flat index `i`, as f64.
     pub fn get_f64(&self, i: usize) -> f64 {
         self.data.get_f64(i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clones_share_storage_until_one_is_written() {
+        let a = HostTensor::from_f32(&[3], vec![1.0, 2.0, 3.0]);
+        let mut b = a.clone();
+        assert!(b.shares_storage(&a));
+        let Data::F32(v) = b.data_mut() else { panic!("f32 storage") };
+        v[1] = -5.0;
+        assert!(!b.shares_storage(&a));
+        assert_eq!(a.to_f64_vec(), vec![1.0, 2.0, 3.0]);
+        assert_eq!(b.to_f64_vec(), vec![1.0, -5.0, 3.0]);
+        // Taking the storage of a shared tensor copies it; of a sole one, does not.
+        let c = b.clone();
+        assert!(c.clone().try_into_data().is_none());
+        assert_eq!(c.into_data(), Data::F32(vec![1.0, -5.0, 3.0]));
+        assert_eq!(b.try_into_data(), Some(Data::F32(vec![1.0, -5.0, 3.0])));
     }
 }

@@ -126,9 +126,10 @@ fn differ(
             if counts(a) != counts(b) {
                 let (ca, cb) = (counts(a), counts(b));
                 if ca.5 != cb.5 {
-                    let at = ca.5.iter().zip(&cb.5).find_map(|(x, y)| {
-                        (0..x.program.len().min(y.program.len())).find(|&e| x.of(e) != y.of(e)).map(|e| (x.tensor, e, x.of(e), y.of(e)))
-                    });
+                    let at =
+                        ca.5.iter()
+                            .zip(&cb.5)
+                            .find_map(|(x, y)| x.iter().zip(y.iter()).position(|(a, b)| a != b).map(|e| (x.tensor, e, x.of(e), y.of(e))));
                     return Some(format!("`{k}`: writers differ (tensor, element, reference, GPU): {at:?}"));
                 }
                 return Some(format!(

@@ -193,5 +193,15 @@ pub(crate) fn first_unwritten(trace: &Trace, name: &str) -> Option<(usize, usize
     let (_, origin, layers) = trace.get(name)?;
     let Origin::Alloc { init: Init::Empty, step } = origin else { return None };
     let Some((_, _, _, first)) = layers.first() else { return Some((*step, 0)) };
-    (0..first.program.len()).find(|&e| layers.iter().all(|(_, _, _, w)| w.of(e).is_none())).map(|e| (*step, e))
+    let mut each: Vec<_> = layers.iter().map(|(_, _, _, w)| w.iter()).collect();
+    (0..first.len())
+        .find(|_| {
+            // Every layer's iterator advances once per element (no short-circuit).
+            let mut none = true;
+            for w in each.iter_mut() {
+                none &= w.next().flatten().is_none();
+            }
+            none
+        })
+        .map(|e| (*step, e))
 }

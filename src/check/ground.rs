@@ -28,6 +28,9 @@ pub(crate) fn reverse(
     mut cot: HashMap<String, Vec<f64>>,
     opts: &GradOptions,
 ) -> Result<HashMap<String, Vec<f64>>, CheckError> {
+    // The recorded launches ran with every check, and their records may hold f64 tensors
+    // narrowed (see `steps::narrowed`).
+    let opts = &GradOptions { validated: true, ..opts.clone() };
     for (i, step) in steps.iter().enumerate().rev() {
         let at = |m: String| CheckError::Forward { step: i, what: step.describe(), message: m };
         match step {
@@ -37,17 +40,22 @@ pub(crate) fn reverse(
             Step::Launch(_) => {
                 let r = records.launches.iter().find(|r| r.step == i).expect("every launch step is recorded");
                 let floats: Vec<_> = r.names.iter().filter(|(t, _)| r.before.get(*t).dtype().is_float()).collect();
-                let outputs: Vec<_> = floats.iter().filter_map(|(t, n)| cot.get(n).map(|c| (*t, c.clone()))).collect();
-                if outputs.is_empty() {
+                if !floats.iter().any(|(_, n)| cot.contains_key(n)) {
                     continue;
                 }
+                // The output cotangents move into the VJP, which gives back those before the
+                // launch: only of tensors whose earlier contents matter (not one allocated just
+                // before, whose cotangent its allocation would drop).
+                let outputs: Vec<_> = floats.iter().filter_map(|(t, n)| cot.remove(n).map(|c| (*t, c))).collect();
                 let mut launch = Launch::new(&r.kernel, r.grid);
                 for (n, a) in &r.args {
                     launch = launch.arg(n, *a);
                 }
-                let inputs: Vec<_> = floats.iter().map(|(t, _)| *t).collect();
+                let wanted: Vec<_> = floats.iter().filter(|(_, n)| contents_matter(steps, records, i, n)).collect();
+                let inputs: Vec<_> = wanted.iter().map(|(t, _)| *t).collect();
                 let g = vjp(&launch, &r.before, &inputs, &outputs, opts).map_err(|e| at(e.to_string()))?;
-                for ((_, n), gi) in floats.iter().zip(g.inputs) {
+                drop(outputs);
+                for ((_, n), gi) in wanted.iter().zip(g.inputs) {
                     cot.insert(n.clone(), gi);
                 }
             }
@@ -133,6 +141,35 @@ pub(crate) fn reverse(
         }
     }
     Ok(cot)
+}
+
+/// Whether the contents of tensor `name` before step `i` can have a cotangent that reaches
+/// anything: not when the step that last touched it was its allocation (whose cotangent the
+/// allocation drops), conservatively yes otherwise.
+fn contents_matter(steps: &[Step], records: &Records, i: usize, name: &str) -> bool {
+    for (j, step) in steps[..i].iter().enumerate().rev() {
+        match step {
+            Step::Alloc { name: a, .. } if a == name => return false,
+            Step::Alloc { .. } => {}
+            Step::Launch(_) => {
+                if records.launches.iter().any(|r| r.step == j && r.names.iter().any(|(_, n)| n == name)) {
+                    return true;
+                }
+            }
+            Step::Sum { dst, .. }
+            | Step::Reshape { dst, .. }
+            | Step::Scale { dst, .. }
+            | Step::Compute { dst, .. }
+            | Step::Cast { dst, .. }
+            | Step::Reduce { dst, .. }
+            | Step::Accumulate { dst, .. } => {
+                if dst == name {
+                    return true;
+                }
+            }
+        }
+    }
+    true
 }
 
 fn is_float(env: &Env, name: &str) -> bool {

@@ -267,7 +267,7 @@ const CHUNK: usize = 1 << 20;
 
 /// A float tensor drawn from `dist` chunk by chunk, chunks in parallel, each rounded to `dtype`
 /// as it is drawn (no f64 copy of the whole tensor).
-fn draw_floats(dtype: DType, shape: &[usize], n: usize, dist: Dist, r: &mut StdRng) -> Result<HostTensor, String> {
+pub(crate) fn draw_floats(dtype: DType, shape: &[usize], n: usize, dist: Dist, r: &mut StdRng) -> Result<HostTensor, String> {
     if n <= CHUNK {
         // One chunk: from the generator itself, which goes on (slices of one tensor draw in turn).
         let v = sample(&dist, r, n).ok_or_else(|| format!("empty range in {dist:?}"))?;

@@ -335,7 +335,8 @@ pub fn check_backward_with(
             });
         }
         let tol = opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(t.dtype(), fwd_tf32));
-        let exp = p.truth.tensor(o).expect("same steps").to_f64_vec();
+        let truth_o = p.truth.tensor(o).expect("same steps");
+        let exp: std::borrow::Cow<[f64]> = truth_o.as_f64().map_or_else(|| truth_o.to_f64_vec().into(), Into::into);
         if !opts.allow_non_finite {
             if let Some(i) = exp.iter().position(|x| !x.is_finite()) {
                 return Err(non_finite(
@@ -371,16 +372,22 @@ pub fn check_backward_with(
     for trial in 0..opts.trials {
         progress("ground truth", trial, opts.trials);
         let drawn = tm.time("cotangents", || truth::draw_cotangents(&mut rng, env_n, fwd))?;
-        // The backward's environment: the forward's tensors and the cotangents `grad_<output>`.
+        let mut cot: HashMap<String, Vec<f64>> = HashMap::new();
+        let mut as_tensors: Vec<(String, HostTensor)> = Vec::new();
+        for (o, c, h) in drawn {
+            cot.insert(o.clone(), c);
+            as_tensors.push((o, h));
+        }
+        // The backward's environment: the forward's tensors and the cotangents `grad_<output>`
+        // (sharing their storage until the backward writes them).
         let backward_env = || -> Result<Env, CheckError> {
             let mut env = env_n.clone();
-            for (o, _, h) in &drawn {
+            for (o, h) in &as_tensors {
                 env.add(&format!("grad_{o}"), h.clone()).map_err(CheckError::Spec)?;
             }
             Ok(env)
         };
         let mut env_b = tm.time("backward", backward_env)?;
-        let cot: HashMap<String, Vec<f64>> = drawn.iter().map(|(o, c, _)| (o.clone(), c.clone())).collect();
         let noise_truth = match &p.native_records {
             Some(records) => {
                 let o = GradOptions { precision: Precision::Native, ..gopts.clone() };

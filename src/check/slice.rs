@@ -218,10 +218,10 @@ fn memory_before(trace: &Trace, env: &Env, tl: &TracedLaunch) -> (Memory, Vec<(S
                         .launches
                         .iter()
                         .filter(|l| l.step >= tl.step)
-                        .find_map(|l| l.before.iter().find(|(b, _)| b == t).map(|(_, h)| h))
-                        .unwrap_or_else(|| env.mem.get(*t));
+                        .find_map(|l| l.before.iter().find(|(b, _)| b == t).map(|(_, h)| h.tensor()))
+                        .unwrap_or_else(|| env.mem.get(*t).clone());
                     back.push(*t);
-                    mem.add(env.mem.name(*t), then.clone())
+                    mem.add(env.mem.name(*t), then)
                 }
             }),
             s => *s,

@@ -210,6 +210,62 @@ impl Step {
     }
 }
 
+/// An f64 tensor whose every value is an f32 (the inputs as drawn, an `empty` allocation's NaN)
+/// as a narrower tensor: one of `share` holding the same values (sharing its storage), else a
+/// new f32 tensor, at half the bytes. The AD engine reads it back exactly (the records of an
+/// f64 forward are its input, see `GradOptions::validated`). Any other tensor shares its storage.
+fn narrowed(h: &HostTensor, share: &[HostTensor]) -> HostTensor {
+    use rayon::prelude::*;
+    let same = |x: f64, y: f32| x == y as f64 || (x.is_nan() && y.is_nan());
+    match h.as_f64() {
+        Some(v) if v.par_iter().all(|&x| x.is_nan() || x as f32 as f64 == x) => share
+            .iter()
+            .find(|c| c.shape() == h.shape() && c.as_f32().is_some_and(|w| v.par_iter().zip(w).all(|(&x, &y)| same(x, y))))
+            .cloned()
+            .unwrap_or_else(|| HostTensor::from_f32(h.shape(), v.par_iter().map(|&x| x as f32).collect())),
+        _ => h.clone(),
+    }
+}
+
+/// A tensor as it was before a launch wrote it: shared storage, or for a tensor whose elements
+/// are all one value (a fresh allocation) that value alone, so that a trace does not keep a
+/// copy of every allocation it saw filled.
+#[derive(Clone, Debug)]
+pub(crate) enum Snapshot {
+    Tensor(HostTensor),
+    /// Every element equal to the one element of the tensor, in this shape.
+    Uniform(HostTensor, Vec<usize>),
+}
+
+impl Snapshot {
+    fn of(h: &HostTensor) -> Snapshot {
+        use tilegrad_reference::Data;
+        let uniform = h.numel() > 1
+            && match h.data() {
+                Data::F32(v) => v.iter().all(|x| x.to_bits() == v[0].to_bits()),
+                Data::F64(v) => v.iter().all(|x| x.to_bits() == v[0].to_bits()),
+                Data::I32(v) => v.iter().all(|&x| x == v[0]),
+                Data::I1(v) => v.iter().all(|&x| x == v[0]),
+                Data::I64(_) => false,
+            };
+        if uniform {
+            let one = HostTensor::from_f64_as(h.dtype(), &[1], &[h.get_f64(0)]);
+            Snapshot::Uniform(one, h.shape().to_vec())
+        } else {
+            Snapshot::Tensor(h.clone())
+        }
+    }
+
+    /// The tensor.
+    pub(crate) fn tensor(&self) -> HostTensor {
+        match self {
+            Snapshot::Tensor(h) => h.clone(),
+            Snapshot::Uniform(one, shape) => HostTensor::try_full(one.dtype(), shape, one.get_f64(0))
+                .unwrap_or_else(|_| HostTensor::from_f64_as(one.dtype(), shape, &vec![one.get_f64(0); shape.iter().product()])),
+        }
+    }
+}
+
 /// Named tensors and constants.
 #[derive(Clone, Debug, Default)]
 pub struct Env {
@@ -228,6 +284,11 @@ impl Scope for Env {
 }
 
 impl Env {
+    /// Every named tensor (clones sharing their storage).
+    pub(crate) fn mem_tensors(&self) -> Vec<HostTensor> {
+        self.names.iter().map(|(_, t)| self.mem.get(*t).clone()).collect()
+    }
+
     /// The tensor named `name`.
     pub fn id(&self, name: &str) -> Option<TensorId> {
         self.names.iter().rev().find(|(n, _)| n == name).map(|(_, t)| *t)
@@ -289,6 +350,9 @@ pub(crate) struct LaunchRecord {
 #[derive(Default)]
 pub(crate) struct Records {
     pub launches: Vec<LaunchRecord>,
+    /// Tensors (the inputs as drawn) whose storage an f64 record may share where it holds the
+    /// same values (see [`narrowed`]).
+    pub share: Vec<HostTensor>,
     /// `(step, tensor name, its contents when the step ran)`.
     pub snapshots: Vec<(usize, String, HostTensor)>,
 }
@@ -325,7 +389,7 @@ pub(crate) struct TracedLaunch {
     pub grid: Grid,
     pub args: Vec<(String, Arg)>,
     pub options: Options,
-    pub before: Vec<(TensorId, HostTensor)>,
+    pub before: Vec<(TensorId, Snapshot)>,
 }
 
 /// Per tensor: its origin and the launches that wrote into it (in order); and every launch.
@@ -418,7 +482,9 @@ pub(crate) fn run(
                                 Arg::Tensor(t) => Arg::Tensor(match remap.iter().find(|(o, _)| o == t) {
                                     Some((_, m)) => *m,
                                     None => {
-                                        let m = before.add(env.mem.name(*t), env.mem.get(*t).clone());
+                                        let h = env.mem.get(*t);
+                                        let m =
+                                            before.add(env.mem.name(*t), if mode == Mode::F64 { narrowed(h, &r.share) } else { h.clone() });
                                         remap.push((*t, m));
                                         names.push((m, env.mem.name(*t).to_string()));
                                         m
@@ -444,11 +510,11 @@ pub(crate) fn run(
                 if let Some(tr) = trace.as_deref_mut() {
                     // The tensors it may write, as they are now: blame re-runs one program later.
                     let uses = tilegrad_ir::analysis::param_uses(&kernel);
-                    let mut before: Vec<(TensorId, HostTensor)> = Vec::new();
+                    let mut before: Vec<(TensorId, Snapshot)> = Vec::new();
                     for (p, u) in kernel.params.iter().zip(&uses) {
                         if let Some((_, Arg::Tensor(t))) = args.iter().find(|(n, _)| *n == p.name) {
                             if (u.stored || u.atomic) && !before.iter().any(|(b, _)| b == t) {
-                                before.push((*t, env.mem.get(*t).clone()));
+                                before.push((*t, Snapshot::of(env.mem.get(*t))));
                             }
                         }
                     }
@@ -837,5 +903,41 @@ mod tests {
         assert_eq!(snaps, vec![(0, "x"), (2, "x")]);
         assert_eq!(rec.operand(&env, 0, "x").unwrap().to_f64_vec(), vec![1.0, 2.0, 3.0]);
         assert_eq!(rec.operand(&env, 1, "x").unwrap().to_f64_vec(), vec![2.0, 6.0, 12.0]);
+    }
+
+    #[test]
+    fn f64_records_keep_exact_f32_values_narrow_and_share_the_drawn_storage() {
+        let drawn = HostTensor::from_f32(&[4], vec![1.5, -2.25, f32::NAN, 3.0e-3]);
+        let exact = HostTensor::from_f64(&[4], drawn.to_f64_vec());
+        let shared = narrowed(&exact, std::slice::from_ref(&drawn));
+        assert!(shared.shares_storage(&drawn), "the drawn tensor's storage is reused");
+        // Exact in f32 but matching no candidate: a new f32 tensor with the same values.
+        let alone = narrowed(&exact, &[]);
+        assert_eq!(alone.dtype(), DType::F32);
+        assert!(!alone.shares_storage(&drawn));
+        for (a, b) in alone.to_f64_vec().iter().zip(exact.to_f64_vec()) {
+            assert!(*a == b || (a.is_nan() && b.is_nan()));
+        }
+        // One value not an f32: kept in f64, sharing the original's storage.
+        let inexact = HostTensor::from_f64(&[3], vec![1.0, 0.1, 2.0]);
+        let kept = narrowed(&inexact, std::slice::from_ref(&drawn));
+        assert_eq!(kept.dtype(), DType::F64);
+        assert!(kept.shares_storage(&inexact));
+    }
+
+    #[test]
+    fn snapshots_of_uniform_tensors_keep_one_value_and_give_back_the_tensor() {
+        let nan = HostTensor::try_full(DType::F32, &[5, 3], f64::NAN).unwrap();
+        let snap = Snapshot::of(&nan);
+        assert!(matches!(snap, Snapshot::Uniform(..)));
+        let back = snap.tensor();
+        assert_eq!((back.dtype(), back.shape()), (DType::F32, &[5usize, 3][..]));
+        assert!(back.to_f64_vec().iter().all(|x| x.is_nan()));
+        let ints = HostTensor::from_i32(&[4], vec![7, 7, 7, 7]);
+        assert_eq!(Snapshot::of(&ints).tensor(), ints);
+        let varied = HostTensor::from_f32(&[3], vec![1.0, 1.0, 2.0]);
+        let snap = Snapshot::of(&varied);
+        assert!(matches!(snap, Snapshot::Tensor(_)));
+        assert_eq!(snap.tensor(), varied);
     }
 }

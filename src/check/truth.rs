@@ -105,14 +105,16 @@ pub(crate) fn prepare(
     timings
         .time("forward in the kernels' dtypes", || steps::run(&mut native, &fwd.steps, Mode::Native, nrec.as_mut(), Some(&mut trace), exec))
         .map_err(forward_err(fwd))?;
+    tilegrad_reference::release_buffers();
     let f64_mode = opts.precision == Precision::F64;
     let mut truth = if f64_mode { promote(&drawn) } else { drawn.clone() };
-    let mut records = steps::Records::default();
+    let mut records = steps::Records { share: drawn.mem_tensors(), ..steps::Records::default() };
     timings
         .time("forward of the ground truth", || {
             steps::run(&mut truth, &fwd.steps, if f64_mode { Mode::F64 } else { Mode::Native }, Some(&mut records), None, exec)
         })
         .map_err(forward_err(fwd))?;
+    tilegrad_reference::release_buffers();
     Ok(Prepared { drawn, native, trace, truth, records, native_records: nrec, timings })
 }
 
@@ -160,7 +162,18 @@ pub(crate) fn draw_cotangents(rng: &mut StdRng, env: &Env, fwd: &Forward) -> Res
         .iter()
         .map(|o| {
             let t = env.tensor(o).ok_or_else(|| CheckError::Spec(format!("forward output `{o}` is not a tensor after the forward")))?;
-            let raw = match fwd.cotangents.iter().find(|(n, _)| n == o).map(|(_, c)| c) {
+            let given = fwd.cotangents.iter().find(|(n, _)| n == o).map(|(_, c)| c);
+            if t.dtype().is_float() && !matches!(given, Some(super::Cotangent::Given(_))) {
+                // Drawn as inputs are, in parallel chunks and in the output's dtype.
+                let d = match given {
+                    Some(super::Cotangent::Random(d)) => *d,
+                    _ => inputs::Dist::Normal { mean: 0.0, std: 1.0 },
+                };
+                let h = inputs::draw_floats(t.dtype(), t.shape(), t.numel(), d, rng)
+                    .map_err(|e| CheckError::Spec(format!("cotangent of `{o}`: {e}")))?;
+                return Ok((o.clone(), h.to_f64_vec(), h));
+            }
+            let raw = match given {
                 None => inputs::normal(rng, t.numel()),
                 Some(super::Cotangent::Random(d)) => inputs::sample(d, rng, t.numel())
                     .ok_or_else(|| CheckError::Spec(format!("cotangent of `{o}`: empty range in {d:?}")))?,

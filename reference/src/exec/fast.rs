@@ -66,6 +66,26 @@ pub(crate) fn recycle(d: Data) {
     }
 }
 
+/// Frees the buffers kept for reuse (between phases of a caller's work, so that memory held for
+/// the next launch does not add to a later peak).
+pub fn release_buffers() {
+    if let Ok(mut pool) = POOL.lock() {
+        pool.clear();
+        pool.shrink_to_fit();
+    }
+    // glibc keeps what worker threads freed in their arenas; hand it back to the system.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: glibc's malloc_trim only releases free memory; it is thread-safe.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
+}
+
 /// A pooled buffer with the storage kind and length of `like`.
 fn take_pooled(like: &Data) -> Option<Data> {
     let mut pool = POOL.lock().ok()?;

@@ -16,6 +16,7 @@ mod program;
 mod record;
 mod tile;
 
+pub use fast::release_buffers;
 pub use fastmath::C as EXP2_POLY;
 pub use ops::{round_tf32, sum_in_order, SUM_LANES};
 pub use plan::needs_order;
@@ -41,13 +42,25 @@ struct Commit {
     owner: Vec<u32>,
     /// Instruction of that store.
     owner_inst: Vec<u32>,
-    /// Linear program id of the programs that atomically updated each element (MANY if several).
+    /// Linear program id of the programs that atomically updated each element (MANY if several),
+    /// and the instruction; empty until the first atomic update (see [`Commit::atomic`]).
     atomic_owner: Vec<u32>,
     atomic_inst: Vec<u32>,
     /// The locks held by every store (atomic update) of each element so far, as interned lock
     /// sets; empty until some access holds a lock.
     owner_locks: Vec<u32>,
     atomic_locks: Vec<u32>,
+}
+
+impl Commit {
+    /// The atomic updater of element `o` and its instruction (`NONE` before any).
+    fn atomic(&self, o: usize) -> (u32, u32) {
+        if self.atomic_owner.is_empty() {
+            (NONE, NONE)
+        } else {
+            (self.atomic_owner[o], self.atomic_inst[o])
+        }
+    }
 }
 
 /// Runs a launch and commits the final contents of its written tensors to `mem`.
@@ -58,7 +71,9 @@ pub(crate) fn execute(l: &Launch, bound: &[Bound], mem: &mut Memory) -> Result<L
             let t = mem.get(slot_ids[s]);
             let nt = HostTensor::new(t.dtype(), t.shape(), d)?;
             let old = mem.set(slot_ids[s], nt);
-            fast::recycle(old.into_data());
+            if let Some(d) = old.try_into_data() {
+                fast::recycle(d);
+            }
         }
     }
     Ok(summary)
@@ -216,11 +231,13 @@ fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals
             false => (None, false),
         })
         .unzip();
-    let mut outs: Vec<Vec<program::SlotLog>> = Vec::new();
+    let mut outs: Vec<FlatLog> = shared.slots.iter().map(|_| FlatLog::default()).collect();
     let mut mixed = false;
-    let summary = run_programs(l, shared, Some(&bufs), |_, out| {
+    let summary = run_programs(l, shared, Some(&bufs), |p, out| {
         mixed |= out.mixed;
-        outs.push(out.logs);
+        for (f, log) in outs.iter_mut().zip(out.logs) {
+            f.add(p + 1, log);
+        }
         Ok(())
     })?;
     if mixed {
@@ -234,7 +251,7 @@ fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals
             continue;
         };
         let n = slot.initial.len();
-        let Some(owner) = Owners::build(&outs, s, n, threads) else { return Ok(None) };
+        let Some(owner) = Owners::build(&outs[s], n, threads) else { return Ok(None) };
         if stale[s] {
             // A reused buffer: elements no program stored take their initial values (before the
             // atomics add onto them).
@@ -242,9 +259,9 @@ fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals
         }
         // Atomics, in program order.
         let mut atomic_owner: Vec<u32> = Vec::new();
-        for (p, logs) in outs.iter().enumerate() {
-            let me = p as u32 + 1;
-            for e in &logs[s].events {
+        for (me, events) in &outs[s].events {
+            let me = *me;
+            for e in events {
                 if atomic_owner.is_empty() {
                     atomic_owner = vec![0u32; n];
                 }
@@ -259,15 +276,9 @@ fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals
             }
         }
         // Loads of elements another program writes.
-        let racy_read = outs.par_iter().enumerate().any(|(p, logs)| {
-            let me = p as u32 + 1;
-            logs[s].reads.iter().any(|r| {
-                r.runs.iter().any(|&(st, len)| {
-                    owner.other_than(st, st + len as i64, me)
-                        || (!atomic_owner.is_empty()
-                            && atomic_owner[st as usize..st as usize + len as usize].iter().any(|&a| a != 0 && a != me))
-                })
-            })
+        let racy_read = outs[s].reads.par_iter().any(|&(me, st, len)| {
+            owner.other_than(st, st + len as i64, me)
+                || (!atomic_owner.is_empty() && atomic_owner[st as usize..st as usize + len as usize].iter().any(|&a| a != 0 && a != me))
         });
         if racy_read {
             return Ok(None);
@@ -275,6 +286,30 @@ fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals
         finals.push(Some(buf.into_data()));
     }
     Ok(Some((summary, finals)))
+}
+
+/// What the fast path keeps of every program's log of one tensor until the launch's races are
+/// checked, flat (a few bytes per run, not a log per program): store runs and load runs with
+/// their program (+1), and the atomic events of the programs that made any, in program order.
+#[derive(Default)]
+struct FlatLog {
+    stores: Vec<(u32, i64, u32)>,
+    reads: Vec<(u32, i64, u32)>,
+    events: Vec<(u32, Vec<program::Event>)>,
+}
+
+impl FlatLog {
+    fn add(&mut self, me: u32, log: program::SlotLog) {
+        for (_, runs) in &log.store_runs {
+            self.stores.extend(runs.iter().map(|&(st, len)| (me, st, len)));
+        }
+        for r in &log.reads {
+            self.reads.extend(r.runs.iter().map(|&(st, len)| (me, st, len)));
+        }
+        if !log.events.is_empty() {
+            self.events.push((me, log.events));
+        }
+    }
 }
 
 /// Which program stores each element of a tensor, found from every program's store runs: as
@@ -287,15 +322,10 @@ enum Owners {
 
 impl Owners {
     /// `None` when two programs store to one element.
-    fn build(outs: &[Vec<program::SlotLog>], s: usize, n: usize, threads: usize) -> Option<Owners> {
-        let runs: usize = outs.iter().map(|l| l[s].store_runs.iter().map(|(_, r)| r.len()).sum::<usize>()).sum();
+    fn build(log: &FlatLog, n: usize, threads: usize) -> Option<Owners> {
+        let runs = log.stores.len();
         if runs.saturating_mul(32) <= n {
-            let mut iv: Vec<(i64, i64, u32)> = Vec::with_capacity(runs);
-            for (p, logs) in outs.iter().enumerate() {
-                for (_, r) in &logs[s].store_runs {
-                    iv.extend(r.iter().map(|&(st, len)| (st, st + len as i64, p as u32 + 1)));
-                }
-            }
+            let mut iv: Vec<(i64, i64, u32)> = log.stores.iter().map(|&(me, st, len)| (st, st + len as i64, me)).collect();
             iv.sort_unstable();
             // Sweep: a run that starts inside the furthest-reaching earlier run of another
             // program overlaps some run of another program. Same-program overlaps merge.
@@ -318,23 +348,18 @@ impl Owners {
         let conflict = owner.par_chunks_mut(per).enumerate().any(|(c, part)| {
             let lo = (c * per) as i64;
             let hi = lo + part.len() as i64;
-            for (p, logs) in outs.iter().enumerate() {
-                let me = p as u32 + 1;
-                for (_, runs) in &logs[s].store_runs {
-                    for &(st, len) in runs {
-                        let (a, b) = (st.max(lo), (st + len as i64).min(hi));
-                        if a >= b {
-                            continue;
-                        }
-                        let mut bad = false;
-                        for w in &mut part[(a - lo) as usize..(b - lo) as usize] {
-                            bad |= *w != 0 && *w != me;
-                            *w = me;
-                        }
-                        if bad {
-                            return true;
-                        }
-                    }
+            for &(me, st, len) in &log.stores {
+                let (a, b) = (st.max(lo), (st + len as i64).min(hi));
+                if a >= b {
+                    continue;
+                }
+                let mut bad = false;
+                for w in &mut part[(a - lo) as usize..(b - lo) as usize] {
+                    bad |= *w != 0 && *w != me;
+                    *w = me;
+                }
+                if bad {
+                    return true;
                 }
             }
             false
@@ -495,8 +520,8 @@ impl Committer {
                         data: s.initial.clone(),
                         owner: vec![NONE; n],
                         owner_inst: vec![NONE; n],
-                        atomic_owner: vec![NONE; n],
-                        atomic_inst: vec![NONE; n],
+                        atomic_owner: Vec::new(),
+                        atomic_inst: Vec::new(),
                         owner_locks: Vec::new(),
                         atomic_locks: Vec::new(),
                     }
@@ -533,8 +558,8 @@ impl Committer {
                         for o in st as usize..st as usize + len as usize {
                             let (w, wi, wl) = if c.owner[o] != NONE && c.owner[o] != *p {
                                 (c.owner[o], c.owner_inst[o], c.owner_locks.get(o).copied().unwrap_or(0))
-                            } else if c.atomic_owner[o] != NONE && c.atomic_owner[o] != *p {
-                                (c.atomic_owner[o], c.atomic_inst[o], c.atomic_locks.get(o).copied().unwrap_or(0))
+                            } else if c.atomic(o).0 != NONE && c.atomic(o).0 != *p {
+                                (c.atomic(o).0, c.atomic(o).1, c.atomic_locks.get(o).copied().unwrap_or(0))
                             } else {
                                 continue;
                             };
@@ -566,10 +591,8 @@ impl Committer {
             // Slot indices here; `execute` maps them to tensor ids.
             for (s, c) in self.commits.iter_mut().enumerate() {
                 let Some(c) = c else { continue };
-                let (program, inst) = (0..c.owner.len())
-                    .map(|o| if c.owner[o] != NONE { (c.owner[o], c.owner_inst[o]) } else { (c.atomic_owner[o], c.atomic_inst[o]) })
-                    .unzip();
-                summary.writers.push(crate::launch::Writers { tensor: TensorId(s as u32), program, inst });
+                let each = (0..c.owner.len()).map(|o| if c.owner[o] != NONE { (c.owner[o], c.owner_inst[o]) } else { c.atomic(o) });
+                summary.writers.push(crate::launch::Writers::from_elements(TensorId(s as u32), each));
             }
         }
         Ok((summary, self.commits.into_iter().map(|c| c.map(|c| c.data)).collect()))
@@ -613,8 +636,8 @@ fn commit(
                 by_other(c.owner[o], ol, locks).then(|| (RaceKind::StoreAtomic, c.owner[o], c.owner_inst[o]))
             } else if by_other(c.owner[o], ol, locks) {
                 Some((RaceKind::WriteWrite, c.owner[o], c.owner_inst[o]))
-            } else if by_other(c.atomic_owner[o], al, locks) {
-                Some((RaceKind::StoreAtomic, c.atomic_owner[o], c.atomic_inst[o]))
+            } else if by_other(c.atomic(o).0, al, locks) {
+                Some((RaceKind::StoreAtomic, c.atomic(o).0, c.atomic(o).1))
             } else {
                 None
             };
@@ -636,6 +659,10 @@ fn commit(
                 }
             }
             if e.atomic {
+                if c.atomic_owner.is_empty() {
+                    c.atomic_owner = vec![NONE; c.owner.len()];
+                    c.atomic_inst = vec![NONE; c.owner.len()];
+                }
                 let first = c.atomic_owner[o] == NONE;
                 c.atomic_owner[o] = if first || c.atomic_owner[o] == p { p } else { MANY };
                 c.atomic_inst[o] = e.inst.0;

@@ -2,7 +2,7 @@
 //!
 //! The Python side intercepts the user's kernel launches and hands them here as a converted
 //! kernel ([`convert`]), a grid, arguments and raw host storages ([`memory`]); [`launch`] runs
-//! them on the reference interpreter in place, [`vjp`] gives the ground-truth f64 VJP of a launch,
+//! them in place on the reference interpreter (or on a GPU, through an [`Executor`]), [`vjp`] gives the ground-truth f64 VJP of a launch,
 //! and [`compare`] / [`make_report`] build the same report as the CLI.
 #![warn(missing_docs)]
 
@@ -15,7 +15,9 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
 use std::sync::Arc;
-use tilegrad::check::{calibration, compare as compare_tensors, unravel, Blame, BlameSite, Failure, Report, TensorReport, Tolerance};
+use tilegrad::check::{
+    calibration, compare as compare_tensors, unravel, Backend, Blame, BlameSite, Executor, Failure, Report, TensorReport, Tolerance,
+};
 use tilegrad_ad::{GradOptions, Precision};
 use tilegrad_ir::analysis::param_uses;
 use tilegrad_ir::triton::{ConstValue, ConvertOptions, HostDescriptor};
@@ -270,8 +272,39 @@ impl LaunchRecord {
 /// offset of the pointer in the storage); `mems`: (name, dtype, address, elements). With
 /// `promote`, floats compute in f64 (the ground truth's forward). Returns who wrote what when
 /// `record`.
+/// Where launches run: `Executor("cpu" | "gpu" | "auto" | "compare")`, the CLI's `--backend`
+/// choices. `gpu` (and `compare`) raise `UsageError` saying why when no GPU is usable; `auto`
+/// then uses the CPU. `describe()` says where the launches it ran went.
+#[pyclass(frozen, name = "Executor")]
+struct PyExecutor(Executor);
+
+#[pymethods]
+impl PyExecutor {
+    #[new]
+    fn new(backend: &str) -> PyResult<PyExecutor> {
+        let b = match backend {
+            "cpu" => Backend::Cpu,
+            "gpu" => Backend::Gpu,
+            "auto" => Backend::Auto,
+            "compare" => Backend::Compare,
+            other => return Err(usage(format!("backend `{other}`: expected \"cpu\", \"gpu\", \"auto\" or \"compare\""))),
+        };
+        Executor::new(b).map(PyExecutor).map_err(usage)
+    }
+
+    /// Where the launches ran: `cpu`, or the GPU and the launches it passed to the reference.
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+
+    /// With `compare`: where the GPU and the reference differed.
+    fn mismatches(&self) -> Vec<String> {
+        self.0.mismatches()
+    }
+}
+
 #[pyfunction]
-#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, *, poison=false, record=false, promote=false))]
+#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, *, poison=false, record=false, promote=false, executor=None))]
 #[allow(clippy::too_many_arguments)]
 fn launch(
     py: Python<'_>,
@@ -283,6 +316,7 @@ fn launch(
     poison: bool,
     record: bool,
     promote: bool,
+    executor: Option<&PyExecutor>,
 ) -> PyResult<Option<LaunchRecord>> {
     let call = Call::new(kernel, grid, ptr_args, &scalars, mems, promote)?;
     let written: Vec<usize> = call
@@ -296,7 +330,12 @@ fn launch(
     let result = py.allow_threads(|| -> Result<Result<_, ExecError>, String> {
         let mut mem = call.memory(promote)?;
         let opts = Options { poison_masked_loads: poison, record_writers: record, ..Options::default() };
-        let summary = match call.launch(opts).run(&mut mem) {
+        let l = call.launch(opts);
+        let ran = match executor {
+            Some(e) => e.0.run(&l, &mut mem),
+            None => l.run(&mut mem),
+        };
+        let summary = match ran {
             Ok(s) => s,
             Err(e) => return Ok(Err(e)),
         };
@@ -485,7 +524,8 @@ impl PyReport {
 
 /// Builds a report. `failure`: (step, what, message, trial) when the backward failed to run.
 #[pyfunction]
-#[pyo3(signature = (name, seed, trials, precision, forward, gradients, failure=None))]
+#[pyo3(signature = (name, seed, trials, precision, forward, gradients, failure=None, executor=None))]
+#[allow(clippy::too_many_arguments)]
 fn make_report(
     name: String,
     seed: u64,
@@ -494,11 +534,17 @@ fn make_report(
     forward: Vec<PyRef<'_, Comparison>>,
     gradients: Vec<PyRef<'_, Comparison>>,
     failure: Option<(usize, String, String, usize)>,
+    executor: Option<&PyExecutor>,
 ) -> PyReport {
     let forward: Vec<TensorReport> = forward.iter().map(|c| c.report.clone()).collect();
     let gradients: Vec<TensorReport> = gradients.iter().map(|c| c.report.clone()).collect();
     let failure = failure.map(|(step, what, message, trial)| Failure { step, what, message, trial });
-    PyReport(Report::new(name, seed, trials, precision, forward, gradients, failure))
+    let mut r = Report::new(name, seed, trials, precision, forward, gradients, failure);
+    if let Some(e) = executor {
+        r.backend = e.0.describe();
+        r.backend_mismatches = e.0.mismatches();
+    }
+    PyReport(r)
 }
 
 /// The module.
@@ -511,6 +557,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Site>()?;
     m.add_class::<Comparison>()?;
     m.add_class::<PyReport>()?;
+    m.add_class::<PyExecutor>()?;
     m.add_function(wrap_pyfunction!(convert, m)?)?;
     m.add_function(wrap_pyfunction!(launch, m)?)?;
     m.add_function(wrap_pyfunction!(vjp, m)?)?;

@@ -1025,14 +1025,14 @@ def correct_bwd(example: str) -> str:
 
 
 def _variant_specs() -> dict[str, str]:
-    """`variant -> spec` from `CASES` in tests/specs.rs: the spec whose sizes and constexprs show
+    """`variant -> spec` from `CASES` in tests/cases/mod.rs: the spec whose sizes and constexprs show
     each bug (`_kl_div_bwd_kernel_broken_log_target` is wrong only where log_target is true)."""
-    text = (EXAMPLES.parents[1] / "tests" / "specs.rs").read_text()
+    text = (EXAMPLES.parents[1] / "tests" / "cases" / "mod.rs").read_text()
     return dict(re.findall(r'\(\s*"(\w+_broken_\w+)",\s*"(\w+)"', text))
 
 
 def broken_variants(example: str) -> list[str]:
-    """The broken variants of `example`'s backward kernel(s), less those that tests/specs.rs checks
+    """The broken variants of `example`'s backward kernel(s), less those that tests/cases/mod.rs checks
     on another spec of the same kernels that is an example here (they go to that example)."""
     m = bwd_module(example)
     names = correct_bwds(example)

@@ -25,14 +25,14 @@ DEVICE = os.environ.get("TILEGRAD_TEST_DEVICE", "cpu")
 
 def expected_outcomes() -> dict[str, str]:
     """`variant -> outcome` from the table in tests/triton_bwd.rs (`OOB at L`, `race at L`, `NaN`, `wrong`),
-    and for the variants it does not list, from `CASES` in tests/specs.rs (`Oob(L)`, `Race(L)`,
+    and for the variants it does not list, from `CASES` in tests/cases/mod.rs (`Oob(L)`, `Race(L)`,
     `Wrong {..}`, `NanWritten {..}` and `Unwritten {..}`, the last two both `NaN`)."""
     rows = {}
     for line in (ROOT / "tests" / "triton_bwd.rs").read_text().splitlines():
         m = re.match(r"//! \| `(\w+_broken_\w+)` \|.*\| ([^|]+) \|$", line)
         if m:
             rows[m.group(1)] = m.group(2).strip()
-    for line in (ROOT / "tests" / "specs.rs").read_text().splitlines():
+    for line in (ROOT / "tests" / "cases" / "mod.rs").read_text().splitlines():
         m = re.match(r'\s*\("(\w+_broken_\w+)", "\w+", "\w+", (Oob|Race|Wrong|NanWritten|Unwritten)\b(?:\((\d+)\))?', line)
         if m and m.group(1) not in rows:
             kind, at = m.group(2), m.group(3)

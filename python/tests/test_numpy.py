@@ -185,3 +185,53 @@ def test_trust_rules_and_constexprs_without_torch():
         """
     )
     assert out.strip().endswith("ok")
+
+
+def test_backends_without_torch():
+    # `backend=`: the CLI's choices. Without a usable GPU, "gpu" is a UsageError saying why and
+    # "auto" runs on the CPU; with one, the launches run there with the same verdicts.
+    out = run_without_torch(
+        """
+        rng = np.random.default_rng(3)
+        x = rng.standard_normal(777).astype(np.float32)
+
+        def square(x):
+            y = np.empty_like(x)
+            K.square[(13,)](x, y, x.size, BLOCK=64)
+            return y
+
+        def square_bwd(x, gy, kernel=K.square_bwd, grid=13):
+            gx = np.empty_like(x)
+            kernel[(grid,)](x, gy, gx, x.size, BLOCK=64)
+            return (gx,)
+
+        try:
+            tilegrad.check_backward(square, square_bwd, [x], backend="tpu")
+            raise SystemExit("an unknown backend was accepted")
+        except tilegrad.UsageError as e:
+            assert "backend `tpu`" in str(e), str(e)
+        try:
+            gpu = tilegrad._native.Executor("gpu")
+        except tilegrad.UsageError as e:
+            gpu = None
+            assert "GPU" in str(e), str(e)
+        backends = ["cpu", "auto"] + (["gpu", "compare"] if gpu is not None else [])
+        for b in backends:
+            r = tilegrad.check_backward(square, square_bwd, [x], backend=b)
+            assert r.passed, str(r)
+            on_gpu = r.to_dict()["backend"].startswith("gpu")
+            assert on_gpu == (gpu is not None and b != "cpu"), (b, r.to_dict()["backend"])
+            assert r.to_dict().get("backend_mismatches", []) == [], str(r)
+            # The same failures, found wherever the launches ran.
+            r = tilegrad.check_backward(square, lambda x, gy: square_bwd(x, gy, K.square_bwd_unmasked), [x], backend=b)
+            assert not r.passed and "out-of-bounds" in r.to_dict()["failure"]["message"].lower(), str(r)
+            r = tilegrad.check_backward(square, lambda x, gy: square_bwd(x, gy, grid=12), [x], backend=b)
+            assert not r.passed and r.to_dict()["gradients"][0]["nan"] == 777 - 12 * 64, str(r)
+            with tilegrad.intercept(backend=b) as ex:
+                y = square(x)
+            assert np.array_equal(y, x * x)
+            assert ex.describe().startswith("gpu") == on_gpu, ex.describe()
+        print("backends ok:", ", ".join(backends))
+        """
+    )
+    assert "backends ok" in out

@@ -15,7 +15,7 @@ import contextlib
 from typing import Any, Callable
 
 from . import _native
-from ._intercept import LaunchCall, intercepting
+from ._intercept import LaunchCall, intercepting, using_backend
 from ._report import NonFiniteError, Report
 
 __all__ = [
@@ -48,6 +48,7 @@ def check_backward(
     name: str | None = None,
     allow_non_finite: bool = False,
     autotune: int | str = 0,
+    backend: str = "cpu",
 ) -> Report:
     """Checks `backward` against the ground-truth gradient of `forward` on `inputs`.
 
@@ -62,25 +63,30 @@ def check_backward(
     A NaN or infinite input, ground-truth output or gradient raises `NonFiniteError` unless
     `allow_non_finite`. `autotune`: which config `@triton.autotune` kernels use (an index), or
     `"all"` to check each config in turn (the first failing report, named by its config, else the
-    last).
+    last). `backend`: where the kernel launches run, as the CLI's `--backend`: `"cpu"` (the
+    reference interpreter), `"gpu"` (a CUDA GPU, same results and diagnostics; `UsageError` when
+    none is usable) or `"auto"`; the ground truth's VJPs run on the CPU. `report.backend` says
+    where the launches ran.
     """
     inputs = list(inputs)
     opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=name, allow_non_finite=allow_non_finite, autotune=autotune)
-    if _has_torch_tensor(inputs):
-        from ._check import check_backward as torch_check
+    with using_backend(backend):
+        if _has_torch_tensor(inputs):
+            from ._check import check_backward as torch_check
 
-        return torch_check(forward, backward, inputs, **opts)
-    from ._numpy_check import check_backward as numpy_check
+            return torch_check(forward, backward, inputs, **opts)
+        from ._numpy_check import check_backward as numpy_check
 
-    return numpy_check(forward, backward, inputs, **opts)
+        return numpy_check(forward, backward, inputs, **opts)
 
 
-def check_function(fn: type, *args: Any, **kwargs: Any) -> Report:
+def check_function(fn: type, *args: Any, backend: str = "cpu", **kwargs: Any) -> Report:
     """Checks the backward of a `torch.autograd.Function` subclass on `args` (float tensors are the
     differentiable inputs; other arguments pass through). Options as for `check_backward`."""
     from ._check import check_function as f
 
-    return f(fn, *args, **kwargs)
+    with using_backend(backend):
+        return f(fn, *args, **kwargs)
 
 
 def autograd(fn: Callable[..., Any], *, precision: str = "f64") -> Callable[..., Any]:
@@ -109,15 +115,17 @@ def autograd(fn: Callable[..., Any], *, precision: str = "f64") -> Callable[...,
 
 
 @contextlib.contextmanager
-def intercept(*, poison: bool = False):
-    """Runs every Triton launch of the block on tilegrad's CPU engine, in place on the tensors'
-    memory, with its diagnostics (out of bounds, races, loop bounds) raised as `LaunchError`."""
+def intercept(*, poison: bool = False, backend: str = "cpu"):
+    """Runs every Triton launch of the block on tilegrad's engine (the CPU reference, or
+    `backend="gpu"`/`"auto"` as in `check_backward`), in place on the tensors' memory, with its
+    diagnostics (out of bounds, races, loop bounds) raised as `LaunchError`. Yields the executor:
+    `describe()` says where the launches ran."""
 
     def run(call: LaunchCall) -> None:
         call.run(poison=poison)
 
-    with intercepting(run):
-        yield
+    with using_backend(backend) as executor, intercepting(run):
+        yield executor
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import _native
-from ._intercept import LaunchCall, _is_descriptor, intercepting
+from ._intercept import LaunchCall, _is_descriptor, current_executor, intercepting
 from ._memory import torch_flat
 from ._modes import PoisonEmpty, PromoteFloats
 from ._configs import each_config
@@ -274,7 +274,7 @@ def run_check(
         if failure is not None:
             break
     grads_cmp = [best[i] for i in diff if i in best]
-    rep = _native.make_report(name, seed, trials, precision, forward_cmp, grads_cmp, failure)
+    rep = _native.make_report(name, seed, trials, precision, forward_cmp, grads_cmp, failure, current_executor())
     return Report(rep)
 
 

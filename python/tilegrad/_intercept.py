@@ -73,6 +73,7 @@ class LaunchCall:
             poison=poison,
             record=record,
             promote=promote,
+            executor=current_executor(),
         )
         self.storages.write_back(self.written)
         return rec
@@ -80,6 +81,24 @@ class LaunchCall:
 
 def _handler() -> Callable[[LaunchCall], Any] | None:
     return getattr(_state, "handler", None)
+
+
+def current_executor() -> Any:
+    """The `_native.Executor` launches in this thread run on (None: the CPU reference)."""
+    return getattr(_state, "executor", None)
+
+
+@contextlib.contextmanager
+def using_backend(backend: str):
+    """Runs the launches of this thread on `backend` ("cpu", "gpu", "auto", or "compare", which
+    runs each on both and records differences) while the block runs; yields the executor, whose
+    `describe()` says where they ran. "gpu" raises `UsageError` saying why when no GPU is usable."""
+    prev = current_executor()
+    _state.executor = _native.Executor(backend)
+    try:
+        yield _state.executor
+    finally:
+        _state.executor = prev
 
 
 @contextlib.contextmanager

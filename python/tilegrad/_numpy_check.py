@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import _native
-from ._intercept import LaunchCall, intercepting
+from ._intercept import LaunchCall, current_executor, intercepting
 from ._memory import dtype_name, storage_of
 from ._configs import each_config
 from ._report import Report, non_finite
@@ -263,7 +263,9 @@ def _check(forward, backward, inputs, *, seed, trials, precision, rtol, atol, na
                 best[i] = c
         if failure is not None:
             break
-    rep = _native.make_report(name or getattr(forward, "__name__", "check"), seed, trials, precision, fwd_cmp, [best[i] for i in diff if i in best], failure)
+    rep = _native.make_report(
+        name or getattr(forward, "__name__", "check"), seed, trials, precision, fwd_cmp, [best[i] for i in diff if i in best], failure, current_executor()
+    )
     return Report(rep)
 
 

@@ -13,8 +13,8 @@ fn gpu() -> Result<Arc<Gpu>, String> {
     GPU.get_or_init(|| Gpu::new().map(Arc::new).map_err(|e| e.to_string())).clone()
 }
 
-/// Runs launches on the chosen backend.
-pub(crate) struct Executor {
+/// Runs launches on the chosen backend (for a whole check, or for the Python package's launches).
+pub struct Executor {
     gpu: Option<Arc<Gpu>>,
     /// Also run every launch on the reference and record where the two differ (tests).
     compare: bool,
@@ -37,7 +37,7 @@ impl Executor {
 
     /// The executor of a backend choice: `Gpu` fails when no GPU is usable, `Auto` then uses the
     /// CPU.
-    pub(crate) fn new(backend: Backend) -> Result<Executor, CheckError> {
+    pub fn new(backend: Backend) -> Result<Executor, CheckError> {
         let gpu = match backend {
             Backend::Cpu => None,
             Backend::Auto => gpu().ok(),
@@ -47,7 +47,7 @@ impl Executor {
     }
 
     /// Runs a launch, as [`Launch::run`] does.
-    pub(crate) fn run(&self, launch: &Launch, mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
+    pub fn run(&self, launch: &Launch, mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
         let Some(g) = &self.gpu else { return launch.run(mem) };
         let before = self.compare.then(|| mem.clone());
         let out = match g.run(launch, mem, GpuOptions::default()) {
@@ -80,7 +80,7 @@ impl Executor {
     }
 
     /// Where launches ran, for the report: `cpu`, or the GPU and the launches it passed on.
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         let Some(g) = &self.gpu else { return "cpu".into() };
         let log = self.log.lock().expect("executor log");
         let mut s = format!("gpu: {}; {} launches on the GPU", g.describe(), log.on_gpu);
@@ -98,7 +98,7 @@ impl Executor {
     }
 
     /// Where the GPU and the reference differed (with [`Backend::Compare`]).
-    pub(crate) fn mismatches(&self) -> Vec<String> {
+    pub fn mismatches(&self) -> Vec<String> {
         self.log.lock().expect("executor log").mismatches.clone()
     }
 }

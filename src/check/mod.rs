@@ -71,6 +71,7 @@ mod steps;
 pub mod tensor_expr;
 mod truth;
 
+pub use backend::Executor;
 pub use expr::{Expr, ExprError, Scalar};
 pub(crate) use inputs::check_dist;
 pub use inputs::{Dist, InputTensor, Inputs, Source};

@@ -234,4 +234,5 @@ def test_backends_without_torch():
         print("backends ok:", ", ".join(backends))
         """
     )
+    print(out)
     assert "backends ok" in out

@@ -200,8 +200,12 @@ pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Resu
     let exec = Executor::new(opts.backend)?;
     let mut p = prepare(fwd, inputs, opts, false, &exec)?;
     let drawn = draw_cotangents(&mut cotangent_rng(opts.seed), &p.native, fwd)?;
-    let cot: HashMap<String, Vec<f64>> = drawn.iter().map(|(o, c, _)| (o.clone(), c.clone())).collect();
-    let cotangents = drawn.into_iter().map(|(o, _, h)| (o, h)).collect();
+    let mut cot: HashMap<String, Vec<f64>> = HashMap::new();
+    let mut cotangents = Vec::new();
+    for (o, c, h) in drawn {
+        cot.insert(o.clone(), c);
+        cotangents.push((o, h));
+    }
     let gopts = GradOptions { precision: opts.precision, memory_budget: opts.memory_budget, ..GradOptions::default() };
     // As in a check: a forward of launches alone reverses against the native environment's
     // names and shapes, and the f64 one is freed first.
@@ -209,13 +213,16 @@ pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Resu
     if !host_steps {
         p.truth = Env::default();
     }
-    let truth = ground::reverse(&fwd.steps, &p.records, if host_steps { &p.truth } else { &p.native }, cot, &gopts)?;
+    let mut truth = ground::reverse(&fwd.steps, &p.records, if host_steps { &p.truth } else { &p.native }, cot, &gopts)?;
+    p.records = steps::Records::default();
     let gradients = fwd
         .differentiable
         .iter()
         .map(|d| {
             let t = p.native.tensor(d).expect("validated");
-            let g = truth.get(d).cloned().unwrap_or_else(|| vec![0.0; t.numel()]);
+            // Moved out, unless the input is listed again later.
+            let again = fwd.differentiable.iter().filter(|x| *x == d).count() > 1;
+            let g = if again { truth.get(d).cloned() } else { truth.remove(d) }.unwrap_or_else(|| vec![0.0; t.numel()]);
             (d.clone(), HostTensor::from_f64(t.shape(), g))
         })
         .collect();

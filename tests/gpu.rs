@@ -83,12 +83,21 @@ fn every_kernel_becomes_cuda_c() {
         if tilegrad_gpu::codegen::needs_reference(k).is_some() {
             return Ok(());
         }
+        // Both forms a launch may use: the default blocks, and 512-thread blocks with more
+        // registers (taken where the default spills).
         let g = tilegrad_gpu::codegen::generate(k).map_err(|e| format!("{label}: `{}`: {e}", k.name))?;
-        if !g.source.contains(tilegrad_gpu::codegen::ENTRY) || g.threads < 32 {
-            return Err(format!("{label}: `{}`: no entry point", k.name));
+        let g512 = tilegrad_gpu::codegen::generate_with(k, 512, Some(1)).map_err(|e| format!("{label}: `{}`: {e}", k.name))?;
+        for g in [&g, &g512] {
+            if !g.source.contains(tilegrad_gpu::codegen::ENTRY) || g.threads < 32 {
+                return Err(format!("{label}: `{}`: no entry point", k.name));
+            }
+            if nvrtc {
+                tilegrad_gpu::compile_generated(k, g, "compute_90")
+                    .map_err(|e| format!("{label}: `{}` ({} threads): {e}", k.name, g.threads))?;
+            }
         }
-        if nvrtc {
-            tilegrad_gpu::compile_only(k, "compute_90").map_err(|e| format!("{label}: `{}`: {e}", k.name))?;
+        if g512.threads > 512 || (g.threads <= 512 && g512.threads != g.threads) || !g512.source.contains("__launch_bounds__(") {
+            return Err(format!("{label}: `{}`: {} threads by default, {} at most 512", k.name, g.threads, g512.threads));
         }
         Ok(())
     });

@@ -66,18 +66,28 @@ const MAX_THREADS: usize = 1024;
 /// Scratch up to this many bytes is a block's shared memory; more is global memory.
 pub const SHARED_SCRATCH: usize = 48 * 1024;
 
-/// Compiles a kernel (constexprs bound) to CUDA C.
+/// Compiles a kernel (constexprs bound) to CUDA C: as many threads a block as its largest tile
+/// has elements (32 to 1024), at most 64 registers a thread so that the block (or several small
+/// ones) fills an SM.
 pub fn generate(k: &Kernel) -> Result<Generated, GpuError> {
+    generate_with(k, MAX_THREADS, None)
+}
+
+/// [`generate`] with at most `max_threads` threads a block (a power of two from 32), and with
+/// `min_blocks` blocks an SM asked of the compiler instead of `1024 / threads` (fewer blocks
+/// leave more registers to each thread). Results do not depend on either.
+pub fn generate_with(k: &Kernel, max_threads: usize, min_blocks: Option<usize>) -> Result<Generated, GpuError> {
     let mut largest = 1usize;
     k.walk(&mut |_, d| {
         for &v in d.results.iter().chain(d.args.iter()) {
             largest = largest.max(k.ty(v).numel());
         }
     });
-    let threads = largest.next_power_of_two().clamp(32, MAX_THREADS);
+    let threads = largest.next_power_of_two().clamp(32, max_threads.clamp(32, MAX_THREADS));
     let mut g = Gen {
         k,
         nt: threads,
+        min_blocks: min_blocks.unwrap_or((MAX_THREADS / threads).max(1)).max(1),
         out: String::new(),
         depth: 2,
         sources: tilegrad_ir::analysis::pointer_sources(k),
@@ -112,6 +122,8 @@ pub fn generate(k: &Kernel) -> Result<Generated, GpuError> {
 struct Gen<'k> {
     k: &'k Kernel,
     nt: usize,
+    /// Blocks an SM the compiler is asked to fit (`__launch_bounds__`).
+    min_blocks: usize,
     out: String,
     depth: usize,
     sources: Vec<Vec<bool>>,
@@ -1152,8 +1164,7 @@ impl<'k> Gen<'k> {
         let k = self.k;
         let nt = self.nt;
         let _ = writeln!(src, "\n// kernel `{}`", k.name);
-        // At most 64 registers a thread, so that a block (or several small ones) fills an SM.
-        let min_blocks = (MAX_THREADS / nt).max(1);
+        let min_blocks = self.min_blocks;
         let _ = writeln!(src, "extern \"C\" __global__ void __launch_bounds__({nt}, {min_blocks}) {ENTRY}(const TgArgs A) {{");
         // The argument block is a kernel parameter: read from the constant bank where used,
         // holding no registers.

@@ -26,7 +26,7 @@
 pub mod codegen;
 mod device;
 
-pub use device::{compile_only, nvrtc_present, usable, Gpu};
+pub use device::{compile_generated, compile_only, nvrtc_present, usable, Gpu};
 
 use tilegrad_ir::Loc;
 use tilegrad_reference::{ExecError, LaunchSummary};

@@ -201,9 +201,13 @@ impl Files {
     }
 }
 
+/// A launch's memory as it was, its arguments re-bound to it, and the pass's tensor of each.
+type Before = (Memory, Vec<(String, Arg)>, Vec<TensorId>);
+
 /// The memory of launch `tl` as it was before it ran, as a fresh [`Memory`]; its arguments
-/// re-bound to it; and the pass's tensor of each of its tensors.
-fn memory_before(trace: &Trace, env: &Env, tl: &TracedLaunch) -> (Memory, Vec<(String, Arg)>, Vec<TensorId>) {
+/// re-bound to it; and the pass's tensor of each of its tensors (`None` when a snapshot cannot
+/// be allocated again).
+fn memory_before(trace: &Trace, env: &Env, tl: &TracedLaunch) -> Option<Before> {
     let mut mem = Memory::new();
     let mut back: Vec<TensorId> = Vec::new();
     let mut args = Vec::new();
@@ -219,7 +223,7 @@ fn memory_before(trace: &Trace, env: &Env, tl: &TracedLaunch) -> (Memory, Vec<(S
                         .iter()
                         .filter(|l| l.step >= tl.step)
                         .find_map(|l| l.before.iter().find(|(b, _)| b == t).map(|(_, h)| h.tensor()))
-                        .unwrap_or_else(|| env.mem.get(*t).clone());
+                        .unwrap_or_else(|| Some(env.mem.get(*t).clone()))?;
                     back.push(*t);
                     mem.add(env.mem.name(*t), then)
                 }
@@ -228,7 +232,7 @@ fn memory_before(trace: &Trace, env: &Env, tl: &TracedLaunch) -> (Memory, Vec<(S
         };
         args.push((n.clone(), a));
     }
-    (mem, args, back)
+    Some((mem, args, back))
 }
 
 /// How a value reaches the element (weakest last).
@@ -635,7 +639,7 @@ fn fmt_val(x: f64) -> String {
 fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ranked>, out: &mut Slice) -> Option<()> {
     let tl = t.trace.launches.iter().find(|l| l.step == t.step)?;
     let k: &Kernel = &tl.kernel;
-    let (mem, args, back) = memory_before(t.trace, t.env, tl);
+    let (mem, args, back) = memory_before(t.trace, t.env, tl)?;
     let tensor = t.env.id(t.tensor)?;
     let new_id = TensorId(back.iter().position(|&b| b == tensor)? as u32);
     let opts = Options { record_writers: false, ..tl.options.clone() };

@@ -256,12 +256,11 @@ impl Snapshot {
         }
     }
 
-    /// The tensor.
-    pub(crate) fn tensor(&self) -> HostTensor {
+    /// The tensor (`None` when a uniform one cannot be allocated again).
+    pub(crate) fn tensor(&self) -> Option<HostTensor> {
         match self {
-            Snapshot::Tensor(h) => h.clone(),
-            Snapshot::Uniform(one, shape) => HostTensor::try_full(one.dtype(), shape, one.get_f64(0))
-                .unwrap_or_else(|_| HostTensor::from_f64_as(one.dtype(), shape, &vec![one.get_f64(0); shape.iter().product()])),
+            Snapshot::Tensor(h) => Some(h.clone()),
+            Snapshot::Uniform(one, shape) => HostTensor::try_full(one.dtype(), shape, one.get_f64(0)).ok(),
         }
     }
 }
@@ -930,14 +929,14 @@ mod tests {
         let nan = HostTensor::try_full(DType::F32, &[5, 3], f64::NAN).unwrap();
         let snap = Snapshot::of(&nan);
         assert!(matches!(snap, Snapshot::Uniform(..)));
-        let back = snap.tensor();
+        let back = snap.tensor().unwrap();
         assert_eq!((back.dtype(), back.shape()), (DType::F32, &[5usize, 3][..]));
         assert!(back.to_f64_vec().iter().all(|x| x.is_nan()));
         let ints = HostTensor::from_i32(&[4], vec![7, 7, 7, 7]);
-        assert_eq!(Snapshot::of(&ints).tensor(), ints);
+        assert_eq!(Snapshot::of(&ints).tensor(), Some(ints));
         let varied = HostTensor::from_f32(&[3], vec![1.0, 1.0, 2.0]);
         let snap = Snapshot::of(&varied);
         assert!(matches!(snap, Snapshot::Tensor(_)));
-        assert_eq!(snap.tensor(), varied);
+        assert_eq!(snap.tensor(), Some(varied));
     }
 }

@@ -83,6 +83,12 @@ pub fn generate_with(k: &Kernel, max_threads: usize, min_blocks: Option<usize>) 
             largest = largest.max(k.ty(v).numel());
         }
     });
+    let mut defs = vec![None; k.values.len()];
+    k.walk(&mut |i, d| {
+        for &r in d.results.iter() {
+            defs[r.index()] = Some(i);
+        }
+    });
     let threads = largest.next_power_of_two().clamp(32, max_threads.clamp(32, MAX_THREADS));
     let mut g = Gen {
         k,
@@ -96,9 +102,15 @@ pub fn generate_with(k: &Kernel, max_threads: usize, min_blocks: Option<usize>) 
         scratch: 0,
         float_atomics: false,
         upper: false,
+        sites: 0,
+        pending: false,
+        toggles: 0,
+        dirty: false,
+        defs,
     };
     g.check_pointers()?;
     g.block(k.body)?;
+    g.flush();
     let body = std::mem::take(&mut g.out);
     let mut src = String::new();
     let poly = tilegrad_reference::EXP2_POLY;
@@ -133,6 +145,16 @@ struct Gen<'k> {
     float_atomics: bool,
     /// Which half of the (double-buffered) scratch the next op uses.
     upper: bool,
+    /// Failure sites emitted so far (their numbers order the failures between two checks).
+    sites: u32,
+    /// A check is due ([`Gen::check`]).
+    pending: bool,
+    /// Scratch ops opened so far.
+    toggles: usize,
+    /// Some thread may still be reading scratch (no barrier since the last op's reads).
+    dirty: bool,
+    /// The instruction defining each value (none for parameters and block parameters).
+    defs: Vec<Option<Inst>>,
 }
 
 /// The C type that holds values of a dtype in registers (f16/bf16 as rounded f32, as the
@@ -238,6 +260,50 @@ fn convert(from: DType, to: DType, x: &str) -> String {
     }
 }
 
+fn cmp_op(c: CmpOp) -> &'static str {
+    match c {
+        CmpOp::Eq => "==",
+        CmpOp::Ne => "!=",
+        CmpOp::Lt => "<",
+        CmpOp::Le => "<=",
+        CmpOp::Gt => ">",
+        CmpOp::Ge => ">=",
+    }
+}
+
+/// The flat index into `from` (a shape broadcast to `to`, same rank) of the element at flat
+/// index `idx` of `to`, as a C expression.
+fn broadcast_source(to: &[usize], from: &[usize], idx: &str) -> String {
+    let (ts, fs) = (strides(to), strides(from));
+    let mut terms = Vec::new();
+    for dim in 0..to.len() {
+        if from[dim] != 1 && to[dim] != 1 {
+            terms.push(format!("((({idx}) / {}) % {}) * {}", ts[dim], to[dim], fs[dim]));
+        }
+    }
+    if terms.is_empty() {
+        "0".into()
+    } else {
+        format!("({})", terms.join(" + "))
+    }
+}
+
+/// The flat index into `from` of element `idx` of `to = permute(from, perm)`, as a C expression.
+fn permute_source(to: &[usize], from: &[usize], perm: &[u8], idx: &str) -> String {
+    let (ts, fs) = (strides(to), strides(from));
+    let mut terms = Vec::new();
+    for dim in 0..to.len() {
+        if to[dim] != 1 {
+            terms.push(format!("((({idx}) / {}) % {}) * {}", ts[dim], to[dim], fs[perm[dim] as usize]));
+        }
+    }
+    if terms.is_empty() {
+        "0".into()
+    } else {
+        format!("({})", terms.join(" + "))
+    }
+}
+
 /// Row-major strides of a shape.
 fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
@@ -316,9 +382,17 @@ impl<'k> Gen<'k> {
             self.line(&format!("{{ const int j = 0; const int e = 0; (void)j; (void)e; {body} }}"));
         } else {
             let (r, n, nt) = (self.regs(out), self.numel(out), self.nt);
-            self.line(&format!(
-                "#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; if (e < {n}) {{ {body} }} }}"
-            ));
+            // Registers past the tile's end are set too: a register some path leaves unset
+            // would be carried around loops, and held, by the compiler.
+            if r * nt == n {
+                self.line(&format!("#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {{ {body} }} }}"));
+            } else {
+                let t = ctype(self.dtype(out));
+                self.line(&format!(
+                    "#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; if (e < {n}) {{ {body} }} else v{}[j] = ({t})0; }}",
+                    out.0
+                ));
+            }
         }
     }
 
@@ -326,12 +400,27 @@ impl<'k> Gen<'k> {
     /// wait for that op's threads to finish reading (the op before that passed a barrier since).
     fn open_scratch(&mut self) {
         self.upper = !self.upper;
+        self.toggles += 1;
         let base = if self.upper { "scr + TG_HALF" } else { "scr" };
         self.line(&format!("{{ unsigned char* const sb = {base};"));
     }
 
     fn close_scratch(&mut self) {
         self.line("}");
+        // The op's threads read scratch after its last barrier.
+        self.dirty = true;
+    }
+
+    /// A barrier where an op's reads of scratch may still be under way and control flow may
+    /// break the alternation of halves: at the entry of a loop or branch, the end of a branch,
+    /// and the end of a loop body with an odd number of scratch ops (whose next iteration
+    /// would use the half its last op read). Within straight-line code halves alternate.
+    fn fence(&mut self) {
+        if self.dirty {
+            self.sync();
+        } else {
+            self.flush();
+        }
     }
 
     fn need_scratch(&mut self, bytes: usize) {
@@ -345,22 +434,49 @@ impl<'k> Gen<'k> {
             self.line(&format!("if (tid == 0) (({t}*)(sb + {at}))[0] = v{}[0];", v.0));
         } else {
             let (r, n, nt) = (self.regs(v), self.numel(v), self.nt);
+            let guard = if r * nt == n { String::new() } else { format!("if (e < {n}) ") };
             self.line(&format!(
-                "#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; if (e < {n}) (({t}*)(sb + {at}))[e] = v{}[j]; }}",
+                "#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {guard}(({t}*)(sb + {at}))[e] = v{}[j]; }}",
                 v.0
             ));
         }
     }
 
-    /// A failure of lane `lane` (an expression) with the given kind, offset and aux word.
-    fn fail(kind: u64, lane: &str, off: &str, aux: &str) -> String {
-        format!("TG_FAIL({lane}, {kind}ULL, (u64)({off}), (u64)({aux}))")
+    /// A failure of lane `lane` (an expression) of instruction `i` with the given kind, offset
+    /// and aux word. Each failure site has a number, increasing in the order the sites run
+    /// between two checks, so that the first failing site and its lowest lane can be told.
+    fn fail(&mut self, i: Inst, kind: u64, lane: &str, off: &str, aux: &str) -> String {
+        self.sites += 1;
+        format!("TG_FAIL({}u, {}, {lane}, {kind}ULL, (u64)({off}), (u64)({aux}))", self.sites, i.0)
     }
 
-    /// After an op that may fail: if any thread failed, the lowest failing lane reports and the
-    /// program ends.
-    fn check(&mut self, i: Inst) {
-        self.line(&format!("TG_CHECK({});", i.0));
+    /// After an op that may fail: a check is due. It is made at the next barrier the block
+    /// passes anyway, or at the latest before the next store, atomic, branch or loop bound
+    /// ([`Gen::flush`]): ops in between only compute on a failed lane's stand-in values, and
+    /// the failure of the earliest site (lowest lane) is the one reported, as the reference
+    /// reports the first failing op.
+    fn check(&mut self, _i: Inst) {
+        self.pending = true;
+    }
+
+    /// Makes a due check now: if any thread failed, the first failure reports and the program
+    /// ends.
+    fn flush(&mut self) {
+        if self.pending {
+            self.pending = false;
+            self.line("TG_SYNC;");
+        }
+    }
+
+    /// A barrier of the block's threads, which also makes a due check.
+    fn sync(&mut self) {
+        self.dirty = false;
+        if self.pending {
+            self.pending = false;
+            self.line("TG_SYNC;");
+        } else {
+            self.line("__syncthreads();");
+        }
     }
 
     fn message(&mut self, m: String) -> usize {
@@ -425,6 +541,10 @@ impl<'k> Gen<'k> {
                 self.declare(r);
                 if self.scalar(x) {
                     self.each(r, &format!("v{}[j] = v{}[0];", r.0, x.0));
+                } else if let Some(ex) =
+                    self.expr_at(x, &broadcast_source(&k.ty(r).shape, &k.ty(x).shape, "e"), &mut { Self::RECOMPUTE_OPS })
+                {
+                    self.each(r, &format!("v{}[j] = {ex};", r.0));
                 } else {
                     let (rs, xs) = (k.ty(r).shape.clone(), k.ty(x).shape.clone());
                     let xst = strides(&xs);
@@ -447,7 +567,10 @@ impl<'k> Gen<'k> {
                     self.each(r, &format!("v{}[j] = v{}[0];", r.0, x.0));
                 } else if !self.scalar(x) && self.scalar(r) {
                     // A one-element tile becomes a scalar every thread holds.
-                    self.gather(r, x, "int s = 0;");
+                    match self.expr_at(x, "0", &mut { Self::RECOMPUTE_OPS }) {
+                        Some(ex) => self.line(&format!("v{}[0] = {ex};", r.0)),
+                        None => self.gather(r, x, "int s = 0;"),
+                    }
                 } else {
                     self.copy(r, x);
                 }
@@ -455,6 +578,11 @@ impl<'k> Gen<'k> {
             Op::Permute { perm } => {
                 let (r, x) = (d.results[0], a[0]);
                 self.declare(r);
+                let src = permute_source(&k.ty(r).shape, &k.ty(x).shape, perm, "e");
+                if let Some(ex) = self.expr_at(x, &src, &mut { Self::RECOMPUTE_OPS }) {
+                    self.each(r, &format!("v{}[j] = {ex};", r.0));
+                    return Ok(());
+                }
                 let rs = k.ty(r).shape.clone();
                 let xst = strides(&k.ty(x).shape);
                 let mut idx = String::from("int s = 0; int q = e;");
@@ -483,7 +611,7 @@ impl<'k> Gen<'k> {
                     let m = self.message("integer division by zero".into());
                     let lane = if self.scalar(r) { "0" } else { "e" };
                     let guard = if self.scalar(r) { "tid == 0 && " } else { "" };
-                    let f = Self::fail(ERR_RUNTIME, lane, "0", &m.to_string());
+                    let f = self.fail(i, ERR_RUNTIME, lane, "0", &m.to_string());
                     let w = if dt == DType::I32 { "32" } else { "64" };
                     let op = if *b == BinaryOp::FloorDiv { "div" } else { "rem" };
                     self.each(
@@ -502,14 +630,7 @@ impl<'k> Gen<'k> {
             Op::Cmp(c) => {
                 let (r, x, y) = (d.results[0], a[0], a[1]);
                 self.declare(r);
-                let op = match c {
-                    CmpOp::Eq => "==",
-                    CmpOp::Ne => "!=",
-                    CmpOp::Lt => "<",
-                    CmpOp::Le => "<=",
-                    CmpOp::Gt => ">",
-                    CmpOp::Ge => ">=",
-                };
+                let op = cmp_op(*c);
                 self.each(r, &format!("v{}[j] = (v{}[j] {op} v{}[j]);", r.0, x.0, y.0));
             }
             Op::Where => {
@@ -543,6 +664,7 @@ impl<'k> Gen<'k> {
                 for &r in &d.results {
                     self.declare(r);
                 }
+                self.fence();
                 self.line(&format!("if (v{}[0]) {{", a[0].0));
                 self.branch(i, *then_block)?;
                 self.line("} else {");
@@ -561,9 +683,77 @@ impl<'k> Gen<'k> {
         for (r, y) in results.iter().zip(ys) {
             self.copy(*r, y);
         }
+        self.fence();
         self.depth -= 1;
         Ok(())
     }
+
+    /// Element `idx` (a C expression of the flat index) of `v`, computed where it is needed
+    /// from `v`'s definition: `v` is a scalar, or built from `arange`s and scalars by
+    /// broadcasts, reshapes, permutes and elementwise ops (Triton's `offs_m[:, None] * stride +
+    /// offs_n[None, :]` and its masks). A broadcast of such a value needs no scratch and no
+    /// barrier; the same ops on the same operands give the values the op would have moved.
+    /// `None` for other values, or past `budget` ops.
+    fn expr_at(&self, v: Value, idx: &str, budget: &mut usize) -> Option<String> {
+        if self.scalar(v) {
+            return Some(format!("v{}[0]", v.0));
+        }
+        if *budget == 0 {
+            return None;
+        }
+        *budget -= 1;
+        let k = self.k;
+        let d = k.inst(self.defs[v.index()]?);
+        let a = &d.args;
+        let dt = self.dtype(v);
+        let x = |i: usize, budget: &mut usize| self.expr_at(a[i], idx, budget);
+        Some(match &d.op {
+            Op::Arange { start, .. } => format!("(int)({start} + ({idx}))"),
+            Op::Broadcast if self.scalar(a[0]) => x(0, budget)?,
+            Op::Broadcast => self.expr_at(a[0], &broadcast_source(&k.ty(v).shape, &k.ty(a[0]).shape, idx), budget)?,
+            Op::ExpandDims { .. } | Op::Reshape => x(0, budget)?,
+            Op::Permute { perm } => self.expr_at(a[0], &permute_source(&k.ty(v).shape, &k.ty(a[0]).shape, perm, idx), budget)?,
+            Op::Unary(u) => self.unary(*u, dt, &x(0, budget)?)?,
+            Op::Binary(b) => {
+                if matches!(b, BinaryOp::FloorDiv | BinaryOp::Mod) && dt.is_int() {
+                    return None;
+                }
+                let (l, r) = (x(0, budget)?, x(1, budget)?);
+                self.binary(*b, dt, &l, &r)?
+            }
+            Op::Cmp(c) => {
+                let (l, r) = (x(0, budget)?, x(1, budget)?);
+                format!("({l} {} {r})", cmp_op(*c))
+            }
+            Op::Where => {
+                let (c, l, r) = (x(0, budget)?, x(1, budget)?, x(2, budget)?);
+                format!("({c} ? {l} : {r})")
+            }
+            Op::Cast => convert(self.dtype(a[0]), dt, &x(0, budget)?),
+            Op::AddPtr => {
+                let (p, o) = (x(0, budget)?, x(1, budget)?);
+                format!("tg_add64({p}, (i64){o})")
+            }
+            Op::ProgramId { .. }
+            | Op::NumPrograms { .. }
+            | Op::Const { .. }
+            | Op::Reduce { .. }
+            | Op::Cumsum { .. }
+            | Op::Dot { .. }
+            | Op::Load { .. }
+            | Op::Store { .. }
+            | Op::AtomicAdd { .. }
+            | Op::AtomicRmw { .. }
+            | Op::AtomicCas
+            | Op::For { .. }
+            | Op::While { .. }
+            | Op::If { .. }
+            | Op::Yield => return None,
+        })
+    }
+
+    /// Most ops one recomputed element may cost ([`Gen::expr_at`]).
+    const RECOMPUTE_OPS: usize = 48;
 
     /// `out[e] = x[s]` where `idx` computes `s` from `e`, through scratch.
     fn gather(&mut self, out: Value, x: Value, idx: &str) {
@@ -572,7 +762,7 @@ impl<'k> Gen<'k> {
         let t = ctype(self.dtype(x));
         self.open_scratch();
         self.spill(x, 0);
-        self.line("__syncthreads();");
+        self.sync();
         self.each(out, &format!("{idx} v{}[j] = (({t}*)sb)[s];", out.0));
         self.close_scratch();
     }
@@ -714,7 +904,7 @@ impl<'k> Gen<'k> {
         let f = |tmpl: &str, a: &str, b: &str| tmpl.replace('A', a).replace('B', b);
         self.open_scratch();
         self.spill(x, 0);
-        self.line("__syncthreads();");
+        self.sync();
         // Output element e is (o, ii) with o = e / inner, ii = e % inner.
         let oi = format!("const int o = e / {inner}; const int ii = e % {inner}; (void)o; (void)ii;");
         match kind {
@@ -727,14 +917,24 @@ impl<'k> Gen<'k> {
                 let res = part + (outer * L * xd.size_bytes()).div_ceil(16) * 16;
                 self.need_scratch(res + outer * xd.size_bytes());
                 let chunks = n / L;
-                self.line(&format!(
-                    "for (int q = tid; q < {}; q += {}) {{ const int o = q / {L}; const int c = q % {L}; {t} acc = ({t})0; for (int ch = 0; ch < {chunks}; ++ch) acc = {}; (({t}*)(sb + {part}))[q] = acc; }}",
-                    outer * L,
-                    self.nt,
-                    f(plus, "acc", &at("o", &format!("(ch * {L} + c)"), "0"))
-                ));
-                self.line("__syncthreads();");
-                let pp = |q: &str| format!("(({t}*)(sb + {part}))[o * {L} + {q}]");
+                // With one chunk or none a lane's chain is its first element (or zero): read
+                // where it is, without a pass and its barrier.
+                let zero = format!("({t})0");
+                let first = |q: &str| f(plus, &zero, &at("o", q, "0"));
+                let pp: Box<dyn Fn(&str) -> String> = if chunks >= 2 {
+                    self.line(&format!(
+                        "for (int q = tid; q < {}; q += {}) {{ const int o = q / {L}; const int c = q % {L}; {t} acc = ({t})0; for (int ch = 0; ch < {chunks}; ++ch) acc = {}; (({t}*)(sb + {part}))[q] = acc; }}",
+                        outer * L,
+                        self.nt,
+                        f(plus, "acc", &at("o", &format!("(ch * {L} + c)"), "0"))
+                    ));
+                    self.sync();
+                    Box::new(|q: &str| format!("(({t}*)(sb + {part}))[o * {L} + {q}]"))
+                } else if chunks == 1 {
+                    Box::new(move |q: &str| first(q))
+                } else {
+                    Box::new(|_: &str| format!("({t})0"))
+                };
                 self.line(&format!(
                     "for (int o = tid / 32; o < {outer}; o += {}) {{ const int lane = tid % 32; {t} s = {}; for (int w = 16; w >= 1; w /= 2) {{ const {t} other = __shfl_down_sync(0xffffffffu, s, w); s = {}; }} if (lane == 0) {{ for (int kk = {}; kk < {n}; ++kk) s = {}; (({t}*)(sb + {res}))[o] = s; }} }}",
                     self.nt / 32,
@@ -743,7 +943,7 @@ impl<'k> Gen<'k> {
                     chunks * L,
                     f(plus, "s", &at("o", "kk", "0")),
                 ));
-                self.line("__syncthreads();");
+                self.sync();
                 self.each(r, &format!("v{}[j] = {};", r.0, narrow(rd, &format!("(({t}*)(sb + {res}))[e]"))));
             }
             ReduceOp::Max | ReduceOp::Min if n >= 16 => {
@@ -764,7 +964,7 @@ impl<'k> Gen<'k> {
                     at("o", "c", "ii"),
                     f(op, "acc", &at("o", "kk", "ii"))
                 ));
-                self.line("__syncthreads();");
+                self.sync();
                 let p = |q: &str| format!("(({t}*)(sb + {part}))[e * {ch} + {q}]");
                 let body = format!(
                     "{t} s = {}; for (int c = 1; c < {ch}; ++c) s = {}; v{}[j] = {};",
@@ -832,7 +1032,7 @@ impl<'k> Gen<'k> {
         let at = |kk: &str| format!("(({t}*)sb)[(o * {n} + {kk}) * {inner} + ii]");
         self.open_scratch();
         self.spill(x, 0);
-        self.line("__syncthreads();");
+        self.sync();
         let step = plus.replace('P', &at(&prev_of)).replace('C', &at(&k_of));
         self.line(&format!(
             "for (int q = tid; q < {}; q += {}) {{ const int o = q / {inner}; const int ii = q % {inner}; for (int st = 1; st < {n}; ++st) {} = {step}; }}",
@@ -840,7 +1040,7 @@ impl<'k> Gen<'k> {
             self.nt,
             at(&k_of)
         ));
-        self.line("__syncthreads();");
+        self.sync();
         self.each(r, &format!("v{}[j] = (({t}*)sb)[e];", r.0));
         self.close_scratch();
         Ok(())
@@ -875,7 +1075,7 @@ impl<'k> Gen<'k> {
         self.open_scratch();
         self.each_of(a, &format!("(({t}*)sb)[e] = {ca};"));
         self.each_of(b, &format!("(({t}*)(sb + {boff}))[e] = {cb};"));
-        self.line("__syncthreads();");
+        self.sync();
         let (mul, add) = if acc == DType::F32 { ("__fmul_rn", "__fadd_rn") } else { ("__dmul_rn", "__dadd_rn") };
         // Each output accumulates over k in order (products and sums rounded separately); k is
         // the outer loop so that a column of b, when every register of a thread is in one
@@ -888,7 +1088,7 @@ impl<'k> Gen<'k> {
         self.line("{");
         self.line(&format!("{t} s[{regs}];"));
         self.line(&format!(
-            "#pragma unroll\nfor (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; if (e < {numel}) s[j] = {cv}; }}"
+            "#pragma unroll\nfor (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; if (e < {numel}) s[j] = {cv}; else s[j] = ({t})0; }}"
         ));
         self.line(&format!(
             "for (int q = 0; q < {kk}; ++q) {{ {hoist}\n#pragma unroll\nfor (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; if (e < {numel}) s[j] = {add}(s[j], {mul}((({t}*)sb)[(e / {n}) * {kk} + q], {bq})); }} }}"
@@ -906,9 +1106,8 @@ impl<'k> Gen<'k> {
             self.line(&format!("if (tid == 0) {{ const int j = 0; const int e = 0; {body} }}"));
         } else {
             let (r, n, nt) = (self.regs(v), self.numel(v), self.nt);
-            self.line(&format!(
-                "#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; if (e < {n}) {{ {body} }} }}"
-            ));
+            let guard = if r * nt == n { String::new() } else { format!("if (e < {n}) ") };
+            self.line(&format!("#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {guard}{{ {body} }} }}"));
         }
     }
 
@@ -938,7 +1137,7 @@ impl<'k> Gen<'k> {
             format!("({})0", ctype(dt))
         };
         let (lead, lane) = self.access_lane(p);
-        let fail = Self::fail(ERR_OOB, lane, "off", &j.to_string());
+        let fail = self.fail(i, ERR_OOB, lane, "off", &j.to_string());
         let read = from_storage(dt, &format!("tg_b{j}[off]"));
         let body = format!(
             "if ({m}) {{ const i64 off = v{}[j]; if (off < 0 || off >= tg_n{j}) {{ if ({lead}) {fail} v{}[j] = ({})0; }} else {{ v{}[j] = {read}; if ({lead}) {{ tg_cl++; if (tg_r{j}) tg_mark(tg_r{j} + off, tg_p + 1); if (tg_a{j} && tg_a{j}[off] == tg_p + 1) atomicOr(TG_FLAGS, {FLAG_OWN_ATOMIC}u); }} }} }} else v{}[j] = {fill};",
@@ -960,12 +1159,13 @@ impl<'k> Gen<'k> {
         let dt = self.pointee(p);
         let m = if mask { format!("v{}[j]", d.args[2].0) } else { "true".into() };
         let (_, lane) = self.access_lane(p);
-        let fail = Self::fail(ERR_OOB, lane, "off", &j.to_string());
+        let fail = self.fail(i, ERR_OOB, lane, "off", &j.to_string());
         let val = to_storage(dt, &format!("v{}[j]", v.0));
         // One pass: each active lane checks its bounds and writes. A launch with an
         // out-of-bounds lane fails, so what its other lanes wrote is never seen (and a write
         // another program reads is a conflict the reference then settles). The check's barrier
         // also makes the writes visible to the block's later loads.
+        self.flush();
         self.line("tg_sseq++; tg_nev++;");
         self.each_of(
             p,
@@ -991,7 +1191,8 @@ impl<'k> Gen<'k> {
         }
         let m = if mask { format!("v{}[j]", d.args[2].0) } else { "true".into() };
         let (_, lane) = self.access_lane(p);
-        let fail = Self::fail(ERR_OOB, lane, "off", &j.to_string());
+        self.flush();
+        let fail = self.fail(i, ERR_OOB, lane, "off", &j.to_string());
         self.line("tg_nev++; tg_aseq++;");
         if i.0 > 0xffff {
             self.line(&format!("if (tg_ak{j}) atomicOr(TG_FLAGS, {FLAG_WRITERS}u);"));
@@ -1048,20 +1249,26 @@ impl<'k> Gen<'k> {
         for (r, &init) in d.results.iter().zip(&d.args[3..]) {
             self.copy(*r, init);
         }
+        // The bounds must not come from a failed lane's stand-in values.
+        self.fence();
         let n = i.0;
         let step0 = self.message("loop step is zero".into());
         self.line(&format!(
             "const i64 tg_lo{n} = (i64)v{}[0], tg_hi{n} = (i64)v{}[0], tg_st{n} = (i64)v{}[0];",
             d.args[0].0, d.args[1].0, d.args[2].0
         ));
-        self.line(&format!("if (tg_st{n} == 0 && tid == 0) {}", Self::fail(ERR_RUNTIME, "0", "0", &step0.to_string())));
+        let f = self.fail(i, ERR_RUNTIME, "0", "0", &step0.to_string());
+        self.line(&format!("if (tg_st{n} == 0 && tid == 0) {f}"));
         self.check(i);
+        self.flush();
         self.line(&format!(
             "const u64 tg_as{n} = tg_st{n} > 0 ? (u64)tg_st{n} : (u64)0 - (u64)tg_st{n}; const bool tg_pos{n} = tg_st{n} > 0 ? tg_hi{n} > tg_lo{n} : tg_lo{n} > tg_hi{n}; const u64 tg_span{n} = tg_st{n} > 0 ? (u64)tg_hi{n} - (u64)tg_lo{n} : (u64)tg_lo{n} - (u64)tg_hi{n}; const u64 tg_trips{n} = tg_pos{n} ? tg_span{n} / tg_as{n} + (tg_span{n} % tg_as{n} != 0) : 0;"
         ));
         if let Some(m) = max_iters {
-            self.line(&format!("if (tg_trips{n} > {m}ULL && tid == 0) {}", Self::fail(ERR_LOOP, "0", "0", &format!("tg_trips{n}"))));
+            let f = self.fail(i, ERR_LOOP, "0", "0", &format!("tg_trips{n}"));
+            self.line(&format!("if (tg_trips{n} > {m}ULL && tid == 0) {f}"));
             self.check(i);
+            self.flush();
         }
         self.line(&format!("if (tid == 0) atomicMax((unsigned long long*)(TG_TRIPS + {li}), (unsigned long long)tg_trips{n} + 1ULL);"));
         let iv_ty = self.dtype(d.args[0]);
@@ -1075,9 +1282,15 @@ impl<'k> Gen<'k> {
             self.declare(*p);
             self.copy(*p, *r);
         }
+        let before = self.toggles;
         let ys = self.block(body)?;
         for (r, y) in d.results.iter().zip(ys) {
             self.copy(*r, y);
+        }
+        if (self.toggles - before) % 2 == 1 {
+            self.fence();
+        } else {
+            self.flush();
         }
         self.depth -= 1;
         self.line("}");
@@ -1095,6 +1308,7 @@ impl<'k> Gen<'k> {
         for (r, &init) in d.results.iter().zip(&d.args) {
             self.copy(*r, init);
         }
+        self.fence();
         let limit = max_iters.map_or(tilegrad_reference::WHILE_LIMIT, u64::from);
         let endless = self.message(
             "this `while` loop can never end: an iteration changed neither memory nor its carried values (a spin lock \
@@ -1117,17 +1331,20 @@ impl<'k> Gen<'k> {
             self.copy(*p, *r);
         }
         let c = self.block(cond)?;
+        // The loop may end here: scratch the condition read is fenced.
+        self.fence();
         self.line(&format!("tg_go{n} = v{}[0];", c[0].0));
         self.depth -= 1;
         self.line("}");
         self.line(&format!("if (!tg_go{n}) break;"));
         self.line(&format!("tg_wt{n}++;"));
         let fail = match max_iters {
-            Some(_) => Self::fail(ERR_LOOP, "0", "0", &format!("tg_wt{n}")),
-            None => Self::fail(ERR_RUNTIME, "0", "0", &unbounded.to_string()),
+            Some(_) => self.fail(i, ERR_LOOP, "0", "0", &format!("tg_wt{n}")),
+            None => self.fail(i, ERR_RUNTIME, "0", "0", &unbounded.to_string()),
         };
         self.line(&format!("if (tg_wt{n} > {limit}ULL && tid == 0) {fail}"));
         self.check(i);
+        self.flush();
         self.line(&format!("const u64 tg_ev{n} = tg_nev; int tg_changed{n} = 0;"));
         self.line("{");
         self.depth += 1;
@@ -1147,13 +1364,13 @@ impl<'k> Gen<'k> {
             }
             self.copy(*r, y);
         }
+        self.fence();
         self.depth -= 1;
         self.line("}");
-        self.line(&format!(
-            "if (!__syncthreads_or(tg_changed{n}) && tg_nev == tg_ev{n} && tid == 0) {}",
-            Self::fail(ERR_RUNTIME, "0", "0", &endless.to_string())
-        ));
+        let f = self.fail(i, ERR_RUNTIME, "0", "0", &endless.to_string());
+        self.line(&format!("if (!__syncthreads_or(tg_changed{n}) && tg_nev == tg_ev{n} && tid == 0) {f}"));
         self.check(i);
+        self.flush();
         self.depth -= 1;
         self.line("}");
         self.line(&format!("if (tid == 0) atomicMax((unsigned long long*)(TG_TRIPS + {li}), (unsigned long long)tg_wt{n} + 1ULL);"));
@@ -1169,9 +1386,9 @@ impl<'k> Gen<'k> {
         // The argument block is a kernel parameter: read from the constant bank where used,
         // holding no registers.
         src.push_str(
-            "    __shared__ u32 tg_sh_p; __shared__ int tg_sh_lane; __shared__ int tg_sh_stop;\n\
+            "    __shared__ u32 tg_sh_p[2]; __shared__ u64 tg_sh_key;\n\
              \x20   const int tid = threadIdx.x;\n\
-             #define TG_G0 (A.w[0])\n#define TG_G1 (A.w[1])\n#define TG_G2 (A.w[2])\n#define TG_TOTAL (A.w[3])\n\
+             #define TG_G0 ((u32)A.w[0])\n#define TG_G1 ((u32)A.w[1])\n#define TG_G2 ((u32)A.w[2])\n#define TG_TOTAL (A.w[3])\n\
              #define TG_NEXT ((u32*)A.w[4])\n#define TG_TICKET ((u32*)A.w[5])\n#define TG_ERR ((u64*)A.w[6])\n\
              #define TG_FLAGS ((u32*)A.w[7])\n#define TG_COUNT ((u64*)A.w[8])\n#define TG_TRIPS ((u64*)A.w[8] + 3)\n\
              #define TG_LOG ((u64*)A.w[11] + 3 * A.w[12] * (u64)blockIdx.x)\n#define TG_LOGCAP (A.w[12])\n\
@@ -1204,20 +1421,25 @@ impl<'k> Gen<'k> {
                 tilegrad_ir::ParamKind::Scalar(_) | tilegrad_ir::ParamKind::Constexpr(..) => {}
             }
         }
-        let _ = writeln!(src, "    for (;;) {{");
+        // Programs from a counter: the next one is taken before the barrier that ends the
+        // current one (into the other slot), except where float atomics pass a turn from
+        // program to program, which every program taken must take.
+        src.push_str("    if (tid == 0) { tg_sh_p[0] = atomicAdd(TG_NEXT, 1u); tg_sh_key = ~0ULL; }\n    __syncthreads();\n");
+        let _ = writeln!(src, "    for (u32 tg_it = 0;; ++tg_it) {{");
         src.push_str(
-            "        if (tid == 0) { tg_sh_p = atomicAdd(TG_NEXT, 1u); tg_sh_lane = 0x7fffffff; tg_sh_stop = 0; }\n\
-             \x20       __syncthreads();\n\
-             \x20       const u32 tg_p = tg_sh_p;\n\
+            "        const u32 tg_p = tg_sh_p[tg_it & 1u];\n\
              \x20       if ((u64)tg_p >= TG_TOTAL) break;\n\
+             \x20       int tg_stopped = 0;\n\
              \x20       const int pid0 = (int)(tg_p % TG_G0); const int pid1 = (int)((tg_p / TG_G0) % TG_G1); const int pid2 = (int)(tg_p / (TG_G0 * TG_G1));\n\
              \x20       (void)pid0; (void)pid1; (void)pid2;\n\
-             \x20       int tg_ef = 0; int tg_el = 0; u64 tg_ek = 0, tg_eo = 0, tg_ea = 0;\n\
+             \x20       int tg_ef = 0; int tg_el = 0; u64 tg_ek = 0, tg_eo = 0, tg_ea = 0, tg_ei = 0, tg_key = ~0ULL;\n\
              \x20       u64 tg_nev = 0; u32 tg_sseq = 0; u32 tg_aseq = 0; u32 tg_alen = 0; (void)tg_nev; (void)tg_sseq; (void)tg_aseq; (void)tg_alen;\n\
-             \x20       (void)tg_el; (void)tg_ek; (void)tg_eo; (void)tg_ea;\n",
+             \x20       (void)tg_el; (void)tg_ek; (void)tg_eo; (void)tg_ea; (void)tg_ei; (void)tg_key;\n",
         );
-        let _ = writeln!(src, "#define TG_FAIL(lane, kind, off, aux) {{ if (!tg_ef) {{ tg_ef = 1; tg_el = (lane); tg_ek = (kind); tg_eo = (off); tg_ea = (aux); atomicMin(&tg_sh_lane, tg_el); }} }}");
-        let _ = writeln!(src, "#define TG_CHECK(inst) {{ if (__syncthreads_or(tg_ef)) {{ if (tg_ef && tg_el == tg_sh_lane) {{ u64* er = TG_ERR + {ERR_WORDS} * (u64)blockIdx.x; er[0] = tg_p; er[1] = (inst); er[2] = tg_ek; er[3] = (u64)tg_el; er[4] = tg_eo; er[5] = tg_ea; tg_sh_stop = 1; }} goto tg_end; }} }}");
+        // A thread keeps its first failure; the block's first is the smallest key (failure
+        // site, then lane). A failed program ends its block's work: the key is never reset.
+        let _ = writeln!(src, "#define TG_FAIL(site, inst, lane, kind, off, aux) {{ if (!tg_ef) {{ tg_ef = 1; tg_ei = (inst); tg_el = (lane); tg_ek = (kind); tg_eo = (off); tg_ea = (aux); tg_key = ((u64)(site) << 32) | (u64)(u32)tg_el; atomicMin((unsigned long long*)&tg_sh_key, (unsigned long long)tg_key); }} }}");
+        let _ = writeln!(src, "#define TG_SYNC {{ if (__syncthreads_or(tg_ef)) {{ if (tg_ef && tg_key == tg_sh_key) {{ u64* er = TG_ERR + {ERR_WORDS} * (u64)blockIdx.x; er[0] = tg_p; er[1] = tg_ei; er[2] = tg_ek; er[3] = (u64)tg_el; er[4] = tg_eo; er[5] = tg_ea; }} tg_stopped = 1; goto tg_end; }} }}");
         for (j, p) in k.params.iter().enumerate() {
             let v = p.value.0;
             match &p.kind {
@@ -1240,13 +1462,17 @@ impl<'k> Gen<'k> {
         }
         src.push_str("        {\n");
         src.push_str(body);
-        src.push_str("        }\n        tg_end: ;\n        __syncthreads();\n");
+        src.push_str("        }\n        tg_end: ;\n");
+        if !self.float_atomics {
+            src.push_str("        if (tid == 0 && !tg_stopped) tg_sh_p[(tg_it + 1u) & 1u] = atomicAdd(TG_NEXT, 1u);\n");
+        }
+        src.push_str("        const int tg_stop = __syncthreads_or(tg_stopped);\n");
         if self.float_atomics {
             // Float atomics in program order: wait for this program's turn, add its logged
             // contributions (each element's in log order, by the thread its address hashes to),
             // then pass the turn on. Every program takes its turn, failed or not.
             src.push_str("        if (tid == 0) { while (atomicAdd(TG_TICKET, 0u) != tg_p) { } }\n        __syncthreads();\n        __threadfence();\n");
-            src.push_str("        if (!tg_sh_stop) {\n            const u32 tg_n = tg_alen < TG_LOGCAP ? tg_alen : (u32)TG_LOGCAP;\n            for (u32 q = 0; q < tg_n; ++q) {\n                const u64* le = TG_LOG + 3 * (u64)q;\n                if (le[0] == ~0ULL) continue;\n                const i64 off = (i64)le[0];\n                switch ((int)le[1]) {\n");
+            src.push_str("        if (!tg_stop) {\n            const u32 tg_n = tg_alen < TG_LOGCAP ? tg_alen : (u32)TG_LOGCAP;\n            for (u32 q = 0; q < tg_n; ++q) {\n                const u64* le = TG_LOG + 3 * (u64)q;\n                if (le[0] == ~0ULL) continue;\n                const i64 off = (i64)le[0];\n                switch ((int)le[1]) {\n");
             for (j, p) in k.params.iter().enumerate() {
                 if let tilegrad_ir::ParamKind::Ptr(dt) = &p.kind {
                     if !dt.is_float() {
@@ -1263,7 +1489,11 @@ impl<'k> Gen<'k> {
             }
             src.push_str("                    default: break;\n                }\n            }\n        }\n        __threadfence();\n        __syncthreads();\n        if (tid == 0) atomicExch(TG_TICKET, tg_p + 1);\n");
         }
-        src.push_str("        const int tg_stop = tg_sh_stop;\n        __syncthreads();\n        if (tg_stop) break;\n#undef TG_FAIL\n#undef TG_CHECK\n    }\n");
+        src.push_str("        if (tg_stop) break;\n");
+        if self.float_atomics {
+            src.push_str("        if (tid == 0) tg_sh_p[(tg_it + 1u) & 1u] = atomicAdd(TG_NEXT, 1u);\n        __syncthreads();\n");
+        }
+        src.push_str("#undef TG_FAIL\n#undef TG_SYNC\n    }\n");
         src.push_str("    if (tg_cl) atomicAdd((unsigned long long*)TG_COUNT, (unsigned long long)tg_cl);\n    if (tg_cs) atomicAdd((unsigned long long*)(TG_COUNT + 1), (unsigned long long)tg_cs);\n    if (tg_ca) atomicAdd((unsigned long long*)(TG_COUNT + 2), (unsigned long long)tg_ca);\n}\n");
     }
 }

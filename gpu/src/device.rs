@@ -148,10 +148,14 @@ impl Gpu {
             return Ok(c.clone());
         }
         // `TILEGRAD_GPU_THREADS=N` (a power of two, 32 to 1024) forces at most N threads a block,
-        // with no register cap below 255 (for tests: results do not depend on the block size).
-        let forced = std::env::var("TILEGRAD_GPU_THREADS").ok().and_then(|v| v.parse::<usize>().ok());
+        // with no register cap below 255, and `N:B` asks the compiler to fit B blocks an SM (for
+        // tests and tuning: results do not depend on either).
+        let forced = std::env::var("TILEGRAD_GPU_THREADS").ok().and_then(|v| {
+            let (n, b) = v.split_once(':').unwrap_or((v.as_str(), "1"));
+            Some((n.parse::<usize>().ok()?, b.parse::<usize>().ok()?))
+        });
         let mut c = match forced {
-            Some(n) => self.load(k, codegen::generate_with(k, n, Some(1))?, &arch)?,
+            Some((n, b)) => self.load(k, codegen::generate_with(k, n, Some(b))?, &arch)?,
             None => self.load(k, gen, &arch)?,
         };
         let spill = |c: &Compiled| c.main.local_size_bytes().unwrap_or(0);
@@ -294,10 +298,14 @@ impl Gpu {
                         None => {
                             let bytes = tensor_bytes(mem.get(t).dtype(), mem.get(t).data());
                             let buf = s.clone_htod(&bytes).map_err(driver)?;
-                            slots.push((t, Slot { buf, numel: mem.get(t).numel(), stored: false, atomic: false, marks: None }));
+                            slots.push((
+                                t,
+                                Slot { buf, numel: mem.get(t).numel(), loaded: false, stored: false, atomic: false, marks: None },
+                            ));
                             slots.len() - 1
                         }
                     };
+                    slots[at].1.loaded |= uses[j].loaded;
                     slots[at].1.stored |= uses[j].stored;
                     slots[at].1.atomic |= uses[j].atomic;
                     param_slot.push(Some(at));
@@ -313,7 +321,8 @@ impl Gpu {
                 if sl.stored || sl.atomic {
                     let n = sl.numel.max(1);
                     let w = if sl.stored { Some(s.alloc_zeros::<u64>(n).map_err(driver)?) } else { None };
-                    let r = s.alloc_zeros::<u32>(n).map_err(driver)?;
+                    // Readers only of tensors some program both reads and writes.
+                    let r = if sl.loaded { Some(s.alloc_zeros::<u32>(n).map_err(driver)?) } else { None };
                     let a = if sl.atomic { Some(s.alloc_zeros::<u32>(n).map_err(driver)?) } else { None };
                     let wi = if writers && sl.stored { Some(s.alloc_zeros::<u32>(n).map_err(driver)?) } else { None };
                     let ak = if writers && sl.atomic { Some(s.alloc_zeros::<u64>(n).map_err(driver)?) } else { None };
@@ -364,7 +373,7 @@ impl Gpu {
                 words[w + 1] = sl.numel as u64;
                 if let Some(m) = &sl.marks {
                     words[w + 2] = m.w.as_ref().map_or(0, |b| b.device_ptr(s).0);
-                    words[w + 3] = m.r.device_ptr(s).0;
+                    words[w + 3] = m.r.as_ref().map_or(0, |b| b.device_ptr(s).0);
                     words[w + 4] = m.a.as_ref().map_or(0, |b| b.device_ptr(s).0);
                     words[w + 5] = m.wi.as_ref().map_or(0, |b| b.device_ptr(s).0);
                     words[w + 6] = m.ak.as_ref().map_or(0, |b| b.device_ptr(s).0);
@@ -417,7 +426,9 @@ impl Gpu {
         s.memcpy_htod(&vec![u64::MAX; n], &mut p.errs).map_err(driver)?;
         for (_, sl) in &mut p.slots {
             if let Some(m) = &mut sl.marks {
-                s.memset_zeros(&mut m.r).map_err(driver)?;
+                if let Some(r) = &mut m.r {
+                    s.memset_zeros(r).map_err(driver)?;
+                }
                 if let Some(w) = &mut m.w {
                     s.memset_zeros(w).map_err(driver)?;
                 }
@@ -438,9 +449,14 @@ impl Gpu {
         if p.races {
             for (_, sl) in &p.slots {
                 if let Some(m) = &sl.marks {
+                    if m.r.is_none() && m.a.is_none() {
+                        // Two programs storing one element were seen by the stores themselves;
+                        // with no reads or atomics on the tensor there is nothing else to check.
+                        continue;
+                    }
                     let n = sl.numel as i64;
                     let wp = m.w.as_ref().map_or(0, |b| b.device_ptr(s).0);
-                    let rp = m.r.device_ptr(s).0;
+                    let rp = m.r.as_ref().map_or(0, |b| b.device_ptr(s).0);
                     let ap = m.a.as_ref().map_or(0, |b| b.device_ptr(s).0);
                     let fp = p.flags.device_ptr(s).0;
                     let g = (sl.numel as u64).div_ceil(256).clamp(1, self.sms as u64 * 8) as u32;
@@ -527,7 +543,7 @@ struct Prepared {
 
 struct Marks {
     w: Option<CudaSlice<u64>>,
-    r: CudaSlice<u32>,
+    r: Option<CudaSlice<u32>>,
     a: Option<CudaSlice<u32>>,
     /// For blame: each element's storing instruction + 1.
     wi: Option<CudaSlice<u32>>,
@@ -538,6 +554,7 @@ struct Marks {
 struct Slot {
     buf: CudaSlice<u8>,
     numel: usize,
+    loaded: bool,
     stored: bool,
     atomic: bool,
     marks: Option<Marks>,

@@ -83,11 +83,15 @@ fn every_kernel_becomes_cuda_c() {
         if tilegrad_gpu::codegen::needs_reference(k).is_some() {
             return Ok(());
         }
-        // Both forms a launch may use: the default blocks, and 512-thread blocks with more
-        // registers (taken where the default spills).
-        let g = tilegrad_gpu::codegen::generate(k).map_err(|e| format!("{label}: `{}`: {e}", k.name))?;
-        let g512 = tilegrad_gpu::codegen::generate_with(k, 512, Some(1)).map_err(|e| format!("{label}: `{}`: {e}", k.name))?;
-        for g in [&g, &g512] {
+        // The forms a launch may use: the default blocks, the same blocks with more registers
+        // (half as many an SM, taken where the default spills), and the largest blocks (as
+        // `TILEGRAD_GPU_THREADS=1024` forces them).
+        let err = |e: tilegrad_gpu::GpuError| format!("{label}: `{}`: {e}", k.name);
+        let g = tilegrad_gpu::codegen::generate(k).map_err(err)?;
+        let blocks = (1024 / g.threads as usize).max(1);
+        let roomy = tilegrad_gpu::codegen::generate_with(k, g.threads as usize, Some((blocks / 2).max(1))).map_err(err)?;
+        let large = tilegrad_gpu::codegen::generate_with(k, 1024, Some(1)).map_err(err)?;
+        for g in [&g, &roomy, &large] {
             if !g.source.contains(tilegrad_gpu::codegen::ENTRY) || g.threads < 32 {
                 return Err(format!("{label}: `{}`: no entry point", k.name));
             }
@@ -96,8 +100,18 @@ fn every_kernel_becomes_cuda_c() {
                     .map_err(|e| format!("{label}: `{}` ({} threads): {e}", k.name, g.threads))?;
             }
         }
-        if g512.threads > 512 || (g.threads <= 512 && g512.threads != g.threads) || !g512.source.contains("__launch_bounds__(") {
-            return Err(format!("{label}: `{}`: {} threads by default, {} at most 512", k.name, g.threads, g512.threads));
+        let bounds = |g: &tilegrad_gpu::codegen::Generated, b: usize| g.source.contains(&format!("__launch_bounds__({}, {b})", g.threads));
+        if g.threads as usize > tilegrad_gpu::codegen::DEFAULT_THREADS
+            || roomy.threads != g.threads
+            || large.threads < g.threads
+            || !bounds(&g, blocks)
+            || !bounds(&roomy, (blocks / 2).max(1))
+            || !bounds(&large, 1)
+        {
+            return Err(format!(
+                "{label}: `{}`: {} threads by default, {} roomy, {} large",
+                k.name, g.threads, roomy.threads, large.threads
+            ));
         }
         Ok(())
     });

@@ -136,10 +136,9 @@ impl Gpu {
 
     /// The kernel compiled for this device: from memory, from the disk cache, or by NVRTC.
     ///
-    /// A kernel whose 1024-thread blocks spill registers to local memory at 64 registers a
-    /// thread is compiled again with 512-thread blocks of up to 128 registers, and that form is
-    /// used when it spills less (measured on an H100: the weighted sum and the row softmax
-    /// forwards ran 1.4x and 1.2x faster; a 64x64 matmul spills more and keeps 1024 threads).
+    /// A kernel whose blocks spill registers to local memory at 64 registers a thread is
+    /// compiled again for half as many blocks an SM (up to 128 registers), and that form is
+    /// used when it spills less.
     fn compiled(&self, k: &Kernel) -> Result<Arc<Compiled>, GpuError> {
         let gen = codegen::generate(k)?;
         let arch = format!("compute_{}{}", self.arch.0, self.arch.1);
@@ -159,9 +158,11 @@ impl Gpu {
             None => self.load(k, gen, &arch)?,
         };
         let spill = |c: &Compiled| c.main.local_size_bytes().unwrap_or(0);
-        if forced.is_none() && c.gen.threads == 1024 && spill(&c) > 0 {
+        let blocks = (1024 / c.gen.threads as usize).max(1);
+        if forced.is_none() && blocks >= 2 && spill(&c) > 0 {
             // The other form is an optimisation: if it fails to compile, the first one serves.
-            if let Ok(alt) = codegen::generate_with(k, 512, Some(1)).and_then(|g| self.load(k, g, &arch)) {
+            let threads = c.gen.threads as usize;
+            if let Ok(alt) = codegen::generate_with(k, threads, Some(blocks / 2)).and_then(|g| self.load(k, g, &arch)) {
                 if spill(&alt) < spill(&c) {
                     c = alt;
                 }
@@ -316,11 +317,13 @@ impl Gpu {
         // Writers (for blame) are read off the race marks, with the storing instruction and the
         // last atomic's key of each element.
         let writers = launch.get_options().record_writers;
+        // Store stamps of 32 bits hold programs + 1 below 2^24.
+        let wide = total >= 1 << 24;
         if opts.races || writers {
             for (_, sl) in &mut slots {
                 if sl.stored || sl.atomic {
                     let n = sl.numel.max(1);
-                    let w = if sl.stored { Some(s.alloc_zeros::<u64>(n).map_err(driver)?) } else { None };
+                    let w = if sl.stored { Some(s.alloc_zeros::<u32>(if wide { 2 * n } else { n }).map_err(driver)?) } else { None };
                     // Readers only of tensors some program both reads and writes.
                     let r = if sl.loaded { Some(s.alloc_zeros::<u32>(n).map_err(driver)?) } else { None };
                     let a = if sl.atomic { Some(s.alloc_zeros::<u32>(n).map_err(driver)?) } else { None };
@@ -365,6 +368,7 @@ impl Gpu {
         words[11] = log.device_ptr(s).0;
         words[12] = log_cap;
         words[13] = launch.get_options().poison_masked_loads as u64;
+        words[14] = wide as u64;
         for (j, p) in k.params.iter().enumerate() {
             if let Some(at) = param_slot[j] {
                 let sl = &slots[at].1;
@@ -412,6 +416,7 @@ impl Gpu {
             cfg,
             races: opts.races || writers,
             writers,
+            wide,
             total,
         })
     }
@@ -459,10 +464,12 @@ impl Gpu {
                     let rp = m.r.as_ref().map_or(0, |b| b.device_ptr(s).0);
                     let ap = m.a.as_ref().map_or(0, |b| b.device_ptr(s).0);
                     let fp = p.flags.device_ptr(s).0;
+                    let wide = p.wide as i32;
                     let g = (sl.numel as u64).div_ceil(256).clamp(1, self.sms as u64 * 8) as u32;
                     let cfg = LaunchConfig { grid_dim: (g, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
                     // SAFETY: mark buffers of `n` elements (or null) and the flag word.
-                    unsafe { s.launch_builder(&c.races).arg(&wp).arg(&rp).arg(&ap).arg(&n).arg(&fp).launch(cfg) }.map_err(driver)?;
+                    unsafe { s.launch_builder(&c.races).arg(&wp).arg(&wide).arg(&rp).arg(&ap).arg(&n).arg(&fp).launch(cfg) }
+                        .map_err(driver)?;
                 }
             }
         }
@@ -500,7 +507,7 @@ impl Gpu {
         if p.writers {
             for (t, sl) in &p.slots {
                 if let (true, Some(m)) = (sl.stored || sl.atomic, &sl.marks) {
-                    summary.writers.push(writers_of(s, *t, sl.numel, m)?);
+                    summary.writers.push(writers_of(s, *t, sl.numel, m, p.wide)?);
                 }
             }
         }
@@ -538,11 +545,15 @@ struct Prepared {
     cfg: LaunchConfig,
     races: bool,
     writers: bool,
+    /// Store marks are 64-bit stamps (else 32-bit).
+    wide: bool,
     total: u64,
 }
 
 struct Marks {
-    w: Option<CudaSlice<u64>>,
+    /// Each element's last store stamp: (program + 1) << 8 | store count in 32 bits, or
+    /// (program + 1) << 32 | store count in 64 (two words, low first) where the launch is wide.
+    w: Option<CudaSlice<u32>>,
     r: Option<CudaSlice<u32>>,
     a: Option<CudaSlice<u32>>,
     /// For blame: each element's storing instruction + 1.
@@ -563,17 +574,24 @@ struct Slot {
 /// Who wrote each element of a tensor, as the reference's [`Writers`] says it: the storing
 /// program and its last store there, else the atomic updater (or `MANY`) and the last atomic
 /// in program order.
-fn writers_of(s: &Arc<CudaStream>, t: TensorId, n: usize, m: &Marks) -> Result<Writers, GpuError> {
+fn writers_of(s: &Arc<CudaStream>, t: TensorId, n: usize, m: &Marks, wide: bool) -> Result<Writers, GpuError> {
     let get32 = |b: &Option<CudaSlice<u32>>| -> Result<Vec<u32>, GpuError> {
         b.as_ref().map_or(Ok(vec![0; n]), |b| s.clone_dtoh(b).map_err(driver))
     };
     let get64 = |b: &Option<CudaSlice<u64>>| -> Result<Vec<u64>, GpuError> {
         b.as_ref().map_or(Ok(vec![0; n]), |b| s.clone_dtoh(b).map_err(driver))
     };
-    let (w, a, wi, ak) = (get64(&m.w)?, get32(&m.a)?, get32(&m.wi)?, get64(&m.ak)?);
+    let w = m.w.as_ref().map(|b| s.clone_dtoh(b).map_err(driver)).transpose()?;
+    let (a, wi, ak) = (get32(&m.a)?, get32(&m.wi)?, get64(&m.ak)?);
+    // The storing program + 1 of each element (0: none).
+    let stored = |e: usize| match &w {
+        None => 0,
+        Some(w) if wide => w[2 * e + 1],
+        Some(w) => w[e] >> 8,
+    };
     let each = (0..n).map(|e| {
-        if w[e] != 0 {
-            ((w[e] >> 32) as u32 - 1, wi[e].wrapping_sub(1))
+        if stored(e) != 0 {
+            (stored(e) - 1, wi[e].wrapping_sub(1))
         } else if a[e] != 0 {
             (if a[e] == Writers::MANY { Writers::MANY } else { a[e] - 1 }, (ak[e] & 0xffff) as u32)
         } else {

@@ -88,6 +88,26 @@ __device__ __forceinline__ float tg_maxf(float a, float b) { return isnan(a) ? b
 __device__ __forceinline__ double tg_mind(double a, double b) { return isnan(a) ? b : (isnan(b) ? a : (b < a ? b : a)); }
 __device__ __forceinline__ double tg_maxd(double a, double b) { return isnan(a) ? b : (isnan(b) ? a : (b > a ? b : a)); }
 
+// Max and min reductions in any order, as the reference's in-order fold picks (with the
+// reference's max and min, which keep the first of equal operands such as +0 and -0): of
+// (value, index) pairs, a number over a NaN, the last of NaNs, the greater (smaller) number,
+// the first of equal ones. The choice is associative, so a tree of picks gives the fold's.
+template <typename T, bool MAX> __device__ __forceinline__ void tg_pick(T& a, int& ia, T b, int ib) {
+    const bool an = a != a, bn = b != b;
+    bool take;
+    if (an || bn) take = an && bn ? ib > ia : an;
+    else if (MAX ? b > a : b < a) take = true;
+    else if (MAX ? a > b : a < b) take = false;
+    else take = ib < ia;
+    if (take) { a = b; ia = ib; }
+}
+template <typename T, bool MAX> __device__ __forceinline__ T tg_fold(const T* p, const int* pi, int n) {
+    T a = p[0];
+    int ia = pi[0];
+    for (int w = 1; w < n; ++w) tg_pick<T, MAX>(a, ia, p[w], pi[w]);
+    return a;
+}
+
 // tf32 operand rounding (10 mantissa bits, nearest even), as the reference's round_tf32.
 __device__ __forceinline__ float tg_tf32(float x) {
     if (isnan(x) || isinf(x)) return x;

@@ -564,6 +564,11 @@ impl<'k> Gen<'k> {
                 self.declare(r);
                 if self.scalar(x) {
                     self.each(r, &format!("v{}[j] = v{}[0];", r.0, x.0));
+                } else if let (1, Some(ex)) = (self.numel(x), self.expr_at(x, "0", &mut { Self::RECOMPUTE_OPS })) {
+                    // One element to all: computed once.
+                    self.line(&format!("{{ const {} tg_one = {ex};", ctype(self.dtype(x))));
+                    self.each(r, &format!("v{}[j] = tg_one;", r.0));
+                    self.line("}");
                 } else if let Some(ex) =
                     self.expr_at(x, &broadcast_source(&k.ty(r).shape, &k.ty(x).shape, "e"), &mut { Self::RECOMPUTE_OPS })
                 {
@@ -1124,27 +1129,57 @@ impl<'k> Gen<'k> {
             }
         };
         let (ca, cb) = (conv(a, self), conv(b, self));
+        let (regs, numel, nt) = (self.regs(r), self.numel(r), self.nt);
+        // Every register of a thread in one column (`tid % n`), at rows `tid / n + S * j`: a is
+        // kept transposed, with each thread's rows side by side, so that a step over k reads
+        // them in a few wide loads (one address for a warp) and one element of b.
+        let strip = !self.scalar(r) && nt % n == 0 && regs * nt == numel && m % (nt / n) == 0 && regs == m / (nt / n);
+        let stride = nt / n;
         self.open_scratch();
-        self.each_of(a, &format!("(({t}*)sb)[e] = {ca};"));
+        if strip {
+            self.each_of(a, &format!("(({t}*)sb)[(e % {kk}) * {m} + ((e / {kk}) % {stride}) * {regs} + (e / {kk}) / {stride}] = {ca};"));
+        } else {
+            self.each_of(a, &format!("(({t}*)sb)[e] = {ca};"));
+        }
         self.each_of(b, &format!("(({t}*)(sb + {boff}))[e] = {cb};"));
         self.sync();
         let (mul, add) = if acc == DType::F32 { ("__fmul_rn", "__fadd_rn") } else { ("__dmul_rn", "__dadd_rn") };
         // Each output accumulates over k in order (products and sums rounded separately); k is
         // the outer loop so that a column of b, when every register of a thread is in one
         // column, is read once.
-        let (regs, numel, nt) = (self.regs(r), self.numel(r), self.nt);
         let cv = convert(self.dtype(c), acc, &format!("v{}[j]", c.0));
         let one_col = !self.scalar(r) && nt % n == 0;
         let bq = if one_col { "bq".to_string() } else { format!("(({t}*)(sb + {boff}))[q * {n} + (e % {n})]") };
         let hoist = if one_col { format!("const {t} bq = (({t}*)(sb + {boff}))[q * {n} + (tid % {n})];") } else { String::new() };
         self.line("{");
         self.line(&format!("{t} s[{regs}];"));
+        let guard = if regs * nt == numel { String::new() } else { format!("if (e < {numel}) ") };
+        let otherwise = if regs * nt == numel { String::new() } else { format!(" else s[j] = ({t})0;") };
         self.line(&format!(
-            "#pragma unroll\nfor (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; if (e < {numel}) s[j] = {cv}; else s[j] = ({t})0; }}"
+            "#pragma unroll\nfor (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; {guard}s[j] = {cv};{otherwise} }}"
         ));
-        self.line(&format!(
-            "for (int q = 0; q < {kk}; ++q) {{ {hoist}\n#pragma unroll\nfor (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; if (e < {numel}) s[j] = {add}(s[j], {mul}((({t}*)sb)[(e / {n}) * {kk} + q], {bq})); }} }}"
-        ));
+        if strip {
+            let (wide, w) = match acc {
+                DType::F32 if regs % 4 == 0 => ("float4", 4),
+                DType::F64 if regs % 2 == 0 => ("double2", 2),
+                _ => (t, 1),
+            };
+            let lanes = ["x", "y", "z", "w"];
+            let mut step = String::new();
+            for l in lanes.iter().take(w) {
+                let el = if w == 1 { "a4".to_string() } else { format!("a4.{l}") };
+                let at = lanes.iter().position(|x| x == l).unwrap_or(0);
+                let _ = write!(step, " s[{w} * jw + {at}] = {add}(s[{w} * jw + {at}], {mul}({el}, bq));");
+            }
+            self.line(&format!(
+                "#pragma unroll 2\nfor (int q = 0; q < {kk}; ++q) {{ {hoist} const {wide}* ap = (const {wide}*)((({t}*)sb) + q * {m} + (tid / {n}) * {regs});\n#pragma unroll\nfor (int jw = 0; jw < {}; ++jw) {{ const {wide} a4 = ap[jw];{step} }} }}",
+                regs / w
+            ));
+        } else {
+            self.line(&format!(
+                "for (int q = 0; q < {kk}; ++q) {{ {hoist}\n#pragma unroll\nfor (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; if (e < {numel}) s[j] = {add}(s[j], {mul}((({t}*)sb)[(e / {n}) * {kk} + q], {bq})); }} }}"
+            ));
+        }
         let body = format!("v{}[j] = {};", r.0, narrow(rd, "s[j]"));
         self.each(r, &body);
         self.line("}");
@@ -1195,7 +1230,7 @@ impl<'k> Gen<'k> {
         // program's own atomics; then the reads, with nothing between them that waits (so that
         // a thread's loads are in flight together, and its offsets then free).
         let body = format!(
-            "if ({m}) {{ const i64 off = v{p}[j]; if (off < 0 || off >= tg_n{j}) {{ if ({lead}) {fail} v{r}[j] = ({t})0; }} else {{ v{r}[j] = {read}; if ({lead}) tg_cl++; }} }} else v{r}[j] = {fill};",
+            "if ({m}) {{ const i64 off = v{p}[j]; if ((u64)off >= (u64)tg_n{j}) {{ if ({lead}) {fail} v{r}[j] = ({t})0; }} else {{ v{r}[j] = {read}; if ({lead}) tg_cl++; }} }} else v{r}[j] = {fill};",
             p = p.0,
             r = r.0,
             t = ctype(dt),
@@ -1204,7 +1239,7 @@ impl<'k> Gen<'k> {
         self.each_of(
             p,
             &format!(
-                "if ({m}) {{ const i64 off = v{}[j]; if (off >= 0 && off < tg_n{j} && {lead}) {{ if (tg_r{j}) tg_mark(tg_r{j} + off, tg_p + 1); if (tg_a{j} && tg_a{j}[off] == tg_p + 1) atomicOr(TG_FLAGS, {FLAG_OWN_ATOMIC}u); }} }}",
+                "if ({m}) {{ const i64 off = v{}[j]; if ((u64)off < (u64)tg_n{j} && {lead}) {{ if (tg_r{j}) tg_mark(tg_r{j} + off, tg_p + 1); if (tg_a{j} && tg_a{j}[off] == tg_p + 1) atomicOr(TG_FLAGS, {FLAG_OWN_ATOMIC}u); }} }}",
                 p.0
             ),
         );
@@ -1243,7 +1278,7 @@ impl<'k> Gen<'k> {
                 ("u32", "((tg_p + 1u) << 8) | (tg_sseq & 0xffu)", format!("atomicExch((u32*)tg_w{j} + off, stamp)"), "(old >> 8)")
             };
             format!(
-                "if ({m}) {{ const i64 off = v{}[j]; if (off >= 0 && off < tg_n{j}) {{ if (tg_w{j}) {{ const {ty} stamp = {stamp}; const {ty} old = {xchg}; tg_fl |= old == stamp ? {FLAG_DUPLICATE}u : (old != 0 && {other} != tg_p + 1u ? {FLAG_CONFLICT}u : 0u); }} if (tg_wi{j}) tg_wi{j}[off] = {}u; }} }}",
+                "if ({m}) {{ const i64 off = v{}[j]; if ((u64)off < (u64)tg_n{j}) {{ if (tg_w{j}) {{ const {ty} stamp = {stamp}; const {ty} old = {xchg}; tg_fl |= old == stamp ? {FLAG_DUPLICATE}u : (old != 0 && {other} != tg_p + 1u ? {FLAG_CONFLICT}u : 0u); }} if (tg_wi{j}) tg_wi{j}[off] = {}u; }} }}",
                 p.0,
                 i.0 + 1
             )
@@ -1255,7 +1290,7 @@ impl<'k> Gen<'k> {
         self.each_of(
             p,
             &format!(
-                "if ({m}) {{ const i64 off = v{}[j]; if (off < 0 || off >= tg_n{j}) {fail} else {{ tg_b{j}[off] = {val}; tg_cs++; }} }}",
+                "if ({m}) {{ const i64 off = v{}[j]; if ((u64)off >= (u64)tg_n{j}) {fail} else {{ tg_b{j}[off] = {val}; tg_cs++; }} }}",
                 p.0
             ),
         );
@@ -1307,7 +1342,7 @@ impl<'k> Gen<'k> {
                 let n = self.numel(p).max(1);
                 self.line(&format!("const u32 tg_base{} = tg_alen; tg_alen += {n};", i.0));
                 let body = format!(
-                    "const i64 off = v{}[j]; const bool act = ({m}) && off >= 0 && off < tg_n{j}; if (({m}) && !act) {fail} u64* le = TG_LOG + 3 * (u64)(tg_base{} + e); if (tg_base{} + e < TG_LOGCAP) {{ le[0] = act ? (u64)off : ~0ULL; le[1] = {j}; le[2] = {bits}; }} else atomicOr(TG_FLAGS, {FLAG_LOG_FULL}u); if (act) {{ {mark} }}",
+                    "const i64 off = v{}[j]; const bool act = ({m}) && (u64)off < (u64)tg_n{j}; if (({m}) && !act) {fail} u64* le = TG_LOG + 3 * (u64)(tg_base{} + e); if (tg_base{} + e < TG_LOGCAP) {{ le[0] = act ? (u64)off : ~0ULL; le[1] = {j}; le[2] = {bits}; }} else atomicOr(TG_FLAGS, {FLAG_LOG_FULL}u); if (act) {{ {mark} }}",
                     p.0,
                     i.0,
                     i.0,
@@ -1319,7 +1354,7 @@ impl<'k> Gen<'k> {
         };
         self.each_of(
             p,
-            &format!("if ({m}) {{ const i64 off = v{}[j]; if (off < 0 || off >= tg_n{j}) {fail} else {{ {body} {mark} }} }}", p.0),
+            &format!("if ({m}) {{ const i64 off = v{}[j]; if ((u64)off >= (u64)tg_n{j}) {fail} else {{ {body} {mark} }} }}", p.0),
         );
         self.check(i);
         Ok(())

@@ -112,6 +112,7 @@ pub fn generate_with(k: &Kernel, max_threads: usize, min_blocks: Option<usize>) 
         pending: false,
         toggles: 0,
         dirty: false,
+        tail_apart: false,
         resident: Default::default(),
         defs,
     };
@@ -160,6 +161,9 @@ struct Gen<'k> {
     toggles: usize,
     /// Some thread may still be reading scratch (no barrier since the last op's reads).
     dirty: bool,
+    /// The last scratch op reads, after its last barrier, only bytes it does not write before
+    /// its first.
+    tail_apart: bool,
     /// The instruction defining each value (none for parameters and block parameters).
     defs: Vec<Option<Inst>>,
     /// Reduction results still in scratch, where every thread may read them until the next
@@ -430,6 +434,7 @@ impl<'k> Gen<'k> {
         self.line("}");
         // The op's threads read scratch after its last barrier.
         self.dirty = true;
+        self.tail_apart = false;
     }
 
     /// A barrier where an op's reads of scratch may still be under way and control flow may
@@ -515,14 +520,16 @@ impl<'k> Gen<'k> {
         // Scratch left by ops outside the block may be overwritten before (or while) it runs.
         self.resident.clear();
         let k = self.k;
+        let mut ys = Vec::new();
         for &i in &k.block(b).insts {
             let d = k.inst(i);
             if let Op::Yield = d.op {
-                return Ok(d.args.to_vec());
+                ys = d.args.to_vec();
+                break;
             }
             self.inst(i)?;
         }
-        Ok(Vec::new())
+        Ok(ys)
     }
 
     /// Copies value `from` into `to` (same type).
@@ -767,11 +774,11 @@ impl<'k> Gen<'k> {
             }
             Op::ProgramId { .. }
             | Op::NumPrograms { .. }
+            | Op::Load { .. }
             | Op::Const { .. }
             | Op::Reduce { .. }
             | Op::Cumsum { .. }
             | Op::Dot { .. }
-            | Op::Load { .. }
             | Op::Store { .. }
             | Op::AtomicAdd { .. }
             | Op::AtomicRmw { .. }
@@ -1002,6 +1009,11 @@ impl<'k> Gen<'k> {
                 let at_index = narrow(rd, &format!("(({t}*)({} + {res}))[@]", self.scratch_base()));
                 self.each(r, &format!("v{}[j] = {};", r.0, at_index.replace('@', "e")));
                 self.resident.insert(r.0, at_index);
+                self.close_scratch();
+                // Written before the first barrier: the spilled tile (below `part`); read after
+                // the last: the results (from `res`).
+                self.tail_apart = true;
+                return Ok(());
             }
             ReduceOp::Max | ReduceOp::Min if n >= 16 => {
                 // Max and min are exact in any order (a NaN operand yields the other): chains
@@ -1215,14 +1227,7 @@ impl<'k> Gen<'k> {
         let dt = self.pointee(p);
         self.declare(r);
         let m = if mask { format!("v{}[j]", d.args[1].0) } else { "true".into() };
-        let fill = if other {
-            format!("v{}[j]", d.args[2].0)
-        } else if dt.is_float() {
-            let nan = if dt == DType::F64 { "TG_NAN_D" } else { "TG_NAN_F" };
-            format!("(TG_POISON ? {nan} : ({})0)", ctype(dt))
-        } else {
-            format!("({})0", ctype(dt))
-        };
+        let fill = if other { format!("v{}[j]", d.args[2].0) } else { self.fill(dt) };
         let (lead, lane) = self.access_lane(p);
         let fail = self.fail(i, ERR_OOB, lane, "off", &j.to_string());
         let read = from_storage(dt, &format!("tg_b{j}[off]"));
@@ -1246,6 +1251,17 @@ impl<'k> Gen<'k> {
         self.line("}");
         self.each(r, &body);
         self.check(i);
+    }
+
+    /// What a masked-off lane of a load without `other` reads: NaN for floats where the launch
+    /// poisons masked loads, else zero.
+    fn fill(&self, dt: DType) -> String {
+        if dt.is_float() {
+            let nan = if dt == DType::F64 { "TG_NAN_D" } else { "TG_NAN_F" };
+            format!("(TG_POISON ? {nan} : ({})0)", ctype(dt))
+        } else {
+            format!("({})0", ctype(dt))
+        }
     }
 
     fn store(&mut self, i: Inst, mask: bool) {
@@ -1413,7 +1429,10 @@ impl<'k> Gen<'k> {
         for (r, y) in d.results.iter().zip(ys) {
             self.copy(*r, y);
         }
-        if (self.toggles - before) % 2 == 1 {
+        // One scratch op whose reads after its last barrier are apart from its writes before
+        // its first: the next iteration's writes cannot meet this one's reads.
+        let alone = self.toggles - before == 1 && self.tail_apart;
+        if (self.toggles - before) % 2 == 1 && !alone {
             self.fence();
         } else {
             self.flush();

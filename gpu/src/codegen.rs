@@ -25,7 +25,8 @@ pub(crate) const PTR_WORDS: usize = 7;
 pub(crate) const ARG_WORDS: usize = 512;
 /// Words of one atomic-log entry: offset, parameter, value bits.
 pub(crate) const LOG_WORDS: usize = 3;
-/// Words of one block's error record: program, instruction, kind, lane, offset, aux.
+/// Words of one block's error record: program, failure site (`Generated::sites`), unused, lane,
+/// offset, aux.
 pub(crate) const ERR_WORDS: usize = 6;
 
 /// Error kinds in an error record.
@@ -55,6 +56,9 @@ pub struct Generated {
     pub messages: Vec<String>,
     /// Some `atomic_add` on floats: their contributions are applied in program order.
     pub float_atomics: bool,
+    /// The instruction and error kind of each failure site, by number from 1 (an error record
+    /// names its site).
+    pub sites: Vec<(Inst, u64)>,
 }
 
 /// The name of the generated entry point.
@@ -108,7 +112,7 @@ pub fn generate_with(k: &Kernel, max_threads: usize, min_blocks: Option<usize>) 
         scratch: 0,
         float_atomics: false,
         upper: false,
-        sites: 0,
+        sites: Vec::new(),
         pending: false,
         toggles: 0,
         dirty: false,
@@ -136,6 +140,7 @@ pub fn generate_with(k: &Kernel, max_threads: usize, min_blocks: Option<usize>) 
         loops: g.loops,
         messages: g.messages,
         float_atomics: g.float_atomics,
+        sites: g.sites,
     })
 }
 
@@ -153,8 +158,9 @@ struct Gen<'k> {
     float_atomics: bool,
     /// Which half of the (double-buffered) scratch the next op uses.
     upper: bool,
-    /// Failure sites emitted so far (their numbers order the failures between two checks).
-    sites: u32,
+    /// Failure sites emitted so far, by number (from 1; the numbers order the failures between
+    /// two checks): instruction and error kind.
+    sites: Vec<(Inst, u64)>,
     /// A check is due ([`Gen::check`]).
     pending: bool,
     /// Scratch ops opened so far.
@@ -472,8 +478,8 @@ impl<'k> Gen<'k> {
     /// and aux word. Each failure site has a number, increasing in the order the sites run
     /// between two checks, so that the first failing site and its lowest lane can be told.
     fn fail(&mut self, i: Inst, kind: u64, lane: &str, off: &str, aux: &str) -> String {
-        self.sites += 1;
-        format!("TG_FAIL({}u, {}, {lane}, {kind}ULL, (u64)({off}), (u64)({aux}))", self.sites, i.0)
+        self.sites.push((i, kind));
+        format!("TG_FAIL({}u, {lane}, (u64)({off}), (u64)({aux}))", self.sites.len())
     }
 
     /// After an op that may fail: a check is due. It is made at the next barrier the block
@@ -1129,8 +1135,6 @@ impl<'k> Gen<'k> {
         self.declare(r);
         let t = ctype(acc);
         let sz = acc.size_bytes();
-        let boff = (m * kk * sz).div_ceil(16) * 16;
-        self.need_scratch(boff + kk * n * sz);
         let tf32 = precision == DotPrecision::Tf32 && self.dtype(a) == DType::F32 && acc == DType::F32;
         let conv = |v: Value, g: &Gen| {
             let e = convert(g.dtype(v), acc, &format!("v{}[j]", v.0));
@@ -1147,9 +1151,17 @@ impl<'k> Gen<'k> {
         // them in a few wide loads (one address for a warp) and one element of b.
         let strip = !self.scalar(r) && nt % n == 0 && regs * nt == numel && m % (nt / n) == 0 && regs == m / (nt / n);
         let stride = nt / n;
+        // Rows of transposed a padded by 4 elements (16 bytes apart stay 16 bytes apart):
+        // a warp writing one row of a, 32 steps of k, then meets 4 banks at a time, not 1.
+        let pitch = if strip && m % 4 == 0 { m + 4 } else { m };
+        let boff = (pitch * kk * sz).div_ceil(16) * 16;
+        self.need_scratch(boff + kk * n * sz);
         self.open_scratch();
         if strip {
-            self.each_of(a, &format!("(({t}*)sb)[(e % {kk}) * {m} + ((e / {kk}) % {stride}) * {regs} + (e / {kk}) / {stride}] = {ca};"));
+            self.each_of(
+                a,
+                &format!("(({t}*)sb)[(e % {kk}) * {pitch} + ((e / {kk}) % {stride}) * {regs} + (e / {kk}) / {stride}] = {ca};"),
+            );
         } else {
             self.each_of(a, &format!("(({t}*)sb)[e] = {ca};"));
         }
@@ -1184,7 +1196,7 @@ impl<'k> Gen<'k> {
                 let _ = write!(step, " s[{w} * jw + {at}] = {add}(s[{w} * jw + {at}], {mul}({el}, bq));");
             }
             self.line(&format!(
-                "#pragma unroll 2\nfor (int q = 0; q < {kk}; ++q) {{ {hoist} const {wide}* ap = (const {wide}*)((({t}*)sb) + q * {m} + (tid / {n}) * {regs});\n#pragma unroll\nfor (int jw = 0; jw < {}; ++jw) {{ const {wide} a4 = ap[jw];{step} }} }}",
+                "#pragma unroll 2\nfor (int q = 0; q < {kk}; ++q) {{ {hoist} const {wide}* ap = (const {wide}*)((({t}*)sb) + q * {pitch} + (tid / {n}) * {regs});\n#pragma unroll\nfor (int jw = 0; jw < {}; ++jw) {{ const {wide} a4 = ap[jw];{step} }} }}",
                 regs / w
             ));
         } else {
@@ -1577,14 +1589,14 @@ impl<'k> Gen<'k> {
              \x20       int tg_stopped = 0;\n\
              \x20       const int pid0 = (int)(tg_p % TG_G0); const int pid1 = (int)((tg_p / TG_G0) % TG_G1); const int pid2 = (int)(tg_p / (TG_G0 * TG_G1));\n\
              \x20       (void)pid0; (void)pid1; (void)pid2;\n\
-             \x20       int tg_ef = 0; int tg_el = 0; u64 tg_ek = 0, tg_eo = 0, tg_ea = 0, tg_ei = 0, tg_key = ~0ULL;\n\
+             \x20       u64 tg_eo = 0, tg_ea = 0, tg_key = ~0ULL;\n\
              \x20       u64 tg_nev = 0; u32 tg_sseq = 0; u32 tg_aseq = 0; u32 tg_alen = 0; (void)tg_nev; (void)tg_sseq; (void)tg_aseq; (void)tg_alen;\n\
-             \x20       (void)tg_el; (void)tg_ek; (void)tg_eo; (void)tg_ea; (void)tg_ei; (void)tg_key;\n",
+             \x20       (void)tg_eo; (void)tg_ea; (void)tg_key;\n",
         );
         // A thread keeps its first failure; the block's first is the smallest key (failure
         // site, then lane). A failed program ends its block's work: the key is never reset.
-        let _ = writeln!(src, "#define TG_FAIL(site, inst, lane, kind, off, aux) {{ if (!tg_ef) {{ tg_ef = 1; tg_ei = (inst); tg_el = (lane); tg_ek = (kind); tg_eo = (off); tg_ea = (aux); tg_key = ((u64)(site) << 32) | (u64)(u32)tg_el; atomicMin((unsigned long long*)&tg_sh_key, (unsigned long long)tg_key); }} }}");
-        let _ = writeln!(src, "#define TG_SYNC {{ if (__syncthreads_or(tg_ef)) {{ if (tg_ef && tg_key == tg_sh_key) {{ u64* er = TG_ERR + {ERR_WORDS} * (u64)blockIdx.x; er[0] = tg_p; er[1] = tg_ei; er[2] = tg_ek; er[3] = (u64)tg_el; er[4] = tg_eo; er[5] = tg_ea; }} tg_stopped = 1; goto tg_end; }} }}");
+        let _ = writeln!(src, "#define TG_FAIL(site, lane, off, aux) {{ if (tg_key == ~0ULL) {{ tg_key = ((u64)(site) << 32) | (u64)(u32)(lane); tg_eo = (off); tg_ea = (aux); atomicMin((unsigned long long*)&tg_sh_key, (unsigned long long)tg_key); }} }}");
+        let _ = writeln!(src, "#define TG_SYNC {{ if (__syncthreads_or(tg_key != ~0ULL)) {{ if (tg_key == tg_sh_key) {{ u64* er = TG_ERR + {ERR_WORDS} * (u64)blockIdx.x; er[0] = tg_p; er[1] = tg_key >> 32; er[2] = 0; er[3] = tg_key & 0xffffffffULL; er[4] = tg_eo; er[5] = tg_ea; }} tg_stopped = 1; goto tg_end; }} }}");
         for (j, p) in k.params.iter().enumerate() {
             let v = p.value.0;
             match &p.kind {

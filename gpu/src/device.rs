@@ -7,7 +7,7 @@ use crate::{GpuError, GpuOptions, Outcome, RanOn};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use tilegrad_ir::{DType, Inst, Kernel, Lit, Op, ParamKind};
+use tilegrad_ir::{DType, Kernel, Lit, Op, ParamKind};
 use tilegrad_reference::{Arg, Data, ExecError, Launch, LaunchSummary, Memory, RaceMode, Site, TensorId, Writers};
 
 /// Entries of the float-atomic log per block.
@@ -663,10 +663,10 @@ fn decode_error(
     r: &[u64],
 ) -> ExecError {
     let k = launch.kernel();
-    let inst = Inst(r[1] as u32);
+    let (inst, kind) = c.gen.sites[r[1] as usize - 1];
     let d = k.inst(inst);
     let site = Box::new(Site { kernel: k.name.clone(), op: d.op.mnemonic(), loc: d.loc.clone(), pid: launch.grid().pid(r[0]) });
-    match r[2] {
+    match kind {
         ERR_OOB => {
             let j = r[5] as usize;
             let t = param_slot[j].map(|at| slots[at].0).expect("out-of-bounds records name a pointer parameter");

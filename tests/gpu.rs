@@ -95,6 +95,10 @@ fn every_kernel_becomes_cuda_c() {
             if !g.source.contains(tilegrad_gpu::codegen::ENTRY) || g.threads < 32 {
                 return Err(format!("{label}: `{}`: no entry point", k.name));
             }
+            // Placeholders settled after a loop body is emitted.
+            if g.source.contains("TG_PARITY_") {
+                return Err(format!("{label}: `{}`: an unsettled parity placeholder", k.name));
+            }
             if nvrtc {
                 tilegrad_gpu::compile_generated(k, g, "compute_90")
                     .map_err(|e| format!("{label}: `{}` ({} threads): {e}", k.name, g.threads))?;

@@ -118,6 +118,7 @@ pub fn generate_with(k: &Kernel, max_threads: usize, min_blocks: Option<usize>) 
         dirty: false,
         tail_apart: false,
         resident: Default::default(),
+        parity: None,
         defs,
     };
     g.check_pointers()?;
@@ -172,6 +173,8 @@ struct Gen<'k> {
     tail_apart: bool,
     /// The instruction defining each value (none for parameters and block parameters).
     defs: Vec<Option<Inst>>,
+    /// The placeholder for the iteration parity of the innermost loop being emitted.
+    parity: Option<String>,
     /// Reduction results still in scratch, where every thread may read them until the next
     /// scratch op or block boundary: element `@` of the value, as a C expression.
     resident: std::collections::HashMap<u32, String>,
@@ -427,12 +430,14 @@ impl<'k> Gen<'k> {
         self.line(&format!("{{ unsigned char* const sb = {base};"));
     }
 
-    /// The half of scratch the current op uses.
-    fn scratch_base(&self) -> &'static str {
-        if self.upper {
-            "(scr + TG_HALF)"
-        } else {
-            "scr"
+    /// The half of scratch the current op uses: in the body of an innermost loop, flipped on
+    /// odd iterations where the body has an odd number of scratch ops (see [`Gen::for_loop`]).
+    fn scratch_base(&self) -> String {
+        let u = self.upper as u8;
+        match &self.parity {
+            Some(p) => format!("(scr + (({u} ^ {p}) ? TG_HALF : 0))"),
+            None if self.upper => "(scr + TG_HALF)".to_string(),
+            None => "scr".to_string(),
         }
     }
 
@@ -1436,21 +1441,41 @@ impl<'k> Gen<'k> {
             self.declare(*p);
             self.copy(*p, *r);
         }
-        let before = self.toggles;
+        // An innermost loop's body with an odd number of scratch ops would have its first op
+        // use the half its last one read the iteration before: the halves are flipped on odd
+        // iterations instead (the parity is settled once the body is emitted), so that they
+        // alternate across iterations too, and no barrier is needed at the end of the body.
+        let innermost = !k.block(body).insts.iter().any(|&x| matches!(k.inst(x).op, Op::For { .. } | Op::While { .. } | Op::If { .. }));
+        let parity = format!("TG_PARITY_{n}_");
+        if innermost {
+            self.parity = Some(parity.clone());
+        }
+        let (before, start) = (self.toggles, self.out.len());
         let ys = self.block(body)?;
         for (r, y) in d.results.iter().zip(ys) {
             self.copy(*r, y);
         }
+        self.parity = None;
+        let odd = (self.toggles - before) % 2 == 1;
+        let flips = innermost && odd;
+        let bit = if flips { format!("(int)(tg_t{n} & 1)") } else { "0".to_string() };
+        let text = self.out.split_off(start).replace(&parity, &bit);
+        self.out.push_str(&text);
         // One scratch op whose reads after its last barrier are apart from its writes before
         // its first: the next iteration's writes cannot meet this one's reads.
         let alone = self.toggles - before == 1 && self.tail_apart;
-        if (self.toggles - before) % 2 == 1 && !alone {
+        if odd && !alone && !flips {
             self.fence();
         } else {
             self.flush();
         }
         self.depth -= 1;
         self.line("}");
+        self.resident.clear();
+        if flips {
+            // After an odd number of iterations the next op's half is the last one's.
+            self.fence();
+        }
         Ok(())
     }
 

@@ -88,7 +88,7 @@ fn every_kernel_becomes_cuda_c() {
         // `TILEGRAD_GPU_THREADS=1024` forces them).
         let err = |e: tilegrad_gpu::GpuError| format!("{label}: `{}`: {e}", k.name);
         let g = tilegrad_gpu::codegen::generate(k).map_err(err)?;
-        let blocks = (1024 / g.threads as usize).max(1);
+        let blocks = g.min_blocks as usize;
         let roomy = tilegrad_gpu::codegen::generate_with(k, g.threads as usize, Some((blocks / 2).max(1))).map_err(err)?;
         let large = tilegrad_gpu::codegen::generate_with(k, 1024, Some(1)).map_err(err)?;
         for g in [&g, &roomy, &large] {

@@ -158,7 +158,7 @@ impl Gpu {
             None => self.load(k, gen, &arch)?,
         };
         let spill = |c: &Compiled| c.main.local_size_bytes().unwrap_or(0);
-        let blocks = (1024 / c.gen.threads as usize).max(1);
+        let blocks = c.gen.min_blocks as usize;
         if forced.is_none() && blocks >= 2 && spill(&c) > 0 {
             // The other form is an optimisation: if it fails to compile, the first one serves.
             let threads = c.gen.threads as usize;

@@ -2,7 +2,9 @@
 //! from a counter, in program order), and every tile is spread over the block's threads: element
 //! `e` of a tile lives in thread `e % NT`, register `e / NT`. Scalars are held, identically, by
 //! every thread. Ops that move elements between threads (broadcast, permute, reductions, scans,
-//! `dot`) go through a scratch area (shared memory, or global memory when large).
+//! `dot`) go through a scratch area (shared memory, or global memory when large), in two halves
+//! that consecutive ops alternate between; values computed from `arange`s and scalars alone are
+//! recomputed where a broadcast needs them instead ([`Gen::expr_at`]).
 //!
 //! The numerics are the reference interpreter's, op by op: f16/bf16 results rounded after each
 //! op, `dot` accumulated over k in order with separately rounded products, sums reduced in the

@@ -4,7 +4,7 @@
 //! every thread. Ops that move elements between threads (broadcast, permute, reductions, scans,
 //! `dot`) go through a scratch area (shared memory, or global memory when large), in two halves
 //! that consecutive ops alternate between; values computed from `arange`s and scalars alone are
-//! recomputed where a broadcast needs them instead ([`Gen::expr_at`]).
+//! recomputed where a broadcast needs them instead.
 //!
 //! The numerics are the reference interpreter's, op by op: f16/bf16 results rounded after each
 //! op, `dot` accumulated over k in order with separately rounded products, sums reduced in the

@@ -80,7 +80,7 @@ pub const DEFAULT_THREADS: usize = 256;
 /// Elements of the largest tile a thread holds by default, where that leaves fewer than
 /// [`DEFAULT_THREADS`] threads: the weighted sum's 16x64 tiles ran 1.15x faster in 128-thread
 /// blocks (6 an SM) than in 256-thread ones.
-const ELEMENTS_PER_THREAD: usize = 8;
+pub const ELEMENTS_PER_THREAD: usize = 8;
 
 /// Scratch up to this many bytes is a block's shared memory; more is global memory.
 pub const SHARED_SCRATCH: usize = 48 * 1024;

@@ -1211,6 +1211,9 @@ impl<'k> Gen<'k> {
                 DType::F64 if regs % 2 == 0 => ("double2", 2),
                 _ => (t, 1),
             };
+            // Steps over k unrolled until they read about 512 bytes of a a thread (8 steps of 16
+            // floats): the loop's own instructions are then 7 beside 256 products and sums.
+            let unroll = (512 / (regs * sz)).clamp(2, 8);
             let lanes = ["x", "y", "z", "w"];
             let mut step = String::new();
             for l in lanes.iter().take(w) {
@@ -1219,7 +1222,7 @@ impl<'k> Gen<'k> {
                 let _ = write!(step, " s[{w} * jw + {at}] = {add}(s[{w} * jw + {at}], {mul}({el}, bq));");
             }
             self.line(&format!(
-                "#pragma unroll 2\nfor (int q = 0; q < {kk}; ++q) {{ {hoist} const {wide}* ap = (const {wide}*)((({t}*)sb) + q * {pitch} + (tid / {n}) * {regs});\n#pragma unroll\nfor (int jw = 0; jw < {}; ++jw) {{ const {wide} a4 = ap[jw];{step} }} }}",
+                "#pragma unroll {unroll}\nfor (int q = 0; q < {kk}; ++q) {{ {hoist} const {wide}* ap = (const {wide}*)((({t}*)sb) + q * {pitch} + (tid / {n}) * {regs});\n#pragma unroll\nfor (int jw = 0; jw < {}; ++jw) {{ const {wide} a4 = ap[jw];{step} }} }}",
                 regs / w
             ));
         } else {
@@ -1270,7 +1273,7 @@ impl<'k> Gen<'k> {
         // program's own atomics; then the reads, with nothing between them that waits (so that
         // a thread's loads are in flight together, and its offsets then free).
         let body = format!(
-            "if ({m}) {{ const i64 off = v{p}[j]; if ((u64)off >= (u64)tg_n{j}) {{ if ({lead}) {fail} v{r}[j] = ({t})0; }} else {{ v{r}[j] = {read}; if ({lead}) tg_cl++; }} }} else v{r}[j] = {fill};",
+            "if ({m}) {{ const i64 off = v{p}[j]; if ((u64)off >= (u64)tg_n{j}) {{ if ({lead}) {fail} v{r}[j] = ({t})0; }} else {{ v{r}[j] = {read}; if ({lead}) tg_ok++; }} }} else v{r}[j] = {fill};",
             p = p.0,
             r = r.0,
             t = ctype(dt),
@@ -1284,7 +1287,10 @@ impl<'k> Gen<'k> {
             ),
         );
         self.line("}");
+        // Counted in 32 bits, added once an op (a 64-bit count per lane costs an instruction).
+        self.line("{ u32 tg_ok = 0;");
         self.each(r, &body);
+        self.line("tg_cl += tg_ok; }");
         self.check(i);
     }
 
@@ -1338,13 +1344,15 @@ impl<'k> Gen<'k> {
         // fails, so what its other lanes wrote is never seen (and a write another program reads
         // is a conflict the reference then settles). The check's barrier also makes the writes
         // visible to the block's later loads.
+        self.line("{ u32 tg_ok = 0;");
         self.each_of(
             p,
             &format!(
-                "if ({m}) {{ const i64 off = v{}[j]; if ((u64)off >= (u64)tg_n{j}) {fail} else {{ tg_b{j}[off] = {val}; tg_cs++; }} }}",
+                "if ({m}) {{ const i64 off = v{}[j]; if ((u64)off >= (u64)tg_n{j}) {fail} else {{ tg_b{j}[off] = {val}; tg_ok++; }} }}",
                 p.0
             ),
         );
+        self.line("tg_cs += tg_ok; }");
         let (narrow_marks, wide_marks) = (stamp_check(false), stamp_check(true));
         self.line(&format!("if (tg_w{j} || tg_wi{j}) {{ u32 tg_fl = 0; if (TG_WIDE) {{"));
         self.each_of(p, &wide_marks);

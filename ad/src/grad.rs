@@ -540,7 +540,7 @@ fn run_chunk(
 }
 
 /// The refusal described on [`vjp`]: the first order-dependent atomic of `k`, in program order.
-fn refuse_ordered_atomics(k: &tilegrad_ir::Kernel) -> Result<(), AdError> {
+pub(crate) fn refuse_ordered_atomics(k: &tilegrad_ir::Kernel) -> Result<(), AdError> {
     use tilegrad_ir::Op;
     let mut added: Vec<(tilegrad_ir::Value, tilegrad_ir::Inst)> = Vec::new();
     let mut first: Option<(tilegrad_ir::Inst, String)> = None;

@@ -14,8 +14,10 @@ mod pages;
 mod program;
 pub mod rules;
 mod simd;
+pub mod vjp_kernel;
 
 pub use btile::BTile;
 pub use error::AdError;
 pub use grad::{vjp, GradOptions, Gradient};
 pub use rules::Precision;
+pub use vjp_kernel::{vjp_kernel, VjpKernel};

@@ -68,6 +68,14 @@ impl KernelBuilder {
         KernelBuilder { k, stack: vec![body], errors: Vec::new(), loc_override: None }
     }
 
+    /// Continues `k`: ops are appended to the end of its body, parameters after its own. Passes
+    /// that derive a kernel from another (the VJP kernels of `tilegrad-ad`) build on the
+    /// original's values this way.
+    pub fn resume(k: Kernel) -> KernelBuilder {
+        let body = k.body;
+        KernelBuilder { k, stack: vec![body], errors: Vec::new(), loc_override: None }
+    }
+
     /// Verifies and returns the kernel, or every error found.
     pub fn finish(mut self) -> Result<Kernel, IrError> {
         if !self.errors.is_empty() {

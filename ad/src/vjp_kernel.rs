@@ -22,54 +22,76 @@
 //! without races between programs (which `check` validates first); atomics make the order of the
 //! f64 sums depend on the programs' order (differences of about 1e-16).
 //!
+//! # Loops
+//! A `for` loop is reversed by a loop over its trips from the last. Its carried values at the
+//! start of each trip are kept on a *tape*: where the reverse sweep reaches the loop, a copy of
+//! the loop runs again (its stores and atomics left out: they happened) and writes them to the
+//! tape parameter `tg_tape<n>` (f64, [`LoopTape`]); the reverse loop reads them back, recomputes
+//! the trip's body from them, and runs the body's rules, carrying the cotangents of the carried
+//! values and of the values from outside the loop that the body uses. The copy's loads read
+//! memory as the forward left it, so a loop may not load a tensor the kernel writes (refused).
+//!
 //! The rules follow the evaluator's conventions (see [`crate::rules::vjp`]): symbolic zeros (a
 //! zero cotangent or a zero partial contributes zero, even beside an infinite or NaN factor),
 //! max/min send the cotangent to the selected operand (ties to the first) or element (the first
 //! equal to the result). The evaluator stays authoritative; tests check the two agree on every op.
 //!
-//! Not yet: loops and branches (`for`, `while`, `if`), whose reverse sweeps need a tape of their
-//! carried values; they are refused with the op and its location.
+//! Not yet: `while` loops, branches (`if`), loops inside loops, pointers carried by loops; they
+//! are refused with the op and its location.
 
 use crate::AdError;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use tilegrad_ir::passes::promote_floats;
-use tilegrad_ir::{BinaryOp, DType, DotPrecision, Elem, Inst, Kernel, KernelBuilder, Op, ParamKind, ReduceOp, UnaryOp, Value};
+use tilegrad_ir::{
+    BinaryOp, DType, DotPrecision, Elem, Inst, InstData, Kernel, KernelBuilder, Loc, Op, ParamKind, ReduceOp, UnaryOp, Value,
+};
 
-/// A VJP kernel and the shadow parameters it adds.
+/// A VJP kernel and the parameters it adds.
 #[derive(Clone, Debug)]
 pub struct VjpKernel {
-    /// The kernel: the forward's parameters (floats promoted to f64), then the shadows.
+    /// The kernel: the forward's parameters (floats promoted to f64), then the shadows, then
+    /// each loop's tape and capacity.
     pub kernel: Kernel,
     /// For each float tensor parameter of the forward, in order: its name and its shadow's.
     pub shadows: Vec<(String, String)>,
+    /// The tapes of the forward's loops, in order.
+    pub tapes: Vec<LoopTape>,
+}
+
+/// What a launch of a VJP kernel gives a loop's tape: an f64 tensor of at least
+/// `programs * capacity * per_trip` elements for parameter `tape`, and the scalar (i64)
+/// `capacity` for parameter `capacity_param`: the most trips a program may take (`max_iters`,
+/// or the largest trip count of a forward run). A program that takes more fails with an
+/// out-of-bounds store at the loop.
+#[derive(Clone, Debug)]
+pub struct LoopTape {
+    /// The tape's parameter.
+    pub tape: String,
+    /// The capacity's parameter.
+    pub capacity_param: String,
+    /// f64 elements a trip keeps (the carried values at its start).
+    pub per_trip: usize,
+    /// The loop's bound on its trips, where it has one.
+    pub max_iters: Option<u32>,
+    /// The loop.
+    pub inst: Inst,
+    /// Where the loop is.
+    pub loc: Loc,
 }
 
 /// The VJP kernel of `k` (any float dtypes: it computes in f64). See the module docs.
 ///
-/// Errors: loops and branches (not yet), atomics other than an `atomic_add` whose old value is
-/// unused (as [`crate::vjp`] refuses them), a float access through a pointer not derived from a
-/// parameter; each with the op and its location.
+/// Errors: what is not yet supported (see the module docs), atomics other than an `atomic_add`
+/// whose old value is unused (as [`crate::vjp`] refuses them), a float access through a pointer
+/// not derived from a parameter; each with the op and its location.
 pub fn vjp_kernel(k: &Kernel) -> Result<VjpKernel, AdError> {
     crate::grad::refuse_ordered_atomics(k)?;
     let p = promote_floats(k, DType::F64)?;
-    let mut refused = None;
-    p.walk(&mut |_, d| {
-        if refused.is_none() && matches!(d.op, Op::For { .. } | Op::While { .. } | Op::If { .. }) {
-            refused = Some(unsupported(
-                &p,
-                d,
-                "VJP kernels do not take loops or branches yet (their reverse sweeps need a tape); the CPU \
-                 evaluator differentiates this kernel",
-            ));
-        }
-    });
-    if let Some(e) = refused {
-        return Err(e);
-    }
+    refuse_unsupported(&p)?;
     let forward: Vec<Inst> = p.block(p.body).insts.clone();
-    let name = p.name.clone();
     let params = p.params.clone();
-    let mut e = Emit { k: p.clone(), b: KernelBuilder::resume(p), shadow: HashMap::new(), adj: HashMap::new() };
+    let mut b = KernelBuilder::resume(p.clone());
+    let mut e = Emit { k: &p, b: &mut b, shadow: HashMap::new(), adj: HashMap::new(), map: HashMap::new(), tapes: Vec::new() };
 
     // Shadow parameters, named apart from every parameter.
     let mut shadows = Vec::new();
@@ -88,31 +110,128 @@ pub fn vjp_kernel(k: &Kernel) -> Result<VjpKernel, AdError> {
     }
     // Shadow pointers beside the forward's pointers, computed from the same offsets.
     for &i in &forward {
-        e.shadow_pointer(i)?;
+        e.shadow_pointer(i);
     }
     // The reverse sweep.
     for &i in forward.iter().rev() {
         e.reverse(i)?;
     }
-    let mut kernel = e.b.finish()?;
-    kernel.name = format!("{name}_vjp");
-    Ok(VjpKernel { kernel, shadows })
+    let tapes = std::mem::take(&mut e.tapes);
+    let mut kernel = b.finish()?;
+    kernel.name = format!("{}_vjp", p.name);
+    Ok(VjpKernel { kernel, shadows, tapes })
 }
 
-fn unsupported(k: &Kernel, d: &tilegrad_ir::InstData, message: &str) -> AdError {
+fn unsupported(k: &Kernel, d: &InstData, message: &str) -> AdError {
     AdError::Unsupported { kernel: k.name.clone(), op: d.op.mnemonic().into(), loc: d.loc.clone(), message: message.into() }
 }
 
-/// The emitter: the promoted forward (to read types from), the builder continuing it, the shadow
-/// of each pointer value, and the adjoint of each float value reached so far.
-struct Emit {
-    k: Kernel,
-    b: KernelBuilder,
-    shadow: HashMap<Value, Value>,
-    adj: HashMap<Value, Value>,
+/// Refuses what has no VJP kernel yet (see the module docs), finding the tensor parameter each
+/// pointer value points into (where one is known) and the parameters some op writes.
+fn refuse_unsupported(k: &Kernel) -> Result<(), AdError> {
+    {
+        let mut root: HashMap<Value, Value> = HashMap::new();
+        for prm in &k.params {
+            if matches!(prm.kind, ParamKind::Ptr(_)) {
+                root.insert(prm.value, prm.value);
+            }
+        }
+        let mut written = HashSet::new();
+        let mut refused = None;
+        k.walk(&mut |_, d| {
+            if let Some(&r) = d.results.first() {
+                if k.ty(r).is_ptr() {
+                    let from = match d.op {
+                        Op::Where => match (root.get(&d.args[1]), root.get(&d.args[2])) {
+                            (Some(x), Some(y)) if x == y => Some(*x),
+                            _ => None,
+                        },
+                        Op::AddPtr | Op::Broadcast | Op::ExpandDims { .. } | Op::Reshape | Op::Permute { .. } => {
+                            root.get(&d.args[0]).copied()
+                        }
+                        _ => None,
+                    };
+                    if let Some(f) = from {
+                        root.insert(r, f);
+                    }
+                }
+            }
+            if let Op::Store { .. } | Op::AtomicAdd { .. } = d.op {
+                if let Some(&r) = root.get(&d.args[0]) {
+                    written.insert(r);
+                }
+            }
+        });
+        // Refusals: what has no VJP kernel yet.
+        k.walk(&mut |_, d| {
+            if refused.is_some() {
+                return;
+            }
+            let why = match &d.op {
+                Op::While { .. } | Op::If { .. } => {
+                    Some("VJP kernels do not take `while` loops or branches yet; the CPU evaluator differentiates this kernel")
+                }
+                Op::For { body, .. } => {
+                    let b = k.block(*body);
+                    if b.params[1..].iter().any(|&v| k.ty(v).is_ptr()) {
+                        Some("VJP kernels do not take loops that carry pointers yet (carry offsets instead); the CPU evaluator differentiates this kernel")
+                    } else if b.insts.iter().any(|&i| !k.inst(i).op.blocks().is_empty()) {
+                        Some("VJP kernels do not take loops or branches inside loops yet; the CPU evaluator differentiates this kernel")
+                    } else {
+                        None
+                    }
+                }
+                _ => None,
+            };
+            if let Some(why) = why {
+                refused = Some(unsupported(k, d, why));
+            }
+        });
+        // A load in a loop must read what the forward left (its trips are recomputed after it).
+        for &i in &k.block(k.body).insts {
+            if let Op::For { body, .. } = k.inst(i).op {
+                for &j in &k.block(body).insts {
+                    let d = k.inst(j);
+                    if let Op::Load { .. } = d.op {
+                        if root.get(&d.args[0]).is_none_or(|r| written.contains(r)) && refused.is_none() {
+                            refused = Some(unsupported(
+                                k,
+                                d,
+                                "this load in a loop reads a tensor the kernel writes: VJP kernels recompute loop trips from \
+                                 memory as the forward left it, so they do not take it yet; the CPU evaluator differentiates \
+                                 this kernel",
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        match refused {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
 }
 
-impl Emit {
+/// The emitter, for one scope (the kernel's body, or a reverse trip of a loop): the promoted
+/// forward (to read types from), the builder, the shadow of each forward pointer value, the
+/// adjoint of each forward float value reached so far, and the value that stands for each
+/// forward value here (itself, outside loops).
+struct Emit<'k, 'b> {
+    k: &'k Kernel,
+    b: &'b mut KernelBuilder,
+    shadow: HashMap<Value, Value>,
+    adj: HashMap<Value, Value>,
+    map: HashMap<Value, Value>,
+    tapes: Vec<LoopTape>,
+}
+
+impl Emit<'_, '_> {
+    /// What stands for forward value `x` here.
+    fn v(&self, x: Value) -> Value {
+        self.map.get(&x).copied().unwrap_or(x)
+    }
+
     fn is_float(&self, v: Value) -> bool {
         matches!(self.k.ty(v).elem, Elem::Num(d) if d.is_float())
     }
@@ -121,7 +240,7 @@ impl Emit {
         self.k.ty(v).shape.to_vec()
     }
 
-    /// Adds `g` to the adjoint of `v` (float values only).
+    /// Adds `g` to the adjoint of forward value `v` (float values only).
     fn acc(&mut self, v: Value, g: Value) {
         if !self.is_float(v) {
             return;
@@ -157,21 +276,24 @@ impl Emit {
 
     fn shadow_of(&self, i: Inst, ptr: Value) -> Result<Value, AdError> {
         self.shadow.get(&ptr).copied().ok_or_else(|| {
-            unsupported(&self.k, self.k.inst(i), "this float access goes through a pointer not derived from a tensor parameter")
+            unsupported(self.k, self.k.inst(i), "this float access goes through a pointer not derived from a tensor parameter")
         })
     }
 
     /// The shadow of a pointer-valued result, where its pointer operand has one.
-    fn shadow_pointer(&mut self, i: Inst) -> Result<(), AdError> {
+    fn shadow_pointer(&mut self, i: Inst) {
         let d = self.k.inst(i).clone();
-        let Some(&r) = d.results.first() else { return Ok(()) };
+        let Some(&r) = d.results.first() else { return };
         if !self.k.ty(r).is_ptr() {
-            return Ok(());
+            return;
         }
         self.b.set_loc(Some(d.loc.clone()));
         let sh = |e: &Emit, v: Value| e.shadow.get(&v).copied();
         let s = match &d.op {
-            Op::AddPtr => sh(self, d.args[0]).map(|s| self.b.add(s, d.args[1])),
+            Op::AddPtr => sh(self, d.args[0]).map(|s| {
+                let o = self.v(d.args[1]);
+                self.b.add(s, o)
+            }),
             Op::Broadcast => sh(self, d.args[0]).map(|s| {
                 let shape = self.shape(r);
                 self.b.broadcast_to(s, &shape)
@@ -186,7 +308,10 @@ impl Emit {
                 self.b.permute(s, &perm)
             }),
             Op::Where => match (sh(self, d.args[1]), sh(self, d.args[2])) {
-                (Some(x), Some(y)) => Some(self.b.where_(d.args[0], x, y)),
+                (Some(x), Some(y)) => {
+                    let c = self.v(d.args[0]);
+                    Some(self.b.where_(c, x, y))
+                }
                 _ => None,
             },
             _ => None,
@@ -194,20 +319,229 @@ impl Emit {
         if let Some(s) = s {
             self.shadow.insert(r, s);
         }
+    }
+
+    /// Recomputes forward op `i` of a loop body here (stores and atomics left out: they
+    /// happened), with the shadow of a pointer result.
+    fn recompute(&mut self, i: Inst) {
+        let d = self.k.inst(i).clone();
+        if matches!(d.op, Op::Store { .. } | Op::AtomicAdd { .. } | Op::Yield) {
+            return;
+        }
+        self.b.set_loc(Some(d.loc.clone()));
+        let args: Vec<Value> = d.args.iter().map(|&a| self.v(a)).collect();
+        let tys = d.results.iter().map(|&r| self.k.ty(r).clone()).collect();
+        let out = self.b.push(d.op.clone(), &args, tys);
+        for (&r, &o) in d.results.iter().zip(out.iter()) {
+            self.map.insert(r, o);
+        }
+        self.shadow_pointer(i);
+    }
+
+    /// The program's index in the grid, as an i64 scalar.
+    fn program_index(&mut self) -> Value {
+        let b = &mut *self.b;
+        let (p0, p1, p2) = (b.program_id(0), b.program_id(1), b.program_id(2));
+        let (n0, n1) = (b.num_programs(0), b.num_programs(1));
+        let (p0, p1, p2, n0, n1) =
+            (b.cast(p0, DType::I64), b.cast(p1, DType::I64), b.cast(p2, DType::I64), b.cast(n0, DType::I64), b.cast(n1, DType::I64));
+        let t = b.mul(p2, n1);
+        let t = b.add(t, p1);
+        let t = b.mul(t, n0);
+        b.add(t, p0)
+    }
+
+    /// Pointers to the tape's slots of a value of shape `shape` at element `at` (i64 scalar).
+    fn slots(&mut self, tape: Value, at: Value, shape: &[usize]) -> Value {
+        let p = self.b.add(tape, at);
+        if shape.is_empty() {
+            return p;
+        }
+        let n: usize = shape.iter().product();
+        let r = self.b.arange(0, n as i64);
+        let r = self.b.reshape(r, shape);
+        self.b.add(p, r)
+    }
+
+    /// Emits the reverse of `for` loop `i`: the copy that writes the tape, then the reverse loop.
+    fn reverse_for(&mut self, i: Inst) -> Result<(), AdError> {
+        let d = self.k.inst(i).clone();
+        let Op::For { body, max_iters } = d.op else { unreachable!("a for loop") };
+        let k = self.k;
+        let blk = k.block(body).clone();
+        let (fiv, fcarried) = (blk.params[0], blk.params[1..].to_vec());
+        let yields = k.inst(*blk.insts.last().expect("a body ends in yield")).args.to_vec();
+        self.b.set_loc(Some(d.loc.clone()));
+        let n = self.tapes.len();
+        let tape = self.b.ptr_param(&format!("tg_tape{n}"), DType::F64);
+        let cap_name = format!("tg_cap{n}");
+        let cap = self.b.scalar_param(&cap_name, DType::I64);
+        // Each carried value's place in a trip's slots.
+        let mut at = Vec::new();
+        let mut per_trip = 0usize;
+        for &c in &fcarried {
+            at.push(per_trip);
+            per_trip += k.ty(c).numel();
+        }
+        self.tapes.push(LoopTape {
+            tape: format!("tg_tape{n}"),
+            capacity_param: cap_name,
+            per_trip,
+            max_iters,
+            inst: i,
+            loc: d.loc.clone(),
+        });
+        let pix = self.program_index();
+        let s = self.b.i64(per_trip as i64);
+        let base = self.b.mul(pix, cap);
+        let base = self.b.mul(base, s);
+        let (lo, hi, st) = (self.v(d.args[0]), self.v(d.args[1]), self.v(d.args[2]));
+        let init: Vec<Value> = d.args[3..].iter().map(|&a| self.v(a)).collect();
+
+        // The copy of the loop, writing each trip's carried values to the tape.
+        let mut first_err = None;
+        let (shadow, map) = (self.shadow.clone(), self.map.clone());
+        let mut init_c = init.clone();
+        let zero_i = self.b.i32(0);
+        init_c.push(zero_i);
+        let res = self.b.for_range(lo, hi, st, max_iters, &init_c, |b, iv, cs| {
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes: Vec::new() };
+            e.b.set_loc(Some(d.loc.clone()));
+            let t = cs[cs.len() - 1];
+            let t64 = e.b.cast(t, DType::I64);
+            let off = e.b.mul(t64, s);
+            let slot = e.b.add(base, off);
+            for (j, &c) in fcarried.iter().enumerate() {
+                let o = e.b.i64(at[j] as i64);
+                let o = e.b.add(slot, o);
+                let ptrs = e.slots(tape, o, &k.ty(c).shape);
+                let v = e.b.cast(cs[j], DType::F64);
+                e.b.store(ptrs, v, None);
+            }
+            e.map.insert(fiv, iv);
+            for (j, &c) in fcarried.iter().enumerate() {
+                e.map.insert(c, cs[j]);
+            }
+            for &j in &blk.insts {
+                e.recompute(j);
+            }
+            let mut next: Vec<Value> = yields.iter().map(|&y| e.v(y)).collect();
+            e.b.set_loc(Some(d.loc.clone()));
+            let one = e.b.i32(1);
+            next.push(e.b.add(t, one));
+            next
+        });
+        let trips = res[res.len() - 1];
+
+        // The reverse loop: it carries the cotangents of the float carried values, then of the
+        // float values from outside the body that the body uses.
+        let float_carried: Vec<usize> = (0..fcarried.len()).filter(|&j| self.is_float(fcarried[j])).collect();
+        let inside: HashSet<Value> =
+            blk.params.iter().copied().chain(blk.insts.iter().flat_map(|&j| k.inst(j).results.iter().copied())).collect();
+        let mut outer: Vec<Value> = Vec::new();
+        for &j in &blk.insts {
+            for &a in &k.inst(j).args {
+                if !inside.contains(&a) && self.is_float(a) && !outer.contains(&a) {
+                    outer.push(a);
+                }
+            }
+        }
+        let mut init_r = Vec::new();
+        for &j in &float_carried {
+            let g = match self.adj.get(&d.results[j]) {
+                Some(&g) => g,
+                None => {
+                    let shape = self.shape(fcarried[j]);
+                    self.b.full(&shape, 0.0, DType::F64)
+                }
+            };
+            init_r.push(g);
+        }
+        for &o in &outer {
+            let shape = self.shape(o);
+            init_r.push(self.b.full(&shape, 0.0, DType::F64));
+        }
+        let (shadow, map) = (self.shadow.clone(), self.map.clone());
+        let (z, one) = (self.b.i32(0), self.b.i32(1));
+        let out = self.b.for_range(z, trips, one, max_iters, &init_r, |b, sv, cs| {
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes: Vec::new() };
+            e.b.set_loc(Some(d.loc.clone()));
+            // Trip t = trips - 1 - s: its carried values from the tape, its induction variable.
+            let one = e.b.i32(1);
+            let last = e.b.sub(trips, one);
+            let t = e.b.sub(last, sv);
+            let t64 = e.b.cast(t, DType::I64);
+            let off = e.b.mul(t64, s);
+            let slot = e.b.add(base, off);
+            for (j, &c) in fcarried.iter().enumerate() {
+                let o = e.b.i64(at[j] as i64);
+                let o = e.b.add(slot, o);
+                let ptrs = e.slots(tape, o, &k.ty(c).shape);
+                let v = e.b.load(ptrs, None, None);
+                let dt = k.ty(c).dtype().expect("carried numbers");
+                let v = if dt == DType::F64 { v } else { e.b.cast(v, dt) };
+                e.map.insert(c, v);
+            }
+            let idt = k.ty(fiv).dtype().expect("an integer induction variable");
+            let tc = e.b.cast(t, idt);
+            let step = e.b.mul(tc, st);
+            let iv = e.b.add(lo, step);
+            e.map.insert(fiv, iv);
+            for &j in &blk.insts {
+                e.recompute(j);
+            }
+            for (q, &j) in float_carried.iter().enumerate() {
+                e.acc(yields[j], cs[q]);
+            }
+            for &j in blk.insts.iter().rev() {
+                if let Err(err) = e.reverse(j) {
+                    first_err.get_or_insert(err);
+                }
+            }
+            e.b.set_loc(Some(d.loc.clone()));
+            let mut next = Vec::new();
+            for &j in &float_carried {
+                let g = match e.adj.get(&fcarried[j]) {
+                    Some(&g) => g,
+                    None => {
+                        let shape = e.shape(fcarried[j]);
+                        e.b.full(&shape, 0.0, DType::F64)
+                    }
+                };
+                next.push(g);
+            }
+            for (q, &o) in outer.iter().enumerate() {
+                let prev = cs[float_carried.len() + q];
+                next.push(match e.adj.get(&o) {
+                    Some(&g) => e.b.add(prev, g),
+                    None => prev,
+                });
+            }
+            next
+        });
+        if let Some(err) = first_err {
+            return Err(err);
+        }
+        for (q, &j) in float_carried.iter().enumerate() {
+            self.acc(d.args[3 + j], out[q]);
+        }
+        for (q, &o) in outer.iter().enumerate() {
+            self.acc(o, out[float_carried.len() + q]);
+        }
         Ok(())
     }
 
-    /// Emits the adjoint of instruction `i`.
+    /// Emits the adjoint of forward instruction `i`.
     fn reverse(&mut self, i: Inst) -> Result<(), AdError> {
         let d = self.k.inst(i).clone();
         self.b.set_loc(Some(d.loc.clone()));
         let a = &d.args;
-        // Memory ops first: their adjoints do not wait for a result's cotangent.
+        // Memory ops and loops first: their adjoints do not wait for a result's cotangent.
         match &d.op {
             Op::Store { mask } => {
                 if self.is_float(a[1]) {
                     let s = self.shadow_of(i, a[0])?;
-                    let m = mask.then(|| a[2]);
+                    let m = mask.then(|| self.v(a[2]));
                     let z = m.map(|_| self.zero());
                     let g = self.b.load(s, m, z);
                     let shape = self.shape(a[1]);
@@ -220,30 +554,32 @@ impl Emit {
             Op::AtomicAdd { mask } => {
                 if self.is_float(a[1]) {
                     let s = self.shadow_of(i, a[0])?;
-                    let m = mask.then(|| a[2]);
+                    let m = mask.then(|| self.v(a[2]));
                     let z = m.map(|_| self.zero());
                     let g = self.b.load(s, m, z);
                     self.acc(a[1], g);
                 }
                 return Ok(());
             }
+            Op::For { .. } => return self.reverse_for(i),
             _ => {}
         }
         let Some(&r) = d.results.first() else { return Ok(()) };
         let Some(&g) = self.adj.get(&r) else { return Ok(()) };
         match &d.op {
-            Op::Store { .. } | Op::AtomicAdd { .. } => unreachable!("handled above"),
+            Op::Store { .. } | Op::AtomicAdd { .. } | Op::For { .. } => unreachable!("handled above"),
             Op::ProgramId { .. } | Op::NumPrograms { .. } | Op::Const { .. } | Op::Arange { .. } | Op::Cmp(_) | Op::AddPtr | Op::Yield => {}
-            Op::AtomicRmw { .. } | Op::AtomicCas | Op::For { .. } | Op::While { .. } | Op::If { .. } => {
-                return Err(unsupported(&self.k, &d, "not differentiable in a VJP kernel"));
+            Op::AtomicRmw { .. } | Op::AtomicCas | Op::While { .. } | Op::If { .. } => {
+                return Err(unsupported(self.k, &d, "not differentiable in a VJP kernel"));
             }
             Op::Load { mask, other } => {
                 let s = self.shadow_of(i, a[0])?;
-                let m = mask.then(|| a[1]);
+                let m = mask.then(|| self.v(a[1]));
                 self.b.atomic_add(s, g, m);
                 if *other {
                     let z = self.zero();
-                    let go = self.b.where_(a[1], z, g);
+                    let c = self.v(a[1]);
+                    let go = self.b.where_(c, z, g);
                     self.acc(a[2], go);
                 }
             }
@@ -260,7 +596,7 @@ impl Emit {
                     }
                     t
                 } else {
-                    return Err(unsupported(&self.k, &d, "a broadcast that changes the rank of a tile"));
+                    return Err(unsupported(self.k, &d, "a broadcast that changes the rank of a tile"));
                 };
                 self.acc(a[0], gx);
             }
@@ -285,8 +621,9 @@ impl Emit {
             }
             Op::Where => {
                 let z = self.zero();
-                let ga = self.b.where_(a[0], g, z);
-                let gb = self.b.where_(a[0], z, g);
+                let c = self.v(a[0]);
+                let ga = self.b.where_(c, g, z);
+                let gb = self.b.where_(c, z, g);
                 self.acc(a[1], ga);
                 self.acc(a[2], gb);
             }
@@ -301,9 +638,10 @@ impl Emit {
                 self.acc(a[0], gx);
             }
             Op::Dot { .. } => {
-                let bt = self.b.trans(a[1]);
+                let (x, y) = (self.v(a[0]), self.v(a[1]));
+                let bt = self.b.trans(y);
                 let ga = self.b.dot_with(g, bt, None, DotPrecision::Ieee);
-                let at = self.b.trans(a[0]);
+                let at = self.b.trans(x);
                 let gb = self.b.dot_with(at, g, None, DotPrecision::Ieee);
                 self.acc(a[0], ga);
                 self.acc(a[1], gb);
@@ -313,9 +651,10 @@ impl Emit {
         Ok(())
     }
 
-    fn unary(&mut self, u: UnaryOp, x: Value, r: Value, g: Value) {
+    fn unary(&mut self, u: UnaryOp, xf: Value, r: Value, g: Value) {
         use UnaryOp::*;
-        let b = &mut self.b;
+        let (x, r) = (self.v(xf), self.v(r));
+        let b = &mut *self.b;
         let d = match u {
             Floor | Ceil | Not => return,
             Exp => r,
@@ -374,27 +713,28 @@ impl Emit {
             }
         };
         let gx = self.times(g, d);
-        self.acc(x, gx);
+        self.acc(xf, gx);
     }
 
-    fn binary(&mut self, op: BinaryOp, x: Value, y: Value, g: Value) {
+    fn binary(&mut self, op: BinaryOp, xf: Value, yf: Value, g: Value) {
         use BinaryOp::*;
+        let (x, y) = (self.v(xf), self.v(yf));
         match op {
             FloorDiv | And | Or | Xor => {}
             Add => {
-                self.acc(x, g);
-                self.acc(y, g);
+                self.acc(xf, g);
+                self.acc(yf, g);
             }
             Sub => {
-                self.acc(x, g);
+                self.acc(xf, g);
                 let n = self.b.neg(g);
-                self.acc(y, n);
+                self.acc(yf, n);
             }
             Mul => {
                 let gx = self.keep(g, y);
                 let gy = self.keep(g, x);
-                self.acc(x, gx);
-                self.acc(y, gy);
+                self.acc(xf, gx);
+                self.acc(yf, gy);
             }
             Div => {
                 let one = self.b.f64(1.0);
@@ -404,8 +744,8 @@ impl Emit {
                 let nx = self.b.neg(x);
                 let py = self.b.div(nx, yy);
                 let gy = self.keep(g, py);
-                self.acc(x, gx);
-                self.acc(y, gy);
+                self.acc(xf, gx);
+                self.acc(yf, gy);
             }
             Mod => {
                 // d/dx = 1, d/dy = -trunc(x / y).
@@ -416,8 +756,8 @@ impl Emit {
                 let t = self.b.where_(neg, c, f);
                 let p = self.b.neg(t);
                 let gy = self.keep(g, p);
-                self.acc(x, g);
-                self.acc(y, gy);
+                self.acc(xf, g);
+                self.acc(yf, gy);
             }
             Pow => {
                 // d/dx = y x^(y-1) (0 where y is 0), d/dy = x^y ln x (0 where x is 0).
@@ -434,13 +774,13 @@ impl Emit {
                 let dy = self.b.where_(x0, z, dy);
                 let gx = self.keep(g, dx);
                 let gy = self.keep(g, dy);
-                self.acc(x, gx);
-                self.acc(y, gy);
+                self.acc(xf, gx);
+                self.acc(yf, gy);
             }
             Min | Max => {
                 // The first operand is selected when neither is NaN and it is the extreme (ties
                 // included), or when the second is NaN, or when both are.
-                let b = &mut self.b;
+                let b = &mut *self.b;
                 let xn = b.ne(x, x);
                 let yn = b.ne(y, y);
                 let any = b.or(xn, yn);
@@ -451,21 +791,22 @@ impl Emit {
                 let z = b.f64(0.0);
                 let gx = b.where_(first, g, z);
                 let gy = b.where_(first, z, g);
-                self.acc(x, gx);
-                self.acc(y, gy);
+                self.acc(xf, gx);
+                self.acc(yf, gy);
             }
         }
     }
 
-    fn reduce(&mut self, kind: ReduceOp, axis: usize, keep_dims: bool, x: Value, r: Value, g: Value) {
-        let sx = self.shape(x);
-        let b = &mut self.b;
+    fn reduce(&mut self, kind: ReduceOp, axis: usize, keep_dims: bool, xf: Value, r: Value, g: Value) {
+        let sx = self.shape(xf);
+        let (x, r) = (self.v(xf), self.v(r));
+        let b = &mut *self.b;
         let ax = axis as isize;
         let gk = if keep_dims { g } else { b.expand_dims(g, ax) };
         let gb = b.broadcast_to(gk, &sx);
         match kind {
             ReduceOp::Argmax | ReduceOp::Argmin => {}
-            ReduceOp::Sum => self.acc(x, gb),
+            ReduceOp::Sum => self.acc(xf, gb),
             ReduceOp::Max | ReduceOp::Min => {
                 // The cotangent goes to the first element equal to the result, or (all NaN)
                 // to the one argmax/argmin picks.
@@ -489,7 +830,7 @@ impl Emit {
                 let hot = b.eq(ar, ib);
                 let z = b.f64(0.0);
                 let gx = b.where_(hot, gb, z);
-                self.acc(x, gx);
+                self.acc(xf, gx);
             }
         }
     }
@@ -555,6 +896,11 @@ mod tests {
         }
         for &(s, v) in scalars {
             vl = vl.arg(s, v);
+        }
+        // Tapes for up to 64 trips.
+        for tape in &vk.tapes {
+            let tp = m2.add(&tape.tape, HostTensor::zeros(DType::F64, &[grid * 64 * tape.per_trip]));
+            vl = vl.arg(&tape.tape, tp).arg(&tape.capacity_param, 64i64);
         }
         vl.run(&mut m2).unwrap_or_else(|e| panic!("{}: {e}\n{}", k.name, vk.kernel));
         let mut w = want.iter();
@@ -854,19 +1200,173 @@ mod tests {
         agree(&k, nv.div_ceil(BLOCK as usize), &[t("x", nv, true, true), t("total", 1, true, true)], &[("n", nv as i32)], DType::F64, 6);
     }
 
+    /// Rows of `x` [rows, d] weighted by `w` [d] and summed, over tiles of d in a loop (the
+    /// weighted sum), plus the running maximum of each row carried too.
     #[test]
-    fn loops_are_refused_with_their_location() {
-        let mut b = KernelBuilder::new("looped");
+    fn loops_agree() {
+        const R: i64 = 4;
+        const D: i64 = 16;
+        let mut b = KernelBuilder::new("weighted_rows");
+        let (x, w, out) = (b.ptr_param("x", DType::F32), b.ptr_param("w", DType::F32), b.ptr_param("out", DType::F32));
+        let (rows, d) = (b.scalar_param("rows", DType::I32), b.scalar_param("d", DType::I32));
+        let pid = b.program_id(0);
+        let rt = b.i32(R as i32);
+        let r0 = b.mul(pid, rt);
+        let ar = b.arange(0, R);
+        let r = b.add(r0, ar);
+        let rm = b.lt(r, rows);
+        let acc0 = b.zeros(&[R as usize], DType::F32);
+        let mx0 = b.full(&[R as usize], -1e30f32, DType::F32);
+        // A value from outside the loop that every trip uses: w[0] scales the products.
+        let scale = b.load(w, None, None);
+        let (lo, dt) = (b.i32(0), b.i32(D as i32));
+        let hi = b.cdiv(d, dt);
+        let one = b.i32(1);
+        let res = b.for_range(lo, hi, one, None, &[acc0, mx0], |b, kt, c| {
+            let dt = b.i32(D as i32);
+            let c0 = b.mul(kt, dt);
+            let ac = b.arange(0, D);
+            let cols = b.add(c0, ac);
+            let cm = b.lt(cols, d);
+            let (r2, c2) = (b.expand_dims(r, 1), b.expand_dims(cols, 0));
+            let o = b.mul(r2, d);
+            let o = b.add(o, c2);
+            let (m1, m2) = (b.expand_dims(rm, 1), b.expand_dims(cm, 0));
+            let m = b.and(m1, m2);
+            let px = b.add(x, o);
+            let z = b.f32(0.0);
+            let xv = b.load(px, Some(m), Some(z));
+            let pw = b.add(w, cols);
+            let wv = b.load(pw, Some(cm), Some(z));
+            let wv = b.expand_dims(wv, 0);
+            let p = b.mul(xv, wv);
+            let p = b.mul(p, scale);
+            let s = b.sum(p, Some(1), false);
+            let acc = b.add(c[0], s);
+            let big = b.f32(-1e30);
+            let xm = b.where_(m, xv, big);
+            let rmax = b.max(xm, Some(1), false);
+            let mx = b.maximum(c[1], rmax);
+            vec![acc, mx]
+        });
+        let v = b.add(res[0], res[1]);
+        let po = b.add(out, r);
+        b.store(po, v, Some(rm));
+        let k = b.finish().unwrap();
+        let (rows_n, d_n) = (11usize, 45usize);
+        agree(
+            &k,
+            rows_n.div_ceil(R as usize),
+            &[t("x", rows_n * d_n, true, false), t("w", d_n, true, false), t("out", rows_n, false, true)],
+            &[("rows", rows_n as i32), ("d", d_n as i32)],
+            DType::F32,
+            7,
+        );
+    }
+
+    /// A loop whose body stores (tile by tile, `y = x * x`) and accumulates a dot product of
+    /// tiles over k: a matmul.
+    #[test]
+    fn loops_with_stores_and_dots_agree() {
+        let (mm, nn, kk) = (19usize, 23usize, 37usize);
+        let mut b = KernelBuilder::new("matmul_loop");
+        let (pa, pb, pc, py) =
+            (b.ptr_param("a", DType::F64), b.ptr_param("b", DType::F64), b.ptr_param("c", DType::F64), b.ptr_param("y", DType::F64));
+        let kv = b.scalar_param("k", DType::I32);
+        let (rm, rn) = (b.arange(0, 32), b.arange(0, 32));
+        let acc0 = b.zeros(&[32, 32], DType::F64);
+        let (lo, hi, st) = (b.i32(0), b.i32(kk.div_ceil(8) as i32), b.i32(1));
+        let res = b.for_range(lo, hi, st, Some(8), &[acc0], |b, kt, c| {
+            let eight = b.i32(8);
+            let k0 = b.mul(kt, eight);
+            let ak = b.arange(0, 8);
+            let ks = b.add(k0, ak);
+            let km = b.lt(ks, kv);
+            let (mr, kc) = (b.expand_dims(rm, 1), b.expand_dims(ks, 0));
+            let kvv = b.i32(kk as i32);
+            let ao = b.mul(mr, kvv);
+            let ao = b.add(ao, kc);
+            let mmv = b.i32(mm as i32);
+            let am1 = b.lt(mr, mmv);
+            let am2 = b.expand_dims(km, 0);
+            let am = b.and(am1, am2);
+            let z = b.f64(0.0);
+            let pap = b.add(pa, ao);
+            let av = b.load(pap, Some(am), Some(z));
+            let (kr, nc) = (b.expand_dims(ks, 1), b.expand_dims(rn, 0));
+            let nnv = b.i32(nn as i32);
+            let bo = b.mul(kr, nnv);
+            let bo = b.add(bo, nc);
+            let bm1 = b.expand_dims(km, 1);
+            let bm2 = b.lt(nc, nnv);
+            let bm = b.and(bm1, bm2);
+            let pbp = b.add(pb, bo);
+            let bv = b.load(pbp, Some(bm), Some(z));
+            // y[k] = sum over the tile's rows of a^2 (a store in the loop).
+            let sq = b.mul(av, av);
+            let ys = b.sum(sq, Some(0), false);
+            let pyp = b.add(py, ks);
+            b.store(pyp, ys, Some(km));
+            vec![b.dot(av, bv, Some(c[0]))]
+        });
+        let (mr, nc) = (b.expand_dims(rm, 1), b.expand_dims(rn, 0));
+        let nnv = b.i32(nn as i32);
+        let co = b.mul(mr, nnv);
+        let co = b.add(co, nc);
+        let mmv = b.i32(mm as i32);
+        let (c1, c2) = (b.lt(mr, mmv), b.lt(nc, nnv));
+        let cm = b.and(c1, c2);
+        let pcp = b.add(pc, co);
+        let s = b.sigmoid(res[0]);
+        b.store(pcp, s, Some(cm));
+        let k = b.finish().unwrap();
+        agree(
+            &k,
+            1,
+            &[t("a", mm * kk, true, false), t("b", kk * nn, true, false), t("c", mm * nn, false, true), t("y", kk, false, true)],
+            &[("k", kk as i32)],
+            DType::F64,
+            8,
+        );
+    }
+
+    #[test]
+    fn what_is_not_supported_yet_is_refused_with_its_location() {
+        // A loop that loads what the kernel stores.
+        let mut b = KernelBuilder::new("reads_its_writes");
         let x = b.ptr_param("x", DType::F64);
         let (lo, hi, st) = (b.i32(0), b.i32(4), b.i32(1));
         let z = b.f64(0.0);
-        let _ = b.for_range(lo, hi, st, None, &[z], |b, i, carried| {
+        let res = b.for_range(lo, hi, st, None, &[z], |b, i, carried| {
             let p = b.add(x, i);
             let v = b.load(p, None, None);
             vec![b.add(carried[0], v)]
         });
+        b.store(x, res[0], None);
         let k = b.finish().unwrap();
         let e = vjp_kernel(&k).unwrap_err().to_string();
-        assert!(e.contains("loops or branches") && e.contains("vjp_kernel.rs"), "{e}");
+        assert!(e.contains("reads a tensor the kernel writes") && e.contains("vjp_kernel.rs"), "{e}");
+        // A while loop.
+        let mut b = KernelBuilder::new("whiles");
+        let x = b.ptr_param("x", DType::F64);
+        let v = b.load(x, None, None);
+        let res = b.while_loop(
+            Some(10),
+            &[v],
+            |b, c| {
+                let one = b.f64(1.0);
+                b.lt(c[0], one)
+            },
+            |b, c| {
+                let two = b.f64(2.0);
+                vec![b.mul(c[0], two)]
+            },
+        );
+        let one = b.i32(1);
+        let y = b.add(x, one);
+        b.store(y, res[0], None);
+        let k = b.finish().unwrap();
+        let e = vjp_kernel(&k).unwrap_err().to_string();
+        assert!(e.contains("`while` loops or branches") && e.contains("while"), "{e}");
     }
 }

@@ -119,6 +119,15 @@ impl KernelBuilder {
         results
     }
 
+    /// Appends `op` as it is, on operands of the types it takes and with these result types
+    /// (no surface rule applies; [`KernelBuilder::finish`] verifies it). Passes that copy ops
+    /// of another kernel use it; ops with blocks are built with their own methods.
+    #[track_caller]
+    pub fn push(&mut self, op: Op, args: &[Value], result_types: Vec<Type>) -> SmallVec<[Value; 2]> {
+        let loc = Loc::caller();
+        self.emit(op, args, result_types, &loc)
+    }
+
     fn emit1(&mut self, op: Op, args: &[Value], ty: Type, loc: &Loc) -> Value {
         self.emit(op, args, vec![ty], loc)[0]
     }

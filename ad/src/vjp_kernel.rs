@@ -40,11 +40,12 @@
 //! are refused with the op and its location.
 
 use crate::AdError;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use tilegrad_ir::passes::promote_floats;
 use tilegrad_ir::{
     BinaryOp, DType, DotPrecision, Elem, Inst, InstData, Kernel, KernelBuilder, Loc, Op, ParamKind, ReduceOp, UnaryOp, Value,
 };
+use tilegrad_reference::{Arg, HostTensor, Launch, Memory, TensorId};
 
 /// A VJP kernel and the parameters it adds.
 #[derive(Clone, Debug)]
@@ -120,6 +121,105 @@ pub fn vjp_kernel(k: &Kernel) -> Result<VjpKernel, AdError> {
     let mut kernel = b.finish()?;
     kernel.name = format!("{}_vjp", p.name);
     Ok(VjpKernel { kernel, shadows, tapes })
+}
+
+/// Runs VJP kernel `vk` of `launch`'s kernel: the cotangents of the initial contents of
+/// `inputs` (float tensors) given cotangents of the final contents of `outputs`, as
+/// [`crate::vjp`] gives them.
+///
+/// The launch of `vk` runs on a memory of its own: f64 copies of `mem`'s float tensors (its
+/// other tensors as they are), a shadow per float tensor (the output's cotangent, else zeros)
+/// and the loops' tapes, sized by `max_iters` or else by `max_trips` (a forward run's largest
+/// trip count per loop, as [`tilegrad_reference::LaunchSummary::max_trips`] has it). `run`
+/// executes it (the reference interpreter, or another backend). `mem` must be as the forward
+/// found it, and the launch without races between programs.
+pub fn gradient_by_kernel(
+    vk: &VjpKernel,
+    launch: &Launch,
+    mem: &Memory,
+    inputs: &[TensorId],
+    outputs: &[(TensorId, Vec<f64>)],
+    max_trips: &BTreeMap<Inst, u64>,
+    run: &mut dyn FnMut(&Launch, &mut Memory) -> Result<(), AdError>,
+) -> Result<Vec<Vec<f64>>, AdError> {
+    let mut m = Memory::new();
+    // Each tensor of the launch once: its copy and, for floats, its shadow.
+    let mut copies: Vec<(TensorId, TensorId, Option<TensorId>)> = Vec::new();
+    let mut args: Vec<(String, Arg)> = Vec::new();
+    for (name, a) in launch.args() {
+        let a = match a {
+            Arg::Tensor(t) => {
+                let c = match copies.iter().find(|(o, ..)| o == t) {
+                    Some(&(_, c, _)) => c,
+                    None => {
+                        let h = mem.get(*t);
+                        let float = h.dtype().is_float();
+                        let copy = if float { HostTensor::from_f64(h.shape(), h.to_f64_vec()) } else { h.clone() };
+                        let c = m.add(mem.name(*t), copy);
+                        let sh = if float {
+                            let data = match outputs.iter().find(|(o, _)| o == t) {
+                                Some((_, g)) if g.len() == h.numel() => g.clone(),
+                                Some((_, g)) => {
+                                    return Err(AdError::Spec(format!(
+                                        "the cotangent of `{}` has {} elements, the tensor {}",
+                                        mem.name(*t),
+                                        g.len(),
+                                        h.numel()
+                                    )))
+                                }
+                                None => vec![0.0; h.numel()],
+                            };
+                            Some(m.add(&format!("d_{}", mem.name(*t)), HostTensor::from_f64(h.shape(), data)))
+                        } else {
+                            None
+                        };
+                        copies.push((*t, c, sh));
+                        c
+                    }
+                };
+                Arg::Tensor(c)
+            }
+            s => *s,
+        };
+        args.push((name.clone(), a));
+    }
+    let mut vl = Launch::new(&vk.kernel, launch.grid());
+    for (n, a) in &args {
+        vl = vl.arg(n, *a);
+    }
+    for (p, s) in &vk.shadows {
+        let t = launch.args().iter().find(|(n, _)| n == p).and_then(|(_, a)| match a {
+            Arg::Tensor(t) => Some(*t),
+            Arg::Scalar(_) => None,
+        });
+        let Some(sh) = t.and_then(|t| copies.iter().find(|(o, ..)| *o == t)).and_then(|c| c.2) else {
+            return Err(AdError::Spec(format!("the launch binds no float tensor to parameter `{p}`")));
+        };
+        vl = vl.arg(s, sh);
+    }
+    let programs = launch.grid().programs();
+    for tape in &vk.tapes {
+        let cap = match tape.max_iters {
+            Some(m) => m as u64,
+            None => max_trips.get(&tape.inst).copied().unwrap_or(0),
+        };
+        let n = programs
+            .checked_mul(cap)
+            .and_then(|x| x.checked_mul(tape.per_trip as u64))
+            .and_then(|x| usize::try_from(x).ok())
+            .ok_or_else(|| AdError::Spec(format!("{}: the loop's tape would hold more than 2^64 values", tape.loc)))?;
+        let t = HostTensor::try_full(DType::F64, &[n], 0.0)?;
+        let id = m.add(&tape.tape, t);
+        vl = vl.arg(&tape.tape, id).arg(&tape.capacity_param, cap as i64);
+    }
+    run(&vl, &mut m)?;
+    inputs
+        .iter()
+        .map(|t| match copies.iter().find(|(o, ..)| o == t) {
+            Some(&(_, _, Some(sh))) => Ok(m.get(sh).to_f64_vec()),
+            _ => Err(AdError::Spec(format!("`{}` is not a float tensor of the launch", mem.name(*t)))),
+        })
+        .collect()
 }
 
 fn unsupported(k: &Kernel, d: &InstData, message: &str) -> AdError {
@@ -883,43 +983,21 @@ mod tests {
         let want = vjp(&launch, &mem, &inputs, &outputs, &GradOptions::default()).unwrap().inputs;
 
         let vk = vjp_kernel(k).unwrap();
-        let mut m2 = Memory::new();
-        let mut vl = Launch::new(&vk.kernel, grid);
-        let mut shadow_ids = Vec::new();
-        for ((tt, &id), c) in tensors.iter().zip(&ids).zip(&cots) {
-            let data: Vec<f64> = (0..tt.n).map(|i| mem.get(id).data().get_f64(i)).collect();
-            let p = m2.add(tt.name, HostTensor::from_f64(&[tt.n], data));
-            let s = m2.add(&format!("d_{}", tt.name), HostTensor::from_f64(&[tt.n], if tt.output { c.clone() } else { vec![0.0; tt.n] }));
-            let (_, sname) = vk.shadows.iter().find(|(n, _)| n == tt.name).expect("a shadow for every float tensor");
-            vl = vl.arg(tt.name, p).arg(sname, s);
-            shadow_ids.push(s);
-        }
-        for &(s, v) in scalars {
-            vl = vl.arg(s, v);
-        }
-        // Tapes for up to 64 trips.
-        for tape in &vk.tapes {
-            let tp = m2.add(&tape.tape, HostTensor::zeros(DType::F64, &[grid * 64 * tape.per_trip]));
-            vl = vl.arg(&tape.tape, tp).arg(&tape.capacity_param, 64i64);
-        }
-        vl.run(&mut m2).unwrap_or_else(|e| panic!("{}: {e}\n{}", k.name, vk.kernel));
-        let mut w = want.iter();
-        for (tt, &s) in tensors.iter().zip(&shadow_ids) {
-            if !tt.input {
-                continue;
-            }
-            let want = w.next().unwrap();
-            let got: Vec<f64> = (0..tt.n).map(|i| m2.get(s).data().get_f64(i)).collect();
+        let max_trips = launch.check(&mem).unwrap().max_trips;
+        let got =
+            gradient_by_kernel(&vk, &launch, &mem, &inputs, &outputs, &max_trips, &mut |l, m| l.run(m).map(|_| ()).map_err(AdError::from))
+                .unwrap_or_else(|e| panic!("{}: {e}\n{}", k.name, vk.kernel));
+        let names = tensors.iter().filter(|tt| tt.input).map(|tt| tt.name);
+        for ((name, want), got) in names.zip(&want).zip(&got) {
             let norm = want.iter().map(|x| x * x).sum::<f64>().sqrt();
-            let diff = want.iter().zip(&got).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
-            assert!(norm > 0.0, "{}: the cotangent of {} is zero", k.name, tt.name);
+            let diff = want.iter().zip(got).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+            assert!(norm > 0.0, "{}: the cotangent of {name} is zero", k.name);
             assert!(
                 diff <= 1e-12 * norm,
-                "{}: d{} differs by {diff:e} (norm {norm:e})\nwant {:?}\ngot  {:?}",
+                "{}: d{name} differs by {diff:e} (norm {norm:e})\nwant {:?}\ngot  {:?}",
                 k.name,
-                tt.name,
-                &want[..8.min(tt.n)],
-                &got[..8.min(tt.n)]
+                &want[..8.min(want.len())],
+                &got[..8.min(got.len())]
             );
         }
     }

@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use tilegrad::check::{self, Backend, CheckOptions, Precision};
+use tilegrad::check::{self, Backend, CheckOptions, Ground, Precision};
 use tilegrad::spec::{self, KernelOverride, Spec};
 use tilegrad::{npy, zoo};
 
@@ -43,6 +43,14 @@ enum BackendArg {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum GroundArg {
+    /// The CPU evaluator.
+    Evaluator,
+    /// Each launch's VJP kernel, run on the backend.
+    Kernels,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum PrecisionArg {
     F64,
     Native,
@@ -57,9 +65,14 @@ struct SpecArgs {
     /// Random cotangent trials (default: the spec's, else 2).
     #[arg(long)]
     trials: Option<usize>,
-    /// Where launches run (the ground truth's reverse sweep runs on the CPU).
+    /// Where launches run (the ground truth's reverse sweep runs on the CPU unless `--ground
+    /// kernels`).
     #[arg(long, value_enum, default_value = "cpu")]
     backend: BackendArg,
+    /// How the f64 ground truth of launches is computed: by the CPU evaluator, or by each
+    /// launch's VJP kernel (a tile-IR kernel of its derivative) run on the backend.
+    #[arg(long, value_enum, default_value = "evaluator")]
+    ground: GroundArg,
     /// Precision of the ground truth (default: the spec's, else f64).
     #[arg(long, value_enum)]
     precision: Option<PrecisionArg>,
@@ -95,6 +108,10 @@ impl SpecArgs {
                 PrecisionArg::Native => Precision::Native,
             };
         }
+        o.ground = match self.ground {
+            GroundArg::Evaluator => Ground::Evaluator,
+            GroundArg::Kernels => Ground::Kernels,
+        };
         o.backend = match self.backend {
             BackendArg::Cpu => Backend::Cpu,
             BackendArg::Gpu => Backend::Gpu,

@@ -40,6 +40,7 @@
 //! are refused with the op and its location.
 
 use crate::AdError;
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use tilegrad_ir::passes::promote_floats;
 use tilegrad_ir::{
@@ -92,7 +93,8 @@ pub fn vjp_kernel(k: &Kernel) -> Result<VjpKernel, AdError> {
     let forward: Vec<Inst> = p.block(p.body).insts.clone();
     let params = p.params.clone();
     let mut b = KernelBuilder::resume(p.clone());
-    let mut e = Emit { k: &p, b: &mut b, shadow: HashMap::new(), adj: HashMap::new(), map: HashMap::new(), tapes: Vec::new() };
+    let tapes = RefCell::new(Vec::new());
+    let mut e = Emit { k: &p, b: &mut b, shadow: HashMap::new(), adj: HashMap::new(), map: HashMap::new(), tapes: &tapes };
 
     // Shadow parameters, named apart from every parameter.
     let mut shadows = Vec::new();
@@ -117,7 +119,7 @@ pub fn vjp_kernel(k: &Kernel) -> Result<VjpKernel, AdError> {
     for &i in forward.iter().rev() {
         e.reverse(i)?;
     }
-    let tapes = std::mem::take(&mut e.tapes);
+    let tapes = tapes.into_inner();
     let mut kernel = b.finish()?;
     kernel.name = format!("{}_vjp", p.name);
     Ok(VjpKernel { kernel, shadows, tapes })
@@ -222,6 +224,38 @@ pub fn gradient_by_kernel(
         .collect()
 }
 
+/// The values a block (with the blocks nested in it) uses and does not define, in order of use.
+fn outer_uses(k: &Kernel, blk: tilegrad_ir::Block) -> Vec<Value> {
+    fn walk(k: &Kernel, blk: tilegrad_ir::Block, defined: &mut HashSet<Value>, uses: &mut Vec<Value>) {
+        let bd = k.block(blk);
+        defined.extend(bd.params.iter().copied());
+        for &i in &bd.insts {
+            let d = k.inst(i);
+            for &a in &d.args {
+                if !defined.contains(&a) && !uses.contains(&a) {
+                    uses.push(a);
+                }
+            }
+            for b in d.op.blocks() {
+                walk(k, b, defined, uses);
+            }
+            defined.extend(d.results.iter().copied());
+        }
+    }
+    let (mut defined, mut uses) = (HashSet::new(), Vec::new());
+    walk(k, blk, &mut defined, &mut uses);
+    uses
+}
+
+/// Whether a block (with its nested blocks) stores or adds atomically: its reverse then has
+/// memory adjoints even without cotangents flowing out of it.
+fn has_effects(k: &Kernel, blk: tilegrad_ir::Block) -> bool {
+    k.block(blk).insts.iter().any(|&i| {
+        let op = &k.inst(i).op;
+        matches!(op, Op::Store { .. } | Op::AtomicAdd { .. }) || op.blocks().into_iter().any(|b| has_effects(k, b))
+    })
+}
+
 fn unsupported(k: &Kernel, d: &InstData, message: &str) -> AdError {
     AdError::Unsupported { kernel: k.name.clone(), op: d.op.mnemonic().into(), loc: d.loc.clone(), message: message.into() }
 }
@@ -263,20 +297,24 @@ fn refuse_unsupported(k: &Kernel) -> Result<(), AdError> {
             }
         });
         // Refusals: what has no VJP kernel yet.
+        fn has_loop(k: &Kernel, blk: tilegrad_ir::Block) -> bool {
+            k.block(blk).insts.iter().any(|&i| {
+                let op = &k.inst(i).op;
+                matches!(op, Op::For { .. } | Op::While { .. }) || op.blocks().into_iter().any(|b| has_loop(k, b))
+            })
+        }
         k.walk(&mut |_, d| {
             if refused.is_some() {
                 return;
             }
             let why = match &d.op {
-                Op::While { .. } | Op::If { .. } => {
-                    Some("VJP kernels do not take `while` loops or branches yet; the CPU evaluator differentiates this kernel")
-                }
+                Op::While { .. } => Some("VJP kernels do not take `while` loops yet; the CPU evaluator differentiates this kernel"),
                 Op::For { body, .. } => {
                     let b = k.block(*body);
                     if b.params[1..].iter().any(|&v| k.ty(v).is_ptr()) {
                         Some("VJP kernels do not take loops that carry pointers yet (carry offsets instead); the CPU evaluator differentiates this kernel")
-                    } else if b.insts.iter().any(|&i| !k.inst(i).op.blocks().is_empty()) {
-                        Some("VJP kernels do not take loops or branches inside loops yet; the CPU evaluator differentiates this kernel")
+                    } else if has_loop(k, *body) {
+                        Some("VJP kernels do not take loops inside loops yet; the CPU evaluator differentiates this kernel")
                     } else {
                         None
                     }
@@ -287,23 +325,31 @@ fn refuse_unsupported(k: &Kernel) -> Result<(), AdError> {
                 refused = Some(unsupported(k, d, why));
             }
         });
-        // A load in a loop must read what the forward left (its trips are recomputed after it).
-        for &i in &k.block(k.body).insts {
-            if let Op::For { body, .. } = k.inst(i).op {
-                for &j in &k.block(body).insts {
-                    let d = k.inst(j);
-                    if let Op::Load { .. } = d.op {
-                        if root.get(&d.args[0]).is_none_or(|r| written.contains(r)) && refused.is_none() {
-                            refused = Some(unsupported(
-                                k,
-                                d,
-                                "this load in a loop reads a tensor the kernel writes: VJP kernels recompute loop trips from \
-                                 memory as the forward left it, so they do not take it yet; the CPU evaluator differentiates \
-                                 this kernel",
-                            ));
-                        }
-                    }
+        // A load in a loop or a branch must read what the forward left (the reverse sweep
+        // recomputes them after it).
+        fn loads_in(k: &Kernel, blk: tilegrad_ir::Block, nested: bool, out: &mut Vec<Inst>) {
+            for &i in &k.block(blk).insts {
+                let d = k.inst(i);
+                if nested && matches!(d.op, Op::Load { .. }) {
+                    out.push(i);
                 }
+                for b in d.op.blocks() {
+                    loads_in(k, b, true, out);
+                }
+            }
+        }
+        let mut nested_loads = Vec::new();
+        loads_in(k, k.body, false, &mut nested_loads);
+        for i in nested_loads {
+            let d = k.inst(i);
+            if root.get(&d.args[0]).is_none_or(|r| written.contains(r)) && refused.is_none() {
+                refused = Some(unsupported(
+                    k,
+                    d,
+                    "this load in a loop or branch reads a tensor the kernel writes: VJP kernels recompute loops and \
+                     branches from memory as the forward left it, so they do not take it yet; the CPU evaluator \
+                     differentiates this kernel",
+                ));
             }
         }
         match refused {
@@ -323,7 +369,7 @@ struct Emit<'k, 'b> {
     shadow: HashMap<Value, Value>,
     adj: HashMap<Value, Value>,
     map: HashMap<Value, Value>,
-    tapes: Vec<LoopTape>,
+    tapes: &'k RefCell<Vec<LoopTape>>,
 }
 
 impl Emit<'_, '_> {
@@ -421,21 +467,115 @@ impl Emit<'_, '_> {
         }
     }
 
-    /// Recomputes forward op `i` of a loop body here (stores and atomics left out: they
-    /// happened), with the shadow of a pointer result.
+    /// Recomputes forward op `i` of a loop body or branch here (stores and atomics left out:
+    /// they happened; loops and branches with their blocks recomputed), with the shadow of a
+    /// pointer result.
     fn recompute(&mut self, i: Inst) {
         let d = self.k.inst(i).clone();
-        if matches!(d.op, Op::Store { .. } | Op::AtomicAdd { .. } | Op::Yield) {
-            return;
-        }
         self.b.set_loc(Some(d.loc.clone()));
         let args: Vec<Value> = d.args.iter().map(|&a| self.v(a)).collect();
-        let tys = d.results.iter().map(|&r| self.k.ty(r).clone()).collect();
-        let out = self.b.push(d.op.clone(), &args, tys);
+        let (k, tapes) = (self.k, self.tapes);
+        let block = |b: &mut KernelBuilder,
+                     blk: tilegrad_ir::Block,
+                     params: &[Value],
+                     shadow: HashMap<Value, Value>,
+                     map: HashMap<Value, Value>|
+         -> Vec<Value> {
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes };
+            let bd = k.block(blk);
+            for (&f, &v) in bd.params.iter().zip(params) {
+                e.map.insert(f, v);
+            }
+            for &j in &bd.insts {
+                e.recompute(j);
+            }
+            let y = k.inst(*bd.insts.last().expect("a block ends in yield"));
+            y.args.iter().map(|&a| e.v(a)).collect()
+        };
+        let out: Vec<Value> = match &d.op {
+            Op::Store { .. } | Op::AtomicAdd { .. } | Op::Yield => return,
+            Op::For { body, max_iters } => {
+                let (shadow, map) = (self.shadow.clone(), self.map.clone());
+                self.b.for_range(args[0], args[1], args[2], *max_iters, &args[3..], |b, iv, cs| {
+                    let params: Vec<Value> = std::iter::once(iv).chain(cs.iter().copied()).collect();
+                    block(b, *body, &params, shadow, map)
+                })
+            }
+            Op::If { then_block, else_block } => {
+                let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
+                self.b.if_else(args[0], |b| block(b, *then_block, &[], s1, m1), |b| block(b, *else_block, &[], s2, m2))
+            }
+            _ => {
+                let tys = d.results.iter().map(|&r| self.k.ty(r).clone()).collect();
+                self.b.push(d.op.clone(), &args, tys).to_vec()
+            }
+        };
         for (&r, &o) in d.results.iter().zip(out.iter()) {
             self.map.insert(r, o);
         }
         self.shadow_pointer(i);
+    }
+
+    /// Emits the reverse of an `if`: a branch on the same condition whose sides recompute their
+    /// forward side and run its rules, giving the cotangents of the values from outside.
+    fn reverse_if(&mut self, i: Inst) -> Result<(), AdError> {
+        let d = self.k.inst(i).clone();
+        let Op::If { then_block, else_block } = d.op else { unreachable!("an if") };
+        let k = self.k;
+        let mut outer: Vec<Value> = Vec::new();
+        for b in [then_block, else_block] {
+            for v in outer_uses(k, b) {
+                if self.is_float(v) && !outer.contains(&v) {
+                    outer.push(v);
+                }
+            }
+        }
+        let res_adj: Vec<Option<Value>> = d.results.iter().map(|r| self.adj.get(r).copied()).collect();
+        if outer.is_empty() && !has_effects(k, then_block) && !has_effects(k, else_block) {
+            return Ok(());
+        }
+        let err: RefCell<Option<AdError>> = RefCell::new(None);
+        let tapes = self.tapes;
+        let side = |b: &mut KernelBuilder, blk: tilegrad_ir::Block, shadow: HashMap<Value, Value>, map: HashMap<Value, Value>| {
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes };
+            e.b.set_loc(Some(d.loc.clone()));
+            let bd = k.block(blk);
+            for &j in &bd.insts {
+                e.recompute(j);
+            }
+            let ys = &k.inst(*bd.insts.last().expect("a block ends in yield")).args;
+            for (q, g) in res_adj.iter().enumerate() {
+                if let Some(g) = g {
+                    e.acc(ys[q], *g);
+                }
+            }
+            for &j in bd.insts.iter().rev() {
+                if let Err(x) = e.reverse(j) {
+                    err.borrow_mut().get_or_insert(x);
+                }
+            }
+            e.b.set_loc(Some(d.loc.clone()));
+            outer
+                .iter()
+                .map(|&o| match e.adj.get(&o) {
+                    Some(&g) => g,
+                    None => {
+                        let shape = e.shape(o);
+                        e.b.full(&shape, 0.0, DType::F64)
+                    }
+                })
+                .collect::<Vec<Value>>()
+        };
+        let c = self.v(d.args[0]);
+        let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
+        let out = self.b.if_else(c, |b| side(b, then_block, s1, m1), |b| side(b, else_block, s2, m2));
+        if let Some(e) = err.into_inner() {
+            return Err(e);
+        }
+        for (q, &o) in outer.iter().enumerate() {
+            self.acc(o, out[q]);
+        }
+        Ok(())
     }
 
     /// The program's index in the grid, as an i64 scalar.
@@ -472,7 +612,7 @@ impl Emit<'_, '_> {
         let (fiv, fcarried) = (blk.params[0], blk.params[1..].to_vec());
         let yields = k.inst(*blk.insts.last().expect("a body ends in yield")).args.to_vec();
         self.b.set_loc(Some(d.loc.clone()));
-        let n = self.tapes.len();
+        let n = self.tapes.borrow().len();
         let tape = self.b.ptr_param(&format!("tg_tape{n}"), DType::F64);
         let cap_name = format!("tg_cap{n}");
         let cap = self.b.scalar_param(&cap_name, DType::I64);
@@ -483,7 +623,7 @@ impl Emit<'_, '_> {
             at.push(per_trip);
             per_trip += k.ty(c).numel();
         }
-        self.tapes.push(LoopTape {
+        self.tapes.borrow_mut().push(LoopTape {
             tape: format!("tg_tape{n}"),
             capacity_param: cap_name,
             per_trip,
@@ -500,12 +640,12 @@ impl Emit<'_, '_> {
 
         // The copy of the loop, writing each trip's carried values to the tape.
         let mut first_err = None;
-        let (shadow, map) = (self.shadow.clone(), self.map.clone());
+        let (shadow, map, tapes) = (self.shadow.clone(), self.map.clone(), self.tapes);
         let mut init_c = init.clone();
         let zero_i = self.b.i32(0);
         init_c.push(zero_i);
         let res = self.b.for_range(lo, hi, st, max_iters, &init_c, |b, iv, cs| {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes: Vec::new() };
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes };
             e.b.set_loc(Some(d.loc.clone()));
             let t = cs[cs.len() - 1];
             let t64 = e.b.cast(t, DType::I64);
@@ -536,16 +676,7 @@ impl Emit<'_, '_> {
         // The reverse loop: it carries the cotangents of the float carried values, then of the
         // float values from outside the body that the body uses.
         let float_carried: Vec<usize> = (0..fcarried.len()).filter(|&j| self.is_float(fcarried[j])).collect();
-        let inside: HashSet<Value> =
-            blk.params.iter().copied().chain(blk.insts.iter().flat_map(|&j| k.inst(j).results.iter().copied())).collect();
-        let mut outer: Vec<Value> = Vec::new();
-        for &j in &blk.insts {
-            for &a in &k.inst(j).args {
-                if !inside.contains(&a) && self.is_float(a) && !outer.contains(&a) {
-                    outer.push(a);
-                }
-            }
-        }
+        let outer: Vec<Value> = outer_uses(k, body).into_iter().filter(|&v| self.is_float(v)).collect();
         let mut init_r = Vec::new();
         for &j in &float_carried {
             let g = match self.adj.get(&d.results[j]) {
@@ -564,7 +695,7 @@ impl Emit<'_, '_> {
         let (shadow, map) = (self.shadow.clone(), self.map.clone());
         let (z, one) = (self.b.i32(0), self.b.i32(1));
         let out = self.b.for_range(z, trips, one, max_iters, &init_r, |b, sv, cs| {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes: Vec::new() };
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes };
             e.b.set_loc(Some(d.loc.clone()));
             // Trip t = trips - 1 - s: its carried values from the tape, its induction variable.
             let one = e.b.i32(1);
@@ -662,14 +793,15 @@ impl Emit<'_, '_> {
                 return Ok(());
             }
             Op::For { .. } => return self.reverse_for(i),
+            Op::If { .. } => return self.reverse_if(i),
             _ => {}
         }
         let Some(&r) = d.results.first() else { return Ok(()) };
         let Some(&g) = self.adj.get(&r) else { return Ok(()) };
         match &d.op {
-            Op::Store { .. } | Op::AtomicAdd { .. } | Op::For { .. } => unreachable!("handled above"),
+            Op::Store { .. } | Op::AtomicAdd { .. } | Op::For { .. } | Op::If { .. } => unreachable!("handled above"),
             Op::ProgramId { .. } | Op::NumPrograms { .. } | Op::Const { .. } | Op::Arange { .. } | Op::Cmp(_) | Op::AddPtr | Op::Yield => {}
-            Op::AtomicRmw { .. } | Op::AtomicCas | Op::While { .. } | Op::If { .. } => {
+            Op::AtomicRmw { .. } | Op::AtomicCas | Op::While { .. } => {
                 return Err(unsupported(self.k, &d, "not differentiable in a VJP kernel"));
             }
             Op::Load { mask, other } => {
@@ -1408,6 +1540,89 @@ mod tests {
         );
     }
 
+    /// Per row: when `flag[row]` is 0 the row's loss is 0 (an early return); otherwise a loop
+    /// over column tiles sums `exp(x) * s` where `s` (a scale loaded before the branch) is from
+    /// outside both the branch and the loop, and a second branch picks `max` or `min` of the
+    /// row by the sign of its first element.
+    #[test]
+    fn branches_agree_with_loops_inside() {
+        const C: i64 = 16;
+        let mut b = KernelBuilder::new("branchy");
+        let (x, flag, sc, loss) = (
+            b.ptr_param("x", DType::F64),
+            b.ptr_param("flag", DType::I32),
+            b.ptr_param("scale", DType::F64),
+            b.ptr_param("loss", DType::F64),
+        );
+        let d = b.scalar_param("d", DType::I32);
+        let row = b.program_id(0);
+        let pf = b.add(flag, row);
+        let f = b.load(pf, None, None);
+        let s = b.load(sc, None, None);
+        let zi = b.i32(0);
+        let skip = b.eq(f, zi);
+        let base = b.mul(row, d);
+        let out = b.if_else(
+            skip,
+            |b| vec![b.f64(0.0)],
+            |b| {
+                let (lo, ct, one) = (b.i32(0), b.i32(C as i32), b.i32(1));
+                let hi = b.cdiv(d, ct);
+                let z = b.f64(0.0);
+                let res = b.for_range(lo, hi, one, None, &[z], |b, t, c| {
+                    let ct = b.i32(C as i32);
+                    let c0 = b.mul(t, ct);
+                    let ar = b.arange(0, C);
+                    let cols = b.add(c0, ar);
+                    let m = b.lt(cols, d);
+                    let o = b.add(base, cols);
+                    let p = b.add(x, o);
+                    let zf = b.f64(0.0);
+                    let v = b.load(p, Some(m), Some(zf));
+                    let e = b.exp(v);
+                    let e = b.mul(e, s);
+                    let e = b.where_(m, e, zf);
+                    let tot = b.sum(e, None, false);
+                    vec![b.add(c[0], tot)]
+                });
+                let p0 = b.add(x, base);
+                let x0 = b.load(p0, None, None);
+                let zf = b.f64(0.0);
+                let pos = b.gt(x0, zf);
+                let pick = b.if_else(pos, |b| vec![b.maximum(res[0], x0)], |b| vec![b.minimum(res[0], s)]);
+                vec![b.mul(pick[0], x0)]
+            },
+        );
+        let pl = b.add(loss, row);
+        b.store(pl, out[0], None);
+        let k = b.finish().unwrap();
+        let (rows, dn) = (9usize, 37usize);
+        // Flags: rows 2 and 5 skipped.
+        let mut rng = StdRng::seed_from_u64(9);
+        let mut mem = Memory::new();
+        let xs: Vec<f64> = (0..rows * dn).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let xt = mem.add("x", HostTensor::from_f64(&[rows * dn], xs));
+        let ft = mem.add("flag", HostTensor::from_i32(&[rows], (0..rows).map(|r| i32::from(r != 2 && r != 5)).collect()));
+        let st = mem.add("scale", HostTensor::from_f64(&[1], vec![0.75]));
+        let lt = mem.add("loss", HostTensor::zeros(DType::F64, &[rows]));
+        let launch = Launch::new(&k, rows).arg("x", xt).arg("flag", ft).arg("scale", st).arg("loss", lt).arg("d", dn as i32);
+        let cot: Vec<f64> = (0..rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let want = vjp(&launch, &mem, &[xt, st], &[(lt, cot.clone())], &GradOptions::default()).unwrap().inputs;
+        let vk = vjp_kernel(&k).unwrap();
+        let max_trips = launch.check(&mem).unwrap().max_trips;
+        let got = gradient_by_kernel(&vk, &launch, &mem, &[xt, st], &[(lt, cot)], &max_trips, &mut |l, m| {
+            l.run(m).map(|_| ()).map_err(AdError::from)
+        })
+        .unwrap();
+        for (w, g) in want.iter().zip(&got) {
+            let norm = w.iter().map(|x| x * x).sum::<f64>().sqrt();
+            let diff = w.iter().zip(g).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+            assert!(norm > 0.0 && diff <= 1e-12 * norm, "differs by {diff:e} (norm {norm:e})");
+        }
+        // Skipped rows get nothing.
+        assert!(got[0][2 * dn..3 * dn].iter().all(|&g| g == 0.0));
+    }
+
     #[test]
     fn what_is_not_supported_yet_is_refused_with_its_location() {
         // A loop that loads what the kernel stores.
@@ -1445,6 +1660,6 @@ mod tests {
         b.store(y, res[0], None);
         let k = b.finish().unwrap();
         let e = vjp_kernel(&k).unwrap_err().to_string();
-        assert!(e.contains("`while` loops or branches") && e.contains("while"), "{e}");
+        assert!(e.contains("`while` loops yet") && e.contains("op `while`"), "{e}");
     }
 }

@@ -11,11 +11,12 @@
 //! logsumexp and max per reduced row); an allocation ends its tensor's cotangent. Integer and
 //! bool tensors get no cotangent.
 
+use super::backend::Executor;
 use super::steps::{bind, split_axis, Records, Reduction, Step};
 use super::tensor_expr::broadcast_map;
 use super::{CheckError, Env};
 use std::collections::HashMap;
-use tilegrad_ad::{vjp, GradOptions};
+use tilegrad_ad::{vjp, vjp_kernel, GradOptions};
 use tilegrad_reference::Launch;
 
 /// Cotangents of the tensors of `env` before `steps` ran, from cotangents of their contents
@@ -27,6 +28,7 @@ pub(crate) fn reverse(
     env: &Env,
     mut cot: HashMap<String, Vec<f64>>,
     opts: &GradOptions,
+    kernels: Option<&Executor>,
 ) -> Result<HashMap<String, Vec<f64>>, CheckError> {
     // The recorded launches ran with every check, and their records may hold f64 tensors
     // narrowed (see `steps::narrowed`).
@@ -53,9 +55,19 @@ pub(crate) fn reverse(
                 }
                 let wanted: Vec<_> = floats.iter().filter(|(_, n)| contents_matter(steps, records, i, n)).collect();
                 let inputs: Vec<_> = wanted.iter().map(|(t, _)| *t).collect();
-                let g = vjp(&launch, &r.before, &inputs, &outputs, opts).map_err(|e| at(e.to_string()))?;
+                let g = match kernels {
+                    // The launch's VJP kernel, run by the executor (the reference or the GPU).
+                    Some(exec) => {
+                        let vk = vjp_kernel(&r.kernel).map_err(|e| at(format!("--ground kernels: {e}")))?;
+                        let mut run =
+                            |l: &Launch, m: &mut tilegrad_reference::Memory| exec.run(l, m).map(|_| ()).map_err(tilegrad_ad::AdError::from);
+                        tilegrad_ad::vjp_kernel::gradient_by_kernel(&vk, &launch, &r.before, &inputs, &outputs, &r.max_trips, &mut run)
+                            .map_err(|e| at(e.to_string()))?
+                    }
+                    None => vjp(&launch, &r.before, &inputs, &outputs, opts).map_err(|e| at(e.to_string()))?.inputs,
+                };
                 drop(outputs);
-                for ((_, n), gi) in wanted.iter().zip(g.inputs) {
+                for ((_, n), gi) in wanted.iter().zip(g) {
                     cot.insert(n.clone(), gi);
                 }
             }

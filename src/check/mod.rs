@@ -267,6 +267,29 @@ pub struct CheckOptions {
     /// Gradient elements to explain in the report whatever their error: (gradient tensor or its
     /// input's name, multi-index). Each gets blame and its data-flow slice ([`Report::explained`]).
     pub blame_elements: Vec<(String, Vec<usize>)>,
+    /// How the f64 ground truth is computed: by the CPU evaluator (default), or by each
+    /// launch's VJP kernel run on the backend ([`Ground::Kernels`]).
+    pub ground: Ground,
+}
+
+/// How the ground truth of launches is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Ground {
+    /// The evaluator of `tilegrad-ad` on the CPU (authoritative).
+    #[default]
+    Evaluator,
+    /// Each launch's VJP kernel ([`tilegrad_ad::vjp_kernel`]), run on the check's backend: on
+    /// the GPU with `--backend gpu`. Kernels it does not take yet (`while` loops, branches,
+    /// loops inside loops, loops carrying pointers or loading what the kernel writes) are an
+    /// error that names the op. Ground truths in the kernels' own dtypes stay on the evaluator.
+    Kernels,
+}
+
+impl CheckOptions {
+    /// The executor of VJP kernels where the f64 ground truth is computed by them.
+    fn kernels_ground<'e>(&self, exec: &'e backend::Executor) -> Option<&'e backend::Executor> {
+        (self.ground == Ground::Kernels && self.precision == Precision::F64).then_some(exec)
+    }
 }
 
 impl Default for CheckOptions {
@@ -280,6 +303,7 @@ impl Default for CheckOptions {
             memory_budget: GradOptions::default().memory_budget,
             allow_non_finite: false,
             blame_elements: Vec::new(),
+            ground: Ground::Evaluator,
         }
     }
 }
@@ -393,12 +417,13 @@ pub fn check_backward_with(
             Some(records) => {
                 let o = GradOptions { precision: Precision::Native, ..gopts.clone() };
                 Some(tm.time("ground truth in the kernels' dtypes (calibration)", || {
-                    ground::reverse(&fwd.steps, records, env_n, cot.clone(), &o)
+                    ground::reverse(&fwd.steps, records, env_n, cot.clone(), &o, None)
                 })?)
             }
             None => None,
         };
-        let truth = tm.time("ground truth", || ground::reverse(&fwd.steps, &p.records, truth_env, cot, &gopts))?;
+        let truth =
+            tm.time("ground truth", || ground::reverse(&fwd.steps, &p.records, truth_env, cot, &gopts, opts.kernels_ground(&exec)))?;
         if !opts.allow_non_finite {
             for d in &fwd.differentiable {
                 if let Some((i, &x)) = truth.get(d).and_then(|g| g.iter().enumerate().find(|(_, x)| !x.is_finite())) {

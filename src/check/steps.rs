@@ -342,6 +342,8 @@ pub(crate) struct LaunchRecord {
     /// The launch's tensors before it ran, and their names in the pass's environment.
     pub before: Memory,
     pub names: Vec<(TensorId, String)>,
+    /// Each loop's largest trip count in this run (sizes the tapes of VJP kernels).
+    pub max_trips: std::collections::BTreeMap<tilegrad_ir::Inst, u64>,
 }
 
 /// What the ground truth's reverse sweep needs again of a forward run: each launch, and the
@@ -494,7 +496,15 @@ pub(crate) fn run(
                             (n.clone(), a)
                         })
                         .collect();
-                    r.launches.push(LaunchRecord { step: i, kernel: kernel.clone(), grid, args, before, names });
+                    r.launches.push(LaunchRecord {
+                        step: i,
+                        kernel: kernel.clone(),
+                        grid,
+                        args,
+                        before,
+                        names,
+                        max_trips: Default::default(),
+                    });
                 }
                 let opts = Options {
                     poison_masked_loads: matches!(mode, Mode::Poisoned | Mode::PoisonedResolvingRaces),
@@ -525,6 +535,11 @@ pub(crate) fn run(
                     }
                     e => fail(StepError::Exec(Box::new(e))),
                 })?;
+                if let Some(r) = records.as_deref_mut() {
+                    if let Some(last) = r.launches.last_mut().filter(|l| l.step == i) {
+                        last.max_trips = summary.max_trips.clone();
+                    }
+                }
                 if let Some(tr) = trace.as_deref_mut() {
                     for w in summary.writers {
                         let name = env.mem.name(w.tensor).to_string();

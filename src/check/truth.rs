@@ -213,7 +213,8 @@ pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Resu
     if !host_steps {
         p.truth = Env::default();
     }
-    let mut truth = ground::reverse(&fwd.steps, &p.records, if host_steps { &p.truth } else { &p.native }, cot, &gopts)?;
+    let by = opts.kernels_ground(&exec);
+    let mut truth = ground::reverse(&fwd.steps, &p.records, if host_steps { &p.truth } else { &p.native }, cot, &gopts, by)?;
     p.records = steps::Records::default();
     let gradients = fwd
         .differentiable
@@ -287,7 +288,7 @@ pub fn gradcheck(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, name: &str
     let mut rng = StdRng::seed_from_u64(opts.seed ^ 0x5851_f42d_4c95_7f2d);
     let cot: HashMap<String, Vec<f64>> = draw_cotangents(&mut rng, &p.truth, fwd)?.into_iter().map(|(o, c, _)| (o, c)).collect();
     let gopts = GradOptions { memory_budget: opts.memory_budget, ..GradOptions::default() };
-    let truth = ground::reverse(&fwd.steps, &p.records, &p.truth, cot.clone(), &gopts)?;
+    let truth = ground::reverse(&fwd.steps, &p.records, &p.truth, cot.clone(), &gopts, opts.kernels_ground(&exec))?;
     // L(x) = sum over outputs of <cot, forward(x)>, the forward run in f64 from perturbed inputs.
     let base = promote(&p.drawn);
     let loss = |dirs: &[(String, Vec<f64>)], h: f64| -> Result<f64, CheckError> {

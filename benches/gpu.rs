@@ -7,6 +7,13 @@
 //! fastest run of each counts, from CUDA events. `FILE.json` holds Triton's milliseconds for the
 //! same kernels, launched with the same block sizes, as `benches/gpu_triton.py` writes it; the
 //! table then has the ratios. Without a GPU it says so and exits.
+//!
+//! `--grad` times the f64 ground truth instead: each forward's VJP kernel
+//! ([`tilegrad_ad::vjp_kernel`]) launched on the GPU for a random cotangent of its output,
+//! beside Triton's hand-written backward kernel where `FILE.json` has one (`<name>_bwd`); and
+//! the whole gradient call (copies to f64, shadows and tapes, transfers, the launch, reading
+//! the gradients back) once, with its host-side peak of device memory estimated from the
+//! tensors it allocates.
 
 use tilegrad_gpu::{Gpu, GpuOptions};
 use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
@@ -94,6 +101,7 @@ fn main() {
     let mut triton: Option<serde_json::Value> = None;
     let mut reps = 20;
     let mut only: Option<String> = None;
+    let mut grad = false;
     let mut i = 1;
     while i < args.len() {
         match args[i].as_str() {
@@ -106,6 +114,7 @@ fn main() {
                 only = Some(args[i + 1].clone());
                 i += 1;
             }
+            "--grad" => grad = true,
             "--reps" => {
                 reps = args[i + 1].parse().expect("--reps N");
                 i += 1;
@@ -122,7 +131,14 @@ fn main() {
         }
     };
     println!("device: {}", gpu.describe());
-    println!("{:<14} {:>12} {:>12} {:>12} {:>9} {:>9}", "kernel", "triton ms", "gpu ms", "+races ms", "ratio", "+races");
+    if grad {
+        println!(
+            "{:<14} {:>13} {:>12} {:>12} {:>9} {:>9} {:>12} {:>12}",
+            "kernel", "triton bwd ms", "vjp ms", "+races ms", "ratio", "+races", "call s", "device MB"
+        );
+    } else {
+        println!("{:<14} {:>12} {:>12} {:>12} {:>9} {:>9}", "kernel", "triton ms", "gpu ms", "+races ms", "ratio", "+races");
+    }
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/triton");
     for c in cases() {
         let path = dir.join(c.file);
@@ -160,6 +176,10 @@ fn main() {
                 continue;
             }
         }
+        if grad {
+            time_gradient(&gpu, &c, &k, &launch, &mut mem, &ids, reps, triton.as_ref());
+            continue;
+        }
         eprintln!("{}: {}", c.name, gpu.describe_kernel(&k).unwrap_or_else(|e| e.to_string()));
         let plain = time(false, &mut mem);
         let marked = time(true, &mut mem);
@@ -175,4 +195,60 @@ fn main() {
             ratio(marked)
         );
     }
+}
+
+/// The `--grad` row of one case: the VJP kernel's launch time (fastest of `reps`, race marks off
+/// and on) and one whole gradient call.
+#[allow(clippy::too_many_arguments)]
+fn time_gradient(
+    gpu: &Gpu,
+    c: &Case,
+    k: &tilegrad_ir::Kernel,
+    launch: &Launch,
+    mem: &mut Memory,
+    ids: &[(&str, TensorId)],
+    reps: usize,
+    triton: Option<&serde_json::Value>,
+) {
+    use tilegrad_ad::vjp_kernel::{gradient_by_kernel, vjp_kernel};
+    use tilegrad_ad::AdError;
+    let vk = vjp_kernel(k).unwrap_or_else(|e| panic!("{}: {e}", c.name));
+    // The forward, for its trip counts (and the output it leaves is not read: the VJP kernel
+    // recomputes it).
+    let fwd = gpu.run(launch, &mut mem.clone(), GpuOptions { races: false }).unwrap_or_else(|e| panic!("{}: {e}", c.name));
+    let (out_name, out) = *ids.last().expect("an output");
+    let n = mem.get(out).numel();
+    let cot: Vec<f64> = random(n, 99).into_iter().map(f64::from).collect();
+    let inputs: Vec<TensorId> = ids[..ids.len() - 1].iter().map(|(_, t)| *t).collect();
+    let outputs = vec![(out, cot)];
+    let gpu_err = |e: tilegrad_gpu::GpuError| AdError::Spec(e.to_string());
+    let (mut plain, mut marked, mut bytes) = (0.0, 0.0, 0usize);
+    let mut timed = |l: &Launch, m: &mut Memory| -> Result<(), AdError> {
+        bytes = (0..m.len() as u32).map(|i| m.get(TensorId(i)).numel() * 8).sum();
+        plain = gpu.time(l, &mut m.clone(), GpuOptions { races: false }, reps).map_err(gpu_err)? * 1e3;
+        marked = gpu.time(l, &mut m.clone(), GpuOptions { races: true }, reps).map_err(gpu_err)? * 1e3;
+        Ok(())
+    };
+    gradient_by_kernel(&vk, launch, mem, &inputs, &outputs, &fwd.summary.max_trips, &mut timed)
+        .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+    let start = std::time::Instant::now();
+    let mut once = |l: &Launch, m: &mut Memory| gpu.run(l, m, GpuOptions { races: false }).map(|_| ()).map_err(gpu_err);
+    let g = gradient_by_kernel(&vk, launch, mem, &inputs, &outputs, &fwd.summary.max_trips, &mut once)
+        .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+    let call = start.elapsed().as_secs_f64();
+    assert!(g.iter().all(|v| v.iter().all(|x| x.is_finite())) && g.iter().any(|v| v.iter().any(|&x| x != 0.0)), "{}: gradient", c.name);
+    let t = triton.and_then(|j| j.get(format!("{}_bwd", c.name))).and_then(|v| v.as_f64());
+    let ratio = |x: f64| t.map_or("-".to_string(), |t| format!("{:.2}x", x / t));
+    eprintln!("{}: VJP kernel {}; output `{out_name}`", c.name, gpu.describe_kernel(&vk.kernel).unwrap_or_else(|e| e.to_string()));
+    println!(
+        "{:<14} {:>13} {:>12.3} {:>12.3} {:>9} {:>9} {:>12.2} {:>12.0}",
+        c.name,
+        t.map_or("-".to_string(), |t| format!("{t:.3}")),
+        plain,
+        marked,
+        ratio(plain),
+        ratio(marked),
+        call,
+        bytes as f64 / 1e6
+    );
 }

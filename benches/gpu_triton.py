@@ -3,7 +3,9 @@
     python benches/gpu_triton.py OUT.json
 
 Needs a GPU, PyTorch and Triton. Same kernels (`examples/triton/`), sizes and block sizes as the
-Rust bench; `triton.testing.do_bench` (median of its repetitions, after warm-up).
+Rust bench; `triton.testing.do_bench` (median of its repetitions, after warm-up). `<name>_bwd`:
+the hand-written backward kernels of `examples/` at the same sizes (kernel time; the weighted
+sum's host sum of its per-program partial grad_w not included), for `--grad`.
 """
 import json
 import os
@@ -14,6 +16,9 @@ import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "triton"))
 from matmul import matmul  # noqa: E402
+from matmul_bwd import matmul_bwd_da, matmul_bwd_db  # noqa: E402
+from softmax_bwd import softmax_bwd  # noqa: E402
+from weighted_sum_bwd import weighted_sum_bwd  # noqa: E402
 from softmax import softmax  # noqa: E402
 from weighted_sum import weighted_sum_fwd  # noqa: E402
 
@@ -28,6 +33,13 @@ def main(out):
     times["weighted_sum"] = triton.testing.do_bench(
         lambda: weighted_sum_fwd[(rows // 16,)](x, w, o, x.stride(0), x.stride(1), w.stride(0), o.stride(0), rows, d,
                                                 ROWS_TILE_SIZE=16, D_TILE_SIZE=64))
+    go = torch.rand(rows, device=dev) * 2 - 1
+    gx = torch.empty_like(x)
+    pgw = torch.empty(rows // 16, d, device=dev)
+    times["weighted_sum_bwd"] = triton.testing.do_bench(
+        lambda: weighted_sum_bwd[(rows // 16,)](x, w, go, gx, pgw, x.stride(0), x.stride(1), w.stride(0), go.stride(0),
+                                                gx.stride(0), gx.stride(1), pgw.stride(0), pgw.stride(1), rows, d,
+                                                ROWS_TILE_SIZE=16, D_TILE_SIZE=64))
     n = 2048
     a = torch.rand(n, n, device=dev) * 2 - 1
     b = torch.rand(n, n, device=dev) * 2 - 1
@@ -35,11 +47,25 @@ def main(out):
     times["matmul"] = triton.testing.do_bench(
         lambda: matmul[(n // 64, n // 64)](a, b, c, n, n, n, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                                            c.stride(0), c.stride(1), BLOCK_M=64, BLOCK_N=64, BLOCK_K=32))
+    gc = torch.rand(n, n, device=dev) * 2 - 1
+    ga, gb = torch.empty_like(a), torch.empty_like(b)
+
+    def matmul_bwd():
+        matmul_bwd_da[(n // 64, n // 32)](b, gc, ga, n, n, n, b.stride(0), b.stride(1), gc.stride(0), gc.stride(1),
+                                         ga.stride(0), ga.stride(1), BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
+        matmul_bwd_db[(n // 32, n // 64)](a, gc, gb, n, n, n, a.stride(0), a.stride(1), gc.stride(0), gc.stride(1),
+                                         gb.stride(0), gb.stride(1), BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
+    times["matmul_bwd"] = triton.testing.do_bench(matmul_bwd)
     sr, sc = 16384, 4096
     xs = torch.rand(sr, sc, device=dev) * 2 - 1
     ys = torch.empty_like(xs)
     times["softmax"] = triton.testing.do_bench(
         lambda: softmax[(sr,)](xs, ys, xs.stride(0), ys.stride(0), sr, sc, BLOCK_ROWS=1, BLOCK_COLS=sc))
+    gy = torch.rand_like(xs) * 2 - 1
+    gxs = torch.empty_like(xs)
+    times["softmax_bwd"] = triton.testing.do_bench(
+        lambda: softmax_bwd[(sr,)](ys, gy, gxs, ys.stride(0), gy.stride(0), gxs.stride(0), sr, sc,
+                                   BLOCK_ROWS=1, BLOCK_COLS=sc))
     times["device"] = torch.cuda.get_device_name()
     with open(out, "w") as f:
         json.dump(times, f)

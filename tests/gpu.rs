@@ -49,6 +49,10 @@ fn kernels(s: &Spec) -> Vec<Kernel> {
             if !out.iter().any(|k| *k == *kl.kernel) {
                 out.push((*kl.kernel).clone());
                 out.push(tilegrad_ir::passes::promote_floats(&kl.kernel, DType::F64).unwrap());
+                // Its VJP kernel (the ground truth with `--ground kernels`), where it has one.
+                if let Ok(vk) = tilegrad_ad::vjp_kernel(&kl.kernel) {
+                    out.push(vk.kernel);
+                }
             }
         }
     }
@@ -177,4 +181,38 @@ fn the_zoo_runs_alike_on_both_backends() {
         assert!(on_gpu.passed(), "{name} on the GPU: {on_gpu:?}");
         println!("{name}: {}", on_gpu.backend);
     }
+}
+
+/// The f64 ground truth by VJP kernels run on the GPU (`--backend gpu --ground kernels`) against
+/// the CPU evaluator's, on every example spec whose kernels VJP kernels take: within 1e-12
+/// normwise (atomics add in the device's order).
+#[test]
+fn vjp_kernels_on_the_gpu_give_the_cpu_ground_truth() {
+    if let Err(why) = tilegrad_gpu::usable() {
+        eprintln!("skipped: no usable GPU ({why})");
+        return;
+    }
+    use tilegrad::check::{ground_truth, Ground};
+    let files: Vec<(String, Spec)> = all_specs().into_iter().filter(|(l, _)| l.ends_with(".toml")).collect();
+    let failures = all(&files, |(label, s)| {
+        let cpu = ground_truth(&s.forward, &s.inputs, &CheckOptions { backend: Backend::Cpu, ..s.options.clone() })
+            .map_err(|e| format!("{label}: cpu: {e}"))?;
+        let opts = CheckOptions { backend: Backend::Gpu, ground: Ground::Kernels, ..s.options.clone() };
+        let gpu = match ground_truth(&s.forward, &s.inputs, &opts) {
+            Ok(g) => g,
+            Err(e) if e.to_string().contains("not take") => return Ok(()),
+            Err(e) => return Err(format!("{label}: gpu: {e}")),
+        };
+        for ((n, w), (_, g)) in cpu.gradients.iter().zip(&gpu.gradients) {
+            let (w, g) = (w.to_f64_vec(), g.to_f64_vec());
+            let norm = w.iter().map(|x| x * x).sum::<f64>().sqrt();
+            let diff = w.iter().zip(&g).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+            if diff > 1e-12 * norm + 1e-300 {
+                return Err(format!("{label}: the gradient of `{n}` differs by {diff:e} (norm {norm:e})"));
+            }
+        }
+        println!("{label}: agrees");
+        Ok(())
+    });
+    assert!(failures.is_empty(), "{} of {} specs:\n{}", failures.len(), files.len(), failures.join("\n\n"));
 }

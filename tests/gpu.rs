@@ -95,7 +95,11 @@ fn every_kernel_becomes_cuda_c() {
         let blocks = g.min_blocks as usize;
         let roomy = tilegrad_gpu::codegen::generate_with(k, g.threads as usize, Some((blocks / 2).max(1))).map_err(err)?;
         let large = tilegrad_gpu::codegen::generate_with(k, 1024, Some(1)).map_err(err)?;
-        for g in [&g, &roomy, &large] {
+        // VJP kernels run with float atomics in the hardware's order.
+        let unordered = tilegrad_gpu::codegen::generate_ordered(k, false).map_err(err)?;
+        let forms: Vec<&tilegrad_gpu::codegen::Generated> =
+            if k.name.ends_with("_vjp") { vec![&g, &roomy, &large, &unordered] } else { vec![&g, &roomy, &large] };
+        for g in forms {
             if !g.source.contains(tilegrad_gpu::codegen::ENTRY) || g.threads < 32 {
                 return Err(format!("{label}: `{}`: no entry point", k.name));
             }

@@ -2,7 +2,9 @@
 //! is installed, writing the PTX to `--ptx OUT.ptx` when given:
 //! `cargo run -p tilegrad-gpu --example cuda_of -- FILE.tgir [--ptx OUT.ptx]`, or for Triton
 //! source `... -- FILE.py KERNEL [NAME=INT ...] [--ptx OUT.ptx]` (integer constexprs);
-//! `--threads N:B` generates the form with at most N threads a block and B blocks an SM.
+//! `--threads N:B` generates the form with at most N threads a block and B blocks an SM; `--vjp`
+//! generates the kernel's VJP kernel (`tilegrad_ad::vjp_kernel`) instead, with float atomics in
+//! the hardware's order as VJP kernels run.
 
 use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
 
@@ -19,6 +21,7 @@ fn main() {
         let (n, b) = v.split_once(':').expect("--threads N:B");
         (n.parse::<usize>().expect("N"), b.parse::<usize>().expect("B"))
     });
+    let vjp = args.iter().position(|a| a == "--vjp").map(|i| args.remove(i)).is_some();
     let path = args.first().cloned().expect("usage: cuda_of FILE.tgir | FILE.py KERNEL [NAME=INT ...]");
     let text = std::fs::read_to_string(&path).expect("readable file");
     let k = if path.ends_with(".py") {
@@ -35,9 +38,10 @@ fn main() {
     } else {
         tilegrad_ir::text::parse_kernel(&text, &path).unwrap_or_else(|e| panic!("{e}"))
     };
+    let k = if vjp { tilegrad_ad::vjp_kernel(&k).unwrap_or_else(|e| panic!("{e}")).kernel } else { k };
     let generated = match threads {
-        Some((n, b)) => tilegrad_gpu::codegen::generate_with(&k, n, Some(b)),
-        None => tilegrad_gpu::codegen::generate(&k),
+        Some((n, b)) => tilegrad_gpu::codegen::generate_full(&k, n, Some(b), !vjp),
+        None => tilegrad_gpu::codegen::generate_ordered(&k, !vjp),
     };
     let generated = match generated {
         Ok(g) => g,

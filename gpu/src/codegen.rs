@@ -89,9 +89,18 @@ pub const SHARED_SCRATCH: usize = 48 * 1024;
 /// elements of its largest tile (32 to [`DEFAULT_THREADS`] threads a block), as many blocks an
 /// SM as 64 registers a thread allow in 256-thread blocks, or 85 in smaller ones.
 pub fn generate(k: &Kernel) -> Result<Generated, GpuError> {
+    generate_ordered(k, true)
+}
+
+/// [`generate`], with float `atomic_add`s applied in program order (`ordered`, the reference's
+/// sums bit for bit; programs then take turns to add) or by the hardware's atomics in whatever
+/// order programs reach them (f32 and f64; f16 and bf16 stay ordered): sums equal up to the
+/// rounding of their order, without turns. VJP kernels, whose every load adds into a shadow,
+/// run unordered.
+pub fn generate_ordered(k: &Kernel, ordered: bool) -> Result<Generated, GpuError> {
     let threads = largest_tile(k).div_ceil(ELEMENTS_PER_THREAD).next_power_of_two().clamp(32, DEFAULT_THREADS);
     let blocks = if threads >= DEFAULT_THREADS { MAX_THREADS / threads } else { 3 * MAX_THREADS / 4 / threads };
-    generate_with(k, threads, Some(blocks))
+    generate_full(k, threads, Some(blocks), ordered)
 }
 
 /// Elements of a kernel's largest tile.
@@ -109,6 +118,11 @@ fn largest_tile(k: &Kernel) -> usize {
 /// `min_blocks` blocks an SM asked of the compiler instead of `1024 / threads` (fewer blocks
 /// leave more registers to each thread). Results do not depend on either.
 pub fn generate_with(k: &Kernel, max_threads: usize, min_blocks: Option<usize>) -> Result<Generated, GpuError> {
+    generate_full(k, max_threads, min_blocks, true)
+}
+
+/// [`generate_with`] and [`generate_ordered`] together.
+pub fn generate_full(k: &Kernel, max_threads: usize, min_blocks: Option<usize>, ordered: bool) -> Result<Generated, GpuError> {
     let largest = largest_tile(k);
     let mut defs = vec![None; k.values.len()];
     k.walk(&mut |i, d| {
@@ -128,6 +142,7 @@ pub fn generate_with(k: &Kernel, max_threads: usize, min_blocks: Option<usize>) 
         messages: Vec::new(),
         scratch: 0,
         float_atomics: false,
+        ordered,
         upper: false,
         sites: Vec::new(),
         pending: false,
@@ -175,6 +190,8 @@ struct Gen<'k> {
     messages: Vec<String>,
     scratch: usize,
     float_atomics: bool,
+    /// Float atomics in program order (see [`generate_ordered`]).
+    ordered: bool,
     /// Which half of the (double-buffered) scratch the next op uses.
     upper: bool,
     /// Failure sites emitted so far, by number (from 1; the numbers order the failures between
@@ -1394,6 +1411,8 @@ impl<'k> Gen<'k> {
             DType::I1 => {
                 format!("if ({x}) {{ const u64 ad = (u64)(tg_b{j} + off); atomicOr((u32*)(ad & ~3ULL), 1u << (8 * (ad & 3ULL))); }}")
             }
+            DType::F64 if !self.ordered => format!("atomicAdd((double*)(tg_b{j} + off), {x});"),
+            DType::F32 if !self.ordered => format!("atomicAdd((float*)(tg_b{j} + off), {x});"),
             _ => {
                 // Floats: logged, then added in program order when the program ends.
                 self.float_atomics = true;

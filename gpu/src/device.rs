@@ -139,8 +139,8 @@ impl Gpu {
     /// A kernel whose blocks spill registers to local memory at 64 registers a thread is
     /// compiled again for half as many blocks an SM (up to 128 registers), and that form is
     /// used when it spills less.
-    fn compiled(&self, k: &Kernel) -> Result<Arc<Compiled>, GpuError> {
-        let gen = codegen::generate(k)?;
+    fn compiled(&self, k: &Kernel, ordered: bool) -> Result<Arc<Compiled>, GpuError> {
+        let gen = codegen::generate_ordered(k, ordered)?;
         let arch = format!("compute_{}{}", self.arch.0, self.arch.1);
         let key = hash128(&format!("{arch}\n{}", gen.source));
         if let Some(c) = self.modules.lock().expect("module cache").get(&key) {
@@ -154,7 +154,7 @@ impl Gpu {
             Some((n.parse::<usize>().ok()?, b.parse::<usize>().ok()?))
         });
         let mut c = match forced {
-            Some((n, b)) => self.load(k, codegen::generate_with(k, n, Some(b))?, &arch)?,
+            Some((n, b)) => self.load(k, codegen::generate_full(k, n, Some(b), ordered)?, &arch)?,
             None => self.load(k, gen, &arch)?,
         };
         let spill = |c: &Compiled| c.main.local_size_bytes().unwrap_or(0);
@@ -162,7 +162,7 @@ impl Gpu {
         if forced.is_none() && blocks >= 2 && spill(&c) > 0 {
             // The other form is an optimisation: if it fails to compile, the first one serves.
             let threads = c.gen.threads as usize;
-            if let Ok(alt) = codegen::generate_with(k, threads, Some(blocks / 2)).and_then(|g| self.load(k, g, &arch)) {
+            if let Ok(alt) = codegen::generate_full(k, threads, Some(blocks / 2), ordered).and_then(|g| self.load(k, g, &arch)) {
                 if spill(&alt) < spill(&c) {
                     c = alt;
                 }
@@ -204,7 +204,7 @@ impl Gpu {
     /// Facts about a kernel's compiled form, in words: threads, registers and local memory per
     /// thread (spills), scratch bytes per block, blocks per SM.
     pub fn describe_kernel(&self, k: &Kernel) -> Result<String, GpuError> {
-        let c = self.compiled(k)?;
+        let c = self.compiled(k, true)?;
         let f = &c.main;
         let regs = f.num_regs().map_err(driver)?;
         let local = f.local_size_bytes().map_err(driver)?;
@@ -227,7 +227,7 @@ impl Gpu {
         if let Some(why) = codegen::needs_reference(k) {
             return reference(launch, mem, why);
         }
-        let c = self.compiled(k)?;
+        let c = self.compiled(k, opts.ordered_atomics)?;
         match self.run_compiled(&c, launch, mem, opts)? {
             Some(summary) => Ok(Outcome { summary, ran_on: RanOn::Gpu }),
             None => reference(launch, mem, "the device found a conflict between programs, which the reference reports exactly"),
@@ -255,7 +255,7 @@ impl Gpu {
                 why: why.to_string(),
             });
         }
-        let c = self.compiled(launch.kernel())?;
+        let c = self.compiled(launch.kernel(), opts.ordered_atomics)?;
         let mut p = self.upload(&c, launch, mem, opts)?;
         let mut best = f64::INFINITY;
         for _ in 0..reps.max(1) {

@@ -89,10 +89,14 @@ pub struct GpuOptions {
     /// Find races on the device (per-element marks: 16 bytes per written element). Without it
     /// a racy launch gives whatever the hardware's order gave.
     pub races: bool,
+    /// Float `atomic_add`s in program order, as the reference adds them (bit for bit); without
+    /// it, in the hardware's order (sums equal up to rounding; see
+    /// [`codegen::generate_ordered`]).
+    pub ordered_atomics: bool,
 }
 
 impl Default for GpuOptions {
     fn default() -> GpuOptions {
-        GpuOptions { races: true }
+        GpuOptions { races: true, ordered_atomics: true }
     }
 }

@@ -79,6 +79,30 @@ impl Executor {
         out
     }
 
+    /// Runs a VJP kernel's launch ([`tilegrad_ad::vjp_kernel`]): on the GPU without race marks
+    /// and with float atomics in the hardware's order (the forward it differentiates was run
+    /// with every check; its shadows' sums then differ from the reference's by rounding only,
+    /// so [`Backend::Compare`] does not compare it).
+    pub fn run_vjp(&self, launch: &Launch, mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
+        let Some(g) = &self.gpu else { return launch.run(mem) };
+        match g.run(launch, mem, GpuOptions { races: false, ordered_atomics: false }) {
+            Ok(o) => {
+                let mut log = self.log.lock().expect("executor log");
+                match o.ran_on {
+                    RanOn::Gpu => log.on_gpu += 1,
+                    RanOn::Reference(why) => log.on_reference.push((launch.kernel().name.clone(), why)),
+                }
+                Ok(o.summary)
+            }
+            Err(GpuError::Exec(e)) => Err(e),
+            Err(e) => {
+                let why = format!("the GPU failed ({e})");
+                self.log.lock().expect("executor log").on_reference.push((launch.kernel().name.clone(), why));
+                launch.run(mem)
+            }
+        }
+    }
+
     /// Where launches ran, for the report: `cpu`, or the GPU and the launches it passed on.
     pub fn describe(&self) -> String {
         let Some(g) = &self.gpu else { return "cpu".into() };

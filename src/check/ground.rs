@@ -59,8 +59,9 @@ pub(crate) fn reverse(
                     // The launch's VJP kernel, run by the executor (the reference or the GPU).
                     Some(exec) => {
                         let vk = vjp_kernel(&r.kernel).map_err(|e| at(format!("--ground kernels: {e}")))?;
-                        let mut run =
-                            |l: &Launch, m: &mut tilegrad_reference::Memory| exec.run(l, m).map(|_| ()).map_err(tilegrad_ad::AdError::from);
+                        let mut run = |l: &Launch, m: &mut tilegrad_reference::Memory| {
+                            exec.run_vjp(l, m).map(|_| ()).map_err(tilegrad_ad::AdError::from)
+                        };
                         tilegrad_ad::vjp_kernel::gradient_by_kernel(&vk, &launch, &r.before, &inputs, &outputs, &r.max_trips, &mut run)
                             .map_err(|e| at(e.to_string()))?
                     }

@@ -1040,24 +1040,24 @@ impl Emit<'_, '_> {
             ReduceOp::Argmax | ReduceOp::Argmin => {}
             ReduceOp::Sum => self.acc(xf, gb),
             ReduceOp::Max | ReduceOp::Min => {
-                // The cotangent goes to the first element equal to the result, or (all NaN)
-                // to the one argmax/argmin picks.
+                // The cotangent goes to the first element equal to the result (the lowest
+                // index of a `min` over the equal ones: one integer reduction); where none is
+                // (every element NaN), to the first, as argmax/argmin pick then.
                 let rk = if keep_dims { r } else { b.expand_dims(r, ax) };
                 let rb = b.broadcast_to(rk, &sx);
                 let eq = b.eq(x, rb);
-                let eqi = b.cast(eq, DType::I32);
-                let any = b.max(eqi, Some(ax), true);
-                let first_eq = b.argmax(eqi, Some(ax), true);
-                let fallback = if kind == ReduceOp::Max { b.argmax(x, Some(ax), true) } else { b.argmin(x, Some(ax), true) };
-                let zi = b.i32(0);
-                let found = b.gt(any, zi);
-                let idx = b.where_(found, first_eq, fallback);
                 let n = sx[axis];
                 let ar = b.arange(0, n as i64);
                 let mut at = vec![1usize; sx.len()];
                 at[axis] = n;
                 let ar = b.reshape(ar, &at);
                 let ar = b.broadcast_to(ar, &sx);
+                let none = b.i32(n as i32);
+                let cand = b.where_(eq, ar, none);
+                let first = b.min(cand, Some(ax), true);
+                let zi = b.i32(0);
+                let missing = b.ge(first, none);
+                let idx = b.where_(missing, zi, first);
                 let ib = b.broadcast_to(idx, &sx);
                 let hot = b.eq(ar, ib);
                 let z = b.f64(0.0);

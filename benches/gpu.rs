@@ -12,8 +12,7 @@
 //! ([`tilegrad_ad::vjp_kernel`]) launched on the GPU for a random cotangent of its output,
 //! beside Triton's hand-written backward kernel where `FILE.json` has one (`<name>_bwd`); and
 //! the whole gradient call (copies to f64, shadows and tapes, transfers, the launch, reading
-//! the gradients back) once, with its host-side peak of device memory estimated from the
-//! tensors it allocates.
+//! the gradients back) once, with the bytes of the tensors it allocates on the device.
 
 use tilegrad_gpu::{Gpu, GpuOptions};
 use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
@@ -226,7 +225,12 @@ fn time_gradient(
     let gpu_err = |e: tilegrad_gpu::GpuError| AdError::Spec(e.to_string());
     let (mut plain, mut marked, mut bytes) = (0.0, 0.0, 0usize);
     let mut timed = |l: &Launch, m: &mut Memory| -> Result<(), AdError> {
-        bytes = (0..m.len() as u32).map(|i| m.get(TensorId(i)).numel() * 8).sum();
+        bytes = (0..m.len() as u32)
+            .map(|i| {
+                let t = m.get(TensorId(i));
+                t.numel() * tilegrad_reference::storage_bytes(t.dtype())
+            })
+            .sum();
         // Atomics in the hardware's order, as the check runs VJP kernels.
         plain = gpu.time(l, &mut m.clone(), GpuOptions { races: false, ordered_atomics: false }, reps).map_err(gpu_err)? * 1e3;
         marked = gpu.time(l, &mut m.clone(), GpuOptions { races: true, ordered_atomics: false }, reps).map_err(gpu_err)? * 1e3;

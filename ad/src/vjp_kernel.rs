@@ -263,99 +263,95 @@ fn unsupported(k: &Kernel, d: &InstData, message: &str) -> AdError {
 /// Refuses what has no VJP kernel yet (see the module docs), finding the tensor parameter each
 /// pointer value points into (where one is known) and the parameters some op writes.
 fn refuse_unsupported(k: &Kernel) -> Result<(), AdError> {
-    {
-        let mut root: HashMap<Value, Value> = HashMap::new();
-        for prm in &k.params {
-            if matches!(prm.kind, ParamKind::Ptr(_)) {
-                root.insert(prm.value, prm.value);
-            }
+    let mut root: HashMap<Value, Value> = HashMap::new();
+    for prm in &k.params {
+        if matches!(prm.kind, ParamKind::Ptr(_)) {
+            root.insert(prm.value, prm.value);
         }
-        let mut written = HashSet::new();
-        let mut refused = None;
-        k.walk(&mut |_, d| {
-            if let Some(&r) = d.results.first() {
-                if k.ty(r).is_ptr() {
-                    let from = match d.op {
-                        Op::Where => match (root.get(&d.args[1]), root.get(&d.args[2])) {
-                            (Some(x), Some(y)) if x == y => Some(*x),
-                            _ => None,
-                        },
-                        Op::AddPtr | Op::Broadcast | Op::ExpandDims { .. } | Op::Reshape | Op::Permute { .. } => {
-                            root.get(&d.args[0]).copied()
-                        }
+    }
+    let mut written = HashSet::new();
+    let mut refused = None;
+    k.walk(&mut |_, d| {
+        if let Some(&r) = d.results.first() {
+            if k.ty(r).is_ptr() {
+                let from = match d.op {
+                    Op::Where => match (root.get(&d.args[1]), root.get(&d.args[2])) {
+                        (Some(x), Some(y)) if x == y => Some(*x),
                         _ => None,
-                    };
-                    if let Some(f) = from {
-                        root.insert(r, f);
-                    }
-                }
-            }
-            if let Op::Store { .. } | Op::AtomicAdd { .. } = d.op {
-                if let Some(&r) = root.get(&d.args[0]) {
-                    written.insert(r);
-                }
-            }
-        });
-        // Refusals: what has no VJP kernel yet.
-        fn has_loop(k: &Kernel, blk: tilegrad_ir::Block) -> bool {
-            k.block(blk).insts.iter().any(|&i| {
-                let op = &k.inst(i).op;
-                matches!(op, Op::For { .. } | Op::While { .. }) || op.blocks().into_iter().any(|b| has_loop(k, b))
-            })
-        }
-        k.walk(&mut |_, d| {
-            if refused.is_some() {
-                return;
-            }
-            let why = match &d.op {
-                Op::While { .. } => Some("VJP kernels do not take `while` loops yet; the CPU evaluator differentiates this kernel"),
-                Op::For { body, .. } => {
-                    let b = k.block(*body);
-                    if b.params[1..].iter().any(|&v| k.ty(v).is_ptr()) {
-                        Some("VJP kernels do not take loops that carry pointers yet (carry offsets instead); the CPU evaluator differentiates this kernel")
-                    } else if has_loop(k, *body) {
-                        Some("VJP kernels do not take loops inside loops yet; the CPU evaluator differentiates this kernel")
-                    } else {
-                        None
-                    }
-                }
-                _ => None,
-            };
-            if let Some(why) = why {
-                refused = Some(unsupported(k, d, why));
-            }
-        });
-        // A load in a loop or a branch must read what the forward left (the reverse sweep
-        // recomputes them after it).
-        fn loads_in(k: &Kernel, blk: tilegrad_ir::Block, nested: bool, out: &mut Vec<Inst>) {
-            for &i in &k.block(blk).insts {
-                let d = k.inst(i);
-                if nested && matches!(d.op, Op::Load { .. }) {
-                    out.push(i);
-                }
-                for b in d.op.blocks() {
-                    loads_in(k, b, true, out);
+                    },
+                    Op::AddPtr | Op::Broadcast | Op::ExpandDims { .. } | Op::Reshape | Op::Permute { .. } => root.get(&d.args[0]).copied(),
+                    _ => None,
+                };
+                if let Some(f) = from {
+                    root.insert(r, f);
                 }
             }
         }
-        let mut nested_loads = Vec::new();
-        loads_in(k, k.body, false, &mut nested_loads);
-        for i in nested_loads {
+        if let Op::Store { .. } | Op::AtomicAdd { .. } = d.op {
+            if let Some(&r) = root.get(&d.args[0]) {
+                written.insert(r);
+            }
+        }
+    });
+    // Refusals: what has no VJP kernel yet.
+    fn has_loop(k: &Kernel, blk: tilegrad_ir::Block) -> bool {
+        k.block(blk).insts.iter().any(|&i| {
+            let op = &k.inst(i).op;
+            matches!(op, Op::For { .. } | Op::While { .. }) || op.blocks().into_iter().any(|b| has_loop(k, b))
+        })
+    }
+    k.walk(&mut |_, d| {
+        if refused.is_some() {
+            return;
+        }
+        let why = match &d.op {
+            Op::While { .. } => Some("VJP kernels do not take `while` loops yet; the CPU evaluator differentiates this kernel"),
+            Op::For { body, .. } => {
+                let b = k.block(*body);
+                if b.params[1..].iter().any(|&v| k.ty(v).is_ptr()) {
+                    Some("VJP kernels do not take loops that carry pointers yet (carry offsets instead); the CPU evaluator differentiates this kernel")
+                } else if has_loop(k, *body) {
+                    Some("VJP kernels do not take loops inside loops yet; the CPU evaluator differentiates this kernel")
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        if let Some(why) = why {
+            refused = Some(unsupported(k, d, why));
+        }
+    });
+    // A load in a loop or a branch must read what the forward left (the reverse sweep
+    // recomputes them after it).
+    fn loads_in(k: &Kernel, blk: tilegrad_ir::Block, nested: bool, out: &mut Vec<Inst>) {
+        for &i in &k.block(blk).insts {
             let d = k.inst(i);
-            if root.get(&d.args[0]).is_none_or(|r| written.contains(r)) && refused.is_none() {
-                refused = Some(unsupported(
-                    k,
-                    d,
-                    "this load in a loop or branch reads a tensor the kernel writes: VJP kernels recompute loops and \
-                     branches from memory as the forward left it, so they do not take it yet; the CPU evaluator \
-                     differentiates this kernel",
-                ));
+            if nested && matches!(d.op, Op::Load { .. }) {
+                out.push(i);
+            }
+            for b in d.op.blocks() {
+                loads_in(k, b, true, out);
             }
         }
-        match refused {
-            Some(e) => Err(e),
-            None => Ok(()),
+    }
+    let mut nested_loads = Vec::new();
+    loads_in(k, k.body, false, &mut nested_loads);
+    for i in nested_loads {
+        let d = k.inst(i);
+        if root.get(&d.args[0]).is_none_or(|r| written.contains(r)) && refused.is_none() {
+            refused = Some(unsupported(
+                k,
+                d,
+                "this load in a loop or branch reads a tensor the kernel writes: VJP kernels recompute loops and \
+                 branches from memory as the forward left it, so they do not take it yet; the CPU evaluator \
+                 differentiates this kernel",
+            ));
         }
+    }
+    match refused {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 
@@ -591,16 +587,29 @@ impl Emit<'_, '_> {
         b.add(t, p0)
     }
 
-    /// Pointers to the tape's slots of a value of shape `shape` at element `at` (i64 scalar).
-    fn slots(&mut self, tape: Value, at: Value, shape: &[usize]) -> Value {
-        let p = self.b.add(tape, at);
-        if shape.is_empty() {
-            return p;
-        }
-        let n: usize = shape.iter().product();
-        let r = self.b.arange(0, n as i64);
-        let r = self.b.reshape(r, shape);
-        self.b.add(p, r)
+    /// Pointers to the tape slots of trip `t` (i32 scalar) of each of `carried` (forward
+    /// values), where a trip's slots start at `base + t * per_trip` (i64 scalars) and carried
+    /// value `j` at `at[j]` within them.
+    fn trip_slots(&mut self, tape: Value, base: Value, per_trip: Value, at: &[usize], t: Value, carried: &[Value]) -> Vec<Value> {
+        let t64 = self.b.cast(t, DType::I64);
+        let off = self.b.mul(t64, per_trip);
+        let slot = self.b.add(base, off);
+        carried
+            .iter()
+            .zip(at)
+            .map(|(&c, &a)| {
+                let o = self.b.i64(a as i64);
+                let o = self.b.add(slot, o);
+                let p = self.b.add(tape, o);
+                let shape = self.shape(c);
+                if shape.is_empty() {
+                    return p;
+                }
+                let r = self.b.arange(0, shape.iter().product::<usize>() as i64);
+                let r = self.b.reshape(r, &shape);
+                self.b.add(p, r)
+            })
+            .collect()
     }
 
     /// Emits the reverse of `for` loop `i`: the copy that writes the tape, then the reverse loop.
@@ -636,25 +645,17 @@ impl Emit<'_, '_> {
         let base = self.b.mul(pix, cap);
         let base = self.b.mul(base, s);
         let (lo, hi, st) = (self.v(d.args[0]), self.v(d.args[1]), self.v(d.args[2]));
-        let init: Vec<Value> = d.args[3..].iter().map(|&a| self.v(a)).collect();
 
-        // The copy of the loop, writing each trip's carried values to the tape.
-        let mut first_err = None;
+        // The copy of the loop, writing each trip's carried values to the tape; it also carries
+        // the trip count.
         let (shadow, map, tapes) = (self.shadow.clone(), self.map.clone(), self.tapes);
-        let mut init_c = init.clone();
-        let zero_i = self.b.i32(0);
-        init_c.push(zero_i);
+        let mut init_c: Vec<Value> = d.args[3..].iter().map(|&a| self.v(a)).collect();
+        init_c.push(self.b.i32(0));
         let res = self.b.for_range(lo, hi, st, max_iters, &init_c, |b, iv, cs| {
             let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes };
             e.b.set_loc(Some(d.loc.clone()));
             let t = cs[cs.len() - 1];
-            let t64 = e.b.cast(t, DType::I64);
-            let off = e.b.mul(t64, s);
-            let slot = e.b.add(base, off);
-            for (j, &c) in fcarried.iter().enumerate() {
-                let o = e.b.i64(at[j] as i64);
-                let o = e.b.add(slot, o);
-                let ptrs = e.slots(tape, o, &k.ty(c).shape);
+            for (j, ptrs) in e.trip_slots(tape, base, s, &at, t, &fcarried).into_iter().enumerate() {
                 let v = e.b.cast(cs[j], DType::F64);
                 e.b.store(ptrs, v, None);
             }
@@ -694,6 +695,7 @@ impl Emit<'_, '_> {
         }
         let (shadow, map) = (self.shadow.clone(), self.map.clone());
         let (z, one) = (self.b.i32(0), self.b.i32(1));
+        let mut first_err = None;
         let out = self.b.for_range(z, trips, one, max_iters, &init_r, |b, sv, cs| {
             let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes };
             e.b.set_loc(Some(d.loc.clone()));
@@ -701,13 +703,7 @@ impl Emit<'_, '_> {
             let one = e.b.i32(1);
             let last = e.b.sub(trips, one);
             let t = e.b.sub(last, sv);
-            let t64 = e.b.cast(t, DType::I64);
-            let off = e.b.mul(t64, s);
-            let slot = e.b.add(base, off);
-            for (j, &c) in fcarried.iter().enumerate() {
-                let o = e.b.i64(at[j] as i64);
-                let o = e.b.add(slot, o);
-                let ptrs = e.slots(tape, o, &k.ty(c).shape);
+            for (&c, ptrs) in fcarried.iter().zip(e.trip_slots(tape, base, s, &at, t, &fcarried)) {
                 let v = e.b.load(ptrs, None, None);
                 let dt = k.ty(c).dtype().expect("carried numbers");
                 let v = if dt == DType::F64 { v } else { e.b.cast(v, dt) };
@@ -1090,8 +1086,7 @@ mod tests {
         T { name, n, input, output }
     }
 
-    /// Runs the evaluator and the VJP kernel on the same launch; returns the largest normwise
-    /// relative difference over the inputs' cotangents (and checks some are not zero).
+    /// Random inputs and cotangents for a launch of `k`; then [`same_gradients`].
     fn agree(k: &Kernel, grid: usize, tensors: &[T], scalars: &[(&str, i32)], dtype: DType, seed: u64) {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut mem = Memory::new();
@@ -1112,14 +1107,21 @@ mod tests {
         let inputs: Vec<TensorId> = tensors.iter().zip(&ids).filter(|(tt, _)| tt.input).map(|(_, &id)| id).collect();
         let outputs: Vec<(TensorId, Vec<f64>)> =
             tensors.iter().zip(&ids).zip(&cots).filter(|((tt, _), _)| tt.output).map(|((_, &id), c)| (id, c.clone())).collect();
-        let want = vjp(&launch, &mem, &inputs, &outputs, &GradOptions::default()).unwrap().inputs;
+        same_gradients(&launch, &mem, &inputs, &outputs);
+    }
 
+    /// Runs the evaluator and the VJP kernel (by the reference) on the same launch and asserts
+    /// that every input's cotangent is not zero and agrees within 1e-12 normwise; returns the
+    /// VJP kernel's.
+    fn same_gradients(launch: &Launch, mem: &Memory, inputs: &[TensorId], outputs: &[(TensorId, Vec<f64>)]) -> Vec<Vec<f64>> {
+        let k = launch.kernel();
+        let want = vjp(launch, mem, inputs, outputs, &GradOptions::default()).unwrap().inputs;
         let vk = vjp_kernel(k).unwrap();
-        let max_trips = launch.check(&mem).unwrap().max_trips;
+        let max_trips = launch.check(mem).unwrap().max_trips;
         let got =
-            gradient_by_kernel(&vk, &launch, &mem, &inputs, &outputs, &max_trips, &mut |l, m| l.run(m).map(|_| ()).map_err(AdError::from))
+            gradient_by_kernel(&vk, launch, mem, inputs, outputs, &max_trips, &mut |l, m| l.run(m).map(|_| ()).map_err(AdError::from))
                 .unwrap_or_else(|e| panic!("{}: {e}\n{}", k.name, vk.kernel));
-        let names = tensors.iter().filter(|tt| tt.input).map(|tt| tt.name);
+        let names = inputs.iter().map(|&t| mem.name(t));
         for ((name, want), got) in names.zip(&want).zip(&got) {
             let norm = want.iter().map(|x| x * x).sum::<f64>().sqrt();
             let diff = want.iter().zip(got).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
@@ -1132,6 +1134,7 @@ mod tests {
                 &got[..8.min(got.len())]
             );
         }
+        got
     }
 
     const BLOCK: i64 = 64;
@@ -1337,6 +1340,19 @@ mod tests {
         );
     }
 
+    /// Pointers `p + r[:, None] * nc + c[None, :]` into a row-major [nr, nc] tensor, and the
+    /// mask of those inside it.
+    fn masked_tile(b: &mut KernelBuilder, p: Value, r: Value, c: Value, nr: usize, nc: usize) -> (Value, Value) {
+        let (r2, c2) = (b.expand_dims(r, 1), b.expand_dims(c, 0));
+        let ncv = b.i32(nc as i32);
+        let o = b.mul(r2, ncv);
+        let o = b.add(o, c2);
+        let nrv = b.i32(nr as i32);
+        let (m1, m2) = (b.lt(r2, nrv), b.lt(c2, ncv));
+        let m = b.and(m1, m2);
+        (b.add(p, o), m)
+    }
+
     /// One tile of `a @ b + c` (masked to 45x29x21 within 64x32x32) in each precision.
     #[test]
     fn dot_agrees() {
@@ -1346,26 +1362,15 @@ mod tests {
             let (pa, pb, pc, po) =
                 (b.ptr_param("a", DType::F32), b.ptr_param("b", DType::F32), b.ptr_param("c", DType::F32), b.ptr_param("o", DType::F32));
             let (rm, rn, rk) = (b.arange(0, 64), b.arange(0, 32), b.arange(0, 32));
-            let tile = |b: &mut KernelBuilder, p: Value, r: Value, c: Value, nr: usize, nc: usize| {
-                let (r2, c2) = (b.expand_dims(r, 1), b.expand_dims(c, 0));
-                let ncv = b.i32(nc as i32);
-                let o = b.mul(r2, ncv);
-                let o = b.add(o, c2);
-                let nrv = b.i32(nr as i32);
-                let (m1, m2) = (b.lt(r2, nrv), b.lt(c2, ncv));
-                let m = b.and(m1, m2);
-                let pp = b.add(p, o);
-                (pp, m)
-            };
-            let (ap, am) = tile(&mut b, pa, rm, rk, mm, kk);
-            let (bp, bm) = tile(&mut b, pb, rk, rn, kk, nn);
-            let (cp, cm) = tile(&mut b, pc, rm, rn, mm, nn);
+            let (ap, am) = masked_tile(&mut b, pa, rm, rk, mm, kk);
+            let (bp, bm) = masked_tile(&mut b, pb, rk, rn, kk, nn);
+            let (cp, cm) = masked_tile(&mut b, pc, rm, rn, mm, nn);
             let z = b.f32(0.0);
             let av = b.load(ap, Some(am), Some(z));
             let bv = b.load(bp, Some(bm), Some(z));
             let cv = b.load(cp, Some(cm), Some(z));
             let d = b.dot_with(av, bv, Some(cv), prec);
-            let (op, om) = tile(&mut b, po, rm, rn, mm, nn);
+            let (op, om) = masked_tile(&mut b, po, rm, rn, mm, nn);
             b.store(op, d, Some(om));
             let k = b.finish().unwrap();
             agree(
@@ -1492,25 +1497,10 @@ mod tests {
             let ak = b.arange(0, 8);
             let ks = b.add(k0, ak);
             let km = b.lt(ks, kv);
-            let (mr, kc) = (b.expand_dims(rm, 1), b.expand_dims(ks, 0));
-            let kvv = b.i32(kk as i32);
-            let ao = b.mul(mr, kvv);
-            let ao = b.add(ao, kc);
-            let mmv = b.i32(mm as i32);
-            let am1 = b.lt(mr, mmv);
-            let am2 = b.expand_dims(km, 0);
-            let am = b.and(am1, am2);
             let z = b.f64(0.0);
-            let pap = b.add(pa, ao);
+            let (pap, am) = masked_tile(b, pa, rm, ks, mm, kk);
             let av = b.load(pap, Some(am), Some(z));
-            let (kr, nc) = (b.expand_dims(ks, 1), b.expand_dims(rn, 0));
-            let nnv = b.i32(nn as i32);
-            let bo = b.mul(kr, nnv);
-            let bo = b.add(bo, nc);
-            let bm1 = b.expand_dims(km, 1);
-            let bm2 = b.lt(nc, nnv);
-            let bm = b.and(bm1, bm2);
-            let pbp = b.add(pb, bo);
+            let (pbp, bm) = masked_tile(b, pb, ks, rn, kk, nn);
             let bv = b.load(pbp, Some(bm), Some(z));
             // y[k] = sum over the tile's rows of a^2 (a store in the loop).
             let sq = b.mul(av, av);
@@ -1519,14 +1509,7 @@ mod tests {
             b.store(pyp, ys, Some(km));
             vec![b.dot(av, bv, Some(c[0]))]
         });
-        let (mr, nc) = (b.expand_dims(rm, 1), b.expand_dims(rn, 0));
-        let nnv = b.i32(nn as i32);
-        let co = b.mul(mr, nnv);
-        let co = b.add(co, nc);
-        let mmv = b.i32(mm as i32);
-        let (c1, c2) = (b.lt(mr, mmv), b.lt(nc, nnv));
-        let cm = b.and(c1, c2);
-        let pcp = b.add(pc, co);
+        let (pcp, cm) = masked_tile(&mut b, pc, rm, rn, mm, nn);
         let s = b.sigmoid(res[0]);
         b.store(pcp, s, Some(cm));
         let k = b.finish().unwrap();
@@ -1607,18 +1590,7 @@ mod tests {
         let lt = mem.add("loss", HostTensor::zeros(DType::F64, &[rows]));
         let launch = Launch::new(&k, rows).arg("x", xt).arg("flag", ft).arg("scale", st).arg("loss", lt).arg("d", dn as i32);
         let cot: Vec<f64> = (0..rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let want = vjp(&launch, &mem, &[xt, st], &[(lt, cot.clone())], &GradOptions::default()).unwrap().inputs;
-        let vk = vjp_kernel(&k).unwrap();
-        let max_trips = launch.check(&mem).unwrap().max_trips;
-        let got = gradient_by_kernel(&vk, &launch, &mem, &[xt, st], &[(lt, cot)], &max_trips, &mut |l, m| {
-            l.run(m).map(|_| ()).map_err(AdError::from)
-        })
-        .unwrap();
-        for (w, g) in want.iter().zip(&got) {
-            let norm = w.iter().map(|x| x * x).sum::<f64>().sqrt();
-            let diff = w.iter().zip(g).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
-            assert!(norm > 0.0 && diff <= 1e-12 * norm, "differs by {diff:e} (norm {norm:e})");
-        }
+        let got = same_gradients(&launch, &mem, &[xt, st], &[(lt, cot)]);
         // Skipped rows get nothing.
         assert!(got[0][2 * dn..3 * dn].iter().all(|&g| g == 0.0));
     }

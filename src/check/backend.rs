@@ -50,26 +50,7 @@ impl Executor {
     pub fn run(&self, launch: &Launch, mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
         let Some(g) = &self.gpu else { return launch.run(mem) };
         let before = self.compare.then(|| mem.clone());
-        let out = match g.run(launch, mem, GpuOptions::default()) {
-            Ok(o) => {
-                let mut log = self.log.lock().expect("executor log");
-                match o.ran_on {
-                    RanOn::Gpu => log.on_gpu += 1,
-                    RanOn::Reference(why) => log.on_reference.push((launch.kernel().name.clone(), why)),
-                }
-                Ok(o.summary)
-            }
-            Err(GpuError::Exec(e)) => {
-                self.log.lock().expect("executor log").on_gpu += 1;
-                Err(e)
-            }
-            Err(e) => {
-                // Not the launch's fault: the reference runs it, and the report says why.
-                let why = format!("the GPU failed ({e})");
-                self.log.lock().expect("executor log").on_reference.push((launch.kernel().name.clone(), why));
-                launch.run(mem)
-            }
-        };
+        let out = self.on(g, launch, mem, GpuOptions::default());
         if let Some(mut m) = before {
             let want = launch.run(&mut m);
             if let Some(d) = differ(launch, &want, &out, &m, mem) {
@@ -85,7 +66,12 @@ impl Executor {
     /// so [`Backend::Compare`] does not compare it).
     pub fn run_vjp(&self, launch: &Launch, mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
         let Some(g) = &self.gpu else { return launch.run(mem) };
-        match g.run(launch, mem, GpuOptions { races: false, ordered_atomics: false }) {
+        self.on(g, launch, mem, GpuOptions { races: false, ordered_atomics: false })
+    }
+
+    /// Runs a launch on the GPU with `opts`, logging where it ran.
+    fn on(&self, g: &Gpu, launch: &Launch, mem: &mut Memory, opts: GpuOptions) -> Result<LaunchSummary, ExecError> {
+        match g.run(launch, mem, opts) {
             Ok(o) => {
                 let mut log = self.log.lock().expect("executor log");
                 match o.ran_on {
@@ -94,8 +80,12 @@ impl Executor {
                 }
                 Ok(o.summary)
             }
-            Err(GpuError::Exec(e)) => Err(e),
+            Err(GpuError::Exec(e)) => {
+                self.log.lock().expect("executor log").on_gpu += 1;
+                Err(e)
+            }
             Err(e) => {
+                // Not the launch's fault: the reference runs it, and the report says why.
                 let why = format!("the GPU failed ({e})");
                 self.log.lock().expect("executor log").on_reference.push((launch.kernel().name.clone(), why));
                 launch.run(mem)

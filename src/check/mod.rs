@@ -279,8 +279,8 @@ pub enum Ground {
     #[default]
     Evaluator,
     /// Each launch's VJP kernel ([`tilegrad_ad::vjp_kernel`]), run on the check's backend: on
-    /// the GPU with `--backend gpu`. Kernels it does not take yet (`while` loops, branches,
-    /// loops inside loops, loops carrying pointers or loading what the kernel writes) are an
+    /// the GPU with `--backend gpu`. Kernels it does not take yet (`while` loops, loops inside
+    /// loops, loops carrying pointers, loops or branches loading what the kernel writes) are an
     /// error that names the op. Ground truths in the kernels' own dtypes stay on the evaluator.
     Kernels,
 }

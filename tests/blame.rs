@@ -145,11 +145,14 @@ def lower_rows_bwd_broken_mask(x_ptr, gy_ptr, gx_ptr, R, C, BLOCK_C: tl.constexp
 
 /// The source written to a file, so that reports quote its lines.
 fn source_file() -> String {
-    let dir = std::env::temp_dir().join(format!("tilegrad-blame-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("blame");
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join("broken_bwd.py");
-    if !p.exists() {
-        std::fs::write(&p, SRC).unwrap();
+    if std::fs::read_to_string(&p).ok().as_deref() != Some(SRC) {
+        // Written beside and renamed, so that a test reading the file never sees half of it.
+        let part = dir.join(format!("broken_bwd.py.{:?}", std::thread::current().id()));
+        std::fs::write(&part, SRC).unwrap();
+        std::fs::rename(&part, &p).unwrap();
     }
     p.display().to_string()
 }

@@ -235,7 +235,8 @@ fn spec_error_unlocated(e: &SpecError) -> Option<String> {
 /// The examples folder (specs shrunk), copied where mutants can be written next to the files they refer to.
 fn scratch(tag: &str) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
-    let dst = std::env::temp_dir().join(format!("tilegrad-fuzz-{}-{tag}", std::process::id()));
+    let dst = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("fuzz-{tag}"));
+    let _ = std::fs::remove_dir_all(&dst);
     for sub in ["", "triton"] {
         std::fs::create_dir_all(dst.join(sub)).unwrap();
         for e in std::fs::read_dir(src.join(sub)).unwrap() {

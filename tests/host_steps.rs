@@ -199,7 +199,7 @@ steps = [
 "#;
 
 fn write(tag: &str, spec: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tilegrad-host-{}-{tag}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("host-{tag}"));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("k.py"), KERNELS).unwrap();
     let p = dir.join("s.toml");

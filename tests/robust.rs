@@ -55,7 +55,7 @@ steps = [
 
 /// Writes `spec` and `kernels` (bytes) into a fresh folder; returns the spec's path.
 fn write(tag: &str, spec: &[u8], kernels: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tilegrad-robust-{}-{tag}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("robust-{tag}"));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("k.py"), kernels).unwrap();
     let p = dir.join("s.toml");

@@ -58,7 +58,7 @@ steps = [
 
 /// Writes `spec` (and the kernels) into a fresh folder and returns the spec's path.
 fn write(tag: &str, spec: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tilegrad-spec-{}-{tag}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("spec-{tag}"));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("k.py"), KERNELS).unwrap();
     let p = dir.join("s.toml");

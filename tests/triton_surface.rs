@@ -206,7 +206,7 @@ fn seeded_bugs_fail_naming_the_right_gradient() {
 /// Writes `text` as a spec beside the examples' kernels (in a fresh temporary directory holding a
 /// copy of `examples/triton`) and loads it.
 fn load_text(tag: &str, text: &str) -> Result<spec::Spec, String> {
-    let dir = std::env::temp_dir().join(format!("tilegrad-surface-spec-{tag}-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("surface-spec-{tag}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("triton")).unwrap();
     for e in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/triton")).unwrap() {
@@ -248,7 +248,7 @@ fn spec_bindings_of_strings_none_and_dtypes() {
     assert!(load_text("float", &ACT.replace("ACT }", "\"'leaky_relu'\", negative_slope = 0.2 }")).is_ok());
     // A kernel under an unknown decorator needs `jit = true`.
     let wrapped = "import triton\nimport triton.language as tl\nfrom somewhere import my_decorator\n\n@my_decorator\ndef k(X, Y, n_elements, BLOCK: tl.constexpr):\n    offs = tl.arange(0, BLOCK)\n    tl.store(Y + offs, tl.load(X + offs, mask=offs < n_elements), mask=offs < n_elements)\n";
-    let dir = std::env::temp_dir().join(format!("tilegrad-surface-jit-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("surface-jit");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("k.py"), wrapped).unwrap();
     let spec_text = |jit: &str| {
@@ -300,7 +300,7 @@ fn cotangents_per_output_and_arange_inputs() {
 
 #[test]
 fn none_for_an_optional_pointer_folds_its_branch() {
-    let dir = std::env::temp_dir().join(format!("tilegrad-surface-none-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("surface-none");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("k.py"),

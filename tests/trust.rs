@@ -11,7 +11,7 @@ use tilegrad::CheckOptions;
 
 /// Writes the kernels and the spec into a fresh folder; returns the spec's path.
 fn write(tag: &str, kernels: &str, spec: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tilegrad-trust-{}-{tag}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("trust-{tag}"));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("k.py"), kernels).unwrap();
     let p = dir.join("s.toml");

@@ -7,7 +7,9 @@
 //!
 //! - each program first recomputes its forward, in f64 (the kernel promoted with
 //!   [`promote_floats`]), stores included, so that its loads after its own stores see what they
-//!   saw;
+//!   saw; the tensors it only reads or only writes stay in their dtype in memory, converted at
+//!   each access ([`promote_floats_keeping_tensors_as`]), so that a launch needs no f64 copy of
+//!   them;
 //! - then it runs the reverse sweep, op by op from the last, with one rule per op emitting IR;
 //! - memory derivatives go through *shadow* tensors, one f64 tensor per float tensor parameter
 //!   (`d_<name>`), holding cotangents of contents: a load's adjoint is an `atomic_add` of its
@@ -36,13 +38,13 @@
 //! max/min send the cotangent to the selected operand (ties to the first) or element (the first
 //! equal to the result). The evaluator stays authoritative; tests check the two agree on every op.
 //!
-//! Not yet: `while` loops, branches (`if`), loops inside loops, pointers carried by loops; they
-//! are refused with the op and its location.
+//! Not yet: `while` loops, loops inside loops, pointers carried by loops; they are refused with
+//! the op and its location.
 
 use crate::AdError;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use tilegrad_ir::passes::promote_floats;
+use tilegrad_ir::passes::{promote_floats, promote_floats_keeping_tensors_as};
 use tilegrad_ir::{
     BinaryOp, DType, DotPrecision, Elem, Inst, InstData, Kernel, KernelBuilder, Loc, Op, ParamKind, ReduceOp, UnaryOp, Value,
 };
@@ -58,6 +60,9 @@ pub struct VjpKernel {
     pub shadows: Vec<(String, String)>,
     /// The tapes of the forward's loops, in order.
     pub tapes: Vec<LoopTape>,
+    /// The float tensor parameters kept in their own dtype (see [`vjp_kernel_with`]); the
+    /// others are f64.
+    pub kept: Vec<String>,
 }
 
 /// What a launch of a VJP kernel gives a loop's tape: an f64 tensor of at least
@@ -87,8 +92,52 @@ pub struct LoopTape {
 /// whose old value is unused (as [`crate::vjp`] refuses them), a float access through a pointer
 /// not derived from a parameter; each with the op and its location.
 pub fn vjp_kernel(k: &Kernel) -> Result<VjpKernel, AdError> {
+    vjp_kernel_with(k, true)
+}
+
+/// The VJP kernel of `launch`'s kernel for its tensors in `mem`: those the kernel only reads or
+/// only writes are kept in the dtype `mem` holds them in ([`vjp_kernel_with`]; `mem` may hold a
+/// tensor of an f64 kernel as f32 where its values are f32s), unless the launch binds one tensor
+/// to two parameters.
+pub fn vjp_kernel_for(launch: &Launch, mem: &Memory) -> Result<VjpKernel, AdError> {
+    let tensors: Vec<TensorId> = launch
+        .args()
+        .iter()
+        .filter_map(|(_, a)| match a {
+            Arg::Tensor(t) => Some(*t),
+            Arg::Scalar(_) => None,
+        })
+        .collect();
+    if tensors.iter().enumerate().any(|(i, t)| tensors[..i].contains(t)) {
+        return build(launch.kernel(), None);
+    }
+    let stored = |name: &str, declared: DType| match launch.args().iter().find(|(n, _)| n == name) {
+        Some((_, Arg::Tensor(t))) if mem.get(*t).dtype().is_float() => mem.get(*t).dtype(),
+        _ => declared,
+    };
+    build(launch.kernel(), Some(&stored))
+}
+
+/// [`vjp_kernel`], with `keep_tensors` saying whether the float tensors that the kernel only
+/// reads or only writes stay in their dtype (converted at each access, as
+/// [`tilegrad_ir::passes::promote_floats_keeping_tensors`] does: no f64 copies of them) rather
+/// than all becoming f64. The arithmetic is f64 either way. Launches that bind one tensor to two
+/// parameters need `false`.
+pub fn vjp_kernel_with(k: &Kernel, keep_tensors: bool) -> Result<VjpKernel, AdError> {
+    build(k, keep_tensors.then_some(&|_: &str, d: DType| d))
+}
+
+/// The dtype in memory of a tensor parameter (by name) of a declared dtype.
+type StoredDtype<'a> = dyn Fn(&str, DType) -> DType + 'a;
+
+/// The VJP kernel, keeping tensors in the dtypes `keep` gives (see
+/// [`promote_floats_keeping_tensors_as`]), or none.
+fn build(k: &Kernel, keep: Option<&StoredDtype<'_>>) -> Result<VjpKernel, AdError> {
     crate::grad::refuse_ordered_atomics(k)?;
-    let p = promote_floats(k, DType::F64)?;
+    let (p, kept) = match keep {
+        Some(stored) => promote_floats_keeping_tensors_as(k, DType::F64, stored)?,
+        None => (promote_floats(k, DType::F64)?, Vec::new()),
+    };
     refuse_unsupported(&p)?;
     let forward: Vec<Inst> = p.block(p.body).insts.clone();
     let params = p.params.clone();
@@ -122,15 +171,15 @@ pub fn vjp_kernel(k: &Kernel) -> Result<VjpKernel, AdError> {
     let tapes = tapes.into_inner();
     let mut kernel = b.finish()?;
     kernel.name = format!("{}_vjp", p.name);
-    Ok(VjpKernel { kernel, shadows, tapes })
+    Ok(VjpKernel { kernel, shadows, tapes, kept })
 }
 
 /// Runs VJP kernel `vk` of `launch`'s kernel: the cotangents of the initial contents of
 /// `inputs` (float tensors) given cotangents of the final contents of `outputs`, as
 /// [`crate::vjp`] gives them.
 ///
-/// The launch of `vk` runs on a memory of its own: f64 copies of `mem`'s float tensors (its
-/// other tensors as they are), a shadow per float tensor (the output's cotangent, else zeros)
+/// The launch of `vk` runs on a memory of its own: `mem`'s tensors shared where `vk` takes
+/// them in their dtype, else f64 copies, a shadow per float tensor (the output's cotangent, else zeros)
 /// and the loops' tapes, sized by `max_iters` or else by `max_trips` (a forward run's largest
 /// trip count per loop, as [`tilegrad_reference::LaunchSummary::max_trips`] has it). `run`
 /// executes it (the reference interpreter, or another backend). `mem` must be as the forward
@@ -156,7 +205,30 @@ pub fn gradient_by_kernel(
                     None => {
                         let h = mem.get(*t);
                         let float = h.dtype().is_float();
-                        let copy = if float { HostTensor::from_f64(h.shape(), h.to_f64_vec()) } else { h.clone() };
+                        let kept = vk.kept.contains(name);
+                        if kept && launch.args().iter().filter(|(_, b)| b == a).count() > 1 {
+                            return Err(AdError::Spec(format!(
+                                "the launch binds `{}` to several parameters, `{name}` among them: its VJP kernel must keep no tensor in its dtype (vjp_kernel_for)",
+                                mem.name(*t)
+                            )));
+                        }
+                        // Tensors in the dtype the kernel takes are shared, not copied (it
+                        // never writes those it keeps in their dtype and reads).
+                        let want = match vk.kernel.param(name).map(|p| &p.kind) {
+                            Some(ParamKind::Ptr(d)) => *d,
+                            _ => h.dtype(),
+                        };
+                        let copy = if !float || want == h.dtype() {
+                            h.clone()
+                        } else if want == DType::F64 {
+                            HostTensor::from_f64(h.shape(), h.to_f64_vec())
+                        } else {
+                            return Err(AdError::Spec(format!(
+                                "the VJP kernel reads `{name}` as {want}, the launch binds `{}` of {}: build it for the launch's memory (vjp_kernel_for)",
+                                mem.name(*t),
+                                h.dtype()
+                            )));
+                        };
                         let c = m.add(mem.name(*t), copy);
                         let sh = if float {
                             let data = match outputs.iter().find(|(o, _)| o == t) {
@@ -1116,23 +1188,28 @@ mod tests {
     fn same_gradients(launch: &Launch, mem: &Memory, inputs: &[TensorId], outputs: &[(TensorId, Vec<f64>)]) -> Vec<Vec<f64>> {
         let k = launch.kernel();
         let want = vjp(launch, mem, inputs, outputs, &GradOptions::default()).unwrap().inputs;
-        let vk = vjp_kernel(k).unwrap();
         let max_trips = launch.check(mem).unwrap().max_trips;
-        let got =
-            gradient_by_kernel(&vk, launch, mem, inputs, outputs, &max_trips, &mut |l, m| l.run(m).map(|_| ()).map_err(AdError::from))
-                .unwrap_or_else(|e| panic!("{}: {e}\n{}", k.name, vk.kernel));
-        let names = inputs.iter().map(|&t| mem.name(t));
-        for ((name, want), got) in names.zip(&want).zip(&got) {
-            let norm = want.iter().map(|x| x * x).sum::<f64>().sqrt();
-            let diff = want.iter().zip(got).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
-            assert!(norm > 0.0, "{}: the cotangent of {name} is zero", k.name);
-            assert!(
-                diff <= 1e-12 * norm,
-                "{}: d{name} differs by {diff:e} (norm {norm:e})\nwant {:?}\ngot  {:?}",
-                k.name,
-                &want[..8.min(want.len())],
-                &got[..8.min(got.len())]
-            );
+        let mut got = Vec::new();
+        // With the tensors the kernel only reads or only writes kept in their dtype, and with
+        // every tensor f64.
+        for keep in [true, false] {
+            let vk = vjp_kernel_with(k, keep).unwrap();
+            got =
+                gradient_by_kernel(&vk, launch, mem, inputs, outputs, &max_trips, &mut |l, m| l.run(m).map(|_| ()).map_err(AdError::from))
+                    .unwrap_or_else(|e| panic!("{}: {e}\n{}", k.name, vk.kernel));
+            let names = inputs.iter().map(|&t| mem.name(t));
+            for ((name, want), got) in names.zip(&want).zip(&got) {
+                let norm = want.iter().map(|x| x * x).sum::<f64>().sqrt();
+                let diff = want.iter().zip(got).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+                assert!(norm > 0.0, "{}: the cotangent of {name} is zero", k.name);
+                assert!(
+                    diff <= 1e-12 * norm,
+                    "{} (keep {keep}): d{name} differs by {diff:e} (norm {norm:e})\nwant {:?}\ngot  {:?}",
+                    k.name,
+                    &want[..8.min(want.len())],
+                    &got[..8.min(got.len())]
+                );
+            }
         }
         got
     }

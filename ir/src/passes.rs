@@ -9,9 +9,10 @@
 //! so both the finite differences and the AD it checks are accurate to ~1e-10.
 
 use crate::error::{Diagnostic, IrError};
-use crate::kernel::{Kernel, ParamKind};
+use crate::kernel::{Inst, InstData, Kernel, ParamKind, Value};
 use crate::op::{DotPrecision, Op};
 use crate::types::{DType, Elem};
+use std::collections::{HashMap, HashSet};
 
 /// A copy of `k` in which every float dtype (f16, bf16, f32, f64) becomes `to`:
 /// - value types, pointer element types and parameters (pointers, scalars, constexprs);
@@ -63,6 +64,171 @@ pub fn promote_floats(k: &Kernel, to: DType) -> Result<Kernel, IrError> {
     out.canonicalize();
     crate::verify::verify(&out)?;
     Ok(out)
+}
+
+/// [`promote_floats`], except that the float tensors the kernel only reads, or only writes, keep
+/// their dtype in memory: a load through them reads the tensor's dtype and casts the value to
+/// `to` (a masked load with `other` becomes a load, a cast and a `where` on the mask, so that
+/// `other` keeps its promoted value), and a store or `atomic_add` through them casts the value
+/// to the tensor's dtype first. Arithmetic is the promoted kernel's: a tensor only read holds
+/// exactly what the promoted kernel would read from a converted copy, and what a tensor only
+/// written holds is read by nothing in this kernel. A launch of the result then needs no `to`
+/// copy of those tensors (half the memory and the traffic, for f32 tensors promoted to f64).
+///
+/// A tensor parameter stays promoted (its name is not returned) when the kernel both reads and
+/// writes it (an `atomic_add` whose old value is used does both), or when a pointer derived from it is combined with another tensor's pointer, is
+/// carried through a loop or a branch, or is used by any op but pointer arithmetic, shape
+/// changes, `where`, loads, stores and `atomic_add`. Launches must bind distinct tensors to the
+/// parameters kept (an aliased tensor would be read and written).
+///
+/// Returns the kernel and the names of the parameters kept in their dtype. The instructions of
+/// [`promote_floats`]'s result keep their ids (records of a run of `k` keyed by instruction
+/// apply). Errors as [`promote_floats`].
+pub fn promote_floats_keeping_tensors(k: &Kernel, to: DType) -> Result<(Kernel, Vec<String>), IrError> {
+    promote_floats_keeping_tensors_as(k, to, &|_, d| d)
+}
+
+/// [`promote_floats_keeping_tensors`], with each kept tensor in the dtype `stored(param, its
+/// declared dtype)` says: the dtype its launch binds (a float tensor holding exactly the values
+/// the kernel reads, such as an f64 tensor narrowed to f32 where every value is an f32).
+pub fn promote_floats_keeping_tensors_as(
+    k: &Kernel,
+    to: DType,
+    stored: &dyn Fn(&str, DType) -> DType,
+) -> Result<(Kernel, Vec<String>), IrError> {
+    let mut out = promote_floats(k, to)?;
+    // For each pointer value, the tensor parameter it derives from (by index), and what each
+    // tensor parameter is used for.
+    #[derive(Clone, Copy, Default)]
+    struct Use {
+        read: bool,
+        written: bool,
+        other: bool,
+    }
+    let mut used: HashSet<Value> = HashSet::new();
+    out.walk(&mut |_, d| used.extend(d.args.iter().copied()));
+    let mut from: HashMap<Value, usize> = HashMap::new();
+    let mut uses = vec![Use::default(); k.params.len()];
+    for (i, p) in out.params.iter().enumerate() {
+        if matches!(k.params[i].kind, ParamKind::Ptr(d) if d.is_float()) {
+            from.insert(p.value, i);
+        } else {
+            uses[i].other = true;
+        }
+    }
+    out.walk(&mut |_, d| {
+        let srcs: Vec<usize> = d.args.iter().filter_map(|a| from.get(a).copied()).collect();
+        if srcs.is_empty() {
+            return;
+        }
+        match &d.op {
+            Op::AddPtr | Op::Broadcast | Op::ExpandDims { .. } | Op::Reshape | Op::Permute { .. } | Op::Where => {
+                // Every pointer operand from the same tensor (a `where` between two tensors, or
+                // with a pointer carried by a loop, would mix dtypes).
+                let ptrs = d.args.iter().filter(|&&a| out.ty(a).is_ptr()).count();
+                if ptrs == srcs.len() && srcs.iter().all(|&s| s == srcs[0]) {
+                    from.insert(d.results[0], srcs[0]);
+                } else {
+                    srcs.iter().for_each(|&s| uses[s].other = true);
+                }
+            }
+            Op::Load { .. } if srcs.len() == 1 && from.contains_key(&d.args[0]) => uses[srcs[0]].read = true,
+            Op::Store { .. } if srcs.len() == 1 && from.contains_key(&d.args[0]) => uses[srcs[0]].written = true,
+            // An atomic whose old value is used reads the tensor too.
+            Op::AtomicAdd { .. } if srcs.len() == 1 && from.contains_key(&d.args[0]) => {
+                uses[srcs[0]].written = true;
+                uses[srcs[0]].read |= used.contains(&d.results[0]);
+            }
+            _ => srcs.iter().for_each(|&s| uses[s].other = true),
+        }
+    });
+    let keep: Vec<bool> = uses.iter().map(|u| !(u.other || u.read && u.written)).collect();
+    let dtypes: Vec<DType> = k
+        .params
+        .iter()
+        .map(|p| match p.kind {
+            ParamKind::Ptr(d) if d.is_float() => stored(&p.name, d),
+            _ => to,
+        })
+        .collect();
+    if let Some((p, d)) = k.params.iter().zip(&dtypes).find(|(_, d)| !d.is_float()) {
+        return Err(IrError::Invalid {
+            kernel: k.name.clone(),
+            diagnostics: vec![Diagnostic {
+                kernel: k.name.clone(),
+                op: "promote_floats".into(),
+                loc: k.loc.clone(),
+                message: format!("float tensor parameter `{}` cannot be kept as {d}", p.name),
+            }],
+        });
+    }
+    let dtype_of = |v: Value| from.get(&v).filter(|&&i| keep[i]).map(|&i| dtypes[i]);
+    // Pointer types first, then the conversions at each access, block by block.
+    let kept_values: Vec<(Value, DType)> = from.keys().filter_map(|&v| dtype_of(v).map(|d| (v, d))).collect();
+    for (v, d) in kept_values {
+        out.values[v.index()].ty.elem = Elem::Ptr(d);
+    }
+    for (i, p) in out.params.iter_mut().enumerate() {
+        if keep[i] {
+            p.kind = ParamKind::Ptr(dtypes[i]);
+        }
+    }
+    for b in 0..out.blocks.len() {
+        let insts = std::mem::take(&mut out.blocks[b].insts);
+        let mut new = Vec::with_capacity(insts.len());
+        for i in insts {
+            let d = out.insts[i.index()].clone();
+            let kept = d.args.first().and_then(|&a| dtype_of(a));
+            match (&d.op, kept) {
+                (Op::Load { mask, other }, Some(dt)) => {
+                    // load (its own dtype) -> cast -> [where(mask, ., other)]
+                    let r = d.results[0];
+                    let ty = out.values[r.index()].ty.clone();
+                    let raw = out.new_value(ty.with_dtype(dt));
+                    let inst = &mut out.insts[i.index()];
+                    inst.results[0] = raw;
+                    let cast_to = if *other { out.new_value(ty.clone()) } else { r };
+                    if *other {
+                        let inst = &mut out.insts[i.index()];
+                        inst.op = Op::Load { mask: *mask, other: false };
+                        inst.args.truncate(2);
+                    }
+                    new.push(i);
+                    new.push(push_inst(&mut out, Op::Cast, &[raw], cast_to, &d.loc));
+                    if *other {
+                        new.push(push_inst(&mut out, Op::Where, &[d.args[1], cast_to, d.args[2]], r, &d.loc));
+                    }
+                }
+                (Op::Store { .. } | Op::AtomicAdd { .. }, Some(dt)) => {
+                    let v = d.args[1];
+                    let ty = out.values[v.index()].ty.with_dtype(dt);
+                    let narrow = out.new_value(ty);
+                    new.push(push_inst(&mut out, Op::Cast, &[v], narrow, &d.loc));
+                    out.insts[i.index()].args[1] = narrow;
+                    if let Op::AtomicAdd { .. } = d.op {
+                        // Its old value (unused, or the tensor would count as read) in the
+                        // tensor's dtype.
+                        let old = out.new_value(out.ty(d.results[0]).with_dtype(dt));
+                        out.insts[i.index()].results[0] = old;
+                    }
+                    new.push(i);
+                }
+                _ => new.push(i),
+            }
+        }
+        out.blocks[b].insts = new;
+    }
+    // Not canonicalized: the instructions added go at the end of the arena, so that the ids of
+    // the promoted kernel's instructions (those of `k`, where `k` is canonical) stay valid.
+    crate::verify::verify(&out)?;
+    let names = out.params.iter().zip(&keep).filter(|(_, &kp)| kp).map(|(p, _)| p.name.clone()).collect();
+    Ok((out, names))
+}
+
+/// Appends an instruction of one result to the arena (its block places it).
+fn push_inst(k: &mut Kernel, op: Op, args: &[Value], result: Value, loc: &crate::kernel::Loc) -> Inst {
+    k.insts.push(InstData { op, args: args.iter().copied().collect(), results: smallvec::smallvec![result], loc: loc.clone() });
+    Inst(k.insts.len() as u32 - 1)
 }
 
 #[cfg(test)]
@@ -182,6 +348,86 @@ mod tests {
         // Promoting to f32 is allowed too (f64 values are narrowed in type).
         let p32 = promote_floats(&k, DType::F32).unwrap();
         assert!(p32.values.iter().all(|v| v.ty.elem.num().is_none_or(|d| !d.is_float() || d == DType::F32)));
+    }
+
+    #[test]
+    fn keeps_tensors_only_read_or_only_written() {
+        let mut b = KernelBuilder::new("keep");
+        let a = b.ptr_param("a", DType::F16); // read, masked with `other`
+        let io = b.ptr_param("io", DType::F32); // read and written
+        let o = b.ptr_param("o", DType::BF16); // written
+        let acc = b.ptr_param("acc", DType::F32); // atomic_add only
+        let (p, q) = (b.ptr_param("p", DType::F32), b.ptr_param("q", DType::F32)); // mixed by a `where`
+        let idx = b.ptr_param("idx", DType::I32);
+        let r = b.arange(0, 16);
+        let n = b.i32(10);
+        let m = b.lt(r, n);
+        let pa = b.add(a, r);
+        let half = b.full(&[16], 0.5, DType::F16);
+        let xa = b.load(pa, Some(m), Some(half));
+        let xa = b.cast(xa, DType::F32);
+        let pio = b.add(io, r);
+        let xio = b.load(pio, None, None);
+        let v = b.add(xa, xio);
+        b.store(pio, v, None);
+        let po = b.add(o, r);
+        let vo = b.cast(v, DType::BF16);
+        b.store(po, vo, Some(m));
+        let pacc = b.add(acc, r);
+        b.atomic_add(pacc, v, None);
+        let (pp, pq) = (b.add(p, r), b.add(q, r));
+        let sel = b.where_(m, pp, pq);
+        let xs = b.load(sel, None, None);
+        let pi = b.add(idx, r);
+        let iv = b.load(pi, None, None);
+        let ivf = b.cast(iv, DType::F32);
+        let w = b.add(xs, ivf);
+        b.store(pp, w, None);
+        let k = b.finish().unwrap();
+        let (kp, kept) = promote_floats_keeping_tensors(&k, DType::F64).unwrap();
+        assert_eq!(kept, vec!["a", "o", "acc"]);
+        let kinds: Vec<_> = kp.params.iter().map(|p| p.kind.clone()).collect();
+        use ParamKind::Ptr;
+        assert_eq!(
+            kinds,
+            vec![Ptr(DType::F16), Ptr(DType::F64), Ptr(DType::BF16), Ptr(DType::F32), Ptr(DType::F64), Ptr(DType::F64), Ptr(DType::I32)]
+        );
+        // Every float value computed is f64; loads through kept tensors give their dtype, cast
+        // at once; the `other` of the masked load is applied by a `where` in f64.
+        let mut seen = Vec::new();
+        kp.walk(&mut |_, d| {
+            let ty = |v: Value| kp.ty(v).clone();
+            match &d.op {
+                Op::Load { mask, other } => seen.push(format!("load {mask} {other} {}", ty(d.results[0]).elem)),
+                Op::Store { .. } | Op::AtomicAdd { .. } => seen.push(format!("{} {}", d.op.mnemonic(), ty(d.args[1]).elem)),
+                Op::Cast => seen.push(format!("cast {} {}", ty(d.args[0]).elem, ty(d.results[0]).elem)),
+                Op::Where if !ty(d.results[0]).is_ptr() => seen.push(format!("where {}", ty(d.results[0]).elem)),
+                _ => {}
+            }
+        });
+        let want = [
+            "load true false f16",
+            "cast f16 f64",
+            "where f64",
+            "cast f64 f64", // a, then its cast to f32 promoted
+            "load false false f64",
+            "store f64", // io: promoted
+            "cast f64 f64",
+            "cast f64 bf16",
+            "store bf16", // o: the kernel's cast, then the pass's
+            "cast f64 f32",
+            "atomic_add f32", // acc
+            "load false false f64",
+            "load false false i32",
+            "cast i32 f64",
+            "store f64", // p and q: promoted
+        ];
+        assert_eq!(seen, want);
+        // Instructions of the promoted kernel keep their ids; the pass's come after them.
+        let promoted = promote_floats(&k, DType::F64).unwrap();
+        for (i, d) in promoted.insts.iter().enumerate() {
+            assert_eq!(std::mem::discriminant(&kp.insts[i].op), std::mem::discriminant(&d.op), "inst {i}");
+        }
     }
 
     #[test]

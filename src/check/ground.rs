@@ -16,7 +16,7 @@ use super::steps::{bind, split_axis, Records, Reduction, Step};
 use super::tensor_expr::broadcast_map;
 use super::{CheckError, Env};
 use std::collections::HashMap;
-use tilegrad_ad::{vjp, vjp_kernel, GradOptions};
+use tilegrad_ad::{vjp, vjp_kernel_for, GradOptions};
 use tilegrad_reference::Launch;
 
 /// Cotangents of the tensors of `env` before `steps` ran, from cotangents of their contents
@@ -58,7 +58,7 @@ pub(crate) fn reverse(
                 let g = match kernels {
                     // The launch's VJP kernel, run by the executor (the reference or the GPU).
                     Some(exec) => {
-                        let vk = vjp_kernel(&r.kernel).map_err(|e| at(format!("--ground kernels: {e}")))?;
+                        let vk = vjp_kernel_for(&launch, &r.before).map_err(|e| at(format!("--ground kernels: {e}")))?;
                         let mut run = |l: &Launch, m: &mut tilegrad_reference::Memory| {
                             exec.run_vjp(l, m).map(|_| ()).map_err(tilegrad_ad::AdError::from)
                         };

@@ -12,7 +12,9 @@
 //! ([`tilegrad_ad::vjp_kernel`]) launched on the GPU for a random cotangent of its output,
 //! beside Triton's hand-written backward kernel where `FILE.json` has one (`<name>_bwd`); and
 //! the whole gradient call (copies to f64, shadows and tapes, transfers, the launch, reading
-//! the gradients back) once, with the bytes of the tensors it allocates on the device.
+//! the gradients back) once, with the bytes of the tensors it allocates on the device, also as
+//! a multiple of the data (the launch's f32 tensors and the inputs' gradients, in f32).
+//! `--f32` times VJP kernels computing in f32 (`tilegrad_ad::vjp_kernel_with`).
 
 use tilegrad_gpu::{Gpu, GpuOptions};
 use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
@@ -101,6 +103,7 @@ fn main() {
     let mut reps = 20;
     let mut only: Option<String> = None;
     let mut grad = false;
+    let mut f32_grad = false;
     let mut i = 1;
     while i < args.len() {
         match args[i].as_str() {
@@ -114,6 +117,7 @@ fn main() {
                 i += 1;
             }
             "--grad" => grad = true,
+            "--f32" => f32_grad = true,
             "--reps" => {
                 reps = args[i + 1].parse().expect("--reps N");
                 i += 1;
@@ -131,9 +135,10 @@ fn main() {
     };
     println!("device: {}", gpu.describe());
     if grad {
+        println!("VJP kernels computing in {}", if f32_grad { "f32" } else { "f64" });
         println!(
-            "{:<14} {:>13} {:>12} {:>12} {:>9} {:>9} {:>12} {:>12}",
-            "kernel", "triton bwd ms", "vjp ms", "+races ms", "ratio", "+races", "call s", "device MB"
+            "{:<14} {:>13} {:>12} {:>12} {:>9} {:>9} {:>12} {:>12} {:>9}",
+            "kernel", "triton bwd ms", "vjp ms", "+races ms", "ratio", "+races", "call s", "device MB", "/ data"
         );
     } else {
         println!("{:<14} {:>12} {:>12} {:>12} {:>9} {:>9}", "kernel", "triton ms", "gpu ms", "+races ms", "ratio", "+races");
@@ -176,7 +181,8 @@ fn main() {
             }
         }
         if grad {
-            time_gradient(&gpu, &c, &k, &launch, &mut mem, &ids, reps, triton.as_ref());
+            let float = if f32_grad { tilegrad_ir::DType::F32 } else { tilegrad_ir::DType::F64 };
+            time_gradient(&gpu, &c, &k, &launch, &mut mem, &ids, reps, triton.as_ref(), float);
             continue;
         }
         eprintln!("{}: {}", c.name, gpu.describe_kernel(&k).unwrap_or_else(|e| e.to_string()));
@@ -208,10 +214,11 @@ fn time_gradient(
     ids: &[(&str, TensorId)],
     reps: usize,
     triton: Option<&serde_json::Value>,
+    float: tilegrad_ir::DType,
 ) {
-    use tilegrad_ad::vjp_kernel::{gradient_by_kernel, vjp_kernel};
+    use tilegrad_ad::vjp_kernel::{gradient_by_kernel, vjp_kernel_with};
     use tilegrad_ad::AdError;
-    let vk = vjp_kernel(k).unwrap_or_else(|e| panic!("{}: {e}", c.name));
+    let vk = vjp_kernel_with(k, true, float).unwrap_or_else(|e| panic!("{}: {e}", c.name));
     // The forward, for its trip counts (and the output it leaves is not read: the VJP kernel
     // recomputes it).
     let fwd = gpu
@@ -244,12 +251,14 @@ fn time_gradient(
     let g = gradient_by_kernel(&vk, launch, mem, &inputs, &outputs, &fwd.summary.max_trips, &mut once)
         .unwrap_or_else(|e| panic!("{}: {e}", c.name));
     let call = start.elapsed().as_secs_f64();
+    let data: usize =
+        ids.iter().map(|(_, t)| mem.get(*t).numel() * 4).sum::<usize>() + inputs.iter().map(|t| mem.get(*t).numel() * 4).sum::<usize>();
     assert!(g.iter().all(|v| v.iter().all(|x| x.is_finite())) && g.iter().any(|v| v.iter().any(|&x| x != 0.0)), "{}: gradient", c.name);
     let t = triton.and_then(|j| j.get(format!("{}_bwd", c.name))).and_then(|v| v.as_f64());
     let ratio = |x: f64| t.map_or("-".to_string(), |t| format!("{:.2}x", x / t));
     eprintln!("{}: VJP kernel {}; output `{out_name}`", c.name, gpu.describe_kernel(&vk.kernel).unwrap_or_else(|e| e.to_string()));
     println!(
-        "{:<14} {:>13} {:>12.3} {:>12.3} {:>9} {:>9} {:>12.2} {:>12.0}",
+        "{:<14} {:>13} {:>12.3} {:>12.3} {:>9} {:>9} {:>12.2} {:>12.0} {:>8.2}x",
         c.name,
         t.map_or("-".to_string(), |t| format!("{t:.3}")),
         plain,
@@ -257,6 +266,7 @@ fn time_gradient(
         ratio(plain),
         ratio(marked),
         call,
-        bytes as f64 / 1e6
+        bytes as f64 / 1e6,
+        bytes as f64 / data as f64
     );
 }

@@ -69,8 +69,9 @@ struct SpecArgs {
     /// kernels`).
     #[arg(long, value_enum, default_value = "cpu")]
     backend: BackendArg,
-    /// How the f64 ground truth of launches is computed: by the CPU evaluator, or by each
-    /// launch's VJP kernel (a tile-IR kernel of its derivative) run on the backend.
+    /// How the ground truth of launches is computed: by the CPU evaluator, or by each launch's
+    /// VJP kernel (a tile-IR kernel of its derivative) run on the backend; with `--precision
+    /// native`, VJP kernels compute in f32 (f64 for kernels with f64 values).
     #[arg(long, value_enum, default_value = "evaluator")]
     ground: GroundArg,
     /// Precision of the ground truth (default: the spec's, else f64).

@@ -52,6 +52,8 @@ fn kernels(s: &Spec) -> Vec<Kernel> {
                 // Its VJP kernel (the ground truth with `--ground kernels`), where it has one.
                 if let Ok(vk) = tilegrad_ad::vjp_kernel(&kl.kernel) {
                     out.push(vk.kernel);
+                    // And computing in f32 (the ground truth at native precision).
+                    out.push(tilegrad_ad::vjp_kernel_with(&kl.kernel, true, DType::F32).unwrap().kernel);
                 }
             }
         }
@@ -219,4 +221,35 @@ fn vjp_kernels_on_the_gpu_give_the_cpu_ground_truth() {
         Ok(())
     });
     assert!(failures.is_empty(), "{} of {} specs:\n{}", failures.len(), files.len(), failures.join("\n\n"));
+}
+
+/// The engine's self-check on the GPU (`gradcheck --backend gpu --ground kernels`): on every
+/// example spec whose kernels VJP kernels take, the ground truth computed by VJP kernels on the
+/// GPU agrees with central finite differences of the f64 forward, run on the GPU too.
+#[test]
+fn gradcheck_passes_on_the_gpu() {
+    if let Err(why) = tilegrad_gpu::usable() {
+        eprintln!("skipped: no usable GPU ({why})");
+        return;
+    }
+    use tilegrad::check::{gradcheck, Ground};
+    let files: Vec<(String, Spec)> = all_specs().into_iter().filter(|(l, _)| l.ends_with(".toml")).collect();
+    let checked = std::sync::atomic::AtomicUsize::new(0);
+    let failures = all(&files, |(label, s)| {
+        let opts = CheckOptions { backend: Backend::Gpu, ground: Ground::Kernels, trials: 2, ..s.options.clone() };
+        let r = match gradcheck(&s.forward, &s.inputs, &opts, label) {
+            Ok(r) => r,
+            Err(e) if e.to_string().contains("not take") => return Ok(()),
+            Err(e) => return Err(format!("{label}: {e}")),
+        };
+        checked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if !r.passed {
+            return Err(format!("{label}: {r}"));
+        }
+        println!("{label}: {}", r.trials.iter().map(|t| format!("{:.1e}", t.rel_err)).collect::<Vec<_>>().join(" "));
+        Ok(())
+    });
+    assert!(failures.is_empty(), "{} of {} specs:\n{}", failures.len(), files.len(), failures.join("\n\n"));
+    let checked = checked.into_inner();
+    assert!(checked * 10 >= files.len() * 9, "gradcheck ran on only {checked} of {} specs", files.len());
 }

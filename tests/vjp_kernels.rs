@@ -63,3 +63,50 @@ fn vjp_kernels_give_the_evaluators_ground_truth_on_every_example() {
     // All but the `while` loops of the KL divergence.
     assert!(agreed * 10 >= results.len() * 9, "VJP kernels took only {agreed} of {} example specs", results.len());
 }
+
+/// At native precision VJP kernels compute in f32: on every example spec they take, their ground
+/// truth agrees with the f64 evaluator's within f32's rounding (and the native forward's, for
+/// kernels in f16 or bf16).
+#[test]
+fn f32_vjp_kernels_agree_with_the_f64_ground_truth_within_rounding() {
+    let specs = example_specs();
+    let results: Vec<(String, Result<f64, String>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = specs
+            .iter()
+            .map(|p| {
+                s.spawn(move || {
+                    let sp = spec::load(p).unwrap();
+                    let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                    let want = ground_truth(&sp.forward, &sp.inputs, &sp.options).unwrap();
+                    let opts = CheckOptions { ground: Ground::Kernels, precision: tilegrad_ad::Precision::Native, ..sp.options.clone() };
+                    let got = match ground_truth(&sp.forward, &sp.inputs, &opts) {
+                        Ok(g) => g,
+                        Err(e) => return (name, Err(e.to_string())),
+                    };
+                    let mut worst = 0.0f64;
+                    for ((n, w), (m, g)) in want.gradients.iter().zip(&got.gradients) {
+                        assert_eq!(n, m);
+                        let (w, g) = (w.to_f64_vec(), g.to_f64_vec());
+                        let norm = w.iter().map(|x| x * x).sum::<f64>().sqrt();
+                        let diff = w.iter().zip(&g).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+                        worst = worst.max(diff / norm.max(1e-300));
+                    }
+                    (name, Ok(worst))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut agreed = 0;
+    for (name, r) in &results {
+        match r {
+            Ok(rel) => {
+                // Measured: at most 7.3e-7 (flash attention).
+                assert!(*rel <= 1e-5, "{name}: the f32 ground truth differs from the f64 one by {rel:e} (normwise, relative)");
+                agreed += 1;
+            }
+            Err(e) => assert!(e.contains("--ground kernels") && e.contains("not"), "{name}: an unclear refusal: {e}"),
+        }
+    }
+    assert!(agreed * 10 >= results.len() * 9, "VJP kernels took only {agreed} of {} example specs", results.len());
+}

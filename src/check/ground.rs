@@ -17,6 +17,7 @@ use super::tensor_expr::broadcast_map;
 use super::{CheckError, Env};
 use std::collections::HashMap;
 use tilegrad_ad::{vjp, vjp_kernel_for, GradOptions};
+use tilegrad_ir::{DType, Elem};
 use tilegrad_reference::Launch;
 
 /// Cotangents of the tensors of `env` before `steps` ran, from cotangents of their contents
@@ -58,7 +59,8 @@ pub(crate) fn reverse(
                 let g = match kernels {
                     // The launch's VJP kernel, run by the executor (the reference or the GPU).
                     Some(exec) => {
-                        let vk = vjp_kernel_for(&launch, &r.before).map_err(|e| at(format!("--ground kernels: {e}")))?;
+                        let vk = vjp_kernel_for(&launch, &r.before, vjp_float(&r.kernel, opts.precision))
+                            .map_err(|e| at(format!("--ground kernels: {e}")))?;
                         let mut run = |l: &Launch, m: &mut tilegrad_reference::Memory| {
                             exec.run_vjp(l, m).map(|_| ()).map_err(tilegrad_ad::AdError::from)
                         };
@@ -193,4 +195,16 @@ fn is_float(env: &Env, name: &str) -> bool {
 fn add(cot: &mut HashMap<String, Vec<f64>>, name: &str, g: &[f64]) {
     let s = cot.entry(name.to_string()).or_insert_with(|| vec![0.0; g.len()]);
     s.iter_mut().zip(g).for_each(|(a, b)| *a += b);
+}
+
+/// The dtype a launch's VJP kernel computes in: f64 for the f64 ground truth; at native
+/// precision f32, or f64 for a kernel with f64 values (f16 and bf16 values are computed in f32,
+/// more precisely than the evaluator's native rules round them).
+fn vjp_float(k: &tilegrad_ir::Kernel, precision: tilegrad_ad::Precision) -> DType {
+    let f64_values = k.values.iter().any(|v| matches!(v.ty.elem, Elem::Num(DType::F64) | Elem::Ptr(DType::F64)));
+    if precision == tilegrad_ad::Precision::F64 || f64_values {
+        DType::F64
+    } else {
+        DType::F32
+    }
 }

@@ -12,7 +12,7 @@ use crate::error::{Diagnostic, IrError};
 use crate::kernel::{Inst, InstData, Kernel, ParamKind, Value};
 use crate::op::{DotPrecision, Op};
 use crate::types::{DType, Elem};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 /// A copy of `k` in which every float dtype (f16, bf16, f32, f64) becomes `to`:
 /// - value types, pointer element types and parameters (pointers, scalars, constexprs);
@@ -76,10 +76,10 @@ pub fn promote_floats(k: &Kernel, to: DType) -> Result<Kernel, IrError> {
 /// copy of those tensors (half the memory and the traffic, for f32 tensors promoted to f64).
 ///
 /// A tensor parameter stays promoted (its name is not returned) when the kernel both reads and
-/// writes it (an `atomic_add` whose old value is used does both), or when a pointer derived from it is combined with another tensor's pointer, is
-/// carried through a loop or a branch, or is used by any op but pointer arithmetic, shape
-/// changes, `where`, loads, stores and `atomic_add`. Launches must bind distinct tensors to the
-/// parameters kept (an aliased tensor would be read and written).
+/// writes it (an atomic that returns the old value does both), or when a pointer may point into
+/// it and into another tensor (a `where` between them, a loop carrying either); pointers follow
+/// [`crate::analysis::pointer_sources`]. Launches must bind distinct tensors to the parameters
+/// kept (an aliased tensor would be read and written).
 ///
 /// Returns the kernel and the names of the parameters kept in their dtype. The instructions of
 /// [`promote_floats`]'s result keep their ids (records of a run of `k` keyed by instruction
@@ -97,52 +97,41 @@ pub fn promote_floats_keeping_tensors_as(
     stored: &dyn Fn(&str, DType) -> DType,
 ) -> Result<(Kernel, Vec<String>), IrError> {
     let mut out = promote_floats(k, to)?;
-    // For each pointer value, the tensor parameter it derives from (by index), and what each
-    // tensor parameter is used for.
-    #[derive(Clone, Copy, Default)]
-    struct Use {
-        read: bool,
-        written: bool,
-        other: bool,
-    }
+    let src = crate::analysis::pointer_sources(&out);
+    let uses = crate::analysis::param_uses(&out);
     let mut used: HashSet<Value> = HashSet::new();
     out.walk(&mut |_, d| used.extend(d.args.iter().copied()));
-    let mut from: HashMap<Value, usize> = HashMap::new();
-    let mut uses = vec![Use::default(); k.params.len()];
-    for (i, p) in out.params.iter().enumerate() {
-        if matches!(k.params[i].kind, ParamKind::Ptr(d) if d.is_float()) {
-            from.insert(p.value, i);
-        } else {
-            uses[i].other = true;
+    let mut keep: Vec<bool> = k
+        .params
+        .iter()
+        .zip(&uses)
+        .map(|(p, u)| matches!(p.kind, ParamKind::Ptr(d) if d.is_float()) && !(u.loaded && (u.stored || u.atomic)))
+        .collect();
+    let drop_sources = |keep: &mut Vec<bool>, v: Value| {
+        for (j, &b) in src[v.index()].iter().enumerate() {
+            keep[j] &= !b;
+        }
+    };
+    // A pointer that may point into two tensors would need one dtype for both.
+    for (v, s) in src.iter().enumerate() {
+        if s.iter().filter(|&&b| b).count() > 1 {
+            drop_sources(&mut keep, Value(v as u32));
         }
     }
-    out.walk(&mut |_, d| {
-        let srcs: Vec<usize> = d.args.iter().filter_map(|a| from.get(a).copied()).collect();
-        if srcs.is_empty() {
-            return;
-        }
-        match &d.op {
-            Op::AddPtr | Op::Broadcast | Op::ExpandDims { .. } | Op::Reshape | Op::Permute { .. } | Op::Where => {
-                // Every pointer operand from the same tensor (a `where` between two tensors, or
-                // with a pointer carried by a loop, would mix dtypes).
-                let ptrs = d.args.iter().filter(|&&a| out.ty(a).is_ptr()).count();
-                if ptrs == srcs.len() && srcs.iter().all(|&s| s == srcs[0]) {
-                    from.insert(d.results[0], srcs[0]);
-                } else {
-                    srcs.iter().for_each(|&s| uses[s].other = true);
-                }
-            }
-            Op::Load { .. } if srcs.len() == 1 && from.contains_key(&d.args[0]) => uses[srcs[0]].read = true,
-            Op::Store { .. } if srcs.len() == 1 && from.contains_key(&d.args[0]) => uses[srcs[0]].written = true,
-            // An atomic whose old value is used reads the tensor too.
-            Op::AtomicAdd { .. } if srcs.len() == 1 && from.contains_key(&d.args[0]) => {
-                uses[srcs[0]].written = true;
-                uses[srcs[0]].read |= used.contains(&d.results[0]);
-            }
-            _ => srcs.iter().for_each(|&s| uses[s].other = true),
-        }
+    // An atomic that returns the old value (any but an `atomic_add` whose result is unused)
+    // reads the tensor too.
+    out.walk(&mut |_, d| match d.op {
+        Op::AtomicRmw { .. } | Op::AtomicCas => drop_sources(&mut keep, d.args[0]),
+        Op::AtomicAdd { .. } if used.contains(&d.results[0]) => drop_sources(&mut keep, d.args[0]),
+        _ => {}
     });
-    let keep: Vec<bool> = uses.iter().map(|u| !(u.other || u.read && u.written)).collect();
+    // The one tensor parameter each pointer value points into, where it has one.
+    let from = |v: Value| -> Option<usize> {
+        let s = src.get(v.index())?;
+        let mut it = s.iter().enumerate().filter(|(_, &b)| b).map(|(j, _)| j);
+        let j = it.next()?;
+        it.next().is_none().then_some(j)
+    };
     let dtypes: Vec<DType> = k
         .params
         .iter()
@@ -162,11 +151,12 @@ pub fn promote_floats_keeping_tensors_as(
             }],
         });
     }
-    let dtype_of = |v: Value| from.get(&v).filter(|&&i| keep[i]).map(|&i| dtypes[i]);
+    let dtype_of = |v: Value| from(v).filter(|&j| keep[j]).map(|j| dtypes[j]);
     // Pointer types first, then the conversions at each access, block by block.
-    let kept_values: Vec<(Value, DType)> = from.keys().filter_map(|&v| dtype_of(v).map(|d| (v, d))).collect();
-    for (v, d) in kept_values {
-        out.values[v.index()].ty.elem = Elem::Ptr(d);
+    for v in 0..out.values.len() {
+        if let Some(d) = dtype_of(Value(v as u32)) {
+            out.values[v].ty.elem = Elem::Ptr(d);
+        }
     }
     for (i, p) in out.params.iter_mut().enumerate() {
         if keep[i] {

@@ -293,7 +293,8 @@ pub fn gradient_by_kernel(
             .and_then(|x| x.checked_mul(tape.per_trip as u64))
             .and_then(|x| usize::try_from(x).ok())
             .ok_or_else(|| AdError::Spec(format!("{}: the loop's tape would hold more than 2^64 values", tape.loc)))?;
-        let t = HostTensor::try_full(DType::F64, &[n], 0.0)?;
+        // At least one element: a loop may keep nothing (no device allocation is empty).
+        let t = HostTensor::try_full(DType::F64, &[n.max(1)], 0.0)?;
         let id = m.add(&tape.tape, t);
         vl = vl.arg(&tape.tape, id).arg(&tape.capacity_param, cap as i64);
     }
@@ -328,6 +329,45 @@ fn outer_uses(k: &Kernel, blk: tilegrad_ir::Block) -> Vec<Value> {
     let (mut defined, mut uses) = (HashSet::new(), Vec::new());
     walk(k, blk, &mut defined, &mut uses);
     uses
+}
+
+/// Whether the reverse of loop body `blk` reads the value of carried value `c`, or of a value the
+/// body computes from it: false where every use is by an op whose rule reads no operand's value
+/// (sums and differences, negation, shape changes, sum reductions and scans, float casts, the
+/// branches of a `where`, the value a store or `atomic_add` writes, a `dot`'s accumulator, the
+/// yield). Integers (which
+/// may address memory or steer branches) and uses inside nested blocks count as read.
+fn value_needed(k: &Kernel, blk: &tilegrad_ir::BlockData, c: Value) -> bool {
+    if !k.ty(c).dtype().is_some_and(|d| d.is_float()) {
+        return true;
+    }
+    let mut derived: HashSet<Value> = HashSet::from([c]);
+    for &i in &blk.insts {
+        let d = k.inst(i);
+        if d.op.blocks().into_iter().any(|b| outer_uses(k, b).iter().any(|v| derived.contains(v))) {
+            return true;
+        }
+        let hits: Vec<usize> = (0..d.args.len()).filter(|&p| derived.contains(&d.args[p])).collect();
+        if hits.is_empty() {
+            continue;
+        }
+        let reads_no_value = match &d.op {
+            Op::Binary(BinaryOp::Add | BinaryOp::Sub) | Op::Unary(UnaryOp::Neg) => true,
+            Op::Broadcast | Op::ExpandDims { .. } | Op::Reshape | Op::Permute { .. } | Op::Cumsum { .. } | Op::Yield => true,
+            Op::Reduce { kind: ReduceOp::Sum, .. } => true,
+            Op::Cast => k.ty(d.results[0]).dtype().is_some_and(|t| t.is_float()),
+            Op::Where => !hits.contains(&0),
+            Op::Store { .. } | Op::AtomicAdd { .. } => hits == [1],
+            // The accumulator `dot` adds its product to.
+            Op::Dot { .. } => hits == [2],
+            _ => false,
+        };
+        if !reads_no_value {
+            return true;
+        }
+        derived.extend(d.results.iter().copied());
+    }
+    false
 }
 
 /// Whether a block (with its nested blocks) stores or adds atomically: its reverse then has
@@ -719,10 +759,12 @@ impl Emit<'_, '_> {
         let tape = self.b.ptr_param(&format!("tg_tape{n}"), DType::F64);
         let cap_name = format!("tg_cap{n}");
         let cap = self.b.scalar_param(&cap_name, DType::I64);
-        // Each carried value's place in a trip's slots.
+        // The carried values whose values the reverse needs, and each one's place in a trip's
+        // slots; the others (an accumulator only summed into) are not kept.
+        let taped: Vec<Value> = fcarried.iter().copied().filter(|&c| value_needed(k, &blk, c)).collect();
         let mut at = Vec::new();
         let mut per_trip = 0usize;
-        for &c in &fcarried {
+        for &c in &taped {
             at.push(per_trip);
             per_trip += k.ty(c).numel();
         }
@@ -749,7 +791,8 @@ impl Emit<'_, '_> {
             let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
             e.b.set_loc(Some(d.loc.clone()));
             let t = cs[cs.len() - 1];
-            for (j, ptrs) in e.trip_slots(tape, base, s, &at, t, &fcarried).into_iter().enumerate() {
+            for (c, ptrs) in taped.iter().zip(e.trip_slots(tape, base, s, &at, t, &taped)) {
+                let j = fcarried.iter().position(|f| f == c).expect("a carried value");
                 let v = e.b.cast(cs[j], DType::F64);
                 e.b.store(ptrs, v, None);
             }
@@ -797,11 +840,17 @@ impl Emit<'_, '_> {
             let one = e.b.i32(1);
             let last = e.b.sub(trips, one);
             let t = e.b.sub(last, sv);
-            for (&c, ptrs) in fcarried.iter().zip(e.trip_slots(tape, base, s, &at, t, &fcarried)) {
+            for (&c, ptrs) in taped.iter().zip(e.trip_slots(tape, base, s, &at, t, &taped)) {
                 let v = e.b.load(ptrs, None, None);
                 let dt = k.ty(c).dtype().expect("carried numbers");
                 let v = if dt == DType::F64 { v } else { e.b.cast(v, dt) };
                 e.map.insert(c, v);
+            }
+            // What the reverse does not read stands as zeros.
+            for &c in fcarried.iter().filter(|c| !taped.contains(c)) {
+                let (shape, dt) = (e.shape(c), k.ty(c).dtype().expect("carried numbers"));
+                let z = e.b.full(&shape, 0.0, dt);
+                e.map.insert(c, z);
             }
             let idt = k.ty(fiv).dtype().expect("an integer induction variable");
             let tc = e.b.cast(t, idt);
@@ -1615,6 +1664,8 @@ mod tests {
         let s = b.sigmoid(res[0]);
         b.store(pcp, s, Some(cm));
         let k = b.finish().unwrap();
+        // The accumulator is only added to: the loop keeps no tape.
+        assert_eq!(vjp_kernel(&k).unwrap().tapes[0].per_trip, 0);
         agree(
             &k,
             1,

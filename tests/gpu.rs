@@ -189,17 +189,23 @@ fn the_zoo_runs_alike_on_both_backends() {
     }
 }
 
+/// The example specs (not the broken variants), where a GPU is usable; else says so and gives
+/// nothing.
+fn example_specs_on_a_gpu() -> Option<Vec<(String, Spec)>> {
+    if let Err(why) = tilegrad_gpu::usable() {
+        eprintln!("skipped: no usable GPU ({why})");
+        return None;
+    }
+    Some(all_specs().into_iter().filter(|(l, _)| l.ends_with(".toml")).collect())
+}
+
 /// The f64 ground truth by VJP kernels run on the GPU (`--backend gpu --ground kernels`) against
 /// the CPU evaluator's, on every example spec whose kernels VJP kernels take: within 1e-12
 /// normwise (atomics add in the device's order).
 #[test]
 fn vjp_kernels_on_the_gpu_give_the_cpu_ground_truth() {
-    if let Err(why) = tilegrad_gpu::usable() {
-        eprintln!("skipped: no usable GPU ({why})");
-        return;
-    }
     use tilegrad::check::{ground_truth, Ground};
-    let files: Vec<(String, Spec)> = all_specs().into_iter().filter(|(l, _)| l.ends_with(".toml")).collect();
+    let Some(files) = example_specs_on_a_gpu() else { return };
     let failures = all(&files, |(label, s)| {
         let cpu = ground_truth(&s.forward, &s.inputs, &CheckOptions { backend: Backend::Cpu, ..s.options.clone() })
             .map_err(|e| format!("{label}: cpu: {e}"))?;
@@ -228,12 +234,8 @@ fn vjp_kernels_on_the_gpu_give_the_cpu_ground_truth() {
 /// GPU agrees with central finite differences of the f64 forward, run on the GPU too.
 #[test]
 fn gradcheck_passes_on_the_gpu() {
-    if let Err(why) = tilegrad_gpu::usable() {
-        eprintln!("skipped: no usable GPU ({why})");
-        return;
-    }
     use tilegrad::check::{gradcheck, Ground};
-    let files: Vec<(String, Spec)> = all_specs().into_iter().filter(|(l, _)| l.ends_with(".toml")).collect();
+    let Some(files) = example_specs_on_a_gpu() else { return };
     let checked = std::sync::atomic::AtomicUsize::new(0);
     let failures = all(&files, |(label, s)| {
         let opts = CheckOptions { backend: Backend::Gpu, ground: Ground::Kernels, trials: 2, ..s.options.clone() };

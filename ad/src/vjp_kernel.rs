@@ -1290,17 +1290,23 @@ mod tests {
 
     const BLOCK: i64 = 64;
 
-    /// `out[i] = f(x[i], y[i])` over blocks of 64 with a masked tail.
-    fn pointwise(name: &str, dtype: DType, f: impl Fn(&mut KernelBuilder, Value, Value) -> Value) -> Kernel {
-        let mut b = KernelBuilder::new(name);
-        let (x, y, out) = (b.ptr_param("x", dtype), b.ptr_param("y", dtype), b.ptr_param("out", dtype));
-        let n = b.scalar_param("n", DType::I32);
+    /// Program `pid`'s lanes `pid * BLOCK + 0..BLOCK` and the mask of those below `n`.
+    fn block_lanes(b: &mut KernelBuilder, n: Value) -> (Value, Value) {
         let pid = b.program_id(0);
         let bs = b.i32(BLOCK as i32);
         let start = b.mul(pid, bs);
         let r = b.arange(0, BLOCK);
         let offs = b.add(start, r);
         let m = b.lt(offs, n);
+        (offs, m)
+    }
+
+    /// `out[i] = f(x[i], y[i])` over blocks of 64 with a masked tail.
+    fn pointwise(name: &str, dtype: DType, f: impl Fn(&mut KernelBuilder, Value, Value) -> Value) -> Kernel {
+        let mut b = KernelBuilder::new(name);
+        let (x, y, out) = (b.ptr_param("x", dtype), b.ptr_param("y", dtype), b.ptr_param("out", dtype));
+        let n = b.scalar_param("n", DType::I32);
+        let (offs, m) = block_lanes(&mut b, n);
         let (px, py) = (b.add(x, offs), b.add(y, offs));
         let xv = b.load(px, Some(m), None);
         let yv = b.load(py, Some(m), None);
@@ -1542,12 +1548,7 @@ mod tests {
         let mut b = KernelBuilder::new("in_place");
         let (x, total) = (b.ptr_param("x", DType::F64), b.ptr_param("total", DType::F64));
         let n = b.scalar_param("n", DType::I32);
-        let pid = b.program_id(0);
-        let bs = b.i32(BLOCK as i32);
-        let start = b.mul(pid, bs);
-        let r = b.arange(0, BLOCK);
-        let offs = b.add(start, r);
-        let m = b.lt(offs, n);
+        let (offs, m) = block_lanes(&mut b, n);
         let px = b.add(x, offs);
         let xv = b.load(px, Some(m), None);
         let sq = b.mul(xv, xv);

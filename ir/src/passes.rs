@@ -30,15 +30,7 @@ use std::collections::HashSet;
 /// does not verify.
 pub fn promote_floats(k: &Kernel, to: DType) -> Result<Kernel, IrError> {
     if !to.is_float() {
-        return Err(IrError::Invalid {
-            kernel: k.name.clone(),
-            diagnostics: vec![Diagnostic {
-                kernel: k.name.clone(),
-                op: "promote_floats".into(),
-                loc: k.loc.clone(),
-                message: format!("floats can only be promoted to a float dtype, not {to}"),
-            }],
-        });
+        return Err(refusal(k, format!("floats can only be promoted to a float dtype, not {to}")));
     }
     crate::verify::verify(k)?;
     let fix = |d: DType| if d.is_float() { to } else { d };
@@ -141,15 +133,7 @@ pub fn promote_floats_keeping_tensors_as(
         })
         .collect();
     if let Some((p, d)) = k.params.iter().zip(&dtypes).find(|(_, d)| !d.is_float()) {
-        return Err(IrError::Invalid {
-            kernel: k.name.clone(),
-            diagnostics: vec![Diagnostic {
-                kernel: k.name.clone(),
-                op: "promote_floats".into(),
-                loc: k.loc.clone(),
-                message: format!("float tensor parameter `{}` cannot be kept as {d}", p.name),
-            }],
-        });
+        return Err(refusal(k, format!("float tensor parameter `{}` cannot be kept as {d}", p.name)));
     }
     let dtype_of = |v: Value| from(v).filter(|&j| keep[j]).map(|j| dtypes[j]);
     // Pointer types first, then the conversions at each access, block by block.
@@ -213,6 +197,14 @@ pub fn promote_floats_keeping_tensors_as(
     crate::verify::verify(&out)?;
     let names = out.params.iter().zip(&keep).filter(|(_, &kp)| kp).map(|(p, _)| p.name.clone()).collect();
     Ok((out, names))
+}
+
+/// The error of a promotion that cannot be done, located at the kernel.
+fn refusal(k: &Kernel, message: String) -> IrError {
+    IrError::Invalid {
+        kernel: k.name.clone(),
+        diagnostics: vec![Diagnostic { kernel: k.name.clone(), op: "promote_floats".into(), loc: k.loc.clone(), message }],
+    }
 }
 
 /// Appends an instruction of one result to the arena (its block places it).

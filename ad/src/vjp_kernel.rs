@@ -9,7 +9,8 @@
 //!   [`promote_floats`]), stores included, so that its loads after its own stores see what they
 //!   saw; the tensors it only reads or only writes stay in their dtype in memory, converted at
 //!   each access ([`promote_floats_keeping_tensors_as`]), so that a launch needs no f64 copy of
-//!   them;
+//!   them; what reaches no shadow (stores nothing loads, the loops that feed only them) is
+//!   removed at the end ([`remove_dead_code`]);
 //! - then it runs the reverse sweep, op by op from the last, with one rule per op emitting IR;
 //! - memory derivatives go through *shadow* tensors, one f64 tensor per float tensor parameter
 //!   (`d_<name>`), holding cotangents of contents: a load's adjoint is an `atomic_add` of its
@@ -44,7 +45,7 @@
 use crate::AdError;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use tilegrad_ir::passes::{promote_floats, promote_floats_keeping_tensors_as};
+use tilegrad_ir::passes::{promote_floats, promote_floats_keeping_tensors_as, remove_dead_code};
 use tilegrad_ir::{
     BinaryOp, DType, DotPrecision, Elem, Inst, InstData, Kernel, KernelBuilder, Loc, Op, ParamKind, ReduceOp, UnaryOp, Value,
 };
@@ -175,7 +176,10 @@ fn build(k: &Kernel, keep: Option<&StoredDtype<'_>>, fl: DType) -> Result<VjpKer
         e.reverse(i)?;
     }
     let tapes = tapes.into_inner();
-    let mut kernel = b.finish()?;
+    // Only the shadows are read back: what reaches nothing else goes (the forward's stores that
+    // nothing loads, the loops they feed, values recomputed for tapes that keep nothing).
+    let kernel = b.finish()?;
+    let mut kernel = remove_dead_code(&kernel, &|name| shadows.iter().any(|(_, s)| s == name));
     kernel.name = format!("{}_vjp", p.name);
     Ok(VjpKernel { kernel, shadows, tapes, kept, float: fl })
 }
@@ -1666,7 +1670,23 @@ mod tests {
         b.store(pcp, s, Some(cm));
         let k = b.finish().unwrap();
         // The accumulator is only added to: the loop keeps no tape.
-        assert_eq!(vjp_kernel(&k).unwrap().tapes[0].per_trip, 0);
+        let vk = vjp_kernel(&k).unwrap();
+        assert_eq!(vk.tapes[0].per_trip, 0);
+        // Nothing reads `c` or `y` back, so the forward's stores are gone, and so are the tape
+        // loop's loads (it keeps nothing): `a` is loaded by the forward's loop (the sigmoid's
+        // derivative needs its result) and the reverse loop only; `c` and `y` are never written.
+        let src = tilegrad_ir::analysis::pointer_sources(&vk.kernel);
+        let param = |n: &str| vk.kernel.params.iter().position(|p| p.name == n).unwrap();
+        let (mut loads_a, mut writes_cy) = (0, 0);
+        vk.kernel.walk(&mut |_, d| {
+            let into = |j: usize| src[d.args[0].index()].get(j).copied().unwrap_or(false);
+            match d.op {
+                Op::Load { .. } if into(param("a")) => loads_a += 1,
+                _ if d.op.writes_memory() && (into(param("c")) || into(param("y"))) => writes_cy += 1,
+                _ => {}
+            }
+        });
+        assert_eq!((loads_a, writes_cy), (2, 0));
         agree(
             &k,
             1,

@@ -4,7 +4,7 @@
 //! source `... -- FILE.py KERNEL [NAME=INT ...] [--ptx OUT.ptx]` (integer constexprs);
 //! `--threads N:B` generates the form with at most N threads a block and B blocks an SM; `--vjp`
 //! generates the kernel's VJP kernel (`tilegrad_ad::vjp_kernel`) instead, with float atomics in
-//! the hardware's order as VJP kernels run.
+//! the hardware's order as VJP kernels run (`--f32`: the f32 VJP kernel).
 
 use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
 
@@ -22,6 +22,7 @@ fn main() {
         (n.parse::<usize>().expect("N"), b.parse::<usize>().expect("B"))
     });
     let vjp = args.iter().position(|a| a == "--vjp").map(|i| args.remove(i)).is_some();
+    let f32_vjp = args.iter().position(|a| a == "--f32").map(|i| args.remove(i)).is_some();
     let path = args.first().cloned().expect("usage: cuda_of FILE.tgir | FILE.py KERNEL [NAME=INT ...]");
     let text = std::fs::read_to_string(&path).expect("readable file");
     let k = if path.ends_with(".py") {
@@ -38,7 +39,11 @@ fn main() {
     } else {
         tilegrad_ir::text::parse_kernel(&text, &path).unwrap_or_else(|e| panic!("{e}"))
     };
-    let k = if vjp { tilegrad_ad::vjp_kernel(&k).unwrap_or_else(|e| panic!("{e}")).kernel } else { k };
+    let k = match (vjp, f32_vjp) {
+        (false, _) => k,
+        (true, false) => tilegrad_ad::vjp_kernel(&k).unwrap_or_else(|e| panic!("{e}")).kernel,
+        (true, true) => tilegrad_ad::vjp_kernel_with(&k, true, tilegrad_ir::DType::F32).unwrap_or_else(|e| panic!("{e}")).kernel,
+    };
     let generated = match threads {
         Some((n, b)) => tilegrad_gpu::codegen::generate_full(&k, n, Some(b), !vjp),
         None => tilegrad_gpu::codegen::generate_ordered(&k, !vjp),

@@ -74,6 +74,11 @@ struct SpecArgs {
     /// native`, VJP kernels compute in f32 (f64 for kernels with f64 values).
     #[arg(long, value_enum, default_value = "evaluator")]
     ground: GroundArg,
+    /// With `--ground kernels --backend gpu`: VJP kernels add in program order, as on the CPU,
+    /// so that the ground truth is the same bit for bit on every run (slower: programs take
+    /// turns); otherwise the GPU's order of float atomics varies the f64 sums by ~1e-16.
+    #[arg(long)]
+    deterministic: bool,
     /// Precision of the ground truth (default: the spec's, else f64).
     #[arg(long, value_enum)]
     precision: Option<PrecisionArg>,
@@ -109,6 +114,7 @@ impl SpecArgs {
                 PrecisionArg::Native => Precision::Native,
             };
         }
+        o.deterministic |= self.deterministic;
         o.ground = match self.ground {
             GroundArg::Evaluator => Ground::Evaluator,
             GroundArg::Kernels => Ground::Kernels,

@@ -229,6 +229,63 @@ fn vjp_kernels_on_the_gpu_give_the_cpu_ground_truth() {
     assert!(failures.is_empty(), "{} of {} specs:\n{}", failures.len(), files.len(), failures.join("\n\n"));
 }
 
+/// `--deterministic`: VJP kernels on the GPU add in program order, so that two runs give the
+/// same ground truth bit for bit, and so does the reference interpreter's run of the same VJP
+/// kernels where the forward's ops round alike on both (no transcendental functions, whose f64
+/// forms may differ by an ulp).
+#[test]
+fn deterministic_vjp_kernels_repeat_bit_for_bit() {
+    use tilegrad::check::{ground_truth, Ground};
+    use tilegrad_ir::{BinaryOp, Op, UnaryOp};
+    let Some(files) = example_specs_on_a_gpu() else { return };
+    let exact_ops = |s: &Spec| {
+        let mut exact = true;
+        for step in &s.forward.steps {
+            if let Step::Launch(kl) = step {
+                kl.kernel.walk(&mut |_, d| {
+                    exact &= match d.op {
+                        Op::Unary(u) => {
+                            matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not | UnaryOp::Sqrt | UnaryOp::Floor | UnaryOp::Ceil)
+                        }
+                        Op::Binary(b) => b != BinaryOp::Pow,
+                        _ => true,
+                    }
+                });
+            }
+        }
+        exact
+    };
+    let bitwise = |label: &str, what: &str, a: &tilegrad::check::GroundTruth, b: &tilegrad::check::GroundTruth| -> Result<(), String> {
+        for ((n, w), (_, g)) in a.gradients.iter().zip(&b.gradients) {
+            let (w, g) = (w.to_f64_vec(), g.to_f64_vec());
+            if let Some(i) = (0..w.len()).find(|&i| w[i].to_bits() != g[i].to_bits()) {
+                return Err(format!("{label}: {what}: element {i} of the gradient of `{n}`: {:e} and {:e}", w[i], g[i]));
+            }
+        }
+        Ok(())
+    };
+    let compared = std::sync::atomic::AtomicUsize::new(0);
+    let failures = all(&files, |(label, s)| {
+        let opts = |backend| CheckOptions { backend, ground: Ground::Kernels, deterministic: true, ..s.options.clone() };
+        let cpu = match ground_truth(&s.forward, &s.inputs, &opts(Backend::Cpu)) {
+            Ok(g) => g,
+            Err(e) if e.to_string().contains("not take") => return Ok(()),
+            Err(e) => return Err(format!("{label}: cpu: {e}")),
+        };
+        let run = || ground_truth(&s.forward, &s.inputs, &opts(Backend::Gpu)).map_err(|e| format!("{label}: gpu: {e}"));
+        let (first, second) = (run()?, run()?);
+        bitwise(label, "two GPU runs", &first, &second)?;
+        if exact_ops(s) {
+            bitwise(label, "CPU and GPU", &cpu, &first)?;
+            compared.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        println!("{label}: identical");
+        Ok(())
+    });
+    assert!(failures.is_empty(), "{} of {} specs:\n{}", failures.len(), files.len(), failures.join("\n\n"));
+    assert!(compared.into_inner() >= 5, "too few specs compared with the CPU");
+}
+
 /// The engine's self-check on the GPU (`gradcheck --backend gpu --ground kernels`): on every
 /// example spec whose kernels VJP kernels take, the ground truth computed by VJP kernels on the
 /// GPU agrees with central finite differences of the f64 forward, run on the GPU too.

@@ -20,4 +20,4 @@ pub use btile::BTile;
 pub use error::AdError;
 pub use grad::{vjp, GradOptions, Gradient};
 pub use rules::Precision;
-pub use vjp_kernel::{vjp_kernel, vjp_kernel_for, vjp_kernel_with, VjpKernel};
+pub use vjp_kernel::{vjp_kernel, vjp_kernel_as, vjp_kernel_for, vjp_kernel_with, VjpKernel};

@@ -131,8 +131,15 @@ pub fn vjp_kernel_with(k: &Kernel, keep_tensors: bool, float: DType) -> Result<V
     build(k, keep_tensors.then_some(&|_: &str, d: DType| d), float)
 }
 
+/// [`vjp_kernel_with`] keeping the float tensors the kernel only reads or only writes in the
+/// dtype `stored(name, declared)` gives for each (as [`vjp_kernel_for`] takes it from a
+/// launch's memory): for building a launch's VJP kernel ahead of its memory.
+pub fn vjp_kernel_as(k: &Kernel, stored: &StoredDtype<'_>, float: DType) -> Result<VjpKernel, AdError> {
+    build(k, Some(stored), float)
+}
+
 /// The dtype in memory of a tensor parameter (by name) of a declared dtype.
-type StoredDtype<'a> = dyn Fn(&str, DType) -> DType + 'a;
+pub type StoredDtype<'a> = dyn Fn(&str, DType) -> DType + 'a;
 
 /// The VJP kernel, keeping tensors in the dtypes `keep` gives (see
 /// [`promote_floats_keeping_tensors_as`]), or none.

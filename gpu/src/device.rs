@@ -37,6 +37,22 @@ pub fn nvrtc_present() -> bool {
 
 /// NVRTC's options for generated kernels: no contraction of `a * b + c` (the reference rounds
 /// twice), IEEE division and square root, no flush to zero.
+/// The options of every compile, as flags.
+trait BuildFlags {
+    fn build_flags(self) -> Vec<String>;
+}
+
+impl BuildFlags for cudarc::nvrtc::CompileOptions {
+    fn build_flags(self) -> Vec<String> {
+        let on = |name: &str, v: Option<bool>| v.map(|v| format!("--{name}={v}"));
+        [on("ftz", self.ftz), on("prec-sqrt", self.prec_sqrt), on("prec-div", self.prec_div), on("fmad", self.fmad)]
+            .into_iter()
+            .flatten()
+            .chain(self.options)
+            .collect()
+    }
+}
+
 fn nvrtc_options(arch: &str) -> cudarc::nvrtc::CompileOptions {
     cudarc::nvrtc::CompileOptions {
         fmad: Some(false),
@@ -56,6 +72,36 @@ fn nvrtc(k: &Kernel, source: &str, arch: &str) -> Result<cudarc::nvrtc::Ptx, Gpu
             other => format!("{other:?}"),
         },
     })
+}
+
+/// Compiles CUDA C to machine code for a real architecture (`sm_90`): NVRTC runs the assembler
+/// too, so that loading the module costs no JIT in the driver, and [`Gpu::precompile`] runs
+/// both steps on threads of their own. The CUBIN, or the compiler's log.
+fn nvrtc_cubin(source: &str, sm: &str) -> Result<Vec<u8>, String> {
+    use cudarc::nvrtc::{result, sys};
+    let src = std::ffi::CString::new(source).map_err(|_| "the generated source holds a NUL byte".to_string())?;
+    let prog = result::create_program(&src, None).map_err(|e| format!("NVRTC: {e:?}"))?;
+    let flags = nvrtc_options(sm).build_flags();
+    // SAFETY: `prog` was created above from `src`, which outlives it, and is destroyed once, last.
+    let out = unsafe {
+        match result::compile_program(prog, &flags) {
+            Err(e) => Err(match result::get_program_log(prog) {
+                Ok(log) => std::ffi::CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned(),
+                Err(_) => format!("NVRTC: {e:?}"),
+            }),
+            Ok(()) => {
+                let mut n = 0usize;
+                sys::nvrtcGetCUBINSize(prog, &mut n).result().map_err(|e| format!("NVRTC: {e:?}")).and_then(|()| {
+                    let mut image = vec![0u8; n];
+                    sys::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast()).result().map_err(|e| format!("NVRTC: {e:?}"))?;
+                    Ok(image)
+                })
+            }
+        }
+    };
+    // SAFETY: as above; nothing uses `prog` after this.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
 }
 
 /// Generates and compiles a kernel for a virtual architecture (`compute_90`) without a device:
@@ -80,6 +126,9 @@ pub struct Gpu {
     arch: (i32, i32),
     sms: u32,
     modules: Mutex<HashMap<u128, Arc<Compiled>>>,
+    /// Machine code compiled ahead ([`Gpu::precompile`]) where no disk cache keeps it, by
+    /// source hash.
+    images: Mutex<HashMap<u128, Vec<u8>>>,
 }
 
 struct Compiled {
@@ -113,6 +162,42 @@ fn cache_dir() -> Option<std::path::PathBuf> {
     Some(base.join("tilegrad").join("cuda"))
 }
 
+/// The forms a launch of `k` may use: the first, and the form for half as many blocks an SM
+/// that [`Gpu::compiled`] loads when the first spills registers. `TILEGRAD_GPU_THREADS=N` (a
+/// power of two, 32 to 1024) forces at most N threads a block, with no register cap below 255,
+/// and `N:B` asks the compiler to fit B blocks an SM (for tests and tuning: results do not
+/// depend on either).
+fn forms(k: &Kernel, ordered: bool) -> Result<(Generated, Option<Generated>), GpuError> {
+    let forced = std::env::var("TILEGRAD_GPU_THREADS").ok().and_then(|v| {
+        let (n, b) = v.split_once(':').unwrap_or((v.as_str(), "1"));
+        Some((n.parse::<usize>().ok()?, b.parse::<usize>().ok()?))
+    });
+    if let Some((n, b)) = forced {
+        return Ok((codegen::generate_full(k, n, Some(b), ordered)?, None));
+    }
+    let first = codegen::generate_ordered(k, ordered)?;
+    let blocks = first.min_blocks as usize;
+    let alt = (blocks >= 2).then(|| codegen::generate_full(k, first.threads as usize, Some(blocks / 2), ordered).ok()).flatten();
+    Ok((first, alt))
+}
+
+/// The disk cache's file of a compiled kernel (by the hash of its architecture and source).
+fn cache_file(key: u128) -> Option<std::path::PathBuf> {
+    cache_dir().map(|d| d.join(format!("{key:032x}.cubin")))
+}
+
+/// Writes machine code to the disk cache; says whether it did. The cache is an optimisation: a
+/// failed write only costs a later compile.
+fn write_cache(key: u128, image: &[u8]) -> bool {
+    let Some(f) = cache_file(key) else { return false };
+    if let Some(dir) = f.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    // Written aside and renamed, so that a reader never sees half a file.
+    let tmp = f.with_extension(format!("tmp{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], ""));
+    std::fs::write(&tmp, image).is_ok() && std::fs::rename(&tmp, &f).is_ok()
+}
+
 impl Gpu {
     /// Device 0, or why no GPU is usable.
     pub fn new() -> Result<Gpu, GpuError> {
@@ -126,7 +211,7 @@ impl Gpu {
         let arch = ctx.compute_capability().map_err(driver)?;
         use cudarc::driver::sys::CUdevice_attribute as A;
         let sms = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver)? as u32;
-        Ok(Gpu { ctx, stream, name, arch, sms, modules: Mutex::new(HashMap::new()) })
+        Ok(Gpu { ctx, stream, name, arch, sms, modules: Mutex::new(HashMap::new()), images: Mutex::new(HashMap::new()) })
     }
 
     /// The device, in words.
@@ -140,29 +225,17 @@ impl Gpu {
     /// compiled again for half as many blocks an SM (up to 128 registers), and that form is
     /// used when it spills less.
     fn compiled(&self, k: &Kernel, ordered: bool) -> Result<Arc<Compiled>, GpuError> {
-        let gen = codegen::generate_ordered(k, ordered)?;
-        let arch = format!("compute_{}{}", self.arch.0, self.arch.1);
-        let key = hash128(&format!("{arch}\n{}", gen.source));
+        let (first, alt) = forms(k, ordered)?;
+        let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
+        let key = hash128(&format!("{arch}\n{}", first.source));
         if let Some(c) = self.modules.lock().expect("module cache").get(&key) {
             return Ok(c.clone());
         }
-        // `TILEGRAD_GPU_THREADS=N` (a power of two, 32 to 1024) forces at most N threads a block,
-        // with no register cap below 255, and `N:B` asks the compiler to fit B blocks an SM (for
-        // tests and tuning: results do not depend on either).
-        let forced = std::env::var("TILEGRAD_GPU_THREADS").ok().and_then(|v| {
-            let (n, b) = v.split_once(':').unwrap_or((v.as_str(), "1"));
-            Some((n.parse::<usize>().ok()?, b.parse::<usize>().ok()?))
-        });
-        let mut c = match forced {
-            Some((n, b)) => self.load(k, codegen::generate_full(k, n, Some(b), ordered)?, &arch)?,
-            None => self.load(k, gen, &arch)?,
-        };
+        let mut c = self.load(k, first, &arch)?;
         let spill = |c: &Compiled| c.main.local_size_bytes().unwrap_or(0);
-        let blocks = c.gen.min_blocks as usize;
-        if forced.is_none() && blocks >= 2 && spill(&c) > 0 {
+        if let Some(alt) = alt.filter(|_| spill(&c) > 0) {
             // The other form is an optimisation: if it fails to compile, the first one serves.
-            let threads = c.gen.threads as usize;
-            if let Ok(alt) = codegen::generate_full(k, threads, Some(blocks / 2), ordered).and_then(|g| self.load(k, g, &arch)) {
+            if let Ok(alt) = self.load(k, alt, &arch) {
                 if spill(&alt) < spill(&c) {
                     c = alt;
                 }
@@ -173,28 +246,59 @@ impl Gpu {
         Ok(c)
     }
 
-    /// Compiles generated code (or takes its PTX from the disk cache) and loads it.
+    /// The kernels' forms for `ordered` atomics (see [`GpuOptions`]) compiled ahead, NVRTC
+    /// running on as many threads as the host has cores, so that a check's first launches find
+    /// them compiled: NVRTC takes a fraction of a second for each, one after another otherwise.
+    /// Both forms of a kernel that may spill are compiled (whether it spills is known only
+    /// once compiled). Those compiled before (in memory or on disk) are skipped; a kernel that
+    /// fails to compile is left to its launch, which reports the error.
+    pub fn precompile(&self, kernels: &[(&Kernel, bool)]) {
+        let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
+        let mut todo: Vec<(u128, String)> = Vec::new();
+        for (k, ordered) in kernels {
+            let Ok((first, alt)) = forms(k, *ordered) else { continue };
+            for gen in std::iter::once(first).chain(alt) {
+                let key = hash128(&format!("{arch}\n{}", gen.source));
+                let on_disk = cache_file(key).is_some_and(|f| f.exists());
+                let known = self.modules.lock().expect("module cache").contains_key(&key)
+                    || self.images.lock().expect("compiled ahead").contains_key(&key);
+                if !on_disk && !known && !todo.iter().any(|(t, _)| *t == key) {
+                    todo.push((key, gen.source));
+                }
+            }
+        }
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(todo.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((key, source)) = todo.get(i) else { break };
+                    if let Ok(image) = nvrtc_cubin(source, &arch) {
+                        if !write_cache(*key, &image) {
+                            self.images.lock().expect("compiled ahead").insert(*key, image);
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    /// Compiles generated code (or takes its machine code from the disk cache, or from
+    /// [`Gpu::precompile`]) and loads it.
     fn load(&self, k: &Kernel, gen: Generated, arch: &str) -> Result<Compiled, GpuError> {
         let key = hash128(&format!("{arch}\n{}", gen.source));
-        let file = cache_dir().map(|d| d.join(format!("{key:032x}.ptx")));
-        let cached = file.as_ref().and_then(|f| std::fs::read_to_string(f).ok());
-        let ptx = match cached {
-            Some(src) => cudarc::nvrtc::Ptx::from_src(src),
+        let cached = cache_file(key).and_then(|f| std::fs::read(f).ok());
+        let ahead = || self.images.lock().expect("compiled ahead").remove(&key);
+        let image = match cached.or_else(ahead) {
+            Some(image) => image,
             None => {
-                let ptx = nvrtc(k, &gen.source, arch)?;
-                if let Some(f) = &file {
-                    // The cache is an optimisation: a failed write only costs a later compile.
-                    if let Some(dir) = f.parent() {
-                        let _ = std::fs::create_dir_all(dir);
-                    }
-                    let tmp = f.with_extension(format!("tmp{}", std::process::id()));
-                    if std::fs::write(&tmp, ptx.to_src()).is_ok() {
-                        let _ = std::fs::rename(&tmp, f);
-                    }
-                }
-                ptx
+                let image = nvrtc_cubin(&gen.source, arch).map_err(|log| GpuError::Compile { kernel: k.name.clone(), log })?;
+                write_cache(key, &image);
+                image
             }
         };
+        let ptx = cudarc::nvrtc::Ptx::from_binary(image);
         let module = self.ctx.load_module(ptx).map_err(driver)?;
         let main = module.load_function(codegen::ENTRY).map_err(driver)?;
         let races = module.load_function("tg_races").map_err(driver)?;
@@ -712,6 +816,19 @@ mod tests {
         assert_eq!(from_bytes(DType::I1, &tensor_bytes(DType::I1, &i), 3), i);
         let l = Data::I64(vec![i64::MIN, 3, -7]);
         assert_eq!(from_bytes(DType::I64, &tensor_bytes(DType::I64, &l), 3), l);
+    }
+
+    #[test]
+    fn compiles_to_machine_code_where_nvrtc_is_installed() {
+        if !nvrtc_present() {
+            eprintln!("skipped: NVRTC is not installed");
+            return;
+        }
+        let k = tilegrad_ir::text::parse_kernel(include_str!("../../examples/vector_add.tgir"), "vector_add.tgir").unwrap();
+        let image = nvrtc_cubin(&codegen::generate(&k).unwrap().source, "sm_90").unwrap();
+        assert_eq!(&image[..4], b"\x7fELF", "an ELF image, not PTX text");
+        let log = nvrtc_cubin("extern \"C\" __global__ void f() { undefined_name(); }", "sm_90").unwrap_err();
+        assert!(log.contains("undefined_name"), "{log}");
     }
 
     #[test]

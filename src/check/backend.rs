@@ -18,6 +18,8 @@ pub struct Executor {
     gpu: Option<Arc<Gpu>>,
     /// Also run every launch on the reference and record where the two differ (tests).
     compare: bool,
+    /// VJP kernels add in program order ([`Executor::deterministic`]).
+    ordered_vjp: bool,
     log: Mutex<Log>,
 }
 
@@ -32,7 +34,7 @@ impl Executor {
     /// The reference interpreter only.
     #[cfg(test)]
     pub(crate) fn cpu() -> Executor {
-        Executor { gpu: None, compare: false, log: Mutex::default() }
+        Executor { gpu: None, compare: false, ordered_vjp: false, log: Mutex::default() }
     }
 
     /// The executor of a backend choice: `Gpu` fails when no GPU is usable, `Auto` then uses the
@@ -43,7 +45,29 @@ impl Executor {
             Backend::Auto => gpu().ok(),
             Backend::Gpu | Backend::Compare => Some(gpu().map_err(|e| CheckError::Unsupported(format!("--backend gpu: {e}")))?),
         };
-        Ok(Executor { gpu, compare: backend == Backend::Compare, log: Mutex::default() })
+        Ok(Executor { gpu, compare: backend == Backend::Compare, ordered_vjp: false, log: Mutex::default() })
+    }
+
+    /// VJP kernels add their float atomics in program order on the GPU too, as the reference
+    /// does (programs take turns): the ground truth is then the same bit for bit on every run
+    /// and on both backends, where the hardware's order makes f64 sums differ by ~1e-16.
+    pub fn deterministic(mut self, on: bool) -> Executor {
+        self.ordered_vjp = on;
+        self
+    }
+
+    /// Whether launches go to the GPU.
+    pub fn on_gpu(&self) -> bool {
+        self.gpu.is_some()
+    }
+
+    /// Compiles ahead, in parallel, kernels about to be launched on the GPU (nothing on the
+    /// CPU): `(kernel, whether it is a VJP kernel)` (those run with float atomics in the
+    /// hardware's order, see [`Executor::run_vjp`]).
+    pub fn precompile(&self, kernels: &[(&tilegrad_ir::Kernel, bool)]) {
+        if let Some(g) = &self.gpu {
+            g.precompile(&kernels.iter().map(|&(k, vjp)| (k, !vjp || self.ordered_vjp)).collect::<Vec<_>>());
+        }
     }
 
     /// Runs a launch, as [`Launch::run`] does.
@@ -61,12 +85,12 @@ impl Executor {
     }
 
     /// Runs a VJP kernel's launch ([`tilegrad_ad::vjp_kernel`]): on the GPU without race marks
-    /// and with float atomics in the hardware's order (the forward it differentiates was run
-    /// with every check; its shadows' sums then differ from the reference's by rounding only,
-    /// so [`Backend::Compare`] does not compare it).
+    /// and with float atomics in the hardware's order unless [`Executor::deterministic`] (the
+    /// forward it differentiates was run with every check; its shadows' sums then differ from
+    /// the reference's by rounding only, so [`Backend::Compare`] does not compare it).
     pub fn run_vjp(&self, launch: &Launch, mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
         let Some(g) = &self.gpu else { return launch.run(mem) };
-        self.on(g, launch, mem, GpuOptions { races: false, ordered_atomics: false })
+        self.on(g, launch, mem, GpuOptions { races: false, ordered_atomics: self.ordered_vjp })
     }
 
     /// Runs a launch on the GPU with `opts`, logging where it ran.

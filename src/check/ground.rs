@@ -16,7 +16,7 @@ use super::steps::{bind, split_axis, Records, Reduction, Step};
 use super::tensor_expr::broadcast_map;
 use super::{CheckError, Env};
 use std::collections::HashMap;
-use tilegrad_ad::{vjp, vjp_kernel_for, GradOptions};
+use tilegrad_ad::{vjp, vjp_kernel_for, GradOptions, VjpKernel};
 use tilegrad_ir::{DType, Elem};
 use tilegrad_reference::Launch;
 
@@ -34,6 +34,15 @@ pub(crate) fn reverse(
     // The recorded launches ran with every check, and their records may hold f64 tensors
     // narrowed (see `steps::narrowed`).
     let opts = &GradOptions { validated: true, ..opts.clone() };
+    // The launches' VJP kernels, built first and compiled ahead together.
+    let mut vks: HashMap<usize, Result<VjpKernel, tilegrad_ad::AdError>> = HashMap::new();
+    if let Some(exec) = kernels {
+        for r in &records.launches {
+            let launch = record_launch(r);
+            vks.insert(r.step, vjp_kernel_for(&launch, &r.before, vjp_float(&r.kernel, opts.precision)));
+        }
+        exec.precompile(&vks.values().filter_map(|v| v.as_ref().ok()).map(|vk| (&vk.kernel, true)).collect::<Vec<_>>());
+    }
     for (i, step) in steps.iter().enumerate().rev() {
         let at = |m: String| CheckError::Forward { step: i, what: step.describe(), message: m };
         match step {
@@ -50,17 +59,13 @@ pub(crate) fn reverse(
                 // launch: only of tensors whose earlier contents matter (not one allocated just
                 // before, whose cotangent its allocation would drop).
                 let outputs: Vec<_> = floats.iter().filter_map(|(t, n)| cot.remove(n).map(|c| (*t, c))).collect();
-                let mut launch = Launch::new(&r.kernel, r.grid);
-                for (n, a) in &r.args {
-                    launch = launch.arg(n, *a);
-                }
+                let launch = record_launch(r);
                 let wanted: Vec<_> = floats.iter().filter(|(_, n)| contents_matter(steps, records, i, n)).collect();
                 let inputs: Vec<_> = wanted.iter().map(|(t, _)| *t).collect();
                 let g = match kernels {
                     // The launch's VJP kernel, run by the executor (the reference or the GPU).
                     Some(exec) => {
-                        let vk = vjp_kernel_for(&launch, &r.before, vjp_float(&r.kernel, opts.precision))
-                            .map_err(|e| at(format!("--ground kernels: {e}")))?;
+                        let vk = vks.remove(&i).expect("built for every launch").map_err(|e| at(format!("--ground kernels: {e}")))?;
                         let mut run = |l: &Launch, m: &mut tilegrad_reference::Memory| {
                             exec.run_vjp(l, m).map(|_| ()).map_err(tilegrad_ad::AdError::from)
                         };
@@ -197,10 +202,19 @@ fn add(cot: &mut HashMap<String, Vec<f64>>, name: &str, g: &[f64]) {
     s.iter_mut().zip(g).for_each(|(a, b)| *a += b);
 }
 
+/// A recorded launch, launchable again.
+fn record_launch(r: &super::steps::LaunchRecord) -> Launch<'_> {
+    let mut launch = Launch::new(&r.kernel, r.grid);
+    for (n, a) in &r.args {
+        launch = launch.arg(n, *a);
+    }
+    launch
+}
+
 /// The dtype a launch's VJP kernel computes in: f64 for the f64 ground truth; at native
 /// precision f32, or f64 for a kernel with f64 values (f16 and bf16 values are computed in f32,
 /// more precisely than the evaluator's native rules round them).
-fn vjp_float(k: &tilegrad_ir::Kernel, precision: tilegrad_ad::Precision) -> DType {
+pub(crate) fn vjp_float(k: &tilegrad_ir::Kernel, precision: tilegrad_ad::Precision) -> DType {
     let f64_values = k.values.iter().any(|v| matches!(v.ty.elem, Elem::Num(DType::F64) | Elem::Ptr(DType::F64)));
     if precision == tilegrad_ad::Precision::F64 || f64_values {
         DType::F64

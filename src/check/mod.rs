@@ -270,6 +270,11 @@ pub struct CheckOptions {
     /// How the f64 ground truth is computed: by the CPU evaluator (default), or by each
     /// launch's VJP kernel run on the backend ([`Ground::Kernels`]).
     pub ground: Ground,
+    /// With [`Ground::Kernels`] on the GPU: VJP kernels add in program order, as the reference
+    /// does, so that the ground truth is the same bit for bit on every run and both backends
+    /// (slower: programs take turns). Without it, the hardware's order of float atomics makes
+    /// f64 sums differ by about 1e-16 from run to run.
+    pub deterministic: bool,
 }
 
 /// How the ground truth of launches is computed.
@@ -306,6 +311,7 @@ impl Default for CheckOptions {
             allow_non_finite: false,
             blame_elements: Vec::new(),
             ground: Ground::Evaluator,
+            deterministic: false,
         }
     }
 }
@@ -336,9 +342,17 @@ pub fn check_backward_with(
         && opts.precision == Precision::F64
         && (bwd_tf32 || fwd_tf32 || inputs.tensors.iter().any(|t| fwd.differentiable.contains(&t.name) && is_narrow(input_dtype(t))));
     progress("inputs and forward", 0, opts.trials);
-    let exec = backend::Executor::new(opts.backend)?;
+    let start = std::time::Instant::now();
+    let exec = backend::Executor::new(opts.backend)?.deterministic(opts.deterministic);
+    let ahead = if exec.on_gpu() { kernels_ahead(fwd, bwd, opts) } else { Vec::new() };
+    exec.precompile(&ahead.iter().map(|(k, v)| (k, *v)).collect::<Vec<_>>());
+    drop(ahead);
+    let compiled_ahead = start.elapsed().as_secs_f64();
     let mut p = truth::prepare(fwd, inputs, opts, calibrate, &exec)?;
     let mut tm = std::mem::take(&mut p.timings);
+    if exec.on_gpu() {
+        tm.phases.insert(0, ("GPU context and kernels compiled ahead".into(), compiled_ahead));
+    }
     // The inputs as drawn are not needed past here, only their shapes: free them early.
     let input_shape: HashMap<String, Vec<usize>> =
         p.drawn.names.iter().map(|(n, id)| (n.clone(), p.drawn.mem.get(*id).shape().to_vec())).collect();
@@ -737,6 +751,48 @@ fn explain_elements(
 }
 
 /// Differentiable inputs are float inputs; outputs and saved tensors are consistent.
+/// The kernels a check launches, to compile ahead (`(kernel, whether a VJP kernel)`): the
+/// forward's in their dtypes and, for the f64 ground truth, promoted; the backward's; with
+/// [`Ground::Kernels`], the forward launches' VJP kernels as the ground truth most likely builds
+/// them (its records keep the tensors whose values are all f32s as f32: inputs and fresh
+/// allocations; a guess that misses costs one compile, on a core of its own).
+fn kernels_ahead(fwd: &Forward, bwd: &Backward, opts: &CheckOptions) -> Vec<(tilegrad_ir::Kernel, bool)> {
+    let f64_truth = opts.precision == Precision::F64;
+    let launched = |steps: &[Step]| -> Vec<std::sync::Arc<tilegrad_ir::Kernel>> {
+        steps.iter().filter_map(|s| if let Step::Launch(kl) = s { Some(kl.kernel.clone()) } else { None }).collect()
+    };
+    let mut out: Vec<_> = launched(&bwd.steps).iter().map(|k| ((**k).clone(), false)).collect();
+    for k in launched(&fwd.steps) {
+        out.push(((*k).clone(), false));
+        let truth = if f64_truth {
+            match tilegrad_ir::passes::promote_floats(&k, DType::F64) {
+                Ok(t) => t,
+                Err(_) => continue,
+            }
+        } else {
+            (*k).clone()
+        };
+        if opts.ground == Ground::Kernels {
+            let declared = |name: &str| match k.param(name).map(|p| p.kind.clone()) {
+                Some(tilegrad_ir::ParamKind::Ptr(d)) => Some(d),
+                _ => None,
+            };
+            let stored = |name: &str, d: DType| match declared(name) {
+                Some(DType::F64) | None => d,
+                Some(_) if f64_truth => DType::F32,
+                Some(o) => o,
+            };
+            if let Ok(vk) = tilegrad_ad::vjp_kernel_as(&truth, &stored, ground::vjp_float(&truth, opts.precision)) {
+                out.push((vk.kernel, true));
+            }
+        }
+        if f64_truth {
+            out.push((truth, false));
+        }
+    }
+    out
+}
+
 fn validate_forward(fwd: &Forward, env: &Env) -> Result<(), CheckError> {
     if fwd.outputs.is_empty() {
         return Err(CheckError::Spec("the forward names no outputs".into()));

@@ -39,8 +39,11 @@
 //! max/min send the cotangent to the selected operand (ties to the first) or element (the first
 //! equal to the result). The evaluator stays authoritative; tests check the two agree on every op.
 //!
-//! Not yet: `while` loops, loops inside loops, pointers carried by loops; they are refused with
-//! the op and its location.
+//! A `while` loop is reversed the same way: the copy also runs its condition and counts the
+//! trips, which the reverse loop then takes.
+//!
+//! Not yet: loops inside loops, pointers carried by loops; they are refused with the op and its
+//! location.
 
 use crate::AdError;
 use std::cell::RefCell;
@@ -439,12 +442,11 @@ fn refuse_unsupported(k: &Kernel) -> Result<(), AdError> {
             return;
         }
         let why = match &d.op {
-            Op::While { .. } => Some("VJP kernels do not take `while` loops yet; the CPU evaluator differentiates this kernel"),
-            Op::For { body, .. } => {
+            Op::For { body, .. } | Op::While { body, .. } => {
                 let b = k.block(*body);
-                if b.params[1..].iter().any(|&v| k.ty(v).is_ptr()) {
+                if b.params.iter().any(|&v| k.ty(v).is_ptr()) {
                     Some("VJP kernels do not take loops that carry pointers yet (carry offsets instead); the CPU evaluator differentiates this kernel")
-                } else if has_loop(k, *body) {
+                } else if d.op.blocks().into_iter().any(|b| has_loop(k, b)) {
                     Some("VJP kernels do not take loops inside loops yet; the CPU evaluator differentiates this kernel")
                 } else {
                     None
@@ -642,6 +644,10 @@ impl Emit<'_, '_> {
                     block(b, *body, &params, shadow, map)
                 })
             }
+            Op::While { cond, body, max_iters } => {
+                let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
+                self.b.while_loop(*max_iters, &args, |b, cs| block(b, *cond, cs, s1, m1)[0], |b, cs| block(b, *body, cs, s2, m2))
+            }
             Op::If { then_block, else_block } => {
                 let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
                 self.b.if_else(args[0], |b| block(b, *then_block, &[], s1, m1), |b| block(b, *else_block, &[], s2, m2))
@@ -757,13 +763,24 @@ impl Emit<'_, '_> {
             .collect()
     }
 
-    /// Emits the reverse of `for` loop `i`: the copy that writes the tape, then the reverse loop.
-    fn reverse_for(&mut self, i: Inst) -> Result<(), AdError> {
+    /// Emits the reverse of loop `i` (`for` or `while`): the copy that writes the tape and
+    /// counts the trips, then the reverse loop over them. A `while`'s condition is recomputed by
+    /// the copy only: no cotangent flows through it.
+    fn reverse_loop(&mut self, i: Inst) -> Result<(), AdError> {
         let d = self.k.inst(i).clone();
-        let Op::For { body, max_iters } = d.op else { unreachable!("a for loop") };
+        let (body, cond, max_iters) = match d.op {
+            Op::For { body, max_iters } => (body, None, max_iters),
+            Op::While { cond, body, max_iters } => (body, Some(cond), max_iters),
+            _ => unreachable!("a loop"),
+        };
         let (k, fl) = (self.k, self.fl);
         let blk = k.block(body).clone();
-        let (fiv, fcarried) = (blk.params[0], blk.params[1..].to_vec());
+        // A `for` body's parameters are its induction variable and the carried values, a
+        // `while` body's the carried values; so are the loop's operands after a `for`'s bounds.
+        let (fiv, fcarried, inits) = match cond {
+            None => (Some(blk.params[0]), blk.params[1..].to_vec(), d.args[3..].to_vec()),
+            Some(_) => (None, blk.params.clone(), d.args.to_vec()),
+        };
         let yields = k.inst(*blk.insts.last().expect("a body ends in yield")).args.to_vec();
         self.b.set_loc(Some(d.loc.clone()));
         let n = self.tapes.borrow().len();
@@ -791,14 +808,14 @@ impl Emit<'_, '_> {
         let s = self.b.i64(per_trip as i64);
         let base = self.b.mul(pix, cap);
         let base = self.b.mul(base, s);
-        let (lo, hi, st) = (self.v(d.args[0]), self.v(d.args[1]), self.v(d.args[2]));
+        let bounds = cond.is_none().then(|| (self.v(d.args[0]), self.v(d.args[1]), self.v(d.args[2])));
 
         // The copy of the loop, writing each trip's carried values to the tape; it also carries
         // the trip count.
         let (shadow, map, tapes) = (self.shadow.clone(), self.map.clone(), self.tapes);
-        let mut init_c: Vec<Value> = d.args[3..].iter().map(|&a| self.v(a)).collect();
+        let mut init_c: Vec<Value> = inits.iter().map(|&a| self.v(a)).collect();
         init_c.push(self.b.i32(0));
-        let res = self.b.for_range(lo, hi, st, max_iters, &init_c, |b, iv, cs| {
+        let copy = |b: &mut KernelBuilder, iv: Option<Value>, cs: &[Value], shadow, map| {
             let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
             e.b.set_loc(Some(d.loc.clone()));
             let t = cs[cs.len() - 1];
@@ -807,7 +824,9 @@ impl Emit<'_, '_> {
                 let v = e.b.cast(cs[j], DType::F64);
                 e.b.store(ptrs, v, None);
             }
-            e.map.insert(fiv, iv);
+            if let (Some(f), Some(iv)) = (fiv, iv) {
+                e.map.insert(f, iv);
+            }
             for (j, &c) in fcarried.iter().enumerate() {
                 e.map.insert(c, cs[j]);
             }
@@ -819,7 +838,31 @@ impl Emit<'_, '_> {
             let one = e.b.i32(1);
             next.push(e.b.add(t, one));
             next
-        });
+        };
+        let res = match (bounds, cond) {
+            (Some((lo, hi, st)), _) => self.b.for_range(lo, hi, st, max_iters, &init_c, |b, iv, cs| copy(b, Some(iv), cs, shadow, map)),
+            (None, Some(cb)) => {
+                let (s1, m1) = (shadow.clone(), map.clone());
+                let cblk = k.block(cb).clone();
+                self.b.while_loop(
+                    max_iters,
+                    &init_c,
+                    |b, cs| {
+                        let mut e = Emit { k, b, shadow: s1, adj: HashMap::new(), map: m1, tapes, fl };
+                        for (&p, &v) in cblk.params.iter().zip(cs) {
+                            e.map.insert(p, v);
+                        }
+                        for &j in &cblk.insts {
+                            e.recompute(j);
+                        }
+                        let y = k.inst(*cblk.insts.last().expect("a condition ends in yield"));
+                        e.v(y.args[0])
+                    },
+                    |b, cs| copy(b, None, cs, shadow, map),
+                )
+            }
+            (None, None) => unreachable!("a for loop has bounds"),
+        };
         let trips = res[res.len() - 1];
 
         // The reverse loop: it carries the cotangents of the float carried values, then of the
@@ -863,11 +906,13 @@ impl Emit<'_, '_> {
                 let z = e.b.full(&shape, 0.0, dt);
                 e.map.insert(c, z);
             }
-            let idt = k.ty(fiv).dtype().expect("an integer induction variable");
-            let tc = e.b.cast(t, idt);
-            let step = e.b.mul(tc, st);
-            let iv = e.b.add(lo, step);
-            e.map.insert(fiv, iv);
+            if let (Some(fiv), Some((lo, _, st))) = (fiv, bounds) {
+                let idt = k.ty(fiv).dtype().expect("an integer induction variable");
+                let tc = e.b.cast(t, idt);
+                let step = e.b.mul(tc, st);
+                let iv = e.b.add(lo, step);
+                e.map.insert(fiv, iv);
+            }
             for &j in &blk.insts {
                 e.recompute(j);
             }
@@ -904,7 +949,7 @@ impl Emit<'_, '_> {
             return Err(err);
         }
         for (q, &j) in float_carried.iter().enumerate() {
-            self.acc(d.args[3 + j], out[q]);
+            self.acc(inits[j], out[q]);
         }
         for (q, &o) in outer.iter().enumerate() {
             self.acc(o, out[float_carried.len() + q]);
@@ -942,16 +987,16 @@ impl Emit<'_, '_> {
                 }
                 return Ok(());
             }
-            Op::For { .. } => return self.reverse_for(i),
+            Op::For { .. } | Op::While { .. } => return self.reverse_loop(i),
             Op::If { .. } => return self.reverse_if(i),
             _ => {}
         }
         let Some(&r) = d.results.first() else { return Ok(()) };
         let Some(&g) = self.adj.get(&r) else { return Ok(()) };
         match &d.op {
-            Op::Store { .. } | Op::AtomicAdd { .. } | Op::For { .. } | Op::If { .. } => unreachable!("handled above"),
+            Op::Store { .. } | Op::AtomicAdd { .. } | Op::For { .. } | Op::While { .. } | Op::If { .. } => unreachable!("handled above"),
             Op::ProgramId { .. } | Op::NumPrograms { .. } | Op::Const { .. } | Op::Arange { .. } | Op::Cmp(_) | Op::AddPtr | Op::Yield => {}
-            Op::AtomicRmw { .. } | Op::AtomicCas | Op::While { .. } => {
+            Op::AtomicRmw { .. } | Op::AtomicCas => {
                 return Err(unsupported(self.k, &d, "not differentiable in a VJP kernel"));
             }
             Op::Load { mask, other } => {
@@ -1792,12 +1837,42 @@ mod tests {
         let k = b.finish().unwrap();
         let e = vjp_kernel(&k).unwrap_err().to_string();
         assert!(e.contains("reads a tensor the kernel writes") && e.contains("vjp_kernel.rs"), "{e}");
-        // A while loop.
-        let mut b = KernelBuilder::new("whiles");
+        // A loop inside a loop.
+        let mut b = KernelBuilder::new("nested");
         let x = b.ptr_param("x", DType::F64);
-        let v = b.load(x, None, None);
+        let y = b.ptr_param("y", DType::F64);
+        let (lo, hi, st) = (b.i32(0), b.i32(3), b.i32(1));
+        let z = b.f64(0.0);
+        let res = b.for_range(lo, hi, st, None, &[z], |b, _, c| {
+            let (lo, hi, st) = (b.i32(0), b.i32(2), b.i32(1));
+            b.for_range(lo, hi, st, None, &[c[0]], |b, j, c| {
+                let p = b.add(x, j);
+                let v = b.load(p, None, None);
+                vec![b.add(c[0], v)]
+            })
+        });
+        b.store(y, res[0], None);
+        let k = b.finish().unwrap();
+        let e = vjp_kernel(&k).unwrap_err().to_string();
+        assert!(e.contains("loops inside loops") && e.contains("op `for`"), "{e}");
+    }
+
+    /// `while` loops: one whose condition reads a float carried value (c -> 2c + c^2 until it
+    /// reaches 1, a number of trips that differs per program), and one that walks a row's
+    /// column blocks, as kernels written in Triton do.
+    #[test]
+    fn while_loops_agree() {
+        let mut b = KernelBuilder::new("doubling");
+        let x = b.ptr_param("x", DType::F64);
+        let y = b.ptr_param("y", DType::F64);
+        let pid = b.program_id(0);
+        let px = b.add(x, pid);
+        let v = b.load(px, None, None);
+        let v = b.abs(v);
+        let tiny = b.f64(0.01);
+        let v = b.add(v, tiny);
         let res = b.while_loop(
-            Some(10),
+            Some(16),
             &[v],
             |b, c| {
                 let one = b.f64(1.0);
@@ -1805,14 +1880,66 @@ mod tests {
             },
             |b, c| {
                 let two = b.f64(2.0);
-                vec![b.mul(c[0], two)]
+                let d = b.mul(c[0], two);
+                let sq = b.mul(c[0], c[0]);
+                vec![b.add(d, sq)]
             },
         );
-        let one = b.i32(1);
-        let y = b.add(x, one);
-        b.store(y, res[0], None);
+        let py = b.add(y, pid);
+        b.store(py, res[0], None);
         let k = b.finish().unwrap();
-        let e = vjp_kernel(&k).unwrap_err().to_string();
-        assert!(e.contains("`while` loops yet") && e.contains("op `while`"), "{e}");
+        let vk = vjp_kernel(&k).unwrap();
+        assert_eq!(vk.tapes.len(), 1);
+        assert_eq!(vk.tapes[0].per_trip, 1, "the carried value's value is read by its square's rule");
+        agree(&k, 9, &[t("x", 9, true, false), t("y", 9, false, true)], &[], DType::F64, 11);
+
+        // Row blocks: while start < n: acc = acc / 2 + sum(exp(x) * w); start += B (the
+        // halving makes each block's weight depend on its trip: reversed in the wrong order, the
+        // gradients differ).
+        const B: i64 = 16;
+        let mut b = KernelBuilder::new("row_blocks");
+        let x = b.ptr_param("x", DType::F32);
+        let w = b.ptr_param("w", DType::F32);
+        let out = b.ptr_param("out", DType::F32);
+        let n = b.scalar_param("n", DType::I32);
+        let row = b.program_id(0);
+        let base = b.mul(row, n);
+        let (z, s0) = (b.f32(0.0), b.i32(0));
+        let res = b.while_loop(
+            None,
+            &[z, s0],
+            |b, c| b.lt(c[1], n),
+            |b, c| {
+                let ar = b.arange(0, B);
+                let cols = b.add(c[1], ar);
+                let m = b.lt(cols, n);
+                let o = b.add(base, cols);
+                let pxo = b.add(x, o);
+                let zero = b.f32(0.0);
+                let xv = b.load(pxo, Some(m), Some(zero));
+                let pw = b.add(w, cols);
+                let wv = b.load(pw, Some(m), Some(zero));
+                let e = b.exp(xv);
+                let p = b.mul(e, wv);
+                let p = b.where_(m, p, zero);
+                let s = b.sum(p, None, false);
+                let bb = b.i32(B as i32);
+                let half = b.f32(0.5);
+                let decayed = b.mul(c[0], half);
+                vec![b.add(decayed, s), b.add(c[1], bb)]
+            },
+        );
+        let po = b.add(out, row);
+        b.store(po, res[0], None);
+        let k = b.finish().unwrap();
+        let (rows, cols) = (5usize, 37usize);
+        agree(
+            &k,
+            rows,
+            &[t("x", rows * cols, true, false), t("w", cols, true, false), t("out", rows, false, true)],
+            &[("n", cols as i32)],
+            DType::F32,
+            12,
+        );
     }
 }

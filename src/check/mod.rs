@@ -284,8 +284,8 @@ pub enum Ground {
     #[default]
     Evaluator,
     /// Each launch's VJP kernel ([`tilegrad_ad::vjp_kernel`]), run on the check's backend: on
-    /// the GPU with `--backend gpu`. Kernels it does not take yet (`while` loops, loops inside
-    /// loops, loops carrying pointers, loops or branches loading what the kernel writes) are an
+    /// the GPU with `--backend gpu`. Kernels it does not take yet (loops inside loops, loops
+    /// carrying pointers, loops or branches loading what the kernel writes) are an
     /// error that names the op. At native precision ([`CheckOptions::precision`]) they compute
     /// in f32 (f64 for kernels with f64 values): faster, with shadows half the size; the
     /// calibration of tolerances stays on the evaluator.

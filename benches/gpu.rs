@@ -185,7 +185,7 @@ fn main() {
             time_gradient(&gpu, &c, &k, &launch, &mut mem, &ids, reps, triton.as_ref(), float);
             continue;
         }
-        eprintln!("{}: {}", c.name, gpu.describe_kernel(&k).unwrap_or_else(|e| e.to_string()));
+        eprintln!("{}: {}", c.name, gpu.describe_kernel(&k, Default::default()).unwrap_or_else(|e| e.to_string()));
         let plain = time(false, &mut mem);
         let marked = time(true, &mut mem);
         let t = triton.as_ref().and_then(|j| j.get(c.name)).and_then(|v| v.as_f64());
@@ -256,7 +256,11 @@ fn time_gradient(
     assert!(g.iter().all(|v| v.iter().all(|x| x.is_finite())) && g.iter().any(|v| v.iter().any(|&x| x != 0.0)), "{}: gradient", c.name);
     let t = triton.and_then(|j| j.get(format!("{}_bwd", c.name))).and_then(|v| v.as_f64());
     let ratio = |x: f64| t.map_or("-".to_string(), |t| format!("{:.2}x", x / t));
-    eprintln!("{}: VJP kernel {}; output `{out_name}`", c.name, gpu.describe_kernel(&vk.kernel).unwrap_or_else(|e| e.to_string()));
+    eprintln!(
+        "{}: VJP kernel {}; output `{out_name}`",
+        c.name,
+        gpu.describe_kernel(&vk.kernel, tilegrad_gpu::codegen::Flavor { ordered: false, marks: false }).unwrap_or_else(|e| e.to_string())
+    );
     println!(
         "{:<14} {:>13} {:>12.3} {:>12.3} {:>9} {:>9} {:>12.2} {:>12.0} {:>8.2}x",
         c.name,

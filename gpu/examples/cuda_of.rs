@@ -4,7 +4,7 @@
 //! source `... -- FILE.py KERNEL [NAME=INT ...] [--ptx OUT.ptx]` (integer constexprs);
 //! `--threads N:B` generates the form with at most N threads a block and B blocks an SM; `--vjp`
 //! generates the kernel's VJP kernel (`tilegrad_ad::vjp_kernel`) instead, with float atomics in
-//! the hardware's order as VJP kernels run (`--f32`: the f32 VJP kernel).
+//! the hardware's order and no race marks, as VJP kernels run (`--f32`: the f32 VJP kernel).
 
 use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
 
@@ -44,9 +44,11 @@ fn main() {
         (true, false) => tilegrad_ad::vjp_kernel(&k).unwrap_or_else(|e| panic!("{e}")).kernel,
         (true, true) => tilegrad_ad::vjp_kernel_with(&k, true, tilegrad_ir::DType::F32).unwrap_or_else(|e| panic!("{e}")).kernel,
     };
+    // VJP kernels run as checks run them: atomics in the hardware's order, no race marks.
+    let flavor = tilegrad_gpu::codegen::Flavor { ordered: !vjp, marks: !vjp };
     let generated = match threads {
-        Some((n, b)) => tilegrad_gpu::codegen::generate_full(&k, n, Some(b), !vjp),
-        None => tilegrad_gpu::codegen::generate_ordered(&k, !vjp),
+        Some((n, b)) => tilegrad_gpu::codegen::generate_full(&k, n, Some(b), flavor),
+        None => tilegrad_gpu::codegen::generate_flavor(&k, flavor),
     };
     let generated = match generated {
         Ok(g) => g,

@@ -85,6 +85,23 @@ pub const ELEMENTS_PER_THREAD: usize = 8;
 /// Scratch up to this many bytes is a block's shared memory; more is global memory.
 pub const SHARED_SCRATCH: usize = 48 * 1024;
 
+/// What a compiled form of a kernel can do beyond computing its results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Flavor {
+    /// Float atomics in program order (see [`generate_ordered`]).
+    pub ordered: bool,
+    /// Race marks, and writers for blame, can be kept. Without, their pointers are null
+    /// constants, so that the compiler drops their code: fewer registers and instructions, and
+    /// a faster compile (VJP kernels run so).
+    pub marks: bool,
+}
+
+impl Default for Flavor {
+    fn default() -> Flavor {
+        Flavor { ordered: true, marks: true }
+    }
+}
+
 /// Compiles a kernel (constexprs bound) to CUDA C: a thread per [`ELEMENTS_PER_THREAD`]
 /// elements of its largest tile (32 to [`DEFAULT_THREADS`] threads a block), as many blocks an
 /// SM as 64 registers a thread allow in 256-thread blocks, or 85 in smaller ones.
@@ -98,9 +115,14 @@ pub fn generate(k: &Kernel) -> Result<Generated, GpuError> {
 /// rounding of their order, without turns. VJP kernels, whose every load adds into a shadow,
 /// run unordered.
 pub fn generate_ordered(k: &Kernel, ordered: bool) -> Result<Generated, GpuError> {
+    generate_flavor(k, Flavor { ordered, marks: true })
+}
+
+/// [`generate`] in a [`Flavor`].
+pub fn generate_flavor(k: &Kernel, flavor: Flavor) -> Result<Generated, GpuError> {
     let threads = largest_tile(k).div_ceil(ELEMENTS_PER_THREAD).next_power_of_two().clamp(32, DEFAULT_THREADS);
     let blocks = if threads >= DEFAULT_THREADS { MAX_THREADS / threads } else { 3 * MAX_THREADS / 4 / threads };
-    generate_full(k, threads, Some(blocks), ordered)
+    generate_full(k, threads, Some(blocks), flavor)
 }
 
 /// Elements of a kernel's largest tile.
@@ -118,11 +140,11 @@ fn largest_tile(k: &Kernel) -> usize {
 /// `min_blocks` blocks an SM asked of the compiler instead of `1024 / threads` (fewer blocks
 /// leave more registers to each thread). Results do not depend on either.
 pub fn generate_with(k: &Kernel, max_threads: usize, min_blocks: Option<usize>) -> Result<Generated, GpuError> {
-    generate_full(k, max_threads, min_blocks, true)
+    generate_full(k, max_threads, min_blocks, Flavor::default())
 }
 
-/// [`generate_with`] and [`generate_ordered`] together.
-pub fn generate_full(k: &Kernel, max_threads: usize, min_blocks: Option<usize>, ordered: bool) -> Result<Generated, GpuError> {
+/// [`generate_with`] and [`generate_flavor`] together.
+pub fn generate_full(k: &Kernel, max_threads: usize, min_blocks: Option<usize>, flavor: Flavor) -> Result<Generated, GpuError> {
     let largest = largest_tile(k);
     let mut defs = vec![None; k.values.len()];
     k.walk(&mut |i, d| {
@@ -142,7 +164,8 @@ pub fn generate_full(k: &Kernel, max_threads: usize, min_blocks: Option<usize>, 
         messages: Vec::new(),
         scratch: 0,
         float_atomics: false,
-        ordered,
+        ordered: flavor.ordered,
+        marks: flavor.marks,
         upper: false,
         sites: Vec::new(),
         pending: false,
@@ -192,6 +215,8 @@ struct Gen<'k> {
     float_atomics: bool,
     /// Float atomics in program order (see [`generate_ordered`]).
     ordered: bool,
+    /// Race marks can be kept (see [`Flavor::marks`]).
+    marks: bool,
     /// Which half of the (double-buffered) scratch the next op uses.
     upper: bool,
     /// Failure sites emitted so far, by number (from 1; the numbers order the failures between
@@ -1633,6 +1658,15 @@ impl<'k> Gen<'k> {
             match &p.kind {
                 tilegrad_ir::ParamKind::Ptr(d) => {
                     let w = HEADER_WORDS + PTR_WORDS * j;
+                    if !self.marks {
+                        let _ = writeln!(
+                            src,
+                            "#define tg_b{j} (({st}*)A.w[{w}])\n#define tg_n{j} ((i64)A.w[{}])\n#define tg_w{j} ((u64*)0)\n#define tg_r{j} ((u32*)0)\n#define tg_a{j} ((u32*)0)\n#define tg_wi{j} ((u32*)0)\n#define tg_ak{j} ((u64*)0)",
+                            w + 1,
+                            st = storage(*d)
+                        );
+                        continue;
+                    }
                     let _ = writeln!(
                         src,
                         "#define tg_b{j} (({st}*)A.w[{w}])\n#define tg_n{j} ((i64)A.w[{}])\n#define tg_w{j} ((u64*)A.w[{}])\n#define tg_r{j} ((u32*)A.w[{}])\n#define tg_a{j} ((u32*)A.w[{}])\n#define tg_wi{j} ((u32*)A.w[{}])\n#define tg_ak{j} ((u64*)A.w[{}])",

@@ -2,7 +2,7 @@
 //! disk by source hash), moving tensors, launching, and turning what the device found into the
 //! reference's errors.
 
-use crate::codegen::{self, Generated, ARG_WORDS, ERR_LOOP, ERR_OOB, ERR_RUNTIME, ERR_WORDS, HEADER_WORDS, LOG_WORDS, PTR_WORDS};
+use crate::codegen::{self, Flavor, Generated, ARG_WORDS, ERR_LOOP, ERR_OOB, ERR_RUNTIME, ERR_WORDS, HEADER_WORDS, LOG_WORDS, PTR_WORDS};
 use crate::{GpuError, GpuOptions, Outcome, RanOn};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
@@ -167,17 +167,17 @@ fn cache_dir() -> Option<std::path::PathBuf> {
 /// power of two, 32 to 1024) forces at most N threads a block, with no register cap below 255,
 /// and `N:B` asks the compiler to fit B blocks an SM (for tests and tuning: results do not
 /// depend on either).
-fn forms(k: &Kernel, ordered: bool) -> Result<(Generated, Option<Generated>), GpuError> {
+fn forms(k: &Kernel, flavor: Flavor) -> Result<(Generated, Option<Generated>), GpuError> {
     let forced = std::env::var("TILEGRAD_GPU_THREADS").ok().and_then(|v| {
         let (n, b) = v.split_once(':').unwrap_or((v.as_str(), "1"));
         Some((n.parse::<usize>().ok()?, b.parse::<usize>().ok()?))
     });
     if let Some((n, b)) = forced {
-        return Ok((codegen::generate_full(k, n, Some(b), ordered)?, None));
+        return Ok((codegen::generate_full(k, n, Some(b), flavor)?, None));
     }
-    let first = codegen::generate_ordered(k, ordered)?;
+    let first = codegen::generate_flavor(k, flavor)?;
     let blocks = first.min_blocks as usize;
-    let alt = (blocks >= 2).then(|| codegen::generate_full(k, first.threads as usize, Some(blocks / 2), ordered).ok()).flatten();
+    let alt = (blocks >= 2).then(|| codegen::generate_full(k, first.threads as usize, Some(blocks / 2), flavor).ok()).flatten();
     Ok((first, alt))
 }
 
@@ -224,8 +224,8 @@ impl Gpu {
     /// A kernel whose blocks spill registers to local memory at 64 registers a thread is
     /// compiled again for half as many blocks an SM (up to 128 registers), and that form is
     /// used when it spills less.
-    fn compiled(&self, k: &Kernel, ordered: bool) -> Result<Arc<Compiled>, GpuError> {
-        let (first, alt) = forms(k, ordered)?;
+    fn compiled(&self, k: &Kernel, flavor: Flavor) -> Result<Arc<Compiled>, GpuError> {
+        let (first, alt) = forms(k, flavor)?;
         let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
         let key = hash128(&format!("{arch}\n{}", first.source));
         if let Some(c) = self.modules.lock().expect("module cache").get(&key) {
@@ -246,17 +246,17 @@ impl Gpu {
         Ok(c)
     }
 
-    /// The kernels' forms for `ordered` atomics (see [`GpuOptions`]) compiled ahead, NVRTC
+    /// The kernels' forms in their flavors (see [`GpuOptions::flavor`]) compiled ahead, NVRTC
     /// running on as many threads as the host has cores, so that a check's first launches find
     /// them compiled: NVRTC takes a fraction of a second for each, one after another otherwise.
     /// Both forms of a kernel that may spill are compiled (whether it spills is known only
     /// once compiled). Those compiled before (in memory or on disk) are skipped; a kernel that
     /// fails to compile is left to its launch, which reports the error.
-    pub fn precompile(&self, kernels: &[(&Kernel, bool)]) {
+    pub fn precompile(&self, kernels: &[(&Kernel, Flavor)]) {
         let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
         let mut todo: Vec<(u128, String)> = Vec::new();
-        for (k, ordered) in kernels {
-            let Ok((first, alt)) = forms(k, *ordered) else { continue };
+        for (k, flavor) in kernels {
+            let Ok((first, alt)) = forms(k, *flavor) else { continue };
             for gen in std::iter::once(first).chain(alt) {
                 let key = hash128(&format!("{arch}\n{}", gen.source));
                 let on_disk = cache_file(key).is_some_and(|f| f.exists());
@@ -305,10 +305,10 @@ impl Gpu {
         Ok(Compiled { gen, main, races, _module: module })
     }
 
-    /// Facts about a kernel's compiled form, in words: threads, registers and local memory per
-    /// thread (spills), scratch bytes per block, blocks per SM.
-    pub fn describe_kernel(&self, k: &Kernel) -> Result<String, GpuError> {
-        let c = self.compiled(k, true)?;
+    /// Facts about a kernel's compiled form in a flavor, in words: threads, registers and local
+    /// memory per thread (spills), scratch bytes per block, blocks per SM.
+    pub fn describe_kernel(&self, k: &Kernel, flavor: Flavor) -> Result<String, GpuError> {
+        let c = self.compiled(k, flavor)?;
         let f = &c.main;
         let regs = f.num_regs().map_err(driver)?;
         let local = f.local_size_bytes().map_err(driver)?;
@@ -331,7 +331,7 @@ impl Gpu {
         if let Some(why) = codegen::needs_reference(k) {
             return reference(launch, mem, why);
         }
-        let c = self.compiled(k, opts.ordered_atomics)?;
+        let c = self.compiled(k, opts.flavor(launch))?;
         match self.run_compiled(&c, launch, mem, opts)? {
             Some(summary) => Ok(Outcome { summary, ran_on: RanOn::Gpu }),
             None => reference(launch, mem, "the device found a conflict between programs, which the reference reports exactly"),
@@ -359,7 +359,7 @@ impl Gpu {
                 why: why.to_string(),
             });
         }
-        let c = self.compiled(launch.kernel(), opts.ordered_atomics)?;
+        let c = self.compiled(launch.kernel(), opts.flavor(launch))?;
         let mut p = self.upload(&c, launch, mem, opts)?;
         let mut best = f64::INFINITY;
         for _ in 0..reps.max(1) {

@@ -95,6 +95,14 @@ pub struct GpuOptions {
     pub ordered_atomics: bool,
 }
 
+impl GpuOptions {
+    /// The form of a kernel a launch with these options runs: with race marks where it finds
+    /// races or records writers (for blame), without otherwise.
+    pub fn flavor(&self, launch: &tilegrad_reference::Launch) -> codegen::Flavor {
+        codegen::Flavor { ordered: self.ordered_atomics, marks: self.races || launch.get_options().record_writers }
+    }
+}
+
 impl Default for GpuOptions {
     fn default() -> GpuOptions {
         GpuOptions { races: true, ordered_atomics: true }

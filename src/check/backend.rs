@@ -66,7 +66,9 @@ impl Executor {
     /// hardware's order, see [`Executor::run_vjp`]).
     pub fn precompile(&self, kernels: &[(&tilegrad_ir::Kernel, bool)]) {
         if let Some(g) = &self.gpu {
-            g.precompile(&kernels.iter().map(|&(k, vjp)| (k, !vjp || self.ordered_vjp)).collect::<Vec<_>>());
+            // As `run` and `run_vjp` launch them (a traced run adds writers to marks it has).
+            let flavor = |vjp: bool| tilegrad_gpu::codegen::Flavor { ordered: !vjp || self.ordered_vjp, marks: !vjp };
+            g.precompile(&kernels.iter().map(|&(k, vjp)| (k, flavor(vjp))).collect::<Vec<_>>());
         }
     }
 

@@ -48,6 +48,7 @@
 use crate::AdError;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use tilegrad_ir::analysis::pointer_sources;
 use tilegrad_ir::passes::{promote_floats, promote_floats_keeping_tensors_as, remove_dead_code};
 use tilegrad_ir::{
     BinaryOp, DType, DotPrecision, Elem, Inst, InstData, Kernel, KernelBuilder, Loc, Op, ParamKind, ReduceOp, UnaryOp, Value,
@@ -397,36 +398,16 @@ fn unsupported(k: &Kernel, d: &InstData, message: &str) -> AdError {
     AdError::Unsupported { kernel: k.name.clone(), op: d.op.mnemonic().into(), loc: d.loc.clone(), message: message.into() }
 }
 
-/// Refuses what has no VJP kernel yet (see the module docs), finding the tensor parameter each
-/// pointer value points into (where one is known) and the parameters some op writes.
+/// Refuses what has no VJP kernel yet (see the module docs), from the parameters each pointer
+/// value may point into ([`pointer_sources`]) and the parameters some op writes.
 fn refuse_unsupported(k: &Kernel) -> Result<(), AdError> {
-    let mut root: HashMap<Value, Value> = HashMap::new();
-    for prm in &k.params {
-        if matches!(prm.kind, ParamKind::Ptr(_)) {
-            root.insert(prm.value, prm.value);
-        }
-    }
-    let mut written = HashSet::new();
+    let sources = pointer_sources(k);
+    let mut written = vec![false; k.params.len()];
     let mut refused = None;
     k.walk(&mut |_, d| {
-        if let Some(&r) = d.results.first() {
-            if k.ty(r).is_ptr() {
-                let from = match d.op {
-                    Op::Where => match (root.get(&d.args[1]), root.get(&d.args[2])) {
-                        (Some(x), Some(y)) if x == y => Some(*x),
-                        _ => None,
-                    },
-                    Op::AddPtr | Op::Broadcast | Op::ExpandDims { .. } | Op::Reshape | Op::Permute { .. } => root.get(&d.args[0]).copied(),
-                    _ => None,
-                };
-                if let Some(f) = from {
-                    root.insert(r, f);
-                }
-            }
-        }
         if let Op::Store { .. } | Op::AtomicAdd { .. } = d.op {
-            if let Some(&r) = root.get(&d.args[0]) {
-                written.insert(r);
+            for (w, &s) in written.iter_mut().zip(&sources[d.args[0].index()]) {
+                *w |= s;
             }
         }
     });
@@ -475,7 +456,9 @@ fn refuse_unsupported(k: &Kernel) -> Result<(), AdError> {
     loads_in(k, k.body, false, &mut nested_loads);
     for i in nested_loads {
         let d = k.inst(i);
-        if root.get(&d.args[0]).is_none_or(|r| written.contains(r)) && refused.is_none() {
+        let from = &sources[d.args[0].index()];
+        let reads_written = !from.contains(&true) || from.iter().zip(&written).any(|(&f, &w)| f && w);
+        if reads_written && refused.is_none() {
             refused = Some(unsupported(
                 k,
                 d,

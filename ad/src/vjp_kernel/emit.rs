@@ -1,0 +1,855 @@
+//! The emitter: one VJP rule per op, each emitting the IR of its adjoint; loops (tape copy and
+//! reverse loop) and branches; memory adjoints through shadows.
+
+use super::refuse::unsupported;
+use super::LoopTape;
+use crate::AdError;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use tilegrad_ir::{BinaryOp, DType, DotPrecision, Elem, Inst, Kernel, KernelBuilder, Op, ReduceOp, UnaryOp, Value};
+
+/// The values a block (with the blocks nested in it) uses and does not define, in order of use.
+fn outer_uses(k: &Kernel, blk: tilegrad_ir::Block) -> Vec<Value> {
+    fn walk(k: &Kernel, blk: tilegrad_ir::Block, defined: &mut HashSet<Value>, uses: &mut Vec<Value>) {
+        let bd = k.block(blk);
+        defined.extend(bd.params.iter().copied());
+        for &i in &bd.insts {
+            let d = k.inst(i);
+            for &a in &d.args {
+                if !defined.contains(&a) && !uses.contains(&a) {
+                    uses.push(a);
+                }
+            }
+            for b in d.op.blocks() {
+                walk(k, b, defined, uses);
+            }
+            defined.extend(d.results.iter().copied());
+        }
+    }
+    let (mut defined, mut uses) = (HashSet::new(), Vec::new());
+    walk(k, blk, &mut defined, &mut uses);
+    uses
+}
+
+/// Whether the reverse of loop body `blk` reads the value of carried value `c`, or of a value the
+/// body computes from it: false where every use is by an op whose rule reads no operand's value
+/// (sums and differences, negation, shape changes, sum reductions and scans, float casts, the
+/// branches of a `where`, the value a store or `atomic_add` writes, a `dot`'s accumulator, the
+/// yield). Integers (which
+/// may address memory or steer branches) and uses inside nested blocks count as read.
+fn value_needed(k: &Kernel, blk: &tilegrad_ir::BlockData, c: Value) -> bool {
+    if !k.ty(c).dtype().is_some_and(|d| d.is_float()) {
+        return true;
+    }
+    let mut derived: HashSet<Value> = HashSet::from([c]);
+    for &i in &blk.insts {
+        let d = k.inst(i);
+        if d.op.blocks().into_iter().any(|b| outer_uses(k, b).iter().any(|v| derived.contains(v))) {
+            return true;
+        }
+        let hits: Vec<usize> = (0..d.args.len()).filter(|&p| derived.contains(&d.args[p])).collect();
+        if hits.is_empty() {
+            continue;
+        }
+        let reads_no_value = match &d.op {
+            Op::Binary(BinaryOp::Add | BinaryOp::Sub) | Op::Unary(UnaryOp::Neg) => true,
+            Op::Broadcast | Op::ExpandDims { .. } | Op::Reshape | Op::Permute { .. } | Op::Cumsum { .. } | Op::Yield => true,
+            Op::Reduce { kind: ReduceOp::Sum, .. } => true,
+            Op::Cast => k.ty(d.results[0]).dtype().is_some_and(|t| t.is_float()),
+            Op::Where => !hits.contains(&0),
+            Op::Store { .. } | Op::AtomicAdd { .. } => hits == [1],
+            // The accumulator `dot` adds its product to.
+            Op::Dot { .. } => hits == [2],
+            _ => false,
+        };
+        if !reads_no_value {
+            return true;
+        }
+        derived.extend(d.results.iter().copied());
+    }
+    false
+}
+
+/// Whether a block (with its nested blocks) stores or adds atomically: its reverse then has
+/// memory adjoints even without cotangents flowing out of it.
+fn has_effects(k: &Kernel, blk: tilegrad_ir::Block) -> bool {
+    k.block(blk).insts.iter().any(|&i| {
+        let op = &k.inst(i).op;
+        matches!(op, Op::Store { .. } | Op::AtomicAdd { .. }) || op.blocks().into_iter().any(|b| has_effects(k, b))
+    })
+}
+
+/// The emitter, for one scope (the kernel's body, or a reverse trip of a loop): the promoted
+/// forward (to read types from), the builder, the shadow of each forward pointer value, the
+/// adjoint of each forward float value reached so far, and the value that stands for each
+/// forward value here (itself, outside loops).
+pub(super) struct Emit<'k, 'b> {
+    pub(super) k: &'k Kernel,
+    pub(super) b: &'b mut KernelBuilder,
+    pub(super) shadow: HashMap<Value, Value>,
+    pub(super) adj: HashMap<Value, Value>,
+    pub(super) map: HashMap<Value, Value>,
+    pub(super) tapes: &'k RefCell<Vec<LoopTape>>,
+    /// The dtype of the arithmetic, cotangents and shadows (f64, or f32).
+    pub(super) fl: DType,
+}
+
+/// A constant of the arithmetic's dtype.
+fn cst(b: &mut KernelBuilder, fl: DType, x: f64) -> Value {
+    if fl == DType::F32 {
+        b.f32(x as f32)
+    } else {
+        b.f64(x)
+    }
+}
+
+impl Emit<'_, '_> {
+    /// What stands for forward value `x` here.
+    fn v(&self, x: Value) -> Value {
+        self.map.get(&x).copied().unwrap_or(x)
+    }
+
+    fn is_float(&self, v: Value) -> bool {
+        matches!(self.k.ty(v).elem, Elem::Num(d) if d.is_float())
+    }
+
+    fn shape(&self, v: Value) -> Vec<usize> {
+        self.k.ty(v).shape.to_vec()
+    }
+
+    /// Adds `g` to the adjoint of forward value `v` (float values only).
+    fn acc(&mut self, v: Value, g: Value) {
+        if !self.is_float(v) {
+            return;
+        }
+        let sum = match self.adj.get(&v) {
+            Some(&a) => self.b.add(a, g),
+            None => g,
+        };
+        self.adj.insert(v, sum);
+    }
+
+    fn zero(&mut self) -> Value {
+        cst(self.b, self.fl, 0.0)
+    }
+
+    /// `g * d`, zero where `g` is (a masked-off lane's infinite derivative stays out).
+    fn times(&mut self, g: Value, d: Value) -> Value {
+        let z = self.zero();
+        let gz = self.b.eq(g, z);
+        let prod = self.b.mul(g, d);
+        self.b.where_(gz, z, prod)
+    }
+
+    /// `g * p`, zero where either factor is.
+    fn keep(&mut self, g: Value, p: Value) -> Value {
+        let z = self.zero();
+        let gz = self.b.eq(g, z);
+        let pz = self.b.eq(p, z);
+        let either = self.b.or(gz, pz);
+        let prod = self.b.mul(g, p);
+        self.b.where_(either, z, prod)
+    }
+
+    fn shadow_of(&self, i: Inst, ptr: Value) -> Result<Value, AdError> {
+        self.shadow.get(&ptr).copied().ok_or_else(|| {
+            unsupported(self.k, self.k.inst(i), "this float access goes through a pointer not derived from a tensor parameter")
+        })
+    }
+
+    /// The shadow of a pointer-valued result, where its pointer operand has one.
+    pub(super) fn shadow_pointer(&mut self, i: Inst) {
+        let d = self.k.inst(i).clone();
+        let Some(&r) = d.results.first() else { return };
+        if !self.k.ty(r).is_ptr() {
+            return;
+        }
+        self.b.set_loc(Some(d.loc.clone()));
+        let sh = |e: &Emit, v: Value| e.shadow.get(&v).copied();
+        let s = match &d.op {
+            Op::AddPtr => sh(self, d.args[0]).map(|s| {
+                let o = self.v(d.args[1]);
+                self.b.add(s, o)
+            }),
+            Op::Broadcast => sh(self, d.args[0]).map(|s| {
+                let shape = self.shape(r);
+                self.b.broadcast_to(s, &shape)
+            }),
+            Op::ExpandDims { axis } => sh(self, d.args[0]).map(|s| self.b.expand_dims(s, *axis as isize)),
+            Op::Reshape => sh(self, d.args[0]).map(|s| {
+                let shape = self.shape(r);
+                self.b.reshape(s, &shape)
+            }),
+            Op::Permute { perm } => sh(self, d.args[0]).map(|s| {
+                let perm: Vec<usize> = perm.iter().map(|&p| p as usize).collect();
+                self.b.permute(s, &perm)
+            }),
+            Op::Where => match (sh(self, d.args[1]), sh(self, d.args[2])) {
+                (Some(x), Some(y)) => {
+                    let c = self.v(d.args[0]);
+                    Some(self.b.where_(c, x, y))
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some(s) = s {
+            self.shadow.insert(r, s);
+        }
+    }
+
+    /// Recomputes forward op `i` of a loop body or branch here (stores and atomics left out:
+    /// they happened; loops and branches with their blocks recomputed), with the shadow of a
+    /// pointer result.
+    fn recompute(&mut self, i: Inst) {
+        let d = self.k.inst(i).clone();
+        self.b.set_loc(Some(d.loc.clone()));
+        let args: Vec<Value> = d.args.iter().map(|&a| self.v(a)).collect();
+        let (k, tapes, fl) = (self.k, self.tapes, self.fl);
+        let block = |b: &mut KernelBuilder,
+                     blk: tilegrad_ir::Block,
+                     params: &[Value],
+                     shadow: HashMap<Value, Value>,
+                     map: HashMap<Value, Value>|
+         -> Vec<Value> {
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
+            let bd = k.block(blk);
+            for (&f, &v) in bd.params.iter().zip(params) {
+                e.map.insert(f, v);
+            }
+            for &j in &bd.insts {
+                e.recompute(j);
+            }
+            let y = k.inst(*bd.insts.last().expect("a block ends in yield"));
+            y.args.iter().map(|&a| e.v(a)).collect()
+        };
+        let out: Vec<Value> = match &d.op {
+            Op::Store { .. } | Op::AtomicAdd { .. } | Op::Yield => return,
+            Op::For { body, max_iters } => {
+                let (shadow, map) = (self.shadow.clone(), self.map.clone());
+                self.b.for_range(args[0], args[1], args[2], *max_iters, &args[3..], |b, iv, cs| {
+                    let params: Vec<Value> = std::iter::once(iv).chain(cs.iter().copied()).collect();
+                    block(b, *body, &params, shadow, map)
+                })
+            }
+            Op::While { cond, body, max_iters } => {
+                let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
+                self.b.while_loop(*max_iters, &args, |b, cs| block(b, *cond, cs, s1, m1)[0], |b, cs| block(b, *body, cs, s2, m2))
+            }
+            Op::If { then_block, else_block } => {
+                let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
+                self.b.if_else(args[0], |b| block(b, *then_block, &[], s1, m1), |b| block(b, *else_block, &[], s2, m2))
+            }
+            _ => {
+                let tys = d.results.iter().map(|&r| self.k.ty(r).clone()).collect();
+                self.b.push(d.op.clone(), &args, tys).to_vec()
+            }
+        };
+        for (&r, &o) in d.results.iter().zip(out.iter()) {
+            self.map.insert(r, o);
+        }
+        self.shadow_pointer(i);
+    }
+
+    /// Emits the reverse of an `if`: a branch on the same condition whose sides recompute their
+    /// forward side and run its rules, giving the cotangents of the values from outside.
+    fn reverse_if(&mut self, i: Inst) -> Result<(), AdError> {
+        let d = self.k.inst(i).clone();
+        let Op::If { then_block, else_block } = d.op else { unreachable!("an if") };
+        let k = self.k;
+        let mut outer: Vec<Value> = Vec::new();
+        for b in [then_block, else_block] {
+            for v in outer_uses(k, b) {
+                if self.is_float(v) && !outer.contains(&v) {
+                    outer.push(v);
+                }
+            }
+        }
+        let res_adj: Vec<Option<Value>> = d.results.iter().map(|r| self.adj.get(r).copied()).collect();
+        if outer.is_empty() && !has_effects(k, then_block) && !has_effects(k, else_block) {
+            return Ok(());
+        }
+        let err: RefCell<Option<AdError>> = RefCell::new(None);
+        let (tapes, fl) = (self.tapes, self.fl);
+        let side = |b: &mut KernelBuilder, blk: tilegrad_ir::Block, shadow: HashMap<Value, Value>, map: HashMap<Value, Value>| {
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
+            e.b.set_loc(Some(d.loc.clone()));
+            let bd = k.block(blk);
+            for &j in &bd.insts {
+                e.recompute(j);
+            }
+            let ys = &k.inst(*bd.insts.last().expect("a block ends in yield")).args;
+            for (q, g) in res_adj.iter().enumerate() {
+                if let Some(g) = g {
+                    e.acc(ys[q], *g);
+                }
+            }
+            for &j in bd.insts.iter().rev() {
+                if let Err(x) = e.reverse(j) {
+                    err.borrow_mut().get_or_insert(x);
+                }
+            }
+            e.b.set_loc(Some(d.loc.clone()));
+            outer
+                .iter()
+                .map(|&o| match e.adj.get(&o) {
+                    Some(&g) => g,
+                    None => {
+                        let shape = e.shape(o);
+                        e.b.full(&shape, 0.0, e.fl)
+                    }
+                })
+                .collect::<Vec<Value>>()
+        };
+        let c = self.v(d.args[0]);
+        let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
+        let out = self.b.if_else(c, |b| side(b, then_block, s1, m1), |b| side(b, else_block, s2, m2));
+        if let Some(e) = err.into_inner() {
+            return Err(e);
+        }
+        for (q, &o) in outer.iter().enumerate() {
+            self.acc(o, out[q]);
+        }
+        Ok(())
+    }
+
+    /// The program's index in the grid, as an i64 scalar.
+    fn program_index(&mut self) -> Value {
+        let b = &mut *self.b;
+        let (p0, p1, p2) = (b.program_id(0), b.program_id(1), b.program_id(2));
+        let (n0, n1) = (b.num_programs(0), b.num_programs(1));
+        let (p0, p1, p2, n0, n1) =
+            (b.cast(p0, DType::I64), b.cast(p1, DType::I64), b.cast(p2, DType::I64), b.cast(n0, DType::I64), b.cast(n1, DType::I64));
+        let t = b.mul(p2, n1);
+        let t = b.add(t, p1);
+        let t = b.mul(t, n0);
+        b.add(t, p0)
+    }
+
+    /// Pointers to the tape slots of trip `t` (i32 scalar) of each of `carried` (forward
+    /// values), where a trip's slots start at `base + t * per_trip` (i64 scalars) and carried
+    /// value `j` at `at[j]` within them.
+    fn trip_slots(&mut self, tape: Value, base: Value, per_trip: Value, at: &[usize], t: Value, carried: &[Value]) -> Vec<Value> {
+        let t64 = self.b.cast(t, DType::I64);
+        let off = self.b.mul(t64, per_trip);
+        let slot = self.b.add(base, off);
+        carried
+            .iter()
+            .zip(at)
+            .map(|(&c, &a)| {
+                let o = self.b.i64(a as i64);
+                let o = self.b.add(slot, o);
+                let p = self.b.add(tape, o);
+                let shape = self.shape(c);
+                if shape.is_empty() {
+                    return p;
+                }
+                let r = self.b.arange(0, shape.iter().product::<usize>() as i64);
+                let r = self.b.reshape(r, &shape);
+                self.b.add(p, r)
+            })
+            .collect()
+    }
+
+    /// Emits the reverse of loop `i` (`for` or `while`): the copy that writes the tape and
+    /// counts the trips, then the reverse loop over them. A `while`'s condition is recomputed by
+    /// the copy only: no cotangent flows through it.
+    fn reverse_loop(&mut self, i: Inst) -> Result<(), AdError> {
+        let d = self.k.inst(i).clone();
+        let (body, cond, max_iters) = match d.op {
+            Op::For { body, max_iters } => (body, None, max_iters),
+            Op::While { cond, body, max_iters } => (body, Some(cond), max_iters),
+            _ => unreachable!("a loop"),
+        };
+        let (k, fl) = (self.k, self.fl);
+        let blk = k.block(body).clone();
+        // A `for` body's parameters are its induction variable and the carried values, a
+        // `while` body's the carried values; so are the loop's operands after a `for`'s bounds.
+        let (fiv, fcarried, inits) = match cond {
+            None => (Some(blk.params[0]), blk.params[1..].to_vec(), d.args[3..].to_vec()),
+            Some(_) => (None, blk.params.clone(), d.args.to_vec()),
+        };
+        let yields = k.inst(*blk.insts.last().expect("a body ends in yield")).args.to_vec();
+        self.b.set_loc(Some(d.loc.clone()));
+        let n = self.tapes.borrow().len();
+        let tape = self.b.ptr_param(&format!("tg_tape{n}"), DType::F64);
+        let cap_name = format!("tg_cap{n}");
+        let cap = self.b.scalar_param(&cap_name, DType::I64);
+        // The carried values whose values the reverse needs, and each one's place in a trip's
+        // slots; the others (an accumulator only summed into) are not kept.
+        let taped: Vec<Value> = fcarried.iter().copied().filter(|&c| value_needed(k, &blk, c)).collect();
+        let mut at = Vec::new();
+        let mut per_trip = 0usize;
+        for &c in &taped {
+            at.push(per_trip);
+            per_trip += k.ty(c).numel();
+        }
+        self.tapes.borrow_mut().push(LoopTape {
+            tape: format!("tg_tape{n}"),
+            capacity_param: cap_name,
+            per_trip,
+            max_iters,
+            inst: i,
+            loc: d.loc.clone(),
+        });
+        let pix = self.program_index();
+        let s = self.b.i64(per_trip as i64);
+        let base = self.b.mul(pix, cap);
+        let base = self.b.mul(base, s);
+        let bounds = cond.is_none().then(|| (self.v(d.args[0]), self.v(d.args[1]), self.v(d.args[2])));
+
+        // The copy of the loop, writing each trip's carried values to the tape; it also carries
+        // the trip count.
+        let (shadow, map, tapes) = (self.shadow.clone(), self.map.clone(), self.tapes);
+        let mut init_c: Vec<Value> = inits.iter().map(|&a| self.v(a)).collect();
+        init_c.push(self.b.i32(0));
+        let copy = |b: &mut KernelBuilder, iv: Option<Value>, cs: &[Value], shadow, map| {
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
+            e.b.set_loc(Some(d.loc.clone()));
+            let t = cs[cs.len() - 1];
+            for (c, ptrs) in taped.iter().zip(e.trip_slots(tape, base, s, &at, t, &taped)) {
+                let j = fcarried.iter().position(|f| f == c).expect("a carried value");
+                let v = e.b.cast(cs[j], DType::F64);
+                e.b.store(ptrs, v, None);
+            }
+            if let (Some(f), Some(iv)) = (fiv, iv) {
+                e.map.insert(f, iv);
+            }
+            for (j, &c) in fcarried.iter().enumerate() {
+                e.map.insert(c, cs[j]);
+            }
+            for &j in &blk.insts {
+                e.recompute(j);
+            }
+            let mut next: Vec<Value> = yields.iter().map(|&y| e.v(y)).collect();
+            e.b.set_loc(Some(d.loc.clone()));
+            let one = e.b.i32(1);
+            next.push(e.b.add(t, one));
+            next
+        };
+        let res = match (bounds, cond) {
+            (Some((lo, hi, st)), _) => self.b.for_range(lo, hi, st, max_iters, &init_c, |b, iv, cs| copy(b, Some(iv), cs, shadow, map)),
+            (None, Some(cb)) => {
+                let (s1, m1) = (shadow.clone(), map.clone());
+                let cblk = k.block(cb).clone();
+                self.b.while_loop(
+                    max_iters,
+                    &init_c,
+                    |b, cs| {
+                        let mut e = Emit { k, b, shadow: s1, adj: HashMap::new(), map: m1, tapes, fl };
+                        for (&p, &v) in cblk.params.iter().zip(cs) {
+                            e.map.insert(p, v);
+                        }
+                        for &j in &cblk.insts {
+                            e.recompute(j);
+                        }
+                        let y = k.inst(*cblk.insts.last().expect("a condition ends in yield"));
+                        e.v(y.args[0])
+                    },
+                    |b, cs| copy(b, None, cs, shadow, map),
+                )
+            }
+            (None, None) => unreachable!("a for loop has bounds"),
+        };
+        let trips = res[res.len() - 1];
+
+        // The reverse loop: it carries the cotangents of the float carried values, then of the
+        // float values from outside the body that the body uses.
+        let float_carried: Vec<usize> = (0..fcarried.len()).filter(|&j| self.is_float(fcarried[j])).collect();
+        let outer: Vec<Value> = outer_uses(k, body).into_iter().filter(|&v| self.is_float(v)).collect();
+        let mut init_r = Vec::new();
+        for &j in &float_carried {
+            let g = match self.adj.get(&d.results[j]) {
+                Some(&g) => g,
+                None => {
+                    let shape = self.shape(fcarried[j]);
+                    self.b.full(&shape, 0.0, self.fl)
+                }
+            };
+            init_r.push(g);
+        }
+        for &o in &outer {
+            let shape = self.shape(o);
+            init_r.push(self.b.full(&shape, 0.0, self.fl));
+        }
+        let (shadow, map) = (self.shadow.clone(), self.map.clone());
+        let (z, one) = (self.b.i32(0), self.b.i32(1));
+        let mut first_err = None;
+        let out = self.b.for_range(z, trips, one, max_iters, &init_r, |b, sv, cs| {
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
+            e.b.set_loc(Some(d.loc.clone()));
+            // Trip t = trips - 1 - s: its carried values from the tape, its induction variable.
+            let one = e.b.i32(1);
+            let last = e.b.sub(trips, one);
+            let t = e.b.sub(last, sv);
+            for (&c, ptrs) in taped.iter().zip(e.trip_slots(tape, base, s, &at, t, &taped)) {
+                let v = e.b.load(ptrs, None, None);
+                let dt = k.ty(c).dtype().expect("carried numbers");
+                let v = if dt == DType::F64 { v } else { e.b.cast(v, dt) };
+                e.map.insert(c, v);
+            }
+            // What the reverse does not read stands as zeros.
+            for &c in fcarried.iter().filter(|c| !taped.contains(c)) {
+                let (shape, dt) = (e.shape(c), k.ty(c).dtype().expect("carried numbers"));
+                let z = e.b.full(&shape, 0.0, dt);
+                e.map.insert(c, z);
+            }
+            if let (Some(fiv), Some((lo, _, st))) = (fiv, bounds) {
+                let idt = k.ty(fiv).dtype().expect("an integer induction variable");
+                let tc = e.b.cast(t, idt);
+                let step = e.b.mul(tc, st);
+                let iv = e.b.add(lo, step);
+                e.map.insert(fiv, iv);
+            }
+            for &j in &blk.insts {
+                e.recompute(j);
+            }
+            for (q, &j) in float_carried.iter().enumerate() {
+                e.acc(yields[j], cs[q]);
+            }
+            for &j in blk.insts.iter().rev() {
+                if let Err(err) = e.reverse(j) {
+                    first_err.get_or_insert(err);
+                }
+            }
+            e.b.set_loc(Some(d.loc.clone()));
+            let mut next = Vec::new();
+            for &j in &float_carried {
+                let g = match e.adj.get(&fcarried[j]) {
+                    Some(&g) => g,
+                    None => {
+                        let shape = e.shape(fcarried[j]);
+                        e.b.full(&shape, 0.0, e.fl)
+                    }
+                };
+                next.push(g);
+            }
+            for (q, &o) in outer.iter().enumerate() {
+                let prev = cs[float_carried.len() + q];
+                next.push(match e.adj.get(&o) {
+                    Some(&g) => e.b.add(prev, g),
+                    None => prev,
+                });
+            }
+            next
+        });
+        if let Some(err) = first_err {
+            return Err(err);
+        }
+        for (q, &j) in float_carried.iter().enumerate() {
+            self.acc(inits[j], out[q]);
+        }
+        for (q, &o) in outer.iter().enumerate() {
+            self.acc(o, out[float_carried.len() + q]);
+        }
+        Ok(())
+    }
+
+    /// Emits the adjoint of forward instruction `i`.
+    pub(super) fn reverse(&mut self, i: Inst) -> Result<(), AdError> {
+        let d = self.k.inst(i).clone();
+        self.b.set_loc(Some(d.loc.clone()));
+        let a = &d.args;
+        // Memory ops and loops first: their adjoints do not wait for a result's cotangent.
+        match &d.op {
+            Op::Store { mask } => {
+                if self.is_float(a[1]) {
+                    let s = self.shadow_of(i, a[0])?;
+                    let m = mask.then(|| self.v(a[2]));
+                    let z = m.map(|_| self.zero());
+                    let g = self.b.load(s, m, z);
+                    let shape = self.shape(a[1]);
+                    let zeros = self.b.full(&shape, 0.0, self.fl);
+                    self.b.store(s, zeros, m);
+                    self.acc(a[1], g);
+                }
+                return Ok(());
+            }
+            Op::AtomicAdd { mask } => {
+                if self.is_float(a[1]) {
+                    let s = self.shadow_of(i, a[0])?;
+                    let m = mask.then(|| self.v(a[2]));
+                    let z = m.map(|_| self.zero());
+                    let g = self.b.load(s, m, z);
+                    self.acc(a[1], g);
+                }
+                return Ok(());
+            }
+            Op::For { .. } | Op::While { .. } => return self.reverse_loop(i),
+            Op::If { .. } => return self.reverse_if(i),
+            _ => {}
+        }
+        let Some(&r) = d.results.first() else { return Ok(()) };
+        let Some(&g) = self.adj.get(&r) else { return Ok(()) };
+        match &d.op {
+            Op::Store { .. } | Op::AtomicAdd { .. } | Op::For { .. } | Op::While { .. } | Op::If { .. } => unreachable!("handled above"),
+            Op::ProgramId { .. } | Op::NumPrograms { .. } | Op::Const { .. } | Op::Arange { .. } | Op::Cmp(_) | Op::AddPtr | Op::Yield => {}
+            Op::AtomicRmw { .. } | Op::AtomicCas => {
+                return Err(unsupported(self.k, &d, "not differentiable in a VJP kernel"));
+            }
+            Op::Load { mask, other } => {
+                let s = self.shadow_of(i, a[0])?;
+                let m = mask.then(|| self.v(a[1]));
+                self.b.atomic_add(s, g, m);
+                if *other {
+                    let z = self.zero();
+                    let c = self.v(a[1]);
+                    let go = self.b.where_(c, z, g);
+                    self.acc(a[2], go);
+                }
+            }
+            Op::Broadcast => {
+                let (sx, sr) = (self.shape(a[0]), self.shape(r));
+                let gx = if sx.is_empty() {
+                    self.b.sum(g, None, false)
+                } else if sx.len() == sr.len() {
+                    let mut t = g;
+                    for ax in 0..sx.len() {
+                        if sx[ax] == 1 && sr[ax] != 1 {
+                            t = self.b.sum(t, Some(ax as isize), true);
+                        }
+                    }
+                    t
+                } else {
+                    return Err(unsupported(self.k, &d, "a broadcast that changes the rank of a tile"));
+                };
+                self.acc(a[0], gx);
+            }
+            Op::ExpandDims { .. } | Op::Reshape => {
+                let sx = self.shape(a[0]);
+                let gx = self.b.reshape(g, &sx);
+                self.acc(a[0], gx);
+            }
+            Op::Permute { perm } => {
+                let mut inv = vec![0usize; perm.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    inv[p as usize] = i;
+                }
+                let gx = self.b.permute(g, &inv);
+                self.acc(a[0], gx);
+            }
+            Op::Unary(u) => self.unary(*u, a[0], r, g),
+            Op::Binary(op) => {
+                if self.is_float(r) {
+                    self.binary(*op, a[0], a[1], g);
+                }
+            }
+            Op::Where => {
+                let z = self.zero();
+                let c = self.v(a[0]);
+                let ga = self.b.where_(c, g, z);
+                let gb = self.b.where_(c, z, g);
+                self.acc(a[1], ga);
+                self.acc(a[2], gb);
+            }
+            Op::Cast => {
+                if self.is_float(a[0]) {
+                    self.acc(a[0], g);
+                }
+            }
+            Op::Reduce { kind, axis, keep_dims } => self.reduce(*kind, *axis as usize, *keep_dims, a[0], r, g),
+            Op::Cumsum { axis, reverse } => {
+                let gx = self.b.cumsum(g, *axis as isize, !reverse);
+                self.acc(a[0], gx);
+            }
+            Op::Dot { .. } => {
+                let (x, y) = (self.v(a[0]), self.v(a[1]));
+                let bt = self.b.trans(y);
+                let ga = self.b.dot_with(g, bt, None, DotPrecision::Ieee);
+                let at = self.b.trans(x);
+                let gb = self.b.dot_with(at, g, None, DotPrecision::Ieee);
+                self.acc(a[0], ga);
+                self.acc(a[1], gb);
+                self.acc(a[2], g);
+            }
+        }
+        Ok(())
+    }
+
+    fn unary(&mut self, u: UnaryOp, xf: Value, r: Value, g: Value) {
+        use UnaryOp::*;
+        let (x, r) = (self.v(xf), self.v(r));
+        let fl = self.fl;
+        let b = &mut *self.b;
+        let d = match u {
+            Floor | Ceil | Not => return,
+            Exp => r,
+            Exp2 => {
+                let c = cst(b, fl, std::f64::consts::LN_2);
+                b.mul(c, r)
+            }
+            Sqrt => {
+                let c = cst(b, fl, 0.5);
+                b.div(c, r)
+            }
+            Rsqrt => {
+                let c = cst(b, fl, -0.5);
+                let t = b.mul(c, r);
+                let t = b.mul(t, r);
+                b.mul(t, r)
+            }
+            Tanh => {
+                let one = cst(b, fl, 1.0);
+                let rr = b.mul(r, r);
+                b.sub(one, rr)
+            }
+            Sigmoid => {
+                let one = cst(b, fl, 1.0);
+                let om = b.sub(one, r);
+                b.mul(r, om)
+            }
+            Neg => cst(b, fl, -1.0),
+            Abs => {
+                let (z, one, m1) = (cst(b, fl, 0.0), cst(b, fl, 1.0), cst(b, fl, -1.0));
+                let pos = b.gt(x, z);
+                let neg = b.lt(x, z);
+                let s = b.where_(neg, m1, z);
+                b.where_(pos, one, s)
+            }
+            Log => {
+                let one = cst(b, fl, 1.0);
+                b.div(one, x)
+            }
+            Log2 => {
+                let (one, c) = (cst(b, fl, 1.0), cst(b, fl, std::f64::consts::LN_2));
+                let t = b.mul(x, c);
+                b.div(one, t)
+            }
+            Sin => b.cos(x),
+            Cos => {
+                let s = b.sin(x);
+                b.neg(s)
+            }
+            Erf => {
+                let c = cst(b, fl, 2.0 / std::f64::consts::PI.sqrt());
+                let nx = b.neg(x);
+                let t = b.mul(nx, x);
+                let t = b.exp(t);
+                b.mul(c, t)
+            }
+        };
+        let gx = self.times(g, d);
+        self.acc(xf, gx);
+    }
+
+    fn binary(&mut self, op: BinaryOp, xf: Value, yf: Value, g: Value) {
+        use BinaryOp::*;
+        let (x, y) = (self.v(xf), self.v(yf));
+        match op {
+            FloorDiv | And | Or | Xor => {}
+            Add => {
+                self.acc(xf, g);
+                self.acc(yf, g);
+            }
+            Sub => {
+                self.acc(xf, g);
+                let n = self.b.neg(g);
+                self.acc(yf, n);
+            }
+            Mul => {
+                let gx = self.keep(g, y);
+                let gy = self.keep(g, x);
+                self.acc(xf, gx);
+                self.acc(yf, gy);
+            }
+            Div => {
+                let one = cst(self.b, self.fl, 1.0);
+                let inv = self.b.div(one, y);
+                let gx = self.keep(g, inv);
+                let yy = self.b.mul(y, y);
+                let nx = self.b.neg(x);
+                let py = self.b.div(nx, yy);
+                let gy = self.keep(g, py);
+                self.acc(xf, gx);
+                self.acc(yf, gy);
+            }
+            Mod => {
+                // d/dx = 1, d/dy = -trunc(x / y).
+                let q = self.b.div(x, y);
+                let z = self.zero();
+                let neg = self.b.lt(q, z);
+                let (c, f) = (self.b.ceil(q), self.b.floor(q));
+                let t = self.b.where_(neg, c, f);
+                let p = self.b.neg(t);
+                let gy = self.keep(g, p);
+                self.acc(xf, g);
+                self.acc(yf, gy);
+            }
+            Pow => {
+                // d/dx = y x^(y-1) (0 where y is 0), d/dy = x^y ln x (0 where x is 0).
+                let (z, one) = (self.zero(), cst(self.b, self.fl, 1.0));
+                let ym1 = self.b.sub(y, one);
+                let pw = self.b.pow(x, ym1);
+                let dx = self.b.mul(y, pw);
+                let y0 = self.b.eq(y, z);
+                let dx = self.b.where_(y0, z, dx);
+                let xy = self.b.pow(x, y);
+                let ln = self.b.log(x);
+                let dy = self.b.mul(xy, ln);
+                let x0 = self.b.eq(x, z);
+                let dy = self.b.where_(x0, z, dy);
+                let gx = self.keep(g, dx);
+                let gy = self.keep(g, dy);
+                self.acc(xf, gx);
+                self.acc(yf, gy);
+            }
+            Min | Max => {
+                // The first operand is selected when neither is NaN and it is the extreme (ties
+                // included), or when the second is NaN, or when both are.
+                let fl = self.fl;
+                let b = &mut *self.b;
+                let xn = b.ne(x, x);
+                let yn = b.ne(y, y);
+                let any = b.or(xn, yn);
+                let xok = b.not(xn);
+                let by_nan = b.or(xok, yn);
+                let by_value = if op == Max { b.ge(x, y) } else { b.le(x, y) };
+                let first = b.where_(any, by_nan, by_value);
+                let z = cst(b, fl, 0.0);
+                let gx = b.where_(first, g, z);
+                let gy = b.where_(first, z, g);
+                self.acc(xf, gx);
+                self.acc(yf, gy);
+            }
+        }
+    }
+
+    fn reduce(&mut self, kind: ReduceOp, axis: usize, keep_dims: bool, xf: Value, r: Value, g: Value) {
+        let sx = self.shape(xf);
+        let (x, r) = (self.v(xf), self.v(r));
+        let fl = self.fl;
+        let b = &mut *self.b;
+        let ax = axis as isize;
+        let gk = if keep_dims { g } else { b.expand_dims(g, ax) };
+        let gb = b.broadcast_to(gk, &sx);
+        match kind {
+            ReduceOp::Argmax | ReduceOp::Argmin => {}
+            ReduceOp::Sum => self.acc(xf, gb),
+            ReduceOp::Max | ReduceOp::Min => {
+                // The cotangent goes to the first element equal to the result (the lowest
+                // index of a `min` over the equal ones: one integer reduction); where none is
+                // (every element NaN), to the first, as argmax/argmin pick then.
+                let rk = if keep_dims { r } else { b.expand_dims(r, ax) };
+                let rb = b.broadcast_to(rk, &sx);
+                let eq = b.eq(x, rb);
+                let n = sx[axis];
+                let ar = b.arange(0, n as i64);
+                let mut at = vec![1usize; sx.len()];
+                at[axis] = n;
+                let ar = b.reshape(ar, &at);
+                let ar = b.broadcast_to(ar, &sx);
+                let none = b.i32(n as i32);
+                let cand = b.where_(eq, ar, none);
+                let first = b.min(cand, Some(ax), true);
+                let zi = b.i32(0);
+                let missing = b.ge(first, none);
+                let idx = b.where_(missing, zi, first);
+                let ib = b.broadcast_to(idx, &sx);
+                let hot = b.eq(ar, ib);
+                let z = cst(b, fl, 0.0);
+                let gx = b.where_(hot, gb, z);
+                self.acc(xf, gx);
+            }
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Launching a VJP kernel: its memory (the launch's tensors, shadows seeded with the outputs'
+//! cotangents, the loops' tapes), the run, and the cotangents read back from the shadows.
+
+use super::VjpKernel;
+use crate::AdError;
+use std::collections::BTreeMap;
+use tilegrad_ir::{DType, Inst, ParamKind};
+use tilegrad_reference::{Arg, HostTensor, Launch, Memory, TensorId};
+
+/// Runs VJP kernel `vk` of `launch`'s kernel: the cotangents of the initial contents of
+/// `inputs` (float tensors) given cotangents of the final contents of `outputs`, as
+/// [`crate::vjp`] gives them.
+///
+/// The launch of `vk` runs on a memory of its own: `mem`'s tensors shared where `vk` takes
+/// them in their dtype, else f64 copies, a shadow per float tensor (the output's cotangent, else zeros)
+/// and the loops' tapes, sized by `max_iters` or else by `max_trips` (a forward run's largest
+/// trip count per loop, as [`tilegrad_reference::LaunchSummary::max_trips`] has it). `run`
+/// executes it (the reference interpreter, or another backend). `mem` must be as the forward
+/// found it, and the launch without races between programs.
+pub fn gradient_by_kernel(
+    vk: &VjpKernel,
+    launch: &Launch,
+    mem: &Memory,
+    inputs: &[TensorId],
+    outputs: &[(TensorId, Vec<f64>)],
+    max_trips: &BTreeMap<Inst, u64>,
+    run: &mut dyn FnMut(&Launch, &mut Memory) -> Result<(), AdError>,
+) -> Result<Vec<Vec<f64>>, AdError> {
+    let mut m = Memory::new();
+    // Each tensor of the launch once: its copy and, for floats, its shadow.
+    let mut copies: Vec<(TensorId, TensorId, Option<TensorId>)> = Vec::new();
+    let mut args: Vec<(String, Arg)> = Vec::new();
+    for (name, a) in launch.args() {
+        let a = match a {
+            Arg::Tensor(t) => {
+                let c = match copies.iter().find(|(o, ..)| o == t) {
+                    Some(&(_, c, _)) => c,
+                    None => {
+                        let h = mem.get(*t);
+                        let float = h.dtype().is_float();
+                        let kept = vk.kept.contains(name);
+                        if kept && launch.args().iter().filter(|(_, b)| b == a).count() > 1 {
+                            return Err(AdError::Spec(format!(
+                                "the launch binds `{}` to several parameters, `{name}` among them: its VJP kernel must keep no tensor in its dtype (vjp_kernel_for)",
+                                mem.name(*t)
+                            )));
+                        }
+                        // Tensors in the dtype the kernel takes are shared, not copied (it
+                        // never writes those it keeps in their dtype and reads).
+                        let want = match vk.kernel.param(name).map(|p| &p.kind) {
+                            Some(ParamKind::Ptr(d)) => *d,
+                            _ => h.dtype(),
+                        };
+                        let copy = if !float || want == h.dtype() {
+                            h.clone()
+                        } else if !kept {
+                            HostTensor::from_f64_as(want, h.shape(), &h.to_f64_vec())
+                        } else {
+                            return Err(AdError::Spec(format!(
+                                "the VJP kernel reads `{name}` as {want}, the launch binds `{}` of {}: build it for the launch's memory (vjp_kernel_for)",
+                                mem.name(*t),
+                                h.dtype()
+                            )));
+                        };
+                        let c = m.add(mem.name(*t), copy);
+                        let sh = if float {
+                            let data = match outputs.iter().find(|(o, _)| o == t) {
+                                Some((_, g)) if g.len() == h.numel() => g.clone(),
+                                Some((_, g)) => {
+                                    return Err(AdError::Spec(format!(
+                                        "the cotangent of `{}` has {} elements, the tensor {}",
+                                        mem.name(*t),
+                                        g.len(),
+                                        h.numel()
+                                    )))
+                                }
+                                None => vec![0.0; h.numel()],
+                            };
+                            let sh = if vk.float == DType::F64 {
+                                HostTensor::from_f64(h.shape(), data)
+                            } else {
+                                HostTensor::from_f64_as(vk.float, h.shape(), &data)
+                            };
+                            Some(m.add(&format!("d_{}", mem.name(*t)), sh))
+                        } else {
+                            None
+                        };
+                        copies.push((*t, c, sh));
+                        c
+                    }
+                };
+                Arg::Tensor(c)
+            }
+            s => *s,
+        };
+        args.push((name.clone(), a));
+    }
+    let mut vl = Launch::new(&vk.kernel, launch.grid());
+    for (n, a) in &args {
+        vl = vl.arg(n, *a);
+    }
+    for (p, s) in &vk.shadows {
+        let t = launch.args().iter().find(|(n, _)| n == p).and_then(|(_, a)| match a {
+            Arg::Tensor(t) => Some(*t),
+            Arg::Scalar(_) => None,
+        });
+        let Some(sh) = t.and_then(|t| copies.iter().find(|(o, ..)| *o == t)).and_then(|c| c.2) else {
+            return Err(AdError::Spec(format!("the launch binds no float tensor to parameter `{p}`")));
+        };
+        vl = vl.arg(s, sh);
+    }
+    let programs = launch.grid().programs();
+    for tape in &vk.tapes {
+        let cap = match tape.max_iters {
+            Some(m) => m as u64,
+            None => max_trips.get(&tape.inst).copied().unwrap_or(0),
+        };
+        let n = programs
+            .checked_mul(cap)
+            .and_then(|x| x.checked_mul(tape.per_trip as u64))
+            .and_then(|x| usize::try_from(x).ok())
+            .ok_or_else(|| AdError::Spec(format!("{}: the loop's tape would hold more than 2^64 values", tape.loc)))?;
+        // At least one element: a loop may keep nothing (no device allocation is empty).
+        let t = HostTensor::try_full(DType::F64, &[n.max(1)], 0.0)?;
+        let id = m.add(&tape.tape, t);
+        vl = vl.arg(&tape.tape, id).arg(&tape.capacity_param, cap as i64);
+    }
+    run(&vl, &mut m)?;
+    inputs
+        .iter()
+        .map(|t| match copies.iter().find(|(o, ..)| o == t) {
+            Some(&(_, _, Some(sh))) => Ok(m.get(sh).to_f64_vec()),
+            _ => Err(AdError::Spec(format!("`{}` is not a float tensor of the launch", mem.name(*t)))),
+        })
+        .collect()
+}

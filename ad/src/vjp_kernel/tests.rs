@@ -1,0 +1,670 @@
+//! Every op's VJP kernel, run by the reference interpreter, against the evaluator's
+//! gradient on random inputs (sizes that are not multiples of the tiles).
+use super::*;
+use crate::{vjp, GradOptions};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use tilegrad_ir::{BinaryOp, DotPrecision, Op, UnaryOp, Value};
+use tilegrad_reference::{HostTensor, Launch, Memory, TensorId};
+
+/// A tensor of a test launch: its parameter, shape, and whether it is differentiated
+/// (`input`) and/or has a cotangent (`output`); `data` overrides random values in [-1, 1).
+struct T {
+    name: &'static str,
+    n: usize,
+    input: bool,
+    output: bool,
+}
+
+fn t(name: &'static str, n: usize, input: bool, output: bool) -> T {
+    T { name, n, input, output }
+}
+
+/// Random inputs and cotangents for a launch of `k`; then [`same_gradients`].
+fn agree(k: &Kernel, grid: usize, tensors: &[T], scalars: &[(&str, i32)], dtype: DType, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut mem = Memory::new();
+    let mut ids: Vec<TensorId> = Vec::new();
+    for tt in tensors {
+        let v: Vec<f64> = (0..tt.n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let init = if tt.input { v } else { vec![0.0; tt.n] };
+        ids.push(mem.add(tt.name, HostTensor::from_f64_as(dtype, &[tt.n], &init)));
+    }
+    let mut launch = Launch::new(k, grid);
+    for (tt, &id) in tensors.iter().zip(&ids) {
+        launch = launch.arg(tt.name, id);
+    }
+    for &(s, v) in scalars {
+        launch = launch.arg(s, v);
+    }
+    let cots: Vec<Vec<f64>> = tensors.iter().map(|tt| (0..tt.n).map(|_| rng.gen_range(-1.0..1.0)).collect()).collect();
+    let inputs: Vec<TensorId> = tensors.iter().zip(&ids).filter(|(tt, _)| tt.input).map(|(_, &id)| id).collect();
+    let outputs: Vec<(TensorId, Vec<f64>)> =
+        tensors.iter().zip(&ids).zip(&cots).filter(|((tt, _), _)| tt.output).map(|((_, &id), c)| (id, c.clone())).collect();
+    same_gradients(&launch, &mem, &inputs, &outputs);
+}
+
+/// Runs the evaluator and the VJP kernel (by the reference) on the same launch and asserts
+/// that every input's cotangent is not zero and agrees within 1e-12 normwise; returns the
+/// VJP kernel's.
+fn same_gradients(launch: &Launch, mem: &Memory, inputs: &[TensorId], outputs: &[(TensorId, Vec<f64>)]) -> Vec<Vec<f64>> {
+    let k = launch.kernel();
+    let want = vjp(launch, mem, inputs, outputs, &GradOptions::default()).unwrap().inputs;
+    let max_trips = launch.check(mem).unwrap().max_trips;
+    let mut got = Vec::new();
+    // With the tensors the kernel only reads or only writes kept in their dtype, with every
+    // tensor f64, and computing in f32 (within f32's rounding).
+    for (keep, fl, tol) in [(true, DType::F64, 1e-12), (false, DType::F64, 1e-12), (true, DType::F32, 1e-4)] {
+        let vk = vjp_kernel_with(k, keep, fl).unwrap();
+        got = gradient_by_kernel(&vk, launch, mem, inputs, outputs, &max_trips, &mut |l, m| l.run(m).map(|_| ()).map_err(AdError::from))
+            .unwrap_or_else(|e| panic!("{}: {e}\n{}", k.name, vk.kernel));
+        let names = inputs.iter().map(|&t| mem.name(t));
+        for ((name, want), got) in names.zip(&want).zip(&got) {
+            let norm = want.iter().map(|x| x * x).sum::<f64>().sqrt();
+            let diff = want.iter().zip(got).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+            assert!(norm > 0.0, "{}: the cotangent of {name} is zero", k.name);
+            assert!(
+                diff <= tol * norm,
+                "{} (keep {keep}, {fl}): d{name} differs by {diff:e} (norm {norm:e})\nwant {:?}\ngot  {:?}",
+                k.name,
+                &want[..8.min(want.len())],
+                &got[..8.min(got.len())]
+            );
+        }
+    }
+    got
+}
+
+const BLOCK: i64 = 64;
+
+/// Program `pid`'s lanes `pid * BLOCK + 0..BLOCK` and the mask of those below `n`.
+fn block_lanes(b: &mut KernelBuilder, n: Value) -> (Value, Value) {
+    let pid = b.program_id(0);
+    let bs = b.i32(BLOCK as i32);
+    let start = b.mul(pid, bs);
+    let r = b.arange(0, BLOCK);
+    let offs = b.add(start, r);
+    let m = b.lt(offs, n);
+    (offs, m)
+}
+
+/// `out[i] = f(x[i], y[i])` over blocks of 64 with a masked tail.
+fn pointwise(name: &str, dtype: DType, f: impl Fn(&mut KernelBuilder, Value, Value) -> Value) -> Kernel {
+    let mut b = KernelBuilder::new(name);
+    let (x, y, out) = (b.ptr_param("x", dtype), b.ptr_param("y", dtype), b.ptr_param("out", dtype));
+    let n = b.scalar_param("n", DType::I32);
+    let (offs, m) = block_lanes(&mut b, n);
+    let (px, py) = (b.add(x, offs), b.add(y, offs));
+    let xv = b.load(px, Some(m), None);
+    let yv = b.load(py, Some(m), None);
+    let v = f(&mut b, xv, yv);
+    let po = b.add(out, offs);
+    b.store(po, v, Some(m));
+    b.finish().unwrap()
+}
+
+fn run_pointwise(k: &Kernel, dtype: DType, seed: u64) {
+    let n: usize = 300;
+    agree(
+        k,
+        n.div_ceil(BLOCK as usize),
+        &[t("x", n, true, false), t("y", n, true, false), t("out", n, false, true)],
+        &[("n", n as i32)],
+        dtype,
+        seed,
+    );
+}
+
+/// `x * x + 0.5`: positive.
+fn positive(b: &mut KernelBuilder, x: Value) -> Value {
+    let h = b.f64(0.5);
+    let xx = b.mul(x, x);
+    b.add(xx, h)
+}
+
+#[test]
+fn every_unary_op_agrees() {
+    for &u in UnaryOp::ALL {
+        if u == UnaryOp::Not {
+            continue;
+        }
+        let k = pointwise(u.name(), DType::F64, |b, x, y| {
+            let p = positive(b, x);
+            let v = match u {
+                UnaryOp::Neg => b.neg(x),
+                UnaryOp::Abs => b.abs(x),
+                UnaryOp::Not => unreachable!(),
+                UnaryOp::Exp => b.exp(x),
+                UnaryOp::Exp2 => b.exp2(x),
+                UnaryOp::Log => b.log(p),
+                UnaryOp::Log2 => b.log2(p),
+                UnaryOp::Sqrt => b.sqrt(p),
+                UnaryOp::Rsqrt => b.rsqrt(p),
+                UnaryOp::Sin => b.sin(x),
+                UnaryOp::Cos => b.cos(x),
+                UnaryOp::Tanh => b.tanh(x),
+                UnaryOp::Sigmoid => b.sigmoid(x),
+                UnaryOp::Erf => b.erf(x),
+                UnaryOp::Floor => b.floor(x),
+                UnaryOp::Ceil => b.ceil(x),
+            };
+            // Times y, plus x / 4: both inputs have cotangents (floor and ceil give none).
+            let vy = b.mul(v, y);
+            let q = b.f64(0.25);
+            let xq = b.mul(x, q);
+            b.add(vy, xq)
+        });
+        run_pointwise(&k, DType::F64, 1);
+    }
+}
+
+#[test]
+fn every_float_binary_op_agrees_ties_included() {
+    for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Mod, BinaryOp::Min, BinaryOp::Max, BinaryOp::Pow] {
+        let k = pointwise(op.name(), DType::F64, |b, x, y| {
+            // Every third lane's y equals x (ties of min and max).
+            let r = b.arange(0, BLOCK);
+            let three = b.i32(3);
+            let m = b.rem(r, three);
+            let z = b.i32(0);
+            let tie = b.eq(m, z);
+            let y = b.where_(tie, x, y);
+            let py = positive(b, y);
+            let px = positive(b, x);
+            match op {
+                BinaryOp::Add => b.add(x, y),
+                BinaryOp::Sub => b.sub(x, y),
+                BinaryOp::Mul => b.mul(x, y),
+                BinaryOp::Div => b.div(x, py),
+                BinaryOp::Mod => b.rem(x, py),
+                BinaryOp::Min => b.minimum(x, y),
+                BinaryOp::Max => b.maximum(x, y),
+                _ => b.pow(px, y),
+            }
+        });
+        run_pointwise(&k, DType::F64, 2);
+    }
+}
+
+#[test]
+fn where_casts_and_f32_kernels_agree() {
+    let k = pointwise("select", DType::F32, |b, x, y| {
+        let z = b.f32(0.0);
+        let c = b.gt(x, z);
+        let e = b.exp(y);
+        let s = b.where_(c, e, x);
+        let h = b.cast(s, DType::F16);
+        let back = b.cast(h, DType::F32);
+        b.mul(back, x)
+    });
+    run_pointwise(&k, DType::F32, 3);
+}
+
+/// Rows of `x` ([rows, 37], 8 rows a program) reduced and scanned: sums, max and min over
+/// either axis, kept or not, a cumsum each way, and a softmax.
+#[test]
+fn reductions_scans_and_broadcasts_agree() {
+    const R: usize = 8;
+    const C: usize = 37;
+    let mut b = KernelBuilder::new("rows");
+    let (x, w, out, red) =
+        (b.ptr_param("x", DType::F64), b.ptr_param("w", DType::F64), b.ptr_param("out", DType::F64), b.ptr_param("red", DType::F64));
+    let rows = b.scalar_param("rows", DType::I32);
+    let pid = b.program_id(0);
+    let rs = b.i32(R as i32);
+    let r0 = b.mul(pid, rs);
+    let ar = b.arange(0, R as i64);
+    let r = b.add(r0, ar);
+    let c = b.arange(0, 64);
+    let cc = b.i32(C as i32);
+    let (r2, c2) = (b.expand_dims(r, 1), b.expand_dims(c, 0));
+    let off = b.mul(r2, cc);
+    let off = b.add(off, c2);
+    let (rm, cm) = (b.lt(r2, rows), b.lt(c2, cc));
+    let m = b.and(rm, cm);
+    let px = b.add(x, off);
+    let ninf = b.f64(-1e300);
+    let xv = b.load(px, Some(m), Some(ninf));
+    let pw = b.add(w, c);
+    let wm = b.lt(c, cc);
+    let zero = b.f64(0.0);
+    let wv = b.load(pw, Some(wm), Some(zero));
+    let wv = b.expand_dims(wv, 0);
+    // softmax(x) * w + cumsums.
+    let mx = b.max(xv, Some(1), true);
+    let sh = b.sub(xv, mx);
+    let e = b.exp(sh);
+    let s = b.sum(e, Some(1), false);
+    let s = b.expand_dims(s, 1);
+    let sm = b.div(e, s);
+    let y = b.mul(sm, wv);
+    let xz = b.where_(m, xv, zero);
+    let cs = b.cumsum(xz, 1, false);
+    let cr = b.cumsum(xz, 0, true);
+    let y = b.add(y, cs);
+    let y = b.add(y, cr);
+    let po = b.add(out, off);
+    b.store(po, y, Some(m));
+    // Per-row and per-column extremes and sums, into red[pid * (R + 3*64) ...].
+    let big = b.f64(1e300);
+    let xl = b.where_(m, xv, big);
+    let mn0 = b.min(xl, Some(0), false);
+    let mx0 = b.max(xv, Some(0), false);
+    let s0 = b.sum(xz, Some(0), true);
+    let s0 = b.reshape(s0, &[64]);
+    let mn1 = b.min(xl, Some(1), false);
+    let v = b.add(mn0, mx0);
+    let v = b.add(v, s0);
+    let base = b.i32((R + 64) as i32);
+    let rb = b.mul(pid, base);
+    let offc = b.add(rb, c);
+    let pc = b.add(red, offc);
+    b.store(pc, v, Some(wm));
+    let sixty4 = b.i32(64);
+    let offr = b.add(rb, sixty4);
+    let offr = b.add(offr, ar);
+    let pr = b.add(red, offr);
+    let rmf = b.lt(r, rows);
+    b.store(pr, mn1, Some(rmf));
+    let k = b.finish().unwrap();
+    let rows_n: usize = 29;
+    let progs = rows_n.div_ceil(R);
+    agree(
+        &k,
+        progs,
+        &[
+            t("x", rows_n * C, true, false),
+            t("w", C, true, false),
+            t("out", rows_n * C, false, true),
+            t("red", progs * (R + 64), false, true),
+        ],
+        &[("rows", rows_n as i32)],
+        DType::F64,
+        4,
+    );
+}
+
+/// Pointers `p + r[:, None] * nc + c[None, :]` into a row-major [nr, nc] tensor, and the
+/// mask of those inside it.
+fn masked_tile(b: &mut KernelBuilder, p: Value, r: Value, c: Value, nr: usize, nc: usize) -> (Value, Value) {
+    let (r2, c2) = (b.expand_dims(r, 1), b.expand_dims(c, 0));
+    let ncv = b.i32(nc as i32);
+    let o = b.mul(r2, ncv);
+    let o = b.add(o, c2);
+    let nrv = b.i32(nr as i32);
+    let (m1, m2) = (b.lt(r2, nrv), b.lt(c2, ncv));
+    let m = b.and(m1, m2);
+    (b.add(p, o), m)
+}
+
+/// One tile of `a @ b + c` (masked to 45x29x21 within 64x32x32) in each precision.
+#[test]
+fn dot_agrees() {
+    let (mm, nn, kk) = (45usize, 29usize, 21usize);
+    for prec in [DotPrecision::Ieee, DotPrecision::Tf32] {
+        let mut b = KernelBuilder::new("dot");
+        let (pa, pb, pc, po) =
+            (b.ptr_param("a", DType::F32), b.ptr_param("b", DType::F32), b.ptr_param("c", DType::F32), b.ptr_param("o", DType::F32));
+        let (rm, rn, rk) = (b.arange(0, 64), b.arange(0, 32), b.arange(0, 32));
+        let (ap, am) = masked_tile(&mut b, pa, rm, rk, mm, kk);
+        let (bp, bm) = masked_tile(&mut b, pb, rk, rn, kk, nn);
+        let (cp, cm) = masked_tile(&mut b, pc, rm, rn, mm, nn);
+        let z = b.f32(0.0);
+        let av = b.load(ap, Some(am), Some(z));
+        let bv = b.load(bp, Some(bm), Some(z));
+        let cv = b.load(cp, Some(cm), Some(z));
+        let d = b.dot_with(av, bv, Some(cv), prec);
+        let (op, om) = masked_tile(&mut b, po, rm, rn, mm, nn);
+        b.store(op, d, Some(om));
+        let k = b.finish().unwrap();
+        agree(
+            &k,
+            1,
+            &[t("a", mm * kk, true, false), t("b", kk * nn, true, false), t("c", mm * nn, true, false), t("o", mm * nn, false, true)],
+            &[],
+            DType::F32,
+            5,
+        );
+    }
+}
+
+/// In place: `x = x * x`, stored, loaded again and stored plus one; and an atomic sum of
+/// squares into `total`.
+#[test]
+fn in_place_loads_after_stores_and_atomic_adds_agree() {
+    let mut b = KernelBuilder::new("in_place");
+    let (x, total) = (b.ptr_param("x", DType::F64), b.ptr_param("total", DType::F64));
+    let n = b.scalar_param("n", DType::I32);
+    let (offs, m) = block_lanes(&mut b, n);
+    let px = b.add(x, offs);
+    let xv = b.load(px, Some(m), None);
+    let sq = b.mul(xv, xv);
+    b.store(px, sq, Some(m));
+    let again = b.load(px, Some(m), None);
+    let one = b.f64(1.0);
+    let y = b.add(again, one);
+    let y = b.mul(y, xv);
+    b.store(px, y, Some(m));
+    let z = b.f64(0.0);
+    let sqm = b.where_(m, sq, z);
+    let s = b.sum(sqm, None, false);
+    b.atomic_add(total, s, None);
+    let k = b.finish().unwrap();
+    let nv: usize = 200;
+    agree(&k, nv.div_ceil(BLOCK as usize), &[t("x", nv, true, true), t("total", 1, true, true)], &[("n", nv as i32)], DType::F64, 6);
+}
+
+/// Rows of `x` [rows, d] weighted by `w` [d] and summed, over tiles of d in a loop (the
+/// weighted sum), plus the running maximum of each row carried too.
+#[test]
+fn loops_agree() {
+    const R: i64 = 4;
+    const D: i64 = 16;
+    let mut b = KernelBuilder::new("weighted_rows");
+    let (x, w, out) = (b.ptr_param("x", DType::F32), b.ptr_param("w", DType::F32), b.ptr_param("out", DType::F32));
+    let (rows, d) = (b.scalar_param("rows", DType::I32), b.scalar_param("d", DType::I32));
+    let pid = b.program_id(0);
+    let rt = b.i32(R as i32);
+    let r0 = b.mul(pid, rt);
+    let ar = b.arange(0, R);
+    let r = b.add(r0, ar);
+    let rm = b.lt(r, rows);
+    let acc0 = b.zeros(&[R as usize], DType::F32);
+    let mx0 = b.full(&[R as usize], -1e30f32, DType::F32);
+    // A value from outside the loop that every trip uses: w[0] scales the products.
+    let scale = b.load(w, None, None);
+    let (lo, dt) = (b.i32(0), b.i32(D as i32));
+    let hi = b.cdiv(d, dt);
+    let one = b.i32(1);
+    let res = b.for_range(lo, hi, one, None, &[acc0, mx0], |b, kt, c| {
+        let dt = b.i32(D as i32);
+        let c0 = b.mul(kt, dt);
+        let ac = b.arange(0, D);
+        let cols = b.add(c0, ac);
+        let cm = b.lt(cols, d);
+        let (r2, c2) = (b.expand_dims(r, 1), b.expand_dims(cols, 0));
+        let o = b.mul(r2, d);
+        let o = b.add(o, c2);
+        let (m1, m2) = (b.expand_dims(rm, 1), b.expand_dims(cm, 0));
+        let m = b.and(m1, m2);
+        let px = b.add(x, o);
+        let z = b.f32(0.0);
+        let xv = b.load(px, Some(m), Some(z));
+        let pw = b.add(w, cols);
+        let wv = b.load(pw, Some(cm), Some(z));
+        let wv = b.expand_dims(wv, 0);
+        let p = b.mul(xv, wv);
+        let p = b.mul(p, scale);
+        let s = b.sum(p, Some(1), false);
+        let acc = b.add(c[0], s);
+        let big = b.f32(-1e30);
+        let xm = b.where_(m, xv, big);
+        let rmax = b.max(xm, Some(1), false);
+        let mx = b.maximum(c[1], rmax);
+        vec![acc, mx]
+    });
+    let v = b.add(res[0], res[1]);
+    let po = b.add(out, r);
+    b.store(po, v, Some(rm));
+    let k = b.finish().unwrap();
+    let (rows_n, d_n) = (11usize, 45usize);
+    agree(
+        &k,
+        rows_n.div_ceil(R as usize),
+        &[t("x", rows_n * d_n, true, false), t("w", d_n, true, false), t("out", rows_n, false, true)],
+        &[("rows", rows_n as i32), ("d", d_n as i32)],
+        DType::F32,
+        7,
+    );
+}
+
+/// A loop whose body stores (tile by tile, `y = x * x`) and accumulates a dot product of
+/// tiles over k: a matmul.
+#[test]
+fn loops_with_stores_and_dots_agree() {
+    let (mm, nn, kk) = (19usize, 23usize, 37usize);
+    let mut b = KernelBuilder::new("matmul_loop");
+    let (pa, pb, pc, py) =
+        (b.ptr_param("a", DType::F64), b.ptr_param("b", DType::F64), b.ptr_param("c", DType::F64), b.ptr_param("y", DType::F64));
+    let kv = b.scalar_param("k", DType::I32);
+    let (rm, rn) = (b.arange(0, 32), b.arange(0, 32));
+    let acc0 = b.zeros(&[32, 32], DType::F64);
+    let (lo, hi, st) = (b.i32(0), b.i32(kk.div_ceil(8) as i32), b.i32(1));
+    let res = b.for_range(lo, hi, st, Some(8), &[acc0], |b, kt, c| {
+        let eight = b.i32(8);
+        let k0 = b.mul(kt, eight);
+        let ak = b.arange(0, 8);
+        let ks = b.add(k0, ak);
+        let km = b.lt(ks, kv);
+        let z = b.f64(0.0);
+        let (pap, am) = masked_tile(b, pa, rm, ks, mm, kk);
+        let av = b.load(pap, Some(am), Some(z));
+        let (pbp, bm) = masked_tile(b, pb, ks, rn, kk, nn);
+        let bv = b.load(pbp, Some(bm), Some(z));
+        // y[k] = sum over the tile's rows of a^2 (a store in the loop).
+        let sq = b.mul(av, av);
+        let ys = b.sum(sq, Some(0), false);
+        let pyp = b.add(py, ks);
+        b.store(pyp, ys, Some(km));
+        vec![b.dot(av, bv, Some(c[0]))]
+    });
+    let (pcp, cm) = masked_tile(&mut b, pc, rm, rn, mm, nn);
+    let s = b.sigmoid(res[0]);
+    b.store(pcp, s, Some(cm));
+    let k = b.finish().unwrap();
+    // The accumulator is only added to: the loop keeps no tape.
+    let vk = vjp_kernel(&k).unwrap();
+    assert_eq!(vk.tapes[0].per_trip, 0);
+    // Nothing reads `c` or `y` back, so the forward's stores are gone, and so are the tape
+    // loop's loads (it keeps nothing): `a` is loaded by the forward's loop (the sigmoid's
+    // derivative needs its result) and the reverse loop only; `c` and `y` are never written.
+    let src = tilegrad_ir::analysis::pointer_sources(&vk.kernel);
+    let param = |n: &str| vk.kernel.params.iter().position(|p| p.name == n).unwrap();
+    let (mut loads_a, mut writes_cy) = (0, 0);
+    vk.kernel.walk(&mut |_, d| {
+        let into = |j: usize| src[d.args[0].index()].get(j).copied().unwrap_or(false);
+        match d.op {
+            Op::Load { .. } if into(param("a")) => loads_a += 1,
+            _ if d.op.writes_memory() && (into(param("c")) || into(param("y"))) => writes_cy += 1,
+            _ => {}
+        }
+    });
+    assert_eq!((loads_a, writes_cy), (2, 0));
+    agree(
+        &k,
+        1,
+        &[t("a", mm * kk, true, false), t("b", kk * nn, true, false), t("c", mm * nn, false, true), t("y", kk, false, true)],
+        &[("k", kk as i32)],
+        DType::F64,
+        8,
+    );
+}
+
+/// Per row: when `flag[row]` is 0 the row's loss is 0 (an early return); otherwise a loop
+/// over column tiles sums `exp(x) * s` where `s` (a scale loaded before the branch) is from
+/// outside both the branch and the loop, and a second branch picks `max` or `min` of the
+/// row by the sign of its first element.
+#[test]
+fn branches_agree_with_loops_inside() {
+    const C: i64 = 16;
+    let mut b = KernelBuilder::new("branchy");
+    let (x, flag, sc, loss) =
+        (b.ptr_param("x", DType::F64), b.ptr_param("flag", DType::I32), b.ptr_param("scale", DType::F64), b.ptr_param("loss", DType::F64));
+    let d = b.scalar_param("d", DType::I32);
+    let row = b.program_id(0);
+    let pf = b.add(flag, row);
+    let f = b.load(pf, None, None);
+    let s = b.load(sc, None, None);
+    let zi = b.i32(0);
+    let skip = b.eq(f, zi);
+    let base = b.mul(row, d);
+    let out = b.if_else(
+        skip,
+        |b| vec![b.f64(0.0)],
+        |b| {
+            let (lo, ct, one) = (b.i32(0), b.i32(C as i32), b.i32(1));
+            let hi = b.cdiv(d, ct);
+            let z = b.f64(0.0);
+            let res = b.for_range(lo, hi, one, None, &[z], |b, t, c| {
+                let ct = b.i32(C as i32);
+                let c0 = b.mul(t, ct);
+                let ar = b.arange(0, C);
+                let cols = b.add(c0, ar);
+                let m = b.lt(cols, d);
+                let o = b.add(base, cols);
+                let p = b.add(x, o);
+                let zf = b.f64(0.0);
+                let v = b.load(p, Some(m), Some(zf));
+                let e = b.exp(v);
+                let e = b.mul(e, s);
+                let e = b.where_(m, e, zf);
+                let tot = b.sum(e, None, false);
+                vec![b.add(c[0], tot)]
+            });
+            let p0 = b.add(x, base);
+            let x0 = b.load(p0, None, None);
+            let zf = b.f64(0.0);
+            let pos = b.gt(x0, zf);
+            let pick = b.if_else(pos, |b| vec![b.maximum(res[0], x0)], |b| vec![b.minimum(res[0], s)]);
+            vec![b.mul(pick[0], x0)]
+        },
+    );
+    let pl = b.add(loss, row);
+    b.store(pl, out[0], None);
+    let k = b.finish().unwrap();
+    let (rows, dn) = (9usize, 37usize);
+    // Flags: rows 2 and 5 skipped.
+    let mut rng = StdRng::seed_from_u64(9);
+    let mut mem = Memory::new();
+    let xs: Vec<f64> = (0..rows * dn).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let xt = mem.add("x", HostTensor::from_f64(&[rows * dn], xs));
+    let ft = mem.add("flag", HostTensor::from_i32(&[rows], (0..rows).map(|r| i32::from(r != 2 && r != 5)).collect()));
+    let st = mem.add("scale", HostTensor::from_f64(&[1], vec![0.75]));
+    let lt = mem.add("loss", HostTensor::zeros(DType::F64, &[rows]));
+    let launch = Launch::new(&k, rows).arg("x", xt).arg("flag", ft).arg("scale", st).arg("loss", lt).arg("d", dn as i32);
+    let cot: Vec<f64> = (0..rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let got = same_gradients(&launch, &mem, &[xt, st], &[(lt, cot)]);
+    // Skipped rows get nothing.
+    assert!(got[0][2 * dn..3 * dn].iter().all(|&g| g == 0.0));
+}
+
+#[test]
+fn what_is_not_supported_yet_is_refused_with_its_location() {
+    // A loop that loads what the kernel stores.
+    let mut b = KernelBuilder::new("reads_its_writes");
+    let x = b.ptr_param("x", DType::F64);
+    let (lo, hi, st) = (b.i32(0), b.i32(4), b.i32(1));
+    let z = b.f64(0.0);
+    let res = b.for_range(lo, hi, st, None, &[z], |b, i, carried| {
+        let p = b.add(x, i);
+        let v = b.load(p, None, None);
+        vec![b.add(carried[0], v)]
+    });
+    b.store(x, res[0], None);
+    let k = b.finish().unwrap();
+    let e = vjp_kernel(&k).unwrap_err().to_string();
+    assert!(e.contains("reads a tensor the kernel writes") && e.contains("vjp_kernel/tests.rs"), "{e}");
+    // A loop inside a loop.
+    let mut b = KernelBuilder::new("nested");
+    let x = b.ptr_param("x", DType::F64);
+    let y = b.ptr_param("y", DType::F64);
+    let (lo, hi, st) = (b.i32(0), b.i32(3), b.i32(1));
+    let z = b.f64(0.0);
+    let res = b.for_range(lo, hi, st, None, &[z], |b, _, c| {
+        let (lo, hi, st) = (b.i32(0), b.i32(2), b.i32(1));
+        b.for_range(lo, hi, st, None, &[c[0]], |b, j, c| {
+            let p = b.add(x, j);
+            let v = b.load(p, None, None);
+            vec![b.add(c[0], v)]
+        })
+    });
+    b.store(y, res[0], None);
+    let k = b.finish().unwrap();
+    let e = vjp_kernel(&k).unwrap_err().to_string();
+    assert!(e.contains("loops inside loops") && e.contains("op `for`"), "{e}");
+}
+
+/// `while` loops: one whose condition reads a float carried value (c -> 2c + c^2 until it
+/// reaches 1, a number of trips that differs per program), and one that walks a row's
+/// column blocks, as kernels written in Triton do.
+#[test]
+fn while_loops_agree() {
+    let mut b = KernelBuilder::new("doubling");
+    let x = b.ptr_param("x", DType::F64);
+    let y = b.ptr_param("y", DType::F64);
+    let pid = b.program_id(0);
+    let px = b.add(x, pid);
+    let v = b.load(px, None, None);
+    let v = b.abs(v);
+    let tiny = b.f64(0.01);
+    let v = b.add(v, tiny);
+    let res = b.while_loop(
+        Some(16),
+        &[v],
+        |b, c| {
+            let one = b.f64(1.0);
+            b.lt(c[0], one)
+        },
+        |b, c| {
+            let two = b.f64(2.0);
+            let d = b.mul(c[0], two);
+            let sq = b.mul(c[0], c[0]);
+            vec![b.add(d, sq)]
+        },
+    );
+    let py = b.add(y, pid);
+    b.store(py, res[0], None);
+    let k = b.finish().unwrap();
+    let vk = vjp_kernel(&k).unwrap();
+    assert_eq!(vk.tapes.len(), 1);
+    assert_eq!(vk.tapes[0].per_trip, 1, "the carried value's value is read by its square's rule");
+    agree(&k, 9, &[t("x", 9, true, false), t("y", 9, false, true)], &[], DType::F64, 11);
+
+    // Row blocks: while start < n: acc = acc / 2 + sum(exp(x) * w); start += B (the
+    // halving makes each block's weight depend on its trip: reversed in the wrong order, the
+    // gradients differ).
+    const B: i64 = 16;
+    let mut b = KernelBuilder::new("row_blocks");
+    let x = b.ptr_param("x", DType::F32);
+    let w = b.ptr_param("w", DType::F32);
+    let out = b.ptr_param("out", DType::F32);
+    let n = b.scalar_param("n", DType::I32);
+    let row = b.program_id(0);
+    let base = b.mul(row, n);
+    let (z, s0) = (b.f32(0.0), b.i32(0));
+    let res = b.while_loop(
+        None,
+        &[z, s0],
+        |b, c| b.lt(c[1], n),
+        |b, c| {
+            let ar = b.arange(0, B);
+            let cols = b.add(c[1], ar);
+            let m = b.lt(cols, n);
+            let o = b.add(base, cols);
+            let pxo = b.add(x, o);
+            let zero = b.f32(0.0);
+            let xv = b.load(pxo, Some(m), Some(zero));
+            let pw = b.add(w, cols);
+            let wv = b.load(pw, Some(m), Some(zero));
+            let e = b.exp(xv);
+            let p = b.mul(e, wv);
+            let p = b.where_(m, p, zero);
+            let s = b.sum(p, None, false);
+            let bb = b.i32(B as i32);
+            let half = b.f32(0.5);
+            let decayed = b.mul(c[0], half);
+            vec![b.add(decayed, s), b.add(c[1], bb)]
+        },
+    );
+    let po = b.add(out, row);
+    b.store(po, res[0], None);
+    let k = b.finish().unwrap();
+    let (rows, cols) = (5usize, 37usize);
+    agree(
+        &k,
+        rows,
+        &[t("x", rows * cols, true, false), t("w", cols, true, false), t("out", rows, false, true)],
+        &[("n", cols as i32)],
+        DType::F32,
+        12,
+    );
+}

@@ -401,12 +401,21 @@ impl Gpu {
                     let at = match slots.iter().position(|(id, _)| *id == t) {
                         Some(at) => at,
                         None => {
-                            let bytes = tensor_bytes(mem.get(t).dtype(), mem.get(t).data());
-                            let buf = s.clone_htod(&bytes).map_err(driver)?;
-                            slots.push((
-                                t,
-                                Slot { buf, numel: mem.get(t).numel(), loaded: false, stored: false, atomic: false, marks: None },
-                            ));
+                            let h = mem.get(t);
+                            // Scratch (bound to scratch parameters only) is allocated here, not copied.
+                            let scratch = launch
+                                .args()
+                                .iter()
+                                .filter(|(_, a)| *a == Arg::Tensor(t))
+                                .all(|(n, _)| launch.get_options().scratch.contains(n));
+                            let buf = if scratch {
+                                let bytes = (h.numel() * tilegrad_reference::storage_bytes(h.dtype())).div_ceil(4).max(1) * 4;
+                                s.alloc_zeros::<u8>(bytes).map_err(driver)?
+                            } else {
+                                s.clone_htod(&tensor_bytes(h.dtype(), h.data())).map_err(driver)?
+                            };
+                            let numel = h.numel();
+                            slots.push((t, Slot { buf, numel, loaded: false, stored: false, atomic: false, scratch, marks: None }));
                             slots.len() - 1
                         }
                     };
@@ -616,7 +625,7 @@ impl Gpu {
             }
         }
         for (t, sl) in &p.slots {
-            if sl.stored || sl.atomic {
+            if (sl.stored || sl.atomic) && !sl.scratch {
                 let bytes = s.clone_dtoh(&sl.buf).map_err(driver)?;
                 let old = mem.get(*t);
                 let data = from_bytes(old.dtype(), &bytes, sl.numel);
@@ -672,6 +681,8 @@ struct Slot {
     loaded: bool,
     stored: bool,
     atomic: bool,
+    /// Never copied in or back ([`tilegrad_reference::Options::scratch`]).
+    scratch: bool,
     marks: Option<Marks>,
 }
 

@@ -171,11 +171,16 @@ pub struct Options {
     /// Record which program and store wrote every element of every written tensor
     /// ([`LaunchSummary::writers`]), for blame in reports. Runs on the exact path (16 bytes per element while it runs); the result is kept as runs of elements with one writer.
     pub record_writers: bool,
+    /// Parameters whose tensors are scratch: never read before the launch writes them, and not
+    /// needed after it (a VJP kernel's tapes). A backend that runs elsewhere may keep them
+    /// there: the GPU allocates them on the device and neither copies them in nor back, so
+    /// their host tensors are left as they were. The reference ignores it.
+    pub scratch: Vec<String>,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { races: RaceMode::Error, chunk_programs: 4096, poison_masked_loads: false, record_writers: false }
+        Options { races: RaceMode::Error, chunk_programs: 4096, poison_masked_loads: false, record_writers: false, scratch: Vec::new() }
     }
 }
 

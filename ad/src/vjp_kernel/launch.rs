@@ -109,6 +109,11 @@ pub fn gradient_by_kernel(
         };
         vl = vl.arg(s, sh);
     }
+    // Tapes are scratch: a backend that runs elsewhere keeps them there.
+    vl = vl.options(tilegrad_reference::Options {
+        scratch: vk.tapes.iter().map(|t| t.tape.clone()).collect(),
+        ..tilegrad_reference::Options::default()
+    });
     let programs = launch.grid().programs();
     for tape in &vk.tapes {
         let cap = match tape.max_iters {
@@ -120,7 +125,8 @@ pub fn gradient_by_kernel(
             .and_then(|x| x.checked_mul(tape.per_trip as u64))
             .and_then(|x| usize::try_from(x).ok())
             .ok_or_else(|| AdError::Spec(format!("{}: the loop's tape would hold more than 2^64 values", tape.loc)))?;
-        // At least one element: a loop may keep nothing (no device allocation is empty).
+        // At least one element: a loop may keep nothing (no device allocation is empty). Zeros
+        // from a zeroed allocation: a backend that keeps the tape elsewhere never touches them.
         let t = HostTensor::try_full(DType::F64, &[n.max(1)], 0.0)?;
         let id = m.add(&tape.tape, t);
         vl = vl.arg(&tape.tape, id).arg(&tape.capacity_param, cap as i64);

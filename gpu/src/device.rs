@@ -35,9 +35,7 @@ pub fn nvrtc_present() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
-/// NVRTC's options for generated kernels: no contraction of `a * b + c` (the reference rounds
-/// twice), IEEE division and square root, no flush to zero.
-/// The options of every compile, as flags.
+/// The options of a compile, as NVRTC's flags.
 trait BuildFlags {
     fn build_flags(self) -> Vec<String>;
 }
@@ -53,6 +51,8 @@ impl BuildFlags for cudarc::nvrtc::CompileOptions {
     }
 }
 
+/// NVRTC's options for generated kernels: no contraction of `a * b + c` (the reference rounds
+/// twice), IEEE division and square root, no flush to zero.
 fn nvrtc_options(arch: &str) -> cudarc::nvrtc::CompileOptions {
     cudarc::nvrtc::CompileOptions {
         fmad: Some(false),

@@ -750,7 +750,6 @@ fn explain_elements(
     Ok(out)
 }
 
-/// Differentiable inputs are float inputs; outputs and saved tensors are consistent.
 /// The kernels a check launches, to compile ahead (`(kernel, whether a VJP kernel)`): the
 /// forward's in their dtypes and, for the f64 ground truth, promoted; the backward's; with
 /// [`Ground::Kernels`], the forward launches' VJP kernels as the ground truth most likely builds
@@ -793,6 +792,7 @@ fn kernels_ahead(fwd: &Forward, bwd: &Backward, opts: &CheckOptions) -> Vec<(til
     out
 }
 
+/// Differentiable inputs are float inputs; outputs and saved tensors are consistent.
 fn validate_forward(fwd: &Forward, env: &Env) -> Result<(), CheckError> {
     if fwd.outputs.is_empty() {
         return Err(CheckError::Spec("the forward names no outputs".into()));

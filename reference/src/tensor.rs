@@ -205,7 +205,25 @@ impl HostTensor {
     /// too, not an abort.
     pub fn try_full(dtype: DType, shape: &[usize], value: f64) -> Result<HostTensor, ExecError> {
         let n = check_alloc(dtype, shape)?;
-        fn fill<T: Clone>(n: usize, x: T, what: impl Fn() -> ExecError) -> Result<Vec<T>, ExecError> {
+        /// `n` copies of `x`; `zero` says that `x`'s bytes are all zero, which a zeroed
+        /// allocation gives without writing a page (the system commits them when first
+        /// touched: a tensor of zeros that is never read, such as a loop tape a GPU keeps, costs
+        /// no memory here).
+        fn fill<T: Clone>(n: usize, x: T, zero: bool, what: impl Fn() -> ExecError) -> Result<Vec<T>, ExecError> {
+            if zero && n > 0 && std::mem::size_of::<T>() > 0 {
+                let layout = std::alloc::Layout::array::<T>(n).map_err(|_| what())?;
+                // SAFETY: the layout's size is not zero; `T` is a number or `bool` (the callers
+                // below), for which all-zero bytes are a valid value (`zero` says they are `x`);
+                // the vector owns the allocation, made by the global allocator with the layout
+                // of `n` elements it frees it with.
+                unsafe {
+                    let p = std::alloc::alloc_zeroed(layout).cast::<T>();
+                    if p.is_null() {
+                        return Err(what());
+                    }
+                    return Ok(Vec::from_raw_parts(p, n, n));
+                }
+            }
             let mut v = Vec::new();
             v.try_reserve_exact(n).map_err(|_| what())?;
             v.resize(n, x);
@@ -214,11 +232,11 @@ impl HostTensor {
         let what = || ExecError::BadTensor { message: format!("could not allocate a {dtype} tensor of shape {shape:?}") };
         let x = round_to(dtype, value);
         let data = match dtype {
-            DType::I1 => Data::I1(fill(n, x != 0.0, what)?),
-            DType::I32 => Data::I32(fill(n, x as i32, what)?),
-            DType::I64 => Data::I64(fill(n, x as i64, what)?),
-            DType::F16 | DType::BF16 | DType::F32 => Data::F32(fill(n, x as f32, what)?),
-            DType::F64 => Data::F64(fill(n, x, what)?),
+            DType::I1 => Data::I1(fill(n, x != 0.0, x == 0.0, what)?),
+            DType::I32 => Data::I32(fill(n, x as i32, x as i32 == 0, what)?),
+            DType::I64 => Data::I64(fill(n, x as i64, x as i64 == 0, what)?),
+            DType::F16 | DType::BF16 | DType::F32 => Data::F32(fill(n, x as f32, (x as f32).to_bits() == 0, what)?),
+            DType::F64 => Data::F64(fill(n, x, x.to_bits() == 0, what)?),
         };
         Ok(HostTensor { dtype, shape: Shape::from_slice(shape), data: Arc::new(data) })
     }
@@ -375,5 +393,26 @@ mod tests {
         assert!(c.clone().try_into_data().is_none());
         assert_eq!(c.into_data(), Data::F32(vec![1.0, -5.0, 3.0]));
         assert_eq!(b.try_into_data(), Some(Data::F32(vec![1.0, -5.0, 3.0])));
+    }
+
+    #[test]
+    fn filled_tensors_hold_their_value_zeros_included() {
+        // Zeros come from a zeroed allocation; -0.0 and other values are written.
+        for dt in [DType::I1, DType::I32, DType::I64, DType::F16, DType::BF16, DType::F32, DType::F64] {
+            for (value, n) in [(0.0, 1000), (0.0, 0), (-0.0, 7), (2.0, 5)] {
+                let t = HostTensor::try_full(dt, &[n], value).unwrap();
+                let want = round_to(dt, value);
+                let want = if dt == DType::I1 { (want != 0.0) as u8 as f64 } else { want };
+                assert_eq!(t.numel(), n);
+                assert!(
+                    t.to_f64_vec().iter().all(|x| x.to_bits() == want.to_bits() || (dt.is_int() || dt == DType::I1) && *x == want),
+                    "{dt} {value}"
+                );
+            }
+        }
+        // Growing a zeroed tensor's storage frees and reallocates it as any vector's.
+        let Data::F64(mut v) = HostTensor::try_full(DType::F64, &[3], 0.0).unwrap().into_data() else { panic!("f64") };
+        v.extend([1.0; 100]);
+        assert_eq!(v.iter().sum::<f64>(), 100.0);
     }
 }

@@ -35,20 +35,15 @@ pub fn nvrtc_present() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
-/// The options of a compile, as NVRTC's flags.
-trait BuildFlags {
-    fn build_flags(self) -> Vec<String>;
-}
-
-impl BuildFlags for cudarc::nvrtc::CompileOptions {
-    fn build_flags(self) -> Vec<String> {
-        let on = |name: &str, v: Option<bool>| v.map(|v| format!("--{name}={v}"));
-        [on("ftz", self.ftz), on("prec-sqrt", self.prec_sqrt), on("prec-div", self.prec_div), on("fmad", self.fmad)]
-            .into_iter()
-            .flatten()
-            .chain(self.options)
-            .collect()
-    }
+/// `nvrtc_options(arch)` as NVRTC's flags (for the lower-level API that gives CUBIN).
+fn nvrtc_flags(arch: &str) -> Vec<String> {
+    let o = nvrtc_options(arch);
+    let on = |name: &str, v: Option<bool>| v.map(|v| format!("--{name}={v}"));
+    [on("ftz", o.ftz), on("prec-sqrt", o.prec_sqrt), on("prec-div", o.prec_div), on("fmad", o.fmad)]
+        .into_iter()
+        .flatten()
+        .chain(o.options)
+        .collect()
 }
 
 /// NVRTC's options for generated kernels: no contraction of `a * b + c` (the reference rounds
@@ -81,7 +76,7 @@ fn nvrtc_cubin(source: &str, sm: &str) -> Result<Vec<u8>, String> {
     use cudarc::nvrtc::{result, sys};
     let src = std::ffi::CString::new(source).map_err(|_| "the generated source holds a NUL byte".to_string())?;
     let prog = result::create_program(&src, None).map_err(|e| format!("NVRTC: {e:?}"))?;
-    let flags = nvrtc_options(sm).build_flags();
+    let flags = nvrtc_flags(sm);
     // SAFETY: `prog` was created above from `src`, which outlives it, and is destroyed once, last.
     let out = unsafe {
         match result::compile_program(prog, &flags) {
@@ -181,6 +176,11 @@ fn forms(k: &Kernel, flavor: Flavor) -> Result<(Generated, Option<Generated>), G
     Ok((first, alt))
 }
 
+/// The cache key of generated source compiled for an architecture.
+fn source_key(arch: &str, source: &str) -> u128 {
+    hash128(&format!("{arch}\n{source}"))
+}
+
 /// The disk cache's file of a compiled kernel (by the hash of its architecture and source).
 fn cache_file(key: u128) -> Option<std::path::PathBuf> {
     cache_dir().map(|d| d.join(format!("{key:032x}.cubin")))
@@ -227,7 +227,7 @@ impl Gpu {
     fn compiled(&self, k: &Kernel, flavor: Flavor) -> Result<Arc<Compiled>, GpuError> {
         let (first, alt) = forms(k, flavor)?;
         let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
-        let key = hash128(&format!("{arch}\n{}", first.source));
+        let key = source_key(&arch, &first.source);
         if let Some(c) = self.modules.lock().expect("module cache").get(&key) {
             return Ok(c.clone());
         }
@@ -258,7 +258,7 @@ impl Gpu {
         for (k, flavor) in kernels {
             let Ok((first, alt)) = forms(k, *flavor) else { continue };
             for gen in std::iter::once(first).chain(alt) {
-                let key = hash128(&format!("{arch}\n{}", gen.source));
+                let key = source_key(&arch, &gen.source);
                 let on_disk = cache_file(key).is_some_and(|f| f.exists());
                 let known = self.modules.lock().expect("module cache").contains_key(&key)
                     || self.images.lock().expect("compiled ahead").contains_key(&key);
@@ -287,7 +287,7 @@ impl Gpu {
     /// Compiles generated code (or takes its machine code from the disk cache, or from
     /// [`Gpu::precompile`]) and loads it.
     fn load(&self, k: &Kernel, gen: Generated, arch: &str) -> Result<Compiled, GpuError> {
-        let key = hash128(&format!("{arch}\n{}", gen.source));
+        let key = source_key(arch, &gen.source);
         let cached = cache_file(key).and_then(|f| std::fs::read(f).ok());
         let ahead = || self.images.lock().expect("compiled ahead").remove(&key);
         let image = match cached.or_else(ahead) {

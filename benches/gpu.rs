@@ -243,12 +243,12 @@ fn time_gradient(
         marked = gpu.time(l, &mut m.clone(), GpuOptions { races: true, ordered_atomics: false }, reps).map_err(gpu_err)? * 1e3;
         Ok(())
     };
-    gradient_by_kernel(&vk, launch, mem, &inputs, &outputs, &fwd.summary.max_trips, &mut timed)
+    gradient_by_kernel(&vk, launch, mem, &inputs, &outputs, &fwd.summary.max_trips, u64::MAX, &mut timed)
         .unwrap_or_else(|e| panic!("{}: {e}", c.name));
     let start = std::time::Instant::now();
     let mut once =
         |l: &Launch, m: &mut Memory| gpu.run(l, m, GpuOptions { races: false, ordered_atomics: false }).map(|_| ()).map_err(gpu_err);
-    let g = gradient_by_kernel(&vk, launch, mem, &inputs, &outputs, &fwd.summary.max_trips, &mut once)
+    let g = gradient_by_kernel(&vk, launch, mem, &inputs, &outputs, &fwd.summary.max_trips, u64::MAX, &mut once)
         .unwrap_or_else(|e| panic!("{}: {e}", c.name));
     let call = start.elapsed().as_secs_f64();
     let data: usize =

@@ -79,6 +79,11 @@ struct SpecArgs {
     /// turns); otherwise the GPU's order of float atomics varies the f64 sums by ~1e-16.
     #[arg(long)]
     deterministic: bool,
+    /// With `--ground kernels`: MiB a VJP kernel's launch may take (tensors, shadows and its
+    /// loops' tapes), its programs running in batches whose tapes fit (default: 80% of the
+    /// GPU's free memory; on the CPU 4 GiB).
+    #[arg(long, value_name = "MIB")]
+    vjp_memory: Option<u64>,
     /// Precision of the ground truth (default: the spec's, else f64).
     #[arg(long, value_enum)]
     precision: Option<PrecisionArg>,
@@ -115,6 +120,9 @@ impl SpecArgs {
             };
         }
         o.deterministic |= self.deterministic;
+        if let Some(m) = self.vjp_memory {
+            o.vjp_memory = Some(m.saturating_mul(1 << 20));
+        }
         o.ground = match self.ground {
             GroundArg::Evaluator => Ground::Evaluator,
             GroundArg::Kernels => Ground::Kernels,

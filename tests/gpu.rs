@@ -229,6 +229,37 @@ fn vjp_kernels_on_the_gpu_give_the_cpu_ground_truth() {
     assert!(failures.is_empty(), "{} of {} specs:\n{}", failures.len(), files.len(), failures.join("\n\n"));
 }
 
+/// VJP kernels' launches in batches of programs ([`CheckOptions::vjp_memory`]): with no memory
+/// to spare, one program per launch, each launch running from its own first program (the device
+/// counter and the tapes' slots start there). With `--deterministic` the ground truth is then
+/// the same bit for bit as one launch of every program.
+#[test]
+fn vjp_launches_in_batches_of_programs_give_the_same_ground_truth() {
+    use tilegrad::check::{ground_truth, Ground};
+    let Some(files) = example_specs_on_a_gpu() else { return };
+    let looped = ["flash_attention.toml", "layer_norm.toml", "kl_div.toml"];
+    let files: Vec<_> = files.into_iter().filter(|(l, _)| looped.contains(&l.as_str())).collect();
+    assert_eq!(files.len(), looped.len());
+    let failures = all(&files, |(label, s)| {
+        let opts = CheckOptions { backend: Backend::Gpu, ground: Ground::Kernels, deterministic: true, ..s.options.clone() };
+        let whole = ground_truth(&s.forward, &s.inputs, &opts).map_err(|e| format!("{label}: {e}"))?;
+        let one = ground_truth(&s.forward, &s.inputs, &CheckOptions { vjp_memory: Some(0), ..opts.clone() })
+            .map_err(|e| format!("{label}: one program per launch: {e}"))?;
+        for ((n, w), (_, g)) in whole.gradients.iter().zip(&one.gradients) {
+            let (w, g) = (w.to_f64_vec(), g.to_f64_vec());
+            if !w.iter().any(|&x| x != 0.0) {
+                return Err(format!("{label}: the gradient of `{n}` is zero"));
+            }
+            if let Some(i) = (0..w.len()).find(|&i| w[i].to_bits() != g[i].to_bits()) {
+                return Err(format!("{label}: element {i} of the gradient of `{n}`: {:e} in one launch, {:e} one program per launch", w[i], g[i]));
+            }
+        }
+        println!("{label}: the same");
+        Ok(())
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// `--deterministic`: VJP kernels on the GPU add in program order, so that two runs give the
 /// same ground truth bit for bit, and so does the reference interpreter's run of the same VJP
 /// kernels where the forward's ops round alike on both (no transcendental functions, whose f64

@@ -85,6 +85,7 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "layer_norm_lock",
         "row_scale_desc",
         "flash_attention",
+        "flash_attention_causal",
         "cross_entropy_mean",
         "kl_div",
         "kl_div_log_target",

@@ -81,3 +81,25 @@ fn vjp_kernels_give_the_evaluators_ground_truth_on_every_example() {
 fn f32_vjp_kernels_agree_with_the_f64_ground_truth_within_rounding() {
     against_the_evaluator(1e-5, |o| CheckOptions { precision: tilegrad_ad::Precision::Native, ..o });
 }
+
+/// With no memory to spare for tapes, a VJP kernel's launch runs its programs one per launch
+/// (each with its own tapes' slots): on the reference, which adds into the shadows in program
+/// order either way, the ground truth is the same bit for bit. The specs with loops whose
+/// carried values the reverse reads: flash attention, layer norm's row blocks, KL divergence's
+/// `while` loop.
+#[test]
+fn batched_vjp_launches_give_the_same_ground_truth_bit_for_bit() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    for name in ["flash_attention.toml", "layer_norm.toml", "kl_div.toml"] {
+        let sp = spec::load(&dir.join(name)).unwrap();
+        let opts = CheckOptions { ground: Ground::Kernels, ..sp.options.clone() };
+        let whole = ground_truth(&sp.forward, &sp.inputs, &opts).unwrap();
+        let one = ground_truth(&sp.forward, &sp.inputs, &CheckOptions { vjp_memory: Some(0), ..opts }).unwrap();
+        for ((n, w), (_, g)) in whole.gradients.iter().zip(&one.gradients) {
+            let (w, g) = (w.to_f64_vec(), g.to_f64_vec());
+            assert!(w.iter().any(|&x| x != 0.0), "{name}: the gradient of `{n}` is zero");
+            let same = w.iter().zip(&g).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{name}: the gradient of `{n}` differs when programs run one per launch");
+        }
+    }
+}

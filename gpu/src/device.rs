@@ -214,6 +214,11 @@ impl Gpu {
         Ok(Gpu { ctx, stream, name, arch, sms, modules: Mutex::new(HashMap::new()), images: Mutex::new(HashMap::new()) })
     }
 
+    /// Bytes of device memory free now.
+    pub fn free_memory(&self) -> Result<u64, GpuError> {
+        Ok(self.ctx.mem_get_info().map_err(driver)?.0 as u64)
+    }
+
     /// The device, in words.
     pub fn describe(&self) -> String {
         format!("{} (sm_{}{}, {} SMs)", self.name, self.arch.0, self.arch.1, self.sms)
@@ -382,6 +387,8 @@ impl Gpu {
         let s = &self.stream;
         let grid = launch.grid();
         let total = grid.programs();
+        // A batch of the grid's programs: the counters start at its first.
+        let range = launch.program_range();
         if total > u32::MAX as u64 - 1 {
             return Err(ExecError::Grid {
                 kernel: k.name.clone(),
@@ -451,7 +458,7 @@ impl Gpu {
         let smem = 0usize;
         let global_scratch = c.gen.scratch_bytes > codegen::SHARED_SCRATCH;
         let per_sm = c.main.occupancy_max_active_blocks_per_multiprocessor(nt, smem, None).map_err(driver)?.max(1);
-        let mut blocks = (self.sms as u64 * per_sm as u64).min(total).max(1);
+        let mut blocks = (self.sms as u64 * per_sm as u64).min(range.end - range.start).max(1);
         if c.gen.float_atomics {
             blocks = blocks.min(self.sms as u64 * 2);
         }
@@ -467,7 +474,7 @@ impl Gpu {
         words[0] = grid.0[0] as u64;
         words[1] = grid.0[1] as u64;
         words[2] = grid.0[2] as u64;
-        words[3] = total;
+        words[3] = range.end;
         let cp = counters.device_ptr(s).0;
         words[4] = cp;
         words[5] = cp + 4;
@@ -530,14 +537,15 @@ impl Gpu {
             races: opts.races || writers,
             writers,
             wide,
-            total,
+            first: range.start as u32,
+            total: range.end - range.start,
         })
     }
 
     /// Queues one run: counters, errors and marks reset, the launch, the race check.
     fn execute(&self, c: &Compiled, p: &mut Prepared) -> Result<(), GpuError> {
         let s = &self.stream;
-        s.memset_zeros(&mut p.counters).map_err(driver)?;
+        s.memcpy_htod(&[p.first, p.first], &mut p.counters).map_err(driver)?;
         s.memset_zeros(&mut p.flags).map_err(driver)?;
         s.memset_zeros(&mut p.counts).map_err(driver)?;
         let n = p.errs.len();
@@ -660,6 +668,8 @@ struct Prepared {
     writers: bool,
     /// Store marks are 64-bit stamps (else 32-bit).
     wide: bool,
+    /// The first program that runs (where the counters start) and how many run.
+    first: u32,
     total: u64,
 }
 

@@ -140,6 +140,11 @@ impl KernelBuilder {
         v
     }
 
+    /// The value of the parameter named `name`, where the kernel has one.
+    pub fn param_value(&self, name: &str) -> Option<Value> {
+        self.k.params.iter().find(|p| p.name == name).map(|p| p.value)
+    }
+
     /// A tensor-pointer parameter.
     pub fn ptr_param(&mut self, name: &str, elem: DType) -> Value {
         self.param(name, ParamKind::Ptr(elem), Type::ptr(elem, &[]))

@@ -176,11 +176,15 @@ pub struct Options {
     /// there: the GPU allocates them on the device and neither copies them in nor back, so
     /// their host tensors are left as they were. The reference ignores it.
     pub scratch: Vec<String>,
+    /// Only the programs of this range of linear program ids ([`Grid::pid`]) run: a batch of the
+    /// grid's programs, as a VJP kernel's launch runs them to bound its tapes. Program ids and
+    /// `num_programs` stay those of the whole grid. `None`: every program.
+    pub programs: Option<std::ops::Range<u64>>,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { races: RaceMode::Error, chunk_programs: 4096, poison_masked_loads: false, record_writers: false, scratch: Vec::new() }
+        Options { races: RaceMode::Error, chunk_programs: 4096, poison_masked_loads: false, record_writers: false, scratch: Vec::new(), programs: None }
     }
 }
 
@@ -320,6 +324,16 @@ impl<'k> Launch<'k> {
         &self.options
     }
 
+    /// The linear ids of the programs that run ([`Options::programs`] within the grid).
+    pub fn program_range(&self) -> std::ops::Range<u64> {
+        let total = self.grid.programs();
+        match &self.options.programs {
+            // `check_arguments` refuses a range outside the grid.
+            Some(r) => r.start.min(total)..r.end.clamp(r.start.min(total), total),
+            None => 0..total,
+        }
+    }
+
     /// The same launch of another kernel with the same parameters (e.g. the kernel promoted to
     /// f64).
     pub fn with_kernel<'j>(&self, kernel: &'j Kernel) -> Launch<'j> {
@@ -387,6 +401,15 @@ impl<'k> Launch<'k> {
         }
         if self.grid.0.iter().any(|&g| g > i32::MAX as u32) {
             return Err(ExecError::Grid { kernel: k.name.clone(), grid: self.grid.0, message: "an axis exceeds i32::MAX".into() });
+        }
+        if let Some(r) = &self.options.programs {
+            if r.start > r.end || r.end > self.grid.programs() {
+                return Err(ExecError::Grid {
+                    kernel: k.name.clone(),
+                    grid: self.grid.0,
+                    message: format!("programs {}..{} run of a grid of {}", r.start, r.end, self.grid.programs()),
+                });
+            }
         }
         for (i, (name, _)) in self.args.iter().enumerate() {
             if k.param(name).is_none() {

@@ -675,3 +675,37 @@ fn check_reports_races_as_run_does() {
     assert!(s.races.iter().any(|r| r.kind == RaceKind::ReadWrite));
     assert_eq!(mem[ot].as_f32().unwrap(), &[0.0]);
 }
+
+/// `Options::programs`: only that batch of the grid's programs runs (a 2-D grid, its programs by
+/// linear id, axis 0 fastest), `program_id` and `num_programs` those of the whole grid; a range
+/// past the grid is an argument error.
+#[test]
+fn a_batch_of_programs_runs_alone() {
+    let mut b = KernelBuilder::new("ids");
+    let y = b.ptr_param("y", DType::I32);
+    let (p0, p1) = (b.program_id(0), b.program_id(1));
+    let n0 = b.num_programs(0);
+    let lin = b.mul(p1, n0);
+    let lin = b.add(lin, p0);
+    let hundred = b.i32(100);
+    let v = b.mul(p1, hundred);
+    let v = b.add(v, p0);
+    let py = b.add(y, lin);
+    b.store(py, v, None);
+    let k = b.finish().unwrap();
+    let run = |programs: Option<std::ops::Range<u64>>| {
+        let mut mem = Memory::new();
+        let y = mem.add("y", HostTensor::from_i32(&[12], vec![-1; 12]));
+        let opts = Options { programs, ..Options::default() };
+        let s = Launch::new(&k, [4u32, 3, 1]).arg("y", y).options(opts).run(&mut mem).map(|s| s.programs);
+        (s, mem[y].as_i32().unwrap().to_vec())
+    };
+    let (s, got) = run(Some(5..9));
+    assert_eq!(s.unwrap(), 4);
+    let want: Vec<i32> = (0..12).map(|i| if (5..9).contains(&i) { (i / 4) * 100 + i % 4 } else { -1 }).collect();
+    assert_eq!(got, want);
+    assert_eq!(run(None).1, (0..12).map(|i| (i / 4) * 100 + i % 4).collect::<Vec<_>>());
+    assert_eq!(run(Some(3..3)).1, vec![-1; 12]);
+    let e = run(Some(10..13)).0.unwrap_err().to_string();
+    assert!(e.contains("programs 10..13") && e.contains("grid of 12"), "{e}");
+}

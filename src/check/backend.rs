@@ -20,6 +20,8 @@ pub struct Executor {
     compare: bool,
     /// VJP kernels add in program order ([`Executor::deterministic`]).
     ordered_vjp: bool,
+    /// Bytes a VJP kernel's launch may take ([`Executor::vjp_memory`]).
+    vjp_memory: Option<u64>,
     log: Mutex<Log>,
 }
 
@@ -34,7 +36,7 @@ impl Executor {
     /// The reference interpreter only.
     #[cfg(test)]
     pub(crate) fn cpu() -> Executor {
-        Executor { gpu: None, compare: false, ordered_vjp: false, log: Mutex::default() }
+        Executor { gpu: None, compare: false, ordered_vjp: false, vjp_memory: None, log: Mutex::default() }
     }
 
     /// The executor of a backend choice: `Gpu` fails when no GPU is usable, `Auto` then uses the
@@ -45,7 +47,7 @@ impl Executor {
             Backend::Auto => gpu().ok(),
             Backend::Gpu | Backend::Compare => Some(gpu().map_err(|e| CheckError::Unsupported(format!("--backend gpu: {e}")))?),
         };
-        Ok(Executor { gpu, compare: backend == Backend::Compare, ordered_vjp: false, log: Mutex::default() })
+        Ok(Executor { gpu, compare: backend == Backend::Compare, ordered_vjp: false, vjp_memory: None, log: Mutex::default() })
     }
 
     /// VJP kernels add their float atomics in program order on the GPU too, as the reference
@@ -69,6 +71,27 @@ impl Executor {
             // As `run` and `run_vjp` launch them (a traced run adds writers to marks it has).
             let flavor = |vjp: bool| tilegrad_gpu::codegen::Flavor { ordered: !vjp || self.ordered_vjp, marks: !vjp };
             g.precompile(&kernels.iter().map(|&(k, vjp)| (k, flavor(vjp))).collect::<Vec<_>>());
+        }
+    }
+
+    /// VJP kernels' launches take at most `bytes` ([`Executor::vjp_launch_memory`]).
+    pub fn vjp_memory(mut self, bytes: Option<u64>) -> Executor {
+        self.vjp_memory = bytes;
+        self
+    }
+
+    /// Bytes a VJP kernel's launch may take where it runs (its tensors, shadows and tapes; see
+    /// [`tilegrad_ad::vjp_kernel::gradient_by_kernel`]): as [`Executor::vjp_memory`] set it,
+    /// else on the GPU most of the device memory free now, on the CPU 4 GiB or `host_budget`
+    /// where larger (the tapes are host memory the reference writes).
+    pub fn vjp_launch_memory(&self, host_budget: u64) -> u64 {
+        if let Some(b) = self.vjp_memory {
+            return b;
+        }
+        match self.gpu.as_ref().map(|g| g.free_memory()) {
+            // A margin for the launch's own buffers (error words, scratch) and the allocator.
+            Some(Ok(free)) => free / 10 * 8,
+            Some(Err(_)) | None => host_budget.max(4 << 30),
         }
     }
 

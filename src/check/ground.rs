@@ -69,7 +69,7 @@ pub(crate) fn reverse(
                         let mut run = |l: &Launch, m: &mut tilegrad_reference::Memory| {
                             exec.run_vjp(l, m).map(|_| ()).map_err(tilegrad_ad::AdError::from)
                         };
-                        tilegrad_ad::vjp_kernel::gradient_by_kernel(&vk, &launch, &r.before, &inputs, &outputs, &r.max_trips, &mut run)
+                        tilegrad_ad::vjp_kernel::gradient_by_kernel(&vk, &launch, &r.before, &inputs, &outputs, &r.max_trips, exec.vjp_launch_memory(opts.memory_budget as u64), &mut run)
                             .map_err(|e| at(e.to_string()))?
                     }
                     None => vjp(&launch, &r.before, &inputs, &outputs, opts).map_err(|e| at(e.to_string()))?.inputs,

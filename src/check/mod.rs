@@ -275,6 +275,10 @@ pub struct CheckOptions {
     /// (slower: programs take turns). Without it, the hardware's order of float atomics makes
     /// f64 sums differ by about 1e-16 from run to run.
     pub deterministic: bool,
+    /// With [`Ground::Kernels`]: bytes a VJP kernel's launch may take (its tensors, shadows and
+    /// loop tapes); its programs run in batches whose tapes fit, at least one program each.
+    /// `None`: 80% of the GPU's free memory, or 4 GiB (or `memory_budget`, if larger) on the CPU.
+    pub vjp_memory: Option<u64>,
 }
 
 /// How the ground truth of launches is computed.
@@ -312,6 +316,7 @@ impl Default for CheckOptions {
             blame_elements: Vec::new(),
             ground: Ground::Evaluator,
             deterministic: false,
+            vjp_memory: None,
         }
     }
 }
@@ -343,7 +348,7 @@ pub fn check_backward_with(
         && (bwd_tf32 || fwd_tf32 || inputs.tensors.iter().any(|t| fwd.differentiable.contains(&t.name) && is_narrow(input_dtype(t))));
     progress("inputs and forward", 0, opts.trials);
     let start = std::time::Instant::now();
-    let exec = backend::Executor::new(opts.backend)?.deterministic(opts.deterministic);
+    let exec = backend::Executor::new(opts.backend)?.deterministic(opts.deterministic).vjp_memory(opts.vjp_memory);
     let ahead = if exec.on_gpu() { kernels_ahead(fwd, bwd, opts) } else { Vec::new() };
     exec.precompile(&ahead.iter().map(|(k, v)| (k, *v)).collect::<Vec<_>>());
     drop(ahead);

@@ -197,7 +197,7 @@ pub(crate) fn draw_cotangents(rng: &mut StdRng, env: &Env, fwd: &Forward) -> Res
 
 /// The ground-truth gradients of `fwd` for a random cotangent drawn from `opts.seed`.
 pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<GroundTruth, CheckError> {
-    let exec = Executor::new(opts.backend)?.deterministic(opts.deterministic);
+    let exec = Executor::new(opts.backend)?.deterministic(opts.deterministic).vjp_memory(opts.vjp_memory);
     let mut p = prepare(fwd, inputs, opts, false, &exec)?;
     let drawn = draw_cotangents(&mut cotangent_rng(opts.seed), &p.native, fwd)?;
     let mut cot: HashMap<String, Vec<f64>> = HashMap::new();
@@ -283,7 +283,7 @@ impl fmt::Display for GradcheckReport {
 /// forward, promoted to f64, along `opts.trials` random directions.
 pub fn gradcheck(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, name: &str) -> Result<GradcheckReport, CheckError> {
     let opts = CheckOptions { precision: Precision::F64, ..opts.clone() };
-    let exec = Executor::new(opts.backend)?.deterministic(opts.deterministic);
+    let exec = Executor::new(opts.backend)?.deterministic(opts.deterministic).vjp_memory(opts.vjp_memory);
     let p = prepare(fwd, inputs, &opts, false, &exec)?;
     let mut rng = StdRng::seed_from_u64(opts.seed ^ 0x5851_f42d_4c95_7f2d);
     let cot: HashMap<String, Vec<f64>> = draw_cotangents(&mut rng, &p.truth, fwd)?.into_iter().map(|(o, c, _)| (o, c)).collect();

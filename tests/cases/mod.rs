@@ -73,6 +73,8 @@ pub const CASES: &[Case] = &[
     ("attn_bwd_broken_key_mask", "flash_attention", "bwd", Wrong { input: "q", line: 155 }, "mask: blamed on the store of grad_q"),
     ("attn_bwd_broken_race", "flash_attention", "bwd", Race(196), ""),
     ("attn_bwd_broken_dq_accumulate", "flash_attention", "bwd", Wrong { input: "q", line: 249 }, "dot: blamed on the store of the accumulator"),
+    ("attn_bwd_causal_broken_mask", "flash_attention_causal", "bwd", Wrong { input: "q", line: 139 }, "mask: blamed on the store of grad_q"),
+    ("attn_bwd_causal_broken_diagonal", "flash_attention_causal", "bwd", Wrong { input: "q", line: 200 }, "loop bound: blamed on the store of grad_q"),
     ("_rms_norm_backward_kernel_broken_dw", "rms_norm", "bwd", Wrong { input: "w", line: 104 }, ""),
     ("_rms_norm_backward_kernel_broken_no_offset", "rms_norm_f16", "bwd", Wrong { input: "x", line: 73 }, "weight load: blamed on the store of grad_x"),
     ("liger_cross_entropy_bwd_kernel_broken_ignored", "cross_entropy", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "early return: the ignored rows are never written"),

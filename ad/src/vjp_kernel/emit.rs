@@ -89,9 +89,16 @@ pub(super) struct Emit<'k, 'b> {
     pub(super) shadow: HashMap<Value, Value>,
     pub(super) adj: HashMap<Value, Value>,
     pub(super) map: HashMap<Value, Value>,
-    pub(super) tapes: &'k RefCell<Vec<LoopTape>>,
+    pub(super) tapes: &'k Tapes,
     /// The dtype of the arithmetic, cotangents and shadows (f64, or f32).
     pub(super) fl: DType,
+}
+
+/// The loops' tapes, as the sweep adds them, and the name of the scalar parameter that takes
+/// the linear id of the first program of a launch's batch (tapes hold the batch's programs).
+pub(super) struct Tapes {
+    pub(super) list: RefCell<Vec<LoopTape>>,
+    pub(super) first: String,
 }
 
 /// A constant of the arithmetic's dtype.
@@ -371,7 +378,7 @@ impl Emit<'_, '_> {
         };
         let yields = k.inst(*blk.insts.last().expect("a body ends in yield")).args.to_vec();
         self.b.set_loc(Some(d.loc.clone()));
-        let n = self.tapes.borrow().len();
+        let n = self.tapes.list.borrow().len();
         let tape = self.b.ptr_param(&format!("tg_tape{n}"), DType::F64);
         let cap_name = format!("tg_cap{n}");
         let cap = self.b.scalar_param(&cap_name, DType::I64);
@@ -384,7 +391,7 @@ impl Emit<'_, '_> {
             at.push(per_trip);
             per_trip += k.ty(c).numel();
         }
-        self.tapes.borrow_mut().push(LoopTape {
+        self.tapes.list.borrow_mut().push(LoopTape {
             tape: format!("tg_tape{n}"),
             capacity_param: cap_name,
             per_trip,
@@ -392,7 +399,14 @@ impl Emit<'_, '_> {
             inst: i,
             loc: d.loc.clone(),
         });
+        // The program's place in the batch: a launch runs its programs in batches sized to the
+        // memory its tapes may take (see `gradient_by_kernel`).
+        let first = match self.b.param_value(&self.tapes.first) {
+            Some(v) => v,
+            None => self.b.scalar_param(&self.tapes.first, DType::I64),
+        };
         let pix = self.program_index();
+        let pix = self.b.sub(pix, first);
         let s = self.b.i64(per_trip as i64);
         let base = self.b.mul(pix, cap);
         let base = self.b.mul(base, s);

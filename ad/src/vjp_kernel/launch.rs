@@ -14,7 +14,9 @@ use tilegrad_reference::{Arg, HostTensor, Launch, Memory, TensorId};
 /// The launch of `vk` runs on a memory of its own: `mem`'s tensors shared where `vk` takes
 /// them in their dtype, else f64 copies, a shadow per float tensor (the output's cotangent, else zeros)
 /// and the loops' tapes, sized by `max_iters` or else by `max_trips` (a forward run's largest
-/// trip count per loop, as [`tilegrad_reference::LaunchSummary::max_trips`] has it). `run`
+/// trip count per loop, as [`tilegrad_reference::LaunchSummary::max_trips`] has it), for as
+/// many programs at once as fit in `memory` bytes beside the launch's tensors (at least one: the
+/// programs run in batches, each a launch of its own, in program order). `run`
 /// executes it (the reference interpreter, or another backend). `mem` must be as the forward
 /// found it, and the launch without races between programs.
 pub fn gradient_by_kernel(
@@ -24,6 +26,7 @@ pub fn gradient_by_kernel(
     inputs: &[TensorId],
     outputs: &[(TensorId, Vec<f64>)],
     max_trips: &BTreeMap<Inst, u64>,
+    memory: u64,
     run: &mut dyn FnMut(&Launch, &mut Memory) -> Result<(), AdError>,
 ) -> Result<Vec<Vec<f64>>, AdError> {
     let mut m = Memory::new();
@@ -110,28 +113,64 @@ pub fn gradient_by_kernel(
         vl = vl.arg(s, sh);
     }
     // Tapes are scratch: a backend that runs elsewhere keeps them there.
-    vl = vl.options(tilegrad_reference::Options {
-        scratch: vk.tapes.iter().map(|t| t.tape.clone()).collect(),
-        ..tilegrad_reference::Options::default()
-    });
+    let scratch: Vec<String> = vk.tapes.iter().map(|t| t.tape.clone()).collect();
     let programs = launch.grid().programs();
+    // Each tape's trips per program, and the bytes a program's slots take on all tapes.
+    let mut caps = Vec::new();
+    let mut per_program = 0u64;
     for tape in &vk.tapes {
         let cap = match tape.max_iters {
             Some(m) => m as u64,
             None => max_trips.get(&tape.inst).copied().unwrap_or(0),
         };
-        let n = programs
+        per_program = cap
+            .checked_mul(tape.per_trip as u64)
+            .and_then(|x| x.checked_mul(8))
+            .and_then(|x| x.checked_add(per_program))
+            .ok_or_else(|| AdError::Spec(format!("{}: the loop's tape would hold more than 2^64 bytes per program", tape.loc)))?;
+        caps.push(cap);
+    }
+    // Programs run in batches whose tapes fit in what `memory` leaves beside the launch's
+    // tensors; at least one program per batch.
+    let held: u64 = (0..m.len() as u32)
+        .map(|i| m.get(TensorId(i)))
+        .map(|h| h.numel() as u64 * tilegrad_reference::storage_bytes(h.dtype()) as u64)
+        .sum();
+    let batch = match per_program {
+        0 => programs,
+        p => (memory.saturating_sub(held) / p).clamp(1, programs.max(1)),
+    };
+    let mut tapes = Vec::new();
+    for (tape, &cap) in vk.tapes.iter().zip(&caps) {
+        let n = batch
             .checked_mul(cap)
             .and_then(|x| x.checked_mul(tape.per_trip as u64))
             .and_then(|x| usize::try_from(x).ok())
             .ok_or_else(|| AdError::Spec(format!("{}: the loop's tape would hold more than 2^64 values", tape.loc)))?;
         // At least one element: a loop may keep nothing (no device allocation is empty). Zeros
         // from a zeroed allocation: a backend that keeps the tape elsewhere never touches them.
+        // Every batch reuses it: a trip's slots are written before they are read.
         let t = HostTensor::try_full(DType::F64, &[n.max(1)], 0.0)?;
-        let id = m.add(&tape.tape, t);
+        tapes.push((m.add(&tape.tape, t), cap));
+    }
+    for (tape, &(id, cap)) in vk.tapes.iter().zip(&tapes) {
         vl = vl.arg(&tape.tape, id).arg(&tape.capacity_param, cap as i64);
     }
-    run(&vl, &mut m)?;
+    let mut first = 0u64;
+    while first < programs {
+        let end = first.saturating_add(batch).min(programs);
+        let mut bl = vl.clone();
+        if let Some(f) = &vk.first_param {
+            bl = bl.arg(f, first as i64);
+        }
+        let bl = bl.options(tilegrad_reference::Options {
+            scratch: scratch.clone(),
+            programs: (batch < programs).then_some(first..end),
+            ..tilegrad_reference::Options::default()
+        });
+        run(&bl, &mut m)?;
+        first = end;
+    }
     inputs
         .iter()
         .map(|t| match copies.iter().find(|(o, ..)| o == t) {

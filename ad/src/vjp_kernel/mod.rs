@@ -54,7 +54,7 @@ mod tests;
 pub use launch::gradient_by_kernel;
 
 use crate::AdError;
-use emit::Emit;
+use emit::{Emit, Tapes};
 use refuse::refuse_unsupported;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -72,6 +72,11 @@ pub struct VjpKernel {
     pub shadows: Vec<(String, String)>,
     /// The tapes of the forward's loops, in order.
     pub tapes: Vec<LoopTape>,
+    /// Where the kernel has tapes: its scalar (i64) parameter taking the linear id of the
+    /// first program of the launch's batch. Tapes hold the programs of a batch from that one
+    /// on, so that a launch may run its programs in batches (each launch runs
+    /// [`tilegrad_reference::Options::programs`]) and bound the tapes' memory.
+    pub first_param: Option<String>,
     /// The float tensor parameters kept in their own dtype (see [`vjp_kernel_with`]); the
     /// others are of [`VjpKernel::float`].
     pub kept: Vec<String>,
@@ -80,7 +85,7 @@ pub struct VjpKernel {
 }
 
 /// What a launch of a VJP kernel gives a loop's tape: an f64 tensor of at least
-/// `programs * capacity * per_trip` elements for parameter `tape`, and the scalar (i64)
+/// `programs * capacity * per_trip` elements (the programs of the launch's batch) for parameter `tape`, and the scalar (i64)
 /// `capacity` for parameter `capacity_param`: the most trips a program may take (`max_iters`,
 /// or the largest trip count of a forward run). A program that takes more fails with an
 /// out-of-bounds store at the loop.
@@ -167,7 +172,11 @@ fn build(k: &Kernel, keep: Option<&StoredDtype<'_>>, fl: DType) -> Result<VjpKer
     let forward: Vec<Inst> = p.block(p.body).insts.clone();
     let params = p.params.clone();
     let mut b = KernelBuilder::resume(p.clone());
-    let tapes = RefCell::new(Vec::new());
+    let mut first = "tg_first".to_string();
+    while params.iter().any(|q| q.name == first) {
+        first.insert_str(0, "tg_");
+    }
+    let tapes = Tapes { list: RefCell::new(Vec::new()), first };
     let mut e = Emit { k: &p, b: &mut b, shadow: HashMap::new(), adj: HashMap::new(), map: HashMap::new(), tapes: &tapes, fl };
 
     // Shadow parameters, named apart from every parameter.
@@ -193,11 +202,12 @@ fn build(k: &Kernel, keep: Option<&StoredDtype<'_>>, fl: DType) -> Result<VjpKer
     for &i in forward.iter().rev() {
         e.reverse(i)?;
     }
-    let tapes = tapes.into_inner();
+    let (tapes, first) = (tapes.list.into_inner(), tapes.first);
     // Only the shadows are read back: what reaches nothing else goes (the forward's stores that
     // nothing loads, the loops they feed, values recomputed for tapes that keep nothing).
     let kernel = b.finish()?;
     let mut kernel = remove_dead_code(&kernel, &|name| shadows.iter().any(|(_, s)| s == name));
     kernel.name = format!("{}_vjp", p.name);
-    Ok(VjpKernel { kernel, shadows, tapes, kept, float: fl })
+    let first_param = (!tapes.is_empty()).then_some(first);
+    Ok(VjpKernel { kernel, shadows, tapes, first_param, kept, float: fl })
 }

@@ -192,10 +192,11 @@ fn run_programs(
     fast: Option<&[Option<fast::FastBuf>]>,
     mut sink: impl FnMut(u32, ProgramOut) -> Result<(), ExecError>,
 ) -> Result<LaunchSummary, ExecError> {
-    let mut summary = LaunchSummary { programs: l.grid.programs(), ..Default::default() };
-    let total = l.grid.programs();
+    let range = l.program_range();
+    let mut summary = LaunchSummary { programs: range.end - range.start, ..Default::default() };
+    let total = range.end;
     let chunk = l.options.chunk_programs.max(1) as u64;
-    let mut start = 0u64;
+    let mut start = range.start;
     while start < total {
         let end = (start + chunk).min(total);
         let outs: Vec<Result<ProgramOut, ExecError>> =
@@ -428,8 +429,9 @@ fn run_exact(l: &Launch, shared: &Shared) -> Result<(LaunchSummary, Finals), Exe
 /// ordered by it, in program order, and are not races; any other conflict is.
 fn run_ordered(l: &Launch, shared: &Shared) -> Result<(LaunchSummary, Finals), ExecError> {
     let mut c = Committer::new(shared);
-    let mut summary = LaunchSummary { programs: l.grid.programs(), ..Default::default() };
-    for p in 0..l.grid.programs() {
+    let range = l.program_range();
+    let mut summary = LaunchSummary { programs: range.end - range.start, ..Default::default() };
+    for p in range {
         let out = {
             let slots = shared
                 .slots

@@ -216,7 +216,7 @@ fn time_gradient(
     triton: Option<&serde_json::Value>,
     float: tilegrad_ir::DType,
 ) {
-    use tilegrad_ad::vjp_kernel::{gradient_by_kernel, vjp_kernel_with};
+    use tilegrad_ad::vjp_kernel::{gradient_by_kernel, vjp_kernel_with, TapeBounds};
     use tilegrad_ad::AdError;
     let vk = vjp_kernel_with(k, true, float).unwrap_or_else(|e| panic!("{}: {e}", c.name));
     // The forward, for its trip counts (and the output it leaves is not read: the VJP kernel
@@ -243,13 +243,21 @@ fn time_gradient(
         marked = gpu.time(l, &mut m.clone(), GpuOptions { races: true, ordered_atomics: false }, reps).map_err(gpu_err)? * 1e3;
         Ok(())
     };
-    gradient_by_kernel(&vk, launch, mem, &inputs, &outputs, &fwd.summary.max_trips, u64::MAX, &mut timed)
+    gradient_by_kernel(&vk, launch, mem, &inputs, &outputs, TapeBounds { max_trips: &fwd.summary.max_trips, memory: u64::MAX }, &mut timed)
         .unwrap_or_else(|e| panic!("{}: {e}", c.name));
     let start = std::time::Instant::now();
     let mut once =
         |l: &Launch, m: &mut Memory| gpu.run(l, m, GpuOptions { races: false, ordered_atomics: false }).map(|_| ()).map_err(gpu_err);
-    let g = gradient_by_kernel(&vk, launch, mem, &inputs, &outputs, &fwd.summary.max_trips, u64::MAX, &mut once)
-        .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+    let g = gradient_by_kernel(
+        &vk,
+        launch,
+        mem,
+        &inputs,
+        &outputs,
+        TapeBounds { max_trips: &fwd.summary.max_trips, memory: u64::MAX },
+        &mut once,
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", c.name));
     let call = start.elapsed().as_secs_f64();
     let data: usize =
         ids.iter().map(|(_, t)| mem.get(*t).numel() * 4).sum::<usize>() + inputs.iter().map(|t| mem.get(*t).numel() * 4).sum::<usize>();

@@ -21,6 +21,8 @@ from softmax_bwd import softmax_bwd  # noqa: E402
 from weighted_sum_bwd import weighted_sum_bwd  # noqa: E402
 from softmax import softmax  # noqa: E402
 from weighted_sum import weighted_sum_fwd  # noqa: E402
+from flash_attention_causal import attn_fwd_causal  # noqa: E402
+from flash_attention_causal_bwd import attn_bwd_causal  # noqa: E402
 
 
 def main(out):
@@ -66,6 +68,25 @@ def main(out):
     times["softmax_bwd"] = triton.testing.do_bench(
         lambda: softmax_bwd[(sr,)](ys, gy, gxs, ys.stride(0), gy.stride(0), gxs.stride(0), sr, sc,
                                    BLOCK_ROWS=1, BLOCK_COLS=sc))
+    # Causal attention, 16 heads of T=8192, D=64 (as `examples/flash_attention_causal.toml` at
+    # that size): the example's forward and its hand-written backward (atomics into grad_k, grad_v).
+    heads, t, dh, bm, bn = 16, 8192, 64, 32, 16
+    q, k, v = (torch.randn(heads, t, dh, device=dev) for _ in range(3))
+    o = torch.empty_like(q)
+    grid = (triton.cdiv(t, bm), heads)
+
+    def strides(*ts):
+        return [s for x in ts for s in x.stride()]
+    times["attention_causal"] = triton.testing.do_bench(
+        lambda: attn_fwd_causal[grid](q, k, v, o, dh ** -0.5, *strides(q, k, v, o), t, HEAD_DIM=dh, BLOCK_M=bm, BLOCK_N=bn))
+    go = torch.randn_like(o)
+    gq, gk, gv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    def attn_bwd():
+        gk.zero_()
+        gv.zero_()
+        attn_bwd_causal[grid](q, k, v, o, go, gq, gk, gv, dh ** -0.5, *strides(q, k, v, o), t, HEAD_DIM=dh, BLOCK_M=bm, BLOCK_N=bn)
+    times["attention_causal_bwd"] = triton.testing.do_bench(attn_bwd)
     times["device"] = torch.cuda.get_device_name()
     with open(out, "w") as f:
         json.dump(times, f)

@@ -251,7 +251,10 @@ fn vjp_launches_in_batches_of_programs_give_the_same_ground_truth() {
                 return Err(format!("{label}: the gradient of `{n}` is zero"));
             }
             if let Some(i) = (0..w.len()).find(|&i| w[i].to_bits() != g[i].to_bits()) {
-                return Err(format!("{label}: element {i} of the gradient of `{n}`: {:e} in one launch, {:e} one program per launch", w[i], g[i]));
+                return Err(format!(
+                    "{label}: element {i} of the gradient of `{n}`: {:e} in one launch, {:e} one program per launch",
+                    w[i], g[i]
+                ));
             }
         }
         println!("{label}: the same");
@@ -342,4 +345,69 @@ fn gradcheck_passes_on_the_gpu() {
     assert!(failures.is_empty(), "{} of {} specs:\n{}", failures.len(), files.len(), failures.join("\n\n"));
     let checked = checked.into_inner();
     assert!(checked * 10 >= files.len() * 9, "gradcheck ran on only {checked} of {} specs", files.len());
+}
+
+/// Float atomics in program order are logged per program, 2^15 entries by default: a launch
+/// whose programs log more (here 40 trips of 1000 lanes each) runs again on the device with
+/// longer logs, rather than going to the reference, and adds in the reference's order bit for
+/// bit.
+#[test]
+fn long_atomic_logs_stay_on_the_gpu() {
+    use tilegrad_gpu::{Gpu, GpuOptions, RanOn};
+    use tilegrad_ir::KernelBuilder;
+    use tilegrad_reference::{HostTensor, Launch, Memory};
+    if let Err(why) = tilegrad_gpu::usable() {
+        eprintln!("skipped: no usable GPU ({why})");
+        return;
+    }
+    const LANES: usize = 1024;
+    const TRIPS: i32 = 40;
+    // y[0..1000] += x[pid, t, 0..1000] * (t + 1) for t in 0..40
+    let mut b = KernelBuilder::new("many_atomics");
+    let x = b.ptr_param("x", DType::F32);
+    let y = b.ptr_param("y", DType::F32);
+    let pid = b.program_id(0);
+    let lanes = b.arange(0, LANES as i64);
+    let n = b.i32(1000);
+    let mask = b.lt(lanes, n);
+    let (z, hi, one) = (b.i32(0), b.i32(TRIPS), b.i32(1));
+    b.for_range(z, hi, one, Some(64), &[], |b, t, _| {
+        let row = b.i32(TRIPS * 1000);
+        let base = b.mul(pid, row);
+        let thousand = b.i32(1000);
+        let tt = b.mul(t, thousand);
+        let base = b.add(base, tt);
+        let offs = b.add(base, lanes);
+        let px = b.add(x, offs);
+        let v = b.load(px, Some(mask), None);
+        let t1 = b.add(t, one);
+        let w = b.cast(t1, DType::F32);
+        let v = b.mul(v, w);
+        let py = b.add(y, lanes);
+        b.atomic_add(py, v, Some(mask));
+        vec![]
+    });
+    let k = b.finish().unwrap();
+    let programs = 37usize;
+    let mut r = 0x2545f4914f6cdd1du64;
+    let mut next = || {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        (r >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    let xs: Vec<f32> = (0..programs * TRIPS as usize * 1000).map(|_| next()).collect();
+    let ys: Vec<f32> = (0..1000).map(|_| next()).collect();
+    let mut mem = Memory::new();
+    let xt = mem.add("x", HostTensor::from_f32(&[xs.len()], xs));
+    let yt = mem.add("y", HostTensor::from_f32(&[1000], ys));
+    let launch = Launch::new(&k, programs).arg("x", xt).arg("y", yt);
+    let mut want = mem.clone();
+    launch.run(&mut want).unwrap();
+    let gpu = Gpu::new().unwrap();
+    let out = gpu.run(&launch, &mut mem, GpuOptions { races: true, ordered_atomics: true }).unwrap();
+    assert!(matches!(out.ran_on, RanOn::Gpu), "ran on {:?}", out.ran_on);
+    let (w, g) = (want[yt].as_f32().unwrap(), mem[yt].as_f32().unwrap());
+    let differ = (0..1000).filter(|&i| w[i].to_bits() != g[i].to_bits()).count();
+    assert_eq!(differ, 0, "{differ} of 1000 sums differ from the reference's");
 }

@@ -272,10 +272,10 @@ const SLICE_MISSES: &[(&str, &str)] = &[
     // The bug is the condition of an early return: it decides whether the program reaches its
     // atomic_add at all, and the slice follows the values of the element, not that branch.
     ("_embedding_bwd_kernel_broken_padding", "an early return's condition is control flow, not data flow"),
-    // The bug sets a value a `while` loop carries to its next iteration: the slice follows values
-    // carried by `for` loops across iterations (as in `layer_norm_bwd_broken_accumulate`) but not
-    // those of `while` loops, so it stops at the carried value's use.
-    ("_cumsum_bwd_broken_carry", "the slice does not follow values carried across `while` iterations"),
+    // The bug is the bound of the loop that accumulates dq: the slice reaches it (the bounds
+    // decide how many trips made the value) but ranks an integer bound below the many float
+    // lines of the softmax recomputation that every trip runs.
+    ("attn_bwd_causal_broken_diagonal", "a loop bound ranks below the float lines of every trip"),
 ];
 
 /// For a wrong or NaN gradient, the worst element's data-flow slice names the variant's `# BUG:`

@@ -1641,7 +1641,7 @@ impl<'k> Gen<'k> {
             "    __shared__ u32 tg_sh_p[2]; __shared__ u64 tg_sh_key;\n\
              \x20   const int tid = threadIdx.x;\n\
              #define TG_G0 ((u32)A.w[0])\n#define TG_G1 ((u32)A.w[1])\n#define TG_G2 ((u32)A.w[2])\n#define TG_TOTAL (A.w[3])\n\
-             #define TG_NEXT ((u32*)A.w[4])\n#define TG_TICKET ((u32*)A.w[5])\n#define TG_ERR ((u64*)A.w[6])\n\
+             #define TG_NEXT ((u32*)A.w[4])\n#define TG_TICKET ((u32*)A.w[5])\n#define TG_LOGMAX ((u32*)A.w[4] + 2)\n#define TG_ERR ((u64*)A.w[6])\n\
              #define TG_FLAGS ((u32*)A.w[7])\n#define TG_COUNT ((u64*)A.w[8])\n#define TG_TRIPS ((u64*)A.w[8] + 3)\n\
              #define TG_LOG ((u64*)A.w[11] + 3 * A.w[12] * (u64)blockIdx.x)\n#define TG_LOGCAP (A.w[12])\n\
              #define TG_POISON (A.w[13] != 0)\n#define TG_WIDE (A.w[14] != 0)\n\
@@ -1732,6 +1732,8 @@ impl<'k> Gen<'k> {
             // Float atomics in program order: wait for this program's turn, add its logged
             // contributions (each element's in log order, by the thread its address hashes to),
             // then pass the turn on. Every program takes its turn, failed or not.
+            // A log too short: the longest one wanted, for the launch run again.
+            src.push_str("        if (tid == 0 && tg_alen > TG_LOGCAP) atomicMax(TG_LOGMAX, tg_alen);\n");
             src.push_str("        if (tid == 0) { while (atomicAdd(TG_TICKET, 0u) != tg_p) { } }\n        __syncthreads();\n        __threadfence();\n");
             src.push_str("        if (!tg_stop) {\n            const u32 tg_n = tg_alen < TG_LOGCAP ? tg_alen : (u32)TG_LOGCAP;\n            for (u32 q = 0; q < tg_n; ++q) {\n                const u64* le = TG_LOG + 3 * (u64)q;\n                if (le[0] == ~0ULL) continue;\n                const i64 off = (i64)le[0];\n                switch ((int)le[1]) {\n");
             for (j, p) in k.params.iter().enumerate() {

@@ -2,7 +2,9 @@
 //! disk by source hash), moving tensors, launching, and turning what the device found into the
 //! reference's errors.
 
-use crate::codegen::{self, Flavor, Generated, ARG_WORDS, ERR_LOOP, ERR_OOB, ERR_RUNTIME, ERR_WORDS, HEADER_WORDS, LOG_WORDS, PTR_WORDS};
+use crate::codegen::{
+    self, Flavor, Generated, ARG_WORDS, ERR_LOOP, ERR_OOB, ERR_RUNTIME, ERR_WORDS, FLAG_LOG_FULL, HEADER_WORDS, LOG_WORDS, PTR_WORDS,
+};
 use crate::{GpuError, GpuOptions, Outcome, RanOn};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
@@ -131,6 +133,9 @@ struct Compiled {
     main: CudaFunction,
     races: CudaFunction,
     _module: Arc<CudaModule>,
+    /// The longest log of float atomics (in program order) a program of a launch of it wanted,
+    /// where longer than the default: later launches start with logs that long.
+    log_hint: std::sync::atomic::AtomicU64,
 }
 
 fn driver(e: impl std::fmt::Display) -> GpuError {
@@ -307,7 +312,7 @@ impl Gpu {
         let module = self.ctx.load_module(ptx).map_err(driver)?;
         let main = module.load_function(codegen::ENTRY).map_err(driver)?;
         let races = module.load_function("tg_races").map_err(driver)?;
-        Ok(Compiled { gen, main, races, _module: module })
+        Ok(Compiled { gen, main, races, _module: module, log_hint: std::sync::atomic::AtomicU64::new(LOG_CAP) })
     }
 
     /// Facts about a kernel's compiled form in a flavor, in words: threads, registers and local
@@ -344,11 +349,34 @@ impl Gpu {
     }
 
     /// Runs on the device; `None` when the reference must settle the launch.
+    ///
+    /// Float atomics added in program order are logged per program: a launch whose programs
+    /// log more than the default capacity runs again with logs as long as its longest, where
+    /// they fit in a quarter of the free memory (fewer blocks then run at once).
     fn run_compiled(&self, c: &Compiled, launch: &Launch, mem: &mut Memory, opts: GpuOptions) -> Result<Option<LaunchSummary>, GpuError> {
-        let mut p = self.upload(c, launch, mem, opts)?;
-        self.execute(c, &mut p)?;
-        self.stream.synchronize().map_err(driver)?;
-        self.finish(c, launch, mem, &p)
+        use std::sync::atomic::Ordering::Relaxed;
+        let fits = |cap: u64| -> Result<bool, GpuError> { Ok(LOG_WORDS as u64 * 8 * cap <= self.free_memory()? / 4) };
+        let mut cap = c.log_hint.load(Relaxed);
+        if cap > LOG_CAP && !fits(cap)? {
+            cap = LOG_CAP;
+        }
+        let mut again = true;
+        loop {
+            let mut p = self.upload(c, launch, mem, opts, cap)?;
+            self.execute(c, &mut p)?;
+            self.stream.synchronize().map_err(driver)?;
+            let flag = self.stream.clone_dtoh(&p.flags).map_err(driver)?[0];
+            if flag == FLAG_LOG_FULL && std::mem::take(&mut again) {
+                let want = self.stream.clone_dtoh(&p.counters).map_err(driver)?[2] as u64;
+                if want > cap && fits(want)? {
+                    drop(p);
+                    cap = want;
+                    c.log_hint.fetch_max(want, Relaxed);
+                    continue;
+                }
+            }
+            return self.finish(c, launch, mem, &p);
+        }
     }
 
     /// Times a launch on the device: its tensors are uploaded once, then the launch (with the
@@ -365,7 +393,7 @@ impl Gpu {
             });
         }
         let c = self.compiled(launch.kernel(), opts.flavor(launch))?;
-        let mut p = self.upload(&c, launch, mem, opts)?;
+        let mut p = self.upload(&c, launch, mem, opts, LOG_CAP)?;
         let mut best = f64::INFINITY;
         for _ in 0..reps.max(1) {
             let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
@@ -382,7 +410,7 @@ impl Gpu {
     }
 
     /// Uploads a launch's tensors and allocates its marks, counters and scratch.
-    fn upload(&self, c: &Compiled, launch: &Launch, mem: &Memory, opts: GpuOptions) -> Result<Prepared, GpuError> {
+    fn upload(&self, c: &Compiled, launch: &Launch, mem: &Memory, opts: GpuOptions, log_cap: u64) -> Result<Prepared, GpuError> {
         let k = launch.kernel();
         let s = &self.stream;
         let grid = launch.grid();
@@ -461,13 +489,19 @@ impl Gpu {
         let mut blocks = (self.sms as u64 * per_sm as u64).min(range.end - range.start).max(1);
         if c.gen.float_atomics {
             blocks = blocks.min(self.sms as u64 * 2);
+            // Logs beyond the default take at most a quarter of the free memory.
+            if log_cap > LOG_CAP {
+                let free = self.free_memory()?;
+                blocks = blocks.min((free / 4 / (LOG_WORDS as u64 * 8 * log_cap)).max(1));
+            }
         }
-        let counters = s.alloc_zeros::<u32>(2).map_err(driver)?;
+        // The program counter, the turn (ordered atomics), the longest atomic log a program wanted.
+        let counters = s.alloc_zeros::<u32>(3).map_err(driver)?;
         let errs = s.clone_htod(&vec![u64::MAX; ERR_WORDS * blocks as usize]).map_err(driver)?;
         let flags = s.alloc_zeros::<u32>(1).map_err(driver)?;
         let counts = s.alloc_zeros::<u64>(3 + c.gen.loops.len()).map_err(driver)?;
         let scratch = if global_scratch { Some(s.alloc_zeros::<u8>(c.gen.scratch_bytes * blocks as usize).map_err(driver)?) } else { None };
-        let log_cap = if c.gen.float_atomics { LOG_CAP } else { 0 };
+        let log_cap = if c.gen.float_atomics { log_cap } else { 0 };
         let log = s.alloc_zeros::<u64>((LOG_WORDS as u64 * log_cap * blocks).max(1) as usize).map_err(driver)?;
         let ptr = |b: &CudaSlice<u8>| b.device_ptr(s).0;
         let mut words = vec![0u64; HEADER_WORDS + (PTR_WORDS + 1) * k.params.len()];
@@ -545,7 +579,7 @@ impl Gpu {
     /// Queues one run: counters, errors and marks reset, the launch, the race check.
     fn execute(&self, c: &Compiled, p: &mut Prepared) -> Result<(), GpuError> {
         let s = &self.stream;
-        s.memcpy_htod(&[p.first, p.first], &mut p.counters).map_err(driver)?;
+        s.memcpy_htod(&[p.first, p.first, 0], &mut p.counters).map_err(driver)?;
         s.memset_zeros(&mut p.flags).map_err(driver)?;
         s.memset_zeros(&mut p.counts).map_err(driver)?;
         let n = p.errs.len();

@@ -184,7 +184,14 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Options {
-        Options { races: RaceMode::Error, chunk_programs: 4096, poison_masked_loads: false, record_writers: false, scratch: Vec::new(), programs: None }
+        Options {
+            races: RaceMode::Error,
+            chunk_programs: 4096,
+            poison_masked_loads: false,
+            record_writers: false,
+            scratch: Vec::new(),
+            programs: None,
+        }
     }
 }
 

@@ -16,6 +16,7 @@ use super::steps::{bind, split_axis, Records, Reduction, Step};
 use super::tensor_expr::broadcast_map;
 use super::{CheckError, Env};
 use std::collections::HashMap;
+use tilegrad_ad::vjp_kernel::{gradient_by_kernel, TapeBounds};
 use tilegrad_ad::{vjp, vjp_kernel_for, GradOptions, VjpKernel};
 use tilegrad_ir::{DType, Elem};
 use tilegrad_reference::Launch;
@@ -69,8 +70,8 @@ pub(crate) fn reverse(
                         let mut run = |l: &Launch, m: &mut tilegrad_reference::Memory| {
                             exec.run_vjp(l, m).map(|_| ()).map_err(tilegrad_ad::AdError::from)
                         };
-                        tilegrad_ad::vjp_kernel::gradient_by_kernel(&vk, &launch, &r.before, &inputs, &outputs, &r.max_trips, exec.vjp_launch_memory(opts.memory_budget as u64), &mut run)
-                            .map_err(|e| at(e.to_string()))?
+                        let bounds = TapeBounds { max_trips: &r.max_trips, memory: exec.vjp_launch_memory(opts.memory_budget as u64) };
+                        gradient_by_kernel(&vk, &launch, &r.before, &inputs, &outputs, bounds, &mut run).map_err(|e| at(e.to_string()))?
                     }
                     None => vjp(&launch, &r.before, &inputs, &outputs, opts).map_err(|e| at(e.to_string()))?.inputs,
                 };

@@ -390,17 +390,27 @@ impl Walk<'_, '_> {
                 Def::BlockParam(b, j) => {
                     let Some(o) = g.owner[b.index()] else { continue };
                     let d = k.inst(o);
-                    if let Op::For { .. } = d.op {
-                        if j == 0 {
+                    match d.op {
+                        Op::For { .. } if j == 0 => {
                             for &a in &d.args[..3] {
                                 self.reach(a, vec![0], role, depth);
                             }
-                        } else {
+                        }
+                        Op::For { .. } => {
                             self.reach(d.args[3 + j - 1], lanes.clone(), role, depth);
                             if let Some(&y) = g.yielded(b).get(j - 1) {
                                 self.reach(y, lanes.clone(), role, depth);
                             }
                         }
+                        // A `while` loop's condition and body both take the carried values:
+                        // from the loop's operands, then from the body's last trip.
+                        Op::While { body, .. } => {
+                            self.reach(d.args[j], lanes.clone(), role, depth);
+                            if let Some(&y) = g.yielded(body).get(j) {
+                                self.reach(y, lanes.clone(), role, depth);
+                            }
+                        }
+                        _ => {}
                     }
                 }
                 Def::Inst(i, r) => self.step(i, r, v, &lanes, role, depth),
@@ -532,6 +542,10 @@ impl Walk<'_, '_> {
                     self.reach(y, lanes.to_vec(), role, depth);
                 }
                 self.reach(a[3 + r], lanes.to_vec(), role, depth);
+                // The bounds decide how many trips made the value, as a condition decides a branch.
+                for &x in &a[..3] {
+                    self.reach(x, vec![0], sub(Role::Mask), depth);
+                }
             }
             Op::If { then_block, else_block } => {
                 self.reach(a[0], vec![0], sub(Role::Mask), depth);
@@ -546,12 +560,16 @@ impl Walk<'_, '_> {
                     }
                 }
             }
-            Op::While { body, .. } => {
+            Op::While { cond, body, .. } => {
                 if let Some(&y) = g.yielded(*body).get(r) {
                     self.reach(y, lanes.to_vec(), role, depth);
                 }
                 if let Some(&init) = a.get(r) {
                     self.reach(init, lanes.to_vec(), role, depth);
+                }
+                // The condition decides how many trips made the value.
+                if let Some(&c) = g.yielded(*cond).first() {
+                    self.reach(c, vec![0], sub(Role::Mask), depth);
                 }
             }
             // The old values of atomics come from memory as the programs before left it: the

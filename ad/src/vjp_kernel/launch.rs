@@ -7,6 +7,17 @@ use std::collections::BTreeMap;
 use tilegrad_ir::{DType, Inst, ParamKind};
 use tilegrad_reference::{Arg, HostTensor, Launch, Memory, TensorId};
 
+/// How long a VJP kernel's tapes are, and how much memory its launch may take (see
+/// [`gradient_by_kernel`]).
+#[derive(Clone, Copy, Debug)]
+pub struct TapeBounds<'a> {
+    /// The forward run's largest trip count of each loop
+    /// ([`tilegrad_reference::LaunchSummary::max_trips`]), for loops without `max_iters`.
+    pub max_trips: &'a BTreeMap<Inst, u64>,
+    /// Bytes the launch may take where it runs: its tensors, shadows and tapes.
+    pub memory: u64,
+}
+
 /// Runs VJP kernel `vk` of `launch`'s kernel: the cotangents of the initial contents of
 /// `inputs` (float tensors) given cotangents of the final contents of `outputs`, as
 /// [`crate::vjp`] gives them.
@@ -25,8 +36,7 @@ pub fn gradient_by_kernel(
     mem: &Memory,
     inputs: &[TensorId],
     outputs: &[(TensorId, Vec<f64>)],
-    max_trips: &BTreeMap<Inst, u64>,
-    memory: u64,
+    bounds: TapeBounds<'_>,
     run: &mut dyn FnMut(&Launch, &mut Memory) -> Result<(), AdError>,
 ) -> Result<Vec<Vec<f64>>, AdError> {
     let mut m = Memory::new();
@@ -118,6 +128,7 @@ pub fn gradient_by_kernel(
     // Each tape's trips per program, and the bytes a program's slots take on all tapes.
     let mut caps = Vec::new();
     let mut per_program = 0u64;
+    let TapeBounds { max_trips, memory } = bounds;
     for tape in &vk.tapes {
         let cap = match tape.max_iters {
             Some(m) => m as u64,

@@ -51,7 +51,7 @@ mod refuse;
 #[cfg(test)]
 mod tests;
 
-pub use launch::gradient_by_kernel;
+pub use launch::{gradient_by_kernel, TapeBounds};
 
 use crate::AdError;
 use emit::{Emit, Tapes};

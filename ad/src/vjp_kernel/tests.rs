@@ -56,19 +56,21 @@ fn same_gradients(launch: &Launch, mem: &Memory, inputs: &[TensorId], outputs: &
     for (keep, fl, tol) in [(true, DType::F64, 1e-12), (false, DType::F64, 1e-12), (true, DType::F32, 1e-4)] {
         let vk = vjp_kernel_with(k, keep, fl).unwrap();
         let run = &mut |l: &Launch, m: &mut Memory| l.run(m).map(|_| ()).map_err(AdError::from);
-        got = gradient_by_kernel(&vk, launch, mem, inputs, outputs, &max_trips, u64::MAX, run)
+        got = gradient_by_kernel(&vk, launch, mem, inputs, outputs, TapeBounds { max_trips: &max_trips, memory: u64::MAX }, run)
             .unwrap_or_else(|e| panic!("{}: {e}\n{}", k.name, vk.kernel));
         if !vk.tapes.is_empty() {
             // No memory to spare: the programs run one per launch, each with its own tapes'
             // slots, and add into the shadows in the same order.
             let mut launches = 0;
-            let one = gradient_by_kernel(&vk, launch, mem, inputs, outputs, &max_trips, 0, &mut |l, m| {
-                launches += 1;
-                run(l, m)
-            })
-            .unwrap_or_else(|e| panic!("{}, one program at a time: {e}", k.name));
+            let one =
+                gradient_by_kernel(&vk, launch, mem, inputs, outputs, TapeBounds { max_trips: &max_trips, memory: 0 }, &mut |l, m| {
+                    launches += 1;
+                    run(l, m)
+                })
+                .unwrap_or_else(|e| panic!("{}, one program at a time: {e}", k.name));
             // Tapes that keep nothing need no batches.
-            let keeps = vk.tapes.iter().any(|t| t.per_trip > 0 && t.max_iters.map_or(max_trips.get(&t.inst).copied().unwrap_or(0), u64::from) > 0);
+            let keeps =
+                vk.tapes.iter().any(|t| t.per_trip > 0 && t.max_iters.map_or(max_trips.get(&t.inst).copied().unwrap_or(0), u64::from) > 0);
             let want = if keeps { launch.grid().programs() } else { 1 };
             assert_eq!(launches, want, "{}: launches of one program", k.name);
             assert_eq!(one, got, "{}: one program at a time", k.name);

@@ -8,7 +8,7 @@ unnormalized output, in base 2 (exp2 of scores scaled by 1/ln 2).
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit

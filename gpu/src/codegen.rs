@@ -1735,7 +1735,10 @@ impl<'k> Gen<'k> {
             // A log too short: the longest one wanted, for the launch run again.
             src.push_str("        if (tid == 0 && tg_alen > TG_LOGCAP) atomicMax(TG_LOGMAX, tg_alen);\n");
             src.push_str("        if (tid == 0) { while (atomicAdd(TG_TICKET, 0u) != tg_p) { } }\n        __syncthreads();\n        __threadfence();\n");
-            src.push_str("        if (!tg_stop) {\n            const u32 tg_n = tg_alen < TG_LOGCAP ? tg_alen : (u32)TG_LOGCAP;\n            for (u32 q = 0; q < tg_n; ++q) {\n                const u64* le = TG_LOG + 3 * (u64)q;\n                if (le[0] == ~0ULL) continue;\n                const i64 off = (i64)le[0];\n                switch ((int)le[1]) {\n");
+            // Once some log ran out the launch runs again: no program adds its log.
+            let _ =
+                writeln!(src, "        const int tg_full = __syncthreads_or(tid == 0 && (*(volatile u32*)TG_FLAGS & {FLAG_LOG_FULL}u));");
+            src.push_str("        if (!tg_stop && !tg_full) {\n            const u32 tg_n = tg_alen < TG_LOGCAP ? tg_alen : (u32)TG_LOGCAP;\n            for (u32 q = 0; q < tg_n; ++q) {\n                const u64* le = TG_LOG + 3 * (u64)q;\n                if (le[0] == ~0ULL) continue;\n                const i64 off = (i64)le[0];\n                switch ((int)le[1]) {\n");
             for (j, p) in k.params.iter().enumerate() {
                 if let tilegrad_ir::ParamKind::Ptr(dt) = &p.kind {
                     if !dt.is_float() {

@@ -70,6 +70,9 @@ pub enum GpuError {
 pub enum RanOn {
     /// On the GPU.
     Gpu,
+    /// On the GPU, its float atomics added in the device's order rather than in program order
+    /// (sums that differ from the reference's by rounding), and why.
+    GpuDeviceOrder(String),
     /// On the reference interpreter, and why.
     Reference(String),
 }

@@ -29,6 +29,8 @@ pub struct Executor {
 struct Log {
     on_gpu: usize,
     on_reference: Vec<(String, String)>,
+    /// Launches on the GPU whose float atomics added in the device's order, and why.
+    device_order: Vec<(String, String)>,
     mismatches: Vec<String>,
 }
 
@@ -125,6 +127,10 @@ impl Executor {
                 let mut log = self.log.lock().expect("executor log");
                 match o.ran_on {
                     RanOn::Gpu => log.on_gpu += 1,
+                    RanOn::GpuDeviceOrder(why) => {
+                        log.on_gpu += 1;
+                        log.device_order.push((launch.kernel().name.clone(), why));
+                    }
                     RanOn::Reference(why) => log.on_reference.push((launch.kernel().name.clone(), why)),
                 }
                 Ok(o.summary)
@@ -146,16 +152,22 @@ impl Executor {
     pub fn describe(&self) -> String {
         let Some(g) = &self.gpu else { return "cpu".into() };
         let log = self.log.lock().expect("executor log");
-        let mut s = format!("gpu: {}; {} launches on the GPU", g.describe(), log.on_gpu);
-        if !log.on_reference.is_empty() {
+        let whys = |list: &[(String, String)]| {
             let mut whys: Vec<String> = Vec::new();
-            for (k, why) in &log.on_reference {
+            for (k, why) in list {
                 let w = format!("`{k}`: {why}");
                 if !whys.contains(&w) {
                     whys.push(w);
                 }
             }
-            s += &format!(", {} on the reference ({})", log.on_reference.len(), whys.join("; "));
+            whys.join("; ")
+        };
+        let mut s = format!("gpu: {}; {} launches on the GPU", g.describe(), log.on_gpu);
+        if !log.device_order.is_empty() {
+            s += &format!(" ({} adding float atomics in the device's order: {})", log.device_order.len(), whys(&log.device_order));
+        }
+        if !log.on_reference.is_empty() {
+            s += &format!(", {} on the reference ({})", log.on_reference.len(), whys(&log.on_reference));
         }
         s
     }

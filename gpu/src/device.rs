@@ -137,10 +137,58 @@ pub struct Gpu {
     name: String,
     arch: (i32, i32),
     sms: u32,
-    modules: Mutex<HashMap<u128, Arc<Compiled>>>,
-    /// Machine code compiled ahead ([`Gpu::precompile`]) where no disk cache keeps it, by
-    /// source hash.
+    /// Loaded kernels by the source hash of their first form, and whether the choice of form
+    /// is provisional (the first form spills and the other was still compiling).
+    modules: Mutex<HashMap<u128, (Arc<Compiled>, bool)>>,
+    /// Compiles ahead of launches.
+    ahead: Arc<Ahead>,
+}
+
+/// Machine code compiled ahead ([`Gpu::precompile`]): images where no disk cache keeps them,
+/// and the sources still compiling in the background, by source hash.
+#[derive(Default)]
+struct Ahead {
     images: Mutex<HashMap<u128, Vec<u8>>>,
+    pending: Mutex<std::collections::HashSet<u128>>,
+    done: std::sync::Condvar,
+}
+
+impl Ahead {
+    /// Compiles `(key, source)` for `arch`: each image to the disk cache, or kept.
+    fn compile(&self, todo: &[(u128, String)], arch: &str) {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(todo.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((key, source)) = todo.get(i) else { break };
+                    if let Ok(image) = nvrtc_cubin(source, arch) {
+                        if !write_cache(*key, &image) {
+                            self.images.lock().expect("compiled ahead").insert(*key, image);
+                        }
+                    }
+                    self.pending.lock().expect("compiling ahead").remove(key);
+                    self.done.notify_all();
+                });
+            }
+        });
+    }
+
+    /// Whether `key` is still compiling in the background.
+    fn compiling(&self, key: u128) -> bool {
+        self.pending.lock().expect("compiling ahead").contains(&key)
+    }
+
+    /// The image of `key` compiled ahead, waiting while it compiles in the background.
+    fn take(&self, key: u128) -> Option<Vec<u8>> {
+        let mut pending = self.pending.lock().expect("compiling ahead");
+        while pending.contains(&key) {
+            pending = self.done.wait(pending).expect("compiling ahead");
+        }
+        drop(pending);
+        self.images.lock().expect("compiled ahead").remove(&key)
+    }
 }
 
 struct Compiled {
@@ -231,7 +279,7 @@ impl Gpu {
         let arch = ctx.compute_capability().map_err(driver)?;
         use cudarc::driver::sys::CUdevice_attribute as A;
         let sms = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver)? as u32;
-        Ok(Gpu { ctx, stream, name, arch, sms, modules: Mutex::new(HashMap::new()), images: Mutex::new(HashMap::new()) })
+        Ok(Gpu { ctx, stream, name, arch, sms, modules: Mutex::new(HashMap::new()), ahead: Arc::default() })
     }
 
     /// Bytes of device memory free now.
@@ -248,65 +296,73 @@ impl Gpu {
     ///
     /// A kernel whose blocks spill registers to local memory at 64 registers a thread is
     /// compiled again for half as many blocks an SM (up to 128 registers), and that form is
-    /// used when it spills less.
-    fn compiled(&self, k: &Kernel, flavor: Flavor) -> Result<Arc<Compiled>, GpuError> {
+    /// used when it spills less. A launch of at most `small` programs does not wait for that
+    /// form while it compiles in the background ([`Gpu::precompile`]): it runs the first, and
+    /// later launches take the better one.
+    fn compiled(&self, k: &Kernel, flavor: Flavor, programs: u64) -> Result<Arc<Compiled>, GpuError> {
         let (first, alt) = forms(k, flavor)?;
         let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
         let key = source_key(&arch, &first.source);
-        if let Some(c) = self.modules.lock().expect("module cache").get(&key) {
-            return Ok(c.clone());
-        }
-        let mut c = self.load(k, first, &arch)?;
+        let small = programs <= self.sms as u64;
+        let known = self.modules.lock().expect("module cache").get(&key).cloned();
+        let first = match known {
+            Some((c, false)) => return Ok(c),
+            Some((c, true)) => {
+                let alt_key = alt.as_ref().map(|a| source_key(&arch, &a.source));
+                if small && alt_key.is_some_and(|a| self.ahead.compiling(a)) {
+                    return Ok(c);
+                }
+                c
+            }
+            None => Arc::new(self.load(k, first, &arch)?),
+        };
         let spill = |c: &Compiled| c.main.local_size_bytes().unwrap_or(0);
+        let mut c = first;
+        let mut provisional = false;
         if let Some(alt) = alt.filter(|_| spill(&c) > 0) {
-            // The other form is an optimisation: if it fails to compile, the first one serves.
-            if let Ok(alt) = self.load(k, alt, &arch) {
+            if small && self.ahead.compiling(source_key(&arch, &alt.source)) {
+                provisional = true;
+            } else if let Ok(alt) = self.load(k, alt, &arch) {
+                // The other form is an optimisation: if it fails to compile, the first serves.
                 if spill(&alt) < spill(&c) {
-                    c = alt;
+                    c = Arc::new(alt);
                 }
             }
         }
-        let c = Arc::new(c);
-        self.modules.lock().expect("module cache").insert(key, c.clone());
+        self.modules.lock().expect("module cache").insert(key, (c.clone(), provisional));
         Ok(c)
     }
 
-    /// The kernels' forms in their flavors (see [`GpuOptions::flavor`]) compiled ahead, NVRTC
-    /// running on as many threads as the host has cores, so that a check's first launches find
-    /// them compiled: NVRTC takes a fraction of a second for each, one after another otherwise.
-    /// Both forms of a kernel that may spill are compiled (whether it spills is known only
-    /// once compiled). Those compiled before (in memory or on disk) are skipped; a kernel that
-    /// fails to compile is left to its launch, which reports the error.
+    /// The kernels' forms in their flavors (see [`GpuOptions::flavor`]) compiled ahead, so that
+    /// a check's first launches find them compiled: NVRTC takes a fraction of a second for each.
+    /// The first form of each is compiled now (NVRTC runs on as many threads as the host has
+    /// cores, though it runs mostly one compile at a time), the other form (for fewer blocks,
+    /// used where the first spills; see [`Gpu::compiled`]) in the background. Those compiled
+    /// before (in memory or on disk) are skipped; a kernel that fails to compile is left to its
+    /// launch, which reports the error.
     pub fn precompile(&self, kernels: &[(&Kernel, Flavor)]) {
         let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
-        let mut todo: Vec<(u128, String)> = Vec::new();
+        let (mut now, mut later): (Vec<(u128, String)>, Vec<(u128, String)>) = (Vec::new(), Vec::new());
         for (k, flavor) in kernels {
             let Ok((first, alt)) = forms(k, *flavor) else { continue };
-            for gen in std::iter::once(first).chain(alt) {
+            for (j, gen) in std::iter::once(first).chain(alt).enumerate() {
                 let key = source_key(&arch, &gen.source);
                 let on_disk = cache_file(key).is_some_and(|f| f.exists());
                 let known = self.modules.lock().expect("module cache").contains_key(&key)
-                    || self.images.lock().expect("compiled ahead").contains_key(&key);
-                if !on_disk && !known && !todo.iter().any(|(t, _)| *t == key) {
-                    todo.push((key, gen.source));
+                    || self.ahead.images.lock().expect("compiled ahead").contains_key(&key)
+                    || self.ahead.compiling(key);
+                let listed = now.iter().chain(&later).any(|(t, _)| *t == key);
+                if !on_disk && !known && !listed {
+                    if j == 0 { &mut now } else { &mut later }.push((key, gen.source));
                 }
             }
         }
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(todo.len());
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some((key, source)) = todo.get(i) else { break };
-                    if let Ok(image) = nvrtc_cubin(source, &arch) {
-                        if !write_cache(*key, &image) {
-                            self.images.lock().expect("compiled ahead").insert(*key, image);
-                        }
-                    }
-                });
-            }
-        });
+        self.ahead.pending.lock().expect("compiling ahead").extend(now.iter().chain(&later).map(|(key, _)| *key));
+        self.ahead.compile(&now, &arch);
+        if !later.is_empty() {
+            let ahead = self.ahead.clone();
+            std::thread::spawn(move || ahead.compile(&later, &arch));
+        }
     }
 
     /// Compiles generated code (or takes its machine code from the disk cache, or from
@@ -314,7 +370,7 @@ impl Gpu {
     fn load(&self, k: &Kernel, gen: Generated, arch: &str) -> Result<Compiled, GpuError> {
         let key = source_key(arch, &gen.source);
         let cached = cache_file(key).and_then(|f| std::fs::read(f).ok());
-        let ahead = || self.images.lock().expect("compiled ahead").remove(&key);
+        let ahead = || self.ahead.take(key);
         let image = match cached.or_else(ahead) {
             Some(image) => image,
             None => {
@@ -333,7 +389,7 @@ impl Gpu {
     /// Facts about a kernel's compiled form in a flavor, in words: threads, registers and local
     /// memory per thread (spills), scratch bytes per block, blocks per SM.
     pub fn describe_kernel(&self, k: &Kernel, flavor: Flavor) -> Result<String, GpuError> {
-        let c = self.compiled(k, flavor)?;
+        let c = self.compiled(k, flavor, u64::MAX)?;
         let f = &c.main;
         let regs = f.num_regs().map_err(driver)?;
         let local = f.local_size_bytes().map_err(driver)?;
@@ -356,7 +412,8 @@ impl Gpu {
         if let Some(why) = codegen::needs_reference(k) {
             return reference(launch, mem, why);
         }
-        let c = self.compiled(k, opts.flavor(launch))?;
+        let programs = launch.program_range().end - launch.program_range().start;
+        let c = self.compiled(k, opts.flavor(launch), programs)?;
         let conflict = "the device found a conflict between programs, which the reference reports exactly";
         match self.run_compiled(&c, launch, mem, opts)? {
             Ran::Done(summary) => Ok(Outcome { summary, ran_on: RanOn::Gpu }),
@@ -365,7 +422,7 @@ impl Gpu {
                 // Adding in program order would take the programs' turns far longer than the
                 // launch: the device's order instead, as the kernel runs on a GPU.
                 let unordered = GpuOptions { ordered_atomics: false, ..opts };
-                let c = self.compiled(k, unordered.flavor(launch))?;
+                let c = self.compiled(k, unordered.flavor(launch), programs)?;
                 match self.run_compiled(&c, launch, mem, unordered)? {
                     Ran::Done(summary) => {
                         let why = format!("a program adds up to {n} floats atomically, too many to add in program order");
@@ -438,7 +495,7 @@ impl Gpu {
                 why: why.to_string(),
             });
         }
-        let c = self.compiled(launch.kernel(), opts.flavor(launch))?;
+        let c = self.compiled(launch.kernel(), opts.flavor(launch), u64::MAX)?;
         let mut p = self.upload(&c, launch, mem, opts, LOG_CAP)?;
         let mut best = f64::INFINITY;
         for _ in 0..reps.max(1) {

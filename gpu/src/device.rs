@@ -342,7 +342,8 @@ impl Gpu {
     /// launch, which reports the error.
     pub fn precompile(&self, kernels: &[(&Kernel, Flavor)]) {
         let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
-        let (mut now, mut later): (Vec<(u128, String)>, Vec<(u128, String)>) = (Vec::new(), Vec::new());
+        let mut now: Vec<(u128, String)> = Vec::new();
+        let mut later: Vec<(u128, String)> = Vec::new();
         for (k, flavor) in kernels {
             let Ok((first, alt)) = forms(k, *flavor) else { continue };
             for (j, gen) in std::iter::once(first).chain(alt).enumerate() {

@@ -274,14 +274,22 @@ impl LaunchRecord {
 /// `record`.
 /// Where launches run: `Executor("cpu" | "gpu" | "auto" | "compare")`, the CLI's `--backend`
 /// choices. `gpu` (and `compare`) raise `UsageError` saying why when no GPU is usable; `auto`
-/// then uses the CPU. `describe()` says where the launches it ran went.
+/// then uses the CPU. `describe()` says where the launches it ran went. With
+/// `ground="kernels"`, [`vjp`] computes launches' ground truth by their VJP kernels run there
+/// (the CLI's `--ground kernels`).
 #[pyclass(frozen, name = "Executor")]
-struct PyExecutor(Executor);
+struct PyExecutor(Executor, bool);
 
 #[pymethods]
 impl PyExecutor {
     #[new]
-    fn new(backend: &str) -> PyResult<PyExecutor> {
+    #[pyo3(signature = (backend, ground="evaluator"))]
+    fn new(backend: &str, ground: &str) -> PyResult<PyExecutor> {
+        let kernels = match ground {
+            "evaluator" => false,
+            "kernels" => true,
+            other => return Err(usage(format!("ground `{other}`: expected \"evaluator\" or \"kernels\""))),
+        };
         let b = match backend {
             "cpu" => Backend::Cpu,
             "gpu" => Backend::Gpu,
@@ -289,7 +297,7 @@ impl PyExecutor {
             "compare" => Backend::Compare,
             other => return Err(usage(format!("backend `{other}`: expected \"cpu\", \"gpu\", \"auto\" or \"compare\""))),
         };
-        Executor::new(b).map(PyExecutor).map_err(usage)
+        Executor::new(b).map(|e| PyExecutor(e, kernels)).map_err(usage)
     }
 
     /// Where the launches ran: `cpu`, or the GPU and the launches it passed to the reference.
@@ -355,7 +363,7 @@ fn launch(
 /// index, address of a contiguous f64 buffer), writes the cotangents of the initial contents of
 /// `inputs` (storage index, address of a contiguous f64 buffer to fill).
 #[pyfunction]
-#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, inputs, outputs, *, native=false))]
+#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, inputs, outputs, *, native=false, executor=None))]
 #[allow(clippy::too_many_arguments)]
 fn vjp(
     py: Python<'_>,
@@ -367,7 +375,9 @@ fn vjp(
     inputs: Vec<(usize, usize)>,
     outputs: Vec<(usize, usize)>,
     native: bool,
+    executor: Option<PyRef<'_, PyExecutor>>,
 ) -> PyResult<()> {
+    let exec = executor.as_ref().filter(|e| e.1).map(|e| &e.0);
     let call = Call::new(kernel, grid, ptr_args, &scalars, mems, !native)?;
     let r = py.allow_threads(|| -> Result<Result<(), String>, String> {
         let mem = call.memory(!native)?;
@@ -376,17 +386,43 @@ fn vjp(
             .map(|&(m, addr)| Ok((TensorId(m as u32), read_f64(addr, call.mems.get(m).ok_or("bad storage index")?.numel)?)))
             .collect::<Result<_, String>>()?;
         let ins: Vec<TensorId> = inputs.iter().map(|&(m, _)| TensorId(m as u32)).collect();
-        let opts = GradOptions { precision: if native { Precision::Native } else { Precision::F64 }, ..GradOptions::default() };
-        let g = match tilegrad_ad::vjp(&call.launch(Options::default()), &mem, &ins, &outs, &opts) {
-            Ok(g) => g,
-            Err(e) => return Ok(Err(e.to_string())),
+        let precision = if native { Precision::Native } else { Precision::F64 };
+        let launch = call.launch(Options::default());
+        let g = match exec {
+            Some(exec) => match vjp_by_kernel(exec, &launch, &mem, &ins, &outs, precision) {
+                Ok(g) => g,
+                Err(e) => return Ok(Err(e)),
+            },
+            None => match tilegrad_ad::vjp(&launch, &mem, &ins, &outs, &GradOptions { precision, ..GradOptions::default() }) {
+                Ok(g) => g.inputs,
+                Err(e) => return Ok(Err(e.to_string())),
+            },
         };
-        for (&(_, addr), gi) in inputs.iter().zip(g.inputs) {
+        for (&(_, addr), gi) in inputs.iter().zip(g) {
             write_f64(addr, gi)?;
         }
         Ok(Ok(()))
     });
     r.map_err(usage)?.map_err(LaunchError::new_err)
+}
+
+/// The VJP of `launch` by its VJP kernel run on `exec` (computing in f64, or at native precision
+/// in f32 where the kernel has no f64 values), its loops' tapes sized by a forward run there.
+fn vjp_by_kernel(
+    exec: &Executor,
+    launch: &Launch,
+    mem: &Memory,
+    inputs: &[TensorId],
+    outputs: &[(TensorId, Vec<f64>)],
+    precision: Precision,
+) -> Result<Vec<Vec<f64>>, String> {
+    use tilegrad_ad::vjp_kernel::{gradient_by_kernel, TapeBounds};
+    let float = tilegrad::check::vjp_float(launch.kernel(), precision);
+    let vk = tilegrad_ad::vjp_kernel_for(launch, mem, float).map_err(|e| format!("ground \"kernels\": {e}"))?;
+    let max_trips = exec.run(launch, &mut mem.clone()).map_err(|e| e.to_string())?.max_trips;
+    let bounds = TapeBounds { max_trips: &max_trips, memory: exec.vjp_launch_memory(GradOptions::default().memory_budget as u64) };
+    let mut run = |l: &Launch, m: &mut Memory| exec.run_vjp(l, m).map(|_| ()).map_err(tilegrad_ad::AdError::from);
+    gradient_by_kernel(&vk, launch, mem, inputs, outputs, bounds, &mut run).map_err(|e| e.to_string())
 }
 
 /// One writer of a blamed element (a store, an atomic add, nobody, a given tensor).

@@ -82,3 +82,18 @@ def square_autotuned(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask)
     tl.store(y_ptr + offs, x * x, mask=mask)
+
+
+@triton.jit
+def row_max_sum(x_ptr, out_ptr, total_ptr, cols, BLOCK: tl.constexpr):
+    """out[r] = the sum over lanes of the running max of row r's column blocks (lane c % BLOCK),
+    one row per program; total += out[r] atomically."""
+    r = tl.program_id(0)
+    acc = tl.zeros([BLOCK], dtype=tl.float32) - float("inf")
+    for start in range(0, cols, BLOCK):
+        c = start + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + r * cols + c, mask=c < cols, other=-float("inf"))
+        acc = tl.maximum(acc, v)
+    s = tl.sum(acc, axis=0)
+    tl.store(out_ptr + r, s)
+    tl.atomic_add(total_ptr, s)

@@ -236,3 +236,42 @@ def test_backends_without_torch():
     )
     print(out)
     assert "backends ok" in out
+
+
+def test_vjp_kernels_from_python_without_torch():
+    out = run_without_torch(
+        """
+        rng = np.random.default_rng(2)
+        rows, cols = 7, 100
+        x = rng.standard_normal((rows, cols)).astype(np.float32)
+
+        def f(x):
+            out = np.empty(rows, np.float32)
+            total = np.zeros(1, np.float32)
+            K.row_max_sum[(rows,)](x, out, total, cols, BLOCK=32)
+            return out, total
+
+        cots = [rng.standard_normal(rows), rng.standard_normal(1)]
+        (want,) = tilegrad.vjp(f, [x], cots)
+        (got,) = tilegrad.vjp(f, [x], cots, ground="kernels")
+        # Independently: each lane's max over the row's column blocks gets c_out[r] + c_total.
+        ref = np.zeros((rows, cols))
+        for r in range(rows):
+            for lane in range(32):
+                cs = list(range(lane, cols, 32))
+                j = max(cs, key=lambda c: (x[r, c], -c))
+                ref[r, j] += cots[0][r] + cots[1][0]
+        assert np.count_nonzero(ref) > rows
+        assert np.allclose(want, ref, rtol=0, atol=1e-12), (want - ref)
+        assert np.allclose(got, ref, rtol=0, atol=1e-12), (got - ref)
+        (native,) = tilegrad.vjp(f, [x], cots, precision="native", ground="kernels")
+        assert np.allclose(native, ref, rtol=1e-6, atol=1e-6)
+        try:
+            tilegrad.vjp(f, [x], cots, ground="kernel")
+        except tilegrad.UsageError as e:
+            assert "expected" in str(e) and "kernels" in str(e)
+            print("bad ground ok")
+        print("vjp kernels ok")
+        """
+    )
+    assert "vjp kernels ok" in out and "bad ground ok" in out

@@ -49,6 +49,7 @@ def check_backward(
     allow_non_finite: bool = False,
     autotune: int | str = 0,
     backend: str = "cpu",
+    ground: str = "evaluator",
 ) -> Report:
     """Checks `backward` against the ground-truth gradient of `forward` on `inputs`.
 
@@ -65,12 +66,13 @@ def check_backward(
     `"all"` to check each config in turn (the first failing report, named by its config, else the
     last). `backend`: where the kernel launches run, as the CLI's `--backend`: `"cpu"` (the
     reference interpreter), `"gpu"` (a CUDA GPU, same results and diagnostics; `UsageError` when
-    none is usable) or `"auto"`; the ground truth's VJPs run on the CPU. `report.backend` says
-    where the launches ran.
+    none is usable) or `"auto"`; the ground truth's VJPs run on the CPU evaluator, unless
+    `ground="kernels"` (the CLI's `--ground kernels`): each launch's VJP kernel then runs on the
+    backend. `report.backend` says where the launches ran.
     """
     inputs = list(inputs)
     opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=name, allow_non_finite=allow_non_finite, autotune=autotune)
-    with using_backend(backend):
+    with using_backend(backend, ground):
         if _has_torch_tensor(inputs):
             from ._check import check_backward as torch_check
 
@@ -80,12 +82,12 @@ def check_backward(
         return numpy_check(forward, backward, inputs, **opts)
 
 
-def check_function(fn: type, *args: Any, backend: str = "cpu", **kwargs: Any) -> Report:
+def check_function(fn: type, *args: Any, backend: str = "cpu", ground: str = "evaluator", **kwargs: Any) -> Report:
     """Checks the backward of a `torch.autograd.Function` subclass on `args` (float tensors are the
     differentiable inputs; other arguments pass through). Options as for `check_backward`."""
     from ._check import check_function as f
 
-    with using_backend(backend):
+    with using_backend(backend, ground):
         return f(fn, *args, **kwargs)
 
 
@@ -141,10 +143,15 @@ def use_autotune_config(index: int):
         _intercept.autotune_config = prev
 
 
-def vjp(fn: Callable[..., Any], inputs: Any, cotangents: Any, *, precision: str = "f64") -> list[Any]:
+def vjp(fn: Callable[..., Any], inputs: Any, cotangents: Any, *, precision: str = "f64", backend: str = "cpu", ground: str = "evaluator") -> list[Any]:
     """The ground-truth gradient of `fn(*inputs)` along `cotangents` (one per output), one entry per
-    input (None for non-float inputs); works on numpy arrays without torch (kernel launches only)."""
-    inputs = list(inputs)
+    input (None for non-float inputs); works on numpy arrays without torch (kernel launches only).
+    `backend` and `ground` as for `check_backward`."""
+    with using_backend(backend, ground):
+        return _vjp(fn, list(inputs), cotangents, precision)
+
+
+def _vjp(fn: Callable[..., Any], inputs: list[Any], cotangents: Any, precision: str) -> list[Any]:
     if _has_torch_tensor(inputs):
         import torch
 

@@ -42,6 +42,8 @@ class _Launch(torch.autograd.Function):
         _native.launch(call.kernel, call.grid, call.ptr_args, call.scalars, specs, promote=not native)
         # The initial contents are kept as copies: the caller overwrites `flats` with the results.
         ctx.call, ctx.native, ctx.initial, ctx.devices = call, native, initial, [f.device for f in flats]
+        # The backward may run on autograd's own threads: the executor is the forward's.
+        ctx.executor = current_executor()
         outs = tuple(work[i].to(flats[i].device) for i in sorted(call.written))
         ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
         return outs
@@ -67,7 +69,7 @@ class _Launch(torch.autograd.Function):
                 grads[i] = torch.zeros(f.numel(), dtype=torch.float64)
                 inputs.append((i, grads[i].data_ptr()))
         specs = [("/".join(dict.fromkeys(s.names)), s.dtype, f.data_ptr(), s.numel) for s, f in zip(call.storages.items, flats)]
-        _native.vjp(call.kernel, call.grid, call.ptr_args, call.scalars, specs, inputs, outputs, native=ctx.native)
+        _native.vjp(call.kernel, call.grid, call.ptr_args, call.scalars, specs, inputs, outputs, native=ctx.native, executor=ctx.executor)
         out = [None if g is None else g.to(f.dtype).to(d) for g, f, d in zip(grads, flats, ctx.devices)]
         return (None, None, *out)
 

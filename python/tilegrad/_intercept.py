@@ -89,12 +89,14 @@ def current_executor() -> Any:
 
 
 @contextlib.contextmanager
-def using_backend(backend: str):
+def using_backend(backend: str, ground: str = "evaluator"):
     """Runs the launches of this thread on `backend` ("cpu", "gpu", "auto", or "compare", which
     runs each on both and records differences) while the block runs; yields the executor, whose
-    `describe()` says where they ran. "gpu" raises `UsageError` saying why when no GPU is usable."""
+    `describe()` says where they ran. "gpu" raises `UsageError` saying why when no GPU is usable.
+    `ground="kernels"`: the ground truth's VJPs run there too, as VJP kernels (the CLI's
+    `--ground kernels`); by default the CPU evaluator computes them."""
     prev = current_executor()
-    _state.executor = _native.Executor(backend)
+    _state.executor = _native.Executor(backend, ground)
     try:
         yield _state.executor
     finally:

@@ -54,6 +54,8 @@ class _Tape:
         self.promoted = not native  # its launches run on f64 copies of the inputs
         self.entries: list[tuple[LaunchCall, list[np.ndarray]]] = []
         self.keep: list[Any] = []
+        # Where the VJPs run (`ground="kernels"`), as where the launches ran.
+        self.executor = current_executor()
 
     def __call__(self, call: LaunchCall) -> None:
         before = []
@@ -84,6 +86,7 @@ class _Tape:
                 [(i, g.__array_interface__["data"][0]) for i, g in grads.items()],
                 [(i, c.__array_interface__["data"][0]) for i, c in outs],
                 native=self.native,
+                executor=self.executor,
             )
             for i, g in grads.items():
                 cot[call.storages.items[i].key] = g

@@ -215,7 +215,7 @@ fn record_launch(r: &super::steps::LaunchRecord) -> Launch<'_> {
 /// The dtype a launch's VJP kernel computes in: f64 for the f64 ground truth; at native
 /// precision f32, or f64 for a kernel with f64 values (f16 and bf16 values are computed in f32,
 /// more precisely than the evaluator's native rules round them).
-pub(crate) fn vjp_float(k: &tilegrad_ir::Kernel, precision: tilegrad_ad::Precision) -> DType {
+pub fn vjp_float(k: &tilegrad_ir::Kernel, precision: tilegrad_ad::Precision) -> DType {
     let f64_values = k.values.iter().any(|v| matches!(v.ty.elem, Elem::Num(DType::F64) | Elem::Ptr(DType::F64)));
     if precision == tilegrad_ad::Precision::F64 || f64_values {
         DType::F64

@@ -73,6 +73,7 @@ mod truth;
 
 pub use backend::Executor;
 pub use expr::{Expr, ExprError, Scalar};
+pub use ground::vjp_float;
 pub(crate) use inputs::check_dist;
 pub use inputs::{Dist, InputTensor, Inputs, Source};
 pub use report::{

@@ -379,12 +379,16 @@ impl Emit<'_, '_> {
         let yields = k.inst(*blk.insts.last().expect("a body ends in yield")).args.to_vec();
         self.b.set_loc(Some(d.loc.clone()));
         let n = self.tapes.list.borrow().len();
-        let tape = self.b.ptr_param(&format!("tg_tape{n}"), DType::F64);
-        let cap_name = format!("tg_cap{n}");
-        let cap = self.b.scalar_param(&cap_name, DType::I64);
         // The carried values whose values the reverse needs, and each one's place in a trip's
         // slots; the others (an accumulator only summed into) are not kept.
         let taped: Vec<Value> = fcarried.iter().copied().filter(|&c| value_needed(k, &blk, c)).collect();
+        // f32 where the arithmetic is f32 and every kept value is a float of 32 bits or less
+        // (exactly so); else f64.
+        let small = |c: &Value| matches!(k.ty(*c).dtype(), Some(DType::F32 | DType::F16 | DType::BF16));
+        let tdt = if fl == DType::F32 && taped.iter().all(small) { DType::F32 } else { DType::F64 };
+        let tape = self.b.ptr_param(&format!("tg_tape{n}"), tdt);
+        let cap_name = format!("tg_cap{n}");
+        let cap = self.b.scalar_param(&cap_name, DType::I64);
         let mut at = Vec::new();
         let mut per_trip = 0usize;
         for &c in &taped {
@@ -395,6 +399,7 @@ impl Emit<'_, '_> {
             tape: format!("tg_tape{n}"),
             capacity_param: cap_name,
             per_trip,
+            dtype: tdt,
             max_iters,
             inst: i,
             loc: d.loc.clone(),
@@ -423,7 +428,7 @@ impl Emit<'_, '_> {
             let t = cs[cs.len() - 1];
             for (c, ptrs) in taped.iter().zip(e.trip_slots(tape, base, s, &at, t, &taped)) {
                 let j = fcarried.iter().position(|f| f == c).expect("a carried value");
-                let v = e.b.cast(cs[j], DType::F64);
+                let v = if k.ty(*c).dtype() == Some(tdt) { cs[j] } else { e.b.cast(cs[j], tdt) };
                 e.b.store(ptrs, v, None);
             }
             if let (Some(f), Some(iv)) = (fiv, iv) {
@@ -499,7 +504,7 @@ impl Emit<'_, '_> {
             for (&c, ptrs) in taped.iter().zip(e.trip_slots(tape, base, s, &at, t, &taped)) {
                 let v = e.b.load(ptrs, None, None);
                 let dt = k.ty(c).dtype().expect("carried numbers");
-                let v = if dt == DType::F64 { v } else { e.b.cast(v, dt) };
+                let v = if dt == tdt { v } else { e.b.cast(v, dt) };
                 e.map.insert(c, v);
             }
             // What the reverse does not read stands as zeros.

@@ -136,7 +136,7 @@ pub fn gradient_by_kernel(
         };
         per_program = cap
             .checked_mul(tape.per_trip as u64)
-            .and_then(|x| x.checked_mul(8))
+            .and_then(|x| x.checked_mul(tape.dtype.size_bytes() as u64))
             .and_then(|x| x.checked_add(per_program))
             .ok_or_else(|| AdError::Spec(format!("{}: the loop's tape would hold more than 2^64 bytes per program", tape.loc)))?;
         caps.push(cap);
@@ -161,7 +161,7 @@ pub fn gradient_by_kernel(
         // At least one element: a loop may keep nothing (no device allocation is empty). Zeros
         // from a zeroed allocation: a backend that keeps the tape elsewhere never touches them.
         // Every batch reuses it: a trip's slots are written before they are read.
-        let t = HostTensor::try_full(DType::F64, &[n.max(1)], 0.0)?;
+        let t = HostTensor::try_full(tape.dtype, &[n.max(1)], 0.0)?;
         tapes.push((m.add(&tape.tape, t), cap));
     }
     for (tape, &(id, cap)) in vk.tapes.iter().zip(&tapes) {

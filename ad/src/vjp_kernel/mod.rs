@@ -29,7 +29,7 @@
 //! A `for` loop is reversed by a loop over its trips from the last. Its carried values at the
 //! start of each trip are kept on a *tape*: where the reverse sweep reaches the loop, a copy of
 //! the loop runs again (its stores and atomics left out: they happened) and writes them to the
-//! tape parameter `tg_tape<n>` (f64, [`LoopTape`]); the reverse loop reads them back, recomputes
+//! tape parameter `tg_tape<n>` (f64, or f32 in f32 kernels where that is exact: [`LoopTape`]); the reverse loop reads them back, recomputes
 //! the trip's body from them, and runs the body's rules, carrying the cotangents of the carried
 //! values and of the values from outside the loop that the body uses. The copy's loads read
 //! memory as the forward left it, so a loop may not load a tensor the kernel writes (refused).
@@ -84,7 +84,7 @@ pub struct VjpKernel {
     pub float: DType,
 }
 
-/// What a launch of a VJP kernel gives a loop's tape: an f64 tensor of at least
+/// What a launch of a VJP kernel gives a loop's tape: a tensor of its dtype of at least
 /// `programs * capacity * per_trip` elements (the programs of the launch's batch) for parameter `tape`, and the scalar (i64)
 /// `capacity` for parameter `capacity_param`: the most trips a program may take (`max_iters`,
 /// or the largest trip count of a forward run). A program that takes more fails with an
@@ -95,8 +95,11 @@ pub struct LoopTape {
     pub tape: String,
     /// The capacity's parameter.
     pub capacity_param: String,
-    /// f64 elements a trip keeps (the carried values at its start).
+    /// Elements a trip keeps (the carried values at its start).
     pub per_trip: usize,
+    /// The tape's dtype: f32 in a kernel computing in f32 whose kept values are floats of 32
+    /// bits or less, else f64.
+    pub dtype: DType,
     /// The loop's bound on its trips, where it has one.
     pub max_iters: Option<u32>,
     /// The loop.

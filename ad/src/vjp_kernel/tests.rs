@@ -424,6 +424,12 @@ fn loops_agree() {
     let po = b.add(out, r);
     b.store(po, v, Some(rm));
     let k = b.finish().unwrap();
+    // The running max is taped (its rule reads it): in f32 where the arithmetic is f32.
+    for (fl, tape) in [(DType::F64, DType::F64), (DType::F32, DType::F32)] {
+        let vk = vjp_kernel_with(&k, true, fl).unwrap();
+        assert_eq!(vk.tapes.len(), 1);
+        assert_eq!((vk.tapes[0].per_trip, vk.tapes[0].dtype), (R as usize, tape));
+    }
     let (rows_n, d_n) = (11usize, 45usize);
     agree(
         &k,

@@ -337,7 +337,7 @@ impl Gpu {
     /// a check's first launches find them compiled: NVRTC takes a fraction of a second for each.
     /// The first form of each is compiled now (NVRTC runs on as many threads as the host has
     /// cores, though it runs mostly one compile at a time), the other form (for fewer blocks,
-    /// used where the first spills; see [`Gpu::compiled`]) in the background. Those compiled
+    /// used where the first spills) in the background. Those compiled
     /// before (in memory or on disk) are skipped; a kernel that fails to compile is left to its
     /// launch, which reports the error.
     pub fn precompile(&self, kernels: &[(&Kernel, Flavor)]) {

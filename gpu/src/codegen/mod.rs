@@ -1,0 +1,844 @@
+//! Tile IR to CUDA C: one CUDA block runs one program instance at a time (blocks take programs
+//! from a counter, in program order), and every tile is spread over the block's threads: element
+//! `e` of a tile lives in thread `e % NT`, register `e / NT`. Scalars are held, identically, by
+//! every thread. Ops that move elements between threads (broadcast, permute, reductions, scans,
+//! `dot`) go through a scratch area (shared memory, or global memory when large), in two halves
+//! that consecutive ops alternate between; values computed from `arange`s and scalars alone are
+//! recomputed where a broadcast needs them instead.
+//!
+//! The numerics are the reference interpreter's, op by op: f16/bf16 results rounded after each
+//! op, `dot` accumulated over k in order with separately rounded products, sums reduced in the
+//! reference's order, wrapping integers. Errors (out-of-bounds lanes, loop bounds, runtime
+//! errors) are found by each program and the first one in program order is reported, as the
+//! reference does.
+//!
+//! The generator matches [`Op`] exhaustively: a new op does not compile until it has a rule here.
+
+mod control;
+mod ctypes;
+mod entry;
+mod memory;
+mod scratch_ops;
+
+use crate::GpuError;
+use ctypes::*;
+use std::fmt::Write;
+use tilegrad_ir::{BinaryOp, Block, CmpOp, DType, DotPrecision, Elem, Inst, Kernel, Lit, Op, ReduceOp, UnaryOp, Value};
+
+/// Words of the argument block before the per-parameter words (see [`Layout`]).
+pub(crate) const HEADER_WORDS: usize = 16;
+/// Words per pointer parameter: base, numel, write marks, read marks, atomic marks, and for
+/// blame the storing instruction and the last atomic's key of each element.
+pub(crate) const PTR_WORDS: usize = 7;
+/// Words of the argument block (a kernel parameter: at most 4 KiB).
+pub(crate) const ARG_WORDS: usize = 512;
+/// Words of one atomic-log entry: offset, parameter, value bits.
+pub(crate) const LOG_WORDS: usize = 3;
+/// Words of one block's error record: program, failure site (`Generated::sites`), unused, lane,
+/// offset, aux.
+pub(crate) const ERR_WORDS: usize = 6;
+
+/// Error kinds in an error record.
+pub(crate) const ERR_OOB: u64 = 1;
+pub(crate) const ERR_LOOP: u64 = 2;
+pub(crate) const ERR_RUNTIME: u64 = 3;
+
+/// Fallback flags (the launch is settled by the reference instead).
+pub(crate) const FLAG_CONFLICT: u32 = 1;
+pub(crate) const FLAG_LOG_FULL: u32 = 2;
+pub(crate) const FLAG_OWN_ATOMIC: u32 = 4;
+pub(crate) const FLAG_DUPLICATE: u32 = 8;
+pub(crate) const FLAG_WRITERS: u32 = 16;
+
+/// A kernel compiled to CUDA C, with what the launcher needs to know about it.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    /// The CUDA C source (prelude included).
+    pub source: String,
+    /// Threads per block.
+    pub threads: u32,
+    /// Blocks an SM the compiler was asked to fit (`__launch_bounds__`).
+    pub min_blocks: u32,
+    /// Scratch bytes one block needs.
+    pub scratch_bytes: usize,
+    /// Loops by index in the trip counters: their instructions.
+    pub loops: Vec<Inst>,
+    /// Runtime error messages by id.
+    pub messages: Vec<String>,
+    /// Some `atomic_add` on floats: their contributions are applied in program order.
+    pub float_atomics: bool,
+    /// The instruction and error kind of each failure site, by number from 1 (an error record
+    /// names its site).
+    pub sites: Vec<(Inst, u64)>,
+}
+
+/// The name of the generated entry point.
+pub const ENTRY: &str = "tg_main";
+
+/// Most threads per block.
+const MAX_THREADS: usize = 1024;
+
+/// Most threads a block by default. Smaller blocks, several to an SM, keep more loads in flight
+/// and overlap one block's barriers with another's work: on an H100, 256-thread blocks (4 an
+/// SM) ran the weighted sum, matmul and row softmax forwards 1.7x, 1.04x and 1.8x faster than
+/// 1024-thread blocks, and faster than 512 or 128 threads.
+pub const DEFAULT_THREADS: usize = 256;
+
+/// Elements of the largest tile a thread holds by default, where that leaves fewer than
+/// [`DEFAULT_THREADS`] threads: the weighted sum's 16x64 tiles ran 1.15x faster in 128-thread
+/// blocks (6 an SM) than in 256-thread ones.
+pub const ELEMENTS_PER_THREAD: usize = 8;
+
+/// Scratch up to this many bytes is a block's shared memory; more is global memory.
+pub const SHARED_SCRATCH: usize = 48 * 1024;
+
+/// What a compiled form of a kernel can do beyond computing its results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Flavor {
+    /// Float atomics in program order (see [`generate_ordered`]).
+    pub ordered: bool,
+    /// Race marks, and writers for blame, can be kept. Without, their pointers are null
+    /// constants, so that the compiler drops their code: fewer registers and instructions, and
+    /// a faster compile (VJP kernels run so).
+    pub marks: bool,
+}
+
+impl Default for Flavor {
+    fn default() -> Flavor {
+        Flavor { ordered: true, marks: true }
+    }
+}
+
+/// Compiles a kernel (constexprs bound) to CUDA C: a thread per [`ELEMENTS_PER_THREAD`]
+/// elements of its largest tile (32 to [`DEFAULT_THREADS`] threads a block), as many blocks an
+/// SM as 64 registers a thread allow in 256-thread blocks, or 85 in smaller ones.
+pub fn generate(k: &Kernel) -> Result<Generated, GpuError> {
+    generate_ordered(k, true)
+}
+
+/// [`generate`], with float `atomic_add`s applied in program order (`ordered`, the reference's
+/// sums bit for bit; programs then take turns to add) or by the hardware's atomics in whatever
+/// order programs reach them (f32 and f64; f16 and bf16 stay ordered): sums equal up to the
+/// rounding of their order, without turns. VJP kernels, whose every load adds into a shadow,
+/// run unordered.
+pub fn generate_ordered(k: &Kernel, ordered: bool) -> Result<Generated, GpuError> {
+    generate_flavor(k, Flavor { ordered, marks: true })
+}
+
+/// [`generate`] in a [`Flavor`].
+pub fn generate_flavor(k: &Kernel, flavor: Flavor) -> Result<Generated, GpuError> {
+    let threads = largest_tile(k).div_ceil(ELEMENTS_PER_THREAD).next_power_of_two().clamp(32, DEFAULT_THREADS);
+    let blocks = if threads >= DEFAULT_THREADS { MAX_THREADS / threads } else { 3 * MAX_THREADS / 4 / threads };
+    generate_full(k, threads, Some(blocks), flavor)
+}
+
+/// Elements of a kernel's largest tile.
+fn largest_tile(k: &Kernel) -> usize {
+    let mut largest = 1usize;
+    k.walk(&mut |_, d| {
+        for &v in d.results.iter().chain(d.args.iter()) {
+            largest = largest.max(k.ty(v).numel());
+        }
+    });
+    largest
+}
+
+/// [`generate`] with at most `max_threads` threads a block (a power of two from 32), and with
+/// `min_blocks` blocks an SM asked of the compiler instead of `1024 / threads` (fewer blocks
+/// leave more registers to each thread). Results do not depend on either.
+pub fn generate_with(k: &Kernel, max_threads: usize, min_blocks: Option<usize>) -> Result<Generated, GpuError> {
+    generate_full(k, max_threads, min_blocks, Flavor::default())
+}
+
+/// [`generate_with`] and [`generate_flavor`] together.
+pub fn generate_full(k: &Kernel, max_threads: usize, min_blocks: Option<usize>, flavor: Flavor) -> Result<Generated, GpuError> {
+    let largest = largest_tile(k);
+    let mut defs = vec![None; k.values.len()];
+    k.walk(&mut |i, d| {
+        for &r in d.results.iter() {
+            defs[r.index()] = Some(i);
+        }
+    });
+    let threads = largest.next_power_of_two().clamp(32, max_threads.clamp(32, MAX_THREADS));
+    let mut g = Gen {
+        k,
+        nt: threads,
+        min_blocks: min_blocks.unwrap_or((MAX_THREADS / threads).max(1)).max(1),
+        out: String::new(),
+        depth: 2,
+        sources: tilegrad_ir::analysis::pointer_sources(k),
+        loops: Vec::new(),
+        messages: Vec::new(),
+        scratch: 0,
+        float_atomics: false,
+        ordered: flavor.ordered,
+        marks: flavor.marks,
+        upper: false,
+        sites: Vec::new(),
+        pending: false,
+        toggles: 0,
+        dirty: false,
+        tail_apart: false,
+        resident: Default::default(),
+        parity: None,
+        defs,
+    };
+    g.check_pointers()?;
+    g.block(k.body)?;
+    g.flush();
+    let body = std::mem::take(&mut g.out);
+    let mut src = String::new();
+    let poly = tilegrad_reference::EXP2_POLY;
+    let _ = writeln!(src, "#define TG_LOG2E {:?}", std::f64::consts::LOG2_E);
+    for (i, c) in poly.iter().enumerate() {
+        let _ = writeln!(src, "#define TG_C{i} {c:?}");
+    }
+    src.push_str(include_str!("prelude.cu"));
+    let _ = writeln!(src, "struct TgArgs {{ u64 w[{ARG_WORDS}]; }};");
+    g.emit_entry(&mut src, &body);
+    Ok(Generated {
+        source: src,
+        threads: threads as u32,
+        min_blocks: g.min_blocks as u32,
+        scratch_bytes: 2 * g.scratch,
+        loops: g.loops,
+        messages: g.messages,
+        float_atomics: g.float_atomics,
+        sites: g.sites,
+    })
+}
+
+struct Gen<'k> {
+    k: &'k Kernel,
+    nt: usize,
+    /// Blocks an SM the compiler is asked to fit (`__launch_bounds__`).
+    min_blocks: usize,
+    out: String,
+    depth: usize,
+    sources: Vec<Vec<bool>>,
+    loops: Vec<Inst>,
+    messages: Vec<String>,
+    scratch: usize,
+    float_atomics: bool,
+    /// Float atomics in program order (see [`generate_ordered`]).
+    ordered: bool,
+    /// Race marks can be kept (see [`Flavor::marks`]).
+    marks: bool,
+    /// Which half of the (double-buffered) scratch the next op uses.
+    upper: bool,
+    /// Failure sites emitted so far, by number (from 1; the numbers order the failures between
+    /// two checks): instruction and error kind.
+    sites: Vec<(Inst, u64)>,
+    /// A check is due ([`Gen::check`]).
+    pending: bool,
+    /// Scratch ops opened so far.
+    toggles: usize,
+    /// Some thread may still be reading scratch (no barrier since the last op's reads).
+    dirty: bool,
+    /// The last scratch op reads, after its last barrier, only bytes it does not write before
+    /// its first.
+    tail_apart: bool,
+    /// The instruction defining each value (none for parameters and block parameters).
+    defs: Vec<Option<Inst>>,
+    /// The placeholder for the iteration parity of the innermost loop being emitted.
+    parity: Option<String>,
+    /// Reduction results still in scratch, where every thread may read them until the next
+    /// scratch op or block boundary: element `@` of the value, as a C expression.
+    resident: std::collections::HashMap<u32, String>,
+}
+
+impl<'k> Gen<'k> {
+    fn line(&mut self, s: &str) {
+        for _ in 0..self.depth {
+            self.out.push_str("    ");
+        }
+        self.out.push_str(s);
+        self.out.push('\n');
+    }
+
+    fn unsupported(&self, i: Inst, why: &str) -> GpuError {
+        let d = self.k.inst(i);
+        GpuError::Unsupported { kernel: self.k.name.clone(), op: d.op.mnemonic(), loc: d.loc.clone(), why: why.to_string() }
+    }
+
+    /// Every pointer value points into one parameter's tensor.
+    fn check_pointers(&self) -> Result<(), GpuError> {
+        match multi_source_pointer(self.k, &self.sources) {
+            Some(i) => Err(self.unsupported(i, "this pointer may point into more than one tensor")),
+            None => Ok(()),
+        }
+    }
+
+    /// The parameter a pointer value points into.
+    fn param_of(&self, v: Value) -> usize {
+        self.sources[v.index()].iter().position(|&b| b).expect("check_pointers found one source")
+    }
+
+    fn numel(&self, v: Value) -> usize {
+        self.k.ty(v).numel()
+    }
+
+    fn scalar(&self, v: Value) -> bool {
+        self.k.ty(v).is_scalar()
+    }
+
+    /// Registers per thread of a value.
+    fn regs(&self, v: Value) -> usize {
+        if self.scalar(v) {
+            1
+        } else {
+            self.numel(v).div_ceil(self.nt)
+        }
+    }
+
+    fn dtype(&self, v: Value) -> DType {
+        match self.k.ty(v).elem {
+            Elem::Num(d) => d,
+            Elem::Ptr(_) => DType::I64,
+        }
+    }
+
+    fn pointee(&self, v: Value) -> DType {
+        match self.k.ty(v).elem {
+            Elem::Ptr(d) | Elem::Num(d) => d,
+        }
+    }
+
+    fn declare(&mut self, v: Value) {
+        let s = format!("{} v{}[{}];", ctype(self.dtype(v)), v.0, self.regs(v));
+        self.line(&s);
+    }
+
+    /// `for each element e of out (held by this thread as register j): body`. For scalars the
+    /// body runs once, in every thread, with `j = 0` and `e = 0`.
+    fn each(&mut self, out: Value, body: &str) {
+        if self.scalar(out) {
+            self.line(&format!("{{ const int j = 0; const int e = 0; (void)j; (void)e; {body} }}"));
+        } else {
+            let (r, n, nt) = (self.regs(out), self.numel(out), self.nt);
+            // Registers past the tile's end are set too: a register some path leaves unset
+            // would be carried around loops, and held, by the compiler.
+            if r * nt == n {
+                self.line(&format!("#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {{ {body} }} }}"));
+            } else {
+                let t = ctype(self.dtype(out));
+                self.line(&format!(
+                    "#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; if (e < {n}) {{ {body} }} else v{}[j] = ({t})0; }}",
+                    out.0
+                ));
+            }
+        }
+    }
+
+    /// Like [`Gen::each`] over the elements of `v` (a tile), without a result.
+    fn each_of(&mut self, v: Value, body: &str) {
+        if self.scalar(v) {
+            self.line(&format!("if (tid == 0) {{ const int j = 0; const int e = 0; {body} }}"));
+        } else {
+            let (r, n, nt) = (self.regs(v), self.numel(v), self.nt);
+            let guard = if r * nt == n { String::new() } else { format!("if (e < {n}) ") };
+            self.line(&format!("#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {guard}{{ {body} }} }}"));
+        }
+    }
+
+    /// Opens an op's use of scratch: the half other than the previous op's, so that it need not
+    /// wait for that op's threads to finish reading (the op before that passed a barrier since).
+    fn open_scratch(&mut self) {
+        // The next op may write the half results were left in before this one's.
+        self.resident.clear();
+        self.upper = !self.upper;
+        self.toggles += 1;
+        let base = self.scratch_base();
+        self.line(&format!("{{ unsigned char* const sb = {base};"));
+    }
+
+    /// The half of scratch the current op uses: in the body of an innermost loop, flipped on
+    /// odd iterations where the body has an odd number of scratch ops (see [`Gen::for_loop`]).
+    fn scratch_base(&self) -> String {
+        let u = self.upper as u8;
+        match &self.parity {
+            Some(p) => format!("(scr + (({u} ^ {p}) ? TG_HALF : 0))"),
+            None if self.upper => "(scr + TG_HALF)".to_string(),
+            None => "scr".to_string(),
+        }
+    }
+
+    fn close_scratch(&mut self) {
+        self.line("}");
+        // The op's threads read scratch after its last barrier.
+        self.dirty = true;
+        self.tail_apart = false;
+    }
+
+    /// A barrier where an op's reads of scratch may still be under way and control flow may
+    /// break the alternation of halves: at the entry of a loop or branch, the end of a branch,
+    /// and the end of a loop body with an odd number of scratch ops (whose next iteration
+    /// would use the half its last op read). Within straight-line code halves alternate.
+    fn fence(&mut self) {
+        if self.dirty {
+            self.sync();
+        } else {
+            self.flush();
+        }
+    }
+
+    fn need_scratch(&mut self, bytes: usize) {
+        self.scratch = self.scratch.max(bytes.div_ceil(16) * 16);
+    }
+
+    /// Writes tile `v` to scratch (as its register type) at byte offset `at`.
+    fn spill(&mut self, v: Value, at: usize) {
+        let t = ctype(self.dtype(v));
+        if self.scalar(v) {
+            self.line(&format!("if (tid == 0) (({t}*)(sb + {at}))[0] = v{}[0];", v.0));
+        } else {
+            let (r, n, nt) = (self.regs(v), self.numel(v), self.nt);
+            let guard = if r * nt == n { String::new() } else { format!("if (e < {n}) ") };
+            self.line(&format!(
+                "#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {guard}(({t}*)(sb + {at}))[e] = v{}[j]; }}",
+                v.0
+            ));
+        }
+    }
+
+    /// A failure of lane `lane` (an expression) of instruction `i` with the given kind, offset
+    /// and aux word. Each failure site has a number, increasing in the order the sites run
+    /// between two checks, so that the first failing site and its lowest lane can be told.
+    fn fail(&mut self, i: Inst, kind: u64, lane: &str, off: &str, aux: &str) -> String {
+        self.sites.push((i, kind));
+        format!("TG_FAIL({}u, {lane}, (u64)({off}), (u64)({aux}))", self.sites.len())
+    }
+
+    /// After an op that may fail: a check is due. It is made at the next barrier the block
+    /// passes anyway, or at the latest before the next store, atomic, branch or loop bound
+    /// ([`Gen::flush`]): ops in between only compute on a failed lane's stand-in values, and
+    /// the failure of the earliest site (lowest lane) is the one reported, as the reference
+    /// reports the first failing op.
+    fn check(&mut self, _i: Inst) {
+        self.pending = true;
+    }
+
+    /// Makes a due check now: if any thread failed, the first failure reports and the program
+    /// ends.
+    fn flush(&mut self) {
+        if self.pending {
+            self.pending = false;
+            self.line("TG_SYNC;");
+        }
+    }
+
+    /// A barrier of the block's threads, which also makes a due check.
+    fn sync(&mut self) {
+        self.dirty = false;
+        if self.pending {
+            self.pending = false;
+            self.line("TG_SYNC;");
+        } else {
+            self.line("__syncthreads();");
+        }
+    }
+
+    fn message(&mut self, m: String) -> usize {
+        match self.messages.iter().position(|x| *x == m) {
+            Some(p) => p,
+            None => {
+                self.messages.push(m);
+                self.messages.len() - 1
+            }
+        }
+    }
+
+    /// Copies value `from` into `to` (same type).
+    fn copy(&mut self, to: Value, from: Value) {
+        let r = self.regs(to);
+        self.line(&format!("#pragma unroll\nfor (int j = 0; j < {r}; ++j) v{}[j] = v{}[j];", to.0, from.0));
+    }
+
+    fn inst(&mut self, i: Inst) -> Result<(), GpuError> {
+        let k = self.k;
+        let d = k.inst(i);
+        let a = &d.args;
+        let loc = &d.loc;
+        self.line(&format!("// {} {}", d.op.mnemonic(), loc));
+        match &d.op {
+            Op::ProgramId { axis } => {
+                let r = d.results[0];
+                self.declare(r);
+                self.line(&format!("v{}[0] = pid{};", r.0, axis));
+            }
+            Op::NumPrograms { axis } => {
+                let r = d.results[0];
+                self.declare(r);
+                self.line(&format!("v{}[0] = (int)TG_G{};", r.0, axis));
+            }
+            Op::Const { value } => {
+                let r = d.results[0];
+                self.declare(r);
+                let lit = literal(*value, self.dtype(r));
+                self.line(&format!("v{}[0] = {lit};", r.0));
+            }
+            Op::Arange { start, .. } => {
+                let r = d.results[0];
+                self.declare(r);
+                self.each(r, &format!("v{}[j] = (int)({} + e);", r.0, start));
+            }
+            Op::Broadcast => {
+                let (r, x) = (d.results[0], a[0]);
+                self.declare(r);
+                if self.scalar(x) {
+                    self.each(r, &format!("v{}[j] = v{}[0];", r.0, x.0));
+                } else if let (1, Some(ex)) = (self.numel(x), self.expr_at(x, "0", &mut { Self::RECOMPUTE_OPS })) {
+                    // One element to all: computed once.
+                    self.line(&format!("{{ const {} tg_one = {ex};", ctype(self.dtype(x))));
+                    self.each(r, &format!("v{}[j] = tg_one;", r.0));
+                    self.line("}");
+                } else if let Some(ex) =
+                    self.expr_at(x, &broadcast_source(&k.ty(r).shape, &k.ty(x).shape, "e"), &mut { Self::RECOMPUTE_OPS })
+                {
+                    self.each(r, &format!("v{}[j] = {ex};", r.0));
+                } else {
+                    let (rs, xs) = (k.ty(r).shape.clone(), k.ty(x).shape.clone());
+                    let xst = strides(&xs);
+                    let mut idx = String::from("int s = 0; int q = e;");
+                    for dim in (0..rs.len()).rev() {
+                        let _ = write!(idx, " {{ int c = q % {}; q /= {};", rs[dim], rs[dim]);
+                        if xs[dim] != 1 {
+                            let _ = write!(idx, " s += c * {};", xst[dim]);
+                        }
+                        idx.push_str(" }");
+                    }
+                    self.gather(r, x, &idx);
+                }
+            }
+            Op::ExpandDims { .. } | Op::Reshape => {
+                // Row-major element order is unchanged: each element stays in its thread.
+                let (r, x) = (d.results[0], a[0]);
+                self.declare(r);
+                if self.scalar(x) && !self.scalar(r) {
+                    self.each(r, &format!("v{}[j] = v{}[0];", r.0, x.0));
+                } else if !self.scalar(x) && self.scalar(r) {
+                    // A one-element tile becomes a scalar every thread holds.
+                    match self.expr_at(x, "0", &mut { Self::RECOMPUTE_OPS }) {
+                        Some(ex) => self.line(&format!("v{}[0] = {ex};", r.0)),
+                        None => self.gather(r, x, "int s = 0;"),
+                    }
+                } else {
+                    self.copy(r, x);
+                }
+            }
+            Op::Permute { perm } => {
+                let (r, x) = (d.results[0], a[0]);
+                self.declare(r);
+                let src = permute_source(&k.ty(r).shape, &k.ty(x).shape, perm, "e");
+                if let Some(ex) = self.expr_at(x, &src, &mut { Self::RECOMPUTE_OPS }) {
+                    self.each(r, &format!("v{}[j] = {ex};", r.0));
+                    return Ok(());
+                }
+                let rs = k.ty(r).shape.clone();
+                let xst = strides(&k.ty(x).shape);
+                let mut idx = String::from("int s = 0; int q = e;");
+                for dim in (0..rs.len()).rev() {
+                    let _ = write!(idx, " {{ int c = q % {}; q /= {}; s += c * {}; }}", rs[dim], rs[dim], xst[perm[dim] as usize]);
+                }
+                self.gather(r, x, &idx);
+            }
+            Op::Unary(u) => {
+                let (r, x) = (d.results[0], a[0]);
+                self.declare(r);
+                let dt = self.dtype(r);
+                let xv = format!("v{}[j]", x.0);
+                let e = match self.unary(*u, dt, &xv) {
+                    Some(e) => e,
+                    None => return Err(self.unsupported(i, &format!("`{}` is not defined on {dt}", u.name()))),
+                };
+                self.each(r, &format!("v{}[j] = {};", r.0, e));
+            }
+            Op::Binary(b) => {
+                let (r, x, y) = (d.results[0], a[0], a[1]);
+                self.declare(r);
+                let dt = self.dtype(r);
+                let (xv, yv) = (format!("v{}[j]", x.0), format!("v{}[j]", y.0));
+                if matches!(b, BinaryOp::FloorDiv | BinaryOp::Mod) && dt.is_int() {
+                    let m = self.message("integer division by zero".into());
+                    let lane = if self.scalar(r) { "0" } else { "e" };
+                    let guard = if self.scalar(r) { "tid == 0 && " } else { "" };
+                    let f = self.fail(i, ERR_RUNTIME, lane, "0", &m.to_string());
+                    let w = if dt == DType::I32 { "32" } else { "64" };
+                    let op = if *b == BinaryOp::FloorDiv { "div" } else { "rem" };
+                    self.each(
+                        r,
+                        &format!("if ({yv} == 0) {{ if ({guard}true) {f} v{}[j] = 0; }} else v{}[j] = tg_{op}{w}({xv}, {yv});", r.0, r.0),
+                    );
+                    self.check(i);
+                } else {
+                    let e = match self.binary(*b, dt, &xv, &yv) {
+                        Some(e) => e,
+                        None => return Err(self.unsupported(i, &format!("`{}` is not defined on {dt}", b.name()))),
+                    };
+                    self.each(r, &format!("v{}[j] = {};", r.0, e));
+                }
+            }
+            Op::Cmp(c) => {
+                let (r, x, y) = (d.results[0], a[0], a[1]);
+                self.declare(r);
+                let op = cmp_op(*c);
+                self.each(r, &format!("v{}[j] = (v{}[j] {op} v{}[j]);", r.0, x.0, y.0));
+            }
+            Op::Where => {
+                let (r, c, x, y) = (d.results[0], a[0], a[1], a[2]);
+                self.declare(r);
+                self.each(r, &format!("v{}[j] = v{}[j] ? v{}[j] : v{}[j];", r.0, c.0, x.0, y.0));
+            }
+            Op::Cast => {
+                let (r, x) = (d.results[0], a[0]);
+                self.declare(r);
+                let e = convert(self.dtype(x), self.dtype(r), &format!("v{}[j]", x.0));
+                self.each(r, &format!("v{}[j] = {e};", r.0));
+            }
+            Op::Reduce { kind, axis, .. } => self.reduce(i, *kind, *axis as usize)?,
+            Op::Cumsum { axis, reverse } => self.cumsum(i, *axis as usize, *reverse)?,
+            Op::Dot { precision } => self.dot(i, *precision)?,
+            Op::AddPtr => {
+                let (r, p, o) = (d.results[0], a[0], a[1]);
+                self.declare(r);
+                self.each(r, &format!("v{}[j] = tg_add64(v{}[j], (i64)v{}[j]);", r.0, p.0, o.0));
+            }
+            Op::Load { mask, other } => self.load(i, *mask, *other),
+            Op::Store { mask } => self.store(i, *mask),
+            Op::AtomicAdd { mask } => self.atomic_add(i, *mask)?,
+            Op::AtomicRmw { .. } | Op::AtomicCas => {
+                return Err(self.unsupported(i, "its programs depend on each other's order; such launches run on the reference interpreter"))
+            }
+            Op::For { body, max_iters } => self.for_loop(i, *body, *max_iters)?,
+            Op::While { cond, body, max_iters } => self.while_loop(i, *cond, *body, *max_iters)?,
+            Op::If { then_block, else_block } => {
+                for &r in &d.results {
+                    self.declare(r);
+                }
+                self.fence();
+                self.line(&format!("if (v{}[0]) {{", a[0].0));
+                self.branch(i, *then_block)?;
+                self.line("} else {");
+                self.branch(i, *else_block)?;
+                self.line("}");
+            }
+            Op::Yield => unreachable!("yield is emitted by its enclosing op"),
+        }
+        Ok(())
+    }
+
+    /// Element `idx` (a C expression of the flat index) of `v`, computed where it is needed
+    /// from `v`'s definition: `v` is a scalar, or built from `arange`s and scalars by
+    /// broadcasts, reshapes, permutes and elementwise ops (Triton's `offs_m[:, None] * stride +
+    /// offs_n[None, :]` and its masks). A broadcast of such a value needs no scratch and no
+    /// barrier; the same ops on the same operands give the values the op would have moved.
+    /// `None` for other values, or past `budget` ops.
+    fn expr_at(&self, v: Value, idx: &str, budget: &mut usize) -> Option<String> {
+        if self.scalar(v) {
+            return Some(format!("v{}[0]", v.0));
+        }
+        if let Some(at) = self.resident.get(&v.0) {
+            return Some(at.replace('@', idx));
+        }
+        if *budget == 0 {
+            return None;
+        }
+        *budget -= 1;
+        let k = self.k;
+        let d = k.inst(self.defs[v.index()]?);
+        let a = &d.args;
+        let dt = self.dtype(v);
+        let x = |i: usize, budget: &mut usize| self.expr_at(a[i], idx, budget);
+        Some(match &d.op {
+            Op::Arange { start, .. } => format!("(int)({start} + ({idx}))"),
+            Op::Broadcast if self.scalar(a[0]) => x(0, budget)?,
+            Op::Broadcast => self.expr_at(a[0], &broadcast_source(&k.ty(v).shape, &k.ty(a[0]).shape, idx), budget)?,
+            Op::ExpandDims { .. } | Op::Reshape => x(0, budget)?,
+            Op::Permute { perm } => self.expr_at(a[0], &permute_source(&k.ty(v).shape, &k.ty(a[0]).shape, perm, idx), budget)?,
+            Op::Unary(u) => self.unary(*u, dt, &x(0, budget)?)?,
+            Op::Binary(b) => {
+                if matches!(b, BinaryOp::FloorDiv | BinaryOp::Mod) && dt.is_int() {
+                    return None;
+                }
+                let (l, r) = (x(0, budget)?, x(1, budget)?);
+                self.binary(*b, dt, &l, &r)?
+            }
+            Op::Cmp(c) => {
+                let (l, r) = (x(0, budget)?, x(1, budget)?);
+                format!("({l} {} {r})", cmp_op(*c))
+            }
+            Op::Where => {
+                let (c, l, r) = (x(0, budget)?, x(1, budget)?, x(2, budget)?);
+                format!("({c} ? {l} : {r})")
+            }
+            Op::Cast => convert(self.dtype(a[0]), dt, &x(0, budget)?),
+            Op::AddPtr => {
+                let (p, o) = (x(0, budget)?, x(1, budget)?);
+                format!("tg_add64({p}, (i64){o})")
+            }
+            Op::ProgramId { .. }
+            | Op::NumPrograms { .. }
+            | Op::Load { .. }
+            | Op::Const { .. }
+            | Op::Reduce { .. }
+            | Op::Cumsum { .. }
+            | Op::Dot { .. }
+            | Op::Store { .. }
+            | Op::AtomicAdd { .. }
+            | Op::AtomicRmw { .. }
+            | Op::AtomicCas
+            | Op::For { .. }
+            | Op::While { .. }
+            | Op::If { .. }
+            | Op::Yield => return None,
+        })
+    }
+
+    /// Most ops one recomputed element may cost ([`Gen::expr_at`]).
+    const RECOMPUTE_OPS: usize = 48;
+
+    /// `out[e] = x[s]` where `idx` computes `s` from `e`, through scratch.
+    fn gather(&mut self, out: Value, x: Value, idx: &str) {
+        let bytes = self.numel(x) * self.dtype(x).size_bytes().max(1);
+        self.need_scratch(bytes.max(8));
+        let t = ctype(self.dtype(x));
+        self.open_scratch();
+        self.spill(x, 0);
+        self.sync();
+        self.each(out, &format!("{idx} v{}[j] = (({t}*)sb)[s];", out.0));
+        self.close_scratch();
+    }
+
+    fn unary(&self, u: UnaryOp, dt: DType, x: &str) -> Option<String> {
+        use UnaryOp::*;
+        Some(match dt {
+            DType::F16 | DType::BF16 | DType::F32 => {
+                let e = match u {
+                    Neg => format!("(-{x})"),
+                    Abs => format!("fabsf({x})"),
+                    Exp => format!("tg_exp32({x})"),
+                    Exp2 => format!("(float)exp2((double){x})"),
+                    Log => format!("(float)log((double){x})"),
+                    Log2 => format!("(float)log2((double){x})"),
+                    Sqrt => format!("sqrtf({x})"),
+                    Rsqrt => format!("(1.0f / sqrtf({x}))"),
+                    Sin => format!("(float)sin((double){x})"),
+                    Cos => format!("(float)cos((double){x})"),
+                    Tanh => format!("(float)tanh((double){x})"),
+                    Sigmoid => format!("tg_sigmoid32({x})"),
+                    Erf => format!("(float)erf((double){x})"),
+                    Floor => format!("floorf({x})"),
+                    Ceil => format!("ceilf({x})"),
+                    Not => return None,
+                };
+                narrow(dt, &e)
+            }
+            DType::F64 => match u {
+                Neg => format!("(-{x})"),
+                Abs => format!("fabs({x})"),
+                Exp => format!("exp({x})"),
+                Exp2 => format!("exp2({x})"),
+                Log => format!("log({x})"),
+                Log2 => format!("log2({x})"),
+                Sqrt => format!("sqrt({x})"),
+                Rsqrt => format!("(1.0 / sqrt({x}))"),
+                Sin => format!("sin({x})"),
+                Cos => format!("cos({x})"),
+                Tanh => format!("tanh({x})"),
+                Sigmoid => format!("tg_sigmoid64({x})"),
+                Erf => format!("erf({x})"),
+                Floor => format!("floor({x})"),
+                Ceil => format!("ceil({x})"),
+                Not => return None,
+            },
+            DType::I32 | DType::I64 => {
+                let w = if dt == DType::I32 { "32" } else { "64" };
+                match u {
+                    Neg => format!("tg_neg{w}({x})"),
+                    Abs => format!("tg_abs{w}({x})"),
+                    Not => format!("(~{x})"),
+                    _ => return None,
+                }
+            }
+            DType::I1 => match u {
+                Not => format!("(!{x})"),
+                _ => return None,
+            },
+        })
+    }
+
+    fn binary(&self, b: BinaryOp, dt: DType, x: &str, y: &str) -> Option<String> {
+        use BinaryOp::*;
+        Some(match dt {
+            DType::F16 | DType::BF16 | DType::F32 => {
+                let e = match b {
+                    Add => format!("({x} + {y})"),
+                    Sub => format!("({x} - {y})"),
+                    Mul => format!("({x} * {y})"),
+                    Div => format!("({x} / {y})"),
+                    Mod => format!("fmodf({x}, {y})"),
+                    Min => format!("tg_minf({x}, {y})"),
+                    Max => format!("tg_maxf({x}, {y})"),
+                    Pow => format!("(float)pow((double){x}, (double){y})"),
+                    FloorDiv | And | Or | Xor => return None,
+                };
+                narrow(dt, &e)
+            }
+            DType::F64 => match b {
+                Add => format!("({x} + {y})"),
+                Sub => format!("({x} - {y})"),
+                Mul => format!("({x} * {y})"),
+                Div => format!("({x} / {y})"),
+                Mod => format!("fmod({x}, {y})"),
+                Min => format!("tg_mind({x}, {y})"),
+                Max => format!("tg_maxd({x}, {y})"),
+                Pow => format!("pow({x}, {y})"),
+                FloorDiv | And | Or | Xor => return None,
+            },
+            DType::I32 | DType::I64 => {
+                let w = if dt == DType::I32 { "32" } else { "64" };
+                match b {
+                    Add => format!("tg_add{w}({x}, {y})"),
+                    Sub => format!("tg_sub{w}({x}, {y})"),
+                    Mul => format!("tg_mul{w}({x}, {y})"),
+                    Min => format!("({y} < {x} ? {y} : {x})"),
+                    Max => format!("({y} > {x} ? {y} : {x})"),
+                    And => format!("({x} & {y})"),
+                    Or => format!("({x} | {y})"),
+                    Xor => format!("({x} ^ {y})"),
+                    FloorDiv | Mod => unreachable!("emitted with their zero check"),
+                    Div | Pow => return None,
+                }
+            }
+            DType::I1 => match b {
+                And => format!("({x} && {y})"),
+                Or => format!("({x} || {y})"),
+                Xor => format!("({x} != {y})"),
+                _ => return None,
+            },
+        })
+    }
+}
+
+/// The ops of a kernel the GPU cannot run, with why (for `auto` to fall back before compiling).
+pub fn needs_reference(k: &Kernel) -> Option<&'static str> {
+    if tilegrad_reference::needs_order(k) {
+        return Some("its programs depend on each other's order (atomics that return values, compare-and-swap, exchange)");
+    }
+    if multi_source_pointer(k, &tilegrad_ir::analysis::pointer_sources(k)).is_some() {
+        return Some("a pointer may point into more than one tensor");
+    }
+    None
+}
+
+/// The first instruction defining a pointer that may point into more than one parameter's tensor
+/// (`sources` from [`tilegrad_ir::analysis::pointer_sources`]).
+fn multi_source_pointer(k: &Kernel, sources: &[Vec<bool>]) -> Option<Inst> {
+    let mut bad = None;
+    k.walk(&mut |i, d| {
+        if bad.is_none() && d.results.iter().any(|&r| k.ty(r).is_ptr() && sources[r.index()].iter().filter(|&&b| b).count() != 1) {
+            bad = Some(i);
+        }
+    });
+    bad
+}

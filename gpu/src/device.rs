@@ -296,9 +296,9 @@ impl Gpu {
     ///
     /// A kernel whose blocks spill registers to local memory at 64 registers a thread is
     /// compiled again for half as many blocks an SM (up to 128 registers), and that form is
-    /// used when it spills less. A launch of at most `small` programs does not wait for that
-    /// form while it compiles in the background ([`Gpu::precompile`]): it runs the first, and
-    /// later launches take the better one.
+    /// used when it spills less. A launch of `programs` programs, at most one per SM, does not
+    /// wait for that form while it compiles in the background ([`Gpu::precompile`]): it runs
+    /// the first, and later launches take the better one.
     fn compiled(&self, k: &Kernel, flavor: Flavor, programs: u64) -> Result<Arc<Compiled>, GpuError> {
         let (first, alt) = forms(k, flavor)?;
         let arch = format!("sm_{}{}", self.arch.0, self.arch.1);

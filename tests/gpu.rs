@@ -231,8 +231,9 @@ fn vjp_kernels_on_the_gpu_give_the_cpu_ground_truth() {
 
 /// VJP kernels' launches in batches of programs ([`CheckOptions::vjp_memory`]): with no memory
 /// to spare, one program per launch, each launch running from its own first program (the device
-/// counter and the tapes' slots start there). With `--deterministic` the ground truth is then
-/// the same bit for bit as one launch of every program.
+/// counter and the tapes' slots start there), its loops keeping checkpoints and running each
+/// segment again (loops inside loops on the device). With `--deterministic` the ground truth is
+/// then the same bit for bit as one launch of every program.
 #[test]
 fn vjp_launches_in_batches_of_programs_give_the_same_ground_truth() {
     use tilegrad::check::{ground_truth, Ground};

@@ -83,8 +83,9 @@ fn f32_vjp_kernels_agree_with_the_f64_ground_truth_within_rounding() {
 }
 
 /// With no memory to spare for tapes, a VJP kernel's launch runs its programs one per launch
-/// (each with its own tapes' slots): on the reference, which adds into the shadows in program
-/// order either way, the ground truth is the same bit for bit. The specs with loops whose
+/// (each with its own tapes' slots), its loops keeping checkpoints and running each segment
+/// again: on the reference, which adds into the shadows in program order either way, the
+/// ground truth is the same bit for bit. The specs with loops whose
 /// carried values the reverse reads: flash attention, layer norm's row blocks, KL divergence's
 /// `while` loop.
 #[test]

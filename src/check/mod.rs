@@ -277,7 +277,8 @@ pub struct CheckOptions {
     /// f64 sums differ by about 1e-16 from run to run.
     pub deterministic: bool,
     /// With [`Ground::Kernels`]: bytes a VJP kernel's launch may take (its tensors, shadows and
-    /// loop tapes); its programs run in batches whose tapes fit, at least one program each.
+    /// loop tapes); its programs run in batches whose tapes fit, at least one program each (where
+    /// not even one program's tapes fit, its loops keep checkpoints and run each segment again).
     /// `None`: 80% of the GPU's free memory, or 4 GiB (or `memory_budget`, if larger) on the CPU.
     pub vjp_memory: Option<u64>,
 }

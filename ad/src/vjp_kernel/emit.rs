@@ -2,7 +2,7 @@
 //! reverse loop) and branches; memory adjoints through shadows.
 
 use super::refuse::unsupported;
-use super::LoopTape;
+use super::{LoopCheckpoints, LoopTape};
 use crate::AdError;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -99,7 +99,12 @@ pub(super) struct Emit<'k, 'b> {
 pub(super) struct Tapes {
     pub(super) list: RefCell<Vec<LoopTape>>,
     pub(super) first: String,
+    /// Loops keep checkpoints and recompute segments (see [`LoopTape::checkpoints`]).
+    pub(super) checkpoints: bool,
 }
+
+/// A trip's slot on a tape, from its index (the index itself, or its place in a segment).
+type SlotOf<'a> = dyn Fn(&mut KernelBuilder, Value) -> Value + 'a;
 
 /// A constant of the arithmetic's dtype.
 fn cst(b: &mut KernelBuilder, fl: DType, x: f64) -> Value {
@@ -395,6 +400,18 @@ impl Emit<'_, '_> {
             at.push(per_trip);
             per_trip += k.ty(c).numel();
         }
+        // With checkpoints: every carried value (f64) at the start of each segment's first trip.
+        let ck = self.tapes.checkpoints.then(|| {
+            let mut at_full = Vec::new();
+            let mut full = 0usize;
+            for &c in &fcarried {
+                at_full.push(full);
+                full += k.ty(c).numel();
+            }
+            let seg = self.b.scalar_param(&format!("tg_seg{n}"), DType::I64);
+            let tape = self.b.ptr_param(&format!("tg_ckpt{n}"), DType::F64);
+            (seg, tape, at_full, full)
+        });
         self.tapes.list.borrow_mut().push(LoopTape {
             tape: format!("tg_tape{n}"),
             capacity_param: cap_name,
@@ -403,6 +420,11 @@ impl Emit<'_, '_> {
             max_iters,
             inst: i,
             loc: d.loc.clone(),
+            checkpoints: ck.as_ref().map(|(_, _, _, full)| LoopCheckpoints {
+                tape: format!("tg_ckpt{n}"),
+                segment_param: format!("tg_seg{n}"),
+                per_checkpoint: *full,
+            }),
         });
         // The program's place in the batch: a launch runs its programs in batches sized to the
         // memory its tapes may take (see `gradient_by_kernel`).
@@ -413,8 +435,19 @@ impl Emit<'_, '_> {
         let pix = self.program_index();
         let pix = self.b.sub(pix, first);
         let s = self.b.i64(per_trip as i64);
-        let base = self.b.mul(pix, cap);
+        // A program's slots: a trip each, or with checkpoints a trip of one segment each.
+        let slots = ck.as_ref().map_or(cap, |c| c.0);
+        let base = self.b.mul(pix, slots);
         let base = self.b.mul(base, s);
+        // With checkpoints: the program's checkpoints, `cdiv(cap, seg)` of `full` values each.
+        let ck = ck.map(|(seg, tape, at_full, full)| {
+            let nck = self.b.cdiv(cap, seg);
+            let fs = self.b.i64(full as i64);
+            let cbase = self.b.mul(pix, nck);
+            let cbase = self.b.mul(cbase, fs);
+            let seg32 = self.b.cast(seg, DType::I32);
+            (seg32, tape, at_full, fs, cbase)
+        });
         let bounds = cond.is_none().then(|| (self.v(d.args[0]), self.v(d.args[1]), self.v(d.args[2])));
 
         // The copy of the loop, writing each trip's carried values to the tape; it also carries
@@ -422,14 +455,43 @@ impl Emit<'_, '_> {
         let (shadow, map, tapes) = (self.shadow.clone(), self.map.clone(), self.tapes);
         let mut init_c: Vec<Value> = inits.iter().map(|&a| self.v(a)).collect();
         init_c.push(self.b.i32(0));
-        let copy = |b: &mut KernelBuilder, iv: Option<Value>, cs: &[Value], shadow, map| {
+        // The copy writes each trip's kept values to its slot (`slot_of(t)`: `t`, or its place in
+        // a segment), or with checkpoints, where `slot_of` is `None`, every carried value of a
+        // segment's first trip to its checkpoint.
+        let copy = |b: &mut KernelBuilder, iv: Option<Value>, cs: &[Value], shadow, map, slot_of: Option<&SlotOf<'_>>| {
             let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
             e.b.set_loc(Some(d.loc.clone()));
             let t = cs[cs.len() - 1];
-            for (c, ptrs) in taped.iter().zip(e.trip_slots(tape, base, s, &at, t, &taped)) {
-                let j = fcarried.iter().position(|f| f == c).expect("a carried value");
-                let v = if k.ty(*c).dtype() == Some(tdt) { cs[j] } else { e.b.cast(cs[j], tdt) };
-                e.b.store(ptrs, v, None);
+            match (slot_of, &ck) {
+                (Some(slot_of), _) => {
+                    let at_t = slot_of(e.b, t);
+                    for (c, ptrs) in taped.iter().zip(e.trip_slots(tape, base, s, &at, at_t, &taped)) {
+                        let j = fcarried.iter().position(|f| f == c).expect("a carried value");
+                        let v = if k.ty(*c).dtype() == Some(tdt) { cs[j] } else { e.b.cast(cs[j], tdt) };
+                        e.b.store(ptrs, v, None);
+                    }
+                }
+                (None, Some((seg32, ctape, at_full, fs, cbase))) => {
+                    let q = e.b.floordiv(t, *seg32);
+                    let r = e.b.rem(t, *seg32);
+                    let zero = e.b.i32(0);
+                    let first = e.b.eq(r, zero);
+                    let ptrs = e.trip_slots(*ctape, *cbase, *fs, at_full, q, &fcarried);
+                    let vals: Vec<Value> = (0..fcarried.len())
+                        .map(|j| if k.ty(fcarried[j]).dtype() == Some(DType::F64) { cs[j] } else { e.b.cast(cs[j], DType::F64) })
+                        .collect();
+                    e.b.if_else(
+                        first,
+                        |b| {
+                            for (p, v) in ptrs.iter().zip(&vals) {
+                                b.store(*p, *v, None);
+                            }
+                            vec![]
+                        },
+                        |_| vec![],
+                    );
+                }
+                (None, None) => unreachable!("checkpoints where there are none"),
             }
             if let (Some(f), Some(iv)) = (fiv, iv) {
                 e.map.insert(f, iv);
@@ -446,8 +508,12 @@ impl Emit<'_, '_> {
             next.push(e.b.add(t, one));
             next
         };
+        let plain_slot = |_: &mut KernelBuilder, t: Value| t;
+        let first_slot: Option<&SlotOf<'_>> = if ck.is_some() { None } else { Some(&plain_slot) };
         let res = match (bounds, cond) {
-            (Some((lo, hi, st)), _) => self.b.for_range(lo, hi, st, max_iters, &init_c, |b, iv, cs| copy(b, Some(iv), cs, shadow, map)),
+            (Some((lo, hi, st)), _) => {
+                self.b.for_range(lo, hi, st, max_iters, &init_c, |b, iv, cs| copy(b, Some(iv), cs, shadow, map, first_slot))
+            }
             (None, Some(cb)) => {
                 let (s1, m1) = (shadow.clone(), map.clone());
                 let cblk = k.block(cb).clone();
@@ -465,7 +531,7 @@ impl Emit<'_, '_> {
                         let y = k.inst(*cblk.insts.last().expect("a condition ends in yield"));
                         e.v(y.args[0])
                     },
-                    |b, cs| copy(b, None, cs, shadow, map),
+                    |b, cs| copy(b, None, cs, shadow, map, first_slot),
                 )
             }
             (None, None) => unreachable!("a for loop has bounds"),
@@ -491,17 +557,12 @@ impl Emit<'_, '_> {
             let shape = self.shape(o);
             init_r.push(self.b.full(&shape, 0.0, self.fl));
         }
-        let (shadow, map) = (self.shadow.clone(), self.map.clone());
-        let (z, one) = (self.b.i32(0), self.b.i32(1));
-        let mut first_err = None;
-        let out = self.b.for_range(z, trips, one, max_iters, &init_r, |b, sv, cs| {
+        // One reverse trip: trip `t`, its kept values from slot `at_t`, carrying the cotangents.
+        let first_err = RefCell::new(None);
+        let rev = |b: &mut KernelBuilder, t: Value, at_t: Value, cs: &[Value], shadow, map| {
             let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
             e.b.set_loc(Some(d.loc.clone()));
-            // Trip t = trips - 1 - s: its carried values from the tape, its induction variable.
-            let one = e.b.i32(1);
-            let last = e.b.sub(trips, one);
-            let t = e.b.sub(last, sv);
-            for (&c, ptrs) in taped.iter().zip(e.trip_slots(tape, base, s, &at, t, &taped)) {
+            for (&c, ptrs) in taped.iter().zip(e.trip_slots(tape, base, s, &at, at_t, &taped)) {
                 let v = e.b.load(ptrs, None, None);
                 let dt = k.ty(c).dtype().expect("carried numbers");
                 let v = if dt == tdt { v } else { e.b.cast(v, dt) };
@@ -528,7 +589,7 @@ impl Emit<'_, '_> {
             }
             for &j in blk.insts.iter().rev() {
                 if let Err(err) = e.reverse(j) {
-                    first_err.get_or_insert(err);
+                    first_err.borrow_mut().get_or_insert(err);
                 }
             }
             e.b.set_loc(Some(d.loc.clone()));
@@ -551,8 +612,65 @@ impl Emit<'_, '_> {
                 });
             }
             next
-        });
-        if let Some(err) = first_err {
+        };
+        let (shadow, map) = (self.shadow.clone(), self.map.clone());
+        let (z, one) = (self.b.i32(0), self.b.i32(1));
+        let out = match &ck {
+            // Trip t = trips - 1 - s, from slot t.
+            None => self.b.for_range(z, trips, one, max_iters, &init_r, |b, sv, cs| {
+                let one = b.i32(1);
+                let last = b.sub(trips, one);
+                let t = b.sub(last, sv);
+                rev(b, t, t, cs, shadow, map)
+            }),
+            // Segments from the last: each restores its checkpoint, runs its trips again writing
+            // their slots, then reverses them.
+            Some((seg32, ctape, at_full, fs, cbase)) => {
+                let nseg = self.b.cdiv(trips, *seg32);
+                self.b.for_range(z, nseg, one, None, &init_r, |b, sv, cs| {
+                    let one = b.i32(1);
+                    let lastseg = b.sub(nseg, one);
+                    let g = b.sub(lastseg, sv);
+                    let t0 = b.mul(g, *seg32);
+                    let t1 = b.add(t0, *seg32);
+                    let t1 = b.minimum(t1, trips);
+                    let mut e = Emit { k, b, shadow: shadow.clone(), adj: HashMap::new(), map: map.clone(), tapes, fl };
+                    let ptrs = e.trip_slots(*ctape, *cbase, *fs, at_full, g, &fcarried);
+                    let mut state: Vec<Value> = Vec::new();
+                    for (&c, p) in fcarried.iter().zip(ptrs) {
+                        let v = e.b.load(p, None, None);
+                        let dt = k.ty(c).dtype().expect("carried numbers");
+                        state.push(if dt == DType::F64 { v } else { e.b.cast(v, dt) });
+                    }
+                    state.push(t0);
+                    let in_segment = |b: &mut KernelBuilder, t: Value| b.sub(t, t0);
+                    let (s1, m1) = (shadow.clone(), map.clone());
+                    e.b.for_range(t0, t1, one, max_iters, &state, |b, t, cs2| {
+                        let iv = match (fiv, bounds) {
+                            (Some(fiv), Some((lo, _, st))) => {
+                                let idt = k.ty(fiv).dtype().expect("an integer induction variable");
+                                let tc = b.cast(t, idt);
+                                let step = b.mul(tc, st);
+                                Some(b.add(lo, step))
+                            }
+                            _ => None,
+                        };
+                        copy(b, iv, cs2, s1, m1, Some(&in_segment))
+                    });
+                    let n = e.b.sub(t1, t0);
+                    let (s2, m2) = (shadow.clone(), map.clone());
+                    e.b.for_range(z, n, one, max_iters, cs, |b, rv, cs3| {
+                        let one = b.i32(1);
+                        let last = b.sub(t1, one);
+                        let t = b.sub(last, rv);
+                        let at_t = b.sub(t, t0);
+                        rev(b, t, at_t, cs3, s2, m2)
+                    })
+                    .to_vec()
+                })
+            }
+        };
+        if let Some(err) = first_err.into_inner() {
             return Err(err);
         }
         for (q, &j) in float_carried.iter().enumerate() {

@@ -108,6 +108,42 @@ pub fn gradient_by_kernel(
         };
         args.push((name.clone(), a));
     }
+    let programs = launch.grid().programs();
+    let TapeBounds { max_trips, memory } = bounds;
+    let caps: Vec<u64> = vk
+        .tapes
+        .iter()
+        .map(|t| match t.max_iters {
+            Some(m) => m as u64,
+            None => max_trips.get(&t.inst).copied().unwrap_or(0),
+        })
+        .collect();
+    // What the launch's tensors leave of `memory` for the tapes.
+    let held: u64 = (0..m.len() as u32)
+        .map(|i| m.get(TensorId(i)))
+        .map(|h| h.numel() as u64 * tilegrad_reference::storage_bytes(h.dtype()) as u64)
+        .sum();
+    let room = memory.saturating_sub(held);
+    // Where one program's whole tapes do not fit, the loops keep checkpoints instead: a
+    // segment of about the square root of their trips, and a checkpoint a segment.
+    let rebuilt;
+    let vk = if room < per_program(vk, &caps, None)? {
+        let stored = |name: &str, declared: DType| match launch.args().iter().find(|(n, _)| n == name) {
+            Some((_, Arg::Tensor(t))) if mem.get(*t).dtype().is_float() => mem.get(*t).dtype(),
+            _ => declared,
+        };
+        rebuilt = super::vjp_kernel_checkpointed(launch.kernel(), vk, &stored)?;
+        &rebuilt
+    } else {
+        vk
+    };
+    let segments: Vec<u64> = caps.iter().map(|&c| ((c as f64).sqrt().ceil() as u64).max(1)).collect();
+    let per_program = per_program(vk, &caps, Some(&segments))?;
+    // Programs run in batches whose tapes fit; at least one program per batch.
+    let batch = match per_program {
+        0 => programs,
+        p => (room / p).clamp(1, programs.max(1)),
+    };
     let mut vl = Launch::new(&vk.kernel, launch.grid());
     for (n, a) in &args {
         vl = vl.arg(n, *a);
@@ -123,49 +159,26 @@ pub fn gradient_by_kernel(
         vl = vl.arg(s, sh);
     }
     // Tapes are scratch: a backend that runs elsewhere keeps them there.
-    let scratch: Vec<String> = vk.tapes.iter().map(|t| t.tape.clone()).collect();
-    let programs = launch.grid().programs();
-    // Each tape's trips per program, and the bytes a program's slots take on all tapes.
-    let mut caps = Vec::new();
-    let mut per_program = 0u64;
-    let TapeBounds { max_trips, memory } = bounds;
-    for tape in &vk.tapes {
-        let cap = match tape.max_iters {
-            Some(m) => m as u64,
-            None => max_trips.get(&tape.inst).copied().unwrap_or(0),
+    let mut scratch: Vec<String> = Vec::new();
+    for ((tape, &cap), &seg) in vk.tapes.iter().zip(&caps).zip(&segments) {
+        let slots = if tape.checkpoints.is_some() { seg } else { cap };
+        let mut add = |name: &str, dtype: DType, per_program: Option<u64>| -> Result<TensorId, AdError> {
+            let n = per_program
+                .and_then(|x| x.checked_mul(batch))
+                .and_then(|x| usize::try_from(x).ok())
+                .ok_or_else(|| AdError::Spec(format!("{}: the loop's tape would hold more than 2^64 values", tape.loc)))?;
+            // At least one element: a loop may keep nothing (no device allocation is empty).
+            // Zeros from a zeroed allocation: a backend that keeps the tape elsewhere never
+            // touches them. Every batch reuses it: a slot is written before it is read.
+            scratch.push(name.to_string());
+            Ok(m.add(name, HostTensor::try_full(dtype, &[n.max(1)], 0.0)?))
         };
-        per_program = cap
-            .checked_mul(tape.per_trip as u64)
-            .and_then(|x| x.checked_mul(tape.dtype.size_bytes() as u64))
-            .and_then(|x| x.checked_add(per_program))
-            .ok_or_else(|| AdError::Spec(format!("{}: the loop's tape would hold more than 2^64 bytes per program", tape.loc)))?;
-        caps.push(cap);
-    }
-    // Programs run in batches whose tapes fit in what `memory` leaves beside the launch's
-    // tensors; at least one program per batch.
-    let held: u64 = (0..m.len() as u32)
-        .map(|i| m.get(TensorId(i)))
-        .map(|h| h.numel() as u64 * tilegrad_reference::storage_bytes(h.dtype()) as u64)
-        .sum();
-    let batch = match per_program {
-        0 => programs,
-        p => (memory.saturating_sub(held) / p).clamp(1, programs.max(1)),
-    };
-    let mut tapes = Vec::new();
-    for (tape, &cap) in vk.tapes.iter().zip(&caps) {
-        let n = batch
-            .checked_mul(cap)
-            .and_then(|x| x.checked_mul(tape.per_trip as u64))
-            .and_then(|x| usize::try_from(x).ok())
-            .ok_or_else(|| AdError::Spec(format!("{}: the loop's tape would hold more than 2^64 values", tape.loc)))?;
-        // At least one element: a loop may keep nothing (no device allocation is empty). Zeros
-        // from a zeroed allocation: a backend that keeps the tape elsewhere never touches them.
-        // Every batch reuses it: a trip's slots are written before they are read.
-        let t = HostTensor::try_full(tape.dtype, &[n.max(1)], 0.0)?;
-        tapes.push((m.add(&tape.tape, t), cap));
-    }
-    for (tape, &(id, cap)) in vk.tapes.iter().zip(&tapes) {
+        let id = add(&tape.tape, tape.dtype, slots.checked_mul(tape.per_trip as u64))?;
         vl = vl.arg(&tape.tape, id).arg(&tape.capacity_param, cap as i64);
+        if let Some(c) = &tape.checkpoints {
+            let id = add(&c.tape, DType::F64, cap.div_ceil(seg).checked_mul(c.per_checkpoint as u64))?;
+            vl = vl.arg(&c.tape, id).arg(&c.segment_param, seg as i64);
+        }
     }
     let mut first = 0u64;
     while first < programs {
@@ -189,4 +202,24 @@ pub fn gradient_by_kernel(
             _ => Err(AdError::Spec(format!("`{}` is not a float tensor of the launch", mem.name(*t)))),
         })
         .collect()
+}
+
+/// Bytes a program's slots take on all of `vk`'s tapes (and checkpoints, where it keeps them,
+/// with these segment lengths), for loops of these trip counts.
+fn per_program(vk: &VjpKernel, caps: &[u64], segments: Option<&[u64]>) -> Result<u64, AdError> {
+    let mut total = 0u64;
+    for (j, (tape, &cap)) in vk.tapes.iter().zip(caps).enumerate() {
+        let seg = segments.map_or(cap, |s| s[j]);
+        let (slots, ck) = match &tape.checkpoints {
+            Some(c) => (seg, cap.div_ceil(seg.max(1)).checked_mul(c.per_checkpoint as u64).and_then(|x| x.checked_mul(8))),
+            None => (cap, Some(0)),
+        };
+        total = slots
+            .checked_mul(tape.per_trip as u64)
+            .and_then(|x| x.checked_mul(tape.dtype.size_bytes() as u64))
+            .and_then(|x| x.checked_add(ck?))
+            .and_then(|x| x.checked_add(total))
+            .ok_or_else(|| AdError::Spec(format!("{}: the loop's tape would hold more than 2^64 bytes per program", tape.loc)))?;
+    }
+    Ok(total)
 }

@@ -42,6 +42,14 @@
 //! A `while` loop is reversed the same way: the copy also runs its condition and counts the
 //! trips, which the reverse loop then takes.
 //!
+//! A launch runs its programs in batches whose tapes fit in the memory it may take
+//! ([`gradient_by_kernel`]; tapes hold a batch's programs from its first, the parameter
+//! [`VjpKernel::first_param`]). Where not even one program's tapes fit, the kernel is built
+//! again with checkpoints ([`vjp_kernel_checkpointed`], [`LoopCheckpoints`]): the copy keeps
+//! every carried value at the start of each segment of about the square root of the trips,
+//! and the reverse, segment by segment from the last, restores a checkpoint, runs the segment's
+//! trips again writing their tape, and reverses them.
+//!
 //! Not yet: loops inside loops, pointers carried by loops; they are refused with the op and its
 //! location.
 
@@ -106,6 +114,25 @@ pub struct LoopTape {
     pub inst: Inst,
     /// Where the loop is.
     pub loc: Loc,
+    /// With checkpoints ([`vjp_kernel_checkpointed`]): the tape holds the kept values of one
+    /// segment's trips (`segment` slots a program, not `capacity`), and this the checkpoints.
+    pub checkpoints: Option<LoopCheckpoints>,
+}
+
+/// A loop's checkpoints: an f64 tensor of at least `programs * cdiv(capacity, segment) *
+/// per_checkpoint` elements for parameter `tape`, holding every carried value at the start of
+/// each segment of `segment` trips (the i64 scalar parameter `segment_param`). The reverse
+/// restores a segment's checkpoint, runs its trips again writing their kept values, and
+/// reverses them, segments from the last: a tape of `segment` trips, not of every trip, for
+/// one more run of the loop's forward.
+#[derive(Clone, Debug)]
+pub struct LoopCheckpoints {
+    /// The checkpoints' parameter.
+    pub tape: String,
+    /// The segment length's parameter.
+    pub segment_param: String,
+    /// Values a checkpoint holds (every carried value).
+    pub per_checkpoint: usize,
 }
 
 /// The VJP kernel of `k` (any float dtypes: it computes in f64). See the module docs.
@@ -131,13 +158,13 @@ pub fn vjp_kernel_for(launch: &Launch, mem: &Memory, float: DType) -> Result<Vjp
         })
         .collect();
     if tensors.iter().enumerate().any(|(i, t)| tensors[..i].contains(t)) {
-        return build(launch.kernel(), None, float);
+        return build(launch.kernel(), None, float, false);
     }
     let stored = |name: &str, declared: DType| match launch.args().iter().find(|(n, _)| n == name) {
         Some((_, Arg::Tensor(t))) if mem.get(*t).dtype().is_float() => mem.get(*t).dtype(),
         _ => declared,
     };
-    build(launch.kernel(), Some(&stored), float)
+    build(launch.kernel(), Some(&stored), float, false)
 }
 
 /// [`vjp_kernel`], computing in `float` (f64, the ground truth; or f32, faster where the
@@ -147,14 +174,24 @@ pub fn vjp_kernel_for(launch: &Launch, mem: &Memory, float: DType) -> Result<Vjp
 /// rather than all becoming `float`. Launches that bind one tensor to two parameters need
 /// `false`.
 pub fn vjp_kernel_with(k: &Kernel, keep_tensors: bool, float: DType) -> Result<VjpKernel, AdError> {
-    build(k, keep_tensors.then_some(&|_: &str, d: DType| d), float)
+    build(k, keep_tensors.then_some(&|_: &str, d: DType| d), float, false)
 }
 
 /// [`vjp_kernel_with`] keeping the float tensors the kernel only reads or only writes in the
 /// dtype `stored(name, declared)` gives for each (as [`vjp_kernel_for`] takes it from a
 /// launch's memory): for building a launch's VJP kernel ahead of its memory.
 pub fn vjp_kernel_as(k: &Kernel, stored: &StoredDtype<'_>, float: DType) -> Result<VjpKernel, AdError> {
-    build(k, Some(stored), float)
+    build(k, Some(stored), float, false)
+}
+
+/// `vk` (a VJP kernel of `k`) built again with checkpoints in its loops
+/// ([`LoopCheckpoints`]): the same kernel whose tapes hold one segment of trips a program, for
+/// launches whose programs' whole tapes do not fit. `stored` gives the dtype in memory of the
+/// tensors `vk` keeps in their dtype (as [`vjp_kernel_as`] takes it).
+pub fn vjp_kernel_checkpointed(k: &Kernel, vk: &VjpKernel, stored: &StoredDtype<'_>) -> Result<VjpKernel, AdError> {
+    let keep = |name: &str, d: DType| if vk.kept.iter().any(|n| n == name) { stored(name, d) } else { d };
+    let keep: Option<&StoredDtype<'_>> = if vk.kept.is_empty() { None } else { Some(&keep) };
+    build(k, keep, vk.float, true)
 }
 
 /// The dtype in memory of a tensor parameter (by name) of a declared dtype.
@@ -162,7 +199,7 @@ pub type StoredDtype<'a> = dyn Fn(&str, DType) -> DType + 'a;
 
 /// The VJP kernel, keeping tensors in the dtypes `keep` gives (see
 /// [`promote_floats_keeping_tensors_as`]), or none.
-fn build(k: &Kernel, keep: Option<&StoredDtype<'_>>, fl: DType) -> Result<VjpKernel, AdError> {
+fn build(k: &Kernel, keep: Option<&StoredDtype<'_>>, fl: DType, checkpoints: bool) -> Result<VjpKernel, AdError> {
     if !matches!(fl, DType::F32 | DType::F64) {
         return Err(AdError::Spec(format!("VJP kernels compute in f64 or f32, not {fl}")));
     }
@@ -179,7 +216,7 @@ fn build(k: &Kernel, keep: Option<&StoredDtype<'_>>, fl: DType) -> Result<VjpKer
     while params.iter().any(|q| q.name == first) {
         first.insert_str(0, "tg_");
     }
-    let tapes = Tapes { list: RefCell::new(Vec::new()), first };
+    let tapes = Tapes { list: RefCell::new(Vec::new()), first, checkpoints };
     let mut e = Emit { k: &p, b: &mut b, shadow: HashMap::new(), adj: HashMap::new(), map: HashMap::new(), tapes: &tapes, fl };
 
     // Shadow parameters, named apart from every parameter.

@@ -60,11 +60,13 @@ fn same_gradients(launch: &Launch, mem: &Memory, inputs: &[TensorId], outputs: &
             .unwrap_or_else(|e| panic!("{}: {e}\n{}", k.name, vk.kernel));
         if !vk.tapes.is_empty() {
             // No memory to spare: the programs run one per launch, each with its own tapes'
-            // slots, and add into the shadows in the same order.
-            let mut launches = 0;
+            // slots, their loops keeping checkpoints and running each segment again, and add
+            // into the shadows in the same order.
+            let (mut launches, mut checkpointed) = (0, 0);
             let one =
                 gradient_by_kernel(&vk, launch, mem, inputs, outputs, TapeBounds { max_trips: &max_trips, memory: 0 }, &mut |l, m| {
                     launches += 1;
+                    checkpointed += l.kernel().params.iter().any(|p| p.name.starts_with("tg_ckpt")) as u64;
                     run(l, m)
                 })
                 .unwrap_or_else(|e| panic!("{}, one program at a time: {e}", k.name));
@@ -73,6 +75,8 @@ fn same_gradients(launch: &Launch, mem: &Memory, inputs: &[TensorId], outputs: &
                 vk.tapes.iter().any(|t| t.per_trip > 0 && t.max_iters.map_or(max_trips.get(&t.inst).copied().unwrap_or(0), u64::from) > 0);
             let want = if keeps { launch.grid().programs() } else { 1 };
             assert_eq!(launches, want, "{}: launches of one program", k.name);
+            // Not even one program's whole tapes fit: its loops keep checkpoints.
+            assert_eq!(checkpointed, if keeps { want } else { 0 }, "{}: checkpointed launches", k.name);
             assert_eq!(one, got, "{}: one program at a time", k.name);
         }
         let names = inputs.iter().map(|&t| mem.name(t));

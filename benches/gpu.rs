@@ -239,15 +239,20 @@ fn time_gradient(
             })
             .sum();
         // Atomics in the hardware's order, as the check runs VJP kernels.
-        plain = gpu.time(l, &mut m.clone(), GpuOptions { races: false, ordered_atomics: false }, reps).map_err(gpu_err)? * 1e3;
-        marked = gpu.time(l, &mut m.clone(), GpuOptions { races: true, ordered_atomics: false }, reps).map_err(gpu_err)? * 1e3;
+        plain =
+            gpu.time(l, &mut m.clone(), GpuOptions { races: false, ordered_atomics: false, exact_order: false }, reps).map_err(gpu_err)?
+                * 1e3;
+        marked =
+            gpu.time(l, &mut m.clone(), GpuOptions { races: true, ordered_atomics: false, exact_order: false }, reps).map_err(gpu_err)?
+                * 1e3;
         Ok(())
     };
     gradient_by_kernel(&vk, launch, mem, &inputs, &outputs, TapeBounds { max_trips: &fwd.summary.max_trips, memory: u64::MAX }, &mut timed)
         .unwrap_or_else(|e| panic!("{}: {e}", c.name));
     let start = std::time::Instant::now();
-    let mut once =
-        |l: &Launch, m: &mut Memory| gpu.run(l, m, GpuOptions { races: false, ordered_atomics: false }).map(|_| ()).map_err(gpu_err);
+    let mut once = |l: &Launch, m: &mut Memory| {
+        gpu.run(l, m, GpuOptions { races: false, ordered_atomics: false, exact_order: false }).map(|_| ()).map_err(gpu_err)
+    };
     let g = gradient_by_kernel(
         &vk,
         launch,

@@ -440,13 +440,14 @@ impl Gpu {
     /// Float atomics added in program order are logged per program: a launch whose programs
     /// log more than the default capacity runs again with logs as long as its longest, where
     /// they fit in a quarter of the free memory (fewer blocks then run at once) and where the
-    /// programs' turns at adding them stay short ([`ORDERED_LOG_WORK`]).
+    /// programs' turns at adding them stay short ([`ORDERED_LOG_WORK`], unless
+    /// [`GpuOptions::exact_order`]).
     fn run_compiled(&self, c: &Compiled, launch: &Launch, mem: &mut Memory, opts: GpuOptions) -> Result<Ran, GpuError> {
         use std::sync::atomic::Ordering::Relaxed;
         let range = launch.program_range();
         let programs = range.end - range.start;
         let fits = |cap: u64| -> Result<bool, GpuError> { Ok(LOG_WORDS as u64 * 8 * cap <= self.free_memory()? / 4) };
-        let short = |cap: u64| cap.saturating_mul(programs) <= ORDERED_LOG_WORK;
+        let short = |cap: u64| opts.exact_order || cap.saturating_mul(programs) <= ORDERED_LOG_WORK;
         let mut cap = LOG_CAP;
         let hint = c.log_hint.load(Relaxed);
         if c.gen.float_atomics && opts.ordered_atomics && hint > LOG_CAP {

@@ -96,6 +96,12 @@ pub struct GpuOptions {
     /// it, in the hardware's order (sums equal up to rounding; see
     /// [`codegen::generate_ordered`]).
     pub ordered_atomics: bool,
+    /// With `ordered_atomics`: program order whatever it costs. Without, a launch whose programs
+    /// add too many floats atomically to take turns at adding them in order adds them in the
+    /// device's order (and says so: [`RanOn::GpuDeviceOrder`]); with it, it takes the turns
+    /// (or goes to the reference where the logs do not fit), so that the results stay the same
+    /// bit for bit from run to run.
+    pub exact_order: bool,
 }
 
 impl GpuOptions {
@@ -108,6 +114,6 @@ impl GpuOptions {
 
 impl Default for GpuOptions {
     fn default() -> GpuOptions {
-        GpuOptions { races: true, ordered_atomics: true }
+        GpuOptions { races: true, ordered_atomics: true, exact_order: false }
     }
 }

@@ -117,7 +117,7 @@ impl Executor {
     /// the reference's by rounding only, so [`Backend::Compare`] does not compare it).
     pub fn run_vjp(&self, launch: &Launch, mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
         let Some(g) = &self.gpu else { return launch.run(mem) };
-        self.on(g, launch, mem, GpuOptions { races: false, ordered_atomics: self.ordered_vjp })
+        self.on(g, launch, mem, GpuOptions { races: false, ordered_atomics: self.ordered_vjp, exact_order: self.ordered_vjp })
     }
 
     /// Runs a launch on the GPU with `opts`, logging where it ran.

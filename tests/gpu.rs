@@ -351,8 +351,9 @@ fn gradcheck_passes_on_the_gpu() {
 /// Float atomics in program order are logged per program, 2^15 entries by default: a launch
 /// whose programs log more (here 40 trips of 1000 lanes each) runs again on the device with
 /// longer logs, rather than going to the reference, and adds in the reference's order bit for
-/// bit; one with more programs than their turns at adding in order afford (120 programs: 4.8M
-/// adds) runs with the device's order, and says so, its sums within rounding of the reference's.
+/// bit; one with more programs than their turns at adding in order afford (120 programs: 4.9M
+/// adds) runs with the device's order, and says so, its sums within rounding of the reference's,
+/// unless `exact_order` asks for program order whatever it costs.
 #[test]
 fn long_atomic_logs_stay_on_the_gpu() {
     use tilegrad_gpu::{Gpu, GpuOptions, RanOn};
@@ -407,6 +408,14 @@ fn long_atomic_logs_stay_on_the_gpu() {
         let launch = Launch::new(&k, programs).arg("x", xt).arg("y", yt);
         let mut want = mem.clone();
         launch.run(&mut want).unwrap();
+        if programs > 100 {
+            // Program order whatever it costs: the programs take their turns (about 2 s here).
+            let mut exact = mem.clone();
+            let out = gpu.run(&launch, &mut exact, GpuOptions { races: true, ordered_atomics: true, exact_order: true }).unwrap();
+            assert!(matches!(out.ran_on, RanOn::Gpu), "ran on {:?}", out.ran_on);
+            let (w, g) = (want[yt].as_f32().unwrap(), exact[yt].as_f32().unwrap());
+            assert!((0..1000).all(|i| w[i].to_bits() == g[i].to_bits()), "exact order: sums differ from the reference's");
+        }
         let out = gpu.run(&launch, &mut mem, GpuOptions { races: true, ordered_atomics: true, exact_order: false }).unwrap();
         let (w, g) = (want[yt].as_f32().unwrap(), mem[yt].as_f32().unwrap());
         if programs < 100 {

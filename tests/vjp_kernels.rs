@@ -94,13 +94,18 @@ fn batched_vjp_launches_give_the_same_ground_truth_bit_for_bit() {
     for name in ["flash_attention.toml", "layer_norm.toml", "kl_div.toml"] {
         let sp = spec::load(&dir.join(name)).unwrap();
         let opts = CheckOptions { ground: Ground::Kernels, ..sp.options.clone() };
+        let evaluator = ground_truth(&sp.forward, &sp.inputs, &sp.options).unwrap();
         let whole = ground_truth(&sp.forward, &sp.inputs, &opts).unwrap();
         let one = ground_truth(&sp.forward, &sp.inputs, &CheckOptions { vjp_memory: Some(0), ..opts }).unwrap();
-        for ((n, w), (_, g)) in whole.gradients.iter().zip(&one.gradients) {
-            let (w, g) = (w.to_f64_vec(), g.to_f64_vec());
+        for (((n, e), (_, w)), (_, g)) in evaluator.gradients.iter().zip(&whole.gradients).zip(&one.gradients) {
+            let (e, w, g) = (e.to_f64_vec(), w.to_f64_vec(), g.to_f64_vec());
             assert!(w.iter().any(|&x| x != 0.0), "{name}: the gradient of `{n}` is zero");
             let same = w.iter().zip(&g).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{name}: the gradient of `{n}` differs when programs run one per launch");
+            // And it is the evaluator's (an independent computation of the same ground truth).
+            let norm = e.iter().map(|x| x * x).sum::<f64>().sqrt();
+            let diff = e.iter().zip(&g).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+            assert!(diff <= 1e-12 * norm, "{name}: the gradient of `{n}` differs from the evaluator's by {diff:e}");
         }
     }
 }

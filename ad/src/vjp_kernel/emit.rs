@@ -557,6 +557,16 @@ impl Emit<'_, '_> {
             let shape = self.shape(o);
             init_r.push(self.b.full(&shape, 0.0, self.fl));
         }
+        // A `for` loop's induction variable at trip `t`: `lo + t * step`.
+        let iv_of = |b: &mut KernelBuilder, t: Value| match (fiv, bounds) {
+            (Some(fiv), Some((lo, _, st))) => {
+                let idt = k.ty(fiv).dtype().expect("an integer induction variable");
+                let tc = b.cast(t, idt);
+                let step = b.mul(tc, st);
+                Some(b.add(lo, step))
+            }
+            _ => None,
+        };
         // One reverse trip: trip `t`, its kept values from slot `at_t`, carrying the cotangents.
         let first_err = RefCell::new(None);
         let rev = |b: &mut KernelBuilder, t: Value, at_t: Value, cs: &[Value], shadow, map| {
@@ -574,11 +584,7 @@ impl Emit<'_, '_> {
                 let z = e.b.full(&shape, 0.0, dt);
                 e.map.insert(c, z);
             }
-            if let (Some(fiv), Some((lo, _, st))) = (fiv, bounds) {
-                let idt = k.ty(fiv).dtype().expect("an integer induction variable");
-                let tc = e.b.cast(t, idt);
-                let step = e.b.mul(tc, st);
-                let iv = e.b.add(lo, step);
+            if let (Some(fiv), Some(iv)) = (fiv, iv_of(e.b, t)) {
                 e.map.insert(fiv, iv);
             }
             for &j in &blk.insts {
@@ -646,15 +652,7 @@ impl Emit<'_, '_> {
                     let in_segment = |b: &mut KernelBuilder, t: Value| b.sub(t, t0);
                     let (s1, m1) = (shadow.clone(), map.clone());
                     e.b.for_range(t0, t1, one, max_iters, &state, |b, t, cs2| {
-                        let iv = match (fiv, bounds) {
-                            (Some(fiv), Some((lo, _, st))) => {
-                                let idt = k.ty(fiv).dtype().expect("an integer induction variable");
-                                let tc = b.cast(t, idt);
-                                let step = b.mul(tc, st);
-                                Some(b.add(lo, step))
-                            }
-                            _ => None,
-                        };
+                        let iv = iv_of(b, t);
                         copy(b, iv, cs2, s1, m1, Some(&in_segment))
                     });
                     let n = e.b.sub(t1, t0);

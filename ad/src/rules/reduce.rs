@@ -5,7 +5,7 @@ use super::elementwise::{int_result, narrow, Arith};
 use super::{split, Ctx, Precision};
 use crate::{AdError, BTile};
 use tilegrad_ir::{DotPrecision, ReduceOp};
-use tilegrad_reference::round_tf32;
+use tilegrad_reference::{dot_f32, round_tf32};
 
 /// Sum of a contiguous run in the reference's order ([`tilegrad_reference::sum_in_order`]).
 pub(super) fn sum_run<T: Copy + Default + std::ops::Add<Output = T>>(v: &[T]) -> T {
@@ -344,7 +344,8 @@ fn dot_dims(c: &Ctx<'_>) -> Result<(usize, usize, usize), AdError> {
 
 /// `dot(a, b, acc)`: acc + sum over k in order of a[i, k] * b[k, j]. In native mode with an
 /// f32/f16/bf16 accumulator the operands are converted to f32 (rounded to tf32 for f32 operands
-/// with `tf32` precision), the sum runs in f32 and the result is rounded to acc's dtype once.
+/// with `tf32` precision), the sum runs in f32 as the reference's ([`dot_f32`]: one fused
+/// multiply-add a step) and the result is rounded to acc's dtype once.
 pub(super) fn dot(c: &Ctx<'_>, dp: DotPrecision, p: Precision) -> Result<BTile, AdError> {
     let (m, k, n) = dot_dims(c)?;
     let arith = Arith::of(c.rdtype(), p);
@@ -362,12 +363,9 @@ pub(super) fn dot(c: &Ctx<'_>, dp: DotPrecision, p: Precision) -> Result<BTile, 
             Arith::F32(d) => {
                 let conv = |x: f64| if tf32 { round_tf32(x as f32) } else { x as f32 };
                 let (a32, b32): (Vec<f32>, Vec<f32>) = (a.iter().map(|&x| conv(x)).collect(), b.iter().map(|&x| conv(x)).collect());
-                for i in 0..m {
-                    for j in 0..n {
-                        let s = (0..k).fold(acc[i * n + j] as f32, |s, kk| s + a32[i * k + kk] * b32[kk * n + j]);
-                        out.push(narrow(d, s) as f64);
-                    }
-                }
+                let mut s: Vec<f32> = acc.iter().map(|&x| x as f32).collect();
+                dot_f32(&mut s, &a32, &b32, (m, k, n));
+                out.extend(s.into_iter().map(|x| narrow(d, x) as f64));
             }
         }
     }

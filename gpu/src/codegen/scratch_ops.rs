@@ -250,10 +250,17 @@ impl<'k> Gen<'k> {
         }
         self.each_of(b, &format!("(({t}*)(sb + {boff}))[e] = {cb};"));
         self.sync();
-        let (mul, add) = if acc == DType::F32 { ("__fmul_rn", "__fadd_rn") } else { ("__dmul_rn", "__dadd_rn") };
-        // Each output accumulates over k in order (products and sums rounded separately); k is
-        // the outer loop so that a column of b, when every register of a thread is in one
-        // column, is read once.
+        // Each output accumulates over k in order, as the reference's `dot` does: in f32 one
+        // fused multiply-add a step, in f64 products and sums rounded apart. k is the outer
+        // loop so that a column of b, when every register of a thread is in one column, is
+        // read once.
+        let step = |s: &str, x: &str, y: &str| {
+            if acc == DType::F32 {
+                format!("__fmaf_rn({x}, {y}, {s})")
+            } else {
+                format!("__dadd_rn({s}, __dmul_rn({x}, {y}))")
+            }
+        };
         let cv = convert(self.dtype(c), acc, &format!("v{}[j]", c.0));
         let one_col = !self.scalar(r) && nt % n == 0;
         let bq = if one_col { "bq".to_string() } else { format!("(({t}*)(sb + {boff}))[q * {n} + (e % {n})]") };
@@ -275,19 +282,21 @@ impl<'k> Gen<'k> {
             // floats): the loop's own instructions are then 7 beside 256 products and sums.
             let unroll = (512 / (regs * sz)).clamp(2, 8);
             let lanes = ["x", "y", "z", "w"];
-            let mut step = String::new();
+            let mut body = String::new();
             for l in lanes.iter().take(w) {
                 let el = if w == 1 { "a4".to_string() } else { format!("a4.{l}") };
                 let at = lanes.iter().position(|x| x == l).unwrap_or(0);
-                let _ = write!(step, " s[{w} * jw + {at}] = {add}(s[{w} * jw + {at}], {mul}({el}, bq));");
+                let sj = format!("s[{w} * jw + {at}]");
+                let _ = write!(body, " {sj} = {};", step(&sj, &el, "bq"));
             }
             self.line(&format!(
-                "#pragma unroll {unroll}\nfor (int q = 0; q < {kk}; ++q) {{ {hoist} const {wide}* ap = (const {wide}*)((({t}*)sb) + q * {pitch} + (tid / {n}) * {regs});\n#pragma unroll\nfor (int jw = 0; jw < {}; ++jw) {{ const {wide} a4 = ap[jw];{step} }} }}",
+                "#pragma unroll {unroll}\nfor (int q = 0; q < {kk}; ++q) {{ {hoist} const {wide}* ap = (const {wide}*)((({t}*)sb) + q * {pitch} + (tid / {n}) * {regs});\n#pragma unroll\nfor (int jw = 0; jw < {}; ++jw) {{ const {wide} a4 = ap[jw];{body} }} }}",
                 regs / w
             ));
         } else {
             self.line(&format!(
-                "for (int q = 0; q < {kk}; ++q) {{ {hoist}\n#pragma unroll\nfor (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; if (e < {numel}) s[j] = {add}(s[j], {mul}((({t}*)sb)[(e / {n}) * {kk} + q], {bq})); }} }}"
+                "for (int q = 0; q < {kk}; ++q) {{ {hoist}\n#pragma unroll\nfor (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; if (e < {numel}) s[j] = {}; }} }}",
+                step("s[j]", &format!("(({t}*)sb)[(e / {n}) * {kk} + q]"), &bq)
             ));
         }
         let body = format!("v{}[j] = {};", r.0, narrow(rd, "s[j]"));

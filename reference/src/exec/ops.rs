@@ -517,7 +517,40 @@ pub fn round_tf32(x: f32) -> f32 {
     f32::from_bits(r)
 }
 
-/// `dot(a, b, acc)`: [M,K] x [K,N] + [M,N], accumulated over k in order, in acc's dtype.
+/// The f32 accumulation of `dot`: `out[i, j] = fma(a[i, k], b[k, j], out[i, j])` for k in
+/// order, each step one fused multiply-add (rounded once), as Triton lowers an f32 `dot` that
+/// runs on FMA units (`input_precision="ieee"`: a chain of `llvm.fmuladd` over k, which NVPTX
+/// emits as `fma.rn.f32`). Where the operands have at most 12 significant bits (tf32, f16,
+/// bf16), each product is exact and this equals a product and a sum rounded apart. Every
+/// backend computes an f32 `dot` this way: hardware FMA where the CPU has it (checked at run
+/// time), else the correctly rounded software `mul_add`, with the same result.
+pub fn dot_f32(out: &mut [f32], a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize)) {
+    #[inline(always)]
+    fn rows(out: &mut [f32], a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize)) {
+        for i in 0..m {
+            let row = &mut out[i * n..(i + 1) * n];
+            for kk in 0..k {
+                let x = a[i * k + kk];
+                let brow = &b[kk * n..(kk + 1) * n];
+                row.iter_mut().zip(brow).for_each(|(o, &y)| *o = x.mul_add(y, *o));
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn rows_fma(out: &mut [f32], a: &[f32], b: &[f32], dims: (usize, usize, usize)) {
+        rows(out, a, b, dims)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU supports AVX2 and FMA (checked above).
+        return unsafe { rows_fma(out, a, b, (m, k, n)) };
+    }
+    rows(out, a, b, (m, k, n))
+}
+
+/// `dot(a, b, acc)`: [M,K] x [K,N] + [M,N], accumulated over k in order, in acc's dtype (f32
+/// accumulation by [`dot_f32`]; f64 products and sums rounded apart).
 pub(crate) fn dot(a: &Tile, b: &Tile, acc: &Tile, precision: DotPrecision) -> Result<Tile, String> {
     let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
     let (ad, bd, cd) = (a.materialize(), b.materialize(), acc.materialize());
@@ -543,14 +576,7 @@ pub(crate) fn dot(a: &Tile, b: &Tile, acc: &Tile, precision: DotPrecision) -> Re
                 bv.iter_mut().for_each(|x| *x = round_tf32(*x));
             }
             let mut out = c.clone();
-            for i in 0..m {
-                let row = &mut out[i * n..(i + 1) * n];
-                for kk in 0..k {
-                    let x = av[i * k + kk];
-                    let brow = &bv[kk * n..(kk + 1) * n];
-                    row.iter_mut().zip(brow).for_each(|(o, &y)| *o += x * y);
-                }
-            }
+            dot_f32(&mut out, &av, &bv, (m, k, n));
             round_narrow(acc.dtype, &mut out);
             Data::F32(out)
         }
@@ -616,6 +642,51 @@ mod tests {
         // Halfway case rounds to even.
         let h = f32::from_bits(1.0f32.to_bits() | 0x1000);
         assert_eq!(round_tf32(h), 1.0);
+    }
+
+    #[test]
+    fn f32_dots_round_once_a_step() {
+        // Each step is a fused multiply-add: the exact a*b (an f64 holds the product of two
+        // f32s) plus the sum so far, rounded once to f32. Rounding the f64 sum again to f32 is
+        // that rounding except on f32 midpoints, which random data does not hit.
+        let (m, k, n) = (5, 37, 7);
+        let mut seed = 0x9e3779b97f4a7c15u64;
+        let mut draw = |len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+                })
+                .collect()
+        };
+        let (a, b, c) = (draw(m * k), draw(k * n), draw(m * n));
+        let t = |shape: &[usize], v: &[f32]| Tile::dense(DType::F32, shape, Data::F32(v.to_vec()));
+        let got = dot(&t(&[m, k], &a), &t(&[k, n], &b), &t(&[m, n], &c), DotPrecision::Ieee).unwrap();
+        let Data::F32(got) = &*got.data else { panic!("f32 result") };
+        let (mut fused, mut apart) = (c.clone(), c.clone());
+        for i in 0..m {
+            for j in 0..n {
+                for q in 0..k {
+                    let (x, y) = (a[i * k + q], b[q * n + j]);
+                    fused[i * n + j] = (x as f64 * y as f64 + fused[i * n + j] as f64) as f32;
+                    apart[i * n + j] += x * y;
+                }
+            }
+        }
+        assert_eq!(got, &fused);
+        // Rounding products apart gives other results: the test tells the two apart.
+        assert!(got.iter().zip(&apart).any(|(g, a)| g != a));
+        // tf32 operands multiply exactly: the same sums as products and sums rounded apart.
+        let got = dot(&t(&[m, k], &a), &t(&[k, n], &b), &t(&[m, n], &c), DotPrecision::Tf32).unwrap();
+        let mut apart = c.clone();
+        for i in 0..m {
+            for j in 0..n {
+                for q in 0..k {
+                    apart[i * n + j] += round_tf32(a[i * k + q]) * round_tf32(b[q * n + j]);
+                }
+            }
+        }
+        assert_eq!(*got.data, Data::F32(apart));
     }
 
     #[test]

@@ -1,10 +1,11 @@
-//! The device side: finding a usable GPU, compiling generated kernels (cached in memory and on
-//! disk by source hash), moving tensors, launching, and turning what the device found into the
-//! reference's errors.
+//! The device side: finding a usable GPU, loading compiled kernels (kept in memory by source
+//! hash; compiling is [`crate::compile`]'s), moving tensors, launching, and turning what the
+//! device found into the reference's errors.
 
 use crate::codegen::{
     self, Flavor, Generated, ARG_WORDS, ERR_LOOP, ERR_OOB, ERR_RUNTIME, ERR_WORDS, FLAG_LOG_FULL, HEADER_WORDS, LOG_WORDS, PTR_WORDS,
 };
+use crate::compile::{cache_file, nvrtc, nvrtc_cubin, source_key, write_cache, Ahead};
 use crate::{GpuError, GpuOptions, Outcome, RanOn};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
@@ -52,70 +53,6 @@ pub fn nvrtc_present() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
-/// `nvrtc_options(arch)` as NVRTC's flags (for the lower-level API that gives CUBIN).
-fn nvrtc_flags(arch: &str) -> Vec<String> {
-    let o = nvrtc_options(arch);
-    let on = |name: &str, v: Option<bool>| v.map(|v| format!("--{name}={v}"));
-    [on("ftz", o.ftz), on("prec-sqrt", o.prec_sqrt), on("prec-div", o.prec_div), on("fmad", o.fmad)]
-        .into_iter()
-        .flatten()
-        .chain(o.options)
-        .collect()
-}
-
-/// NVRTC's options for generated kernels: no contraction of `a * b + c` (the reference rounds
-/// twice), IEEE division and square root, no flush to zero.
-fn nvrtc_options(arch: &str) -> cudarc::nvrtc::CompileOptions {
-    cudarc::nvrtc::CompileOptions {
-        fmad: Some(false),
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        ftz: Some(false),
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
-        ..Default::default()
-    }
-}
-
-fn nvrtc(k: &Kernel, source: &str, arch: &str) -> Result<cudarc::nvrtc::Ptx, GpuError> {
-    cudarc::nvrtc::compile_ptx_with_opts(source, nvrtc_options(arch)).map_err(|e| GpuError::Compile {
-        kernel: k.name.clone(),
-        log: match &e {
-            cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-            other => format!("{other:?}"),
-        },
-    })
-}
-
-/// Compiles CUDA C to machine code for a real architecture (`sm_90`): NVRTC runs the assembler
-/// too, so that loading the module costs no JIT in the driver, and [`Gpu::precompile`] runs
-/// both steps on threads of their own. The CUBIN, or the compiler's log.
-fn nvrtc_cubin(source: &str, sm: &str) -> Result<Vec<u8>, String> {
-    use cudarc::nvrtc::{result, sys};
-    let src = std::ffi::CString::new(source).map_err(|_| "the generated source holds a NUL byte".to_string())?;
-    let prog = result::create_program(&src, None).map_err(|e| format!("NVRTC: {e:?}"))?;
-    let flags = nvrtc_flags(sm);
-    // SAFETY: `prog` was created above from `src`, which outlives it, and is destroyed once, last.
-    let out = unsafe {
-        match result::compile_program(prog, &flags) {
-            Err(e) => Err(match result::get_program_log(prog) {
-                Ok(log) => std::ffi::CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned(),
-                Err(_) => format!("NVRTC: {e:?}"),
-            }),
-            Ok(()) => {
-                let mut n = 0usize;
-                sys::nvrtcGetCUBINSize(prog, &mut n).result().map_err(|e| format!("NVRTC: {e:?}")).and_then(|()| {
-                    let mut image = vec![0u8; n];
-                    sys::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast()).result().map_err(|e| format!("NVRTC: {e:?}"))?;
-                    Ok(image)
-                })
-            }
-        }
-    };
-    // SAFETY: as above; nothing uses `prog` after this.
-    let _ = unsafe { result::destroy_program(prog) };
-    out
-}
-
 /// Generates and compiles a kernel for a virtual architecture (`compute_90`) without a device:
 /// its PTX, or the error a launch of it would meet. Needs NVRTC ([`nvrtc_present`]).
 pub fn compile_only(k: &Kernel, arch: &str) -> Result<String, GpuError> {
@@ -144,53 +81,6 @@ pub struct Gpu {
     ahead: Arc<Ahead>,
 }
 
-/// Machine code compiled ahead ([`Gpu::precompile`]): images where no disk cache keeps them,
-/// and the sources still compiling in the background, by source hash.
-#[derive(Default)]
-struct Ahead {
-    images: Mutex<HashMap<u128, Vec<u8>>>,
-    pending: Mutex<std::collections::HashSet<u128>>,
-    done: std::sync::Condvar,
-}
-
-impl Ahead {
-    /// Compiles `(key, source)` for `arch`: each image to the disk cache, or kept.
-    fn compile(&self, todo: &[(u128, String)], arch: &str) {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(todo.len());
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some((key, source)) = todo.get(i) else { break };
-                    if let Ok(image) = nvrtc_cubin(source, arch) {
-                        if !write_cache(*key, &image) {
-                            self.images.lock().expect("compiled ahead").insert(*key, image);
-                        }
-                    }
-                    self.pending.lock().expect("compiling ahead").remove(key);
-                    self.done.notify_all();
-                });
-            }
-        });
-    }
-
-    /// Whether `key` is still compiling in the background.
-    fn compiling(&self, key: u128) -> bool {
-        self.pending.lock().expect("compiling ahead").contains(&key)
-    }
-
-    /// The image of `key` compiled ahead, waiting while it compiles in the background.
-    fn take(&self, key: u128) -> Option<Vec<u8>> {
-        let mut pending = self.pending.lock().expect("compiling ahead");
-        while pending.contains(&key) {
-            pending = self.done.wait(pending).expect("compiling ahead");
-        }
-        drop(pending);
-        self.images.lock().expect("compiled ahead").remove(&key)
-    }
-}
-
 struct Compiled {
     gen: Generated,
     main: CudaFunction,
@@ -203,26 +93,6 @@ struct Compiled {
 
 fn driver(e: impl std::fmt::Display) -> GpuError {
     GpuError::Driver(e.to_string())
-}
-
-/// FNV-1a, 128 bits: a hash that stays the same across builds (for the disk cache).
-fn hash128(s: &str) -> u128 {
-    let mut h: u128 = 0x6c62272e07bb014262b821756295c58d;
-    for b in s.bytes() {
-        h ^= b as u128;
-        h = h.wrapping_mul(0x0000000001000000000000000000013B);
-    }
-    h
-}
-
-fn cache_dir() -> Option<std::path::PathBuf> {
-    if let Some(d) = std::env::var_os("TILEGRAD_CACHE_DIR") {
-        return Some(d.into());
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))?;
-    Some(base.join("tilegrad").join("cuda"))
 }
 
 /// The forms a launch of `k` may use: the first, and the form for half as many blocks an SM
@@ -242,28 +112,6 @@ fn forms(k: &Kernel, flavor: Flavor) -> Result<(Generated, Option<Generated>), G
     let blocks = first.min_blocks as usize;
     let alt = (blocks >= 2).then(|| codegen::generate_full(k, first.threads as usize, Some(blocks / 2), flavor).ok()).flatten();
     Ok((first, alt))
-}
-
-/// The cache key of generated source compiled for an architecture.
-fn source_key(arch: &str, source: &str) -> u128 {
-    hash128(&format!("{arch}\n{source}"))
-}
-
-/// The disk cache's file of a compiled kernel (by the hash of its architecture and source).
-fn cache_file(key: u128) -> Option<std::path::PathBuf> {
-    cache_dir().map(|d| d.join(format!("{key:032x}.cubin")))
-}
-
-/// Writes machine code to the disk cache; says whether it did. The cache is an optimisation: a
-/// failed write only costs a later compile.
-fn write_cache(key: u128, image: &[u8]) -> bool {
-    let Some(f) = cache_file(key) else { return false };
-    if let Some(dir) = f.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    // Written aside and renamed, so that a reader never sees half a file.
-    let tmp = f.with_extension(format!("tmp{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], ""));
-    std::fs::write(&tmp, image).is_ok() && std::fs::rename(&tmp, &f).is_ok()
 }
 
 impl Gpu {
@@ -335,9 +183,7 @@ impl Gpu {
 
     /// The kernels' forms in their flavors (see [`GpuOptions::flavor`]) compiled ahead, so that
     /// a check's first launches find them compiled: NVRTC takes a fraction of a second for each.
-    /// The first form of each is compiled now (NVRTC runs on as many threads as the host has
-    /// cores, though it runs mostly one compile at a time), the other form (for fewer blocks,
-    /// used where the first spills) in the background. Those compiled
+    /// The first form of each is compiled now, on threads, the other form (for fewer blocks, used where the first spills) in the background. Those compiled
     /// before (in memory or on disk) are skipped; a kernel that fails to compile is left to its
     /// launch, which reports the error.
     pub fn precompile(&self, kernels: &[(&Kernel, Flavor)]) {
@@ -349,21 +195,17 @@ impl Gpu {
             for (j, gen) in std::iter::once(first).chain(alt).enumerate() {
                 let key = source_key(&arch, &gen.source);
                 let on_disk = cache_file(key).is_some_and(|f| f.exists());
-                let known = self.modules.lock().expect("module cache").contains_key(&key)
-                    || self.ahead.images.lock().expect("compiled ahead").contains_key(&key)
-                    || self.ahead.compiling(key);
+                let known =
+                    self.modules.lock().expect("module cache").contains_key(&key) || self.ahead.has(key) || self.ahead.compiling(key);
                 let listed = now.iter().chain(&later).any(|(t, _)| *t == key);
                 if !on_disk && !known && !listed {
                     if j == 0 { &mut now } else { &mut later }.push((key, gen.source));
                 }
             }
         }
-        self.ahead.pending.lock().expect("compiling ahead").extend(now.iter().chain(&later).map(|(key, _)| *key));
+        self.ahead.expect(now.iter().chain(&later).map(|(key, _)| *key));
         self.ahead.compile(&now, &arch);
-        if !later.is_empty() {
-            let ahead = self.ahead.clone();
-            std::thread::spawn(move || ahead.compile(&later, &arch));
-        }
+        self.ahead.compile_in_background(later, arch);
     }
 
     /// Compiles generated code (or takes its machine code from the disk cache, or from
@@ -993,6 +835,7 @@ mod tests {
 
     #[test]
     fn hashes_are_stable() {
+        use crate::compile::hash128;
         assert_eq!(hash128(""), 0x6c62272e07bb014262b821756295c58d);
         assert_ne!(hash128("a"), hash128("b"));
     }

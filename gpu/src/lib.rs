@@ -24,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod codegen;
+mod compile;
 mod device;
 
 pub use device::{compile_generated, compile_only, nvrtc_present, usable, Gpu};

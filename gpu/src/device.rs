@@ -75,10 +75,10 @@ pub struct Gpu {
     arch: (i32, i32),
     sms: u32,
     /// Loaded kernels by the source hash of their first form, and whether the choice of form
-    /// is provisional (the first form spills and the other was still compiling).
+    /// is provisional (the first form spills and a small launch did not compile the other).
     modules: Mutex<HashMap<u128, (Arc<Compiled>, bool)>>,
     /// Compiles ahead of launches.
-    ahead: Arc<Ahead>,
+    ahead: Ahead,
 }
 
 struct Compiled {
@@ -101,17 +101,22 @@ fn driver(e: impl std::fmt::Display) -> GpuError {
 /// and `N:B` asks the compiler to fit B blocks an SM (for tests and tuning: results do not
 /// depend on either).
 fn forms(k: &Kernel, flavor: Flavor) -> Result<(Generated, Option<Generated>), GpuError> {
+    let (first, forced) = first_form(k, flavor)?;
+    let blocks = first.min_blocks as usize;
+    let alt = (!forced && blocks >= 2).then(|| codegen::generate_full(k, first.threads as usize, Some(blocks / 2), flavor).ok()).flatten();
+    Ok((first, alt))
+}
+
+/// The first of [`forms`], and whether `TILEGRAD_GPU_THREADS` forced it.
+fn first_form(k: &Kernel, flavor: Flavor) -> Result<(Generated, bool), GpuError> {
     let forced = std::env::var("TILEGRAD_GPU_THREADS").ok().and_then(|v| {
         let (n, b) = v.split_once(':').unwrap_or((v.as_str(), "1"));
         Some((n.parse::<usize>().ok()?, b.parse::<usize>().ok()?))
     });
-    if let Some((n, b)) = forced {
-        return Ok((codegen::generate_full(k, n, Some(b), flavor)?, None));
-    }
-    let first = codegen::generate_flavor(k, flavor)?;
-    let blocks = first.min_blocks as usize;
-    let alt = (blocks >= 2).then(|| codegen::generate_full(k, first.threads as usize, Some(blocks / 2), flavor).ok()).flatten();
-    Ok((first, alt))
+    Ok(match forced {
+        Some((n, b)) => (codegen::generate_full(k, n, Some(b), flavor)?, true),
+        None => (codegen::generate_flavor(k, flavor)?, false),
+    })
 }
 
 impl Gpu {
@@ -127,7 +132,7 @@ impl Gpu {
         let arch = ctx.compute_capability().map_err(driver)?;
         use cudarc::driver::sys::CUdevice_attribute as A;
         let sms = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver)? as u32;
-        Ok(Gpu { ctx, stream, name, arch, sms, modules: Mutex::new(HashMap::new()), ahead: Arc::default() })
+        Ok(Gpu { ctx, stream, name, arch, sms, modules: Mutex::new(HashMap::new()), ahead: Ahead::default() })
     }
 
     /// Bytes of device memory free now.
@@ -145,8 +150,8 @@ impl Gpu {
     /// A kernel whose blocks spill registers to local memory at 64 registers a thread is
     /// compiled again for half as many blocks an SM (up to 128 registers), and that form is
     /// used when it spills less. A launch of `programs` programs, at most one per SM, does not
-    /// wait for that form while it compiles in the background ([`Gpu::precompile`]): it runs
-    /// the first, and later launches take the better one.
+    /// compile that form (it takes it only from the disk cache): it runs the first, and the
+    /// first larger launch compiles the other. Small checks so pay for one compile a kernel.
     fn compiled(&self, k: &Kernel, flavor: Flavor, programs: u64) -> Result<Arc<Compiled>, GpuError> {
         let (first, alt) = forms(k, flavor)?;
         let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
@@ -155,20 +160,15 @@ impl Gpu {
         let known = self.modules.lock().expect("module cache").get(&key).cloned();
         let first = match known {
             Some((c, false)) => return Ok(c),
-            Some((c, true)) => {
-                let alt_key = alt.as_ref().map(|a| source_key(&arch, &a.source));
-                if small && alt_key.is_some_and(|a| self.ahead.compiling(a)) {
-                    return Ok(c);
-                }
-                c
-            }
+            Some((c, true)) if small => return Ok(c),
+            Some((c, true)) => c,
             None => Arc::new(self.load(k, first, &arch)?),
         };
         let spill = |c: &Compiled| c.main.local_size_bytes().unwrap_or(0);
         let mut c = first;
         let mut provisional = false;
         if let Some(alt) = alt.filter(|_| spill(&c) > 0) {
-            if small && self.ahead.compiling(source_key(&arch, &alt.source)) {
+            if small && !cache_file(source_key(&arch, &alt.source)).is_some_and(|f| f.exists()) {
                 provisional = true;
             } else if let Ok(alt) = self.load(k, alt, &arch) {
                 // The other form is an optimisation: if it fails to compile, the first serves.
@@ -181,31 +181,24 @@ impl Gpu {
         Ok(c)
     }
 
-    /// The kernels' forms in their flavors (see [`GpuOptions::flavor`]) compiled ahead, so that
-    /// a check's first launches find them compiled: NVRTC takes a fraction of a second for each.
-    /// The first form of each is compiled now, on threads, the other form (for fewer blocks, used where the first spills) in the background. Those compiled
-    /// before (in memory or on disk) are skipped; a kernel that fails to compile is left to its
-    /// launch, which reports the error.
+    /// The kernels' first forms in their flavors (see [`GpuOptions::flavor`]) compiled ahead,
+    /// on threads, so that a check's first launches find them compiled: NVRTC takes a fraction
+    /// of a second for each. Those compiled before (in memory or on disk) are skipped; a kernel
+    /// that fails to compile is left to its launch, which reports the error. (The forms for
+    /// fewer blocks are compiled where a launch needs one: [`Gpu::compiled`].)
     pub fn precompile(&self, kernels: &[(&Kernel, Flavor)]) {
         let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
         let mut now: Vec<(u128, String)> = Vec::new();
-        let mut later: Vec<(u128, String)> = Vec::new();
         for (k, flavor) in kernels {
-            let Ok((first, alt)) = forms(k, *flavor) else { continue };
-            for (j, gen) in std::iter::once(first).chain(alt).enumerate() {
-                let key = source_key(&arch, &gen.source);
-                let on_disk = cache_file(key).is_some_and(|f| f.exists());
-                let known =
-                    self.modules.lock().expect("module cache").contains_key(&key) || self.ahead.has(key) || self.ahead.compiling(key);
-                let listed = now.iter().chain(&later).any(|(t, _)| *t == key);
-                if !on_disk && !known && !listed {
-                    if j == 0 { &mut now } else { &mut later }.push((key, gen.source));
-                }
+            let Ok((first, _)) = first_form(k, *flavor) else { continue };
+            let key = source_key(&arch, &first.source);
+            let on_disk = cache_file(key).is_some_and(|f| f.exists());
+            let known = self.modules.lock().expect("module cache").contains_key(&key) || self.ahead.has(key);
+            if !on_disk && !known && !now.iter().any(|(t, _)| *t == key) {
+                now.push((key, first.source));
             }
         }
-        self.ahead.expect(now.iter().chain(&later).map(|(key, _)| *key));
         self.ahead.compile(&now, &arch);
-        self.ahead.compile_in_background(later, arch);
     }
 
     /// Compiles generated code (or takes its machine code from the disk cache, or from

@@ -430,3 +430,77 @@ fn long_atomic_logs_stay_on_the_gpu() {
         }
     }
 }
+
+/// Out-of-bounds lanes of loads, stores and `atomic_add`s fail with the reference's error, at
+/// the same op, program and lane, in every flavor a launch compiles to (race marks or not,
+/// float atomics in program order or the device's: VJP kernels run without marks, in the
+/// device's order, where memory ops take a fast path unless a lane is out of bounds); and
+/// where every lane is in bounds, each flavor leaves the reference's results.
+#[test]
+fn out_of_bounds_lanes_fail_alike_in_every_flavor() {
+    use tilegrad_gpu::{Gpu, GpuOptions};
+    use tilegrad_ir::KernelBuilder;
+    use tilegrad_reference::{HostTensor, Launch, Memory};
+    // y[i] = 2 x[i] and z[i % 300] += x[i] for i < limit, 256 lanes a program.
+    let mut b = KernelBuilder::new("three_accesses");
+    let x = b.ptr_param("x", DType::F32);
+    let y = b.ptr_param("y", DType::F32);
+    let z = b.ptr_param("z", DType::F32);
+    let limit = b.scalar_param("limit", DType::I32);
+    let pid = b.program_id(0);
+    let width = b.i32(256);
+    let base = b.mul(pid, width);
+    let lanes = b.arange(0, 256);
+    let offs = b.add(base, lanes);
+    let mask = b.lt(offs, limit);
+    let px = b.add(x, offs);
+    let v = b.load(px, Some(mask), None);
+    let two = b.f32(2.0);
+    let v2 = b.mul(v, two);
+    let py = b.add(y, offs);
+    b.store(py, v2, Some(mask));
+    let m300 = b.i32(300);
+    let zo = b.rem(offs, m300);
+    let pz = b.add(z, zo);
+    b.atomic_add(pz, v, Some(mask));
+    let k = b.finish().unwrap();
+    // The reference's side runs everywhere; the GPU's where one is usable.
+    let gpu = match tilegrad_gpu::usable() {
+        Ok(()) => Some(Gpu::new().unwrap()),
+        Err(why) => {
+            eprintln!("GPU side skipped: no usable GPU ({why})");
+            None
+        }
+    };
+    let flavors = [(true, true), (true, false), (false, true), (false, false)];
+    let values = |n: usize, seed: u32| -> Vec<f32> {
+        (0..n).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 250.0 - 2.0).collect()
+    };
+    // Lengths of x, y, z: all in bounds; then x and y too short for lanes of program 4, z for
+    // lanes of every program.
+    for (nx, ny, nz, fails) in [(2000, 2000, 300, false), (1100, 2000, 300, true), (2000, 1201, 300, true), (2000, 2000, 250, true)] {
+        for limit in [1900i64, 2000] {
+            let mut mem = Memory::new();
+            let xt = mem.add("x", HostTensor::from_f32(&[nx], values(nx, 1)));
+            let yt = mem.add("y", HostTensor::from_f32(&[ny], values(ny, 2)));
+            let zt = mem.add("z", HostTensor::from_f32(&[nz], vec![0.0; nz]));
+            let launch = Launch::new(&k, 8).arg("x", xt).arg("y", yt).arg("z", zt).arg("limit", limit);
+            let mut want = mem.clone();
+            let reference = launch.run(&mut want).map(|_| ()).map_err(|e| e.to_string());
+            assert_eq!(reference.is_err(), fails, "{nx} {ny} {nz}: {reference:?}");
+            let Some(gpu) = &gpu else { continue };
+            for (races, ordered) in flavors {
+                let mut got = mem.clone();
+                let opts = GpuOptions { races, ordered_atomics: ordered, exact_order: false };
+                let out = gpu.run(&launch, &mut got, opts).map(|_| ()).map_err(|e| e.to_string());
+                assert_eq!(out, reference, "{nx} {ny} {nz} limit {limit}, races {races}, ordered {ordered}");
+                if reference.is_ok() {
+                    assert_eq!(got[yt].as_f32().unwrap(), want[yt].as_f32().unwrap(), "y: races {races}, ordered {ordered}");
+                    let (g, w) = (got[zt].as_f32().unwrap(), want[zt].as_f32().unwrap());
+                    // Six or seven adds an element, in some order: equal up to rounding.
+                    assert!(g.iter().zip(w).all(|(a, b)| (a - b).abs() <= 1e-5 * (1.0 + b.abs())), "z: races {races}, ordered {ordered}");
+                }
+            }
+        }
+    }
+}

@@ -6,13 +6,15 @@
 //! NVRTC has started), but helper processes do worse: each pays NVRTC's start, about 0.2 s of
 //! system time, and 6 side by side took 1.4 s.
 //!
-//! Nothing compiles in the background: a compile still running on a thread when the process
-//! exits meets NVRTC torn down under it (the process crashed, after its last line of output,
-//! with SIGSEGV), and waiting for it at exit cost a small check about 0.9 s.
+//! The forms for fewer blocks an SM of kernels about to run large launches compile in the
+//! background. A compile still running on a thread when the process exits would meet NVRTC torn
+//! down under it (the process crashed, after its last line of output, with SIGSEGV): the process
+//! waits for them at exit. Small launches queue none, so that a small check neither waits at
+//! exit nor compiles forms it does not run (waiting cost one 0.9 s).
 
 use crate::GpuError;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
 use tilegrad_ir::Kernel;
 
 /// `nvrtc_options(arch)` as NVRTC's flags (for the lower-level API that gives CUBIN).
@@ -96,24 +98,92 @@ fn compile_on_threads(sources: &[&str], arch: &str) -> Vec<Option<Vec<u8>>> {
     out.into_iter().map(|m| m.into_inner().expect("compiled image")).collect()
 }
 
-/// Machine code compiled ahead ([`crate::Gpu::precompile`]) where no disk cache keeps it, by
-/// source hash.
+/// Background compiles still running (see [`wait_at_exit`]).
+static RUNNING: Mutex<usize> = Mutex::new(0);
+static RUNNING_DONE: Condvar = Condvar::new();
+
+/// Makes the process wait, when it exits, for the compiles [`RUNNING`] counts (at most a
+/// minute): registered once, with the C library's `atexit`.
+fn wait_at_exit() {
+    #[cfg(unix)]
+    {
+        extern "C" fn wait() {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            let Ok(mut n) = RUNNING.lock() else { return };
+            while *n > 0 {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return;
+                }
+                n = match RUNNING_DONE.wait_timeout(n, left) {
+                    Ok((n, _)) => n,
+                    Err(_) => return,
+                };
+            }
+        }
+        extern "C" {
+            fn atexit(f: extern "C" fn()) -> std::os::raw::c_int;
+        }
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // SAFETY: `wait` is a plain function that only takes a lock and waits on a condvar.
+        ONCE.call_once(|| unsafe {
+            atexit(wait);
+        });
+    }
+}
+
+/// Machine code compiled ahead ([`crate::Gpu::precompile`]): images where no disk cache keeps
+/// them, and the sources still compiling in the background, by source hash.
 #[derive(Default)]
 pub(crate) struct Ahead {
     images: Mutex<HashMap<u128, Vec<u8>>>,
+    pending: Mutex<std::collections::HashSet<u128>>,
+    done: Condvar,
 }
 
 impl Ahead {
+    /// Marks `keys` as compiling, before [`Ahead::compile`] or [`Ahead::compile_in_background`].
+    pub(crate) fn expect(&self, keys: impl IntoIterator<Item = u128>) {
+        self.pending.lock().expect("compiling ahead").extend(keys);
+    }
+
     /// Compiles `(key, source)` for `arch`, side by side: each image to the disk cache, or kept.
     pub(crate) fn compile(&self, todo: &[(u128, String)], arch: &str) {
+        if todo.is_empty() {
+            return;
+        }
         let sources: Vec<&str> = todo.iter().map(|(_, s)| s.as_str()).collect();
-        for ((key, _), image) in todo.iter().zip(compile_on_threads(&sources, arch)) {
+        let images = compile_on_threads(&sources, arch);
+        for ((key, _), image) in todo.iter().zip(images) {
             if let Some(image) = image {
                 if !write_cache(*key, &image) {
                     self.images.lock().expect("compiled ahead").insert(*key, image);
                 }
             }
+            self.pending.lock().expect("compiling ahead").remove(key);
         }
+        self.done.notify_all();
+    }
+
+    /// [`Ahead::compile`] on a thread of its own. The process's exit waits for it
+    /// ([`wait_at_exit`]).
+    pub(crate) fn compile_in_background(self: &Arc<Self>, todo: Vec<(u128, String)>, arch: String) {
+        if todo.is_empty() {
+            return;
+        }
+        wait_at_exit();
+        *RUNNING.lock().expect("running compiles") += 1;
+        let ahead = self.clone();
+        std::thread::spawn(move || {
+            ahead.compile(&todo, &arch);
+            *RUNNING.lock().expect("running compiles") -= 1;
+            RUNNING_DONE.notify_all();
+        });
+    }
+
+    /// Whether `key` is still compiling in the background.
+    pub(crate) fn compiling(&self, key: u128) -> bool {
+        self.pending.lock().expect("compiling ahead").contains(&key)
     }
 
     /// Whether an image of `key` compiled ahead is kept in memory.
@@ -121,8 +191,13 @@ impl Ahead {
         self.images.lock().expect("compiled ahead").contains_key(&key)
     }
 
-    /// The image of `key` compiled ahead, if kept in memory.
+    /// The image of `key` compiled ahead, waiting while it compiles in the background.
     pub(crate) fn take(&self, key: u128) -> Option<Vec<u8>> {
+        let mut pending = self.pending.lock().expect("compiling ahead");
+        while pending.contains(&key) {
+            pending = self.done.wait(pending).expect("compiling ahead");
+        }
+        drop(pending);
         self.images.lock().expect("compiled ahead").remove(&key)
     }
 }

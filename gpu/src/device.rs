@@ -75,10 +75,11 @@ pub struct Gpu {
     arch: (i32, i32),
     sms: u32,
     /// Loaded kernels by the source hash of their first form, and whether the choice of form
-    /// is provisional (the first form spills and a small launch did not compile the other).
+    /// is provisional (the first form spills and the other was compiling, or a small launch did
+    /// not compile it).
     modules: Mutex<HashMap<u128, (Arc<Compiled>, bool)>>,
     /// Compiles ahead of launches.
-    ahead: Ahead,
+    ahead: Arc<Ahead>,
 }
 
 struct Compiled {
@@ -132,7 +133,7 @@ impl Gpu {
         let arch = ctx.compute_capability().map_err(driver)?;
         use cudarc::driver::sys::CUdevice_attribute as A;
         let sms = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver)? as u32;
-        Ok(Gpu { ctx, stream, name, arch, sms, modules: Mutex::new(HashMap::new()), ahead: Ahead::default() })
+        Ok(Gpu { ctx, stream, name, arch, sms, modules: Mutex::new(HashMap::new()), ahead: Arc::default() })
     }
 
     /// Bytes of device memory free now.
@@ -149,18 +150,21 @@ impl Gpu {
     ///
     /// A kernel whose blocks spill registers to local memory at 64 registers a thread is
     /// compiled again for half as many blocks an SM (up to 128 registers), and that form is
-    /// used when it spills less. A launch of `programs` programs, at most one per SM, does not
-    /// compile that form (it takes it only from the disk cache): it runs the first, and the
-    /// first larger launch compiles the other. Small checks so pay for one compile a kernel.
+    /// used when it spills less. No launch waits for that form while it compiles in the
+    /// background ([`Gpu::precompile`]): it runs the first (a big kernel's compile takes
+    /// seconds, more than its spills cost a launch), and later launches take the other. Where
+    /// that form is neither compiled nor compiling, a launch of more `programs` than SMs starts
+    /// its compile in the background; a smaller one leaves it.
     fn compiled(&self, k: &Kernel, flavor: Flavor, programs: u64) -> Result<Arc<Compiled>, GpuError> {
         let (first, alt) = forms(k, flavor)?;
         let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
         let key = source_key(&arch, &first.source);
         let small = programs <= self.sms as u64;
         let known = self.modules.lock().expect("module cache").get(&key).cloned();
+        let alt_compiling = || alt.as_ref().is_some_and(|a| self.ahead.compiling(source_key(&arch, &a.source)));
         let first = match known {
             Some((c, false)) => return Ok(c),
-            Some((c, true)) if small => return Ok(c),
+            Some((c, true)) if small || alt_compiling() => return Ok(c),
             Some((c, true)) => c,
             None => Arc::new(self.load(k, first, &arch)?),
         };
@@ -168,7 +172,13 @@ impl Gpu {
         let mut c = first;
         let mut provisional = false;
         if let Some(alt) = alt.filter(|_| spill(&c) > 0) {
-            if small && !cache_file(source_key(&arch, &alt.source)).is_some_and(|f| f.exists()) {
+            let alt_key = source_key(&arch, &alt.source);
+            let on_disk = cache_file(alt_key).is_some_and(|f| f.exists());
+            if self.ahead.compiling(alt_key) || (small && !(on_disk || self.ahead.has(alt_key))) {
+                provisional = true;
+            } else if !(on_disk || self.ahead.has(alt_key)) {
+                self.ahead.expect([alt_key]);
+                self.ahead.compile_in_background(vec![(alt_key, alt.source)], arch.clone());
                 provisional = true;
             } else if let Ok(alt) = self.load(k, alt, &arch) {
                 // The other form is an optimisation: if it fails to compile, the first serves.
@@ -181,24 +191,34 @@ impl Gpu {
         Ok(c)
     }
 
-    /// The kernels' first forms in their flavors (see [`GpuOptions::flavor`]) compiled ahead,
-    /// on threads, so that a check's first launches find them compiled: NVRTC takes a fraction
-    /// of a second for each. Those compiled before (in memory or on disk) are skipped; a kernel
-    /// that fails to compile is left to its launch, which reports the error. (The forms for
-    /// fewer blocks are compiled where a launch needs one: [`Gpu::compiled`].)
-    pub fn precompile(&self, kernels: &[(&Kernel, Flavor)]) {
+    /// The kernels' forms in their flavors (see [`GpuOptions::flavor`]) compiled ahead, so that
+    /// a check's first launches find them compiled: NVRTC takes a fraction of a second for each.
+    /// The first form of each is compiled now, on threads; for a kernel whose launches will
+    /// have more programs than the device has SMs (`programs`, an estimate), the other form
+    /// (for fewer blocks, used where the first spills) compiles in the background. Those
+    /// compiled before (in memory or on disk) are skipped; a kernel that fails to compile is
+    /// left to its launch, which reports the error.
+    pub fn precompile(&self, kernels: &[(&Kernel, Flavor, u64)]) {
         let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
         let mut now: Vec<(u128, String)> = Vec::new();
-        for (k, flavor) in kernels {
-            let Ok((first, _)) = first_form(k, *flavor) else { continue };
-            let key = source_key(&arch, &first.source);
-            let on_disk = cache_file(key).is_some_and(|f| f.exists());
-            let known = self.modules.lock().expect("module cache").contains_key(&key) || self.ahead.has(key);
-            if !on_disk && !known && !now.iter().any(|(t, _)| *t == key) {
-                now.push((key, first.source));
+        let mut later: Vec<(u128, String)> = Vec::new();
+        for (k, flavor, programs) in kernels {
+            let Ok((first, alt)) = forms(k, *flavor) else { continue };
+            let alt = alt.filter(|_| *programs > self.sms as u64);
+            for (j, gen) in std::iter::once(first).chain(alt).enumerate() {
+                let key = source_key(&arch, &gen.source);
+                let on_disk = cache_file(key).is_some_and(|f| f.exists());
+                let known =
+                    self.modules.lock().expect("module cache").contains_key(&key) || self.ahead.has(key) || self.ahead.compiling(key);
+                let listed = now.iter().chain(&later).any(|(t, _)| *t == key);
+                if !on_disk && !known && !listed {
+                    if j == 0 { &mut now } else { &mut later }.push((key, gen.source));
+                }
             }
         }
+        self.ahead.expect(now.iter().chain(&later).map(|(key, _)| *key));
         self.ahead.compile(&now, &arch);
+        self.ahead.compile_in_background(later, arch);
     }
 
     /// Compiles generated code (or takes its machine code from the disk cache, or from

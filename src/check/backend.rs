@@ -66,13 +66,14 @@ impl Executor {
     }
 
     /// Compiles ahead, in parallel, kernels about to be launched on the GPU (nothing on the
-    /// CPU): `(kernel, whether it is a VJP kernel)` (those run with float atomics in the
-    /// hardware's order, see [`Executor::run_vjp`]).
-    pub fn precompile(&self, kernels: &[(&tilegrad_ir::Kernel, bool)]) {
+    /// CPU): `(kernel, whether it is a VJP kernel, programs of its largest launch)` (VJP kernels
+    /// run with float atomics in the hardware's order, see [`Executor::run_vjp`]; the programs,
+    /// an estimate, say whether the forms for large launches are worth compiling).
+    pub fn precompile(&self, kernels: &[(&tilegrad_ir::Kernel, bool, u64)]) {
         if let Some(g) = &self.gpu {
             // As `run` and `run_vjp` launch them (a traced run adds writers to marks it has).
             let flavor = |vjp: bool| tilegrad_gpu::codegen::Flavor { ordered: !vjp || self.ordered_vjp, marks: !vjp };
-            g.precompile(&kernels.iter().map(|&(k, vjp)| (k, flavor(vjp))).collect::<Vec<_>>());
+            g.precompile(&kernels.iter().map(|&(k, vjp, programs)| (k, flavor(vjp), programs)).collect::<Vec<_>>());
         }
     }
 

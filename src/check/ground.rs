@@ -42,7 +42,9 @@ pub(crate) fn reverse(
             let launch = record_launch(r);
             vks.insert(r.step, vjp_kernel_for(&launch, &r.before, vjp_float(&r.kernel, opts.precision)));
         }
-        exec.precompile(&vks.values().filter_map(|v| v.as_ref().ok()).map(|vk| (&vk.kernel, true)).collect::<Vec<_>>());
+        let programs: HashMap<usize, u64> = records.launches.iter().map(|r| (r.step, r.grid.programs())).collect();
+        let ahead: Vec<_> = vks.iter().filter_map(|(step, v)| Some((&v.as_ref().ok()?.kernel, true, programs[step]))).collect();
+        exec.precompile(&ahead);
     }
     for (i, step) in steps.iter().enumerate().rev() {
         let at = |m: String| CheckError::Forward { step: i, what: step.describe(), message: m };

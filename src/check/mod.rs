@@ -351,8 +351,8 @@ pub fn check_backward_with(
     progress("inputs and forward", 0, opts.trials);
     let start = std::time::Instant::now();
     let exec = backend::Executor::new(opts.backend)?.deterministic(opts.deterministic).vjp_memory(opts.vjp_memory);
-    let ahead = if exec.on_gpu() { kernels_ahead(fwd, bwd, opts) } else { Vec::new() };
-    exec.precompile(&ahead.iter().map(|(k, v)| (k, *v)).collect::<Vec<_>>());
+    let ahead = if exec.on_gpu() { kernels_ahead(fwd, bwd, opts, inputs) } else { Vec::new() };
+    exec.precompile(&ahead.iter().map(|(k, v, p)| (k, *v, *p)).collect::<Vec<_>>());
     drop(ahead);
     let compiled_ahead = start.elapsed().as_secs_f64();
     let mut p = truth::prepare(fwd, inputs, opts, calibrate, &exec)?;
@@ -757,19 +757,23 @@ fn explain_elements(
     Ok(out)
 }
 
-/// The kernels a check launches, to compile ahead (`(kernel, whether a VJP kernel)`): the
+/// The kernels a check launches, to compile ahead (`(kernel, whether a VJP kernel, programs of
+/// its largest launch as far as [`programs_ahead`] tells)`): the
 /// forward's in their dtypes and, for the f64 ground truth, promoted; the backward's; with
 /// [`Ground::Kernels`], the forward launches' VJP kernels as the ground truth most likely builds
 /// them (its records keep the tensors whose values are all f32s as f32: inputs and fresh
 /// allocations; a guess that misses costs one compile, on a core of its own).
-fn kernels_ahead(fwd: &Forward, bwd: &Backward, opts: &CheckOptions) -> Vec<(tilegrad_ir::Kernel, bool)> {
+fn kernels_ahead(fwd: &Forward, bwd: &Backward, opts: &CheckOptions, inputs: &Inputs) -> Vec<(tilegrad_ir::Kernel, bool, u64)> {
     let f64_truth = opts.precision == Precision::F64;
-    let launched = |steps: &[Step]| -> Vec<std::sync::Arc<tilegrad_ir::Kernel>> {
-        steps.iter().filter_map(|s| if let Step::Launch(kl) = s { Some(kl.kernel.clone()) } else { None }).collect()
+    let launched = |steps: &[Step]| -> Vec<(std::sync::Arc<tilegrad_ir::Kernel>, u64)> {
+        steps
+            .iter()
+            .filter_map(|s| if let Step::Launch(kl) = s { Some((kl.kernel.clone(), programs_ahead(kl, inputs))) } else { None })
+            .collect()
     };
-    let mut out: Vec<_> = launched(&bwd.steps).iter().map(|k| ((**k).clone(), false)).collect();
-    for k in launched(&fwd.steps) {
-        out.push(((*k).clone(), false));
+    let mut out: Vec<_> = launched(&bwd.steps).iter().map(|(k, p)| ((**k).clone(), false, *p)).collect();
+    for (k, programs) in launched(&fwd.steps) {
+        out.push(((*k).clone(), false, programs));
         let truth = if f64_truth {
             match tilegrad_ir::passes::promote_floats(&k, DType::F64) {
                 Ok(t) => t,
@@ -789,14 +793,33 @@ fn kernels_ahead(fwd: &Forward, bwd: &Backward, opts: &CheckOptions) -> Vec<(til
                 Some(o) => o,
             };
             if let Ok(vk) = tilegrad_ad::vjp_kernel_as(&truth, &stored, ground::vjp_float(&truth, opts.precision)) {
-                out.push((vk.kernel, true));
+                out.push((vk.kernel, true, programs));
             }
         }
         if f64_truth {
-            out.push((truth, false));
+            out.push((truth, false, programs));
         }
     }
     out
+}
+
+/// The programs of a launch as far as its grid can be told before the check runs: its axes
+/// evaluated with the constants and the inputs' shapes, or `u64::MAX` where one names anything
+/// else (a tensor the steps allocate).
+fn programs_ahead(kl: &KernelLaunch, inputs: &Inputs) -> u64 {
+    struct Known<'a>(&'a Inputs);
+    impl expr::Scope for Known<'_> {
+        fn constant(&self, name: &str) -> Option<Scalar> {
+            self.0.constants.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+        }
+        fn shape(&self, name: &str) -> Option<Vec<usize>> {
+            self.0.tensors.iter().find(|t| t.name == name).map(|t| match &t.source {
+                Source::Given(h) => h.shape().to_vec(),
+                Source::Random { shape, .. } | Source::Slices { shape, .. } => shape.clone(),
+            })
+        }
+    }
+    kl.grid.iter().try_fold(1u64, |n, e| n.checked_mul(u64::try_from(e.eval_int(&Known(inputs)).ok()?).ok()?)).unwrap_or(u64::MAX)
 }
 
 /// Differentiable inputs are float inputs; outputs and saved tensors are consistent.
@@ -868,4 +891,23 @@ fn uses_tf32(steps: &[Step]) -> bool {
         }
         _ => false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_sizes_are_told_ahead_where_constants_and_inputs_tell_them() {
+        let mut b = tilegrad_ir::KernelBuilder::new("k");
+        b.program_id(0);
+        let k = std::sync::Arc::new(b.finish().unwrap());
+        let inputs = Inputs::new().constant_int("ROWS", 1000).random("x", DType::F32, &[37, 5], Dist::default());
+        let at = |grid: &[&str]| programs_ahead(&KernelLaunch::new(k.clone(), grid).unwrap(), &inputs);
+        assert_eq!(at(&["cdiv(ROWS, 16)"]), 63);
+        assert_eq!(at(&["cdiv(ROWS, 16)", "x.shape[0]", "2"]), 63 * 37 * 2);
+        // A tensor the steps allocate, or an unknown constant: not told, taken as large.
+        assert_eq!(at(&["y.shape[0]"]), u64::MAX);
+        assert_eq!(at(&["cdiv(COLS, 4)"]), u64::MAX);
+    }
 }

@@ -173,15 +173,16 @@ impl Gpu {
         let mut provisional = false;
         if let Some(alt) = alt.filter(|_| spill(&c) > 0) {
             let alt_key = source_key(&arch, &alt.source);
-            let on_disk = cache_file(alt_key).is_some_and(|f| f.exists());
-            if self.ahead.compiling(alt_key) || (small && !(on_disk || self.ahead.has(alt_key))) {
-                provisional = true;
-            } else if !(on_disk || self.ahead.has(alt_key)) {
-                self.ahead.expect([alt_key]);
-                self.ahead.compile_in_background(vec![(alt_key, alt.source)], arch.clone());
+            let compiling = self.ahead.compiling(alt_key);
+            let compiled = cache_file(alt_key).is_some_and(|f| f.exists()) || self.ahead.has(alt_key);
+            if compiling || !compiled {
+                if !compiling && !small {
+                    self.ahead.expect([alt_key]);
+                    self.ahead.compile_in_background(vec![(alt_key, alt.source)], arch.clone());
+                }
                 provisional = true;
             } else if let Ok(alt) = self.load(k, alt, &arch) {
-                // The other form is an optimisation: if it fails to compile, the first serves.
+                // The other form is an optimisation: if it fails to load, the first serves.
                 if spill(&alt) < spill(&c) {
                     c = Arc::new(alt);
                 }

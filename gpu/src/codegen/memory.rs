@@ -81,6 +81,8 @@ impl<'k> Gen<'k> {
             self.line("{ {");
             return;
         }
+        // Every thread tests, also for a scalar pointer ([`Gen::each_of`] would test in thread 0
+        // only): a scalar load reads in every thread, so each must take the slow path.
         let test = format!("if (({m}) && (u64)v{}[j] >= (u64)tg_n{j}) tg_bad = true;", p.0);
         self.line("{ bool tg_bad = false;");
         if self.scalar(p) {

@@ -1,10 +1,13 @@
 //! Compiling generated CUDA C: NVRTC's options, machine code for the device's architecture, the
 //! disk cache by source hash, and compiles ahead of launches, in parallel.
 //!
-//! Compiles ahead run on threads. NVRTC runs little in parallel within one process (on a 16-core
-//! H100 host, 6 compiles on 6 threads took as long as one after another, about 50 ms each once
-//! NVRTC has started), but helper processes do worse: each pays NVRTC's start, about 0.2 s of
-//! system time, and 6 side by side took 1.4 s.
+//! NVRTC (CUDA 13) keeps a cache of its own, beside the driver's (`~/.nv/ComputeCache`;
+//! `CUDA_CACHE_DISABLE=1` turns it off). A compile it has seen before takes 40-70 ms on a
+//! 16-core H100 host; a new one 0.4-1.0 s for the kernels of `examples/` (the weighted sum's
+//! forward, backward and VJP kernels, one after another: 1.7-3.4 s). Compiles ahead therefore
+//! run on threads: four new ones side by side took 1.0-1.3 s. Helper processes did worse, each
+//! paying NVRTC's start (about 0.2 s), and kernels for small launches compile quickly
+//! ([`Target`]), which brought those four to 0.8-1.0 s.
 //!
 //! The forms for fewer blocks an SM of kernels about to run large launches compile in the
 //! background. A compile still running on a thread when the process exits would meet NVRTC torn
@@ -17,20 +20,35 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use tilegrad_ir::Kernel;
 
-/// `nvrtc_options(arch)` as NVRTC's flags (for the lower-level API that gives CUBIN).
-fn nvrtc_flags(arch: &str) -> Vec<String> {
-    let o = nvrtc_options(arch);
-    let on = |name: &str, v: Option<bool>| v.map(|v| format!("--{name}={v}"));
-    [on("ftz", o.ftz), on("prec-sqrt", o.prec_sqrt), on("prec-div", o.prec_div), on("fmad", o.fmad)]
-        .into_iter()
-        .flatten()
-        .chain(o.options)
-        .collect()
+/// What generated code is compiled for: a real architecture (`sm_90`), and whether NVRTC
+/// compiles it quickly (`-Ofc=mid`) rather than optimising it fully.
+///
+/// A quick compile takes about a third less time (cold, on an H100 host: 0.3-0.7 s a kernel
+/// instead of 0.4-1.0 s) and gives code that runs several times slower (the weighted-sum
+/// forward at 65536x1024: 1.97 ms against 0.26 ms). It suits small launches, whose run takes
+/// far less than their compile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Target {
+    pub(crate) sm: String,
+    pub(crate) quick: bool,
 }
 
-/// NVRTC's options for generated kernels: no contraction of `a * b + c` (the reference rounds
-/// twice; the fused steps of an f32 `dot` are written out), IEEE division and square root, no
-/// flush to zero.
+impl Target {
+    /// NVRTC's flags for generated kernels: no contraction of `a * b + c` (the reference
+    /// rounds twice; the fused steps of an f32 `dot` are written out), IEEE division and square
+    /// root, no flush to zero.
+    pub(crate) fn flags(&self) -> Vec<String> {
+        let mut f: Vec<String> =
+            ["--fmad=false", "--prec-div=true", "--prec-sqrt=true", "--ftz=false", "--std=c++17"].map(String::from).into();
+        f.push(format!("--gpu-architecture={}", self.sm));
+        if self.quick {
+            f.push("-Ofc=mid".into());
+        }
+        f
+    }
+}
+
+/// NVRTC's options for PTX of a virtual architecture (`compute_90`), as [`Target::flags`].
 fn nvrtc_options(arch: &str) -> cudarc::nvrtc::CompileOptions {
     cudarc::nvrtc::CompileOptions {
         fmad: Some(false),
@@ -54,11 +72,11 @@ pub(crate) fn nvrtc(k: &Kernel, source: &str, arch: &str) -> Result<cudarc::nvrt
 
 /// Compiles CUDA C to machine code for a real architecture (`sm_90`): NVRTC runs the assembler
 /// too, so that loading the module costs no JIT in the driver. The CUBIN, or the compiler's log.
-pub(crate) fn nvrtc_cubin(source: &str, sm: &str) -> Result<Vec<u8>, String> {
+pub(crate) fn nvrtc_cubin(source: &str, target: &Target) -> Result<Vec<u8>, String> {
     use cudarc::nvrtc::{result, sys};
     let src = std::ffi::CString::new(source).map_err(|_| "the generated source holds a NUL byte".to_string())?;
     let prog = result::create_program(&src, None).map_err(|e| format!("NVRTC: {e:?}"))?;
-    let flags = nvrtc_flags(sm);
+    let flags = target.flags();
     // SAFETY: `prog` was created above from `src`, which outlives it, and is destroyed once, last.
     let out = unsafe {
         match result::compile_program(prog, &flags) {
@@ -81,17 +99,24 @@ pub(crate) fn nvrtc_cubin(source: &str, sm: &str) -> Result<Vec<u8>, String> {
     out
 }
 
-/// Compiles `sources` for `arch` on up to as many threads as the host has cores.
-fn compile_on_threads(sources: &[&str], arch: &str) -> Vec<Option<Vec<u8>>> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(sources.len());
+/// A compile to do: the source, its target, and its cache key ([`source_key`]).
+pub(crate) struct Job {
+    pub(crate) key: u128,
+    pub(crate) source: String,
+    pub(crate) target: Target,
+}
+
+/// Compiles `jobs` on up to as many threads as the host has cores.
+fn compile_on_threads(jobs: &[Job]) -> Vec<Option<Vec<u8>>> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len());
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let out: Vec<Mutex<Option<Vec<u8>>>> = sources.iter().map(|_| Mutex::new(None)).collect();
+    let out: Vec<Mutex<Option<Vec<u8>>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(source) = sources.get(i) else { break };
-                *out[i].lock().expect("compiled image") = nvrtc_cubin(source, arch).ok();
+                let Some(job) = jobs.get(i) else { break };
+                *out[i].lock().expect("compiled image") = nvrtc_cubin(&job.source, &job.target).ok();
             });
         }
     });
@@ -147,27 +172,26 @@ impl Ahead {
         self.pending.lock().expect("compiling ahead").extend(keys);
     }
 
-    /// Compiles `(key, source)` for `arch`, side by side: each image to the disk cache, or kept.
-    pub(crate) fn compile(&self, todo: &[(u128, String)], arch: &str) {
+    /// Compiles `todo` side by side: each image to the disk cache, or kept.
+    pub(crate) fn compile(&self, todo: &[Job]) {
         if todo.is_empty() {
             return;
         }
-        let sources: Vec<&str> = todo.iter().map(|(_, s)| s.as_str()).collect();
-        let images = compile_on_threads(&sources, arch);
-        for ((key, _), image) in todo.iter().zip(images) {
+        let images = compile_on_threads(todo);
+        for (job, image) in todo.iter().zip(images) {
             if let Some(image) = image {
-                if !write_cache(*key, &image) {
-                    self.images.lock().expect("compiled ahead").insert(*key, image);
+                if !write_cache(job.key, &image) {
+                    self.images.lock().expect("compiled ahead").insert(job.key, image);
                 }
             }
-            self.pending.lock().expect("compiling ahead").remove(key);
+            self.pending.lock().expect("compiling ahead").remove(&job.key);
         }
         self.done.notify_all();
     }
 
     /// [`Ahead::compile`] on a thread of its own. The process's exit waits for it
     /// ([`wait_at_exit`]).
-    pub(crate) fn compile_in_background(self: &Arc<Self>, todo: Vec<(u128, String)>, arch: String) {
+    pub(crate) fn compile_in_background(self: &Arc<Self>, todo: Vec<Job>) {
         if todo.is_empty() {
             return;
         }
@@ -175,10 +199,18 @@ impl Ahead {
         *RUNNING.lock().expect("running compiles") += 1;
         let ahead = self.clone();
         std::thread::spawn(move || {
-            ahead.compile(&todo, &arch);
+            ahead.compile(&todo);
             *RUNNING.lock().expect("running compiles") -= 1;
             RUNNING_DONE.notify_all();
         });
+    }
+
+    /// Waits until nothing compiles in the background for this device.
+    pub(crate) fn wait_all(&self) {
+        let mut pending = self.pending.lock().expect("compiling ahead");
+        while !pending.is_empty() {
+            pending = self.done.wait(pending).expect("compiling ahead");
+        }
     }
 
     /// Whether `key` is still compiling in the background.
@@ -222,9 +254,9 @@ fn cache_dir() -> Option<std::path::PathBuf> {
     Some(base.join("tilegrad").join("cuda"))
 }
 
-/// The cache key of generated source compiled for an architecture.
-pub(crate) fn source_key(arch: &str, source: &str) -> u128 {
-    hash128(&format!("{arch}\n{source}"))
+/// The cache key of generated source compiled for a target.
+pub(crate) fn source_key(target: &Target, source: &str) -> u128 {
+    hash128(&format!("{}{}\n{source}", target.sm, if target.quick { " -Ofc=mid" } else { "" }))
 }
 
 /// The disk cache's file of a compiled kernel (by the hash of its architecture and source).

@@ -5,7 +5,7 @@
 use crate::codegen::{
     self, Flavor, Generated, ARG_WORDS, ERR_LOOP, ERR_OOB, ERR_RUNTIME, ERR_WORDS, FLAG_LOG_FULL, HEADER_WORDS, LOG_WORDS, PTR_WORDS,
 };
-use crate::compile::{cache_file, nvrtc, nvrtc_cubin, source_key, write_cache, Ahead};
+use crate::compile::{cache_file, nvrtc, nvrtc_cubin, source_key, write_cache, Ahead, Job, Target};
 use crate::{GpuError, GpuOptions, Outcome, RanOn};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
@@ -69,8 +69,9 @@ pub fn compile_generated(k: &Kernel, gen: &Generated, arch: &str) -> Result<Stri
 
 /// A GPU with its context and the kernels compiled for it.
 pub struct Gpu {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    /// The context and its stream, created on a thread of their own while the first kernels
+    /// compile (see [`Gpu::new`]).
+    cuda: Started<Cuda>,
     name: String,
     arch: (i32, i32),
     sms: u32,
@@ -80,6 +81,38 @@ pub struct Gpu {
     modules: Mutex<HashMap<u128, (Arc<Compiled>, bool)>>,
     /// Compiles ahead of launches.
     ahead: Arc<Ahead>,
+    /// Whether kernels for small launches compile quickly ([`Target`]; on unless
+    /// `TILEGRAD_GPU_QUICK=0`).
+    quick: bool,
+}
+
+/// A device's context and the one stream launches go to.
+struct Cuda {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+}
+
+/// A value made on a thread of its own: the first to ask for it waits for that thread.
+struct Started<T> {
+    thread: Mutex<Option<std::thread::JoinHandle<Result<T, String>>>>,
+    value: std::sync::OnceLock<Result<T, String>>,
+}
+
+impl<T: Send + Sync + 'static> Started<T> {
+    fn spawn(make: impl FnOnce() -> Result<T, String> + Send + 'static) -> Started<T> {
+        Started { thread: Mutex::new(Some(std::thread::spawn(make))), value: std::sync::OnceLock::new() }
+    }
+
+    fn get(&self) -> Result<&T, &str> {
+        let v = self.value.get_or_init(|| {
+            let thread = self.thread.lock().expect("starting thread").take();
+            thread.map_or_else(
+                || Err("the thread that made it is gone".into()),
+                |t| t.join().unwrap_or_else(|_| Err("its thread panicked".into())),
+            )
+        });
+        v.as_ref().map_err(|e| e.as_str())
+    }
 }
 
 struct Compiled {
@@ -121,24 +154,50 @@ fn first_form(k: &Kernel, flavor: Flavor) -> Result<(Generated, bool), GpuError>
 }
 
 impl Gpu {
-    /// Device 0, or why no GPU is usable.
+    /// Device 0, or why no GPU is usable. Its context is created on a thread of its own
+    /// (about 0.1-0.2 s), in parallel with the first compiles ([`Gpu::precompile`] needs only the
+    /// architecture); [`Gpu::ready`] waits for it, and a failure to create it is reported by the
+    /// first call that needs it.
     pub fn new() -> Result<Gpu, GpuError> {
         usable().map_err(GpuError::Unavailable)?;
-        let ctx = CudaContext::new(0).map_err(|e| GpuError::Unavailable(format!("cannot create a CUDA context: {e}")))?;
-        // One stream, synchronised by hand: no per-buffer events.
-        // SAFETY: every buffer is used on the one stream, which is synchronised before reads.
-        unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
-        let name = ctx.name().map_err(driver)?;
-        let arch = ctx.compute_capability().map_err(driver)?;
-        use cudarc::driver::sys::CUdevice_attribute as A;
-        let sms = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver)? as u32;
-        Ok(Gpu { ctx, stream, name, arch, sms, modules: Mutex::new(HashMap::new()), ahead: Arc::default() })
+        use cudarc::driver::{result::device, sys::CUdevice_attribute as A};
+        let dev = device::get(0).map_err(driver)?;
+        // SAFETY: `dev` is a device handle the driver gave.
+        let attr = |a: A| unsafe { device::get_attribute(dev, a) }.map_err(driver);
+        let arch = (attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?);
+        let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let name = device::get_name(dev).map_err(driver)?;
+        let cuda = Started::spawn(|| {
+            let ctx = CudaContext::new(0).map_err(|e| format!("cannot create a CUDA context: {e}"))?;
+            // One stream, synchronised by hand: no per-buffer events.
+            // SAFETY: every buffer is used on the one stream, which is synchronised before reads.
+            unsafe { ctx.disable_event_tracking() };
+            let stream = ctx.default_stream();
+            Ok(Cuda { ctx, stream })
+        });
+        let quick = std::env::var("TILEGRAD_GPU_QUICK").map_or(true, |v| v != "0");
+        Ok(Gpu { cuda, name, arch, sms, modules: Mutex::new(HashMap::new()), ahead: Arc::default(), quick })
+    }
+
+    /// Whether kernels for small launches compile quickly ([`Target`]; on by default, off with
+    /// `TILEGRAD_GPU_QUICK=0`). Results do not depend on it.
+    pub fn quick_compiles(mut self, on: bool) -> Gpu {
+        self.quick = on;
+        self
+    }
+
+    /// Waits for the device's context: an error where it could not be created.
+    pub fn ready(&self) -> Result<(), GpuError> {
+        self.cuda().map(|_| ())
+    }
+
+    fn cuda(&self) -> Result<&Cuda, GpuError> {
+        self.cuda.get().map_err(|e| GpuError::Unavailable(e.to_string()))
     }
 
     /// Bytes of device memory free now.
     pub fn free_memory(&self) -> Result<u64, GpuError> {
-        Ok(self.ctx.mem_get_info().map_err(driver)?.0 as u64)
+        Ok(self.cuda()?.ctx.mem_get_info().map_err(driver)?.0 as u64)
     }
 
     /// The device, in words.
@@ -146,7 +205,29 @@ impl Gpu {
         format!("{} (sm_{}{}, {} SMs)", self.name, self.arch.0, self.arch.1, self.sms)
     }
 
+    /// What kernels compile for here: quickly, or optimised fully.
+    fn target(&self, quick: bool) -> Target {
+        Target { sm: format!("sm_{}{}", self.arch.0, self.arch.1), quick }
+    }
+
+    /// Whether a launch of this many programs (no more than the device has SMs) is small: its
+    /// kernel may compile quickly, and the form for fewer blocks an SM is not worth compiling.
+    fn small(&self, programs: u64) -> bool {
+        programs <= self.sms as u64
+    }
+
+    /// Whether `key` is compiled: loaded, on disk, compiled ahead or compiling.
+    fn available(&self, key: u128) -> bool {
+        self.modules.lock().expect("module cache").contains_key(&key)
+            || cache_file(key).is_some_and(|f| f.exists())
+            || self.ahead.has(key)
+            || self.ahead.compiling(key)
+    }
+
     /// The kernel compiled for this device: from memory, from the disk cache, or by NVRTC.
+    ///
+    /// A small launch ([`Gpu::small`]) takes the kernel's fully optimised form where that is
+    /// compiled already, else its quick form ([`Target`]).
     ///
     /// A kernel whose blocks spill registers to local memory at 64 registers a thread is
     /// compiled again for half as many blocks an SM (up to 128 registers), and that form is
@@ -157,31 +238,41 @@ impl Gpu {
     /// its compile in the background; a smaller one leaves it.
     fn compiled(&self, k: &Kernel, flavor: Flavor, programs: u64) -> Result<Arc<Compiled>, GpuError> {
         let (first, alt) = forms(k, flavor)?;
-        let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
-        let key = source_key(&arch, &first.source);
-        let small = programs <= self.sms as u64;
+        let full = self.target(false);
+        let key = source_key(&full, &first.source);
+        let small = self.small(programs);
+        if small && self.quick && !self.available(key) {
+            let quick = self.target(true);
+            let key = source_key(&quick, &first.source);
+            if let Some((c, _)) = self.modules.lock().expect("module cache").get(&key) {
+                return Ok(c.clone());
+            }
+            let c = Arc::new(self.load(k, first, &quick)?);
+            self.modules.lock().expect("module cache").insert(key, (c.clone(), false));
+            return Ok(c);
+        }
         let known = self.modules.lock().expect("module cache").get(&key).cloned();
-        let alt_compiling = || alt.as_ref().is_some_and(|a| self.ahead.compiling(source_key(&arch, &a.source)));
+        let alt_compiling = || alt.as_ref().is_some_and(|a| self.ahead.compiling(source_key(&full, &a.source)));
         let first = match known {
             Some((c, false)) => return Ok(c),
             Some((c, true)) if small || alt_compiling() => return Ok(c),
             Some((c, true)) => c,
-            None => Arc::new(self.load(k, first, &arch)?),
+            None => Arc::new(self.load(k, first, &full)?),
         };
         let spill = |c: &Compiled| c.main.local_size_bytes().unwrap_or(0);
         let mut c = first;
         let mut provisional = false;
         if let Some(alt) = alt.filter(|_| spill(&c) > 0) {
-            let alt_key = source_key(&arch, &alt.source);
+            let alt_key = source_key(&full, &alt.source);
             let compiling = self.ahead.compiling(alt_key);
             let compiled = cache_file(alt_key).is_some_and(|f| f.exists()) || self.ahead.has(alt_key);
             if compiling || !compiled {
                 if !compiling && !small {
                     self.ahead.expect([alt_key]);
-                    self.ahead.compile_in_background(vec![(alt_key, alt.source)], arch.clone());
+                    self.ahead.compile_in_background(vec![Job { key: alt_key, source: alt.source, target: full.clone() }]);
                 }
                 provisional = true;
-            } else if let Ok(alt) = self.load(k, alt, &arch) {
+            } else if let Ok(alt) = self.load(k, alt, &full) {
                 // The other form is an optimisation: if it fails to load, the first serves.
                 if spill(&alt) < spill(&c) {
                     c = Arc::new(alt);
@@ -193,51 +284,52 @@ impl Gpu {
     }
 
     /// The kernels' forms in their flavors (see [`GpuOptions::flavor`]) compiled ahead, so that
-    /// a check's first launches find them compiled: NVRTC takes a fraction of a second for each.
-    /// The first form of each is compiled now, on threads; for a kernel whose launches will
-    /// have more programs than the device has SMs (`programs`, an estimate), the other form
+    /// a check's first launches find them compiled: NVRTC takes a fraction of a second for each
+    /// (without its own cache, up to a second). The first form of each is compiled now, on
+    /// threads: quickly for a kernel whose launches will be small ([`Gpu::small`]; `programs`
+    /// is an estimate of its largest). For one whose launches will be larger, the other form
     /// (for fewer blocks, used where the first spills) compiles in the background. Those
     /// compiled before (in memory or on disk) are skipped; a kernel that fails to compile is
     /// left to its launch, which reports the error.
     pub fn precompile(&self, kernels: &[(&Kernel, Flavor, u64)]) {
-        let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
-        let mut now: Vec<(u128, String)> = Vec::new();
-        let mut later: Vec<(u128, String)> = Vec::new();
+        let mut now: Vec<Job> = Vec::new();
+        let mut later: Vec<Job> = Vec::new();
         for (k, flavor, programs) in kernels {
             let Ok((first, alt)) = forms(k, *flavor) else { continue };
-            let alt = alt.filter(|_| *programs > self.sms as u64);
-            for (j, gen) in std::iter::once(first).chain(alt).enumerate() {
-                let key = source_key(&arch, &gen.source);
-                let on_disk = cache_file(key).is_some_and(|f| f.exists());
-                let known =
-                    self.modules.lock().expect("module cache").contains_key(&key) || self.ahead.has(key) || self.ahead.compiling(key);
-                let listed = now.iter().chain(&later).any(|(t, _)| *t == key);
-                if !on_disk && !known && !listed {
-                    if j == 0 { &mut now } else { &mut later }.push((key, gen.source));
+            let small = self.small(*programs);
+            let full = self.target(false);
+            let first_target =
+                if small && self.quick && !self.available(source_key(&full, &first.source)) { self.target(true) } else { full };
+            let alt = alt.filter(|_| !small).map(|a| (a, self.target(false)));
+            for (j, (gen, target)) in std::iter::once((first, first_target)).chain(alt).enumerate() {
+                let key = source_key(&target, &gen.source);
+                let listed = now.iter().chain(&later).any(|t| t.key == key);
+                if !self.available(key) && !listed {
+                    if j == 0 { &mut now } else { &mut later }.push(Job { key, source: gen.source, target });
                 }
             }
         }
-        self.ahead.expect(now.iter().chain(&later).map(|(key, _)| *key));
-        self.ahead.compile(&now, &arch);
-        self.ahead.compile_in_background(later, arch);
+        self.ahead.expect(now.iter().chain(&later).map(|j| j.key));
+        self.ahead.compile(&now);
+        self.ahead.compile_in_background(later);
     }
 
     /// Compiles generated code (or takes its machine code from the disk cache, or from
     /// [`Gpu::precompile`]) and loads it.
-    fn load(&self, k: &Kernel, gen: Generated, arch: &str) -> Result<Compiled, GpuError> {
-        let key = source_key(arch, &gen.source);
+    fn load(&self, k: &Kernel, gen: Generated, target: &Target) -> Result<Compiled, GpuError> {
+        let key = source_key(target, &gen.source);
         let cached = cache_file(key).and_then(|f| std::fs::read(f).ok());
         let ahead = || self.ahead.take(key);
         let image = match cached.or_else(ahead) {
             Some(image) => image,
             None => {
-                let image = nvrtc_cubin(&gen.source, arch).map_err(|log| GpuError::Compile { kernel: k.name.clone(), log })?;
+                let image = nvrtc_cubin(&gen.source, target).map_err(|log| GpuError::Compile { kernel: k.name.clone(), log })?;
                 write_cache(key, &image);
                 image
             }
         };
         let ptx = cudarc::nvrtc::Ptx::from_binary(image);
-        let module = self.ctx.load_module(ptx).map_err(driver)?;
+        let module = self.cuda()?.ctx.load_module(ptx).map_err(driver)?;
         let main = module.load_function(codegen::ENTRY).map_err(driver)?;
         let races = module.load_function("tg_races").map_err(driver)?;
         Ok(Compiled { gen, main, races, _module: module, log_hint: std::sync::atomic::AtomicU64::new(LOG_CAP) })
@@ -319,10 +411,11 @@ impl Gpu {
         loop {
             let mut p = self.upload(c, launch, mem, opts, cap)?;
             self.execute(c, &mut p)?;
-            self.stream.synchronize().map_err(driver)?;
-            let flag = self.stream.clone_dtoh(&p.flags).map_err(driver)?[0];
+            let s = &self.cuda()?.stream;
+            s.synchronize().map_err(driver)?;
+            let flag = s.clone_dtoh(&p.flags).map_err(driver)?[0];
             if flag == FLAG_LOG_FULL && std::mem::take(&mut again) {
-                let want = self.stream.clone_dtoh(&p.counters).map_err(driver)?[2] as u64;
+                let want = s.clone_dtoh(&p.counters).map_err(driver)?[2] as u64;
                 c.log_hint.fetch_max(want, Relaxed);
                 if !short(want) {
                     return Ok(Ran::LogsTooLong(want));
@@ -353,16 +446,21 @@ impl Gpu {
                 why: why.to_string(),
             });
         }
+        // Timed as checks run after their first launches: in the form chosen once the forms
+        // compiling in the background are done.
+        self.compiled(launch.kernel(), opts.flavor(launch), u64::MAX)?;
+        self.ahead.wait_all();
         let c = self.compiled(launch.kernel(), opts.flavor(launch), u64::MAX)?;
         let mut p = self.upload(&c, launch, mem, opts, LOG_CAP)?;
         let mut best = f64::INFINITY;
         for _ in 0..reps.max(1) {
             let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-            let start = self.ctx.new_event(timing).map_err(driver)?;
-            let end = self.ctx.new_event(timing).map_err(driver)?;
-            start.record(&self.stream).map_err(driver)?;
+            let Cuda { ctx, stream } = self.cuda()?;
+            let start = ctx.new_event(timing).map_err(driver)?;
+            let end = ctx.new_event(timing).map_err(driver)?;
+            start.record(stream).map_err(driver)?;
             self.execute(&c, &mut p)?;
-            end.record(&self.stream).map_err(driver)?;
+            end.record(stream).map_err(driver)?;
             end.synchronize().map_err(driver)?;
             best = best.min(start.elapsed_ms(&end).map_err(driver)? as f64 / 1e3);
         }
@@ -373,7 +471,7 @@ impl Gpu {
     /// Uploads a launch's tensors and allocates its marks, counters and scratch.
     fn upload(&self, c: &Compiled, launch: &Launch, mem: &Memory, opts: GpuOptions, log_cap: u64) -> Result<Prepared, GpuError> {
         let k = launch.kernel();
-        let s = &self.stream;
+        let s = &self.cuda()?.stream;
         let grid = launch.grid();
         let total = grid.programs();
         // A batch of the grid's programs: the counters start at its first.
@@ -539,7 +637,7 @@ impl Gpu {
 
     /// Queues one run: counters, errors and marks reset, the launch, the race check.
     fn execute(&self, c: &Compiled, p: &mut Prepared) -> Result<(), GpuError> {
-        let s = &self.stream;
+        let s = &self.cuda()?.stream;
         s.memcpy_htod(&[p.first, p.first, 0], &mut p.counters).map_err(driver)?;
         s.memset_zeros(&mut p.flags).map_err(driver)?;
         s.memset_zeros(&mut p.counts).map_err(driver)?;
@@ -595,7 +693,7 @@ impl Gpu {
     /// After a run: the reference's error, `None` for a conflict, or the summary with the
     /// written tensors copied back into `mem`.
     fn finish(&self, c: &Compiled, launch: &Launch, mem: &mut Memory, p: &Prepared) -> Result<Option<LaunchSummary>, GpuError> {
-        let s = &self.stream;
+        let s = &self.cuda()?.stream;
         let flag = s.clone_dtoh(&p.flags).map_err(driver)?[0];
         if flag != 0 {
             return Ok(None);
@@ -841,10 +939,32 @@ mod tests {
             return;
         }
         let k = tilegrad_ir::text::parse_kernel(include_str!("../../examples/vector_add.tgir"), "vector_add.tgir").unwrap();
-        let image = nvrtc_cubin(&codegen::generate(&k).unwrap().source, "sm_90").unwrap();
+        let sm90 = Target { sm: "sm_90".into(), quick: false };
+        let image = nvrtc_cubin(&codegen::generate(&k).unwrap().source, &sm90).unwrap();
         assert_eq!(&image[..4], b"\x7fELF", "an ELF image, not PTX text");
-        let log = nvrtc_cubin("extern \"C\" __global__ void f() { undefined_name(); }", "sm_90").unwrap_err();
+        let log = nvrtc_cubin("extern \"C\" __global__ void f() { undefined_name(); }", &sm90).unwrap_err();
         assert!(log.contains("undefined_name"), "{log}");
+        let quick = nvrtc_cubin(&codegen::generate(&k).unwrap().source, &Target { quick: true, ..sm90 }).unwrap();
+        assert_eq!(&quick[..4], b"\x7fELF");
+        assert_ne!(quick, image, "a quick compile gives other machine code");
+    }
+
+    /// A quick compile differs from a full one only in how hard NVRTC optimises (the numerics
+    /// flags are the same), and has a cache key of its own; a full one keeps the keys it had.
+    #[test]
+    fn quick_compiles_keep_the_numerics_and_a_cache_key_of_their_own() {
+        let full = Target { sm: "sm_90".into(), quick: false };
+        let quick = Target { quick: true, ..full.clone() };
+        let (f, q) = (full.flags(), quick.flags());
+        for flag in ["--fmad=false", "--prec-div=true", "--prec-sqrt=true", "--ftz=false", "--gpu-architecture=sm_90"] {
+            assert!(f.iter().any(|x| x == flag) && q.iter().any(|x| x == flag), "{flag}: {f:?} {q:?}");
+        }
+        let extra: Vec<_> = q.iter().filter(|x| !f.contains(x)).collect();
+        assert_eq!(extra, ["-Ofc=mid"]);
+        assert!(!f.iter().any(|x| x.starts_with("-Ofc")));
+        let src = "extern \"C\" __global__ void f() {}";
+        assert_ne!(source_key(&full, src), source_key(&quick, src));
+        assert_eq!(source_key(&full, src), crate::compile::hash128(&format!("sm_90\n{src}")));
     }
 
     #[test]

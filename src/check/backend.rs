@@ -46,7 +46,8 @@ impl Executor {
     pub fn new(backend: Backend) -> Result<Executor, CheckError> {
         let gpu = match backend {
             Backend::Cpu => None,
-            Backend::Auto => gpu().ok(),
+            // `Auto` uses the CPU where the GPU's context cannot be created either.
+            Backend::Auto => gpu().ok().filter(|g| g.ready().is_ok()),
             Backend::Gpu | Backend::Compare => Some(gpu().map_err(|e| CheckError::Unsupported(format!("--backend gpu: {e}")))?),
         };
         Ok(Executor { gpu, compare: backend == Backend::Compare, ordered_vjp: false, vjp_memory: None, log: Mutex::default() })

@@ -19,6 +19,7 @@ mod ctypes;
 mod entry;
 mod memory;
 mod scratch_ops;
+mod sink;
 
 use crate::GpuError;
 use ctypes::*;
@@ -152,6 +153,8 @@ pub fn generate_with(k: &Kernel, max_threads: usize, min_blocks: Option<usize>) 
 
 /// [`generate_with`] and [`generate_flavor`] together.
 pub fn generate_full(k: &Kernel, max_threads: usize, min_blocks: Option<usize>, flavor: Flavor) -> Result<Generated, GpuError> {
+    let sunk = sink::sink_pure_ops(k);
+    let k = &sunk;
     let largest = largest_tile(k);
     let mut defs = vec![None; k.values.len()];
     k.walk(&mut |i, d| {

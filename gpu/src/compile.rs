@@ -7,7 +7,7 @@
 //! forward, backward and VJP kernels, one after another: 1.7-3.4 s). Compiles ahead therefore
 //! run on threads: four new ones side by side took 1.0-1.3 s. Helper processes did worse, each
 //! paying NVRTC's start (about 0.2 s), and kernels for small launches compile quickly
-//! ([`Target`]), which brought those four to 0.8-1.0 s.
+//! ([`Target`]), which brought those four to 0.8-0.9 s.
 //!
 //! The forms for fewer blocks an SM of kernels about to run large launches compile in the
 //! background. A compile still running on a thread when the process exits would meet NVRTC torn

@@ -216,6 +216,18 @@ impl Gpu {
         programs <= self.sms as u64
     }
 
+    /// The target of a kernel's first form (`source`) for a launch of this many programs:
+    /// quick for a small launch, unless its fully optimised form is compiled already.
+    fn first_target(&self, source: &str, programs: u64) -> Target {
+        let full = self.target(false);
+        let quick = self.quick && self.small(programs) && !self.available(source_key(&full, source));
+        if quick {
+            self.target(true)
+        } else {
+            full
+        }
+    }
+
     /// Whether `key` is compiled: loaded, on disk, compiled ahead or compiling.
     fn available(&self, key: u128) -> bool {
         self.modules.lock().expect("module cache").contains_key(&key)
@@ -238,19 +250,19 @@ impl Gpu {
     /// its compile in the background; a smaller one leaves it.
     fn compiled(&self, k: &Kernel, flavor: Flavor, programs: u64) -> Result<Arc<Compiled>, GpuError> {
         let (first, alt) = forms(k, flavor)?;
-        let full = self.target(false);
-        let key = source_key(&full, &first.source);
-        let small = self.small(programs);
-        if small && self.quick && !self.available(key) {
-            let quick = self.target(true);
-            let key = source_key(&quick, &first.source);
+        let target = self.first_target(&first.source, programs);
+        if target.quick {
+            let key = source_key(&target, &first.source);
             if let Some((c, _)) = self.modules.lock().expect("module cache").get(&key) {
                 return Ok(c.clone());
             }
-            let c = Arc::new(self.load(k, first, &quick)?);
+            let c = Arc::new(self.load(k, first, &target)?);
             self.modules.lock().expect("module cache").insert(key, (c.clone(), false));
             return Ok(c);
         }
+        let full = target;
+        let key = source_key(&full, &first.source);
+        let small = self.small(programs);
         let known = self.modules.lock().expect("module cache").get(&key).cloned();
         let alt_compiling = || alt.as_ref().is_some_and(|a| self.ahead.compiling(source_key(&full, &a.source)));
         let first = match known {
@@ -296,11 +308,8 @@ impl Gpu {
         let mut later: Vec<Job> = Vec::new();
         for (k, flavor, programs) in kernels {
             let Ok((first, alt)) = forms(k, *flavor) else { continue };
-            let small = self.small(*programs);
-            let full = self.target(false);
-            let first_target =
-                if small && self.quick && !self.available(source_key(&full, &first.source)) { self.target(true) } else { full };
-            let alt = alt.filter(|_| !small).map(|a| (a, self.target(false)));
+            let first_target = self.first_target(&first.source, *programs);
+            let alt = alt.filter(|_| !self.small(*programs)).map(|a| (a, self.target(false)));
             for (j, (gen, target)) in std::iter::once((first, first_target)).chain(alt).enumerate() {
                 let key = source_key(&target, &gen.source);
                 let listed = now.iter().chain(&later).any(|t| t.key == key);

@@ -17,6 +17,7 @@
 mod control;
 mod ctypes;
 mod entry;
+mod hoist;
 mod memory;
 mod scratch_ops;
 mod sink;
@@ -153,7 +154,8 @@ pub fn generate_with(k: &Kernel, max_threads: usize, min_blocks: Option<usize>) 
 
 /// [`generate_with`] and [`generate_flavor`] together.
 pub fn generate_full(k: &Kernel, max_threads: usize, min_blocks: Option<usize>, flavor: Flavor) -> Result<Generated, GpuError> {
-    let sunk = sink::sink_pure_ops(k);
+    let sunk = sink::sink_pure_ops(&hoist::hoist_invariants(k));
+    debug_assert!(tilegrad_ir::verify(&sunk).is_ok(), "`{}` rewritten: {:?}", k.name, tilegrad_ir::verify(&sunk));
     let k = &sunk;
     let largest = largest_tile(k);
     let mut defs = vec![None; k.values.len()];

@@ -106,6 +106,39 @@ pub(super) struct Tapes {
 /// A trip's slot on a tape, from its index (the index itself, or its place in a segment).
 type SlotOf<'a> = dyn Fn(&mut KernelBuilder, Value) -> Value + 'a;
 
+/// Where a tape keeps carried values: a trip's slots start at `base + t * per_trip` (i64
+/// scalars) in `tape`, carried value `j` at `at[j]` within them.
+#[derive(Clone, Copy)]
+struct Slots<'a> {
+    tape: Value,
+    base: Value,
+    per_trip: Value,
+    at: &'a [usize],
+}
+
+/// Pointers to the slots of trip `t` (i32 scalar) of each of `carried` (forward values of `k`).
+fn trip_slots(b: &mut KernelBuilder, k: &Kernel, sl: Slots<'_>, t: Value, carried: &[Value]) -> Vec<Value> {
+    let t64 = b.cast(t, DType::I64);
+    let off = b.mul(t64, sl.per_trip);
+    let slot = b.add(sl.base, off);
+    carried
+        .iter()
+        .zip(sl.at)
+        .map(|(&c, &a)| {
+            let o = b.i64(a as i64);
+            let o = b.add(slot, o);
+            let p = b.add(sl.tape, o);
+            let shape = k.ty(c).shape.to_vec();
+            if shape.is_empty() {
+                return p;
+            }
+            let r = b.arange(0, shape.iter().product::<usize>() as i64);
+            let r = b.reshape(r, &shape);
+            b.add(p, r)
+        })
+        .collect()
+}
+
 /// A constant of the arithmetic's dtype.
 fn cst(b: &mut KernelBuilder, fl: DType, x: f64) -> Value {
     if fl == DType::F32 {
@@ -338,31 +371,6 @@ impl Emit<'_, '_> {
         b.add(t, p0)
     }
 
-    /// Pointers to the tape slots of trip `t` (i32 scalar) of each of `carried` (forward
-    /// values), where a trip's slots start at `base + t * per_trip` (i64 scalars) and carried
-    /// value `j` at `at[j]` within them.
-    fn trip_slots(&mut self, tape: Value, base: Value, per_trip: Value, at: &[usize], t: Value, carried: &[Value]) -> Vec<Value> {
-        let t64 = self.b.cast(t, DType::I64);
-        let off = self.b.mul(t64, per_trip);
-        let slot = self.b.add(base, off);
-        carried
-            .iter()
-            .zip(at)
-            .map(|(&c, &a)| {
-                let o = self.b.i64(a as i64);
-                let o = self.b.add(slot, o);
-                let p = self.b.add(tape, o);
-                let shape = self.shape(c);
-                if shape.is_empty() {
-                    return p;
-                }
-                let r = self.b.arange(0, shape.iter().product::<usize>() as i64);
-                let r = self.b.reshape(r, &shape);
-                self.b.add(p, r)
-            })
-            .collect()
-    }
-
     /// Emits the reverse of loop `i` (`for` or `while`): the copy that writes the tape and
     /// counts the trips, then the reverse loop over them. A `while`'s condition is recomputed by
     /// the copy only: no cotangent flows through it.
@@ -387,18 +395,32 @@ impl Emit<'_, '_> {
         // The carried values whose values the reverse needs, and each one's place in a trip's
         // slots; the others (an accumulator only summed into) are not kept.
         let taped: Vec<Value> = fcarried.iter().copied().filter(|&c| value_needed(k, &blk, c)).collect();
-        // f32 where the arithmetic is f32 and every kept value is a float of 32 bits or less
-        // (exactly so); else f64.
+        // i64 where every kept value is an integer (offsets, counters: no conversion on either
+        // side); f32 where the arithmetic is f32 and every kept value is a float of 32 bits or
+        // less (exactly so); else f64.
         let small = |c: &Value| matches!(k.ty(*c).dtype(), Some(DType::F32 | DType::F16 | DType::BF16));
-        let tdt = if fl == DType::F32 && taped.iter().all(small) { DType::F32 } else { DType::F64 };
+        let int = |c: &Value| matches!(k.ty(*c).dtype(), Some(DType::I32 | DType::I64));
+        let tdt = if !taped.is_empty() && taped.iter().all(int) {
+            DType::I64
+        } else if fl == DType::F32 && taped.iter().all(small) {
+            DType::F32
+        } else {
+            DType::F64
+        };
         let tape = self.b.ptr_param(&format!("tg_tape{n}"), tdt);
         let cap_name = format!("tg_cap{n}");
         let cap = self.b.scalar_param(&cap_name, DType::I64);
-        let mut at = Vec::new();
+        // A trip's slots hold its kept scalars first (the copy stores them at once), then its
+        // kept tiles.
+        let mut at = vec![0; taped.len()];
         let mut per_trip = 0usize;
-        for &c in &taped {
-            at.push(per_trip);
-            per_trip += k.ty(c).numel();
+        for scalars in [true, false] {
+            for (j, &c) in taped.iter().enumerate() {
+                if k.ty(c).shape.is_empty() == scalars {
+                    at[j] = per_trip;
+                    per_trip += k.ty(c).numel();
+                }
+            }
         }
         // With checkpoints: every carried value (f64) at the start of each segment's first trip.
         let ck = self.tapes.checkpoints.then(|| {
@@ -465,10 +487,41 @@ impl Emit<'_, '_> {
             match (slot_of, &ck) {
                 (Some(slot_of), _) => {
                     let at_t = slot_of(e.b, t);
-                    for (c, ptrs) in taped.iter().zip(e.trip_slots(tape, base, s, &at, at_t, &taped)) {
-                        let j = fcarried.iter().position(|f| f == c).expect("a carried value");
-                        let v = if k.ty(*c).dtype() == Some(tdt) { cs[j] } else { e.b.cast(cs[j], tdt) };
-                        e.b.store(ptrs, v, None);
+                    let ptrs = trip_slots(e.b, k, Slots { tape, base, per_trip: s, at: &at }, at_t, &taped);
+                    let vals: Vec<Value> = taped
+                        .iter()
+                        .map(|c| {
+                            let j = fcarried.iter().position(|f| f == c).expect("a carried value");
+                            if k.ty(*c).dtype() == Some(tdt) {
+                                cs[j]
+                            } else {
+                                e.b.cast(cs[j], tdt)
+                            }
+                        })
+                        .collect();
+                    // The scalars in one store (one bounds check a trip, not one a value: on a
+                    // GPU each check waits for the block), the tiles one by one.
+                    let scalars: Vec<usize> = (0..taped.len()).filter(|&j| k.ty(taped[j]).shape.is_empty()).collect();
+                    if scalars.len() > 1 {
+                        let n = scalars.len().next_power_of_two();
+                        let ar = e.b.arange(0, n as i64);
+                        let first = scalars.iter().copied().min_by_key(|&j| at[j]).expect("scalars");
+                        let p = e.b.add(ptrs[first], ar);
+                        let mut v = e.b.broadcast_to(vals[scalars[scalars.len() - 1]], &[n]);
+                        for &j in scalars[..scalars.len() - 1].iter().rev() {
+                            let q = e.b.i32((at[j] - at[first]) as i32);
+                            let here = e.b.eq(ar, q);
+                            let vj = e.b.broadcast_to(vals[j], &[n]);
+                            v = e.b.where_(here, vj, v);
+                        }
+                        let ns = e.b.i32(scalars.len() as i32);
+                        let m = e.b.lt(ar, ns);
+                        e.b.store(p, v, Some(m));
+                    }
+                    for j in 0..taped.len() {
+                        if scalars.len() <= 1 || !scalars.contains(&j) {
+                            e.b.store(ptrs[j], vals[j], None);
+                        }
                     }
                 }
                 (None, Some((seg32, ctape, at_full, fs, cbase))) => {
@@ -476,7 +529,7 @@ impl Emit<'_, '_> {
                     let r = e.b.rem(t, *seg32);
                     let zero = e.b.i32(0);
                     let first = e.b.eq(r, zero);
-                    let ptrs = e.trip_slots(*ctape, *cbase, *fs, at_full, q, &fcarried);
+                    let ptrs = trip_slots(e.b, k, Slots { tape: *ctape, base: *cbase, per_trip: *fs, at: at_full }, q, &fcarried);
                     let vals: Vec<Value> = (0..fcarried.len())
                         .map(|j| if k.ty(fcarried[j]).dtype() == Some(DType::F64) { cs[j] } else { e.b.cast(cs[j], DType::F64) })
                         .collect();
@@ -567,13 +620,22 @@ impl Emit<'_, '_> {
             }
             _ => None,
         };
-        // One reverse trip: trip `t`, its kept values from slot `at_t`, carrying the cotangents.
-        let first_err = RefCell::new(None);
-        let rev = |b: &mut KernelBuilder, t: Value, at_t: Value, cs: &[Value], shadow, map| {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
-            e.b.set_loc(Some(d.loc.clone()));
-            for (&c, ptrs) in taped.iter().zip(e.trip_slots(tape, base, s, &at, at_t, &taped)) {
-                let v = e.b.load(ptrs, None, None);
+        // The kept values of the trip in slot `at_t`, as the tape holds them, read where `valid`
+        // (zeros elsewhere).
+        let slots = Slots { tape, base, per_trip: s, at: &at };
+        let kept_at = |b: &mut KernelBuilder, at_t: Value, valid: Value| -> Vec<Value> {
+            let ptrs = trip_slots(b, k, slots, at_t, &taped);
+            ptrs.into_iter()
+                .map(|p| {
+                    let z = b.zeros(&[], tdt);
+                    b.load(p, Some(valid), Some(z))
+                })
+                .collect()
+        };
+        // Trip `t`'s forward values: its kept values, zeros for the carried values not kept, its
+        // induction variable.
+        let bind = |e: &mut Emit<'_, '_>, t: Value, kept: &[Value]| {
+            for (&c, &v) in taped.iter().zip(kept) {
                 let dt = k.ty(c).dtype().expect("carried numbers");
                 let v = if dt == tdt { v } else { e.b.cast(v, dt) };
                 e.map.insert(c, v);
@@ -587,6 +649,14 @@ impl Emit<'_, '_> {
             if let (Some(fiv), Some(iv)) = (fiv, iv_of(e.b, t)) {
                 e.map.insert(fiv, iv);
             }
+        };
+        // One reverse trip: trip `t`, its kept values `kept` (read from the tape a step ahead:
+        // see `reverse_steps`), carrying the cotangents.
+        let first_err = RefCell::new(None);
+        let rev = |b: &mut KernelBuilder, t: Value, kept: &[Value], cs: &[Value], shadow, map| {
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
+            e.b.set_loc(Some(d.loc.clone()));
+            bind(&mut e, t, kept);
             for &j in &blk.insts {
                 e.recompute(j);
             }
@@ -619,16 +689,48 @@ impl Emit<'_, '_> {
             }
             next
         };
+        // The reverse steps `r` in `0..n` (i32), step `r` reversing trip `trip_of(r)` from slot
+        // `slot_of(r)`: a loop carrying the cotangents, then the kept values of its step, read
+        // from the tape a step ahead (its first step's before it), so that the loads whose
+        // pointers they give (a block pointer's tile, at its offsets) wait for no tape read.
+        let reverse_steps = |b: &mut KernelBuilder,
+                             n: Value,
+                             init: &[Value],
+                             trip_of: &SlotOf<'_>,
+                             slot_of: &SlotOf<'_>,
+                             shadow: HashMap<Value, Value>,
+                             map: HashMap<Value, Value>| {
+            let (z, one) = (b.i32(0), b.i32(1));
+            let some = b.gt(n, z);
+            let at0 = slot_of(b, z);
+            let nc = init.len();
+            let mut init = init.to_vec();
+            init.extend(kept_at(b, at0, some));
+            let out = b.for_range(z, n, one, max_iters, &init, |b, r, cs| {
+                let one = b.i32(1);
+                let r1 = b.add(r, one);
+                let more = b.lt(r1, n);
+                let at1 = slot_of(b, r1);
+                let ahead = kept_at(b, at1, more);
+                let t = trip_of(b, r);
+                let mut next = rev(b, t, &cs[nc..], &cs[..nc], shadow.clone(), map.clone());
+                next.extend(ahead);
+                next
+            });
+            out[..nc].to_vec()
+        };
         let (shadow, map) = (self.shadow.clone(), self.map.clone());
         let (z, one) = (self.b.i32(0), self.b.i32(1));
         let out = match &ck {
-            // Trip t = trips - 1 - s, from slot t.
-            None => self.b.for_range(z, trips, one, max_iters, &init_r, |b, sv, cs| {
-                let one = b.i32(1);
-                let last = b.sub(trips, one);
-                let t = b.sub(last, sv);
-                rev(b, t, t, cs, shadow, map)
-            }),
+            // Trip t = trips - 1 - r, from slot t.
+            None => {
+                let back = |b: &mut KernelBuilder, r: Value| {
+                    let one = b.i32(1);
+                    let last = b.sub(trips, one);
+                    b.sub(last, r)
+                };
+                reverse_steps(self.b, trips, &init_r, &back, &back, shadow, map)
+            }
             // Segments from the last: each restores its checkpoint, runs its trips again writing
             // their slots, then reverses them.
             Some((seg32, ctape, at_full, fs, cbase)) => {
@@ -640,31 +742,33 @@ impl Emit<'_, '_> {
                     let t0 = b.mul(g, *seg32);
                     let t1 = b.add(t0, *seg32);
                     let t1 = b.minimum(t1, trips);
-                    let mut e = Emit { k, b, shadow: shadow.clone(), adj: HashMap::new(), map: map.clone(), tapes, fl };
-                    let ptrs = e.trip_slots(*ctape, *cbase, *fs, at_full, g, &fcarried);
+                    let ptrs = trip_slots(b, k, Slots { tape: *ctape, base: *cbase, per_trip: *fs, at: at_full }, g, &fcarried);
                     let mut state: Vec<Value> = Vec::new();
                     for (&c, p) in fcarried.iter().zip(ptrs) {
-                        let v = e.b.load(p, None, None);
+                        let v = b.load(p, None, None);
                         let dt = k.ty(c).dtype().expect("carried numbers");
-                        state.push(if dt == DType::F64 { v } else { e.b.cast(v, dt) });
+                        state.push(if dt == DType::F64 { v } else { b.cast(v, dt) });
                     }
                     state.push(t0);
                     let in_segment = |b: &mut KernelBuilder, t: Value| b.sub(t, t0);
                     let (s1, m1) = (shadow.clone(), map.clone());
-                    e.b.for_range(t0, t1, one, max_iters, &state, |b, t, cs2| {
+                    b.for_range(t0, t1, one, max_iters, &state, |b, t, cs2| {
                         let iv = iv_of(b, t);
                         copy(b, iv, cs2, s1, m1, Some(&in_segment))
                     });
-                    let n = e.b.sub(t1, t0);
+                    let n = b.sub(t1, t0);
                     let (s2, m2) = (shadow.clone(), map.clone());
-                    e.b.for_range(z, n, one, max_iters, cs, |b, rv, cs3| {
+                    // Trip t = t1 - 1 - r, from slot t - t0.
+                    let back = |b: &mut KernelBuilder, r: Value| {
                         let one = b.i32(1);
                         let last = b.sub(t1, one);
-                        let t = b.sub(last, rv);
-                        let at_t = b.sub(t, t0);
-                        rev(b, t, at_t, cs3, s2, m2)
-                    })
-                    .to_vec()
+                        b.sub(last, r)
+                    };
+                    let back_slot = |b: &mut KernelBuilder, r: Value| {
+                        let t = back(b, r);
+                        b.sub(t, t0)
+                    };
+                    reverse_steps(b, n, cs, &back, &back_slot, s2, m2)
                 })
             }
         };

@@ -29,9 +29,11 @@
 //! A `for` loop is reversed by a loop over its trips from the last. Its carried values at the
 //! start of each trip are kept on a *tape*: where the reverse sweep reaches the loop, a copy of
 //! the loop runs again (its stores and atomics left out: they happened) and writes them to the
-//! tape parameter `tg_tape<n>` (f64, or f32 in f32 kernels where that is exact: [`LoopTape`]); the reverse loop reads them back, recomputes
-//! the trip's body from them, and runs the body's rules, carrying the cotangents of the carried
-//! values and of the values from outside the loop that the body uses. The copy's loads read
+//! tape parameter `tg_tape<n>` (i64 where every kept value is an integer, f32 in f32 kernels
+//! where that is exact, else f64: [`LoopTape`]; a trip's scalars in one store); the reverse
+//! loop reads them back (a trip ahead, so that the trip's loads need not wait for them),
+//! recomputes the trip's body from them, and runs the body's rules, carrying the cotangents of
+//! the carried values and of the values from outside the loop that the body uses. The copy's loads read
 //! memory as the forward left it, so a loop may not load a tensor the kernel writes (refused).
 //!
 //! The rules follow the evaluator's conventions (see [`crate::rules::vjp`]): symbolic zeros (a
@@ -105,8 +107,9 @@ pub struct LoopTape {
     pub capacity_param: String,
     /// Elements a trip keeps (the carried values at its start).
     pub per_trip: usize,
-    /// The tape's dtype: f32 in a kernel computing in f32 whose kept values are floats of 32
-    /// bits or less, else f64.
+    /// The tape's dtype: i64 where every kept value is an integer (a block pointer's offsets),
+    /// f32 in a kernel computing in f32 whose kept values are floats of 32 bits or less, else
+    /// f64.
     pub dtype: DType,
     /// The loop's bound on its trips, where it has one.
     pub max_iters: Option<u32>,

@@ -445,6 +445,77 @@ fn loops_agree() {
     );
 }
 
+/// A loop advancing offsets as block pointers do (a column offset into `x` and another into
+/// `w`, carried as integers): the reverse needs them for its loads, so they are kept, on an
+/// integer tape (no float conversions), both in one store a trip; the accumulator is not kept.
+#[test]
+fn offsets_carried_by_a_loop_are_kept_on_an_integer_tape() {
+    const R: i64 = 4;
+    const D: i64 = 8;
+    let mut b = KernelBuilder::new("advancing_offsets");
+    let (x, w, out) = (b.ptr_param("x", DType::F32), b.ptr_param("w", DType::F32), b.ptr_param("out", DType::F32));
+    let (rows, d) = (b.scalar_param("rows", DType::I32), b.scalar_param("d", DType::I32));
+    let pid = b.program_id(0);
+    let rt = b.i32(R as i32);
+    let r0 = b.mul(pid, rt);
+    let ar = b.arange(0, R);
+    let r = b.add(r0, ar);
+    let rm = b.lt(r, rows);
+    let acc0 = b.zeros(&[R as usize], DType::F32);
+    let (zero, one, dt) = (b.i32(0), b.i32(1), b.i32(D as i32));
+    let hi = b.cdiv(d, dt);
+    let res = b.for_range(zero, hi, one, None, &[acc0, zero, zero], |b, _, c| {
+        let ac = b.arange(0, D);
+        let cols = b.add(c[1], ac);
+        let cm = b.lt(cols, d);
+        let (r2, c2) = (b.expand_dims(r, 1), b.expand_dims(cols, 0));
+        let o = b.mul(r2, d);
+        let o = b.add(o, c2);
+        let (m1, m2) = (b.expand_dims(rm, 1), b.expand_dims(cm, 0));
+        let m = b.and(m1, m2);
+        let px = b.add(x, o);
+        let z = b.f32(0.0);
+        let xv = b.load(px, Some(m), Some(z));
+        let wc = b.add(c[2], ac);
+        let wm = b.lt(wc, d);
+        let pw = b.add(w, wc);
+        let wv = b.load(pw, Some(wm), Some(z));
+        let wv = b.expand_dims(wv, 0);
+        let p = b.mul(xv, wv);
+        let p = b.mul(p, xv);
+        let s = b.sum(p, Some(1), false);
+        let dt = b.i32(D as i32);
+        vec![b.add(c[0], s), b.add(c[1], dt), b.add(c[2], dt)]
+    });
+    let po = b.add(out, r);
+    b.store(po, res[0], Some(rm));
+    let k = b.finish().unwrap();
+    for fl in [DType::F64, DType::F32] {
+        let vk = vjp_kernel_with(&k, true, fl).unwrap();
+        assert_eq!(vk.tapes.len(), 1);
+        assert_eq!((vk.tapes[0].per_trip, vk.tapes[0].dtype), (2, DType::I64));
+        // One store into the tape.
+        let src = tilegrad_ir::analysis::pointer_sources(&vk.kernel);
+        let tape = vk.kernel.params.iter().position(|p| p.name == vk.tapes[0].tape).unwrap();
+        let mut stores = 0;
+        vk.kernel.walk(&mut |_, d| {
+            if matches!(d.op, Op::Store { .. }) && src[d.args[0].index()][tape] {
+                stores += 1;
+            }
+        });
+        assert_eq!(stores, 1, "{}", vk.kernel);
+    }
+    let (rows_n, d_n) = (11usize, 45usize);
+    agree(
+        &k,
+        rows_n.div_ceil(R as usize),
+        &[t("x", rows_n * d_n, true, false), t("w", d_n, true, false), t("out", rows_n, false, true)],
+        &[("rows", rows_n as i32), ("d", d_n as i32)],
+        DType::F32,
+        9,
+    );
+}
+
 /// A loop whose body stores (tile by tile, `y = x * x`) and accumulates a dot product of
 /// tiles over k: a matmul.
 #[test]

@@ -125,7 +125,8 @@ pub fn gradient_by_kernel(
         .sum();
     let room = memory.saturating_sub(held);
     // Where one program's whole tapes do not fit, the loops keep checkpoints instead: a
-    // segment of about the square root of their trips, and a checkpoint a segment.
+    // checkpoint a segment, segments of the length that takes the least memory (see
+    // `segment`).
     let rebuilt;
     let vk = if room < per_program(vk, &caps, None)? {
         let stored = |name: &str, declared: DType| match launch.args().iter().find(|(n, _)| n == name) {
@@ -137,7 +138,15 @@ pub fn gradient_by_kernel(
     } else {
         vk
     };
-    let segments: Vec<u64> = caps.iter().map(|&c| ((c as f64).sqrt().ceil() as u64).max(1)).collect();
+    let segments: Vec<u64> = vk
+        .tapes
+        .iter()
+        .zip(&caps)
+        .map(|(t, &cap)| {
+            let checkpoint = t.checkpoints.as_ref().map_or(0, |c| c.per_checkpoint as u64 * 8);
+            segment(cap, t.per_trip as u64 * t.dtype.size_bytes() as u64, checkpoint)
+        })
+        .collect();
     let per_program = per_program(vk, &caps, Some(&segments))?;
     // Programs run in batches whose tapes fit; at least one program per batch.
     let batch = match per_program {
@@ -204,6 +213,24 @@ pub fn gradient_by_kernel(
         .collect()
 }
 
+/// The segment length (trips) of a loop of `cap` trips keeping checkpoints that takes the least
+/// memory a program: a segment's tape (`trip` bytes a trip) and a checkpoint (`checkpoint`
+/// bytes) a segment, `seg * trip + cdiv(cap, seg) * checkpoint`: about `sqrt(cap * checkpoint /
+/// trip)`, so that a loop whose checkpoints are larger than what a trip keeps (many carried
+/// values, few of them read by the reverse) takes longer segments and fewer checkpoints. The
+/// reverse runs each trip's forward once more whatever the length.
+fn segment(cap: u64, trip: u64, checkpoint: u64) -> u64 {
+    let cap = cap.max(1);
+    if trip == 0 {
+        return cap;
+    }
+    let bytes = |seg: u64| seg.saturating_mul(trip).saturating_add(cap.div_ceil(seg).saturating_mul(checkpoint));
+    // For each number of segments the shortest length that gives it is the best: the lengths up
+    // to about sqrt(cap), and those giving up to about sqrt(cap) segments, cover every number.
+    let r = (cap as f64).sqrt() as u64 + 2;
+    (1..=r.min(cap)).chain((1..=r).map(|n| cap.div_ceil(n))).min_by_key(|&s| (bytes(s), s)).unwrap_or(cap)
+}
+
 /// Bytes a program's slots take on all of `vk`'s tapes (and checkpoints, where it keeps them,
 /// with these segment lengths), for loops of these trip counts.
 fn per_program(vk: &VjpKernel, caps: &[u64], segments: Option<&[u64]>) -> Result<u64, AdError> {
@@ -222,4 +249,27 @@ fn per_program(vk: &VjpKernel, caps: &[u64], segments: Option<&[u64]>) -> Result
             .ok_or_else(|| AdError::Spec(format!("{}: the loop's tape would hold more than 2^64 bytes per program", tape.loc)))?;
     }
     Ok(total)
+}
+
+#[cfg(test)]
+mod segment_tests {
+    use super::segment;
+
+    #[test]
+    fn segments_take_the_least_memory() {
+        let sizes = [8u64, 16, 24, 40, 64, 100, 520, 4096];
+        let pairs: Vec<(u64, u64)> = sizes.iter().flat_map(|&t| sizes.iter().map(move |&c| (t, c))).chain([(0, 16)]).collect();
+        for cap in [1u64, 2, 3, 7, 16, 45, 100, 257, 1000, 1023] {
+            for &(trip, checkpoint) in &pairs {
+                let bytes = |seg: u64| seg * trip + cap.div_ceil(seg) * checkpoint;
+                let best = (1..=cap).map(bytes).min().unwrap();
+                let s = segment(cap, trip, checkpoint);
+                assert!((1..=cap).contains(&s), "cap {cap}: segment {s}");
+                assert_eq!(bytes(s), best, "cap {cap}, trip {trip}, checkpoint {checkpoint}: segment {s}");
+                // Never more than the square root's choice.
+                let sqrt = ((cap as f64).sqrt().ceil() as u64).max(1);
+                assert!(bytes(s) <= bytes(sqrt));
+            }
+        }
+    }
 }

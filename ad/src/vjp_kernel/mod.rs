@@ -48,8 +48,8 @@
 //! ([`gradient_by_kernel`]; tapes hold a batch's programs from its first, the parameter
 //! [`VjpKernel::first_param`]). Where not even one program's tapes fit, the kernel is built
 //! again with checkpoints ([`vjp_kernel_checkpointed`], [`LoopCheckpoints`]): the copy keeps
-//! every carried value at the start of each segment of about the square root of the trips,
-//! and the reverse, segment by segment from the last, restores a checkpoint, runs the segment's
+//! every carried value at the start of each segment (of the length that takes the least
+//! memory: about `sqrt(trips * checkpoint / kept a trip)`), and the reverse, segment by segment from the last, restores a checkpoint, runs the segment's
 //! trips again writing their tape, and reverses them.
 //!
 //! Not yet: loops inside loops, pointers carried by loops; they are refused with the op and its

@@ -8,7 +8,8 @@
 //!   forward in the kernels' dtypes and in f64, the backward, its traced and race-resolving
 //!   re-runs) runs on both backends, which must leave the same tensors bit for bit (f64 within
 //!   1e-13 of the tensor's largest element, where CUDA's and libm's `exp`, `log` or `tanh` may
-//!   differ in the last bit) and fail with the same error at the same place; and the check's
+//!   differ in the last bit; VJP kernels' shadows within 1e-12, their atomics adding in the
+//!   device's order) and fail with the same error at the same place; and the check's
 //!   verdict must be the CPU's. The zoo's kernels run the same way and pass their plain-Rust
 //!   f64 references on the GPU too.
 //!
@@ -224,6 +225,34 @@ fn vjp_kernels_on_the_gpu_give_the_cpu_ground_truth() {
             }
         }
         println!("{label}: agrees");
+        Ok(())
+    });
+    assert!(failures.is_empty(), "{} of {} specs:\n{}", failures.len(), files.len(), failures.join("\n\n"));
+}
+
+/// Every VJP kernel launch of a check with `--ground kernels`, run by both backends
+/// (`Backend::Compare`): with float atomics in the device's order, the shadows agree with the
+/// reference's within rounding (1e-12 of each f64 tensor's largest element); with
+/// `--deterministic` (program order), as plain launches do. Every example spec whose kernels
+/// VJP kernels take.
+#[test]
+fn vjp_launches_run_alike_on_both_backends() {
+    use tilegrad::check::Ground;
+    let Some(files) = example_specs_on_a_gpu() else { return };
+    let failures = all(&files, |(label, s)| {
+        let bwd = s.backward.as_ref().ok_or_else(|| format!("{label}: no backward"))?;
+        for deterministic in [false, true] {
+            let opts = CheckOptions { trials: 1, backend: Backend::Compare, ground: Ground::Kernels, deterministic, ..s.options.clone() };
+            let r = match check_backward(&s.forward, bwd, &s.inputs, &opts) {
+                Ok(r) => r,
+                Err(e) if e.to_string().contains("not take") => return Ok(()),
+                Err(e) => return Err(format!("{label}: {e}")),
+            };
+            if !r.backend_mismatches.is_empty() {
+                return Err(format!("{label} (deterministic {deterministic}): {}", r.backend_mismatches.join("\n  ")));
+            }
+        }
+        println!("{label}: alike");
         Ok(())
     });
     assert!(failures.is_empty(), "{} of {} specs:\n{}", failures.len(), files.len(), failures.join("\n\n"));

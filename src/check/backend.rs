@@ -106,7 +106,7 @@ impl Executor {
         let out = self.on(g, launch, mem, GpuOptions::default());
         if let Some(mut m) = before {
             let want = launch.run(&mut m);
-            if let Some(d) = differ(launch, &want, &out, &m, mem) {
+            if let Some(d) = differ(launch, &want, &out, &m, mem, false) {
                 self.log.lock().expect("executor log").mismatches.push(d);
             }
         }
@@ -115,11 +115,22 @@ impl Executor {
 
     /// Runs a VJP kernel's launch ([`tilegrad_ad::vjp_kernel`]): on the GPU without race marks
     /// and with float atomics in the hardware's order unless [`Executor::deterministic`] (the
-    /// forward it differentiates was run with every check; its shadows' sums then differ from
-    /// the reference's by rounding only, so [`Backend::Compare`] does not compare it).
+    /// forward it differentiates was run with every check). With [`Backend::Compare`] the
+    /// reference runs it too: in program order the two must agree bit for bit; in the
+    /// hardware's order the shadows' sums differ by rounding, so float tensors must agree
+    /// within [`VJP_F64_TOLERANCE`] (f64) or [`VJP_F32_TOLERANCE`] of their largest element.
     pub fn run_vjp(&self, launch: &Launch, mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
         let Some(g) = &self.gpu else { return launch.run(mem) };
-        self.on(g, launch, mem, GpuOptions { races: false, ordered_atomics: self.ordered_vjp, exact_order: self.ordered_vjp })
+        let before = self.compare.then(|| mem.clone());
+        let out = self.on(g, launch, mem, GpuOptions { races: false, ordered_atomics: self.ordered_vjp, exact_order: self.ordered_vjp });
+        if let Some(mut m) = before {
+            let want = launch.run(&mut m);
+            let rounding = !self.ordered_vjp;
+            if let Some(d) = differ(launch, &want, &out, &m, mem, rounding) {
+                self.log.lock().expect("executor log").mismatches.push(d);
+            }
+        }
+        out
     }
 
     /// Runs a launch on the GPU with `opts`, logging where it ran.
@@ -180,14 +191,23 @@ impl Executor {
     }
 }
 
+/// How far a VJP kernel's f64 tensors may be from the reference's, relative to their largest
+/// element, where its float atomics add in the hardware's order.
+pub const VJP_F64_TOLERANCE: f64 = 1e-12;
+/// [`VJP_F64_TOLERANCE`] for f32, f16 and bf16 tensors (VJP kernels computing in f32).
+pub const VJP_F32_TOLERANCE: f64 = 1e-4;
+
 /// Whether two runs of one launch differ: in outcome, error, summary counts, or any element of
-/// any tensor (bit for bit, every NaN equal to every NaN).
+/// any tensor but scratch (bit for bit, every NaN equal to every NaN; with `rounding`, float tensors within
+/// [`VJP_F64_TOLERANCE`] or [`VJP_F32_TOLERANCE`] of their largest element, NaNs in the same
+/// places).
 fn differ(
     launch: &Launch,
     want: &Result<LaunchSummary, ExecError>,
     got: &Result<LaunchSummary, ExecError>,
     want_mem: &Memory,
     got_mem: &Memory,
+    rounding: bool,
 ) -> Option<String> {
     let k = &launch.kernel().name;
     match (want, got) {
@@ -217,9 +237,41 @@ fn differ(
             }
         }
     }
+    // Scratch (a VJP kernel's tapes) is the launch's own: not copied back from the GPU.
+    let scratch = |id: tilegrad_reference::TensorId| {
+        let bound: Vec<&String> = launch.args().iter().filter(|(_, a)| *a == tilegrad_reference::Arg::Tensor(id)).map(|(n, _)| n).collect();
+        !bound.is_empty() && bound.iter().all(|n| launch.get_options().scratch.contains(n))
+    };
     for i in 0..want_mem.len() {
         let id = tilegrad_reference::TensorId(i as u32);
-        let (a, b) = (want_mem.get(id).data(), got_mem.get(id).data());
+        if scratch(id) {
+            continue;
+        }
+        let (ta, tb) = (want_mem.get(id), got_mem.get(id));
+        if rounding && ta.dtype().is_float() {
+            let tol = if ta.dtype() == tilegrad_ir::DType::F64 { VJP_F64_TOLERANCE } else { VJP_F32_TOLERANCE };
+            let (a, b) = (ta.to_f64_vec(), tb.to_f64_vec());
+            let largest = a.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+            let off = |x: f64, y: f64| {
+                if x.is_nan() || y.is_nan() {
+                    x.is_nan() != y.is_nan()
+                } else if x.is_finite() && y.is_finite() {
+                    (x - y).abs() > tol * largest
+                } else {
+                    x != y
+                }
+            };
+            if let Some(e) = (a.len() != b.len()).then_some(a.len().min(b.len())).or_else(|| (0..a.len()).find(|&e| off(a[e], b[e]))) {
+                return Some(format!(
+                    "`{k}`: tensor `{}` differs at element {e} by more than {tol:e} of its largest element ({largest:e}): reference {}, GPU {}",
+                    want_mem.name(id),
+                    a.get(e).copied().unwrap_or(f64::NAN),
+                    b.get(e).copied().unwrap_or(f64::NAN)
+                ));
+            }
+            continue;
+        }
+        let (a, b) = (ta.data(), tb.data());
         if let Some(e) = first_difference(a, b) {
             return Some(format!(
                 "`{k}`: tensor `{}` differs at element {e}: reference {}, GPU {}",
@@ -251,5 +303,70 @@ fn first_difference(a: &Data, b: &Data) -> Option<usize> {
         (Data::I64(x), Data::I64(y)) => first(x, y, |p, q| p == q),
         (Data::I1(x), Data::I1(y)) => first(x, y, |p, q| p == q),
         _ => Some(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tilegrad_ir::{DType, KernelBuilder};
+    use tilegrad_reference::HostTensor;
+
+    /// Two runs' memories: an f64 tensor (sums of about 1), an f32 one and an i64 one, the
+    /// second run's f64 elements moved by `df` (element 2 a NaN where `nan`), its f32 ones by
+    /// `ds`, and element 0 of its i64 tensor by `di`.
+    fn runs(df: f64, ds: f32, di: i64, nan: bool) -> (Memory, Memory) {
+        let make = |df: f64, ds: f32, di: i64, nan: bool| {
+            let mut m = Memory::new();
+            let x = (0..5).map(|i| if nan && i == 2 { f64::NAN } else { 0.3 + i as f64 * 0.17 + df }).collect();
+            m.add("d_x", HostTensor::from_f64(&[5], x));
+            m.add("d_w", HostTensor::from_f32(&[3], vec![1.5 + ds, -0.25 + ds, 0.75]));
+            m.add("n", HostTensor::from_i64(&[2], vec![7 + di, 9]));
+            m
+        };
+        (make(0.0, 0.0, 0, false), make(df, ds, di, nan))
+    }
+
+    #[test]
+    fn vjp_launches_agree_within_rounding_and_plain_launches_bit_for_bit() {
+        let mut b = KernelBuilder::new("k_vjp");
+        let _ = b.ptr_param("d_x", DType::F64);
+        let k = b.finish().unwrap();
+        let launch = Launch::new(&k, 1);
+        let ok = || -> Result<LaunchSummary, ExecError> { Ok(LaunchSummary::default()) };
+        let d = |df, ds, di, rounding| {
+            let (a, b) = runs(df, ds, di, false);
+            differ(&launch, &ok(), &ok(), &a, &b, rounding)
+        };
+        // Equal runs agree either way.
+        assert_eq!(d(0.0, 0.0, 0, false), None);
+        assert_eq!(d(0.0, 0.0, 0, true), None);
+        // Rounding of the sums: f64 within 1e-12 of the largest element, f32 within 1e-4.
+        assert_eq!(d(1e-15, 1e-6, 0, true), None);
+        // ... which plain launches do not allow (f32 bit for bit, f64 within 1e-13 for libm's
+        // last bits).
+        assert!(d(0.0, 1e-6, 0, false).is_some());
+        assert!(d(1e-12, 0.0, 0, false).is_some());
+        // Beyond the tolerances.
+        let far = d(1e-9, 0.0, 0, true).expect("an f64 difference beyond 1e-12");
+        assert!(far.contains("d_x") && far.contains("element 0"), "{far}");
+        assert!(d(0.0, 1e-3, 0, true).expect("an f32 difference").contains("d_w"));
+        // Integers: bit for bit always.
+        assert!(d(0.0, 0.0, 1, true).expect("an integer difference").contains("`n`"));
+        // A NaN on one side only.
+        let (a, b) = runs(0.0, 0.0, 0, true);
+        assert!(differ(&launch, &ok(), &ok(), &a, &b, true).expect("a NaN on one side").contains("element 2"));
+        // Scratch (a tape the GPU keeps on the device) is not compared.
+        let mut b = KernelBuilder::new("k_vjp");
+        let _ = b.ptr_param("d_x", DType::F64);
+        let _ = b.ptr_param("n", DType::I64);
+        let k2 = b.finish().unwrap();
+        let (a, b) = runs(0.0, 0.0, 1, false);
+        let (x, n) = (tilegrad_reference::TensorId(0), tilegrad_reference::TensorId(2));
+        let plain = Launch::new(&k2, 1).arg("d_x", x).arg("n", n);
+        assert!(differ(&plain, &ok(), &ok(), &a, &b, true).is_some());
+        let opts = tilegrad_reference::Options { scratch: vec!["n".into()], ..Default::default() };
+        let taped = Launch::new(&k2, 1).arg("d_x", x).arg("n", n).options(opts);
+        assert_eq!(differ(&taped, &ok(), &ok(), &a, &b, true), None);
     }
 }

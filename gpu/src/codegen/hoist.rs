@@ -13,7 +13,7 @@
 //! Instruction and value ids are kept (no renumbering): failure sites and loops keep theirs.
 
 use std::collections::HashSet;
-use tilegrad_ir::{BinaryOp, Block, Inst, Kernel, Op, Value};
+use tilegrad_ir::{Block, Inst, Kernel, Op, Value};
 
 /// Whether an op computes its result from its operands alone and cannot fail.
 fn pure(k: &Kernel, i: Inst) -> bool {
@@ -35,8 +35,7 @@ fn pure(k: &Kernel, i: Inst) -> bool {
         | Op::Cumsum { .. }
         | Op::Dot { .. }
         | Op::AddPtr => true,
-        // Integer floor division and modulo fail on a zero divisor.
-        Op::Binary(b) => !(matches!(b, BinaryOp::FloorDiv | BinaryOp::Mod) && k.ty(d.results[0]).dtype().is_none_or(|t| t.is_int())),
+        Op::Binary(_) => !super::sink::integer_division(k, d),
         Op::Load { .. }
         | Op::Store { .. }
         | Op::AtomicAdd { .. }

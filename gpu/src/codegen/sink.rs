@@ -17,11 +17,16 @@ fn sinkable(k: &Kernel, d: &InstData) -> bool {
     let tile = d.results.len() == 1 && !k.ty(d.results[0]).shape.is_empty();
     let op = match &d.op {
         Op::Unary(_) | Op::Cmp(_) | Op::Where | Op::Cast => true,
-        // Integer floor division and modulo fail on a zero divisor.
-        Op::Binary(b) => !(matches!(b, BinaryOp::FloorDiv | BinaryOp::Mod) && k.ty(d.results[0]).dtype().is_none_or(|t| t.is_int())),
+        Op::Binary(_) => !integer_division(k, d),
         _ => false,
     };
     tile && op && d.args.iter().all(|a| k.ty(*a).shape == k.ty(d.results[0]).shape)
+}
+
+/// Whether `d` is an integer floor division or modulo: the binary ops that fail (on a zero
+/// divisor).
+pub(super) fn integer_division(k: &Kernel, d: &InstData) -> bool {
+    matches!(d.op, Op::Binary(BinaryOp::FloorDiv | BinaryOp::Mod)) && k.ty(d.results[0]).dtype().is_none_or(|t| t.is_int())
 }
 
 /// The kernel with each [`sinkable`] op moved down its block to just before the first op that

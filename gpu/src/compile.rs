@@ -34,13 +34,16 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    /// NVRTC's flags for generated kernels: no contraction of `a * b + c` (the reference
-    /// rounds twice; the fused steps of an f32 `dot` are written out), IEEE division and square
-    /// root, no flush to zero.
+    /// NVRTC's flags for generated kernels: [`nvrtc_options`]' for this architecture, and how
+    /// hard to optimise.
     pub(crate) fn flags(&self) -> Vec<String> {
-        let mut f: Vec<String> =
-            ["--fmad=false", "--prec-div=true", "--prec-sqrt=true", "--ftz=false", "--std=c++17"].map(String::from).into();
-        f.push(format!("--gpu-architecture={}", self.sm));
+        let o = nvrtc_options(&self.sm);
+        let on = |name: &str, v: Option<bool>| v.map(|v| format!("--{name}={v}"));
+        let mut f: Vec<String> = [on("ftz", o.ftz), on("prec-sqrt", o.prec_sqrt), on("prec-div", o.prec_div), on("fmad", o.fmad)]
+            .into_iter()
+            .flatten()
+            .chain(o.options)
+            .collect();
         if self.quick {
             f.push("-Ofc=mid".into());
         }
@@ -48,7 +51,10 @@ impl Target {
     }
 }
 
-/// NVRTC's options for PTX of a virtual architecture (`compute_90`), as [`Target::flags`].
+/// NVRTC's options for generated kernels: no contraction of `a * b + c` (the reference rounds
+/// twice; the fused steps of an f32 `dot` are written out), IEEE division and square root, no
+/// flush to zero; for a real architecture (`sm_90`, [`Target::flags`]) or PTX of a virtual one
+/// (`compute_90`).
 fn nvrtc_options(arch: &str) -> cudarc::nvrtc::CompileOptions {
     cudarc::nvrtc::CompileOptions {
         fmad: Some(false),

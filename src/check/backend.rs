@@ -198,9 +198,8 @@ pub const VJP_F64_TOLERANCE: f64 = 1e-12;
 pub const VJP_F32_TOLERANCE: f64 = 1e-4;
 
 /// Whether two runs of one launch differ: in outcome, error, summary counts, or any element of
-/// any tensor but scratch (bit for bit, every NaN equal to every NaN; with `rounding`, float tensors within
-/// [`VJP_F64_TOLERANCE`] or [`VJP_F32_TOLERANCE`] of their largest element, NaNs in the same
-/// places).
+/// any tensor but scratch ([`first_difference`]; with `rounding`, as VJP kernels' sums in the
+/// hardware's order allow).
 fn differ(
     launch: &Launch,
     want: &Result<LaunchSummary, ExecError>,
@@ -247,32 +246,7 @@ fn differ(
         if scratch(id) {
             continue;
         }
-        let (ta, tb) = (want_mem.get(id), got_mem.get(id));
-        if rounding && ta.dtype().is_float() {
-            let tol = if ta.dtype() == tilegrad_ir::DType::F64 { VJP_F64_TOLERANCE } else { VJP_F32_TOLERANCE };
-            let (a, b) = (ta.to_f64_vec(), tb.to_f64_vec());
-            let largest = a.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
-            let off = |x: f64, y: f64| {
-                if x.is_nan() || y.is_nan() {
-                    x.is_nan() != y.is_nan()
-                } else if x.is_finite() && y.is_finite() {
-                    (x - y).abs() > tol * largest
-                } else {
-                    x != y
-                }
-            };
-            if let Some(e) = (a.len() != b.len()).then_some(a.len().min(b.len())).or_else(|| (0..a.len()).find(|&e| off(a[e], b[e]))) {
-                return Some(format!(
-                    "`{k}`: tensor `{}` differs at element {e} by more than {tol:e} of its largest element ({largest:e}): reference {}, GPU {}",
-                    want_mem.name(id),
-                    a.get(e).copied().unwrap_or(f64::NAN),
-                    b.get(e).copied().unwrap_or(f64::NAN)
-                ));
-            }
-            continue;
-        }
-        let (a, b) = (ta.data(), tb.data());
-        if let Some(e) = first_difference(a, b) {
+        if let Some(e) = first_difference(want_mem.get(id).data(), got_mem.get(id).data(), rounding) {
             return Some(format!(
                 "`{k}`: tensor `{}` differs at element {e}: reference {}, GPU {}",
                 want_mem.name(id),
@@ -284,21 +258,28 @@ fn differ(
     None
 }
 
-fn first_difference(a: &Data, b: &Data) -> Option<usize> {
+/// The first element where two runs' tensors differ: integers bit for bit; floats the same bits,
+/// or both NaN, or within a tolerance of the reference's largest finite element: f32 none and
+/// f64 1e-13 (CUDA's and libm's `exp`, `log`, `tanh`, ... may differ in the last bit, and a sum
+/// that cancels makes that larger relative to its result), or with `rounding` (sums in another
+/// order) [`VJP_F32_TOLERANCE`] and [`VJP_F64_TOLERANCE`].
+fn first_difference(a: &Data, b: &Data, rounding: bool) -> Option<usize> {
     fn first<T: Copy>(a: &[T], b: &[T], same: impl Fn(T, T) -> bool) -> Option<usize> {
         if a.len() != b.len() {
             return Some(a.len().min(b.len()));
         }
         a.iter().zip(b).position(|(&x, &y)| !same(x, y))
     }
+    fn floats<T: Copy + Into<f64>>(a: &[T], b: &[T], tol: f64) -> Option<usize> {
+        let scale = a.iter().map(|&v| v.into()).filter(|v: &f64| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+        first(a, b, |p, q| {
+            let (p, q): (f64, f64) = (p.into(), q.into());
+            p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()) || (tol > 0.0 && (p - q).abs() <= tol * scale)
+        })
+    }
     match (a, b) {
-        (Data::F32(x), Data::F32(y)) => first(x, y, |p, q| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())),
-        // f64: CUDA's and libm's exp, log, tanh, ... may differ in the last bit, and a sum that
-        // cancels makes that larger relative to its result: within 1e-13 of the tensor's largest.
-        (Data::F64(x), Data::F64(y)) => {
-            let scale = x.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
-            first(x, y, |p, q| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()) || (p - q).abs() <= 1e-13 * scale)
-        }
+        (Data::F32(x), Data::F32(y)) => floats(x, y, if rounding { VJP_F32_TOLERANCE } else { 0.0 }),
+        (Data::F64(x), Data::F64(y)) => floats(x, y, if rounding { VJP_F64_TOLERANCE } else { 1e-13 }),
         (Data::I32(x), Data::I32(y)) => first(x, y, |p, q| p == q),
         (Data::I64(x), Data::I64(y)) => first(x, y, |p, q| p == q),
         (Data::I1(x), Data::I1(y)) => first(x, y, |p, q| p == q),

@@ -505,11 +505,11 @@ impl Emit<'_, '_> {
                     if scalars.len() > 1 {
                         let n = scalars.len().next_power_of_two();
                         let ar = e.b.arange(0, n as i64);
-                        let first = scalars.iter().copied().min_by_key(|&j| at[j]).expect("scalars");
-                        let p = e.b.add(ptrs[first], ar);
+                        // They take the trip's first slots, in order (see `at`).
+                        let p = e.b.add(ptrs[scalars[0]], ar);
                         let mut v = e.b.broadcast_to(vals[scalars[scalars.len() - 1]], &[n]);
                         for &j in scalars[..scalars.len() - 1].iter().rev() {
-                            let q = e.b.i32((at[j] - at[first]) as i32);
+                            let q = e.b.i32(at[j] as i32);
                             let here = e.b.eq(ar, q);
                             let vj = e.b.broadcast_to(vals[j], &[n]);
                             v = e.b.where_(here, vj, v);
@@ -632,9 +632,12 @@ impl Emit<'_, '_> {
                 })
                 .collect()
         };
-        // Trip `t`'s forward values: its kept values, zeros for the carried values not kept, its
-        // induction variable.
-        let bind = |e: &mut Emit<'_, '_>, t: Value, kept: &[Value]| {
+        // One reverse trip: trip `t`, its kept values `kept` (read from the tape a step ahead:
+        // see `reverse_steps`), carrying the cotangents.
+        let first_err = RefCell::new(None);
+        let rev = |b: &mut KernelBuilder, t: Value, kept: &[Value], cs: &[Value], shadow, map| {
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
+            e.b.set_loc(Some(d.loc.clone()));
             for (&c, &v) in taped.iter().zip(kept) {
                 let dt = k.ty(c).dtype().expect("carried numbers");
                 let v = if dt == tdt { v } else { e.b.cast(v, dt) };
@@ -649,14 +652,6 @@ impl Emit<'_, '_> {
             if let (Some(fiv), Some(iv)) = (fiv, iv_of(e.b, t)) {
                 e.map.insert(fiv, iv);
             }
-        };
-        // One reverse trip: trip `t`, its kept values `kept` (read from the tape a step ahead:
-        // see `reverse_steps`), carrying the cotangents.
-        let first_err = RefCell::new(None);
-        let rev = |b: &mut KernelBuilder, t: Value, kept: &[Value], cs: &[Value], shadow, map| {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
-            e.b.set_loc(Some(d.loc.clone()));
-            bind(&mut e, t, kept);
             for &j in &blk.insts {
                 e.recompute(j);
             }

@@ -91,6 +91,11 @@ struct SpecArgs {
     /// tensor and element: NaN would match NaN whatever the backward computes).
     #[arg(long)]
     allow_non_finite: bool,
+    /// Make notes failures: a launch whose results depend on masked-off lanes of loads without
+    /// `other` (read as 0, as Triton's GPU backends read them; Triton documents them as
+    /// undefined), programs that conflict on an element with the same value.
+    #[arg(long)]
+    strict: bool,
     /// Replace a kernel of the spec: `KEY=FILE::NAME` (relative to the working directory) or
     /// `KEY=::NAME` (another kernel of the same file). Repeatable.
     #[arg(long = "kernel", value_name = "KEY=REF")]
@@ -113,6 +118,7 @@ impl SpecArgs {
             o.trials = t;
         }
         o.allow_non_finite |= self.allow_non_finite;
+        o.strict |= self.strict;
         if let Some(p) = self.precision {
             o.precision = match p {
                 PrecisionArg::F64 => Precision::F64,

@@ -52,6 +52,8 @@
 //! rtol = 1e-4                           # both or neither: override the defaults by dtype
 //! atol = 1e-5                           # (and turn off the calibrated tolerance of f16/bf16)
 //! allow_non_finite = false              # true: accept NaN/inf inputs and ground truth
+//! strict = false                        # true: notes fail the check (masked-off lanes read as 0,
+//!                                       # conflicts whose outcome does not depend on the order)
 //! ```
 //!
 //! Host steps, what a launcher does with torch between launches (each a table with one kind key;
@@ -617,7 +619,7 @@ impl Loader {
         let mut o = CheckOptions::default();
         let Some(v) = v else { return Ok(o) };
         let t = self.table(v, "check")?;
-        self.only(t, "check", &["seed", "trials", "precision", "rtol", "atol", "allow_non_finite"])?;
+        self.only(t, "check", &["seed", "trials", "precision", "rtol", "atol", "allow_non_finite", "strict"])?;
         let int = |k: &str| -> Result<Option<u64>, SpecError> {
             t.get(k)
                 .map(|v| {
@@ -651,6 +653,9 @@ impl Loader {
         };
         if let Some(v) = t.get("allow_non_finite") {
             o.allow_non_finite = v.as_bool().ok_or_else(|| self.err("check.allow_non_finite", "expected true or false"))?;
+        }
+        if let Some(v) = t.get("strict") {
+            o.strict = v.as_bool().ok_or_else(|| self.err("check.strict", "expected true or false"))?;
         }
         match (num("rtol")?, num("atol")?) {
             (Some(rtol), Some(atol)) => o.tolerance = Some(Tolerance { rtol, atol }),

@@ -3,8 +3,8 @@
 //! Kernels are Triton source written here, so each test shows the line it expects to be blamed.
 
 use tilegrad::check::{
-    check_backward, gradcheck, ground_truth, Backend, Backward, BlameSite, CheckError, CheckOptions, Dist, Forward, Inputs, KernelLaunch,
-    Precision, Step,
+    check_backward, gradcheck, ground_truth, Backend, Backward, BlameSite, CheckError, CheckOptions, Dist, FindingKind, Forward, Inputs,
+    KernelLaunch, Precision, Step,
 };
 use tilegrad::suite::GradCase;
 use tilegrad_ir::triton::{convert, ConvertOptions};
@@ -67,10 +67,27 @@ def broadcast_rows(g_ptr, gx_ptr, R, C, BLOCK_C: tl.constexpr):
     for c0 in range(0, C, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
         tl.store(gx_ptr + r * C + cols, g + tl.zeros((BLOCK_C,), dtype=tl.float32), mask=cols < C)
+
+@triton.jit
+def row_sum_tail(x_ptr, out_ptr, R, C, BLOCK_C: tl.constexpr):
+    r = tl.program_id(0)
+    acc = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for c0 in range(0, C, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        acc += tl.load(x_ptr + r * C + cols, mask=cols < C)
+    tl.store(out_ptr + r, tl.sum(acc, axis=0))
+
+@triton.jit
+def halo_square(x_ptr, y_ptr, n, s, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * (BLOCK - 2) + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(y_ptr + offs, x * x * s, mask=offs < n)
 "#;
 
 const SQUARE_BWD_STORE_LINE: u32 = 15;
+const SLOPPY_LOAD_LINE: u32 = 46;
 const SLOPPY_STORE_LINE: u32 = 47;
+const ROW_SUM_TAIL_LOAD_LINE: u32 = 63;
 
 fn k(name: &str, consts: &[(&str, i64)]) -> Kernel {
     let mut o = ConvertOptions::with_constexprs(consts);
@@ -216,9 +233,10 @@ fn long_f32_reductions_pass_in_forward_and_backward() {
 }
 
 #[test]
-fn masked_lanes_read_as_nan_are_caught_at_the_store() {
-    // col_sum_sloppy loads without `other` and reduces over the tile: its ragged last tile reads
-    // undefined lanes (NaN in a checked backward) into every column of that tile.
+fn masked_lanes_read_as_zero_and_are_noted() {
+    // col_sum_sloppy loads without `other` and reduces over the tile: wrong whatever its
+    // masked-off lanes hold. They read 0, as on Triton's GPU backends (no NaN), and a note names
+    // the load its results depend on.
     let bwd_as_fwd = |kname: &str| {
         Backward::new(&[("x", "grad_x")]).step(Step::alloc("grad_x", &["C"], DType::F32).unwrap()).step(launch(
             k(kname, &[("BLOCK_C", 32)]),
@@ -238,10 +256,82 @@ fn masked_lanes_read_as_nan_are_caught_at_the_store() {
     let bad = check_backward(&fwd, &bwd_as_fwd("col_sum_sloppy"), &i, &CheckOptions::default()).unwrap();
     assert!(!bad.passed, "{bad}");
     let g = &bad.gradients[0];
-    assert_eq!(g.nan, 45 - 32, "the ragged tile is NaN: {bad}");
+    assert_eq!(g.nan, 0, "masked-off lanes read 0: {bad}");
     match &g.worst.as_ref().unwrap().blame.as_ref().unwrap().sites[..] {
         [BlameSite::Store { loc, .. }] => assert!(loc.starts_with(&format!("kernels.py:{SLOPPY_STORE_LINE}:")), "{loc}"),
         s => panic!("{s:?}"),
+    }
+    match &bad.notes[..] {
+        [n] => {
+            assert_eq!((n.kind, n.pass, n.step), (FindingKind::MaskedLanes, "backward", Some(1)), "{bad}");
+            assert_eq!(n.locations.iter().map(|l| l.line).collect::<Vec<_>>(), [SLOPPY_LOAD_LINE], "{bad}");
+            // Only the ragged last tile (columns 32..45) reads masked-off lanes.
+            assert!(n.element.as_ref().is_some_and(|e| e[0] >= 32), "{bad}");
+        }
+        n => panic!("one note expected: {n:?}"),
+    }
+    assert!(ok.notes.is_empty(), "`other=0.0` relies on nothing: {ok}");
+}
+
+#[test]
+fn a_tail_loaded_without_other_and_summed_passes_with_a_note() {
+    // row_sum_tail sums each row's ragged last tile loaded without `other`: right on Triton's GPU
+    // backends (the lanes read 0). The check passes and notes the load; strict fails it.
+    let (rows, cols) = (37usize, 300usize);
+    let fwd = Forward::new(&["x"], &["y"]).step(Step::alloc("y", &["R"], DType::F32).unwrap()).step(launch(
+        k("row_sum_tail", &[("BLOCK_C", 128)]),
+        "R",
+        &[("x_ptr", "x"), ("out_ptr", "y"), ("R", "R"), ("C", "C")],
+    ));
+    let bwd = Backward::new(&[("x", "grad_x")]).step(Step::alloc("grad_x", &["R * C"], DType::F32).unwrap()).step(launch(
+        k("broadcast_rows", &[("BLOCK_C", 128)]),
+        "R",
+        &[("g_ptr", "grad_y"), ("gx_ptr", "grad_x"), ("R", "R"), ("C", "C")],
+    ));
+    let i = Inputs::new().constant_int("R", rows as i64).constant_int("C", cols as i64).random(
+        "x",
+        DType::F32,
+        &[rows * cols],
+        Dist::Normal { mean: 0.5, std: 2.0 },
+    );
+    let r = check_backward(&fwd, &bwd, &i, &CheckOptions::default()).unwrap();
+    assert!(r.passed, "{r}");
+    match &r.notes[..] {
+        [n] => {
+            assert_eq!((n.kind, n.pass), (FindingKind::MaskedLanes, "forward"), "{r}");
+            assert_eq!(n.locations.iter().map(|l| l.line).collect::<Vec<_>>(), [ROW_SUM_TAIL_LOAD_LINE], "{r}");
+            assert!(n.got.is_some_and(f64::is_nan) && n.expected.is_some_and(f64::is_finite), "{r}");
+        }
+        n => panic!("one note expected: {n:?}"),
+    }
+    assert!(r.to_string().contains("reads masked-off lanes"), "{r}");
+    let strict = check_backward(&fwd, &bwd, &i, &CheckOptions { strict: true, ..CheckOptions::default() }).unwrap();
+    assert!(!strict.passed && strict.findings.iter().any(|f| f.kind == FindingKind::MaskedLanes), "{strict}");
+}
+
+#[test]
+fn overlapping_tiles_storing_the_same_values_are_noted_and_differentiated_once() {
+    // halo_square's tiles of 16 start every 14 elements: neighbours store the same two elements
+    // with the same bits. Not a race; the ground truth sends each element's cotangent back once
+    // (through the store that lands last), so the plain backward passes.
+    let n = 100;
+    let (_, bwd, inputs) = square_case("square_bwd", n);
+    let fwd = Forward::new(&["x"], &["y"]).step(Step::alloc("y", &["n"], DType::F32).unwrap()).step(launch(
+        k("halo_square", &[("BLOCK", 16)]),
+        "cdiv(n - 2, 14)",
+        &[("x_ptr", "x"), ("y_ptr", "y"), ("n", "n"), ("s", "s")],
+    ));
+    let r = check_backward(&fwd, &bwd, &inputs, &CheckOptions::default()).unwrap();
+    assert!(r.passed, "{r}");
+    match &r.notes[..] {
+        [n] => assert_eq!((n.kind, n.pass, n.count, n.element.clone()), (FindingKind::SameValueRace, "forward", Some(12), Some(vec![14]))),
+        n => panic!("one note expected: {n:?}"),
+    }
+    // The ground truth against a plain loop: d(s x^2)/dx = 2 s x, once per element.
+    let gt = ground_truth(&fwd, &inputs, &CheckOptions::default()).unwrap();
+    let (x, c, g) = (gt.inputs[0].1.to_f64_vec(), gt.cotangents[0].1.to_f64_vec(), gt.gradients[0].1.to_f64_vec());
+    for e in 0..n as usize {
+        approx::assert_relative_eq!(g[e], 2.0 * 0.75 * x[e] * c[e], max_relative = 1e-12);
     }
 }
 
@@ -327,14 +417,22 @@ fn descriptions_that_do_not_fit_are_errors() {
         &[("x_ptr", "x"), ("gy_ptr", "grad_y"), ("gx_ptr", "grad_x"), ("n", "n")],
     ));
     assert!(e(check_backward(&f, &b4, &i, &CheckOptions::default())).contains("`s`"));
-    // A forward that reads out of bounds is a usage error naming the forward step and line.
+    // A forward that reads out of bounds is a defect of the forward: a failed check naming the
+    // forward step and line, with a `forward_out_of_bounds` finding.
     let bad_fwd = Forward::new(&["x"], &["y"]).step(Step::alloc("y", &["n"], DType::F32).unwrap()).step(launch(
         k("square", &[("BLOCK", 64)]),
         "cdiv(n, 64)",
         &[("x_ptr", "x"), ("y_ptr", "y"), ("n", "n + 10"), ("s", "s")],
     ));
-    let m = e(check_backward(&bad_fwd, &b, &i, &CheckOptions::default()));
-    assert!(m.contains("forward step 1") && m.contains("kernels.py:7:") && m.contains("out-of-bounds"), "{m}");
+    let r = check_backward(&bad_fwd, &b, &i, &CheckOptions::default()).unwrap();
+    let m = r.to_string();
+    assert!(!r.passed && m.contains("forward failed at step 1") && m.contains("kernels.py:7:") && m.contains("out-of-bounds"), "{m}");
+    match &r.findings[..] {
+        [f] => {
+            assert_eq!((f.kind, f.pass, f.step, f.element.clone()), (FindingKind::ForwardOutOfBounds, "forward", Some(1), Some(vec![100])))
+        }
+        f => panic!("{f:?}"),
+    }
     // Without a usable GPU, `--backend gpu` says why; `auto` runs on the CPU.
     if let Err(why) = tilegrad_gpu::usable() {
         let m = e(check_backward(&f, &b, &i, &CheckOptions { backend: Backend::Gpu, ..CheckOptions::default() }));

@@ -173,7 +173,7 @@ fn judge(case: &Case, r: &Report) -> Result<(), String> {
         return Err("the check passes".into());
     }
     let line = match expect {
-        Oob(l) | Race(l) | Wrong { line: l, .. } | NanWritten { line: l, .. } => Some(l),
+        Oob(l) | Race(l) | Wrong { line: l, .. } | NanWritten { line: l, .. } | ForwardFails { line: l, .. } => Some(l),
         Unwritten { .. } => None,
     };
     if let Some(l) = line {
@@ -210,6 +210,13 @@ fn judge(case: &Case, r: &Report) -> Result<(), String> {
                     "expected the worst element of `{input}` blamed on {file}:{line} in `{variant}`, got {:?}",
                     blame.sites
                 ));
+            }
+        }
+        ForwardFails { what, line } => {
+            let f = r.forward_failure.as_ref().ok_or("no forward failure: the forward ran")?;
+            let at = format!("{file}:{line}:");
+            if !f.message.contains(what) || !f.message.contains(&at) || !f.message.contains(&format!("kernel `{variant}`")) {
+                return Err(format!("expected a forward {what} at {at} in `{variant}`, got: {}", f.message));
             }
         }
         Unwritten { input, tensor } => {
@@ -376,6 +383,37 @@ fn cli_exit_codes_pass_fail_and_bad_spec() {
     assert_eq!(code, 2);
     assert!(err.contains("kernels.nope"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn cli_defects_and_notes_of_the_code_as_it_runs_on_a_gpu() {
+    // A launcher that allocates too few partial sums: the forward's last program stores past the
+    // buffer, a defect of the user's code (exit 1), not a usage error (exit 2).
+    let (code, out, err) = tilegrad(&["check", "examples/defects/block_sum_short_partials.toml", "--json"]);
+    assert_eq!(code, 1, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let f = &v[0]["findings"][0];
+    assert_eq!(
+        (f["kind"].as_str(), f["pass"].as_str(), f["tensor"].as_str()),
+        (Some("forward_out_of_bounds"), Some("forward"), Some("partials"))
+    );
+    assert!(f["locations"][0]["file"].as_str().is_some_and(|p| p.ends_with("block_sum.py")) && f["locations"][0]["line"] == 17, "{f}");
+    // A backward that reads its rows' tails without `other`: a pass with a note, a failure with
+    // `--strict`.
+    let (code, out, err) = tilegrad(&["check", "examples/layer_norm_tail.toml"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("reads masked-off lanes of loads without `other` as 0") && out.contains("layer_norm_tail_bwd.py at 21:"), "{out}");
+    let (code, out, err) = tilegrad(&["check", "examples/layer_norm_tail.toml", "--strict"]);
+    assert_eq!(code, 1, "{out}{err}");
+    // Programs of a row storing the same statistic: notes in both passes, not races.
+    let (code, out, err) = tilegrad(&["check", "examples/row_rms_scale.toml", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let notes: Vec<(&str, &str)> =
+        v[0]["notes"].as_array().unwrap().iter().map(|n| (n["kind"].as_str().unwrap(), n["pass"].as_str().unwrap())).collect();
+    assert_eq!(notes, [("same_value_race", "forward"), ("same_value_race", "backward")], "{out}");
+    assert_eq!(v[0]["notes"][1]["tensor"], "grad_g");
+    assert_eq!(v[0]["notes"][1]["element"], serde_json::json!([0]));
 }
 
 #[test]

@@ -81,7 +81,7 @@
 //! | --- | --- | --- | --- | --- |
 //! | `vector_add_bwd_broken_mask` | 25 | missing boundary mask | load of grad_out without mask | OOB at 25 |
 //! | `vector_add_bwd_broken_off_by_one` | 34 | wrong boundary mask | `offs < n - 1`: last element unwritten | NaN |
-//! | `vector_add_bwd_broken_tile_start` | 43 | wrong index (tile start) | `pid + arange` without `* BLOCK`: programs overlap | race at 46 |
+//! | `vector_add_bwd_broken_tile_start` | 43 | wrong index (tile start) | `pid + arange` without `* BLOCK`: programs overlap, storing the same values (not a race); most elements are never written | NaN |
 //! | `copy_bwd_broken_mask` | 25 | missing boundary mask | store of grad_src without mask | OOB at 25 |
 //! | `copy_bwd_broken_shift` | 33 | wrong index | grad_dst read at `offs + 1` | wrong |
 //! | `copy_bwd_broken_accumulate` | 42 | accumulates into an unzeroed buffer | adds the initial grad_src (allocated empty) | NaN |

@@ -21,7 +21,7 @@ use crate::rules::Precision;
 use crate::{AdError, BTile};
 use std::collections::BTreeMap;
 use tilegrad_ir::{DType, Inst, ParamKind, Type};
-use tilegrad_reference::{Arg, HostTensor, Launch, Memory, RaceMode, TensorId};
+use tilegrad_reference::{Arg, HostTensor, Launch, Memory, Options, RaceMode, TensorId, Writers};
 
 /// Options of a gradient computation.
 #[derive(Clone, Debug)]
@@ -52,6 +52,12 @@ pub struct GradOptions {
     /// parameter may be bound to a tensor stored in a narrower float dtype, whose values are
     /// then read exactly as f64 (see [`Launch::check_arguments_widened`]). Default false.
     pub validated: bool,
+    /// Where programs store the same value to one element (not a race: the outcome does not
+    /// depend on their order), the element's cotangent flows back through its last store in
+    /// program order only, as through the one store that lands last on a GPU. Costs a reference
+    /// run recording the writers and one program per batch. Set by [`vjp`] itself where it finds
+    /// such stores; a caller that passes `validated` says so here. Default false.
+    pub last_writer_only: bool,
 }
 
 impl Default for GradOptions {
@@ -63,8 +69,27 @@ impl Default for GradOptions {
             batch_programs: None,
             tape_budget: 16 << 20,
             validated: false,
+            last_writer_only: false,
         }
     }
+}
+
+/// Per slot (`slot_ids`), the linear id of the program whose store each element holds after the
+/// launch ([`Writers::NONE`] where no store wrote it), from a reference run recording writers.
+fn last_writers(launch: &Launch, mem: &Memory, slot_ids: &[TensorId], validated: bool) -> Result<Vec<Vec<u32>>, AdError> {
+    let mut m = if validated { widen(launch, mem) } else { mem.clone() };
+    let recording = launch.clone().options(Options { record_writers: true, ..launch.get_options().clone() });
+    let summary = recording.run(&mut m)?;
+    Ok(slot_ids
+        .iter()
+        .map(|t| {
+            summary
+                .writers
+                .iter()
+                .find(|w| w.tensor == *t)
+                .map_or_else(Vec::new, |w| w.iter().map(|x| x.map_or(Writers::NONE, |(p, _)| p)).collect())
+        })
+        .collect())
 }
 
 /// `mem` with the tensors that f64 pointer parameters of `launch` take converted to f64 where
@@ -197,12 +222,18 @@ pub fn vjp(
     let facts = KernelGraph::build(k, &param_slot).facts(k);
     let self_check = facts.self_checking && launch.get_options().races == RaceMode::Error;
     let checked = if self_check || opts.validated { None } else { Some(launch.check(mem)?) };
+    if !opts.last_writer_only && checked.as_ref().is_some_and(|s| s.same_value_races > 0) {
+        return vjp(launch, mem, inputs, outputs, &GradOptions { last_writer_only: true, ..opts.clone() });
+    }
+    let owners = if opts.last_writer_only { Some(last_writers(launch, mem, &slot_ids, opts.validated)?) } else { None };
     // Batches: at most 16K elements per batched tile of the largest tile type. Kernels of small
     // tiles then spread the per-op overhead over several programs, while tiles stay
     // cache-sized (measured: batching 16K-element tiles of a row softmax slows it down). One
     // program at a time when programs read their own stores (their overlays are per program).
     let max_numel = k.values.iter().map(|v| v.ty.numel()).max().unwrap_or(1).max(1);
-    let batch = if facts.needs_overlay { 1 } else { opts.batch_programs.unwrap_or((16384 / max_numel).clamp(1, 64)).max(1) } as u64;
+    let batch =
+        if facts.needs_overlay || owners.is_some() { 1 } else { opts.batch_programs.unwrap_or((16384 / max_numel).clamp(1, 64)).max(1) }
+            as u64;
     // Half the budget for the loop-body values of the batches in flight (one per thread).
     let in_flight = rayon::current_num_threads().max(1) * batch as usize;
     let tape_budget = opts.tape_budget.min(opts.memory_budget / 2 / in_flight);
@@ -217,6 +248,7 @@ pub fn vjp(
         active: &active,
         needs: &needs,
         races_rejected: launch.get_options().races == RaceMode::Error,
+        owners: owners.as_deref(),
         num_types: &num_types,
         slots: &slots,
         params: &params,
@@ -248,8 +280,11 @@ pub fn vjp(
     }
     let Totals { stored, max_trips, mut store_runs, too_many_runs } = totals;
     if self_check && !opts.validated && (too_many_runs || stores_overlap(&mut store_runs)) {
-        // A race (which the reference names), or too many runs to tell cheaply.
-        launch.check(mem)?;
+        // A race (which the reference names), or too many runs to tell cheaply; or programs
+        // storing the same values, whose cotangents go to the last store only.
+        if launch.check(mem)?.same_value_races > 0 && !opts.last_writer_only {
+            return vjp(launch, mem, inputs, outputs, &GradOptions { last_writer_only: true, ..opts.clone() });
+        }
     }
     if cfg!(debug_assertions) {
         // The engine's own checks agree with the reference's (on the memory as f64 where it is

@@ -89,6 +89,10 @@ pub(crate) struct Shared<'a> {
     pub active: &'a [bool],
     /// The launch rejects races (the default): no store has two lanes writing one element.
     pub races_rejected: bool,
+    /// Per slot, the program whose store each element holds after the launch, where programs
+    /// store the same value to one element ([`crate::GradOptions::last_writer_only`]): only that
+    /// program's store receives the element's cotangent. Programs then run one per batch.
+    pub owners: Option<&'a [Vec<u32>]>,
     /// Per value: whether the reverse sweep reads it ([`crate::graph::reverse_needs`]).
     pub needs: &'a [bool],
     /// Per value: its type as the rules see it (pointers as their i64 offsets).

@@ -3,6 +3,9 @@
     dx = dy - exp(y) * sum(dy)
 
 `_log_softmax_bwd_broken_*` differ from the correct kernel in one line, marked `# BUG:`.
+`_log_softmax_bwd_tail_without_other` sums its last block loaded without `other`: right on
+Triton's NVIDIA and AMD backends, which read the masked-off lanes as 0 (a check notes the load,
+since Triton documents those lanes as undefined).
 """
 import triton
 import triton.language as tl
@@ -49,7 +52,7 @@ def _log_softmax_bwd_broken_exp(Y, DY, DX, stride, n_cols, BLOCK_SIZE: tl.conste
 
 
 @triton.jit
-def _log_softmax_bwd_broken_other(Y, DY, DX, stride, n_cols, BLOCK_SIZE: tl.constexpr):
+def _log_softmax_bwd_tail_without_other(Y, DY, DX, stride, n_cols, BLOCK_SIZE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     Y += row * stride
     DY += row * stride
@@ -57,7 +60,7 @@ def _log_softmax_bwd_broken_other(Y, DY, DX, stride, n_cols, BLOCK_SIZE: tl.cons
     dy_sum = 0.0
     for start in range(0, n_cols, BLOCK_SIZE):
         cols = start + tl.arange(0, BLOCK_SIZE)
-        dy = tl.load(DY + cols, mask=cols < n_cols)  # BUG: no `other`: the masked lanes of the last block enter the sum
+        dy = tl.load(DY + cols, mask=cols < n_cols)  # no `other`: the masked-off lanes read 0 on the GPU
         dy_sum += tl.sum(tl.float32(dy), axis=0)
     for start in range(0, n_cols, BLOCK_SIZE):
         cols = start + tl.arange(0, BLOCK_SIZE)

@@ -589,7 +589,7 @@ impl Gpu {
         }
         words[11] = log.device_ptr(s).0;
         words[12] = log_cap;
-        words[13] = launch.get_options().poison_masked_loads as u64;
+        words[13] = launch.get_options().poison_masked_loads;
         words[14] = wide as u64;
         for (j, p) in k.params.iter().enumerate() {
             if let Some(at) = param_slot[j] {

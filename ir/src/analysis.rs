@@ -1,5 +1,6 @@
-//! Analyses shared by backends: which pointer parameters each pointer value may point into, and
-//! what each parameter is used for (loaded, stored, atomically updated).
+//! Analyses shared by backends: which pointer parameters each pointer value may point into, what
+//! each parameter is used for (loaded, stored, atomically updated), and which loads leave their
+//! masked-off lanes to the backend (no `other`).
 
 use crate::kernel::{Kernel, Value};
 use crate::op::Op;
@@ -138,6 +139,29 @@ pub fn param_uses(k: &Kernel) -> Vec<ParamUse> {
         }
     });
     uses
+}
+
+/// The loads whose masked-off lanes read what the backend leaves there: masked float loads
+/// without `other`, in instruction order. On Triton's NVIDIA and AMD backends those lanes read
+/// 0 (the register is zeroed before the predicated load); Triton documents them as undefined.
+/// A launch may *poison* some of them (read NaN) to find whether its results depend on those
+/// lanes: the `i`-th load of this list is poisoned when bit `min(i, 63)` of the mask is set.
+pub fn unfilled_loads(k: &Kernel) -> Vec<crate::kernel::Inst> {
+    let mut out = Vec::new();
+    k.walk(&mut |i, d| {
+        if let Op::Load { mask: true, other: false } = d.op {
+            if k.ty(d.results[0]).dtype().is_some_and(|t| t.is_float()) {
+                out.push(i);
+            }
+        }
+    });
+    out.sort();
+    out
+}
+
+/// Whether the `i`-th of [`unfilled_loads`] is poisoned under `mask`.
+pub fn poisoned(mask: u64, i: usize) -> bool {
+    mask >> i.min(63) & 1 != 0
 }
 
 #[cfg(test)]

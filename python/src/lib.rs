@@ -16,7 +16,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
 use std::sync::Arc;
 use tilegrad::check::{
-    calibration, compare as compare_tensors, unravel, Backend, Blame, BlameSite, Executor, Failure, Report, TensorReport, Tolerance,
+    calibration, compare as compare_tensors, unravel, Backend, Blame, BlameSite, Executor, Failure, Finding, Report, TensorReport,
+    Tolerance,
 };
 use tilegrad_ad::{GradOptions, Precision};
 use tilegrad_ir::analysis::param_uses;
@@ -226,6 +227,25 @@ struct LaunchRecord {
     kernel: Arc<Kernel>,
     grid: Grid,
     writers: Vec<Writers>,
+    notes: Vec<Finding>,
+}
+
+/// A note of a report: what a launch relies on that Triton does not promise (see
+/// `tilegrad::check::notes`).
+#[pyclass(module = "tilegrad._native", frozen)]
+struct Note(Finding);
+
+#[pymethods]
+impl Note {
+    /// `masked_lanes` or `same_value_race`.
+    #[getter]
+    fn kind(&self) -> String {
+        serde_json::to_value(self.0.kind).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+    }
+
+    fn __str__(&self) -> String {
+        self.0.message.clone()
+    }
 }
 
 /// Where the instruction defining `v` is, when an instruction defines it.
@@ -241,6 +261,11 @@ fn def_loc(k: &Kernel, v: Value) -> Option<Loc> {
 
 #[pymethods]
 impl LaunchRecord {
+    /// What the launch relies on that Triton does not promise (when run with `notes`).
+    fn notes(&self) -> Vec<Note> {
+        self.notes.iter().cloned().map(Note).collect()
+    }
+
     /// The store that wrote element `element` of storage `mem` in this launch (step `step` of
     /// the pass), or None when the launch did not write it.
     fn site(&self, mem: usize, element: usize, step: usize) -> Option<Site> {
@@ -312,7 +337,7 @@ impl PyExecutor {
 }
 
 #[pyfunction]
-#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, *, poison=false, record=false, promote=false, executor=None))]
+#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, *, poison=false, record=false, promote=false, executor=None, notes=None))]
 #[allow(clippy::too_many_arguments)]
 fn launch(
     py: Python<'_>,
@@ -325,7 +350,15 @@ fn launch(
     record: bool,
     promote: bool,
     executor: Option<&PyExecutor>,
+    notes: Option<(String, usize, String)>,
 ) -> PyResult<Option<LaunchRecord>> {
+    // `notes`: (pass, step, what the step is) to note what the launch relies on.
+    let pass: Option<&'static str> = match notes.as_ref().map(|n| n.0.as_str()) {
+        None => None,
+        Some("forward") => Some("forward"),
+        Some("backward") => Some("backward"),
+        Some(other) => return Err(usage(format!("notes: pass `{other}`: expected \"forward\" or \"backward\""))),
+    };
     let call = Call::new(kernel, grid, ptr_args, &scalars, mems, promote)?;
     let written: Vec<usize> = call
         .args
@@ -337,25 +370,32 @@ fn launch(
         .collect();
     let result = py.allow_threads(|| -> Result<Result<_, ExecError>, String> {
         let mut mem = call.memory(promote)?;
+        let poison = if poison { tilegrad_reference::POISON_ALL } else { 0 };
         let opts = Options { poison_masked_loads: poison, record_writers: record, ..Options::default() };
         let l = call.launch(opts);
-        let ran = match executor {
-            Some(e) => e.0.run(&l, &mut mem),
-            None => l.run(&mut mem),
-        };
-        let summary = match ran {
+        let cpu = Executor::cpu();
+        let exec = executor.map_or(&cpu, |e| &e.0);
+        let before = pass.is_some().then(|| mem.clone());
+        let summary = match exec.run(&l, &mut mem) {
             Ok(s) => s,
             Err(e) => return Ok(Err(e)),
+        };
+        let noted = match (pass, &before, &notes) {
+            (Some(pass), Some(before), Some((_, step, what))) => {
+                tilegrad::check::notes::of_launch(&l, before, &mem, &summary, exec, pass, *step, what)
+            }
+            _ => Vec::new(),
         };
         for (i, r) in call.mems.iter().enumerate() {
             if written.contains(&i) {
                 r.write(mem.get(TensorId(i as u32)))?;
             }
         }
-        Ok(Ok(summary))
+        Ok(Ok((summary, noted)))
     });
-    let summary = result.map_err(usage)?.map_err(exec_err)?;
-    Ok(record.then(|| LaunchRecord { kernel: call.kernel.clone(), grid: call.grid, writers: summary.writers }))
+    let (summary, notes) = result.map_err(usage)?.map_err(exec_err)?;
+    let wanted = record || pass.is_some();
+    Ok(wanted.then(|| LaunchRecord { kernel: call.kernel.clone(), grid: call.grid, writers: summary.writers, notes }))
 }
 
 /// The ground-truth VJP of a launch (f64 unless `native`): given the storages' initial contents
@@ -560,7 +600,7 @@ impl PyReport {
 
 /// Builds a report. `failure`: (step, what, message, trial) when the backward failed to run.
 #[pyfunction]
-#[pyo3(signature = (name, seed, trials, precision, forward, gradients, failure=None, executor=None))]
+#[pyo3(signature = (name, seed, trials, precision, forward, gradients, failure=None, executor=None, notes=Vec::new(), strict=false))]
 #[allow(clippy::too_many_arguments)]
 fn make_report(
     name: String,
@@ -571,6 +611,8 @@ fn make_report(
     gradients: Vec<PyRef<'_, Comparison>>,
     failure: Option<(usize, String, String, usize)>,
     executor: Option<&PyExecutor>,
+    notes: Vec<PyRef<'_, Note>>,
+    strict: bool,
 ) -> PyReport {
     let forward: Vec<TensorReport> = forward.iter().map(|c| c.report.clone()).collect();
     let gradients: Vec<TensorReport> = gradients.iter().map(|c| c.report.clone()).collect();
@@ -580,7 +622,7 @@ fn make_report(
         r.backend = e.0.describe();
         r.backend_mismatches = e.0.mismatches();
     }
-    PyReport(r)
+    PyReport(r.with_notes(notes.iter().map(|n| n.0.clone()).collect(), strict))
 }
 
 /// The module.
@@ -590,6 +632,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("LaunchError", m.py().get_type::<LaunchError>())?;
     m.add_class::<PyKernel>()?;
     m.add_class::<LaunchRecord>()?;
+    m.add_class::<Note>()?;
     m.add_class::<Site>()?;
     m.add_class::<Comparison>()?;
     m.add_class::<PyReport>()?;

@@ -97,3 +97,21 @@ def row_max_sum(x_ptr, out_ptr, total_ptr, cols, BLOCK: tl.constexpr):
     s = tl.sum(acc, axis=0)
     tl.store(out_ptr + r, s)
     tl.atomic_add(total_ptr, s)
+
+
+@triton.jit
+def row_sum_tail(x_ptr, out_ptr, cols, BLOCK: tl.constexpr):
+    # The row's tail is loaded without `other`: right on Triton's GPU backends (the masked-off
+    # lanes read 0), noted by a check.
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * cols + offs, mask=offs < cols)
+    tl.store(out_ptr + row, tl.sum(x, axis=0))
+
+
+@triton.jit
+def row_broadcast(g_ptr, gx_ptr, cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    g = tl.load(g_ptr + row)
+    tl.store(gx_ptr + row * cols + offs, tl.zeros((BLOCK,), dtype=tl.float32) + g, mask=offs < cols)

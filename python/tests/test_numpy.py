@@ -109,6 +109,38 @@ def test_vjp_and_check_backward_without_torch():
     assert "numpy checks ok" in out and "PASS" in out
 
 
+def test_notes_of_code_as_it_runs_on_a_gpu_without_torch():
+    out = run_without_torch(
+        """
+        rng = np.random.default_rng(2)
+        x = rng.standard_normal((37, 300)).astype(np.float32)
+
+        def row_sum(x):
+            out = np.empty(x.shape[0], np.float32)
+            K.row_sum_tail[(x.shape[0],)](x, out, x.shape[1], BLOCK=512)
+            return out
+
+        def row_sum_bwd(x, g):
+            gx = np.empty_like(x)
+            K.row_broadcast[(x.shape[0],)](g, gx, x.shape[1], BLOCK=512)
+            return (gx,)
+
+        # The masked-off lanes read 0, as on the GPU: the sums are right.
+        assert np.allclose(row_sum(x), x.astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-4)
+        r = tilegrad.check_backward(row_sum, row_sum_bwd, [x])
+        assert r.passed, str(r)
+        notes = r.notes
+        assert [(n["kind"], n["pass"]) for n in notes] == [("masked_lanes", "forward")], notes
+        assert notes[0]["locations"][0]["file"].endswith("kernels.py"), notes
+        assert "reads masked-off lanes" in str(r), str(r)
+        strict = tilegrad.check_backward(row_sum, row_sum_bwd, [x], strict=True)
+        assert not strict.passed and any(f["kind"] == "masked_lanes" for f in strict.to_dict()["findings"]), str(strict)
+        print("notes ok")
+        """
+    )
+    assert "notes ok" in out
+
+
 def test_numpy_inputs_in_process():
     # Without forcing torch out: numpy inputs take the numpy path whether or not torch is there.
     import kernels as K

@@ -50,6 +50,7 @@ def check_backward(
     autotune: int | str = 0,
     backend: str = "cpu",
     ground: str = "evaluator",
+    strict: bool = False,
 ) -> Report:
     """Checks `backward` against the ground-truth gradient of `forward` on `inputs`.
 
@@ -69,9 +70,13 @@ def check_backward(
     none is usable) or `"auto"`; the ground truth's VJPs run on the CPU evaluator, unless
     `ground="kernels"` (the CLI's `--ground kernels`): each launch's VJP kernel then runs on the
     backend. `report.backend` says where the launches ran.
+
+    Launches run as Triton's GPU backends run them: masked-off lanes of a load without `other`
+    read 0, and programs storing the same value to one element do not race. Where a launch relies
+    on either, the report carries a note (`report.notes`); `strict=True` makes notes failures.
     """
     inputs = list(inputs)
-    opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=name, allow_non_finite=allow_non_finite, autotune=autotune)
+    opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=name, allow_non_finite=allow_non_finite, autotune=autotune, strict=strict)
     with using_backend(backend, ground):
         if _has_torch_tensor(inputs):
             from ._check import check_backward as torch_check

@@ -6,9 +6,10 @@ A check runs the user's code three ways:
 2. the forward as the ground truth: inputs promoted to f64 (host code's float dtypes too), each
    launch a `torch.autograd.Function` whose backward is the engine's f64 VJP of the launch, so that
    torch autograd carries the cotangents through the host code between launches;
-3. per trial, the backward under test on a random cotangent, its launches run with masked loads
-   without `other` reading NaN, its `torch.empty*` allocations starting as NaN, and who wrote every
-   element recorded for blame.
+3. per trial, the backward under test on a random cotangent, its launches run as Triton's GPU
+   backends run them (masked-off lanes of loads without `other` read 0; a note names the loads a
+   launch's results depend on, since Triton documents those lanes as undefined), its
+   `torch.empty*` allocations starting as NaN, and who wrote every element recorded for blame.
 
 Gradients are compared with the CLI's tolerances and the report is the CLI's.
 """
@@ -95,19 +96,22 @@ def _truth_launch(native: bool) -> Callable[[LaunchCall], None]:
 
 
 class _Backward:
-    """The backward under test: launches poisoned and recorded."""
+    """The backward under test: launches recorded, and noted where `notes` is a list."""
 
-    def __init__(self) -> None:
+    def __init__(self, notes: list[Any] | None = None) -> None:
         self.records: list[tuple[int, LaunchCall, Any]] = []
         self.failure: tuple[int, str, str] | None = None
+        self.notes = notes
 
     def __call__(self, call: LaunchCall) -> None:
         step = len(self.records)
         try:
-            rec = call.run(poison=True, record=True)
+            rec = call.run(record=True, notes=None if self.notes is None else ("backward", step))
         except _native.LaunchError as e:
             self.failure = (step, call.describe(), str(e))
             raise _Stop() from e
+        if self.notes is not None:
+            self.notes.extend(rec.notes())
         self.records.append((step, call, rec))
 
 
@@ -166,6 +170,7 @@ def run_check(
     rtol: float | None,
     atol: float | None,
     allow_non_finite: bool = False,
+    strict: bool = False,
 ) -> Report:
     if trials < 1:
         raise ValueError("at least one cotangent trial is needed")
@@ -179,9 +184,12 @@ def run_check(
         for i in diff:
             _finite(inputs[i], f"input `{input_names[i]}`", "it was given so")
     tf32 = [False]
+    notes: list[Any] = []
+    fwd_steps = [0]
 
     def run_native(call: LaunchCall) -> None:
-        call.run()
+        notes.extend(call.run(notes=("forward", fwd_steps[0])).notes())
+        fwd_steps[0] += 1
         tf32[0] |= call.kernel.uses_tf32()
 
     # 1. The forward in the kernels' dtypes.
@@ -228,7 +236,7 @@ def run_check(
             for i, g in truth.items():
                 _finite(g, f"the ground-truth gradient of `{input_names[i]}` (trial {trial})", "the forward is not differentiable to a finite value on these inputs")
         # The backward under test.
-        bwd = _Backward()
+        bwd = _Backward(notes if trial == 0 else None)
         poison = PoisonEmpty()
         grads = None
         try:
@@ -276,7 +284,7 @@ def run_check(
         if failure is not None:
             break
     grads_cmp = [best[i] for i in diff if i in best]
-    rep = _native.make_report(name, seed, trials, precision, forward_cmp, grads_cmp, failure, current_executor())
+    rep = _native.make_report(name, seed, trials, precision, forward_cmp, grads_cmp, failure, current_executor(), notes, strict)
     return Report(rep)
 
 
@@ -356,6 +364,7 @@ def check_backward(
     name: str | None = None,
     allow_non_finite: bool = False,
     autotune: int | str = 0,
+    strict: bool = False,
 ) -> Report:
     inputs = list(inputs)
     return each_config(
@@ -373,6 +382,7 @@ def check_backward(
             rtol=rtol,
             atol=atol,
             allow_non_finite=allow_non_finite,
+            strict=strict,
         ),
     )
 
@@ -410,6 +420,7 @@ def check_function(
     atol: float | None = None,
     allow_non_finite: bool = False,
     autotune: int | str = 0,
+    strict: bool = False,
     **kwargs: Any,
 ) -> Report:
     if kwargs:
@@ -442,6 +453,7 @@ def check_function(
             rtol=rtol,
             atol=atol,
             allow_non_finite=allow_non_finite,
+            strict=strict,
         ),
     )
 

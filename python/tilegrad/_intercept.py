@@ -63,7 +63,10 @@ class LaunchCall:
         g = ", ".join(str(x) for x in self.grid)
         return f"launch `{self.name}`[{g}]"
 
-    def run(self, *, poison: bool = False, record: bool = False, promote: bool = False) -> Any:
+    def run(self, *, poison: bool = False, record: bool = False, promote: bool = False, notes: tuple[str, int] | None = None) -> Any:
+        """Runs the launch in place. `poison`: masked-off lanes of loads without `other` read NaN
+        (by default 0, as on Triton's GPU backends). `notes`: (pass, step) to note what the
+        launch relies on (the record's `notes()`)."""
         rec = _native.launch(
             self.kernel,
             self.grid,
@@ -74,6 +77,7 @@ class LaunchCall:
             record=record,
             promote=promote,
             executor=current_executor(),
+            notes=None if notes is None else (notes[0], notes[1], self.describe()),
         )
         self.storages.write_back(self.written)
         return rec

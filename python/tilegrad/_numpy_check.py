@@ -164,11 +164,13 @@ def _nan_empty():
         np.empty, np.empty_like = real_empty, real_like
 
 
-def check_backward(forward, backward, inputs, *, seed, trials, precision, rtol, atol, name, allow_non_finite=False, autotune=0) -> Report:
+def check_backward(forward, backward, inputs, *, seed, trials, precision, rtol, atol, name, allow_non_finite=False, autotune=0, strict=False) -> Report:
     return each_config(
         autotune,
         name or getattr(forward, "__name__", "check"),
-        lambda n: _check(forward, backward, inputs, seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=n, allow_non_finite=allow_non_finite),
+        lambda n: _check(
+            forward, backward, inputs, seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=n, allow_non_finite=allow_non_finite, strict=strict
+        ),
     )
 
 
@@ -182,7 +184,7 @@ def _finite(a: Any, what: str, why: str) -> None:
         raise non_finite(what, float(a.reshape(-1)[first]), [int(i) for i in np.unravel_index(first, a.shape)], why)
 
 
-def _check(forward, backward, inputs, *, seed, trials, precision, rtol, atol, name, allow_non_finite) -> Report:
+def _check(forward, backward, inputs, *, seed, trials, precision, rtol, atol, name, allow_non_finite, strict) -> Report:
     if trials < 1:
         raise ValueError("at least one cotangent trial is needed")
     native = precision == "native"
@@ -198,7 +200,14 @@ def _check(forward, backward, inputs, *, seed, trials, precision, rtol, atol, na
     if not allow_non_finite:
         for i in diff:
             _finite(inputs[i], f"input `{names[i]}`", "it was given so")
-    with intercepting(lambda c: c.run()):
+    notes: list[Any] = []
+    fwd_steps = [0]
+
+    def run_fwd(call: LaunchCall) -> None:
+        notes.extend(call.run(notes=("forward", fwd_steps[0])).notes())
+        fwd_steps[0] += 1
+
+    with intercepting(run_fwd):
         outs_n = _as_tuple(forward(*[np.array(x, copy=True) if isinstance(x, np.ndarray) else x for x in inputs]))
     outs_t, tape, ins_t = _ground_truth(forward, inputs, native)
     out_idx = [i for i, o in enumerate(outs_n) if _is_float(o)]
@@ -222,8 +231,11 @@ def _check(forward, backward, inputs, *, seed, trials, precision, rtol, atol, na
                 _finite(truth[i], f"the ground-truth gradient of `{names[i]}` (trial {trial})", "the forward is not differentiable to a finite value on these inputs")
         records: list[tuple[int, LaunchCall, Any]] = []
 
-        def run_bwd(call: LaunchCall) -> None:
-            records.append((len(records), call, call.run(poison=True, record=True)))
+        def run_bwd(call: LaunchCall, noting: bool = trial == 0) -> None:
+            rec = call.run(record=True, notes=("backward", len(records)) if noting else None)
+            if noting:
+                notes.extend(rec.notes())
+            records.append((len(records), call, rec))
 
         try:
             with _nan_empty(), intercepting(run_bwd):
@@ -267,7 +279,16 @@ def _check(forward, backward, inputs, *, seed, trials, precision, rtol, atol, na
         if failure is not None:
             break
     rep = _native.make_report(
-        name or getattr(forward, "__name__", "check"), seed, trials, precision, fwd_cmp, [best[i] for i in diff if i in best], failure, current_executor()
+        name or getattr(forward, "__name__", "check"),
+        seed,
+        trials,
+        precision,
+        fwd_cmp,
+        [best[i] for i in diff if i in best],
+        failure,
+        current_executor(),
+        notes,
+        strict,
     )
     return Report(rep)
 

@@ -36,6 +36,13 @@ class Report:
     def passed(self) -> bool:
         return self._native.passed
 
+    @property
+    def notes(self) -> list[dict]:
+        """What the kernels rely on that Triton does not promise, though its GPU backends do it
+        (masked-off lanes read as 0; programs storing the same value to one element), as the
+        JSON's `notes`: not failures unless the check was strict."""
+        return self.to_dict().get("notes", [])
+
     def to_dict(self) -> dict:
         return json.loads(self._native.to_json())
 

@@ -35,6 +35,19 @@ pub enum RaceKind {
     DuplicateLanes,
 }
 
+impl Race {
+    /// A race on the element at flat `offset` of a tensor of `shape` (row-major).
+    pub fn at(kind: RaceKind, tensor: &str, shape: &[usize], offset: i64, first: Site, second: Site) -> Race {
+        let mut index = vec![0; shape.len()];
+        let mut rest = offset.max(0) as usize;
+        for (i, &d) in shape.iter().enumerate().rev() {
+            index[i] = rest % d.max(1);
+            rest /= d.max(1);
+        }
+        Race { kind, tensor: tensor.to_string(), offset, index, first, second }
+    }
+}
+
 /// A data race found from the access sets of a launch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Race {
@@ -44,6 +57,8 @@ pub struct Race {
     pub tensor: String,
     /// Flat element offset.
     pub offset: i64,
+    /// The element's multi-index in the tensor's shape.
+    pub index: Vec<usize>,
     /// The first access.
     pub first: Site,
     /// The conflicting access.
@@ -58,7 +73,17 @@ impl std::fmt::Display for Race {
             RaceKind::StoreAtomic => "one program stores while another atomically updates",
             RaceKind::DuplicateLanes => "two lanes of one store write",
         };
-        write!(f, "race: {what} `{}`[{}]\n  first:  {}\n  second: {}", self.tensor, self.offset, self.first, self.second)
+        let at = self.index.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+        write!(f, "race: {what} `{}`[{at}]\n  first:  {}\n  second: {}", self.tensor, self.first, self.second)
+    }
+}
+
+/// The lane of an access in words: `scalar` for a scalar access, else its index in the tile.
+fn lane_words(lane: &[usize]) -> String {
+    if lane.is_empty() {
+        "scalar".into()
+    } else {
+        format!("lane {lane:?}")
     }
 }
 
@@ -95,7 +120,7 @@ pub enum ExecError {
         message: String,
     },
     /// An unmasked lane accessed memory outside its tensor.
-    #[error("{site}: out-of-bounds access to `{tensor}` (numel {numel}) at offset {offset}, lane {lane:?}")]
+    #[error("{site}: out-of-bounds access to `{tensor}` (numel {numel}) at offset {offset}, {}", lane_words(lane))]
     OutOfBounds {
         /// Where.
         site: Box<Site>,

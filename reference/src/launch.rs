@@ -158,6 +158,9 @@ pub enum RaceMode {
     Warn,
 }
 
+/// [`Options::poison_masked_loads`]: every unfilled load poisoned.
+pub const POISON_ALL: u64 = u64::MAX;
+
 /// Launch options.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -165,9 +168,11 @@ pub struct Options {
     pub races: RaceMode,
     /// Programs run per parallel chunk (memory bound for store logs). Results do not depend on it.
     pub chunk_programs: usize,
-    /// Masked-off lanes of a float load without `other` read NaN instead of 0. Triton leaves
-    /// them undefined; a checked backward kernel that silently relies on them then fails loudly.
-    pub poison_masked_loads: bool,
+    /// Masked-off lanes of these float loads without `other` read NaN instead of 0: a bit mask
+    /// over [`tilegrad_ir::analysis::unfilled_loads`] ([`POISON_ALL`]: every one; 0: none, the
+    /// default, as Triton's NVIDIA and AMD backends read them). Running a launch again with
+    /// them poisoned tells whether its results depend on lanes Triton documents as undefined.
+    pub poison_masked_loads: u64,
     /// Record which program and store wrote every element of every written tensor
     /// ([`LaunchSummary::writers`]), for blame in reports. Runs on the exact path (16 bytes per element while it runs); the result is kept as runs of elements with one writer.
     pub record_writers: bool,
@@ -187,7 +192,7 @@ impl Default for Options {
         Options {
             races: RaceMode::Error,
             chunk_programs: 4096,
-            poison_masked_loads: false,
+            poison_masked_loads: 0,
             record_writers: false,
             scratch: Vec::new(),
             programs: None,
@@ -273,6 +278,12 @@ pub struct LaunchSummary {
     pub max_trips: BTreeMap<Inst, u64>,
     /// Races found (only filled with [`RaceMode::Warn`]).
     pub races: Vec<crate::error::Race>,
+    /// Conflicts between programs whose outcome does not depend on their order (every program
+    /// stored the same bits to the element; a load of an element every store left unchanged):
+    /// deterministic on a GPU, so not races; the first ones as examples.
+    pub same_value: Vec<crate::error::Race>,
+    /// How many such conflicting accesses there were (element by element).
+    pub same_value_races: u64,
     /// Writers of every written tensor (only filled with [`Options::record_writers`]).
     pub writers: Vec<Writers>,
 }

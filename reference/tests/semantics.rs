@@ -562,7 +562,7 @@ fn poisoned_masked_loads_read_nan_only_when_asked() {
     let k = tile_sum_kernel(16);
     let n = 40; // the last tile has 8 masked-off lanes
     let xs = rand_vec(n, 3);
-    let run = |poison: bool| {
+    let run = |poison: u64| {
         let mut mem = Memory::new();
         let x = mem.add("x", HostTensor::from_f32(&[n], xs.clone()));
         let y = mem.add("y", HostTensor::zeros(DType::F32, &[n]));
@@ -570,7 +570,7 @@ fn poisoned_masked_loads_read_nan_only_when_asked() {
         Launch::new(&k, 3).arg("x", x).arg("y", y).arg("n", n as i32).options(opts).run(&mut mem).unwrap();
         mem[y].as_f32().unwrap().to_vec()
     };
-    let (plain, poisoned) = (run(false), run(true));
+    let (plain, poisoned) = (run(0), run(tilegrad_reference::POISON_ALL));
     let last: f32 = xs[32..].iter().sum();
     assert!((plain[39] - last).abs() < 1e-5, "{} vs {last}", plain[39]);
     // Full tiles are unaffected; the ragged tile's reduction sees the undefined lanes.

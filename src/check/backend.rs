@@ -36,8 +36,7 @@ struct Log {
 
 impl Executor {
     /// The reference interpreter only.
-    #[cfg(test)]
-    pub(crate) fn cpu() -> Executor {
+    pub fn cpu() -> Executor {
         Executor { gpu: None, compare: false, ordered_vjp: false, vjp_memory: None, log: Mutex::default() }
     }
 

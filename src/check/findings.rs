@@ -71,11 +71,12 @@ pub(crate) fn of_tensor(pass: &'static str, r: &TensorReport) -> Option<Finding>
     Some(f)
 }
 
-/// The finding of an error that stopped step `step` of the backward in trial `trial`.
-pub(crate) fn of_error(e: &ExecError, step: usize, trial: usize) -> Finding {
+/// The finding of an error that stopped step `step` of the backward in trial `trial`, or of the
+/// forward (`pass`: a defect of the user's forward kernels, a finding of its own kind).
+pub(crate) fn of_error(e: &ExecError, pass: &'static str, step: usize, trial: usize) -> Finding {
     let mut f = Finding {
         kind: FindingKind::RuntimeError,
-        pass: "backward",
+        pass,
         name: None,
         tensor: None,
         element: None,
@@ -103,7 +104,7 @@ pub(crate) fn of_error(e: &ExecError, step: usize, trial: usize) -> Finding {
             at(&r.second);
             f.kind = FindingKind::Race;
             f.tensor = Some(r.tensor.clone());
-            f.element = Some(vec![r.offset]);
+            f.element = Some(r.index.iter().map(|&i| i as i64).collect());
         }
         ExecError::OutOfBounds { site, tensor, offset, .. } => {
             at(site);
@@ -117,6 +118,14 @@ pub(crate) fn of_error(e: &ExecError, step: usize, trial: usize) -> Finding {
         }
         ExecError::Runtime { site, .. } => at(site),
         ExecError::Invalid(_) | ExecError::BadTensor { .. } | ExecError::Argument { .. } | ExecError::Grid { .. } => {}
+    }
+    if pass == "forward" {
+        f.kind = match f.kind {
+            FindingKind::Race => FindingKind::ForwardRace,
+            FindingKind::OutOfBounds => FindingKind::ForwardOutOfBounds,
+            FindingKind::LoopBound => FindingKind::ForwardLoopBound,
+            _ => FindingKind::ForwardRuntimeError,
+        };
     }
     f
 }

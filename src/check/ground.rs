@@ -38,7 +38,7 @@ pub(crate) fn reverse(
     // The launches' VJP kernels, built first and compiled ahead together.
     let mut vks: HashMap<usize, Result<VjpKernel, tilegrad_ad::AdError>> = HashMap::new();
     if let Some(exec) = kernels {
-        for r in &records.launches {
+        for r in records.launches.iter().filter(|r| !r.same_value) {
             let launch = record_launch(r);
             vks.insert(r.step, vjp_kernel_for(&launch, &r.before, vjp_float(&r.kernel, opts.precision)));
         }
@@ -66,8 +66,10 @@ pub(crate) fn reverse(
                 let wanted: Vec<_> = floats.iter().filter(|(_, n)| contents_matter(steps, records, i, n)).collect();
                 let inputs: Vec<_> = wanted.iter().map(|(t, _)| *t).collect();
                 let g = match kernels {
-                    // The launch's VJP kernel, run by the executor (the reference or the GPU).
-                    Some(exec) => {
+                    // The launch's VJP kernel, run by the executor (the reference or the GPU);
+                    // the evaluator where programs stored the same value to one element (its
+                    // cotangent goes to the last store only, which VJP kernels do not tell).
+                    Some(exec) if !r.same_value => {
                         let vk = vks.remove(&i).expect("built for every launch").map_err(|e| at(format!("--ground kernels: {e}")))?;
                         let mut run = |l: &Launch, m: &mut tilegrad_reference::Memory| {
                             exec.run_vjp(l, m).map(|_| ()).map_err(tilegrad_ad::AdError::from)
@@ -75,7 +77,10 @@ pub(crate) fn reverse(
                         let bounds = TapeBounds { max_trips: &r.max_trips, memory: exec.vjp_launch_memory(opts.memory_budget as u64) };
                         gradient_by_kernel(&vk, &launch, &r.before, &inputs, &outputs, bounds, &mut run).map_err(|e| at(e.to_string()))?
                     }
-                    None => vjp(&launch, &r.before, &inputs, &outputs, opts).map_err(|e| at(e.to_string()))?.inputs,
+                    _ => {
+                        let o = GradOptions { last_writer_only: r.same_value, ..opts.clone() };
+                        vjp(&launch, &r.before, &inputs, &outputs, &o).map_err(|e| at(e.to_string()))?.inputs
+                    }
                 };
                 drop(outputs);
                 for ((_, n), gi) in wanted.iter().zip(g) {

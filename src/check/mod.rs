@@ -65,6 +65,7 @@ pub mod expr;
 mod findings;
 mod ground;
 mod inputs;
+pub mod notes;
 mod report;
 mod slice;
 mod steps;
@@ -118,6 +119,18 @@ pub enum CheckError {
         what: String,
         /// What went wrong.
         message: String,
+    },
+    /// A forward launch failed as it runs on a GPU would (out of bounds, a race, a loop past
+    /// its bound): a defect of the user's forward, which [`check_backward`] reports as a failed
+    /// check; other commands cannot go on without a forward.
+    #[error("forward step {step} ({what}): {error}")]
+    ForwardDefect {
+        /// Step (0-based).
+        step: usize,
+        /// The step.
+        what: String,
+        /// What went wrong, with kernel, op, source location and program id.
+        error: Box<tilegrad_reference::ExecError>,
     },
     /// This build cannot do what was asked.
     #[error("unsupported: {0}")]
@@ -281,6 +294,10 @@ pub struct CheckOptions {
     /// not even one program's tapes fit, its loops keep checkpoints and run each segment again).
     /// `None`: 80% of the GPU's free memory, or 4 GiB (or `memory_budget`, if larger) on the CPU.
     pub vjp_memory: Option<u64>,
+    /// Notes fail the check: a launch whose results depend on the masked-off lanes of loads
+    /// without `other` (read as 0, as Triton's GPU backends read them), or programs that
+    /// conflict on an element with an outcome that does not depend on their order.
+    pub strict: bool,
 }
 
 /// How the ground truth of launches is computed.
@@ -319,6 +336,7 @@ impl Default for CheckOptions {
             ground: Ground::Evaluator,
             deterministic: false,
             vjp_memory: None,
+            strict: false,
         }
     }
 }
@@ -355,7 +373,17 @@ pub fn check_backward_with(
     exec.precompile(&ahead.iter().map(|(k, v, p)| (k, *v, *p)).collect::<Vec<_>>());
     drop(ahead);
     let compiled_ahead = start.elapsed().as_secs_f64();
-    let mut p = truth::prepare(fwd, inputs, opts, calibrate, &exec)?;
+    let mut p = match truth::prepare(fwd, inputs, opts, calibrate, &exec) {
+        Err(CheckError::ForwardDefect { step, what, error }) => {
+            let mut r = Report::new(name.into(), opts.seed, opts.trials, precision_name(opts), Vec::new(), Vec::new(), None);
+            r.findings.push(findings::of_error(&error, "forward", step, 0));
+            r.forward_failure = Some(Failure { step, what, message: error.to_string(), trial: 0 });
+            r.passed = false;
+            r.backend = exec.describe();
+            return Ok(r);
+        }
+        p => p?,
+    };
     let mut tm = std::mem::take(&mut p.timings);
     if exec.on_gpu() {
         tm.phases.insert(0, ("GPU context and kernels compiled ahead".into(), compiled_ahead));
@@ -465,17 +493,18 @@ pub fn check_backward_with(
         // the same deterministic steps, made only when a report needs it: a failing gradient,
         // elements asked about, a racy backward's provisional table.
         let mut traced: Option<(Env, Trace)> = None;
-        let mode = Mode::Poisoned;
+        let mode = Mode::Native;
         let explain = !opts.blame_elements.is_empty() && trial + 1 == opts.trials;
         progress("backward", trial, opts.trials);
-        let mut run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, mode, None, None, &exec));
+        let noted = (trial == 0).then_some(("backward", &mut p.notes));
+        let mut run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, mode, None, None, noted, &exec));
         if run.is_err() {
             // A backward that fails may fail in more than one way (a race and an access out of
             // bounds); the traced run takes the reference's exact path, whose first error (in
             // program order) is the one reported, as without the untraced run.
             env_b = backward_env()?;
             let mut t = Trace::default();
-            run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, mode, None, Some(&mut t), &exec));
+            run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, mode, None, Some(&mut t), None, &exec));
         }
         if let Err(f) = run {
             let what = bwd.steps[f.step].describe();
@@ -483,7 +512,7 @@ pub fn check_backward_with(
                 StepError::Spec(message) => return Err(CheckError::Backward { step: f.step, what, message }),
                 StepError::Exec(e) => e,
             };
-            findings.push(findings::of_error(&e, f.step, trial));
+            findings.push(findings::of_error(&e, "backward", f.step, trial));
             failure = Some(Failure { step: f.step, what, message: e.to_string(), trial });
             // A racy backward still has gradients worth seeing: run it again with its races
             // resolved in program order, and show the table as provisional.
@@ -492,8 +521,7 @@ pub fn check_backward_with(
             }
             env_b = backward_env()?;
             let mut t = Trace::default();
-            if tm.time("backward", || steps::run(&mut env_b, &bwd.steps, Mode::PoisonedResolvingRaces, None, Some(&mut t), &exec)).is_err()
-            {
+            if tm.time("backward", || steps::run(&mut env_b, &bwd.steps, Mode::ResolvingRaces, None, Some(&mut t), None, &exec)).is_err() {
                 break;
             }
             traced = Some((env_b.clone(), t));
@@ -503,7 +531,7 @@ pub fn check_backward_with(
             tm.time("blame", || {
                 let mut env = backward_env()?;
                 let mut t = Trace::default();
-                steps::run(&mut env, &bwd.steps, mode, None, Some(&mut t), &exec).map_err(|f| CheckError::Backward {
+                steps::run(&mut env, &bwd.steps, mode, None, Some(&mut t), None, &exec).map_err(|f| CheckError::Backward {
                     step: f.step,
                     what: bwd.steps[f.step].describe(),
                     message: format!(
@@ -588,23 +616,32 @@ pub fn check_backward_with(
     all.extend(forward.iter().filter_map(|r| findings::of_tensor("forward", r)));
     all.extend(findings);
     all.extend(gradients.iter().filter_map(|r| findings::of_tensor("backward", r)));
-    Ok(Report {
+    let report = Report {
         schema_version: report::SCHEMA_VERSION,
         name: name.to_string(),
         passed,
         seed: opts.seed,
         trials: opts.trials,
-        precision: if opts.precision == Precision::F64 { "f64".into() } else { "native".into() },
+        precision: precision_name(opts),
         forward,
         gradients,
         gradients_provisional: provisional,
         failure,
+        forward_failure: None,
         findings: all,
+        notes: Vec::new(),
+        strict: false,
         explained,
         timings: tm,
         backend: exec.describe(),
         backend_mismatches: exec.mismatches(),
-    })
+    };
+    Ok(report.with_notes(std::mem::take(&mut p.notes), opts.strict))
+}
+
+/// The report's name of [`CheckOptions::precision`].
+fn precision_name(opts: &CheckOptions) -> String {
+    if opts.precision == Precision::F64 { "f64" } else { "native" }.into()
 }
 
 /// [`report::compare`] of a tensor in its own dtype against f64 values, without an f64 copy.

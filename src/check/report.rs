@@ -314,6 +314,21 @@ pub enum FindingKind {
     RuntimeError,
     /// A gradient tensor's shape is not its input's.
     ShapeMismatch,
+    /// A forward launch accessed memory outside a tensor (a defect of the user's forward).
+    ForwardOutOfBounds,
+    /// Two programs of a forward launch access one element without ordering.
+    ForwardRace,
+    /// A loop of a forward launch ran more iterations than its bound.
+    ForwardLoopBound,
+    /// Something undefined happened in a forward launch (integer division by zero, ...).
+    ForwardRuntimeError,
+    /// A note (a failure only in strict mode): a launch's results depend on masked-off lanes of
+    /// loads without `other`, which read 0 on Triton's GPU backends but are documented as
+    /// undefined.
+    MaskedLanes,
+    /// A note: programs conflict on an element with an outcome that does not depend on their
+    /// order (the same bits stored; a load of an element no store changed).
+    SameValueRace,
 }
 
 /// A source location in a finding.
@@ -389,8 +404,19 @@ pub struct Report {
     pub gradients_provisional: bool,
     /// Why the backward failed to run, if it did.
     pub failure: Option<Failure>,
+    /// The forward launch that failed as it would on a GPU (out of bounds, a race, a loop past
+    /// its bound), if one did: a defect of the forward, so no gradient was compared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forward_failure: Option<Failure>,
     /// Every reason the check failed, as fields.
     pub findings: Vec<Finding>,
+    /// What the kernels rely on that Triton does not promise, though its GPU backends do it
+    /// (masked-off lanes read as 0; conflicts whose outcome does not depend on the order of
+    /// programs): not failures, unless the check is strict (then each is also a finding).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<Finding>,
+    /// Notes fail the check ([`super::CheckOptions::strict`]).
+    pub strict: bool,
     /// Elements asked about ([`super::CheckOptions::blame_elements`]), with their blame.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub explained: Vec<Explained>,
@@ -484,12 +510,26 @@ impl Report {
             gradients,
             gradients_provisional: false,
             failure,
+            forward_failure: None,
             findings,
+            notes: Vec::new(),
+            strict: false,
             explained: Vec::new(),
             timings: Timings::default(),
             backend: "cpu".into(),
             backend_mismatches: Vec::new(),
         }
+    }
+
+    /// The report with `notes` ([`Report::notes`]); `strict` makes each a finding that fails it.
+    pub fn with_notes(mut self, notes: Vec<Finding>, strict: bool) -> Report {
+        self.strict = strict;
+        if strict && !notes.is_empty() {
+            self.passed = false;
+            self.findings.extend(notes.iter().cloned());
+        }
+        self.notes = notes;
+        self
     }
 
     /// The report as pretty JSON.
@@ -574,6 +614,12 @@ impl fmt::Display for Report {
             writeln!(f, "forward outputs and saved tensors (kernels in their dtypes vs the ground truth's forward)")?;
             table(f, "output", &self.forward)?;
         }
+        if let Some(fl) = &self.forward_failure {
+            writeln!(f, "forward failed at step {} ({}): a defect of the forward (a kernel or its launch), as on a GPU", fl.step, fl.what)?;
+            for l in fl.message.lines() {
+                writeln!(f, "  {l}")?;
+            }
+        }
         if let Some(fl) = &self.failure {
             writeln!(f, "backward failed at step {} ({}), trial {}:", fl.step, fl.what, fl.trial)?;
             for l in fl.message.lines() {
@@ -590,6 +636,17 @@ impl fmt::Display for Report {
                 writeln!(f, "gradients (backward vs ground truth)")?;
             }
             table(f, "input", &self.gradients)?;
+        }
+        if !self.notes.is_empty() {
+            let how = if self.strict { "failures: the check is strict" } else { "not failures; --strict makes them failures" };
+            writeln!(f, "notes ({how})")?;
+            for n in &self.notes {
+                let mut lines = n.message.lines();
+                writeln!(f, "  - {}", lines.next().unwrap_or_default())?;
+                for l in lines {
+                    writeln!(f, "    {l}")?;
+                }
+            }
         }
         for x in &self.explained {
             let w = &x.element;

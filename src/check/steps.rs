@@ -8,6 +8,8 @@
 //! so that a report can blame the line that wrote a wrong gradient element.
 
 use super::expr::{Expr, Scalar, Scope};
+use super::notes;
+use super::report::Finding;
 use super::tensor_expr::{broadcast, broadcast_map, Bound, Operand, TensorExpr, Typed, Values};
 use super::CheckError;
 use std::sync::Arc;
@@ -319,14 +321,12 @@ impl Env {
 /// How the steps run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
-    /// The kernels' own dtypes.
+    /// The kernels' own dtypes; masked-off lanes of loads without `other` read 0, as Triton's
+    /// NVIDIA and AMD backends read them.
     Native,
-    /// The kernels' own dtypes, masked-off float lanes of loads without `other` reading NaN (the
-    /// user's backward: Triton leaves them undefined).
-    Poisoned,
-    /// As [`Mode::Poisoned`], with races resolved in program order (the highest program id's
+    /// As [`Mode::Native`], with races resolved in program order (the highest program id's
     /// store wins) instead of failing: to still compare the gradients of a racy backward.
-    PoisonedResolvingRaces,
+    ResolvingRaces,
     /// Every float promoted to f64 (kernels and tensors).
     F64,
 }
@@ -344,6 +344,8 @@ pub(crate) struct LaunchRecord {
     pub names: Vec<(TensorId, String)>,
     /// Each loop's largest trip count in this run (sizes the tapes of VJP kernels).
     pub max_trips: std::collections::BTreeMap<tilegrad_ir::Inst, u64>,
+    /// Programs stored the same value to one element ([`tilegrad_ad::GradOptions::last_writer_only`]).
+    pub same_value: bool,
 }
 
 /// What the ground truth's reverse sweep needs again of a forward run: each launch, and the
@@ -431,14 +433,35 @@ impl StepError {
     }
 }
 
+/// The tensors among `args` that a launch of `kernel` may write (stores and atomics).
+pub(crate) fn written_tensors(kernel: &Kernel, args: &[(String, Arg)]) -> Vec<TensorId> {
+    let uses = tilegrad_ir::analysis::param_uses(kernel);
+    let mut out = Vec::new();
+    for (p, u) in kernel.params.iter().zip(&uses) {
+        if let Some((_, Arg::Tensor(t))) = args.iter().find(|(n, _)| *n == p.name) {
+            if (u.stored || u.atomic) && !out.contains(t) {
+                out.push(*t);
+            }
+        }
+    }
+    out
+}
+
+/// Whether a kernel has loads whose masked-off lanes the backend fills (see [`notes`]).
+fn has_unfilled_loads(k: &Kernel) -> bool {
+    !tilegrad_ir::analysis::unfilled_loads(k).is_empty()
+}
+
 /// Runs `steps` on `env`. With `records`, every launch's tensors are snapshotted before it runs
-/// (for the ground truth's reverse sweep); with `trace`, origins and writers are recorded.
+/// (for the ground truth's reverse sweep); with `trace`, origins and writers are recorded; with
+/// `notes` (the pass's name and a list), what launches rely on is noted ([`notes`]).
 pub(crate) fn run(
     env: &mut Env,
     steps: &[Step],
     mode: Mode,
     mut records: Option<&mut Records>,
     mut trace: Option<&mut Trace>,
+    mut notes: Option<(&'static str, &mut Vec<Finding>)>,
     exec: &super::backend::Executor,
 ) -> Result<(), StepFailure> {
     if let Some(t) = trace.as_deref_mut() {
@@ -465,7 +488,7 @@ pub(crate) fn run(
             }
             Step::Launch(kl) => {
                 let kernel = match mode {
-                    Mode::Native | Mode::Poisoned | Mode::PoisonedResolvingRaces => kl.kernel.clone(),
+                    Mode::Native | Mode::ResolvingRaces => kl.kernel.clone(),
                     Mode::F64 => Arc::new(
                         tilegrad_ir::passes::promote_floats(&kl.kernel, DType::F64)
                             .map_err(|e| fail(StepError::Exec(Box::new(e.into()))))?,
@@ -504,12 +527,12 @@ pub(crate) fn run(
                         before,
                         names,
                         max_trips: Default::default(),
+                        same_value: false,
                     });
                 }
                 let opts = Options {
-                    poison_masked_loads: matches!(mode, Mode::Poisoned | Mode::PoisonedResolvingRaces),
                     record_writers: trace.is_some(),
-                    races: if mode == Mode::PoisonedResolvingRaces { RaceMode::Warn } else { RaceMode::Error },
+                    races: if mode == Mode::ResolvingRaces { RaceMode::Warn } else { RaceMode::Error },
                     ..Options::default()
                 };
                 let mut launch = Launch::new(&kernel, grid).options(opts.clone());
@@ -518,26 +541,34 @@ pub(crate) fn run(
                 }
                 if let Some(tr) = trace.as_deref_mut() {
                     // The tensors it may write, as they are now: blame re-runs one program later.
-                    let uses = tilegrad_ir::analysis::param_uses(&kernel);
-                    let mut before: Vec<(TensorId, Snapshot)> = Vec::new();
-                    for (p, u) in kernel.params.iter().zip(&uses) {
-                        if let Some((_, Arg::Tensor(t))) = args.iter().find(|(n, _)| *n == p.name) {
-                            if (u.stored || u.atomic) && !before.iter().any(|(b, _)| b == t) {
-                                before.push((*t, Snapshot::of(env.mem.get(*t))));
-                            }
-                        }
-                    }
-                    tr.launches.push(TracedLaunch { step: i, kernel: kernel.clone(), grid, args: args.clone(), options: opts, before });
+                    let before = written_tensors(&kernel, &args).into_iter().map(|t| (t, Snapshot::of(env.mem.get(t)))).collect();
+                    tr.launches.push(TracedLaunch {
+                        step: i,
+                        kernel: kernel.clone(),
+                        grid,
+                        args: args.clone(),
+                        options: opts.clone(),
+                        before,
+                    });
                 }
+                let before = notes.as_ref().is_some_and(|_| has_unfilled_loads(&kernel)).then(|| env.mem.clone());
                 let summary = exec.run(&launch, &mut env.mem).map_err(|e| match e {
                     ExecError::Invalid(_) | ExecError::Argument { .. } | ExecError::Grid { .. } | ExecError::BadTensor { .. } => {
                         spec(e.to_string())
                     }
                     e => fail(StepError::Exec(Box::new(e))),
                 })?;
+                if let Some((pass, list)) = notes.as_mut() {
+                    let at = notes::At { pass, step: i, what: &step.describe() };
+                    if let Some(before) = &before {
+                        list.extend(notes::masked_lanes(&kernel, grid, &args, &opts, before, &env.mem, exec, at));
+                    }
+                    list.extend(notes::same_value(&summary, at));
+                }
                 if let Some(r) = records.as_deref_mut() {
                     if let Some(last) = r.launches.last_mut().filter(|l| l.step == i) {
                         last.max_trips = summary.max_trips.clone();
+                        last.same_value = summary.same_value_races > 0;
                     }
                 }
                 if let Some(tr) = trace.as_deref_mut() {
@@ -803,7 +834,7 @@ mod tests {
         let mut env = env_with(&[("x", x)]);
         let steps =
             [reduce(Reduction::Mean, "x", 1, "m"), reduce(Reduction::LogSumExp, "x", -1, "l"), reduce(Reduction::Max, "x", 0, "mx")];
-        run(&mut env, &steps, Mode::Native, None, None, &Executor::cpu()).unwrap();
+        run(&mut env, &steps, Mode::Native, None, None, None, &Executor::cpu()).unwrap();
         let at = |i: usize, j: usize, k: usize| v[(i * 7 + j) * 3 + k];
         let close = |name: &str, want: Vec<f64>, shape: &[usize]| {
             let t = env.tensor(name).unwrap();
@@ -839,7 +870,7 @@ mod tests {
         // logsumexp stays finite where the naive form overflows, and is -inf on a row of -inf.
         let big = HostTensor::from_f64(&[2, 2], vec![1000.0, 1000.0, f64::NEG_INFINITY, f64::NEG_INFINITY]);
         let mut env = env_with(&[("b", big)]);
-        run(&mut env, &[reduce(Reduction::LogSumExp, "b", 1, "lb")], Mode::Native, None, None, &Executor::cpu()).unwrap();
+        run(&mut env, &[reduce(Reduction::LogSumExp, "b", 1, "lb")], Mode::Native, None, None, None, &Executor::cpu()).unwrap();
         assert_eq!(env.tensor("lb").unwrap().to_f64_vec(), vec![1000.0 + 2f64.ln(), f64::NEG_INFINITY]);
     }
 
@@ -853,7 +884,7 @@ mod tests {
             Step::Compute { expr: TensorExpr::parse("x / 3").unwrap(), dtype: Some(DType::BF16), dst: "z".into() },
         ];
         let mut env = env_with(&[("x", x.clone()), ("s", s)]);
-        run(&mut env, &steps, Mode::Native, None, None, &Executor::cpu()).unwrap();
+        run(&mut env, &steps, Mode::Native, None, None, None, &Executor::cpu()).unwrap();
         let y = env.tensor("y").unwrap();
         assert_eq!((y.dtype(), y.shape()), (DType::F16, &[3usize, 4][..]));
         let sv = 0.1f32 as f64;
@@ -862,7 +893,7 @@ mod tests {
         }
         assert_eq!(env.tensor("z").unwrap().dtype(), DType::BF16);
         let mut env = env_with(&[("x", HostTensor::from_f64(&[3, 4], x.to_f64_vec())), ("s", HostTensor::from_f64(&[], vec![0.1]))]);
-        run(&mut env, &steps, Mode::F64, None, None, &Executor::cpu()).unwrap();
+        run(&mut env, &steps, Mode::F64, None, None, None, &Executor::cpu()).unwrap();
         let y = env.tensor("y").unwrap();
         assert_eq!(y.dtype(), DType::F64);
         assert_eq!(y.to_f64_vec()[0], x.to_f64_vec()[0] * 0.1 + 5.0);
@@ -879,7 +910,7 @@ mod tests {
             Step::Cast { src: "x".into(), dtype: DType::I32, dst: "i".into() },
             Step::Accumulate { src: "b".into(), dst: "h".into() },
         ];
-        run(&mut env, &steps, Mode::Native, None, None, &Executor::cpu()).unwrap();
+        run(&mut env, &steps, Mode::Native, None, None, None, &Executor::cpu()).unwrap();
         let h = env.tensor("h").unwrap();
         assert_eq!(h.dtype(), DType::F16);
         let r = |v: f64| tilegrad_reference::round_to(DType::F16, v);
@@ -887,7 +918,7 @@ mod tests {
         assert_eq!(h.to_f64_vec(), want);
         assert_eq!(env.tensor("i").unwrap().to_f64_vec(), vec![0.0, -1.0, 2.0, 0.0, 70000.0, -3.0]);
         // Errors: a shape that does not broadcast to dst's, a float into an int, an int mean.
-        let bad = |s: Step| run(&mut env.clone(), &[s], Mode::Native, None, None, &Executor::cpu()).unwrap_err().error;
+        let bad = |s: Step| run(&mut env.clone(), &[s], Mode::Native, None, None, None, &Executor::cpu()).unwrap_err().error;
         let msg = |e: StepError| match e {
             StepError::Spec(m) => m,
             StepError::Exec(e) => panic!("{e}"),
@@ -911,7 +942,7 @@ mod tests {
             Step::Accumulate { src: "p".into(), dst: "x".into() },
         ];
         let mut rec = Records::default();
-        run(&mut env, &steps, Mode::F64, Some(&mut rec), None, &Executor::cpu()).unwrap();
+        run(&mut env, &steps, Mode::F64, Some(&mut rec), None, None, &Executor::cpu()).unwrap();
         let snaps: Vec<(usize, &str)> = rec.snapshots.iter().map(|(s, n, _)| (*s, n.as_str())).collect();
         // `x` is overwritten by step 4: the product and the logsumexp read it; the sum is affine.
         assert_eq!(snaps, vec![(0, "x"), (2, "x")]);

@@ -20,6 +20,15 @@ pub(crate) fn forward_err(fwd: &Forward) -> impl Fn(steps::StepFailure) -> Check
     move |f| CheckError::Forward { step: f.step, what: fwd.steps[f.step].describe(), message: f.error.message() }
 }
 
+/// The error of a forward step that failed: a defect of the forward's kernels where one of its
+/// launches failed as it would on a GPU, else a usage error.
+fn forward_defect(fwd: &Forward) -> impl Fn(steps::StepFailure) -> CheckError + '_ {
+    move |f| match f.error {
+        steps::StepError::Exec(error) => CheckError::ForwardDefect { step: f.step, what: fwd.steps[f.step].describe(), error },
+        e => CheckError::Forward { step: f.step, what: fwd.steps[f.step].describe(), message: e.message() },
+    }
+}
+
 /// Tensors by name.
 pub type Named = Vec<(String, HostTensor)>;
 
@@ -34,7 +43,7 @@ pub fn run_forward_on(fwd: &Forward, inputs: &Inputs, seed: u64, backend: Backen
     let exec = Executor::new(backend)?;
     let env0 = inputs.materialise(seed)?;
     let mut env = env0.clone();
-    steps::run(&mut env, &fwd.steps, Mode::Native, None, None, &exec).map_err(forward_err(fwd))?;
+    steps::run(&mut env, &fwd.steps, Mode::Native, None, None, None, &exec).map_err(forward_err(fwd))?;
     Ok((
         named(&env0, inputs.tensors.iter().map(|t| t.name.as_str()))?,
         named(&env, fwd.outputs.iter().chain(&fwd.saved).map(String::as_str))?,
@@ -83,6 +92,8 @@ pub(crate) struct Prepared {
     pub native_records: Option<steps::Records>,
     /// Seconds spent so far, by phase.
     pub timings: Timings,
+    /// What the forward's launches rely on ([`super::notes`]).
+    pub notes: Vec<super::Finding>,
 }
 
 /// Runs the forward both ways; with `native_records`, the native run's launches are recorded too.
@@ -102,20 +113,23 @@ pub(crate) fn prepare(
     let mut native = drawn.clone();
     let mut trace = Trace::default();
     let mut nrec = native_records.then(steps::Records::default);
+    let mut notes = Vec::new();
     timings
-        .time("forward in the kernels' dtypes", || steps::run(&mut native, &fwd.steps, Mode::Native, nrec.as_mut(), Some(&mut trace), exec))
-        .map_err(forward_err(fwd))?;
+        .time("forward in the kernels' dtypes", || {
+            steps::run(&mut native, &fwd.steps, Mode::Native, nrec.as_mut(), Some(&mut trace), Some(("forward", &mut notes)), exec)
+        })
+        .map_err(forward_defect(fwd))?;
     tilegrad_reference::release_buffers();
     let f64_mode = opts.precision == Precision::F64;
     let mut truth = if f64_mode { promote(&drawn) } else { drawn.clone() };
     let mut records = steps::Records { share: drawn.mem_tensors(), ..steps::Records::default() };
     timings
         .time("forward of the ground truth", || {
-            steps::run(&mut truth, &fwd.steps, if f64_mode { Mode::F64 } else { Mode::Native }, Some(&mut records), None, exec)
+            steps::run(&mut truth, &fwd.steps, if f64_mode { Mode::F64 } else { Mode::Native }, Some(&mut records), None, None, exec)
         })
         .map_err(forward_err(fwd))?;
     tilegrad_reference::release_buffers();
-    Ok(Prepared { drawn, native, trace, truth, records, native_records: nrec, timings })
+    Ok(Prepared { drawn, native, trace, truth, records, native_records: nrec, timings, notes })
 }
 
 /// Every float input is finite: with a NaN or an infinity among the inputs the ground truth is
@@ -299,7 +313,7 @@ pub fn gradcheck(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, name: &str
             let x: Vec<f64> = t.to_f64_vec().iter().zip(v).map(|(a, b)| a + h * b).collect();
             *env.mem.get_mut(id) = HostTensor::from_f64(t.shape(), x);
         }
-        steps::run(&mut env, &fwd.steps, Mode::F64, None, None, &exec).map_err(forward_err(fwd))?;
+        steps::run(&mut env, &fwd.steps, Mode::F64, None, None, None, &exec).map_err(forward_err(fwd))?;
         Ok(cot.iter().map(|(o, c)| env.tensor(o).expect("ran").to_f64_vec().iter().zip(c).map(|(a, b)| a * b).sum::<f64>()).sum())
     };
     let rel_step = 1e-6;

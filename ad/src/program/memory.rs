@@ -337,6 +337,22 @@ impl Program<'_> {
         let mut accs = Vec::with_capacity(self.events.len());
         for (ev, e) in self.events.iter().enumerate() {
             let oc = self.sh.slots[e.slot as usize].out_cot;
+            // Programs storing the same value to one element: the last one's store takes it.
+            let owned = self.sh.owners.map(|o| &o[e.slot as usize]).filter(|o| !o.is_empty() && !e.atomic);
+            let oc = match (oc, owned) {
+                (Some(oc), Some(own)) => {
+                    let me = self.first as u32;
+                    let mut acc = vec![0.0; e.numel];
+                    for (l, el) in e.lanes() {
+                        if own[el as usize] == me && live.as_ref().is_none_or(|m| m.get(&(e.slot, el)) == Some(&(ev as u32, l))) {
+                            acc[l as usize] = oc[el as usize];
+                        }
+                    }
+                    accs.push(acc);
+                    continue;
+                }
+                (oc, _) => oc,
+            };
             // Runs (in lane order) covering every lane, each lane its element's last writer:
             // the cotangents are the output cotangent's slices, one after the other.
             if let (Some(oc), true) = (oc, e.atomic || live.is_none()) {

@@ -22,7 +22,7 @@ impl<'k> Gen<'k> {
         let dt = self.pointee(p);
         self.declare(r);
         let m = if mask { format!("v{}[j]", d.args[1].0) } else { "true".into() };
-        let fill = if other { format!("v{}[j]", d.args[2].0) } else { self.fill(dt) };
+        let fill = if other { format!("v{}[j]", d.args[2].0) } else { self.fill(i, dt) };
         let (lead, lane) = self.access_lane(p);
         let fail = self.fail(i, ERR_OOB, lane, "off", &j.to_string());
         let read = from_storage(dt, &format!("tg_b{j}[off]"));
@@ -114,12 +114,14 @@ impl<'k> Gen<'k> {
         self.line("} }");
     }
 
-    /// What a masked-off lane of a load without `other` reads: NaN for floats where the launch
-    /// poisons masked loads, else zero.
-    pub(super) fn fill(&self, dt: DType) -> String {
-        if dt.is_float() {
+    /// What a masked-off lane of load `i` without `other` reads: NaN for floats where the launch
+    /// poisons this load (its bit of the mask, see `tilegrad_ir::analysis::unfilled_loads`),
+    /// else zero.
+    pub(super) fn fill(&self, i: Inst, dt: DType) -> String {
+        let unfilled = tilegrad_ir::analysis::unfilled_loads(self.k);
+        if let Some(n) = unfilled.iter().position(|&l| l == i) {
             let nan = if dt == DType::F64 { "TG_NAN_D" } else { "TG_NAN_F" };
-            format!("(TG_POISON ? {nan} : ({})0)", ctype(dt))
+            format!("(((TG_POISON >> {}) & 1) ? {nan} : ({})0)", n.min(63), ctype(dt))
         } else {
             format!("({})0", ctype(dt))
         }

@@ -50,6 +50,12 @@ struct Commit {
     /// sets; empty until some access holds a lock.
     owner_locks: Vec<u32>,
     atomic_locks: Vec<u32>,
+    /// Elements some store of the launch set to bits other than their initial ones: a load of
+    /// an element no store changed reads the same whatever the order of programs.
+    changed: Vec<bool>,
+    /// Stores that met another program's store of the same bits. They are order-independent if
+    /// the element ends with those bits (see [`Committer::settle_same_bits`]).
+    same_bits: Vec<SameBits>,
 }
 
 impl Commit {
@@ -153,14 +159,23 @@ fn build_shared<'a>(l: &Launch<'a>, bound: &[Bound], mem: &'a Memory, plan: &'a 
             .zip(&slot_written)
             .map(|(t, &w)| {
                 let ten = mem.get(*t);
-                Slot { name: mem.name(*t).to_string(), dtype: ten.dtype(), initial: ten.data(), written: w }
+                Slot { name: mem.name(*t).to_string(), dtype: ten.dtype(), shape: ten.shape(), initial: ten.data(), written: w }
             })
             .collect(),
         params,
         grid: l.grid.0,
-        poison: l.options.poison_masked_loads,
+        poison: poisoned_loads(k, l.options.poison_masked_loads),
     };
     (shared, slot_ids)
+}
+
+/// The loads `mask` poisons.
+fn poisoned_loads(k: &Kernel, mask: u64) -> Vec<tilegrad_ir::Inst> {
+    if mask == 0 {
+        return Vec::new();
+    }
+    let all = tilegrad_ir::analysis::unfilled_loads(k);
+    all.into_iter().enumerate().filter(|(i, _)| tilegrad_ir::analysis::poisoned(mask, *i)).map(|(_, l)| l).collect()
 }
 
 /// Runs program `pid` of a launch alone, recording the value of every op it runs (see
@@ -440,6 +455,7 @@ fn run_ordered(l: &Launch, shared: &Shared) -> Result<(LaunchSummary, Finals), E
                 .map(|(s, cm)| Slot {
                     name: s.name.clone(),
                     dtype: s.dtype,
+                    shape: s.shape,
                     initial: cm.as_ref().map_or(s.initial, |cm| &cm.data),
                     written: s.written,
                 })
@@ -450,7 +466,7 @@ fn run_ordered(l: &Launch, shared: &Shared) -> Result<(LaunchSummary, Finals), E
                 slots,
                 params: shared.params.clone(),
                 grid: shared.grid,
-                poison: shared.poison,
+                poison: shared.poison.clone(),
             };
             Program::new(&sh, l.grid.pid(p)).run(None)?
         };
@@ -526,6 +542,8 @@ impl Committer {
                         atomic_inst: Vec::new(),
                         owner_locks: Vec::new(),
                         atomic_locks: Vec::new(),
+                        changed: vec![false; n],
+                        same_bits: Vec::new(),
                     }
                 })
             })
@@ -550,7 +568,8 @@ impl Committer {
     /// Checks the loads against the final owner tables.
     fn finish(mut self, l: &Launch, shared: &Shared, mut summary: LaunchSummary) -> Result<(LaunchSummary, Finals), ExecError> {
         let k = shared.kernel;
-        summary.races = std::mem::take(&mut self.races);
+        self.settle_same_bits(l, shared, &mut summary)?;
+        summary.races.append(&mut self.races);
         for (p, logs) in &self.reads {
             for (s, log) in logs.iter().enumerate() {
                 let Some(c) = self.commits[s].as_ref() else { continue };
@@ -559,6 +578,12 @@ impl Committer {
                     for &(st, len) in &r.runs {
                         for o in st as usize..st as usize + len as usize {
                             let (w, wi, wl) = if c.owner[o] != NONE && c.owner[o] != *p {
+                                if !c.changed[o] {
+                                    // Every store left the element as it was: any order reads it.
+                                    let (first, second) = (site(k, l, c.owner[o], c.owner_inst[o]), site(k, l, *p, r.inst.0));
+                                    same_value(&mut summary, || slot_race(&shared.slots[s], RaceKind::ReadWrite, o, first, second));
+                                    continue;
+                                }
                                 (c.owner[o], c.owner_inst[o], c.owner_locks.get(o).copied().unwrap_or(0))
                             } else if c.atomic(o).0 != NONE && c.atomic(o).0 != *p {
                                 (c.atomic(o).0, c.atomic(o).1, c.atomic_locks.get(o).copied().unwrap_or(0))
@@ -568,13 +593,8 @@ impl Committer {
                             if self.locks.common(rl, wl) != 0 {
                                 continue;
                             }
-                            let race = Race {
-                                kind: RaceKind::ReadWrite,
-                                tensor: shared.slots[s].name.clone(),
-                                offset: o as i64,
-                                first: site(k, l, if w == MANY { *p } else { w }, wi),
-                                second: site(k, l, *p, r.inst.0),
-                            };
+                            let first = site(k, l, if w == MANY { *p } else { w }, wi);
+                            let race = slot_race(&shared.slots[s], RaceKind::ReadWrite, o, first, site(k, l, *p, r.inst.0));
                             match l.options.races {
                                 RaceMode::Error => return Err(ExecError::Race(Box::new(race))),
                                 RaceMode::Warn => {
@@ -599,6 +619,58 @@ impl Committer {
         }
         Ok((summary, self.commits.into_iter().map(|c| c.map(|c| c.data)).collect()))
     }
+}
+
+impl Committer {
+    /// Write/write conflicts of the same bits: order-independent where the element ends with
+    /// those bits (every program's last store agreed), a race where a later store changed them.
+    fn settle_same_bits(&mut self, l: &Launch, shared: &Shared, summary: &mut LaunchSummary) -> Result<(), ExecError> {
+        for (slot, c) in shared.slots.iter().zip(&mut self.commits) {
+            let Some(c) = c else { continue };
+            for sb in std::mem::take(&mut c.same_bits) {
+                let race = || {
+                    let (first, second) =
+                        (site(shared.kernel, l, sb.first.0, sb.first.1), site(shared.kernel, l, sb.second.0, sb.second.1));
+                    slot_race(slot, RaceKind::WriteWrite, sb.element, first, second)
+                };
+                if program::elem_bits(&c.data, sb.element) == sb.bits {
+                    same_value(summary, race);
+                    continue;
+                }
+                let race = race();
+                match l.options.races {
+                    RaceMode::Error => return Err(ExecError::Race(Box::new(race))),
+                    RaceMode::Warn if self.races.len() < 100 => self.races.push(race),
+                    RaceMode::Warn => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Conflicts whose outcome does not depend on the order of programs kept per tensor as examples.
+const SAME_BITS_KEPT: usize = 100;
+
+/// A store that met another program's store of the same bits: the element, the bits, and the
+/// (program, instruction) of both stores.
+struct SameBits {
+    element: usize,
+    bits: u64,
+    first: (u32, u32),
+    second: (u32, u32),
+}
+
+/// Counts an order-independent access to an element other programs stored to, keeping the first.
+fn same_value(summary: &mut LaunchSummary, race: impl FnOnce() -> Race) {
+    summary.same_value_races += 1;
+    if summary.same_value.len() < SAME_BITS_KEPT {
+        summary.same_value.push(race());
+    }
+}
+
+fn slot_race(slot: &Slot, kind: RaceKind, element: usize, first: Site, second: Site) -> Race {
+    Race::at(kind, &slot.name, slot.shape, element as i64, first, second)
 }
 
 fn site(k: &Kernel, l: &Launch, p: u32, inst: u32) -> Site {
@@ -637,20 +709,22 @@ fn commit(
             let conflict = if e.atomic {
                 by_other(c.owner[o], ol, locks).then(|| (RaceKind::StoreAtomic, c.owner[o], c.owner_inst[o]))
             } else if by_other(c.owner[o], ol, locks) {
-                Some((RaceKind::WriteWrite, c.owner[o], c.owner_inst[o]))
+                let bits = program::elem_bits(&e.vals, lane);
+                if program::elem_bits(&c.data, o) == bits {
+                    // The same bits as the element holds from the other program: a note, if
+                    // the element keeps them to the end of the launch.
+                    c.same_bits.push(SameBits { element: o, bits, first: (c.owner[o], c.owner_inst[o]), second: (p, e.inst.0) });
+                    None
+                } else {
+                    Some((RaceKind::WriteWrite, c.owner[o], c.owner_inst[o]))
+                }
             } else if by_other(c.atomic(o).0, al, locks) {
                 Some((RaceKind::StoreAtomic, c.atomic(o).0, c.atomic(o).1))
             } else {
                 None
             };
             if let Some((kind, q, qi)) = conflict {
-                let race = Race {
-                    kind,
-                    tensor: slot.name.clone(),
-                    offset: o as i64,
-                    first: site(k, l, if q == MANY { p } else { q }, qi),
-                    second: site(k, l, p, e.inst.0),
-                };
+                let race = slot_race(slot, kind, o, site(k, l, if q == MANY { p } else { q }, qi), site(k, l, p, e.inst.0));
                 match l.options.races {
                     RaceMode::Error => return Err(ExecError::Race(Box::new(race))),
                     RaceMode::Warn => {
@@ -681,6 +755,9 @@ fn commit(
                 }
                 c.owner[o] = p;
                 c.owner_inst[o] = e.inst.0;
+                if !c.changed[o] && program::elem_bits(&e.vals, lane) != program::elem_bits(slot.initial, o) {
+                    c.changed[o] = true;
+                }
                 set_into(&mut c.data, o, &e.vals, lane);
             }
         }

@@ -23,6 +23,7 @@ pub(crate) type LockSet = Vec<(u32, i64)>;
 pub(crate) struct Slot<'m> {
     pub name: String,
     pub dtype: DType,
+    pub shape: &'m [usize],
     pub initial: &'m Data,
     /// Some op may write it: loads from it are logged for race detection.
     pub written: bool,
@@ -47,8 +48,8 @@ pub(crate) struct Shared<'a> {
     /// Initial values of the parameters (pointer params: slot and offset 0).
     pub params: Vec<RV>,
     pub grid: [u32; 3],
-    /// Masked-off float lanes of loads without `other` read NaN.
-    pub poison: bool,
+    /// The loads whose masked-off float lanes read NaN (see [`crate::Options::poison_masked_loads`]).
+    pub poison: Vec<Inst>,
 }
 
 /// A logged store or atomic: the access's offsets, values and mask as the (shared, dense) tiles
@@ -826,7 +827,7 @@ impl<'a> Program<'a> {
         let od = other_t.as_ref().map(|t| if t.is_splat() { t.data.clone() } else { t.materialize() });
         let active = mv.map_or(n, |m| m.iter().filter(|&&b| b).count());
         self.loaded += active as u64;
-        let poison = self.sh.poison && other.is_none();
+        let poison = other.is_none() && self.sh.poison.contains(&i);
         // Runs of an unmasked access: for a contiguous copy, and for the read log.
         let runs: Runs = if mv.is_none() { with_offs!(&*offs, |ov| offs::runs(ov)) } else { Vec::new() };
         let log = &mut self.logs[p.slot as usize];
@@ -904,13 +905,9 @@ impl<'a> Program<'a> {
         if !atomic {
             if let Some(dup) = duplicate(&e) {
                 let site = self.site(i);
-                return Err(ExecError::Race(Box::new(crate::error::Race {
-                    kind: crate::error::RaceKind::DuplicateLanes,
-                    tensor: self.sh.slots[p.slot as usize].name.clone(),
-                    offset: dup,
-                    first: site.clone(),
-                    second: site,
-                })));
+                let slot = &self.sh.slots[p.slot as usize];
+                let kind = crate::error::RaceKind::DuplicateLanes;
+                return Err(ExecError::Race(Box::new(crate::error::Race::at(kind, &slot.name, slot.shape, dup, site.clone(), site))));
             }
             self.stored += active;
         } else {
@@ -966,7 +963,8 @@ fn build_overlay(dtype: DType, initial: &Data, events: &[Event]) -> HashMap<i64,
     m
 }
 
-/// An element that two active lanes of one store write, if any.
+/// An element two active lanes of one store write with different bits (the winner is undefined
+/// on a GPU), if any.
 fn duplicate(e: &Event) -> Option<i64> {
     let increasing = match (&e.runs, e.mask()) {
         // Runs that each start past the end of the previous one never repeat an element.
@@ -985,9 +983,10 @@ fn duplicate(e: &Event) -> Option<i64> {
     if increasing {
         return None;
     }
-    let mut s: Vec<i64> = e.lanes().map(|(_, o)| o).collect();
+    // Lanes writing one element the same bits leave it the same whichever lands last.
+    let mut s: Vec<(i64, u64)> = e.lanes().map(|(lane, o)| (o, bits_of(&e.vals, lane))).collect();
     s.sort_unstable();
-    s.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+    s.windows(2).find(|w| w[0].0 == w[1].0 && w[0].1 != w[1].1).map(|w| w[0].0)
 }
 
 /// A literal as one-element data of dtype `dt`.

@@ -1,0 +1,218 @@
+//! Notes: what a launch relies on that runs the same on a GPU today but that Triton does not
+//! promise, reported without failing the check (`strict` makes them failures).
+//!
+//! - **Masked-off lanes read as 0.** Triton documents the masked-off lanes of a load without
+//!   `other` as undefined; its NVIDIA and AMD backends zero them, and libraries rely on it. A
+//!   launch with such loads runs a second time with those lanes poisoned (NaN); where its results
+//!   change, the loads they depend on (found by poisoning one at a time) are named.
+//! - **Conflicts whose outcome does not depend on the order of programs**: two programs storing
+//!   the same bits to one element, a load of an element every store left unchanged
+//!   ([`tilegrad_reference::LaunchSummary::same_value`]).
+
+use super::backend::Executor;
+use super::report::{unravel, Finding, FindingKind, Location};
+use tilegrad_ir::{Inst, Kernel};
+use tilegrad_reference::{Arg, Grid, Launch, LaunchSummary, Memory, Options, Race, Site, TensorId, POISON_ALL};
+
+/// The notes of one launch that ran from `before` to `after` with `summary` (for front ends
+/// that run launches themselves, as the Python package does): masked-off lanes its results
+/// depend on, and conflicts whose outcome does not depend on the order of programs.
+#[allow(clippy::too_many_arguments)]
+pub fn of_launch(
+    launch: &Launch,
+    before: &Memory,
+    after: &Memory,
+    summary: &LaunchSummary,
+    exec: &Executor,
+    pass: &'static str,
+    step: usize,
+    what: &str,
+) -> Vec<Finding> {
+    let at = At { pass, step, what };
+    let args: Vec<(String, Arg)> = launch.args().to_vec();
+    let mut out: Vec<Finding> =
+        masked_lanes(launch.kernel(), launch.grid(), &args, launch.get_options(), before, after, exec, at).into_iter().collect();
+    out.extend(same_value(summary, at));
+    out
+}
+
+/// Where a launch ran: the pass, its step and the step's description.
+#[derive(Clone, Copy)]
+pub(crate) struct At<'a> {
+    pub pass: &'static str,
+    pub step: usize,
+    pub what: &'a str,
+}
+
+/// Loads poisoned one at a time to name those a launch depends on; past this many, all are named.
+const ATTRIBUTED: usize = 8;
+
+/// The note of a launch whose results depend on the masked-off lanes of its loads without
+/// `other`: `before` is the memory before it ran, `after` after (lanes read as 0). `None` when
+/// the kernel has no such load or nothing changes with them poisoned.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn masked_lanes(
+    kernel: &Kernel,
+    grid: Grid,
+    args: &[(String, Arg)],
+    opts: &Options,
+    before: &Memory,
+    after: &Memory,
+    exec: &Executor,
+    at: At,
+) -> Option<Finding> {
+    let loads = tilegrad_ir::analysis::unfilled_loads(kernel);
+    if loads.is_empty() {
+        return None;
+    }
+    let written = super::steps::written_tensors(kernel, args);
+    let differs = |mask: u64| -> Option<Difference> {
+        let mut mem = before.clone();
+        let o = Options { poison_masked_loads: mask, record_writers: false, ..opts.clone() };
+        let mut launch = Launch::new(kernel, grid).options(o);
+        for (n, a) in args {
+            launch = launch.arg(n, *a);
+        }
+        match exec.run(&launch, &mut mem) {
+            Err(e) => Some(Difference::Failed(e.to_string())),
+            Ok(_) => first_difference(&written, after, &mem),
+        }
+    };
+    let diff = differs(POISON_ALL)?;
+    let relied: Vec<Inst> = if loads.len() == 1 {
+        loads
+    } else if loads.len() <= ATTRIBUTED {
+        let one: Vec<Inst> = loads.iter().enumerate().filter(|(i, _)| differs(1 << i).is_some()).map(|(_, &l)| l).collect();
+        if one.is_empty() {
+            loads
+        } else {
+            one
+        }
+    } else {
+        loads
+    };
+    Some(masked_note(kernel, &relied, &diff, after, at))
+}
+
+/// How a launch's results changed with masked-off lanes poisoned.
+enum Difference {
+    /// An element: tensor, flat index, its value with the lanes read as 0, and poisoned.
+    Element(TensorId, usize, f64, f64),
+    /// The poisoned run failed (a NaN became an index, a loop bound, ...).
+    Failed(String),
+}
+
+/// The first element of `tensors` whose bits differ between `a` and `b`.
+fn first_difference(tensors: &[TensorId], a: &Memory, b: &Memory) -> Option<Difference> {
+    for &t in tensors {
+        let (x, y) = (a.get(t), b.get(t));
+        if x.data() == y.data() {
+            continue;
+        }
+        let (xv, yv) = (x.to_f64_vec(), y.to_f64_vec());
+        if let Some(i) = (0..xv.len()).find(|&i| xv[i].to_bits() != yv[i].to_bits()) {
+            return Some(Difference::Element(t, i, xv[i], yv[i]));
+        }
+    }
+    None
+}
+
+fn masked_note(kernel: &Kernel, loads: &[Inst], diff: &Difference, after: &Memory, at: At) -> Finding {
+    let locations: Vec<Location> = loads.iter().map(|&l| location(kernel, l, "load")).collect();
+    let lines = match locations.first() {
+        Some(first) if locations.iter().all(|l| l.file == first.file) => {
+            let at: Vec<String> = locations.iter().map(|l| format!("{}:{}", l.line, l.col)).collect();
+            format!("{} at {}", first.file, at.join(", "))
+        }
+        _ => locations.iter().map(|l| format!("{}:{}:{}", l.file, l.line, l.col)).collect::<Vec<_>>().join(", "),
+    };
+    let mut f = note(FindingKind::MaskedLanes, at);
+    let effect = match diff {
+        Difference::Element(t, i, zero, poisoned) => {
+            let tensor = after.name(*t).to_string();
+            let index = unravel(*i, after.get(*t).shape());
+            f.element = Some(index.iter().map(|&x| x as i64).collect());
+            (f.expected, f.got) = (Some(*zero), Some(*poisoned));
+            let r = format!("with them undefined (NaN here), `{tensor}`{index:?} is {poisoned:e}, not {zero:e}");
+            f.tensor = Some(tensor);
+            r
+        }
+        Difference::Failed(e) => format!("with them undefined (NaN here) the launch fails: {e}"),
+    };
+    f.message = format!(
+        "{} step {} ({}): reads masked-off lanes of loads without `other` as 0\n\
+         as Triton's NVIDIA and AMD backends do; Triton documents them as undefined (`other=` says what they hold)\n\
+         {} of kernel `{}`: {}\n{effect}",
+        at.pass,
+        at.step,
+        at.what,
+        if loads.len() == 1 { "load" } else { "loads" },
+        kernel.name,
+        lines,
+    );
+    f.locations = locations;
+    f
+}
+
+fn location(k: &Kernel, i: Inst, op: &str) -> Location {
+    let loc = &k.inst(i).loc;
+    Location { file: loc.file.to_string(), line: loc.line, col: loc.col, kernel: k.name.clone(), op: op.to_string() }
+}
+
+fn site_location(s: &Site) -> Location {
+    Location { file: s.loc.file.to_string(), line: s.loc.line, col: s.loc.col, kernel: s.kernel.clone(), op: s.op.to_string() }
+}
+
+/// The note of a launch's conflicts whose outcome does not depend on the order of programs.
+pub(crate) fn same_value(summary: &LaunchSummary, at: At) -> Option<Finding> {
+    let r: &Race = summary.same_value.first()?;
+    let mut f = note(FindingKind::SameValueRace, at);
+    let element = format!("{:?}", r.index);
+    f.element = Some(r.index.iter().map(|&x| x as i64).collect());
+    f.tensor = Some(r.tensor.clone());
+    f.count = Some(summary.same_value_races as usize);
+    for s in [&r.first, &r.second] {
+        f.programs.push(s.pid);
+        let l = site_location(s);
+        if !f.locations.contains(&l) {
+            f.locations.push(l);
+        }
+    }
+    let what = match r.kind {
+        tilegrad_reference::RaceKind::ReadWrite => "loads what another program stores, the value it already held",
+        _ => "store the same value to",
+    };
+    let n = summary.same_value_races;
+    f.message = format!(
+        "{} step {} ({}): programs {:?} and {:?} {what} `{}`{element}\n\
+         the same whatever their order, so not a race ({n} such access{} in the launch)\nfirst:  {}\nsecond: {}",
+        at.pass,
+        at.step,
+        at.what,
+        r.first.pid,
+        r.second.pid,
+        r.tensor,
+        if n == 1 { "" } else { "es" },
+        r.first,
+        r.second
+    );
+    Some(f)
+}
+
+fn note(kind: FindingKind, at: At) -> Finding {
+    Finding {
+        kind,
+        pass: at.pass,
+        name: None,
+        tensor: None,
+        element: None,
+        expected: None,
+        got: None,
+        count: None,
+        trial: None,
+        step: Some(at.step),
+        programs: Vec::new(),
+        locations: Vec::new(),
+        message: String::new(),
+    }
+}

@@ -355,6 +355,9 @@ fn an_overflowing_exp_is_named_with_its_operand() {
     let x: f64 = n.split("exp(").nth(1).and_then(|r| r.split(')').next()).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{n}"));
     assert!(x > 88.7, "{n}");
     assert_eq!(s.lines[0].note.as_deref(), Some("first non-finite value"), "{r}");
+    // The JSON finding carries the same origin.
+    let f = r.findings.iter().find(|f| f.name.as_deref() == Some("x")).unwrap_or_else(|| panic!("no finding for x:\n{r}"));
+    assert_eq!(f.origin.as_deref(), Some(n), "{r}");
 }
 
 #[test]

@@ -146,6 +146,8 @@ fn an_unwritten_element_fails_with_never_written_blame() {
         "{r}"
     );
     assert!(r.to_string().contains("never written"), "{r}");
+    let origin = r.findings[0].origin.as_deref().unwrap_or_default();
+    assert!(origin.contains("`grad_x`[999] was never written") && origin.contains("allocated empty"), "{origin}");
 }
 
 #[test]

@@ -417,6 +417,23 @@ fn cli_defects_and_notes_of_the_code_as_it_runs_on_a_gpu() {
 }
 
 #[test]
+fn one_tensor_the_gradient_of_two_inputs_is_explained_once() {
+    // x + y: both gradients are the cotangent, so one tensor may serve as both.
+    let dir = temp_dir("shared_grad");
+    let text = std::fs::read_to_string(examples().join("vector_add.toml")).unwrap();
+    let triton = format!("\"{}/", examples().join("triton").display());
+    let shared = text.replace("\"triton/", &triton).replace("gradients = { x = \"grad_x\", y = \"grad_y\" }", "gradients = { x = \"grad_x\", y = \"grad_x\" }");
+    assert!(shared.contains("y = \"grad_x\""));
+    let path = dir.join("shared.toml");
+    std::fs::write(&path, &shared).unwrap();
+    let (code, out, err) = tilegrad(&["check", path.to_str().unwrap(), "--kernel", "bwd=::vector_add_bwd_broken_off_by_one"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert_eq!(out.matches("FAIL").count(), 3, "both rows fail: {out}");
+    assert_eq!(out.matches("worst element of `grad_x`").count(), 1, "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn cli_blame_element_explains_any_element() {
     let args = ["check", "examples/softmax.toml", "--kernel", "bwd=::softmax_bwd_broken_no_dot", "--trials", "1"];
     let (code, out, err) = tilegrad(&[&args[..], &["--blame-element", "grad_x[3, 5]"]].concat());

@@ -37,6 +37,7 @@ pub(crate) fn of_tensor(pass: &'static str, r: &TensorReport) -> Option<Finding>
         step: None,
         programs: Vec::new(),
         locations: Vec::new(),
+        origin: None,
         message: String::new(),
     };
     let Some(w) = &r.worst else {
@@ -59,9 +60,17 @@ pub(crate) fn of_tensor(pass: &'static str, r: &TensorReport) -> Option<Finding>
                 f.step = f.step.or(Some(*step));
                 f.locations.extend(parse_location(loc, kernel, "atomic_add"));
             }
-            BlameSite::NeverWritten { .. } => f.kind = FindingKind::NeverWritten,
+            BlameSite::NeverWritten { tensor, index, init, .. } => {
+                f.kind = FindingKind::NeverWritten;
+                if init == "NaN" {
+                    f.origin = Some(format!("`{tensor}`{index:?} was never written: its memory was allocated empty (NaN)"));
+                }
+            }
             BlameSite::Given { .. } => {}
         }
+    }
+    if let Some(n) = w.blame.as_ref().and_then(|b| b.slice.as_ref()).and_then(|s| s.nonfinite.clone()) {
+        f.origin = Some(n);
     }
     let over = match (r.over_tolerance, &r.calibration) {
         (0, Some(c)) => format!("normwise error {:.3e} over its calibrated limit {:.3e}", c.error, c.limit),
@@ -87,6 +96,7 @@ pub(crate) fn of_error(e: &ExecError, pass: &'static str, step: usize, trial: us
         step: Some(step),
         programs: Vec::new(),
         locations: Vec::new(),
+        origin: None,
         message: e.to_string(),
     };
     let mut at = |s: &Site| {
@@ -145,6 +155,7 @@ pub(crate) fn shape_mismatch(input: &str, tensor: &str, message: String, step: u
         step: Some(step),
         programs: Vec::new(),
         locations: Vec::new(),
+        origin: None,
         message,
     }
 }
@@ -177,6 +188,7 @@ pub(crate) fn of_failure(f: &Failure) -> Finding {
         step: Some(f.step),
         programs: Vec::new(),
         locations: Vec::new(),
+        origin: None,
         message: m.clone(),
     }
 }

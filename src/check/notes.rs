@@ -213,6 +213,7 @@ fn note(kind: FindingKind, at: At) -> Finding {
         step: Some(at.step),
         programs: Vec::new(),
         locations: Vec::new(),
+        origin: None,
         message: String::new(),
     }
 }

@@ -376,6 +376,10 @@ pub struct Finding {
     pub programs: Vec<[u32; 3]>,
     /// Source locations concerned (the writing store; both accesses of a race).
     pub locations: Vec<Location>,
+    /// For a NaN or infinite value: where it came from (an element never written, its memory
+    /// allocated empty; the first op that made it from finite operands; a load that read it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
     /// The same in words.
     pub message: String,
 }
@@ -573,12 +577,23 @@ fn table(f: &mut fmt::Formatter<'_>, first: &str, rows: &[TensorReport]) -> fmt:
                 r.dtype,
                 c.noise,
                 c.error,
-                if c.margin >= 1.0 { format!("{:.1}x within", c.margin) } else { format!("{:.1}x over", 1.0 / c.margin) }
+                match c.margin {
+                    m if m.is_nan() || m == 0.0 => "a NaN or infinite element".to_string(),
+                    m if m >= 1.0 => format!("{m:.1}x within"),
+                    m => format!("{:.1}x over", 1.0 / m),
+                }
             )?;
         }
     }
+    let mut shown: Vec<(&str, &[usize])> = Vec::new();
     for r in rows.iter().filter(|r| !r.passed) {
         if let Some(w) = &r.worst {
+            // One tensor that is the gradient of two inputs (`grad_x` and `grad_y` both `g`):
+            // its worst element is explained once.
+            if shown.contains(&(r.tensor.as_str(), w.index.as_slice())) {
+                continue;
+            }
+            shown.push((&r.tensor, &w.index));
             writeln!(
                 f,
                 "    worst element of `{}`: {:?} expected {:e}, got {:e} (trial {})",

@@ -49,7 +49,8 @@ fn uniform(x: u32) -> f32 {
 fn randn(seed: i64, offset: i64, wide: bool) -> f32 {
     let w = randint4x(seed, offset, wide);
     let (u1, u2) = (uniform(w[0]).max(1.0e-7_f32), uniform(w[1]));
-    let th = (6.283185307179586_f64 as f32) * u2;
+    // Triton writes 2 pi as the literal 6.283185307179586, which is TAU.
+    let th = (std::f64::consts::TAU as f32) * u2;
     let r = (-2.0_f32 * ((u1 as f64).ln() as f32)).sqrt();
     r * ((th as f64).cos() as f32)
 }

@@ -113,4 +113,6 @@ pub const CASES: &[Case] = &[
     ("_batch_norm_bwd_broken_row_mask", "batch_norm", "bwd", Oob(136), "mask: the access is at the load that uses it"),
     ("_smooth_ce_bwd_broken_target", "smooth_ce", "bwd", Wrong { input: "x", line: 81 }, "expression: blamed on the store"),
     ("_smooth_ce_bwd_broken_z_loss", "smooth_ce", "bwd", Wrong { input: "x", line: 117 }, "constexpr-guarded expression: blamed on the store"),
+    ("_dropout_add_bwd_broken_offset", "dropout", "bwd", Wrong { input: "x", line: 32 }, "a mask drawn at other offsets: blamed on the store"),
+    ("_dropout_add_bwd_broken_scale", "dropout", "bwd", Wrong { input: "x", line: 44 }, ""),
 ];

@@ -108,6 +108,7 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "batch_norm",
         "smooth_ce",
         "smooth_ce_bf16",
+        "dropout",
     ] {
         assert!(names.contains(want), "examples/{want}.toml is missing (specs: {names:?})");
     }

@@ -1114,6 +1114,8 @@ binary_methods! {
     or => Or,
     /// `a ^ b`.
     xor => Xor,
+    /// `tl.umulhi(a, b)`: the high half of the unsigned product.
+    umulhi => UMulHi,
 }
 
 macro_rules! cmp_methods {

@@ -102,6 +102,9 @@ named_enum! {
         Or => "or",
         /// Logical/bitwise xor.
         Xor => "xor",
+        /// The high half of the full product of the operands read as unsigned integers
+        /// (`tl.umulhi`; CUDA's `__umulhi`/`__umul64hi`): integers only.
+        UMulHi => "umulhi",
     }
 }
 
@@ -112,7 +115,7 @@ impl BinaryOp {
     }
     /// True for ops defined only on integers.
     pub fn int_only(self) -> bool {
-        matches!(self, BinaryOp::FloorDiv)
+        matches!(self, BinaryOp::FloorDiv | BinaryOp::UMulHi)
     }
     /// True for ops defined only on i1 and integers.
     pub fn bits_only(self) -> bool {

@@ -124,4 +124,6 @@ pub const CASES: &[Case] = &[
     ("layer_norm_tail_bwd_broken_dw", "layer_norm_tail", "bwd", Wrong { input: "w", line: 72 }, ""),
     ("row_rms_scale_bwd_broken_partial_dg", "row_rms_scale", "bwd", Race(52), ""),
     ("row_rms_scale_fwd_broken_block_rms", "row_rms_scale", "fwd", ForwardFails { what: "race", line: 44 }, "a statistic over the block: the programs of a row store different values"),
+    ("_dropout_add_bwd_broken_offset", "dropout", "bwd", Wrong { input: "x", line: 32 }, "a mask drawn at other offsets: blamed on the store"),
+    ("_dropout_add_bwd_broken_scale", "dropout", "bwd", Wrong { input: "x", line: 44 }, ""),
 ];

@@ -313,7 +313,7 @@ fn binary_f64(op: BinaryOp, a: f64, b: f64) -> Option<f64> {
         Min => a.min(b),
         Max => a.max(b),
         Pow => a.powf(b),
-        FloorDiv | And | Or | Xor => return None,
+        FloorDiv | And | Or | Xor | UMulHi => return None,
     })
 }
 
@@ -329,8 +329,18 @@ fn binary_f32(op: BinaryOp, a: f32, b: f32) -> Option<f32> {
         Min => a.min(b),
         Max => a.max(b),
         Pow => (a as f64).powf(b as f64) as f32,
-        FloorDiv | And | Or | Xor => return None,
+        FloorDiv | And | Or | Xor | UMulHi => return None,
     })
+}
+
+/// `umulhi` at the width of `d`: the high half of the product of the operands' bits read as
+/// unsigned (the reference's `umulhi`).
+fn umulhi(d: DType, x: i128, y: i128) -> i128 {
+    if d == DType::I32 {
+        ((x as u32 as u64 * y as u32 as u64) >> 32) as u32 as i32 as i128
+    } else {
+        ((x as u64 as u128 * y as u64 as u128) >> 64) as u64 as i64 as i128
+    }
 }
 
 /// An integer binary op in exact arithmetic (C semantics: `//` and `%` truncate toward zero).
@@ -357,6 +367,7 @@ fn binary_int(c: &Ctx<'_>, op: BinaryOp, d: DType, a: f64, b: f64) -> Result<f64
         And => x & y,
         Or => x | y,
         Xor => x ^ y,
+        UMulHi => umulhi(d, x, y),
         Div | Pow => return Err(c.err(format!("`{}` is not defined on integers", op.name()))),
     };
     int_result(c, d, r)
@@ -646,7 +657,7 @@ pub(super) fn binary_vjp(c: &Ctx<'_>, op: BinaryOp, cot: &BTile) -> Result<Vec<O
         },
         Min => |a, b| if selects_first(false, a, b) { (1.0, 0.0) } else { (0.0, 1.0) },
         Max => |a, b| if selects_first(true, a, b) { (1.0, 0.0) } else { (0.0, 1.0) },
-        FloorDiv | And | Or | Xor => return Ok(vec![None, None]),
+        FloorDiv | And | Or | Xor | UMulHi => return Ok(vec![None, None]),
     };
     if (0..2).any(|i| !matches!(c.layout(i), Layout::Dense)) {
         return Err(c.err("broadcast views reach only `+ - * /` among the differentiable ops"));

@@ -170,7 +170,7 @@ fn arity(op: &Op) -> Option<usize> {
 /// cotangent in the view's shape (summed over the broadcast dimensions).
 pub fn takes_views(op: &Op) -> bool {
     use tilegrad_ir::BinaryOp::*;
-    matches!(op, Op::Binary(Add | Sub | Mul | Div | FloorDiv | And | Or | Xor) | Op::Cmp(_))
+    matches!(op, Op::Binary(Add | Sub | Mul | Div | FloorDiv | And | Or | Xor | UMulHi) | Op::Cmp(_))
 }
 
 /// `src` broadcasts to `dst` without a change of rank.

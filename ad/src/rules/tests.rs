@@ -191,7 +191,7 @@ fn table(rng: &mut StdRng) -> Vec<Case> {
                 BinaryOp::Mod => c(Gen::AwayZero, Gen::Normal).fix(fix_mod),
                 BinaryOp::Min | BinaryOp::Max => c(Gen::Normal, Gen::Normal).fix(fix_apart),
                 BinaryOp::Pow => c(Gen::Pos, Gen::Normal),
-                BinaryOp::FloorDiv | BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => continue,
+                BinaryOp::FloorDiv | BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::UMulHi => continue,
             });
         }
     }

@@ -970,7 +970,7 @@ impl Emit<'_, '_> {
         use BinaryOp::*;
         let (x, y) = (self.v(xf), self.v(yf));
         match op {
-            FloorDiv | And | Or | Xor => {}
+            FloorDiv | And | Or | Xor | UMulHi => {}
             Add => {
                 self.acc(xf, g);
                 self.acc(yf, g);

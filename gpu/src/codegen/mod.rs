@@ -785,7 +785,7 @@ impl<'k> Gen<'k> {
                     Min => format!("tg_minf({x}, {y})"),
                     Max => format!("tg_maxf({x}, {y})"),
                     Pow => format!("(float)pow((double){x}, (double){y})"),
-                    FloorDiv | And | Or | Xor => return None,
+                    FloorDiv | And | Or | Xor | UMulHi => return None,
                 };
                 narrow(dt, &e)
             }
@@ -798,7 +798,7 @@ impl<'k> Gen<'k> {
                 Min => format!("tg_mind({x}, {y})"),
                 Max => format!("tg_maxd({x}, {y})"),
                 Pow => format!("pow({x}, {y})"),
-                FloorDiv | And | Or | Xor => return None,
+                FloorDiv | And | Or | Xor | UMulHi => return None,
             },
             DType::I32 | DType::I64 => {
                 let w = if dt == DType::I32 { "32" } else { "64" };
@@ -811,6 +811,8 @@ impl<'k> Gen<'k> {
                     And => format!("({x} & {y})"),
                     Or => format!("({x} | {y})"),
                     Xor => format!("({x} ^ {y})"),
+                    UMulHi if dt == DType::I32 => format!("(int)__umulhi((u32)({x}), (u32)({y}))"),
+                    UMulHi => format!("(i64)__umul64hi((u64)({x}), (u64)({y}))"),
                     FloorDiv | Mod => unreachable!("emitted with their zero check"),
                     Div | Pow => return None,
                 }

@@ -126,6 +126,7 @@ fn everything() -> Kernel {
     let iv = b.and(iv, r);
     let iv = b.or(iv, r);
     let iv = b.xor(iv, r);
+    let iv = b.umulhi(iv, r);
     // Every comparison, where, casts to every dtype.
     let c1 = b.eq(iv, r);
     let c2 = b.ne(fv, v);

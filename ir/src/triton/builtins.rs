@@ -57,6 +57,7 @@ pub(crate) fn canonical(path: &str) -> String {
         ("triton.language.extra.libdevice.", "tl.math."),
         ("triton.language.libdevice.", "tl.math."),
         ("triton.language.core.", "tl."),
+        ("triton.language.random.", "tl."),
         ("triton.language.", "tl."),
         ("builtins.", ""),
     ] {
@@ -635,6 +636,7 @@ impl Cx<'_> {
                 Ok(Val::None)
             }
             _ if super::atomics::is_atomic(name) => self.atomic(name, a, o),
+            _ if super::random::is_random(name) => self.random(name, a, o),
             "tl.dot" => {
                 let b = a.bind(name, &["input", "other", "acc", "input_precision", "allow_tf32", "max_num_imprecise_acc", "out_dtype"])?;
                 let x = self.t(&b[0], "the first operand", o)?;
@@ -879,6 +881,7 @@ impl Cx<'_> {
                 format!(
                     "unsupported function `{name}` (supported: tl.load/store/atomic_add, arange, zeros/full, program_id, num_programs, \
                      dot, sum/max/min/argmax/argmin, cumsum, where, maximum/minimum, exp/log/sqrt/... and tl.math.*, cdiv, \
+                     rand/randn/randint/randint4x/philox/umulhi, \
                      trans/permute/reshape/expand_dims/broadcast_to, make_block_ptr/advance, make_tensor_descriptor, static_assert, helpers of this file)"
                 ),
             ),

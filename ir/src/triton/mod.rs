@@ -65,8 +65,11 @@ mod builtins;
 mod convert;
 mod errors;
 mod imports;
+mod random;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_random;
 #[cfg(test)]
 mod tests_surface;
 mod value;

@@ -112,6 +112,23 @@ pub(crate) fn unary(op: UnaryOp, x: &Tile) -> Result<Tile, String> {
     Ok(with_data(x, data))
 }
 
+/// `umulhi`: the high half of the full product of two integers read as unsigned.
+trait MulHigh {
+    fn umulhi(self, other: Self) -> Self;
+}
+
+impl MulHigh for i32 {
+    fn umulhi(self, other: i32) -> i32 {
+        ((self as u32 as u64 * other as u32 as u64) >> 32) as u32 as i32
+    }
+}
+
+impl MulHigh for i64 {
+    fn umulhi(self, other: i64) -> i64 {
+        ((self as u64 as u128 * other as u64 as u128) >> 64) as u64 as i64
+    }
+}
+
 macro_rules! int_binary {
     ($op:expr, $a:expr, $x:expr, $b:expr, $y:expr, $t:ty) => {{
         use BinaryOp::*;
@@ -134,6 +151,7 @@ macro_rules! int_binary {
             And => map2($a, $x, $b, $y, |p: $t, q: $t| p & q),
             Or => map2($a, $x, $b, $y, |p: $t, q: $t| p | q),
             Xor => map2($a, $x, $b, $y, |p: $t, q: $t| p ^ q),
+            UMulHi => map2($a, $x, $b, $y, <$t as MulHigh>::umulhi),
             Div | Pow => return Err(format!("`{}` is not defined on integers", $op.name())),
         }
     }};
@@ -151,7 +169,7 @@ macro_rules! float_binary {
             Min => map2($a, $x, $b, $y, <$t>::min),
             Max => map2($a, $x, $b, $y, <$t>::max),
             Pow => map2($a, $x, $b, $y, |p: $t, q: $t| (p as f64).powf(q as f64) as $t),
-            FloorDiv | And | Or | Xor => return Err(format!("`{}` is not defined on floats", $op.name())),
+            FloorDiv | And | Or | Xor | UMulHi => return Err(format!("`{}` is not defined on floats", $op.name())),
         }
     }};
 }
@@ -702,6 +720,20 @@ mod tests {
         let big = Tile::dense(DType::I32, &[1], Data::I32(vec![i32::MAX]));
         let one = Tile::dense(DType::I32, &[1], Data::I32(vec![1]));
         assert_eq!(*binary(BinaryOp::Add, &big, &one).unwrap().data, Data::I32(vec![i32::MIN]));
+    }
+
+    #[test]
+    fn umulhi_reads_operands_as_unsigned() {
+        let a = Tile::dense(DType::I32, &[4], Data::I32(vec![-1, 3, i32::MIN, 0x1234_5678]));
+        let b = Tile::dense(DType::I32, &[4], Data::I32(vec![-1, 5, -2, 0x10]));
+        // 0xFFFFFFFF^2 = 0xFFFFFFFE_00000001; 2^31 * 0xFFFFFFFE = 0x7FFFFFFF_00000000.
+        let h = binary(BinaryOp::UMulHi, &a, &b).unwrap();
+        assert_eq!(*h.data, Data::I32(vec![-2, 0, i32::MAX, 1]));
+        let a = Tile::dense(DType::I64, &[2], Data::I64(vec![-1, 1 << 40]));
+        let b = Tile::dense(DType::I64, &[2], Data::I64(vec![-1, 1 << 30]));
+        assert_eq!(*binary(BinaryOp::UMulHi, &a, &b).unwrap().data, Data::I64(vec![-2, 1 << 6]));
+        let f = Tile::dense(DType::F32, &[1], Data::F32(vec![1.0]));
+        assert!(binary(BinaryOp::UMulHi, &f, &f).is_err());
     }
 
     #[test]

@@ -51,6 +51,8 @@ pub(crate) struct Cx<'a> {
     unrolled: usize,
     /// Expressions and blocks being converted around the current node (see [`MAX_NESTING`]).
     nesting: usize,
+    /// What the conversion assumed (guessed module-level bindings the kernel uses), in order.
+    notes: RefCell<Vec<super::Note>>,
 }
 
 /// Start offset of a node.
@@ -58,8 +60,14 @@ pub(crate) fn off(n: &impl Ranged) -> u32 {
     n.range().start().to_u32()
 }
 
-/// Converts kernel `f` of the first of `mods`, naming the IR kernel `name`.
-pub(crate) fn convert_kernel(mods: &[Module], f: &StmtFunctionDef, name: &str, opts: &ConvertOptions) -> Result<Kernel, IrError> {
+/// Converts kernel `f` of the first of `mods`, naming the IR kernel `name`; with the notes of
+/// what it assumed.
+pub(crate) fn convert_kernel(
+    mods: &[Module],
+    f: &StmtFunctionDef,
+    name: &str,
+    opts: &ConvertOptions,
+) -> Result<(Kernel, Vec<super::Note>), IrError> {
     let m = &mods[0];
     let lines = m.lines;
     let mut cx = Cx {
@@ -78,6 +86,7 @@ pub(crate) fn convert_kernel(mods: &[Module], f: &StmtFunctionDef, name: &str, o
         in_kernel: true,
         unrolled: 0,
         nesting: 0,
+        notes: RefCell::new(Vec::new()),
     };
     cx.b.set_loc(Some(lines.loc(off(&f.name))));
     let r = cx.params(f, opts).and_then(|()| cx.block(&f.body));
@@ -86,7 +95,7 @@ pub(crate) fn convert_kernel(mods: &[Module], f: &StmtFunctionDef, name: &str, o
     }
     let mut k = cx.b.finish()?;
     k.loc = lines.loc(off(&f.name));
-    Ok(k)
+    Ok((k, cx.notes.into_inner()))
 }
 
 impl<'a> Cx<'a> {
@@ -600,6 +609,7 @@ impl<'a> Cx<'a> {
         if let Some(v) = self.env.get(id) {
             return Ok(v.clone());
         }
+        self.note_guess(self.cur, id);
         if let Some(v) = self.m.consts.get(id) {
             return Ok(v.clone());
         }
@@ -631,6 +641,7 @@ impl<'a> Cx<'a> {
         };
         for _ in 0..16 {
             let m = &self.mods[file];
+            self.note_guess(file, &name);
             if m.funcs.contains_key(&name) {
                 return Ok(Val::Func(file, name));
             }
@@ -649,6 +660,16 @@ impl<'a> Cx<'a> {
             }
         }
         fail(o, format!("the import of `{name}` goes round in a circle"))
+    }
+
+    /// Notes the use of module-level `name` of `file` where its binding was guessed.
+    fn note_guess(&self, file: usize, name: &str) {
+        if let Some(n) = self.mods[file].guessed.get(name) {
+            let mut notes = self.notes.borrow_mut();
+            if !notes.contains(n) {
+                notes.push(n.clone());
+            }
+        }
     }
 
     /// `module.name` for a module read from a file beside the kernel.

@@ -12,6 +12,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 mod host_descriptor;
+mod ternary;
 mod while_loop;
 
 /// The deepest helper-call nesting accepted (recursion is an error, not a stack overflow).
@@ -672,6 +673,27 @@ impl<'a> Cx<'a> {
         }
     }
 
+    /// The jit helpers a kernel of the current file can call: its own, and those its imports of
+    /// other source files bring (`helper`, `utils.helper`), sorted.
+    pub(crate) fn helpers_in_scope(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.m.jit.clone();
+        for (local, imp) in &self.m.imports {
+            match imp {
+                Import::Name(..) => {
+                    if let Ok(Val::Func(f, n)) = self.imported(imp, 0) {
+                        if self.mods[f].jit.contains(&n) {
+                            out.push(local.clone());
+                        }
+                    }
+                }
+                Import::Module(f) => out.extend(self.mods[*f].jit.iter().map(|n| format!("{local}.{n}"))),
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// `module.name` for a module read from a file beside the kernel.
     fn module_attr(&self, file: usize, attr: &str, o: u32) -> R<Val> {
         self.imported(&Import::Name(file, attr.to_string()), o)
@@ -770,12 +792,7 @@ impl<'a> Cx<'a> {
                 match truthy(&c) {
                     Some(true) => self.expr(&i.body),
                     Some(false) => self.expr(&i.orelse),
-                    None => {
-                        let a = self.expr(&i.body)?;
-                        let b = self.expr(&i.orelse)?;
-                        self.at(o);
-                        super::builtins::where_(self, c, a, b, o)
-                    }
+                    None => self.ternary(c, i, o),
                 }
             }
             Expr::Subscript(s) => {

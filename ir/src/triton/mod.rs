@@ -25,7 +25,10 @@
 //! tensor is an IR `if` whose results are the variables assigned in it (defined before it, or in
 //! both branches); an `if` with a `return` in a branch (outside loops) takes the rest of its
 //! block into each branch that does not return, so an early `return` ends the function on that
-//! path. Helper `@triton.jit` functions are inlined.
+//! path. A conditional expression (`a if c else b`) evaluates one side, as Python and Triton do:
+//! on a constant only that side is converted, on a scalar tensor it is an IR `if` whose branches
+//! each compute one side (both of one type, as Triton requires; a tile condition is an error, as
+//! in Triton). Helper `@triton.jit` functions are inlined.
 //!
 //! Kernels are the functions under a `triton.jit` decorator or bound to a `triton.jit(fn)` call
 //! (possibly inside `triton.heuristics(...)(...)`/`triton.autotune(...)(...)`), or any function

@@ -1,7 +1,7 @@
 //! Module-level names bound as Python binds them: version switches decided by the Triton version
 //! of the options, environment switches by the options' environment, device checks by its
 //! capability, `try`/`except ImportError` fallbacks, the last binding winning, and a note for a
-//! binding whose condition cannot be decided.
+//! binding whose condition cannot be decided. Also the error listing the helpers in scope.
 
 use super::{convert, convert_noted, ConvertOptions};
 use crate::{Kernel, Op, UnaryOp};
@@ -165,4 +165,25 @@ fn an_undecided_condition_takes_the_else_branch_with_a_note_at_the_condition() {
     // Names the kernel does not use give no note.
     let (_, notes) = convert_noted(&module(prelude, "x"), "g.py", "k", &opts()).unwrap();
     assert!(notes.is_empty(), "{notes:?}");
+}
+
+#[test]
+fn the_unsupported_function_error_lists_imported_helpers() {
+    let dir = std::env::temp_dir().join(format!("tilegrad-helpers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("ops.py"),
+        format!("{HEAD}@triton.jit\ndef softplus(x):\n    return tl.log(1.0 + tl.exp(x))\n\ndef host():\n    pass\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("act.py"), format!("{HEAD}@triton.jit\ndef relu(x):\n    return tl.maximum(x, 0.0)\n")).unwrap();
+    let src =
+        module("from .ops import softplus\nfrom . import act\n\n@triton.jit\ndef local_helper(x):\n    return x\n", "tl.frobnicate(x)");
+    let path = dir.join("k.py");
+    std::fs::write(&path, &src).unwrap();
+    let e = convert(&src, &path.display().to_string(), "k", &opts()).unwrap_err().to_string();
+    assert!(e.contains("unsupported function `tl.frobnicate`"), "{e}");
+    assert!(e.contains("act.relu") && e.contains("local_helper") && e.contains("softplus"), "{e}");
+    assert!(!e.contains("host"), "not a jit helper: {e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

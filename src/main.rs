@@ -100,6 +100,18 @@ struct SpecArgs {
     /// `KEY=::NAME` (another kernel of the same file). Repeatable.
     #[arg(long = "kernel", value_name = "KEY=REF")]
     kernels: Vec<String>,
+    /// The Triton version the module-level checks of the kernels' files see
+    /// (`Version(triton.__version__) >= ...`; default: the spec's, else 3.6.0).
+    #[arg(long, value_name = "X.Y.Z")]
+    triton_version: Option<String>,
+    /// An environment variable as the program sees it, for module-level `os.environ` reads in
+    /// the kernels' files (unset by default). Repeatable.
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    env: Vec<String>,
+    /// The device's compute capability for module-level device checks, e.g. `sm_80` (default:
+    /// the spec's, else sm_90).
+    #[arg(long, value_name = "SM")]
+    device: Option<String>,
 }
 
 impl SpecArgs {
@@ -109,7 +121,10 @@ impl SpecArgs {
             let (key, reference) = k.split_once('=').with_context(|| format!("--kernel `{k}`: expected KEY=FILE::NAME or KEY=::NAME"))?;
             overrides.push(KernelOverride { key: key.trim().to_string(), reference: reference.trim().to_string() });
         }
-        let spec = spec::load_with(path, &overrides)?;
+        let spec = spec::load_configured(path, &overrides, &self.convert_settings()?)?;
+        for n in &spec.notes {
+            eprintln!("note: {n}");
+        }
         let mut o = spec.options.clone();
         if let Some(s) = self.seed {
             o.seed = s;
@@ -139,6 +154,27 @@ impl SpecArgs {
             BackendArg::Auto => Backend::Auto,
         };
         Ok((spec, o))
+    }
+
+    /// The conversion settings the flags give.
+    fn convert_settings(&self) -> Result<spec::ConvertSettings> {
+        let mut s = spec::ConvertSettings::default();
+        if let Some(v) = &self.triton_version {
+            if !tilegrad_ir::triton::is_version(v) {
+                bail!("--triton-version `{v}`: expected a version such as 3.6.0");
+            }
+            s.triton_version = Some(v.clone());
+        }
+        for e in &self.env {
+            let (k, v) = e.split_once('=').with_context(|| format!("--env `{e}`: expected NAME=VALUE"))?;
+            s.env.push((k.trim().to_string(), v.to_string()));
+        }
+        if let Some(d) = &self.device {
+            let cap = tilegrad_ir::triton::parse_device(d)
+                .with_context(|| format!("--device `{d}`: expected a compute capability such as sm_90 or 8.0"))?;
+            s.device = Some(cap);
+        }
+        Ok(s)
     }
 }
 

@@ -54,6 +54,9 @@
 //! allow_non_finite = false              # true: accept NaN/inf inputs and ground truth
 //! strict = false                        # true: notes fail the check (masked-off lanes read as 0,
 //!                                       # conflicts whose outcome does not depend on the order)
+//! triton_version = "3.6.0"              # what the kernels' module-level checks see: the
+//! env = { FLA_USE_FAST_OPS = "0" }      # Triton version, environment variables (unset by
+//! device = "sm_90"                      # default) and device capability (sm_90)
 //! ```
 //!
 //! Host steps, what a launcher does with torch between launches (each a table with one kind key;
@@ -106,7 +109,7 @@ const STEP_KINDS: [&str; 11] = ["alloc", "launch", "sum", "mean", "logsumexp", "
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions, HostDescriptor};
+use tilegrad_ir::triton::{convert_noted, ConstValue, ConvertOptions, HostDescriptor};
 use tilegrad_ir::{DType, Kernel};
 use toml::{Table, Value};
 
@@ -137,6 +140,22 @@ pub struct Spec {
     pub inputs: Inputs,
     /// Options from the `[check]` table (the CLI may override them).
     pub options: CheckOptions,
+    /// What converting its Triton kernels assumed (module-level bindings whose condition was not
+    /// decided), each with its file:line:column.
+    pub notes: Vec<String>,
+}
+
+/// What the program around the kernels is like, for the module-level checks of their files
+/// (`if Version(triton.__version__) >= ...`, `os.environ.get(...)`, device capability): each
+/// overrides the spec's `[check]` key of the same name when given.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConvertSettings {
+    /// `triton.__version__` (`triton_version`).
+    pub triton_version: Option<String>,
+    /// Environment variables (`env`), added to the spec's.
+    pub env: Vec<(String, String)>,
+    /// The device's compute capability (`device`, e.g. `sm_90`).
+    pub device: Option<(u32, u32)>,
 }
 
 /// Replaces kernel `key` of a spec with another kernel reference: `FILE::NAME` (relative to the
@@ -156,6 +175,11 @@ pub fn load(path: &Path) -> Result<Spec, SpecError> {
 
 /// Loads a spec file with some of its kernels replaced.
 pub fn load_with(path: &Path, overrides: &[KernelOverride]) -> Result<Spec, SpecError> {
+    load_configured(path, overrides, &ConvertSettings::default())
+}
+
+/// Loads a spec file with some of its kernels replaced and conversion settings overridden.
+pub fn load_configured(path: &Path, overrides: &[KernelOverride], settings: &ConvertSettings) -> Result<Spec, SpecError> {
     let file = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| SpecError { file: file.clone(), key: "-".into(), message: e.to_string() })?;
     let text = tilegrad_ir::source_text(bytes, &file).map_err(|e| {
@@ -170,7 +194,17 @@ pub fn load_with(path: &Path, overrides: &[KernelOverride]) -> Result<Spec, Spec
         SpecError { file: file.clone(), key: "-".into(), message: format!("{at}{}", e.message()) }
     })?;
     let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
-    let mut l = Loader { file, dir, kernels: HashMap::new(), sources: HashMap::new(), cache: Vec::new(), tensors: Vec::new() };
+    let mut l = Loader {
+        file,
+        dir,
+        kernels: HashMap::new(),
+        sources: HashMap::new(),
+        cache: Vec::new(),
+        tensors: Vec::new(),
+        convert: ConvertOptions::default(),
+        notes: Vec::new(),
+    };
+    l.convert_settings(table.get("check"), settings)?;
     l.load(&table, path, overrides)
 }
 
@@ -205,6 +239,10 @@ struct Loader {
     cache: Vec<(ConvertKey, Arc<Kernel>)>,
     /// Tensors known statically: name, dtype, shape.
     tensors: Vec<(String, DType, Vec<usize>)>,
+    /// The Triton version, environment and device every conversion sees.
+    convert: ConvertOptions,
+    /// The conversions' notes, in order, each once.
+    notes: Vec<String>,
 }
 
 struct Static<'a> {
@@ -315,7 +353,8 @@ impl Loader {
             }
         };
         let options = self.options(t.get("check"))?;
-        Ok(Spec { name, path: path.to_path_buf(), forward, backward, inputs, options })
+        let notes = std::mem::take(&mut self.notes);
+        Ok(Spec { name, path: path.to_path_buf(), forward, backward, inputs, options, notes })
     }
 
     fn only(&self, t: &Table, key: &str, allowed: &[&str]) -> Result<(), SpecError> {
@@ -615,11 +654,53 @@ impl Loader {
         Ok(d)
     }
 
+    /// The `[check]` keys that set what conversions see, overridden by `cli`.
+    fn convert_settings(&mut self, v: Option<&Value>, cli: &ConvertSettings) -> Result<(), SpecError> {
+        let t = match v {
+            Some(v) => Some(self.table(v, "check")?),
+            None => None,
+        };
+        let get = |k: &str| t.and_then(|t| t.get(k));
+        let version = match (&cli.triton_version, get("triton_version")) {
+            (Some(v), _) => Some(v.clone()),
+            (None, Some(v)) => Some(self.string(v, "check.triton_version")?),
+            (None, None) => None,
+        };
+        if let Some(v) = version {
+            if !tilegrad_ir::triton::is_version(&v) {
+                return Err(self.err("check.triton_version", format!("`{v}`: expected a version such as \"3.6.0\"")));
+            }
+            self.convert.triton_version = v;
+        }
+        if let Some(e) = get("env") {
+            for (k, v) in self.table(e, "check.env")? {
+                let v = self.string(v, &format!("check.env.{k}"))?;
+                self.convert.env.push((k.clone(), v));
+            }
+        }
+        self.convert.env.extend(cli.env.iter().cloned());
+        match (cli.device, get("device")) {
+            (Some(d), _) => self.convert.device_capability = d,
+            (None, Some(v)) => {
+                let s = self.string(v, "check.device")?;
+                self.convert.device_capability = tilegrad_ir::triton::parse_device(&s).ok_or_else(|| {
+                    self.err("check.device", format!("`{s}`: expected a compute capability such as \"sm_90\" or \"8.0\""))
+                })?;
+            }
+            (None, None) => {}
+        }
+        Ok(())
+    }
+
     fn options(&self, v: Option<&Value>) -> Result<CheckOptions, SpecError> {
         let mut o = CheckOptions::default();
         let Some(v) = v else { return Ok(o) };
         let t = self.table(v, "check")?;
-        self.only(t, "check", &["seed", "trials", "precision", "rtol", "atol", "allow_non_finite", "strict"])?;
+        self.only(
+            t,
+            "check",
+            &["seed", "trials", "precision", "rtol", "atol", "allow_non_finite", "strict", "triton_version", "env", "device"],
+        )?;
         let int = |k: &str| -> Result<Option<u64>, SpecError> {
             t.get(k)
                 .map(|v| {
@@ -979,7 +1060,7 @@ impl Loader {
                             scalar_dtypes: scalars,
                             descriptors: descs,
                             assume_jit: jit,
-                            ..ConvertOptions::default()
+                            ..self.convert.clone()
                         };
                         let src = &self.sources[&file];
                         let params = tilegrad_ir::triton::parameters(src, &file.display().to_string(), &name)
@@ -993,8 +1074,13 @@ impl Loader {
                                 ));
                             }
                         }
-                        let k = convert(src, &file.display().to_string(), &name, &opts)
+                        let (k, notes) = convert_noted(src, &file.display().to_string(), &name, &opts)
                             .map_err(|e| self.err(&format!("{key}.launch"), format!("kernel `{kname}`: {e}")))?;
+                        for n in notes.iter().map(|n| n.to_string()) {
+                            if !self.notes.contains(&n) {
+                                self.notes.push(n);
+                            }
+                        }
                         let k = Arc::new(k);
                         self.cache.push((ck, k.clone()));
                         k

@@ -109,9 +109,12 @@ fn const_value(name: &str, kind: &str, v: &Bound<'_, PyAny>) -> PyResult<ConstVa
 /// Converts kernel `name` of the Python source `source` (from file `file`). `constexprs`:
 /// (parameter, kind, value) as [`const_value`] reads them; `descriptors`: (parameter, dtype,
 /// block shape) of the host-built tensor descriptors passed; `promoted`: the tensors are the
-/// ground truth's f64 promotion of the user's (see `ConvertOptions::promoted`).
+/// ground truth's f64 promotion of the user's (see `ConvertOptions::promoted`);
+/// `triton_version`, `env`, `device`: what the running program has (`triton.__version__`,
+/// `os.environ`, `torch.cuda.get_device_capability()`), which module-level checks of the
+/// kernel's files are decided against (the defaults of `ConvertOptions` where not given).
 #[pyfunction]
-#[pyo3(signature = (source, file, name, constexprs, pointer_dtypes, scalar_dtypes, descriptors, promoted=false))]
+#[pyo3(signature = (source, file, name, constexprs, pointer_dtypes, scalar_dtypes, descriptors, promoted=false, triton_version=None, env=None, device=None))]
 #[allow(clippy::too_many_arguments)]
 fn convert(
     source: &str,
@@ -122,7 +125,11 @@ fn convert(
     scalar_dtypes: Vec<(String, String)>,
     descriptors: Vec<(String, String, Vec<usize>)>,
     promoted: bool,
+    triton_version: Option<String>,
+    env: Option<Vec<(String, String)>>,
+    device: Option<(u32, u32)>,
 ) -> PyResult<PyKernel> {
+    let defaults = ConvertOptions::default();
     let parse = |v: Vec<(String, String)>| -> PyResult<Vec<_>> { v.into_iter().map(|(n, d)| Ok((n, dtype(&d).map_err(usage)?))).collect() };
     let opts = ConvertOptions {
         constexprs: constexprs.into_iter().map(|(n, k, v)| Ok((n.clone(), const_value(&n, &k, &v)?))).collect::<PyResult<_>>()?,
@@ -136,6 +143,9 @@ fn convert(
         // `triton.jit(fn)`, a wrapper of another package), it is a kernel.
         assume_jit: true,
         promoted,
+        triton_version: triton_version.unwrap_or(defaults.triton_version),
+        env: env.unwrap_or_default(),
+        device_capability: device.unwrap_or(defaults.device_capability),
         ..ConvertOptions::default()
     };
     let k = tilegrad_ir::triton::convert(source, file, name, &opts).map_err(usage)?;

@@ -255,11 +255,31 @@ def bind(jit: Any, args: tuple, kwargs: dict, grid: Any) -> LaunchCall:
     key = (file, hash(src), fn.__name__, tuple(constexprs), tuple(ptr_dtypes), tuple(scalar_dtypes), repr(descriptors), promoted)
     kernel = _kernel_cache.get(key)
     if kernel is None:
-        kernel = _native.convert(src, file, fn.__name__, constexprs, ptr_dtypes, scalar_dtypes, descriptors, promoted)
+        kernel = _native.convert(
+            src, file, fn.__name__, constexprs, ptr_dtypes, scalar_dtypes, descriptors, promoted, *_program_facts()
+        )
         _kernel_cache[key] = kernel
     written_params = set(kernel.written())
     written = {i for (n, i, _) in ptr_args if n in written_params}
     return LaunchCall(kernel, fn.__name__, g, ptr_args, scalars, storages, written, bound)
+
+
+def _program_facts() -> tuple[str, list[tuple[str, str]], tuple[int, int] | None]:
+    """What module-level checks of a kernel's files see in this program: the Triton version, the
+    environment and the CUDA device's capability (None without one: the converter's default)."""
+
+    import triton
+
+    device = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            device = (int(major), int(minor))
+    except Exception:  # noqa: BLE001 - no usable CUDA: keep the default
+        device = None
+    return str(triton.__version__), sorted(os.environ.items()), device
 
 
 _installed = False

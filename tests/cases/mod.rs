@@ -37,6 +37,7 @@ pub const CASES: &[Case] = &[
     ("copy_bwd_broken_mask", "copy", "bwd", Oob(25), ""),
     ("copy_bwd_broken_shift", "copy", "bwd", Wrong { input: "src", line: 34 }, "wrong load: blamed on the store of the loaded value"),
     ("copy_bwd_broken_accumulate", "copy", "bwd", NanWritten { input: "src", line: 43 }, "reads the NaN buffer: blamed on the store"),
+    ("softplus_bwd_broken_sign", "softplus", "bwd", Wrong { input: "x", line: 67 }, ""),
     // With H < W the swapped strides read past grad_grey (with H > W the value is only wrong).
     ("rgb_to_grey_bwd_broken_transpose", "grey", "bwd", Oob(38), ""),
     // Blue at `2 * stride_iw` lands on the red channel two pixels on: the tile's last columns

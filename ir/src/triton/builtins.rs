@@ -876,15 +876,19 @@ impl Cx<'_> {
                 self.desc_store(&d, &offs, v);
                 Ok(Val::None)
             }
-            _ => fail(
-                o,
-                format!(
-                    "unsupported function `{name}` (supported: tl.load/store/atomic_add, arange, zeros/full, program_id, num_programs, \
-                     dot, sum/max/min/argmax/argmin, cumsum, where, maximum/minimum, exp/log/sqrt/... and tl.math.*, cdiv, \
-                     rand/randn/randint/randint4x/philox/umulhi, \
-                     trans/permute/reshape/expand_dims/broadcast_to, make_block_ptr/advance, make_tensor_descriptor, static_assert, helpers of this file)"
-                ),
-            ),
+            _ => {
+                let helpers = self.helpers_in_scope();
+                let helpers = if helpers.is_empty() { "none".to_string() } else { helpers.join(", ") };
+                fail(
+                    o,
+                    format!(
+                        "unsupported function `{name}` (supported: tl.load/store/atomic_add, arange, zeros/full, program_id, num_programs, \
+                         dot, sum/max/min/argmax/argmin, cumsum, where, maximum/minimum, exp/log/sqrt/... and tl.math.*, cdiv, \
+                         rand/randn/randint/randint4x/philox/umulhi, trans/permute/reshape/expand_dims/broadcast_to, make_block_ptr/advance, make_tensor_descriptor, static_assert, \
+                         and the jit helpers of this file and of the modules it imports: {helpers})"
+                    ),
+                )
+            }
         }
     }
 }

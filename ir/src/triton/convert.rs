@@ -12,6 +12,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 mod host_descriptor;
+mod ternary;
 mod while_loop;
 
 /// The deepest helper-call nesting accepted (recursion is an error, not a stack overflow).
@@ -51,6 +52,8 @@ pub(crate) struct Cx<'a> {
     unrolled: usize,
     /// Expressions and blocks being converted around the current node (see [`MAX_NESTING`]).
     nesting: usize,
+    /// What the conversion assumed (guessed module-level bindings the kernel uses), in order.
+    notes: RefCell<Vec<super::Note>>,
 }
 
 /// Start offset of a node.
@@ -58,8 +61,14 @@ pub(crate) fn off(n: &impl Ranged) -> u32 {
     n.range().start().to_u32()
 }
 
-/// Converts kernel `f` of the first of `mods`, naming the IR kernel `name`.
-pub(crate) fn convert_kernel(mods: &[Module], f: &StmtFunctionDef, name: &str, opts: &ConvertOptions) -> Result<Kernel, IrError> {
+/// Converts kernel `f` of the first of `mods`, naming the IR kernel `name`; with the notes of
+/// what it assumed.
+pub(crate) fn convert_kernel(
+    mods: &[Module],
+    f: &StmtFunctionDef,
+    name: &str,
+    opts: &ConvertOptions,
+) -> Result<(Kernel, Vec<super::Note>), IrError> {
     let m = &mods[0];
     let lines = m.lines;
     let mut cx = Cx {
@@ -78,6 +87,7 @@ pub(crate) fn convert_kernel(mods: &[Module], f: &StmtFunctionDef, name: &str, o
         in_kernel: true,
         unrolled: 0,
         nesting: 0,
+        notes: RefCell::new(Vec::new()),
     };
     cx.b.set_loc(Some(lines.loc(off(&f.name))));
     let r = cx.params(f, opts).and_then(|()| cx.block(&f.body));
@@ -86,7 +96,7 @@ pub(crate) fn convert_kernel(mods: &[Module], f: &StmtFunctionDef, name: &str, o
     }
     let mut k = cx.b.finish()?;
     k.loc = lines.loc(off(&f.name));
-    Ok(k)
+    Ok((k, cx.notes.into_inner()))
 }
 
 impl<'a> Cx<'a> {
@@ -600,6 +610,7 @@ impl<'a> Cx<'a> {
         if let Some(v) = self.env.get(id) {
             return Ok(v.clone());
         }
+        self.note_guess(self.cur, id);
         if let Some(v) = self.m.consts.get(id) {
             return Ok(v.clone());
         }
@@ -631,6 +642,7 @@ impl<'a> Cx<'a> {
         };
         for _ in 0..16 {
             let m = &self.mods[file];
+            self.note_guess(file, &name);
             if m.funcs.contains_key(&name) {
                 return Ok(Val::Func(file, name));
             }
@@ -649,6 +661,37 @@ impl<'a> Cx<'a> {
             }
         }
         fail(o, format!("the import of `{name}` goes round in a circle"))
+    }
+
+    /// Notes the use of module-level `name` of `file` where its binding was guessed.
+    fn note_guess(&self, file: usize, name: &str) {
+        if let Some(n) = self.mods[file].guessed.get(name) {
+            let mut notes = self.notes.borrow_mut();
+            if !notes.contains(n) {
+                notes.push(n.clone());
+            }
+        }
+    }
+
+    /// The jit helpers a kernel of the current file can call: its own, and those its imports of
+    /// other source files bring (`helper`, `utils.helper`), sorted.
+    pub(crate) fn helpers_in_scope(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.m.jit.clone();
+        for (local, imp) in &self.m.imports {
+            match imp {
+                Import::Name(..) => {
+                    if let Ok(Val::Func(f, n)) = self.imported(imp, 0) {
+                        if self.mods[f].jit.contains(&n) {
+                            out.push(local.clone());
+                        }
+                    }
+                }
+                Import::Module(f) => out.extend(self.mods[*f].jit.iter().map(|n| format!("{local}.{n}"))),
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
     }
 
     /// `module.name` for a module read from a file beside the kernel.
@@ -749,12 +792,7 @@ impl<'a> Cx<'a> {
                 match truthy(&c) {
                     Some(true) => self.expr(&i.body),
                     Some(false) => self.expr(&i.orelse),
-                    None => {
-                        let a = self.expr(&i.body)?;
-                        let b = self.expr(&i.orelse)?;
-                        self.at(o);
-                        super::builtins::where_(self, c, a, b, o)
-                    }
+                    None => self.ternary(c, i, o),
                 }
             }
             Expr::Subscript(s) => {

@@ -43,6 +43,17 @@ impl Lines {
         (line as u32, col as u32 + 1)
     }
 
+    /// The source text from byte `start` to `end`, on one line, shortened to `max` characters.
+    pub(crate) fn text(&self, start: u32, end: u32, max: usize) -> String {
+        let t = self.src.get(start as usize..end as usize).unwrap_or_default();
+        let one: String = t.split_whitespace().collect::<Vec<_>>().join(" ");
+        if one.chars().count() <= max {
+            return one;
+        }
+        let cut: String = one.chars().take(max.saturating_sub(3)).collect();
+        format!("{cut}...")
+    }
+
     /// The [`Loc`] of byte offset `off`.
     pub(crate) fn loc(&self, off: u32) -> Loc {
         let (line, col) = self.line_col(off);

@@ -175,8 +175,9 @@ pub(crate) enum Import {
 pub(crate) struct SourceFile {
     pub lines: Lines,
     pub suite: Vec<Stmt>,
-    /// What its imports of other source files bind.
-    pub links: HashMap<String, Import>,
+    /// What its imports of other source files bind, by (offset of the import statement, local
+    /// name).
+    pub links: HashMap<(u32, String), Import>,
 }
 
 /// The module-level statements of a suite with the bodies of `try`/`except`/`else`/`finally`,
@@ -221,10 +222,11 @@ pub(crate) fn load(source: &str, file: &str) -> Result<Vec<SourceFile>, IrError>
     let mut i = 0;
     while i < files.len() {
         let dir = paths[i].parent().map(Path::to_path_buf).unwrap_or_default();
-        let mut wanted: Vec<(String, PathBuf, Option<String>)> = Vec::new();
+        let mut wanted: Vec<(u32, String, PathBuf, Option<String>)> = Vec::new();
         for s in flatten(&files[i].suite) {
             match s {
                 Stmt::ImportFrom(imp) => {
+                    let at = imp.range.start().to_u32();
                     let module = imp.module.as_ref().map(|m| m.id.to_string());
                     for a in &imp.names {
                         let local = a.asname.as_ref().unwrap_or(&a.name).id.to_string();
@@ -235,25 +237,26 @@ pub(crate) fn load(source: &str, file: &str) -> Result<Vec<SourceFile>, IrError>
                         // The module itself, or a submodule named like the imported name.
                         if let Some(m) = &module {
                             if let Some(p) = find(&dir, imp.level, m) {
-                                wanted.push((local, p, Some(name)));
+                                wanted.push((at, local, p, Some(name)));
                                 continue;
                             }
                             if let Some(p) = find(&dir, imp.level, &format!("{m}.{name}")) {
-                                wanted.push((local, p, None));
+                                wanted.push((at, local, p, None));
                             }
                         } else if let Some(p) = find(&dir, imp.level, &name) {
-                            wanted.push((local, p, None));
+                            wanted.push((at, local, p, None));
                         }
                     }
                 }
                 Stmt::Import(imp) => {
+                    let at = imp.range.start().to_u32();
                     for a in &imp.names {
                         let m = a.name.id.to_string();
                         if let (Some(asname), Some(p)) = (&a.asname, find(&dir, 0, &m)) {
-                            wanted.push((asname.id.to_string(), p, None));
+                            wanted.push((at, asname.id.to_string(), p, None));
                         } else if !m.contains('.') {
                             if let Some(p) = find(&dir, 0, &m) {
-                                wanted.push((m.clone(), p, None));
+                                wanted.push((at, m.clone(), p, None));
                             }
                         }
                     }
@@ -261,7 +264,7 @@ pub(crate) fn load(source: &str, file: &str) -> Result<Vec<SourceFile>, IrError>
                 _ => {}
             }
         }
-        for (local, path, name) in wanted {
+        for (at, local, path, name) in wanted {
             let idx = match paths.iter().position(|p| same_file(p, &path)) {
                 Some(k) => k,
                 None => {
@@ -284,7 +287,7 @@ pub(crate) fn load(source: &str, file: &str) -> Result<Vec<SourceFile>, IrError>
                 Some(n) => Import::Name(idx, n),
                 None => Import::Module(idx),
             };
-            files[i].links.entry(local).or_insert(link);
+            files[i].links.entry((at, local)).or_insert(link);
         }
         i += 1;
     }

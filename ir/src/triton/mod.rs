@@ -25,13 +25,21 @@
 //! tensor is an IR `if` whose results are the variables assigned in it (defined before it, or in
 //! both branches); an `if` with a `return` in a branch (outside loops) takes the rest of its
 //! block into each branch that does not return, so an early `return` ends the function on that
-//! path. Helper `@triton.jit` functions are inlined.
+//! path. A conditional expression (`a if c else b`) evaluates one side, as Python and Triton do:
+//! on a constant only that side is converted, on a scalar tensor it is an IR `if` whose branches
+//! each compute one side (both of one type, as Triton requires; a tile condition is an error, as
+//! in Triton). Helper `@triton.jit` functions are inlined.
 //!
 //! Kernels are the functions under a `triton.jit` decorator or bound to a `triton.jit(fn)` call
 //! (possibly inside `triton.heuristics(...)(...)`/`triton.autotune(...)(...)`), or any function
-//! when [`ConvertOptions::assume_jit`] says so. Module-level statements under `try`/`if`/`with`
-//! count (version-dependent imports), and `from .utils import helper` and the like are followed
-//! to the `.py` files beside the kernel's `file`, whose helpers convert with their own locations.
+//! when [`ConvertOptions::assume_jit`] says so. A file's top level is run as Python imports it: a
+//! later binding of a name replaces an earlier one, and a module-level `if`/`try` takes the branch
+//! Python takes for the program's Triton version, environment and device
+//! ([`ConvertOptions::triton_version`], [`ConvertOptions::env`],
+//! [`ConvertOptions::device_capability`]); a condition that cannot be decided is read as false,
+//! and each name it binds that the kernel uses gets a [`Note`] ([`convert_noted`]). `from .utils
+//! import helper` and the like are followed to the `.py` files beside the kernel's `file`, whose
+//! helpers convert with their own locations.
 //!
 //! Tensor descriptors (Triton 3.9 replaced block pointers with them):
 //! `desc = tl.make_tensor_descriptor(base, shape=[...], strides=[...], block_shape=[...])` (also
@@ -64,18 +72,23 @@ mod autotune;
 mod builtins;
 mod convert;
 mod errors;
+mod facts;
 mod imports;
 mod random;
+mod scan;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_bindings;
 #[cfg(test)]
 mod tests_random;
 #[cfg(test)]
 mod tests_surface;
 mod value;
 
-use crate::{DType, IrError, Kernel, ParseError};
-use errors::{fail, Lines, R};
+use crate::{DType, IrError, Kernel, Loc, ParseError};
+use errors::{fail, Lines};
+pub use facts::{is_version, parse_device};
 pub use imports::{triton_dtype_name, ConstValue};
 use imports::{Import, SourceFile};
 use ruff_python_ast::{Expr, Stmt, StmtFunctionDef};
@@ -107,6 +120,35 @@ pub struct ConvertOptions {
     /// whose host code promotes every float tensor): a dtype the kernel names for what it reads
     /// through a descriptor is then taken as read in f64.
     pub promoted: bool,
+    /// `triton.__version__` of the program, for module-level version checks
+    /// ([`DEFAULT_TRITON_VERSION`] by default).
+    pub triton_version: String,
+    /// The program's environment variables, for module-level `os.environ` reads (none set by
+    /// default: each read gets its default).
+    pub env: Vec<(String, String)>,
+    /// `torch.cuda.get_device_capability()` of the program's device ((9, 0), an sm_90, by
+    /// default; see [`parse_device`]).
+    pub device_capability: (u32, u32),
+}
+
+/// The newest Triton release tilegrad follows: the version module-level checks are decided
+/// against unless [`ConvertOptions::triton_version`] says otherwise.
+pub const DEFAULT_TRITON_VERSION: &str = "3.6.0";
+
+/// Something a conversion assumed: a module-level binding it could not decide as the program
+/// would (see [`convert_noted`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// Where the assumption was made.
+    pub loc: Loc,
+    /// What was assumed.
+    pub message: String,
+}
+
+impl std::fmt::Display for Note {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.loc, self.message)
+    }
 }
 
 /// A tensor descriptor built on the host and passed as a kernel argument. In the kernel it is
@@ -146,6 +188,9 @@ impl Default for ConvertOptions {
             descriptors: Vec::new(),
             assume_jit: false,
             promoted: false,
+            triton_version: DEFAULT_TRITON_VERSION.to_string(),
+            env: Vec::new(),
+            device_capability: (9, 0),
         }
     }
 }
@@ -177,8 +222,22 @@ impl Program {
         Ok(Program { files: imports::load(source, file)? })
     }
 
-    fn modules(&self) -> Result<Vec<Module<'_>>, IrError> {
-        self.files.iter().map(|f| Module::scan(&f.suite, &f.lines, f.links.clone()).map_err(|e| f.lines.error(e))).collect()
+    /// Scans every file. Files that others import come later, so they are scanned from the last:
+    /// a module-level condition on a name imported from another file sees its value; a second
+    /// round catches what the first could not see.
+    fn modules(&self, facts: &facts::Facts) -> Result<Vec<Module<'_>>, IrError> {
+        let n = self.files.len();
+        let mut exports: scan::Exports = vec![HashMap::new(); n];
+        let mut mods: Vec<Option<Module<'_>>> = (0..n).map(|_| None).collect();
+        for _round in 0..2 {
+            for i in (0..n).rev() {
+                let f = &self.files[i];
+                let m = scan::Scanner::new(&f.lines, facts, &exports, &f.links, true).run(&f.suite).map_err(|e| f.lines.error(e))?;
+                exports[i] = m.known.clone();
+                mods[i] = Some(m);
+            }
+        }
+        Ok(mods.into_iter().flatten().collect())
     }
 }
 
@@ -186,8 +245,16 @@ impl Program {
 /// locations and errors, and to find the modules beside it that the source imports) to an IR
 /// kernel.
 pub fn convert(source: &str, file: &str, kernel: &str, options: &ConvertOptions) -> Result<Kernel, IrError> {
+    convert_noted(source, file, kernel, options).map(|(k, _)| k)
+}
+
+/// [`convert`], with the notes of what the conversion assumed: each module-level name the kernel
+/// uses whose binding depends on a condition not decided at conversion (see
+/// [`ConvertOptions::triton_version`], [`ConvertOptions::env`],
+/// [`ConvertOptions::device_capability`]), with the binding taken and where.
+pub fn convert_noted(source: &str, file: &str, kernel: &str, options: &ConvertOptions) -> Result<(Kernel, Vec<Note>), IrError> {
     let prog = Program::load(source, file)?;
-    let mods = prog.modules()?;
+    let mods = prog.modules(&facts::Facts::of(options))?;
     let f = lookup(&mods, kernel, options.assume_jit)?;
     convert::convert_kernel(&mods, f, kernel, options)
 }
@@ -197,7 +264,7 @@ pub fn convert(source: &str, file: &str, kernel: &str, options: &ConvertOptions)
 /// otherwise.
 pub fn find_kernel(source: &str, file: &str, kernel: &str, assume_jit: bool) -> Result<(), IrError> {
     let prog = Program::load(source, file)?;
-    let mods = prog.modules()?;
+    let mods = prog.modules(&facts::Facts::default())?;
     lookup(&mods, kernel, assume_jit).map(|_| ())
 }
 
@@ -205,7 +272,7 @@ pub fn find_kernel(source: &str, file: &str, kernel: &str, assume_jit: bool) -> 
 /// `tl.constexpr`.
 pub fn parameters(source: &str, file: &str, kernel: &str) -> Result<Vec<(String, bool)>, IrError> {
     let prog = Program::load(source, file)?;
-    let mods = prog.modules()?;
+    let mods = prog.modules(&facts::Facts::default())?;
     let f = lookup(&mods, kernel, true)?;
     let p = &f.parameters;
     Ok(p.posonlyargs
@@ -263,7 +330,7 @@ fn lookup<'a>(mods: &[Module<'a>], kernel: &str, assume_jit: bool) -> Result<&'a
 pub fn kernels(source: &str, file: &str) -> Result<Vec<String>, IrError> {
     let lines = Lines::new(file, source);
     let suite = parse(source, &lines)?;
-    let module = Module::scan(&suite, &lines, HashMap::new()).map_err(|f| lines.error(f))?;
+    let module = Module::scan_alone(&suite, &lines)?;
     Ok(module.jit)
 }
 
@@ -273,7 +340,7 @@ pub fn kernels(source: &str, file: &str) -> Result<Vec<String>, IrError> {
 pub fn autotune_configs(source: &str, file: &str, kernel: &str) -> Result<Vec<Vec<(String, i64)>>, IrError> {
     let lines = Lines::new(file, source);
     let suite = parse(source, &lines)?;
-    let module = Module::scan(&suite, &lines, HashMap::new()).map_err(|f| lines.error(f))?;
+    let module = Module::scan_alone(&suite, &lines)?;
     let Some(decs) = module.decorators.get(kernel) else {
         return Err(lines.error(errors::Fail { off: 0, message: format!("no function named `{kernel}` in this file") }));
     };
@@ -298,7 +365,8 @@ fn lines_file(lines: &Lines) -> String {
 }
 
 /// The module-level facts the conversion needs: functions, constants, import aliases and the
-/// `triton.jit` forms that make kernels, for one source file.
+/// `triton.jit` forms that make kernels, for one source file, each name as bound once the
+/// file's top level has run (see [`scan`]).
 pub(crate) struct Module<'a> {
     /// The file's line table (locations of its ops and errors).
     pub lines: &'a Lines,
@@ -319,114 +387,57 @@ pub(crate) struct Module<'a> {
     /// Names bound to a call of a function through a wrapper not recognised as `triton.jit`:
     /// where, and the wrapper's name.
     pub unknown_forms: HashMap<String, (u32, String)>,
+    /// Module-level names whose values the facts decide (`IS_HOPPER = ...`), for conditions.
+    pub known: HashMap<String, facts::Known>,
+    /// Names whose binding depends on a condition not decided at conversion: the note to give
+    /// when a kernel uses one.
+    pub guessed: HashMap<String, Note>,
+}
+
+/// What a call over a function at module level makes of it (`k = triton.jit(fn)`).
+pub(crate) enum Form<'a> {
+    /// A kernel: the function and its decorators (wrapping calls first).
+    Jit(&'a StmtFunctionDef, Vec<&'a Expr>),
+    /// A call of a wrapper not recognised as `triton.jit`: where, and the wrapper's name.
+    Unknown(u32, String),
 }
 
 impl<'a> Module<'a> {
-    fn scan(suite: &'a [Stmt], lines: &'a Lines, imports: HashMap<String, Import>) -> R<Module<'a>> {
-        let mut m = Module {
+    fn empty(lines: &'a Lines) -> Module<'a> {
+        Module {
             lines,
             funcs: HashMap::new(),
             jit: Vec::new(),
             decorators: HashMap::new(),
             consts: HashMap::new(),
             aliases: HashMap::new(),
-            imports,
+            imports: HashMap::new(),
             lists: HashMap::new(),
             unknown_forms: HashMap::new(),
-        };
-        let stmts = imports::flatten(suite);
-        // Imports and functions first: the jit forms below refer to them.
-        for s in &stmts {
-            match s {
-                Stmt::FunctionDef(f) => {
-                    let name = f.name.id.to_string();
-                    m.decorators.entry(name.clone()).or_insert_with(|| f.decorator_list.iter().map(|d| &d.expression).collect());
-                    m.funcs.entry(name).or_insert(f);
-                }
-                Stmt::Import(i) => {
-                    for a in &i.names {
-                        let path = a.name.id.to_string();
-                        match &a.asname {
-                            Some(n) => m.aliases.entry(n.id.to_string()).or_insert(path),
-                            None => {
-                                let first = path.split('.').next().unwrap_or_default().to_string();
-                                m.aliases.entry(first.clone()).or_insert(first)
-                            }
-                        };
-                    }
-                }
-                Stmt::ImportFrom(i) => {
-                    let base = i.module.as_ref().map(|n| n.id.to_string()).unwrap_or_default();
-                    for a in &i.names {
-                        let local = a.asname.as_ref().unwrap_or(&a.name).id.to_string();
-                        m.aliases.entry(local).or_insert(format!("{base}.{}", a.name.id));
-                    }
-                }
-                _ => {}
-            }
+            known: HashMap::new(),
+            guessed: HashMap::new(),
         }
-        for s in &stmts {
-            if let Stmt::FunctionDef(f) = s {
-                let name = f.name.id.to_string();
-                if f.decorator_list.iter().any(|d| m.is_jit(&d.expression)) && !m.jit.contains(&name) {
-                    m.jit.push(name);
-                }
-            }
-        }
-        for s in &stmts {
-            match s {
-                Stmt::Assign(a) if a.targets.len() == 1 => {
-                    let Expr::Name(n) = &a.targets[0] else { continue };
-                    let name = n.id.to_string();
-                    if let Some(v) = module_const(&a.value) {
-                        m.consts.insert(name, v);
-                    } else if let Expr::List(_) = &*a.value {
-                        m.lists.insert(name, &a.value);
-                    } else if let Expr::Call(_) = &*a.value {
-                        m.jit_form(&name, &a.value);
-                    } else if let Some(d) = dotted(&a.value) {
-                        // `libdevice = tl.math`, `rsqrt = libdevice.rsqrt`, `kernel = _kernel`.
-                        let (first, rest) = d.split_once('.').unwrap_or((&d, ""));
-                        if rest.is_empty() && m.funcs.contains_key(first) {
-                            let f = m.funcs[first];
-                            m.funcs.insert(name.clone(), f);
-                            if m.jit.iter().any(|j| j == first) && !m.jit.contains(&name) {
-                                m.jit.push(name.clone());
-                            }
-                            let decs = m.decorators.get(first).cloned().unwrap_or_default();
-                            m.decorators.insert(name, decs);
-                        } else if let Some(base) = m.aliases.get(first).cloned().or_else(|| builtin_module(first)) {
-                            let path = if rest.is_empty() { base } else { format!("{base}.{rest}") };
-                            m.aliases.entry(name).or_insert(path);
-                        }
-                    }
-                }
-                Stmt::AnnAssign(a) => {
-                    if let (Expr::Name(n), Some(v)) = (&*a.target, a.value.as_deref().and_then(module_const)) {
-                        m.consts.insert(n.id.to_string(), v);
-                    }
-                }
-                _ => {}
-            }
-        }
-        if m.funcs.len() > 10_000 {
-            return fail(0, "too many functions");
-        }
-        Ok(m)
     }
 
-    /// `name = triton.jit(fn)`, `name = triton.heuristics({...})(triton.jit(fn))`,
-    /// `name = triton.autotune(...)(fn)` over a jit `fn`, `name = my_jit(fn)` where `my_jit`
-    /// wraps `triton.jit`: records `name` as a kernel with the wrapping calls as its decorators.
-    /// A call over a function through anything else is remembered for the error message.
-    fn jit_form(&mut self, name: &str, value: &'a Expr) {
+    /// A file scanned on its own (its imports of other files not followed), with the default
+    /// facts.
+    fn scan_alone(suite: &'a [Stmt], lines: &'a Lines) -> Result<Module<'a>, IrError> {
+        let (facts, exports, links) = (facts::Facts::default(), Vec::new(), HashMap::new());
+        scan::Scanner::new(lines, &facts, &exports, &links, false).run(suite).map_err(|f| lines.error(f))
+    }
+
+    /// `triton.jit(fn)`, `triton.heuristics({...})(triton.jit(fn))`, `triton.autotune(...)(fn)`
+    /// over a jit `fn`, `my_jit(fn)` where `my_jit` wraps `triton.jit`: a kernel with the
+    /// wrapping calls as its decorators. A call over a function through anything else is an
+    /// unknown form (remembered for the error message).
+    fn jit_form(&self, value: &'a Expr) -> Option<Form<'a>> {
         let mut wrappers: Vec<&'a Expr> = Vec::new();
         let mut saw_jit = false;
         let mut e = value;
         let mut outer: Option<String> = None;
         let inner = loop {
             match e {
-                Expr::Name(n) if self.funcs.contains_key(n.id.as_str()) => break Some(n.id.to_string()),
+                Expr::Name(n) if self.funcs.contains_key(n.id.as_str()) => break n.id.to_string(),
                 Expr::Call(c) if c.arguments.args.len() == 1 && !matches!(c.arguments.args[0], Expr::Starred(_)) => {
                     if self.is_jit(&c.func) {
                         saw_jit = true;
@@ -436,24 +447,18 @@ impl<'a> Module<'a> {
                     }
                     e = &c.arguments.args[0];
                 }
-                _ => break None,
+                _ => return None,
             }
         };
-        let Some(inner) = inner else { return };
         let f = self.funcs[inner.as_str()];
         let inner_jit = self.jit.contains(&inner);
         let known_wrappers = wrappers.iter().all(|w| self.is_triton_wrapper(w));
         if saw_jit || (inner_jit && known_wrappers) {
             let mut decs = wrappers;
             decs.extend(self.decorators.get(&inner).cloned().unwrap_or_default());
-            self.funcs.insert(name.to_string(), f);
-            self.decorators.insert(name.to_string(), decs);
-            if !self.jit.iter().any(|j| j == name) {
-                self.jit.push(name.to_string());
-            }
-        } else if let Some(o) = outer {
-            self.unknown_forms.insert(name.to_string(), (value.range().start().to_u32(), o));
+            return Some(Form::Jit(f, decs));
         }
+        outer.map(|o| Form::Unknown(value.range().start().to_u32(), o))
     }
 
     /// A decorator or wrapper that leaves a jit function a Triton kernel: `triton.autotune(...)`,

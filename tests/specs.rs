@@ -417,13 +417,48 @@ fn cli_defects_and_notes_of_the_code_as_it_runs_on_a_gpu() {
     assert_eq!(v[0]["notes"][1]["element"], serde_json::json!([0]));
 }
 
+/// The formula and rounding lines of a spec checked with a kernel swapped in: for each gradient,
+/// (input, formula passed, rounding passed, rounding units).
+fn verdict_lines(spec_name: &str, swap: Option<(&str, &str)>) -> (bool, Vec<(String, bool, bool, f64)>) {
+    let o: Vec<KernelOverride> = swap.iter().map(|(k, v)| KernelOverride { key: k.to_string(), reference: format!("::{v}") }).collect();
+    let s = spec::load_with(&examples().join(format!("{spec_name}.toml")), &o).unwrap();
+    let r = check_backward(&s.forward, s.backward.as_ref().unwrap(), &s.inputs, &CheckOptions::default()).unwrap();
+    let lines = r
+        .gradients
+        .iter()
+        .map(|g| {
+            let (f, ro) = (g.formula.as_ref().expect("formula"), g.rounding.as_ref().expect("rounding"));
+            (g.name.clone(), f.passed, ro.passed, ro.units)
+        })
+        .collect();
+    (r.passed, lines)
+}
+
+#[test]
+fn sixteen_bit_backwards_fail_on_the_line_they_should() {
+    // Correct: within the rounding budget by a wide margin.
+    let (passed, lines) = verdict_lines("col_scale_f16", None);
+    assert!(passed && lines.iter().all(|l| l.1 && l.2 && l.3 < 1.0), "{lines:?}");
+    // A 2000-term sum accumulated in f16: the right formula, too much rounding.
+    let (passed, lines) = verdict_lines("col_scale_f16", Some(("bwd_dw", "col_scale_bwd_dw_broken_f16_acc")));
+    let w = lines.iter().find(|l| l.0 == "w").unwrap();
+    assert!(!passed && w.1 && !w.2 && w.3 > 8.0, "{lines:?}");
+    // A z-loss term with the wrong factor in bf16: far below bf16's roundoff, a wrong formula.
+    let (passed, lines) = verdict_lines("smooth_ce_zloss_bf16", None);
+    assert!(passed && lines[0].1 && lines[0].2, "{lines:?}");
+    let (passed, lines) = verdict_lines("smooth_ce_zloss_bf16", Some(("bwd", "_smooth_ce_bwd_broken_z_loss")));
+    assert!(!passed && !lines[0].1 && lines[0].2 && lines[0].3 < 1.0, "{lines:?}");
+}
+
 #[test]
 fn one_tensor_the_gradient_of_two_inputs_is_explained_once() {
     // x + y: both gradients are the cotangent, so one tensor may serve as both.
     let dir = temp_dir("shared_grad");
     let text = std::fs::read_to_string(examples().join("vector_add.toml")).unwrap();
     let triton = format!("\"{}/", examples().join("triton").display());
-    let shared = text.replace("\"triton/", &triton).replace("gradients = { x = \"grad_x\", y = \"grad_y\" }", "gradients = { x = \"grad_x\", y = \"grad_x\" }");
+    let shared = text
+        .replace("\"triton/", &triton)
+        .replace("gradients = { x = \"grad_x\", y = \"grad_y\" }", "gradients = { x = \"grad_x\", y = \"grad_x\" }");
     assert!(shared.contains("y = \"grad_x\""));
     let path = dir.join("shared.toml");
     std::fs::write(&path, &shared).unwrap();

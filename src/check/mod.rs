@@ -71,6 +71,7 @@ mod slice;
 mod steps;
 pub mod tensor_expr;
 mod truth;
+pub mod verdict;
 
 pub use backend::Executor;
 pub use expr::{Expr, ExprError, Scalar};
@@ -362,10 +363,10 @@ pub fn check_backward_with(
     validate_backward(fwd, bwd)?;
     let bwd_tf32 = uses_tf32(&bwd.steps);
     let fwd_tf32 = uses_tf32(&fwd.steps);
-    // Calibrate where the default tolerances are loose: f16/bf16 gradients, tf32 `dot`s.
-    let calibrate = opts.tolerance.is_none()
-        && opts.precision == Precision::F64
-        && (bwd_tf32 || fwd_tf32 || inputs.tensors.iter().any(|t| fwd.differentiable.contains(&t.name) && is_narrow(input_dtype(t))));
+    // A replay in f32 measures the size of what roundings act on, where the passes compute in
+    // narrower floats than f32 (else the pass as written is that replay).
+    let replay32 = opts.precision == Precision::F64
+        && (bwd_tf32 || fwd_tf32 || inputs.tensors.iter().any(|t| is_narrow(input_dtype(t))) || computes_narrow(fwd, bwd));
     progress("inputs and forward", 0, opts.trials);
     let start = std::time::Instant::now();
     let exec = backend::Executor::new(opts.backend)?.deterministic(opts.deterministic).vjp_memory(opts.vjp_memory);
@@ -373,7 +374,7 @@ pub fn check_backward_with(
     exec.precompile(&ahead.iter().map(|(k, v, p)| (k, *v, *p)).collect::<Vec<_>>());
     drop(ahead);
     let compiled_ahead = start.elapsed().as_secs_f64();
-    let mut p = match truth::prepare(fwd, inputs, opts, calibrate, &exec) {
+    let mut p = match truth::prepare(fwd, inputs, opts, replay32, &exec) {
         Err(CheckError::ForwardDefect { step, what, error }) => {
             let mut r = Report::new(name.into(), opts.seed, opts.trials, precision_name(opts), Vec::new(), Vec::new(), None);
             r.findings.push(findings::of_error(&error, "forward", step, 0));
@@ -423,7 +424,15 @@ pub fn check_backward_with(
                 ));
             }
         }
-        let (mut r, w) = tm.time("comparison", || compare_tensor(o, o, t, tol, &exp, 0));
+        let r32 = p.f32.as_ref().and_then(|e| e.tensor(o)).map(HostTensor::to_f64_vec);
+        let (mut r, w) = tm.time("comparison", || {
+            let got = |i: usize| t.get_f64(i);
+            let floor = verdict::elementwise_scale(&exp, r32.as_deref(), &got, t.dtype() == DType::F32 && !fwd_tf32, tol.atol);
+            let (mut r, w) = compare_tensor(o, o, t, tol, &exp, 0, floor);
+            let judged = verdict::Replayed { truth: &exp, got: &got, r64: &exp, r32: r32.as_deref(), cot_rms: 1.0 };
+            verdicts(&mut r, judged.judge(t.dtype(), fwd_tf32), opts);
+            (r, w)
+        });
         if let (Some((w, _)), Some(worst), false) = (w, r.worst.as_mut(), r.passed) {
             worst.blame = Some(tm.time("blame", || blame::blame(trace_f, env_n, &fwd.steps, o, w, Some((worst.expected, worst.got)))));
         }
@@ -434,9 +443,6 @@ pub fn check_backward_with(
     // operands' values); a forward of launches alone needs only names and shapes, which the
     // native environment has: its f64 copies are freed.
     let host_steps = fwd.steps.iter().any(|s| !matches!(s, Step::Alloc { .. } | Step::Launch(_)));
-    if !host_steps {
-        p.truth = Env::default();
-    }
     let truth_env = if host_steps { &p.truth } else { env_n };
     let gopts = GradOptions { precision: opts.precision, memory_budget: opts.memory_budget, ..GradOptions::default() };
     let mut gradients: Vec<Option<(TensorReport, f64)>> = vec![None; bwd.gradients.len()];
@@ -464,13 +470,13 @@ pub fn check_backward_with(
             Ok(env)
         };
         let mut env_b = tm.time("backward", backward_env)?;
-        let noise_truth = match &p.native_records {
-            Some(records) => {
-                let o = GradOptions { precision: Precision::Native, ..gopts.clone() };
-                Some(tm.time("ground truth in the kernels' dtypes (calibration)", || {
-                    ground::reverse(&fwd.steps, records, env_n, cot.clone(), &o, None)
-                })?)
-            }
+        let cot_rms = rms(cot.values().flatten().copied());
+        let replays = match opts.precision {
+            Precision::F64 => tm.time("replay of the backward in f64 (formula)", || replay(bwd, &p.truth, Mode::F64, &cot, &exec)),
+            Precision::Native => None,
+        };
+        let replays32 = match &p.f32 {
+            Some(env) => tm.time("replay of the backward in f32 (scale)", || replay(bwd, env, Mode::F32, &cot, &exec)),
             None => None,
         };
         let truth =
@@ -572,18 +578,16 @@ pub fn check_backward_with(
             };
             let tol = opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(g.dtype(), bwd_tf32));
             let t_cmp = std::time::Instant::now();
-            let (mut r, w) = compare_tensor(input, gname, g, tol, exp, trial);
+            let r64 = replays.as_ref().and_then(|e| e.tensor(gname)).filter(|t| t.numel() == it_numel).map(HostTensor::to_f64_vec);
+            let r32 = replays32.as_ref().and_then(|e| e.tensor(gname)).filter(|t| t.numel() == it_numel).map(HostTensor::to_f64_vec);
+            let got = |i: usize| g.get_f64(i);
+            let f32_pass = g.dtype() == DType::F32 && !(bwd_tf32 || fwd_tf32);
+            let floor = r64.as_deref().map_or(0.0, |r64| verdict::elementwise_scale(r64, r32.as_deref(), &got, f32_pass, tol.atol));
+            let (mut r, w) = compare_tensor(input, gname, g, tol, exp, trial, floor);
             let mut badness = w.map_or(0.0, |(_, ratio)| ratio);
-            // Calibrated where the elementwise defaults are loose: f16/bf16 gradients, and f32
-            // ones computed through a tf32 `dot`.
-            let loose = is_narrow(g.dtype()) || (g.dtype() == DType::F32 && (bwd_tf32 || fwd_tf32));
-            if let (Some(nt), true) = (&noise_truth, loose) {
-                let zeros = vec![0.0; if nt.contains_key(input) { 0 } else { it_numel }];
-                let noisy = nt.get(input).map_or(&zeros[..], |v| &v[..]);
-                let c = calibration(g.dtype(), bwd_tf32 || fwd_tf32, exp, noisy, &g.to_f64_vec());
-                r.passed &= c.margin >= 1.0;
-                badness = badness.max(1.0 / c.margin);
-                r.calibration = Some(c);
+            if let Some(r64) = &r64 {
+                let judged = verdict::Replayed { truth: exp, got: &got, r64, r32: r32.as_deref(), cot_rms };
+                badness = badness.max(verdicts(&mut r, judged.judge(g.dtype(), bwd_tf32 || fwd_tf32), opts));
             }
             tm.add("comparison", t_cmp.elapsed().as_secs_f64());
             if gradients[gi].as_ref().is_none_or(|(_, b)| badness > *b) {
@@ -644,7 +648,8 @@ fn precision_name(opts: &CheckOptions) -> String {
     if opts.precision == Precision::F64 { "f64" } else { "native" }.into()
 }
 
-/// [`report::compare`] of a tensor in its own dtype against f64 values, without an f64 copy.
+/// [`report::compare`] of a tensor in its own dtype against f64 values, without an f64 copy;
+/// `terms`: the least scale `atol` is relative to ([`verdict::elementwise_scale`]).
 fn compare_tensor(
     name: &str,
     tensor: &str,
@@ -652,13 +657,75 @@ fn compare_tensor(
     tol: Tolerance,
     expected: &[f64],
     trial: usize,
+    terms: f64,
 ) -> (TensorReport, Option<(usize, f64)>) {
     use tilegrad_reference::Data;
     match t.data() {
-        Data::F32(v) => report::compare_by(name, tensor, t.dtype(), t.shape(), tol, expected, |i| v[i] as f64, trial),
-        Data::F64(v) => report::compare(name, tensor, t.dtype(), t.shape(), tol, expected, v, trial),
-        _ => report::compare(name, tensor, t.dtype(), t.shape(), tol, expected, &t.to_f64_vec(), trial),
+        Data::F32(v) => report::compare_by(name, tensor, t.dtype(), t.shape(), tol, expected, |i| v[i] as f64, trial, terms),
+        Data::F64(v) => report::compare_by(name, tensor, t.dtype(), t.shape(), tol, expected, |i| v[i], trial, terms),
+        _ => {
+            let v = t.to_f64_vec();
+            report::compare_by(name, tensor, t.dtype(), t.shape(), tol, expected, |i| v[i], trial, terms)
+        }
     }
+}
+
+/// Records the formula and rounding verdicts in `r` and fails it where they fail (the rounding
+/// only under the default tolerances: a tolerance the user gives replaces it). Returns how far
+/// over (or within) its limits the tensor is, as a ratio (1: at a limit).
+fn verdicts(r: &mut TensorReport, (formula, rounding): (report::Formula, report::Rounding), opts: &CheckOptions) -> f64 {
+    let mut badness = formula.error / formula.limit;
+    r.passed &= formula.passed;
+    if opts.tolerance.is_none() {
+        r.passed &= rounding.passed;
+        badness = badness.max(rounding.units / rounding.budget);
+    }
+    r.formula = Some(formula);
+    r.rounding = Some(rounding);
+    if badness.is_nan() {
+        f64::INFINITY
+    } else {
+        badness
+    }
+}
+
+/// Root-mean-square of values (1 for none).
+fn rms(v: impl Iterator<Item = f64>) -> f64 {
+    let (mut s, mut n) = (0.0, 0usize);
+    for x in v {
+        s += x * x;
+        n += 1;
+    }
+    if n == 0 || s == 0.0 {
+        1.0
+    } else {
+        (s / n as f64).sqrt()
+    }
+}
+
+/// The backward replayed in `mode` (every float in f64, or in f32) on the forward `env` as
+/// that mode computed it, with the cotangents `cot`: its environment after, or `None` where the
+/// replay fails (a decision the replay makes otherwise; then no formula verdict).
+fn replay(bwd: &Backward, env: &Env, mode: Mode, cot: &HashMap<String, Vec<f64>>, exec: &backend::Executor) -> Option<Env> {
+    let mut env = env.clone();
+    for (o, c) in cot {
+        let t = env.tensor(o)?;
+        let h = HostTensor::from_f64_as(mode.float()?, t.shape(), c);
+        env.add(&format!("grad_{o}"), h).ok()?;
+    }
+    steps::run(&mut env, &bwd.steps, mode, None, None, None, exec).ok()?;
+    Some(env)
+}
+
+/// Whether some step of the passes computes in f16 or bf16 (an allocation, a cast, a kernel
+/// value).
+fn computes_narrow(fwd: &Forward, bwd: &Backward) -> bool {
+    fwd.steps.iter().chain(&bwd.steps).any(|s| match s {
+        Step::Alloc { dtype, .. } | Step::Cast { dtype, .. } => is_narrow(*dtype),
+        Step::Compute { dtype, .. } => dtype.is_some_and(is_narrow),
+        Step::Launch(l) => l.kernel.values.iter().any(|v| v.ty.dtype().is_some_and(is_narrow)),
+        _ => false,
+    })
 }
 
 /// Whether `step` may write into the existing tensor `name`: a launch passing it to a pointer
@@ -905,10 +972,15 @@ fn validate_backward(fwd: &Forward, bwd: &Backward) -> Result<(), CheckError> {
 
 /// The environment with every float tensor converted to f64.
 fn promote(env: &Env) -> Env {
+    promote_to(env, DType::F64)
+}
+
+/// `env` with every float tensor converted to `to`.
+fn promote_to(env: &Env, to: DType) -> Env {
     let mut out = Env { constants: env.constants.clone(), ..Env::default() };
     for (n, t) in &env.names {
         let h = env.mem.get(*t);
-        let h = if h.dtype().is_float() { HostTensor::from_f64(h.shape(), h.to_f64_vec()) } else { h.clone() };
+        let h = if h.dtype().is_float() && h.dtype() != to { HostTensor::from_f64_as(to, h.shape(), &h.to_f64_vec()) } else { h.clone() };
         out.add(n, h).expect("names are distinct");
     }
     out

@@ -244,8 +244,16 @@ pub struct TensorReport {
     pub nan: usize,
     /// Infinite elements in `got`.
     pub inf: usize,
-    /// The calibrated normwise tolerance, where the tolerance was calibrated to the kernel.
+    /// The calibrated normwise tolerance, where the tolerance was calibrated to the kernel (the
+    /// Python package's tensors; the Rust check judges [`TensorReport::formula`] and
+    /// [`TensorReport::rounding`] instead).
     pub calibration: Option<Calibration>,
+    /// Formula: the pass replayed with every float in f64 against the truth.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub formula: Option<Formula>,
+    /// Rounding: the pass as written against the truth, in units of roundoff.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub rounding: Option<Rounding>,
     /// The element furthest over (or closest to) its tolerance.
     pub worst: Option<Worst>,
     /// The cotangent trial (0-based) this comparison comes from (the worst trial).
@@ -278,6 +286,39 @@ pub struct Calibration {
     /// `limit / error`: at least 1 passes, below 1 fails.
     #[serde(serialize_with = "float")]
     pub margin: f64,
+}
+
+/// Is the pass the derivative (the formula), whatever its dtypes? Its replay with every float
+/// in f64 against the truth (see [`super::verdict`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Formula {
+    /// `||replay - truth|| / scale` (normwise, relative to the scale of what was computed).
+    #[serde(rename = "formula_error", serialize_with = "float")]
+    pub error: f64,
+    /// The largest error f64 rounding explains.
+    #[serde(rename = "formula_limit", serialize_with = "float")]
+    pub limit: f64,
+    /// Within the limit.
+    #[serde(rename = "formula_passed")]
+    pub passed: bool,
+}
+
+/// Is the pass's rounding what its dtypes allow? Its normwise error against the truth in units
+/// of roundoff of its dtype (see [`super::verdict`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Rounding {
+    /// `||got - truth|| / (u * scale)`.
+    #[serde(rename = "rounding_units", serialize_with = "float")]
+    pub units: f64,
+    /// The units a correct pass in this dtype stays within.
+    #[serde(rename = "rounding_budget", serialize_with = "float")]
+    pub budget: f64,
+    /// Whose roundoff: the dtype, or `tf32`.
+    #[serde(rename = "rounding_of")]
+    pub of: String,
+    /// Within the budget.
+    #[serde(rename = "rounding_passed")]
+    pub passed: bool,
 }
 
 /// The backward could not produce gradients (a verdict: the check fails).
@@ -566,6 +607,11 @@ fn table(f: &mut fmt::Formatter<'_>, first: &str, rows: &[TensorReport]) -> fmt:
         )?;
     }
     for r in rows {
+        if let Some(line) = verdict_line(r) {
+            writeln!(f, "    `{}`: {line}", r.tensor)?;
+        }
+    }
+    for r in rows {
         if let Some(c) = &r.calibration {
             writeln!(
                 f,
@@ -605,6 +651,22 @@ fn table(f: &mut fmt::Formatter<'_>, first: &str, rows: &[TensorReport]) -> fmt:
         }
     }
     Ok(())
+}
+
+/// The formula and rounding verdicts of a compared tensor in words.
+fn verdict_line(r: &TensorReport) -> Option<String> {
+    let (fo, ro) = (r.formula.as_ref()?, r.rounding.as_ref()?);
+    let formula = if fo.passed {
+        format!("formula: the exact replay agrees ({:.1e} of the scale)", fo.error)
+    } else {
+        format!("formula: WRONG even in exact arithmetic, not the derivative (replay off by {:.2e} of the scale)", fo.error)
+    };
+    let rounding = match (ro.passed, fo.passed) {
+        (true, _) => format!("rounding: {:.2} u of {} (budget {} u)", ro.units, ro.of, ro.budget),
+        (false, true) => format!("rounding: the formula is right; the {} rounding is {:.1} u (budget {} u)", ro.of, ro.units, ro.budget),
+        (false, false) => format!("rounding: {:.3e} u of {}", ro.units, ro.of),
+    };
+    Some(format!("{formula}; {rounding}"))
 }
 
 impl fmt::Display for Report {
@@ -688,11 +750,13 @@ pub fn compare(
     trial: usize,
 ) -> (TensorReport, Option<(usize, f64)>) {
     assert_eq!(expected.len(), got.len(), "compared tensors have one length");
-    compare_by(name, tensor, dtype, shape, tol, expected, |i| got[i], trial)
+    compare_by(name, tensor, dtype, shape, tol, expected, |i| got[i], trial, 0.0)
 }
 
 /// [`compare`] with the checked values read element by element (`got(i)` for `i` in
-/// `0..expected.len()`), so that a tensor in its own dtype needs no f64 copy.
+/// `0..expected.len()`), so that a tensor in its own dtype needs no f64 copy; `terms` is the
+/// size of what was computed where terms cancel (the scale `atol` is relative to is the larger
+/// of it and the largest expected value).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn compare_by(
     name: &str,
@@ -703,8 +767,9 @@ pub(crate) fn compare_by(
     expected: &[f64],
     got: impl Fn(usize) -> f64,
     trial: usize,
+    terms: f64,
 ) -> (TensorReport, Option<(usize, f64)>) {
-    let scale = expected.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+    let scale = expected.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs())).max(terms);
     let scale = if scale > 0.0 { scale } else { 1.0 };
     let floor = if tol.rtol > 0.0 { tol.atol / tol.rtol * scale } else { 0.0 };
     let (mut max_abs, mut max_rel, mut over, mut nan, mut inf) = (0.0f64, 0.0f64, 0, 0, 0);
@@ -758,6 +823,8 @@ pub(crate) fn compare_by(
         nan,
         inf,
         calibration: None,
+        formula: None,
+        rounding: None,
         worst: worst.map(|(i, _)| Worst { index: unravel(i, shape), expected: expected[i], got: got(i), blame: None }),
         trial,
         passed: over == 0,

@@ -329,6 +329,29 @@ pub(crate) enum Mode {
     ResolvingRaces,
     /// Every float promoted to f64 (kernels and tensors).
     F64,
+    /// Every float computed and held in f32, `dot`s in IEEE f32: the same computation with
+    /// uniform f32 roundings, which measures the size of what a pass's roundings act on (see
+    /// [`super::verdict`]).
+    F32,
+}
+
+impl Mode {
+    /// The dtype every float becomes, where the mode changes them.
+    pub(crate) fn float(self) -> Option<DType> {
+        match self {
+            Mode::Native | Mode::ResolvingRaces => None,
+            Mode::F64 => Some(DType::F64),
+            Mode::F32 => Some(DType::F32),
+        }
+    }
+
+    /// `d` as this mode holds it.
+    fn dtype(self, d: DType) -> DType {
+        match self.float() {
+            Some(f) if d.is_float() => f,
+            _ => d,
+        }
+    }
 }
 
 /// A launch as the ground truth needs it again for its reverse sweep: the kernel it ran, its
@@ -478,7 +501,7 @@ pub(crate) fn run(
         match step {
             Step::Alloc { name, shape, dtype, init } => {
                 let shape = eval_shape(shape, scope).map_err(spec)?;
-                let dtype = if mode == Mode::F64 && dtype.is_float() { DType::F64 } else { *dtype };
+                let dtype = mode.dtype(*dtype);
                 let fill = if *init == Init::Empty && dtype.is_float() { f64::NAN } else { 0.0 };
                 let t = HostTensor::try_full(dtype, &shape, fill).map_err(|e| spec(format!("`{name}`: {e}")))?;
                 env.add(name, t).map_err(spec)?;
@@ -489,8 +512,8 @@ pub(crate) fn run(
             Step::Launch(kl) => {
                 let kernel = match mode {
                     Mode::Native | Mode::ResolvingRaces => kl.kernel.clone(),
-                    Mode::F64 => Arc::new(
-                        tilegrad_ir::passes::promote_floats(&kl.kernel, DType::F64)
+                    Mode::F64 | Mode::F32 => Arc::new(
+                        tilegrad_ir::passes::promote_floats(&kl.kernel, mode.dtype(DType::F64))
                             .map_err(|e| fail(StepError::Exec(Box::new(e.into()))))?,
                     ),
                 };
@@ -619,7 +642,7 @@ pub(crate) fn run(
             Step::Compute { expr, dtype, dst } => {
                 let (bound, typed) = bind(expr, env, &|n| env.tensor(n)).map_err(spec)?;
                 let d = dtype.unwrap_or(typed.dtype);
-                let d = if mode == Mode::F64 && d.is_float() { DType::F64 } else { d };
+                let d = mode.dtype(d);
                 let nt = HostTensor::from_f64_as(d, &typed.shape, &bound.eval());
                 if let Some(r) = records.as_deref_mut() {
                     if !expr.is_affine() {
@@ -631,7 +654,7 @@ pub(crate) fn run(
             }
             Step::Cast { src, dtype, dst } => {
                 let t = env.tensor(src).ok_or_else(|| spec(env.need(src).unwrap_err()))?;
-                let d = if mode == Mode::F64 && dtype.is_float() { DType::F64 } else { *dtype };
+                let d = mode.dtype(*dtype);
                 let nt = HostTensor::from_f64_as(d, t.shape(), &t.to_f64_vec());
                 add_host(env, trace.as_deref_mut(), dst, nt, i, &[src]).map_err(spec)?;
             }

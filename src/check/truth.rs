@@ -87,21 +87,20 @@ pub(crate) struct Prepared {
     pub truth: Env,
     /// The launches of the ground truth's forward.
     pub records: steps::Records,
-    /// The launches of the forward in the kernels' dtypes, when asked for (to evaluate the
-    /// ground truth in those dtypes too, for a calibrated tolerance).
-    pub native_records: Option<steps::Records>,
+    /// After the forward with every float in f32, when asked for (see [`super::verdict`]).
+    pub f32: Option<Env>,
     /// Seconds spent so far, by phase.
     pub timings: Timings,
     /// What the forward's launches rely on ([`super::notes`]).
     pub notes: Vec<super::Finding>,
 }
 
-/// Runs the forward both ways; with `native_records`, the native run's launches are recorded too.
+/// Runs the forward both ways; with `replay32`, a third time with every float in f32.
 pub(crate) fn prepare(
     fwd: &Forward,
     inputs: &Inputs,
     opts: &CheckOptions,
-    native_records: bool,
+    replay32: bool,
     exec: &Executor,
 ) -> Result<Prepared, CheckError> {
     let mut timings = Timings::default();
@@ -112,11 +111,10 @@ pub(crate) fn prepare(
     }
     let mut native = drawn.clone();
     let mut trace = Trace::default();
-    let mut nrec = native_records.then(steps::Records::default);
     let mut notes = Vec::new();
     timings
         .time("forward in the kernels' dtypes", || {
-            steps::run(&mut native, &fwd.steps, Mode::Native, nrec.as_mut(), Some(&mut trace), Some(("forward", &mut notes)), exec)
+            steps::run(&mut native, &fwd.steps, Mode::Native, None, Some(&mut trace), Some(("forward", &mut notes)), exec)
         })
         .map_err(forward_defect(fwd))?;
     tilegrad_reference::release_buffers();
@@ -129,7 +127,15 @@ pub(crate) fn prepare(
         })
         .map_err(forward_err(fwd))?;
     tilegrad_reference::release_buffers();
-    Ok(Prepared { drawn, native, trace, truth, records, native_records: nrec, timings, notes })
+    let f32 = match replay32 {
+        true => Some(timings.time("replay in f32", || -> Result<Env, CheckError> {
+            let mut env = super::promote_to(&drawn, tilegrad_ir::DType::F32);
+            steps::run(&mut env, &fwd.steps, Mode::F32, None, None, None, exec).map_err(forward_err(fwd))?;
+            Ok(env)
+        })?),
+        false => None,
+    };
+    Ok(Prepared { drawn, native, trace, truth, records, f32, timings, notes })
 }
 
 /// Every float input is finite: with a NaN or an infinity among the inputs the ground truth is

@@ -69,7 +69,7 @@
 //! - `{ reshape = "t", shape = ["R", "C"], into = "r" }` and `{ scale = "t", by = "EXPR", into =
 //!   "s" }` (a size expression, as launch arguments).
 //! - `{ compute = "grad_x * grad_loss", into = "g" }`: an elementwise expression of tensors,
-//!   constants and numbers (see [`crate::check::tensor_expr`]): `+ - * /`, unary minus, one
+//!   constants and numbers (see [`crate::check::tensor_expr`]): `+ - * / **`, unary minus, one
 //!   comparison `< <= > >= == !=` (a bool), `exp log sqrt abs tanh sigmoid`, `min(a, b)`,
 //!   `max(a, b)` and `where(cond, a, b)` (`where(labels == -100, 0.0, x)`). Shapes broadcast as
 //!   in NumPy and torch (0-d tensors and numbers everywhere); the dtype is torch's promotion
@@ -81,12 +81,45 @@
 //! - `{ accumulate = "src", into = "dst" }`: `dst += src` in place, `src` broadcast to `dst`'s
 //!   shape and the sum rounded to `dst`'s dtype (not a float into an integer tensor).
 //!
+//! - `{ chunk = "x", chunks = 2, axis = -1, into = ["a", "b"] }`: `a, b = x.chunk(2, -1)`, with
+//!   torch's sizes: each chunk `ceil(n / chunks)` along the axis, the last what remains, so
+//!   there may be fewer chunks than asked (`n = 5`, 4 chunks: sizes 2, 2, 1) and `into` names
+//!   exactly as many as torch gives (an error says how many); `axis` defaults to 0.
+//! - `{ slice = "x", axis = 1, start = "0", stop = "H", into = "x1" }`: `x1 = x[:, 0:H]`, with
+//!   Python's rules (negative bounds count from the end, bounds past the ends are clamped);
+//!   `start`, `stop` and `step` (positive, default 1) are optional size expressions.
+//! - `{ cat = ["a", "b"], axis = -1, into = "c" }`: `c = torch.cat([a, b], -1)`: the same rank
+//!   (at least 1) and extents but along the axis; dtypes promote as torch promotes them (f16
+//!   with f32 gives f32, an int with a float the float).
+//!
+//!   Chunks and slices are copies where torch gives views: a launch that writes into one does
+//!   not change its source (write into the source, or `cat` the pieces back).
+//! - `{ item = "sum(target != IGNORE)", into = "n_non_ignore" }`: a host scalar computed from
+//!   data, `(target != IGNORE).sum().item()`: `sum`, `mean`, `max` or `min` of an elementwise
+//!   expression over all its elements (or an expression of one element, `{ item = "loss" }`).
+//!   It becomes a constant of the later steps of its pass (and, from the forward, of the
+//!   backward): launch arguments (passed as runtime scalars, i32 or f32, never folded into a
+//!   constexpr), grids, `scale` factors and expressions; not shapes or slice bounds, which are
+//!   fixed when the spec loads. It is computed in each pass from that pass's tensors; an integer
+//!   when the expression is (a count), else a float rounded to the expression's dtype. **No
+//!   gradient flows through it**: a count is piecewise constant, and a float computed in the
+//!   forward from a tensor that depends on a differentiable input is refused (its gradient
+//!   would be missing from the ground truth).
+//!
 //! The ground truth differentiates each host step exactly (an expression per element, with no
 //! gradient through comparisons, `where`'s condition or integer tensors; a cast as the identity;
+//! a chunk or slice scattering its cotangent back into the source's positions, `cat` splitting
+//! its cotangent among its sources;
 //! `accumulate` passing `dst`'s cotangent through and summing it into `src` over the axes `src`
 //! was broadcast along), at the operands as the step read them, even where a later launch or
 //! `accumulate` overwrites them. Shapes and dtypes are checked when the spec loads: an error
 //! names the step's key (`backward.steps[2].compute`) and, in an expression, the column.
+//!
+//! Constants, launch arguments and grids are size expressions (see [`crate::check::expr`]):
+//! Python's arithmetic with `**`, comparisons, `and`/`or`/`not` and conditionals, so that a
+//! heuristic reads as the launcher writes it (`BLOCK = "1024 if N > 4096 else 512"` in
+//! `[constants]`, a string that is an expression of the constants above it). `compute`
+//! expressions have `**` too (`x ** 2`, `x ** 0.5`, `a ** b`, differentiated in both operands).
 //!
 //! Launch arguments are expressions (see [`crate::check::expr`]); a bare tensor name passes the
 //! tensor; `"descriptor(q, [BLOCK_M, HEAD_DIM])"` passes what `TensorDescriptor.from_tensor(q,
@@ -105,7 +138,24 @@ use crate::check::{
 };
 
 /// The keys that say what a step is.
-const STEP_KINDS: [&str; 11] = ["alloc", "launch", "sum", "mean", "logsumexp", "max", "reshape", "scale", "compute", "cast", "accumulate"];
+const STEP_KINDS: [&str; 15] = [
+    "alloc",
+    "launch",
+    "sum",
+    "mean",
+    "logsumexp",
+    "max",
+    "reshape",
+    "scale",
+    "compute",
+    "cast",
+    "accumulate",
+    "chunk",
+    "slice",
+    "cat",
+    "item",
+];
+mod host;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -203,6 +253,8 @@ pub fn load_configured(path: &Path, overrides: &[KernelOverride], settings: &Con
         tensors: Vec::new(),
         convert: ConvertOptions::default(),
         notes: Vec::new(),
+        items: Vec::new(),
+        tainted: None,
     };
     l.convert_settings(table.get("check"), settings)?;
     l.load(&table, path, overrides)
@@ -243,6 +295,12 @@ struct Loader {
     convert: ConvertOptions,
     /// The conversions' notes, in order, each once.
     notes: Vec<String>,
+    /// Host scalars computed from data by `item` steps: name, a stand-in value of their kind
+    /// (their values are known only as a pass runs), and the step's key.
+    items: Vec<(String, Scalar, String)>,
+    /// While the forward's steps load: the tensors whose values depend on a differentiable
+    /// input.
+    tainted: Option<Vec<String>>,
 }
 
 struct Static<'a> {
@@ -302,7 +360,9 @@ impl Loader {
             None => self.tensors.iter().filter(|(_, d, _)| d.is_float()).map(|(n, ..)| n.clone()).collect(),
         };
         let outputs = self.strings(ftab.get("outputs").ok_or_else(|| self.err("forward.outputs", "missing"))?, "forward.outputs")?;
+        self.tainted = Some(differentiable.clone());
         let fsteps = self.steps(ftab.get("steps"), "forward.steps", &inputs.constants)?;
+        self.tainted = None;
         let saved = match ftab.get("saved") {
             Some(v) => self.strings(v, "forward.saved")?,
             None => Vec::new(),
@@ -754,14 +814,22 @@ impl Loader {
             let key = format!("{key}[{i}]");
             let t = self.table(s, &key)?;
             let kinds: Vec<&str> = STEP_KINDS.into_iter().filter(|k| t.contains_key(*k)).collect();
+            // The constants, and the host scalars of earlier `item` steps (stand-ins).
+            let all: Vec<(String, Scalar)> = constants.iter().cloned().chain(self.items.iter().map(|(n, v, _)| (n.clone(), *v))).collect();
+            let constants = &all[..];
             let step = match kinds[..] {
                 ["alloc"] => self.alloc(t, &key, constants)?,
                 ["launch"] => self.launch(t, &key, constants)?,
                 ["compute"] => self.compute(t, &key, constants)?,
                 ["accumulate"] => self.accumulate(t, &key)?,
+                ["chunk"] => self.chunk(t, &key)?,
+                ["slice"] => self.slice(t, &key, constants)?,
+                ["cat"] => self.cat(t, &key)?,
+                ["item"] => self.item(t, &key, constants)?,
                 [kind] => self.host(t, kind, &key, constants)?,
                 _ => return Err(self.err(&key, format!("a step has exactly one of {}", STEP_KINDS.join(", ")))),
             };
+            self.spread_taint(&step);
             out.push(step);
         }
         Ok(out)
@@ -790,6 +858,7 @@ impl Loader {
             Some("zeros") => Init::Zeros,
             Some(s) => return Err(self.err(&format!("{key}.init"), format!("`{s}`: expected \"empty\" or \"zeros\""))),
         };
+        self.fixed(&shape, &format!("{key}.shape"), "a shape")?;
         let scope = Static { constants, tensors: &self.tensors };
         let sh = crate::check::steps_eval_shape(&shape, &scope).map_err(|m| self.err(&format!("{key}.shape"), m))?;
         tilegrad_reference::check_alloc(dtype, &sh).map_err(|e| self.err(&format!("{key}.shape"), e.to_string()))?;
@@ -806,6 +875,9 @@ impl Loader {
     fn define(&mut self, name: &str, dtype: DType, shape: Vec<usize>, key: &str) -> Result<(), SpecError> {
         if self.tensors.iter().any(|(n, ..)| n == name) {
             return Err(self.err(key, format!("tensor `{name}` is already defined")));
+        }
+        if self.items.iter().any(|(n, ..)| n == name) {
+            return Err(self.err(key, format!("`{name}` is already defined (by an `item` step)")));
         }
         self.tensors.push((name.to_string(), dtype, shape));
         Ok(())
@@ -900,6 +972,7 @@ impl Loader {
             "reshape" => {
                 let shape =
                     self.exprs(t.get("shape").ok_or_else(|| self.err(&format!("{key}.shape"), "missing"))?, &format!("{key}.shape"))?;
+                self.fixed(&shape, &format!("{key}.shape"), "a shape")?;
                 let ns = crate::check::steps_eval_shape(&shape, &scope).map_err(|m| self.err(&format!("{key}.shape"), m))?;
                 if ns.iter().product::<usize>() != s.iter().product::<usize>() {
                     return Err(self.err(&format!("{key}.shape"), format!("cannot reshape `{src}` of shape {s:?} to {ns:?}")));
@@ -909,7 +982,9 @@ impl Loader {
             _ => {
                 let by =
                     self.expr(t.get("by").ok_or_else(|| self.err(&format!("{key}.by"), "missing: the factor"))?, &format!("{key}.by"))?;
-                by.eval(&scope).map_err(|e| self.err(&format!("{key}.by"), format!("`{by}`: {e}")))?;
+                if self.dependent(&by).is_none() {
+                    by.eval(&scope).map_err(|e| self.err(&format!("{key}.by"), format!("`{by}`: {e}")))?;
+                }
                 (Step::Scale { src, factor: by, dst: dst.clone() }, s, d)
             }
         };
@@ -997,7 +1072,7 @@ impl Loader {
             );
         }
         let scope = Static { constants, tensors: &self.tensors };
-        for e in &grid {
+        for e in grid.iter().filter(|e| self.dependent(e).is_none()) {
             e.eval_int(&scope).map_err(|err| self.err(&format!("{key}.grid"), format!("`{e}`: {err}")))?;
         }
         let kernel = match kr {
@@ -1020,6 +1095,10 @@ impl Loader {
                     }
                     if let Some((_, d, _)) = e.as_name().and_then(|tn| self.tensors.iter().find(|(x, ..)| x == tn)) {
                         ptrs.push((n.clone(), *d));
+                        continue;
+                    }
+                    if let Some(d) = self.runtime_arg(e, n, &file, &name, &format!("{key}.args.{n}"), &scope)? {
+                        scalars.push((n.clone(), d));
                         continue;
                     }
                     match e.eval(&scope) {
@@ -1094,6 +1173,15 @@ impl Loader {
                 return Err(self.err(
                     &format!("{key}.args.{n}"),
                     format!("kernel `{}` has no parameter `{n}` (parameters: {})", kernel.name, ps.join(", ")),
+                ));
+            }
+        }
+        for (n, e) in &args {
+            let constexpr = kernel.param(n).is_some_and(|p| matches!(p.kind, tilegrad_ir::ParamKind::Constexpr(..)));
+            if let (true, Some(item)) = (constexpr, self.dependent(e)) {
+                return Err(self.err(
+                    &format!("{key}.args.{n}"),
+                    format!("`{e}` uses `{item}`, which an `item` step computes from data: it cannot bind the constexpr `{n}`"),
                 ));
             }
         }

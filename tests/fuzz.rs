@@ -307,6 +307,12 @@ impl Scope for Shapes<'_> {
     }
 }
 
+/// Axis `axis` of a tensor of `shape` (negative counts from the end).
+fn axis_index(shape: &[usize], axis: i64) -> Option<usize> {
+    let a = if axis < 0 { axis + shape.len() as i64 } else { axis };
+    usize::try_from(a).ok().filter(|&a| a < shape.len())
+}
+
 /// Whether checking `spec` is cheap: small inputs, small grids, small integer arguments.
 fn cheap(spec: &Spec) -> bool {
     let mut sh = Shapes(spec, Vec::new());
@@ -386,7 +392,30 @@ fn cheap(spec: &Spec) -> bool {
                 total = total.saturating_add(t.shape.iter().product());
                 sh.1.push((dst.clone(), t.shape));
             }
-            Step::Accumulate { .. } => {}
+            Step::Chunk { src, chunks, axis, dsts } => {
+                let Some(s) = sh.shape(src) else { return false };
+                let Some(a) = axis_index(&s, *axis) else { return false };
+                let size = s[a].div_ceil((*chunks).max(1)).max(1);
+                for (k, d) in dsts.iter().enumerate() {
+                    let mut p = s.clone();
+                    p[a] = size.min(s[a].saturating_sub(k * size));
+                    sh.1.push((d.clone(), p));
+                }
+            }
+            Step::Slice { src, dst, .. } => {
+                // At most the source's shape: enough to judge the cost.
+                let Some(s) = sh.shape(src) else { return false };
+                sh.1.push((dst.clone(), s));
+            }
+            Step::Cat { srcs, axis, dst } => {
+                let Some(parts) = srcs.iter().map(|n| sh.shape(n)).collect::<Option<Vec<_>>>() else { return false };
+                let Some(a) = parts.first().and_then(|s| axis_index(s, *axis)) else { return false };
+                let mut s = parts[0].clone();
+                s[a] = parts.iter().map(|p| p.get(a).copied().unwrap_or(0)).sum();
+                total = total.saturating_add(s.iter().product());
+                sh.1.push((dst.clone(), s));
+            }
+            Step::Accumulate { .. } | Step::Item { .. } => {}
         }
     }
     total <= 1 << 15

@@ -147,6 +147,84 @@ fn a_backward_with_host_steps_passes_and_a_wrong_one_fails() {
     }
 }
 
+fn slice(src: &str, axis: i64, bounds: [Option<&str>; 3], dst: &str) -> Step {
+    let e = |b: Option<&str>| b.map(|t| tilegrad::check::Expr::parse(t).unwrap());
+    Step::Slice { src: src.into(), axis, start: e(bounds[0]), stop: e(bounds[1]), step: e(bounds[2]), dst: dst.into() }
+}
+
+fn names(n: &[&str]) -> Vec<String> {
+    n.iter().map(|s| s.to_string()).collect()
+}
+
+/// Chunks (uneven: 13 columns in 3 chunks of 5, 5, 3), slices with a step and negative bounds,
+/// and concatenations along either axis, one source twice: AD of the whole forward against
+/// central differences.
+#[test]
+fn chunk_slice_and_cat_vjps_match_central_differences() {
+    let fwd = Forward::new(&["x", "row", "col"], &["y", "z", "w"])
+        .step(Step::Chunk { src: "x".into(), chunks: 3, axis: -1, dsts: names(&["a", "b", "c"]) })
+        .step(slice("x", 0, [Some("1"), None, Some("2")], "odd"))
+        .step(slice("row", 0, [Some("-4"), None, None], "tail"))
+        .step(compute("p", "a * b + tanh(a)"))
+        .step(Step::Cat { srcs: names(&["c", "p", "c"]), axis: -1, dst: "q".into() })
+        .step(compute("y", "q * q * col"))
+        .step(Step::Cat { srcs: names(&["odd", "x"]), axis: 0, dst: "z0".into() })
+        .step(compute("z", "z0 ** 3"))
+        .step(compute("w", "exp(tail) * tail"));
+    assert_gradcheck("pieces", &fwd, &inputs());
+}
+
+/// The ground truth of `y = cat([b, a * a], -1)` with `a, b = x.chunk(2, -1)` against a plain
+/// f64 loop: the cotangent moved back to the positions each element came from.
+#[test]
+fn chunk_and_cat_ground_truth_matches_a_plain_loop() {
+    let fwd = Forward::new(&["x"], &["y"])
+        .step(Step::Chunk { src: "x".into(), chunks: 2, axis: -1, dsts: names(&["a", "b"]) })
+        .step(compute("aa", "a * a"))
+        .step(Step::Cat { srcs: names(&["b", "aa"]), axis: 1, dst: "y".into() });
+    let g = tilegrad::check::ground_truth(&fwd, &inputs(), &CheckOptions::default()).unwrap();
+    let x = g.inputs.iter().find(|(n, _)| n == "x").unwrap().1.to_f64_vec();
+    let (gx, cot) = (g.gradients[0].1.to_f64_vec(), g.cotangents[0].1.to_f64_vec());
+    // a = x[:, :7], b = x[:, 7:]; y = [b (6 columns), a * a (7 columns)].
+    for r in 0..R {
+        for j in 0..C {
+            let want = if j < 7 { cot[r * C + 6 + j] * 2.0 * x[r * C + j] } else { cot[r * C + j - 7] };
+            assert_eq!(gx[r * C + j], want, "[{r}, {j}]");
+        }
+    }
+}
+
+/// `**` in `compute`: every operand kind as base and exponent, against central differences.
+#[test]
+fn powers_in_compute_match_central_differences() {
+    let fwd = Forward::new(&["x", "row", "col", "s"], &["y"])
+        .step(compute("y", "-x ** 2 + abs(row) ** 0.5 + (2 + sigmoid(x)) ** col - s ** 3 * (1 + x * x) ** -1 + 2 ** (x / 4) + x ** K"));
+    assert_gradcheck("powers", &fwd, &inputs());
+}
+
+/// A count of the rows not ignored, `(lab != -100).sum().item()`, divides a masked sum: no
+/// gradient flows through it, and the ground truth is the plain loop's.
+#[test]
+fn an_item_is_a_constant_of_later_steps_computed_from_data() {
+    let fwd = Forward::new(&["x"], &["y"])
+        .step(Step::item("valid", "sum(lab != -100)").unwrap())
+        .step(compute("m", "where(lab == -100, 0.0, x * x)"))
+        .step(Step::Sum { src: "m".into(), axis: 1, dst: "rows".into() })
+        .step(Step::Sum { src: "rows".into(), axis: 0, dst: "total".into() })
+        .step(Step::Scale { src: "total".into(), factor: tilegrad::check::Expr::parse("1 / valid").unwrap(), dst: "y".into() });
+    assert_gradcheck("item", &fwd, &inputs());
+    let g = tilegrad::check::ground_truth(&fwd, &inputs(), &CheckOptions::default()).unwrap();
+    let x = g.inputs.iter().find(|(n, _)| n == "x").unwrap().1.to_f64_vec();
+    let lab = g.inputs.iter().find(|(n, _)| n == "lab").unwrap().1.to_f64_vec();
+    let (gx, cot) = (g.gradients[0].1.to_f64_vec(), g.cotangents[0].1.to_f64_vec()[0]);
+    let valid = lab.iter().filter(|&&l| l != -100.0).count() as f64;
+    assert!(valid > 0.0 && valid < R as f64, "the labels have ignored and kept rows: {lab:?}");
+    for (k, &gk) in gx.iter().enumerate() {
+        let want = if lab[k / C] == -100.0 { 0.0 } else { cot * 2.0 * x[k] / valid };
+        assert!((gk - want).abs() <= 1e-12 * want.abs().max(1.0), "element {k}: {gk} vs {want}");
+    }
+}
+
 // ---------------------------------------------------------------- specs
 
 const KERNELS: &str = r#"import triton
@@ -161,6 +239,11 @@ def scale(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 def scale_bwd(gy_ptr, gx_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(gx_ptr + offs, tl.load(gy_ptr + offs, mask=offs < n) * 3.0, mask=offs < n)
+
+@triton.jit
+def div_by(x_ptr, y_ptr, n, count, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) / count, mask=offs < n)
 "#;
 
 /// An MSE loss: a kernel, then host steps down to a 0-d loss; the backward scales the 0-d
@@ -336,4 +419,122 @@ fn the_cross_entropy_example_fails_with_a_broken_host_step() {
     let blame = r.gradients[0].worst.as_ref().and_then(|w| w.blame.as_ref()).expect("blamed");
     assert!(blame.via.iter().any(|v| v.starts_with("`grad_x += extra` (step 5): also from `extra`[")), "{blame:?}");
     assert!(blame.via.iter().any(|v| v.starts_with("`extra = x * 0.001` (step 4): from `x`[")), "{blame:?}");
+}
+
+/// A launcher that swaps the halves of its input (`chunk`, `cat`), runs a kernel on the result,
+/// and averages a masked square over the rows not ignored, counted on the host (`item`); its
+/// backward passes the count to a kernel as a runtime argument and puts the halves back with
+/// slices and `cat`. The block size is a heuristic of the constants.
+const PIECES: &str = r#"
+[kernels]
+fwd = "k.py::scale"
+bwd = "k.py::scale_bwd"
+div = "k.py::div_by"
+
+[constants]
+R = 7
+C = 13
+n = "R * C"
+BLOCK = "128 if n > 64 else 2 ** 5"
+IGNORE = -100
+
+[inputs]
+x = { shape = ["R", "C"], init = "uniform(-2, 2)" }
+lab = { shape = ["R", 1], dtype = "i64", slices = [{ len = 2, init = "const(-100)" }, { len = 5, init = "randint(0, 5)" }] }
+
+[forward]
+differentiable = ["x"]
+outputs = ["loss"]
+steps = [
+  { chunk = "x", chunks = 2, axis = -1, into = ["a", "b"] },
+  { cat = ["b", "a"], axis = -1, into = "c" },
+  { alloc = "y", like = "c" },
+  { launch = "fwd", grid = ["cdiv(c.numel(), BLOCK)"], args = { x_ptr = "c", y_ptr = "y", n = "c.numel()", BLOCK = "BLOCK" } },
+  { item = "sum(lab != IGNORE)", into = "valid" },
+  { compute = "where(lab == IGNORE, 0.0, y ** 2)", into = "sq" },
+  { sum = "sq", axis = 1, into = "rows" },
+  { sum = "rows", axis = 0, into = "total" },
+  { scale = "total", by = "1 / valid", into = "loss" },
+]
+
+[backward]
+gradients = { x = "grad_x" }
+steps = [
+  { compute = "where(lab == IGNORE, 0.0, 2 * y) * grad_loss", into = "gy0" },
+  { alloc = "gy", like = "gy0" },
+  { launch = "div", grid = ["cdiv(n, BLOCK)"], args = { x_ptr = "gy0", y_ptr = "gy", n = "n", count = "valid", BLOCK = "BLOCK" } },
+  { alloc = "gc", like = "c" },
+  { launch = "bwd", grid = ["cdiv(n, BLOCK)"], args = { gy_ptr = "gy", gx_ptr = "gc", n = "n", BLOCK = "BLOCK" } },
+  { slice = "gc", axis = -1, stop = "b.shape[1]", into = "gb" },
+  { slice = "gc", axis = -1, start = "b.shape[1]", into = "ga" },
+  { cat = ["ga", "gb"], axis = -1, into = "grad_x" },
+]
+"#;
+
+#[test]
+fn a_spec_with_chunks_slices_cat_and_an_item_checks_and_wrong_ones_fail() {
+    let s = load(&write("pieces", PIECES)).unwrap();
+    assert_eq!(s.inputs.constants.iter().find(|(n, _)| n == "BLOCK").unwrap().1, tilegrad::check::Scalar::Int(128));
+    let descriptions: Vec<String> = s.backward.as_ref().unwrap().steps.iter().map(Step::describe).collect();
+    assert_eq!(descriptions[5], "gb = gc[:b.shape[1]] along axis -1");
+    assert_eq!(descriptions[7], "grad_x = torch.cat([ga, gb], -1)");
+    assert_eq!(s.forward.steps[0].describe(), "a, b = x.chunk(2, -1)");
+    assert_eq!(s.forward.steps[4].describe(), "valid = sum(lab != IGNORE).item()");
+    let r = check_backward(&s.forward, s.backward.as_ref().unwrap(), &s.inputs, &s.options).unwrap();
+    assert!(r.passed, "{r}");
+    let g = gradcheck(&s.forward, &s.inputs, &s.options, "pieces").unwrap();
+    assert!(g.passed, "{g}");
+    // The halves put back in the wrong order, the count of every row instead of the rows kept,
+    // and a slice one column off each fail.
+    for (tag, from, to) in [
+        ("order", r#"cat = ["ga", "gb"]"#, r#"cat = ["gb", "ga"]"#),
+        ("count", r#"count = "valid""#, r#"count = "R""#),
+        ("off", r#"start = "b.shape[1]", into = "ga""#, r#"start = "b.shape[1] - 1", stop = "-1", into = "ga""#),
+    ] {
+        assert!(PIECES.contains(from), "{tag}");
+        let s = load(&write(&format!("pieces-{tag}"), &PIECES.replacen(from, to, 1))).unwrap();
+        let r = check_backward(&s.forward, s.backward.as_ref().unwrap(), &s.inputs, &s.options).unwrap();
+        assert!(!r.passed, "{tag}: {r}");
+    }
+    // The wrong order is blamed through the `cat` and the slice on the kernel's store.
+    let s = load(&write("pieces-blame", &PIECES.replacen(r#"cat = ["ga", "gb"]"#, r#"cat = ["gb", "ga"]"#, 1))).unwrap();
+    let r = check_backward(&s.forward, s.backward.as_ref().unwrap(), &s.inputs, &s.options).unwrap();
+    let blame = r.gradients[0].worst.as_ref().and_then(|w| w.blame.as_ref()).expect("blamed");
+    assert!(blame.via.iter().any(|v| v.starts_with("`grad_x = torch.cat([gb, ga], -1)` (step 7): from `g")), "{blame:?}");
+    assert!(blame.sites.iter().any(|s| matches!(s, BlameSite::Store { kernel, .. } if kernel == "scale_bwd")), "{blame:?}");
+}
+
+#[test]
+fn spec_errors_of_pieces_items_and_expressions_name_the_key_and_column() {
+    let cases: &[(&str, &str, &str, &str)] = &[
+        ("chunk-count", r#"into = ["a", "b"] }"#, r#"into = ["a", "b", "d"] }"#, "forward.steps[0].into: `x`.chunk(2, -1) of shape [7, 13] gives 2 chunks of sizes [7, 6]"),
+        ("chunk-zero", "chunks = 2", "chunks = 0", "forward.steps[0].chunks: expected a positive integer"),
+        ("chunk-axis", "chunks = 2, axis = -1", "chunks = 2, axis = 2", "forward.steps[0].axis: axis 2 of `x`, which has shape [7, 13]"),
+        ("chunk-key", "chunks = 2,", "chunks = 2, dim = 1,", "forward.steps[0].dim: unknown key"),
+        ("cat-shape", r#"cat = ["b", "a"], axis = -1"#, r#"cat = ["b", "x"], axis = 0"#, "forward.steps[1].cat: cat along axis 0: `x` has shape [7, 13], `b` [7, 6] (only axis 0 may differ)"),
+        ("cat-unknown", r#"cat = ["b", "a"]"#, r#"cat = ["b", "nope"]"#, "forward.steps[1].cat[1]: no tensor `nope` here"),
+        ("slice-step", r#"stop = "b.shape[1]", into"#, r#"stop = "b.shape[1]", step = 0, into"#, "backward.steps[5].step: the step of a slice must be positive"),
+        ("slice-name", r#"stop = "b.shape[1]""#, r#"stop = "b.shape[1] + NOPE""#, "backward.steps[5].stop: `b.shape[1] + NOPE`: column 14: unknown name `NOPE`"),
+        ("item-parse", "sum(lab != IGNORE)", "sum(lab != NOPE)", "forward.steps[4].item: `sum(lab != NOPE)`: column 12: no tensor or constant named `NOPE`"),
+        ("item-mean", "sum(lab != IGNORE)", "mean(lab)", "forward.steps[4].item: `mean(lab)`: mean of a i64 expression"),
+        ("item-float", "sum(lab != IGNORE)", "sum(a * a)", "forward.steps[4].item: `sum(a * a)` is a float computed from `a`, which depends on a differentiable input"),
+        ("item-launch", "sum(lab != IGNORE)", "max(y)", "forward.steps[4].item: `max(y)` is a float computed from `y`"),
+        ("item-twice", r#"into = "valid""#, r#"into = "R""#, "forward.steps[4].into: `R` is already defined"),
+        ("item-shape", r#"{ alloc = "gy", like = "gy0" }"#, r#"{ alloc = "gy", shape = ["valid", "C"] }"#, "backward.steps[1].shape: `valid` uses `valid`, which `forward.steps[4].item` computes from data: a shape is fixed"),
+        ("item-constexpr", r#"count = "valid", BLOCK = "BLOCK""#, r#"count = "valid", BLOCK = "valid * 32""#, "backward.steps[2].args.BLOCK: `valid * 32` uses `valid`, which an `item` step computes from data: it cannot bind the constexpr `BLOCK`"),
+        ("conditional", r#""128 if n > 64 else 2 ** 5""#, r#""128 if n > 64 2 ** 5""#, "constants.BLOCK: `128 if n > 64 2 ** 5`: column 15: expected `else`"),
+        ("pow-neg", "y ** 2", "lab ** -1", "forward.steps[5].compute: `where(lab == IGNORE, 0.0, lab ** -1)`: column 31: a power of i64"),
+    ];
+    for (tag, from, to, expect) in cases {
+        assert!(PIECES.contains(from), "{tag}: the case must change the spec");
+        let p = write(tag, &PIECES.replacen(from, to, 1));
+        let e = load(&p).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains(expect), "{tag}: `{e}` lacks `{expect}`");
+    }
+    // A float item from tensors no differentiable input reaches is allowed (no gradient is lost),
+    // and an integer one from a differentiable input too (a count).
+    for (tag, text) in [("float-ok", "mean(lab * 1.5)"), ("count-ok", "sum(a > 0)")] {
+        let p = write(tag, &PIECES.replacen("sum(lab != IGNORE)", text, 1));
+        load(&p).unwrap_or_else(|e| panic!("{tag}: {e}"));
+    }
 }

@@ -167,6 +167,12 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
                             s => format!("`{}` (step {step}): from `{src}`[{}]", s.describe(), idx.join(", ")),
                         }
                     }
+                    s @ (Step::Chunk { .. } | Step::Slice { .. } | Step::Cat { .. }) => {
+                        let Some(map) = super::steps::pieces::source_map(s, env, name, src) else { continue };
+                        from.extend(unwritten.iter().filter_map(|&e| map.get(e).copied().flatten()));
+                        let Some(&first) = from.first() else { continue };
+                        format!("`{}` (step {step}): from `{src}`{:?}", s.describe(), unravel(first, &src_shape))
+                    }
                     Step::Compute { .. } => {
                         let map = broadcast_map(&src_shape, &shape);
                         for &e in &unwritten {

@@ -3,9 +3,21 @@
 //! `x.shape[1] * 2`).
 //!
 //! Grammar: integers and floats, names of constants, `+ - * / // %` (Python semantics: `//` and
-//! `%` floor, `/` is true division), unary minus, parentheses, `cdiv(a, b)`, `min(a, b, ...)`,
-//! `max(a, b, ...)`, `next_power_of_2(n)`, `sqrt(x)`, `exp(x)`, `log(x)` (floats), and on a tensor name `t.stride(i)`, `t.size(i)`, `t.shape[i]`, `t.numel()`
-//! (negative `i` counts from the end). Errors carry the 1-based column in the expression.
+//! `%` floor, `/` is true division), `**`, unary minus, parentheses, `cdiv(a, b)`,
+//! `min(a, b, ...)`, `max(a, b, ...)`, `next_power_of_2(n)`, `sqrt(x)`, `exp(x)`, `log(x)`
+//! (floats), and on a tensor name `t.stride(i)`, `t.size(i)`, `t.shape[i]`, `t.numel()`
+//! (negative `i` counts from the end); comparisons `< <= > >= == !=` (chained as in Python:
+//! `0 < x < 8`), `and`, `or`, `not`, `True`, `False` and conditional expressions
+//! (`1024 if N > 4096 else 512`), as heuristics and launchers write them. Errors carry the
+//! 1-based column in the expression.
+//!
+//! Python's rules throughout: `**` binds tighter than a unary minus on its left (`-2 ** 2` is
+//! -4) and groups to the right (`2 ** 3 ** 2` is 512); an integer to a non-negative integer
+//! power is an integer, any other power a float (`2 ** -1` is 0.5; a negative number to a
+//! fractional power, which Python makes complex, is an error). A comparison, `not` and the
+//! booleans are the integers 1 and 0; `a and b` and `a or b` give one of their operands (`0 or
+//! 5` is 5), and only the branch a condition chooses is evaluated. Precedence, loosest first:
+//! `if else`, `or`, `and`, `not`, comparisons, `+ -`, `* / // %`, unary minus, `**`.
 
 use std::fmt;
 
@@ -80,7 +92,30 @@ enum Node {
     Chain(Box<Node>, Vec<(BinOp, Node, usize)>),
     Call(Func, Vec<Node>, usize),
     Tensor(String, Prop, i64, usize),
+    /// `base ** exponent` (the column of `**`).
+    Pow(Box<Node>, Box<Node>, usize),
+    /// A chain of comparisons, `a < b <= c` (each comparison's operator and column).
+    Compare(Box<Node>, Vec<(CmpOp, Node, usize)>),
+    /// `a and b and ...` (`true`) or `a or b or ...` (`false`).
+    Logic(bool, Vec<Node>),
+    /// `not` applied this many times.
+    Not(usize, Box<Node>),
+    /// `then if cond else otherwise`.
+    If(Box<Node>, Box<Node>, Box<Node>),
 }
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum CmpOp {
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Eq,
+    Ne,
+}
+
+/// The words that are not names.
+const KEYWORDS: [&str; 5] = ["if", "else", "and", "or", "not"];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum BinOp {
@@ -163,8 +198,46 @@ impl Expr {
                     go(a, out);
                     rest.iter().for_each(|(_, b, _)| go(b, out));
                 }
-                Node::Call(_, args, _) => args.iter().for_each(|a| go(a, out)),
+                Node::Call(_, args, _) | Node::Logic(_, args) => args.iter().for_each(|a| go(a, out)),
                 Node::Tensor(t, ..) => out.push(t.clone()),
+                Node::Pow(a, b, _) => {
+                    go(a, out);
+                    go(b, out);
+                }
+                Node::Compare(a, rest) => {
+                    go(a, out);
+                    rest.iter().for_each(|(_, b, _)| go(b, out));
+                }
+                Node::Not(_, a) => go(a, out),
+                Node::If(a, c, b) => [a, c, b].into_iter().for_each(|n| go(n, out)),
+            }
+        }
+        let mut out = Vec::new();
+        go(&self.node, &mut out);
+        out
+    }
+
+    /// The names of constants the expression refers to (not tensors' names), in order.
+    pub fn names(&self) -> Vec<String> {
+        fn go(n: &Node, out: &mut Vec<String>) {
+            match n {
+                Node::Num(_) | Node::Tensor(..) => {}
+                Node::Name(name, _) => out.push(name.clone()),
+                Node::Neg(_, a, _) | Node::Not(_, a) => go(a, out),
+                Node::Chain(a, rest) => {
+                    go(a, out);
+                    rest.iter().for_each(|(_, b, _)| go(b, out));
+                }
+                Node::Compare(a, rest) => {
+                    go(a, out);
+                    rest.iter().for_each(|(_, b, _)| go(b, out));
+                }
+                Node::Call(_, args, _) | Node::Logic(_, args) => args.iter().for_each(|a| go(a, out)),
+                Node::Pow(a, b, _) => {
+                    go(a, out);
+                    go(b, out);
+                }
+                Node::If(a, c, b) => [a, c, b].into_iter().for_each(|n| go(n, out)),
             }
         }
         let mut out = Vec::new();
@@ -253,6 +326,40 @@ fn eval(n: &Node, scope: &dyn Scope) -> Result<Scalar, ExprError> {
                 }
             }
         }
+        Node::Pow(a, b, col) => pow(eval(a, scope)?, eval(b, scope)?, *col)?,
+        Node::Compare(first, rest) => {
+            // Python's chain: each operand evaluated once, stopping at the first false link.
+            let mut left = eval(first, scope)?;
+            for (op, b, _) in rest {
+                let right = eval(b, scope)?;
+                if !compare(*op, left, right) {
+                    return Ok(Int(0));
+                }
+                left = right;
+            }
+            Int(1)
+        }
+        Node::Logic(and, operands) => {
+            let mut v = Int(i64::from(*and));
+            for o in operands {
+                v = eval(o, scope)?;
+                if truthy(v) != *and {
+                    break;
+                }
+            }
+            v
+        }
+        Node::Not(times, a) => {
+            let t = truthy(eval(a, scope)?);
+            Int(i64::from(if times % 2 == 1 { !t } else { t }))
+        }
+        Node::If(then, cond, otherwise) => {
+            if truthy(eval(cond, scope)?) {
+                eval(then, scope)?
+            } else {
+                eval(otherwise, scope)?
+            }
+        }
         Node::Tensor(t, prop, axis, col) => {
             let shape = scope.shape(t).ok_or_else(|| ExprError { column: *col, message: format!("unknown tensor `{t}`") })?;
             let count = |dims: &[usize]| {
@@ -277,6 +384,61 @@ fn eval(n: &Node, scope: &dyn Scope) -> Result<Scalar, ExprError> {
             }
         }
     })
+}
+
+/// Python's truth of a number: anything but zero (NaN is true).
+fn truthy(v: Scalar) -> bool {
+    match v {
+        Scalar::Int(i) => i != 0,
+        Scalar::Float(x) => x != 0.0,
+    }
+}
+
+/// `a op b` of a comparison (integers compared exactly).
+fn compare(op: CmpOp, a: Scalar, b: Scalar) -> bool {
+    let ord = match (a, b) {
+        (Scalar::Int(x), Scalar::Int(y)) => Some(x.cmp(&y)),
+        (a, b) => a.as_f64().partial_cmp(&b.as_f64()),
+    };
+    use std::cmp::Ordering::*;
+    match (op, ord) {
+        (CmpOp::Ne, o) => o != Some(Equal),
+        (_, None) => false,
+        (CmpOp::Lt, Some(o)) => o == Less,
+        (CmpOp::Le, Some(o)) => o != Greater,
+        (CmpOp::Gt, Some(o)) => o == Greater,
+        (CmpOp::Ge, Some(o)) => o != Less,
+        (CmpOp::Eq, Some(o)) => o == Equal,
+    }
+}
+
+/// `a ** b` as Python computes it: an integer to a non-negative integer power is an exact
+/// integer (an error past 64 bits), any other power a float; zero to a negative power and a
+/// negative number to a fractional one (complex in Python) are errors.
+fn pow(a: Scalar, b: Scalar, col: usize) -> Result<Scalar, ExprError> {
+    let err = |m: String| ExprError { column: col, message: m };
+    if let (Scalar::Int(x), Scalar::Int(y)) = (a, b) {
+        if y >= 0 {
+            let v = match x {
+                0 | 1 => Some(if y == 0 { 1 } else { x }),
+                -1 => Some(if y % 2 == 0 { 1 } else { -1 }),
+                _ => u32::try_from(y).ok().and_then(|y| x.checked_pow(y)),
+            };
+            return v.map(Scalar::Int).ok_or_else(|| err(format!("integer overflow: {x} ** {y} does not fit 64 bits")));
+        }
+    }
+    let (x, y) = (a.as_f64(), b.as_f64());
+    if x == 0.0 && y < 0.0 {
+        return Err(err(format!("0 cannot be raised to a negative power ({a} ** {b})")));
+    }
+    if x < 0.0 && y.fract() != 0.0 && y.is_finite() {
+        return Err(err(format!("{a} ** {b} is not a real number")));
+    }
+    let v = x.powf(y);
+    if v.is_infinite() && x.is_finite() && y.is_finite() {
+        return Err(err(format!("{a} ** {b} overflows a float")));
+    }
+    Ok(Scalar::Float(v))
 }
 
 /// `a op b`, as Python computes it; an integer result that does not fit 64 bits is an error.
@@ -380,12 +542,75 @@ impl Scan for Parser<'_> {
 }
 
 impl Parser<'_> {
-    /// `term (('+' | '-') term)*`, one level deeper than the caller.
+    /// `or_test ['if' or_test 'else' expr]`, one level deeper than the caller.
     fn expr(&mut self) -> Result<Node, ExprError> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
             return Err(self.err(format!("expression nested deeper than {MAX_DEPTH} levels")));
         }
+        let then = self.logic(false)?;
+        let node = if self.eat_word("if") {
+            let cond = self.logic(false)?;
+            if !self.eat_word("else") {
+                return Err(self.err("expected `else` (a conditional is `A if CONDITION else B`)".into()));
+            }
+            Node::If(Box::new(then), Box::new(cond), Box::new(self.expr()?))
+        } else {
+            then
+        };
+        self.depth -= 1;
+        Ok(node)
+    }
+
+    /// `a or b or ...` (`and`: false) or `a and b and ...` (`and`: true), a flat list.
+    fn logic(&mut self, and: bool) -> Result<Node, ExprError> {
+        let word = if and { "and" } else { "or" };
+        let operand = |p: &mut Self| if and { p.not_test() } else { p.logic(true) };
+        let first = operand(self)?;
+        let mut all = vec![first];
+        while self.eat_word(word) {
+            all.push(operand(self)?);
+        }
+        Ok(if all.len() == 1 { all.pop().expect("one operand") } else { Node::Logic(and, all) })
+    }
+
+    /// `not`* comparison.
+    fn not_test(&mut self) -> Result<Node, ExprError> {
+        let mut times = 0;
+        while self.eat_word("not") {
+            times += 1;
+        }
+        let a = self.comparison()?;
+        Ok(if times == 0 { a } else { Node::Not(times, Box::new(a)) })
+    }
+
+    /// `sum (cmp sum)*`, chained as in Python.
+    fn comparison(&mut self) -> Result<Node, ExprError> {
+        let first = self.sum()?;
+        let ops = [("<=", CmpOp::Le), (">=", CmpOp::Ge), ("==", CmpOp::Eq), ("!=", CmpOp::Ne), ("<", CmpOp::Lt), (">", CmpOp::Gt)];
+        let mut rest = Vec::new();
+        loop {
+            self.ws();
+            let col = self.i + 1;
+            let Some(&(_, op)) = ops.iter().find(|(t, _)| self.eat(t)) else { break };
+            rest.push((op, self.sum()?, col));
+        }
+        Ok(if rest.is_empty() { first } else { Node::Compare(Box::new(first), rest) })
+    }
+
+    /// Consumes the keyword `w` if it comes next as a whole word.
+    fn eat_word(&mut self, w: &str) -> bool {
+        self.ws();
+        let rest = &self.s[self.i..];
+        let whole = rest.starts_with(w.as_bytes()) && !rest.get(w.len()).is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_');
+        if whole {
+            self.i += w.len();
+        }
+        whole
+    }
+
+    /// `term (('+' | '-') term)*`.
+    fn sum(&mut self) -> Result<Node, ExprError> {
         let first = self.term()?;
         let mut rest = Vec::new();
         loop {
@@ -400,7 +625,6 @@ impl Parser<'_> {
             };
             rest.push((op, self.term()?, col));
         }
-        self.depth -= 1;
         Ok(if rest.is_empty() { first } else { Node::Chain(Box::new(first), rest) })
     }
 
@@ -435,8 +659,26 @@ impl Parser<'_> {
             }
             times += 1;
         }
-        let a = self.atom()?;
+        let a = self.power()?;
         Ok(if times == 0 { a } else { Node::Neg(times, Box::new(a), col) })
+    }
+
+    /// `atom ['**' unary]`: tighter than a unary minus on its left, right-associative, and
+    /// one level deeper per `**`.
+    fn power(&mut self) -> Result<Node, ExprError> {
+        let base = self.atom()?;
+        self.ws();
+        let col = self.i + 1;
+        if !self.eat("**") {
+            return Ok(base);
+        }
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(self.err(format!("expression nested deeper than {MAX_DEPTH} levels")));
+        }
+        let exponent = self.unary()?;
+        self.depth -= 1;
+        Ok(Node::Pow(Box::new(base), Box::new(exponent), col))
     }
 
     fn ident(&mut self) -> Option<String> {
@@ -517,6 +759,12 @@ impl Parser<'_> {
             "log" => Some(Func::Log),
             _ => None,
         };
+        if KEYWORDS.contains(&name.as_str()) {
+            return Err(ExprError { column: col, message: format!("unexpected `{name}`: expected a value") });
+        }
+        if let Some(b) = [("True", 1), ("False", 0)].iter().find(|(w, _)| *w == name) {
+            return Ok(Node::Num(Scalar::Int(b.1)));
+        }
         if let Some(f) = func {
             self.expect("(")?;
             let mut args = vec![self.expr()?];
@@ -643,6 +891,94 @@ mod tests {
             assert_eq!(e.column, col, "{t}: {e}");
             assert!(e.message.contains(frag), "{t}: {e}");
         }
+    }
+
+    #[test]
+    fn powers_follow_python() {
+        use Scalar::*;
+        for (t, v) in [
+            ("2 ** 10", Int(1024)),
+            ("-2 ** 2", Int(-4)),
+            ("(-2) ** 2", Int(4)),
+            ("2 ** 3 ** 2", Int(512)),
+            ("2 ** -1", Float(0.5)),
+            ("2 ** -1 ** 2", Float(0.5)),
+            ("4 ** 0.5", Float(2.0)),
+            ("2.0 ** 3", Float(8.0)),
+            ("0 ** 0", Int(1)),
+            ("(-1) ** 9999999999", Int(-1)),
+            ("1 ** 9999999999", Int(1)),
+            ("(-8) ** 2.0", Float(64.0)),
+            ("3 * 2 ** 2 * 2", Int(24)),
+            ("ROWS ** 2 // 7", Int(142857)),
+            ("-x.size(0) ** 2", Int(-49)),
+            ("2**62", Int(1 << 62)),
+        ] {
+            assert_eq!(ev(t).unwrap(), v, "{t}");
+        }
+        for (t, col, frag) in [
+            ("2 ** 63", 3, "integer overflow: 2 ** 63"),
+            ("1 + 0 ** -1", 7, "0 cannot be raised to a negative power"),
+            ("(-8) ** (1 / 3)", 6, "is not a real number"),
+            ("10.0 ** 400", 6, "overflows"),
+            ("2 ** ", 6, "expected a value"),
+        ] {
+            let e = ev(t).unwrap_err();
+            assert_eq!(e.column, col, "{t}: {e}");
+            assert!(e.message.contains(frag), "{t}: {e}");
+        }
+        // Long towers of powers are bounded like parentheses.
+        let tower = vec!["1"; 5000].join(" ** ");
+        assert!(ev(&tower).unwrap_err().message.contains("nested deeper"));
+        assert_eq!(ev(&vec!["1"; 40].join(" ** ")).unwrap(), Int(1));
+    }
+
+    #[test]
+    fn conditionals_comparisons_and_logic_follow_python() {
+        use Scalar::*;
+        for (t, v) in [
+            ("1024 if ROWS > 4096 else 512", Int(512)),
+            ("1024 if ROWS <= 4096 else 512", Int(1024)),
+            ("8 if ROWS > 10000 else 4 if ROWS > 100 else 2", Int(4)),
+            ("(16 if ROWS >= 1000 else 8) * 2", Int(32)),
+            ("1 if 0 < ROWS < 1001 else 0", Int(1)),
+            ("1 if 0 < ROWS < 999 else 0", Int(0)),
+            ("ROWS == 1000", Int(1)),
+            ("ROWS != 1000.0", Int(0)),
+            ("ROWS > 1 and ROWS < 10", Int(0)),
+            ("ROWS > 1 or 1 // 0", Int(1)),
+            ("0 or 5", Int(5)),
+            ("3 and 0.0", Float(0.0)),
+            ("not ROWS", Int(0)),
+            ("not not 7", Int(1)),
+            ("not ROWS > 5 and True", Int(0)),
+            ("True + True", Int(2)),
+            ("1 if False else 2", Int(2)),
+            ("eps if eps < 1 else 1", Float(1e-5)),
+            ("4 if x.size(-1) == 3 else 8", Int(4)),
+            // Only the branch the condition chooses is evaluated.
+            ("1 if ROWS else 1 // 0", Int(1)),
+        ] {
+            assert_eq!(ev(t).unwrap(), v, "{t}");
+        }
+        for (t, col, frag) in [
+            ("1 if ROWS", 10, "expected `else`"),
+            ("1 if else 2", 6, "unexpected `else`"),
+            ("ROWS and", 9, "expected a value"),
+            ("1 if ROWS > NOPE else 2", 13, "unknown name `NOPE`"),
+            ("not", 4, "expected a value"),
+        ] {
+            let e = ev(t).unwrap_err();
+            assert_eq!(e.column, col, "{t}: {e}");
+            assert!(e.message.contains(frag), "{t}: {e}");
+        }
+        // Names that start with a keyword are names.
+        let s = S([("iffy", Scalar::Int(2)), ("order", Scalar::Int(3)), ("note", Scalar::Int(4))].into(), HashMap::new());
+        assert_eq!(Expr::parse("iffy + order * note").unwrap().eval(&s).unwrap(), Int(14));
+        assert_eq!(Expr::parse("iffy if order else note").unwrap().eval(&s).unwrap(), Int(2));
+        let e = Expr::parse("BLOCK if N > 4096 and x.size(0) else 2 ** K").unwrap();
+        assert_eq!(e.names(), ["BLOCK", "N", "K"]);
+        assert_eq!(e.tensors(), ["x"]);
     }
 
     #[test]

@@ -8,11 +8,13 @@
 //! cotangent of `dst` passes through and `src` gets it summed over the axes it was broadcast
 //! along), or for a nonlinear step its derivative at the operands as the step read them (an
 //! elementwise expression is differentiated per element in reverse over its instructions; mean,
-//! logsumexp and max per reduced row); an allocation ends its tensor's cotangent. Integer and
+//! logsumexp and max per reduced row; a chunk or a slice scatters its pieces' cotangents back
+//! into the source's positions, a concatenation splits its cotangent among its sources; a host
+//! scalar from `item` carries none); an allocation ends its tensor's cotangent. Integer and
 //! bool tensors get no cotangent.
 
 use super::backend::Executor;
-use super::steps::{bind, split_axis, Records, Reduction, Step};
+use super::steps::{bind, pieces, split_axis, Records, Reduction, Step};
 use super::tensor_expr::broadcast_map;
 use super::{CheckError, Env};
 use std::collections::HashMap;
@@ -154,6 +156,32 @@ pub(crate) fn reverse(
                 }
                 add(&mut cot, src, &g);
             }
+            Step::Chunk { src, chunks, axis, dsts } => {
+                let shape = env.tensor(src).expect("ran forward").shape();
+                let (a, ..) = split_axis(shape, *axis).expect("the forward ran this chunk");
+                let pieces: Vec<_> = dsts.iter().zip(pieces::chunk_positions(shape, *chunks, a)).collect();
+                scatter(&mut cot, env, src, a, &pieces);
+            }
+            Step::Slice { src, axis, start, stop, step: by, dst } => {
+                let shape = env.tensor(src).expect("ran forward").shape();
+                let (a, ..) = split_axis(shape, *axis).expect("the forward ran this slice");
+                let [start, stop, by] = pieces::bounds([start, stop, by], env).map_err(at)?;
+                let pos = pieces::slice_positions(shape[a], start, stop, by).map_err(at)?;
+                scatter(&mut cot, env, src, a, &[(dst, pos)]);
+            }
+            Step::Cat { srcs, axis, dst } => {
+                let Some(c) = cot.remove(dst) else { continue };
+                let shape = env.tensor(dst).expect("ran forward").shape();
+                let (a, ..) = split_axis(shape, *axis).expect("the forward ran this cat");
+                let extents: Vec<usize> = srcs.iter().map(|s| env.tensor(s).expect("ran forward").shape()[a]).collect();
+                for (s, pos) in srcs.iter().zip(pieces::cat_positions(&extents)) {
+                    if is_float(env, s) {
+                        let g: Vec<f64> = pieces::along(shape, a, &pos).into_iter().map(|k| c[k]).collect();
+                        add(&mut cot, s, &g);
+                    }
+                }
+            }
+            Step::Item { .. } => {}
             Step::Accumulate { src, dst } => {
                 let Some(c) = cot.get(dst) else { continue };
                 if !is_float(env, src) {
@@ -190,14 +218,39 @@ fn contents_matter(steps: &[Step], records: &Records, i: usize, name: &str) -> b
             | Step::Compute { dst, .. }
             | Step::Cast { dst, .. }
             | Step::Reduce { dst, .. }
+            | Step::Slice { dst, .. }
+            | Step::Cat { dst, .. }
             | Step::Accumulate { dst, .. } => {
                 if dst == name {
                     return true;
                 }
             }
+            Step::Chunk { dsts, .. } => {
+                if dsts.iter().any(|d| d == name) {
+                    return true;
+                }
+            }
+            Step::Item { .. } => {}
         }
     }
     true
+}
+
+/// Adds the cotangents of `pieces` (tensors and their positions along axis `a` of `src`) into
+/// `src`'s at those positions (a float `src` only).
+fn scatter(cot: &mut HashMap<String, Vec<f64>>, env: &Env, src: &str, a: usize, pieces: &[(&String, Vec<usize>)]) {
+    let shape = env.tensor(src).expect("ran forward").shape().to_vec();
+    for (dst, pos) in pieces {
+        let Some(c) = cot.remove(*dst) else { continue };
+        if !is_float(env, src) {
+            continue;
+        }
+        let mut g = vec![0.0; shape.iter().product()];
+        for (k, ck) in pieces::along(&shape, a, pos).into_iter().zip(c) {
+            g[k] += ck;
+        }
+        add(cot, src, &g);
+    }
 }
 
 fn is_float(env: &Env, name: &str) -> bool {

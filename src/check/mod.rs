@@ -82,8 +82,8 @@ pub use report::{
     compare, unravel, Blame, BlameSite, Calibration, Explained, Failure, Finding, FindingKind, Location, Report, Slice, SliceLine,
     TensorReport, Timings, Tolerance, Worst, SCHEMA_VERSION,
 };
-pub(crate) use steps::{can_accumulate, eval_shape as steps_eval_shape, split_axis};
-pub use steps::{Env, Init, KernelLaunch, Reduction, Step};
+pub(crate) use steps::{can_accumulate, eval_shape as steps_eval_shape, item as step_item, pieces as step_pieces, split_axis};
+pub use steps::{Env, Init, ItemReduce, KernelLaunch, Reduction, Step};
 pub use tensor_expr::TensorExpr;
 pub use tilegrad_ad::Precision;
 pub use truth::{gradcheck, ground_truth, run_forward, run_forward_on, FdTrial, GradcheckReport, GroundTruth, Named};
@@ -747,7 +747,11 @@ fn step_writes(step: &Step, name: &str) -> bool {
         | Step::Scale { .. }
         | Step::Compute { .. }
         | Step::Cast { .. }
-        | Step::Reduce { .. } => false,
+        | Step::Reduce { .. }
+        | Step::Chunk { .. }
+        | Step::Slice { .. }
+        | Step::Cat { .. }
+        | Step::Item { .. } => false,
     }
 }
 
@@ -760,8 +764,11 @@ fn defined_by(steps: &[Step], name: &str) -> bool {
         | Step::Scale { dst, .. }
         | Step::Compute { dst, .. }
         | Step::Cast { dst, .. }
-        | Step::Reduce { dst, .. } => dst == name,
-        Step::Launch(_) | Step::Accumulate { .. } => false,
+        | Step::Reduce { dst, .. }
+        | Step::Slice { dst, .. }
+        | Step::Cat { dst, .. } => dst == name,
+        Step::Chunk { dsts, .. } => dsts.iter().any(|d| d == name),
+        Step::Launch(_) | Step::Accumulate { .. } | Step::Item { .. } => false,
     })
 }
 

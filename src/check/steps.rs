@@ -1,6 +1,7 @@
 //! Pipelines of steps over named tensors: kernel launches and the host steps real forward and
 //! backward passes use between them (allocate; sum, mean, logsumexp or max over an axis;
-//! reshape; scale; elementwise expressions with broadcasting; casts; in-place `+=`).
+//! reshape; scale; elementwise expressions with broadcasting; casts; in-place `+=`; chunks,
+//! slices and concatenations along an axis; host scalars computed from data, `.item()`).
 //!
 //! A forward or backward pass is a list of [`Step`]s run against an [`Env`] of named tensors. The
 //! same steps run natively (the kernels in their own dtypes: the user's view) and promoted to f64
@@ -15,6 +16,10 @@ use super::CheckError;
 use std::sync::Arc;
 use tilegrad_ir::{DType, Kernel, Lit, ParamKind};
 use tilegrad_reference::{Arg, ExecError, Grid, HostTensor, Launch, Memory, Options, RaceMode, TensorId, Writers};
+
+pub(crate) mod item;
+pub(crate) mod pieces;
+pub use item::ItemReduce;
 
 /// How an allocated tensor starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,6 +141,52 @@ pub enum Step {
         /// Existing tensor, updated.
         dst: String,
     },
+    /// `dsts = src.chunk(chunks, axis)`: torch's chunk sizes (see [`pieces::chunk_sizes`]), each
+    /// chunk a new tensor (a copy, where torch gives a view).
+    Chunk {
+        /// Source tensor.
+        src: String,
+        /// How many chunks were asked for.
+        chunks: usize,
+        /// Axis (negative counts from the end).
+        axis: i64,
+        /// New tensors, one per chunk torch gives.
+        dsts: Vec<String>,
+    },
+    /// `dst = src[start:stop:step]` along `axis` (Python's slice rules; a copy).
+    Slice {
+        /// Source tensor.
+        src: String,
+        /// Axis (negative counts from the end).
+        axis: i64,
+        /// Start (default 0), stop (default the axis' extent) and step (default 1).
+        start: Option<Expr>,
+        /// See `start`.
+        stop: Option<Expr>,
+        /// See `start`.
+        step: Option<Expr>,
+        /// New tensor.
+        dst: String,
+    },
+    /// `dst = torch.cat(srcs, axis)` (dtypes promoted as torch promotes them).
+    Cat {
+        /// Source tensors.
+        srcs: Vec<String>,
+        /// Axis (negative counts from the end).
+        axis: i64,
+        /// New tensor.
+        dst: String,
+    },
+    /// `dst = reduce(expr).item()`: a host scalar computed from this pass's tensors, a constant
+    /// of later steps (no gradient flows through it).
+    Item {
+        /// The reduction of the expression's elements; `None`: it has one element.
+        reduce: Option<ItemReduce>,
+        /// The expression.
+        expr: TensorExpr,
+        /// The new constant.
+        dst: String,
+    },
 }
 
 /// A reduction over one axis besides `sum`.
@@ -208,6 +259,15 @@ impl Step {
             Step::Cast { src, dtype, dst } => format!("{dst} = {src}.to({dtype})"),
             Step::Reduce { op, src, axis, dst } => format!("{dst} = {src}.{}({axis})", op.name()),
             Step::Accumulate { src, dst } => format!("{dst} += {src}"),
+            Step::Chunk { src, chunks, axis, dsts } => format!("{} = {src}.chunk({chunks}, {axis})", dsts.join(", ")),
+            Step::Slice { src, axis, start, stop, step, dst } => {
+                let part = |e: &Option<Expr>| e.as_ref().map_or(String::new(), |e| e.to_string());
+                let step = step.as_ref().map_or(String::new(), |e| format!(":{e}"));
+                format!("{dst} = {src}[{}:{}{step}] along axis {axis}", part(start), part(stop))
+            }
+            Step::Cat { srcs, axis, dst } => format!("{dst} = torch.cat([{}], {axis})", srcs.join(", ")),
+            Step::Item { reduce: Some(_), expr, dst } => format!("{dst} = {}.item()", expr.text().trim()),
+            Step::Item { reduce: None, expr, dst } => format!("{dst} = ({}).item()", expr.text().trim()),
         }
     }
 }
@@ -680,6 +740,21 @@ pub(crate) fn run(
                 }
                 add_host(env, trace.as_deref_mut(), dst, nt, i, &[src]).map_err(spec)?;
             }
+            Step::Chunk { src, chunks, axis, dsts } => {
+                let parts = pieces::chunk(env, src, *chunks, *axis, dsts.len()).map_err(spec)?;
+                for (d, t) in dsts.iter().zip(parts) {
+                    add_host(env, trace.as_deref_mut(), d, t, i, &[src]).map_err(spec)?;
+                }
+            }
+            Step::Slice { src, axis, start, stop, step: by, dst } => {
+                let t = pieces::slice(env, src, *axis, [start, stop, by]).map_err(spec)?;
+                add_host(env, trace.as_deref_mut(), dst, t, i, &[src]).map_err(spec)?;
+            }
+            Step::Cat { srcs, axis, dst } => {
+                let t = pieces::cat(env, srcs, *axis).map_err(spec)?;
+                add_host(env, trace.as_deref_mut(), dst, t, i, &srcs.iter().collect::<Vec<_>>()).map_err(spec)?;
+            }
+            Step::Item { reduce, expr, dst } => item::run(env, *reduce, expr, dst).map_err(spec)?,
             Step::Accumulate { src, dst } => {
                 let id = env.need(dst).map_err(spec)?;
                 let s = env.tensor(src).ok_or_else(|| spec(env.need(src).unwrap_err()))?;
@@ -729,7 +804,11 @@ fn written_later(steps: &[Step], step: usize, name: &str) -> bool {
         | Step::Scale { .. }
         | Step::Compute { .. }
         | Step::Cast { .. }
-        | Step::Reduce { .. } => false,
+        | Step::Reduce { .. }
+        | Step::Chunk { .. }
+        | Step::Slice { .. }
+        | Step::Cat { .. }
+        | Step::Item { .. } => false,
     })
 }
 

@@ -2,8 +2,9 @@
 //! `where(labels == -100, 0.0, x)`): what a launcher computes with torch between launches.
 //!
 //! Grammar: numbers (`2` is an integer, `2.0` and `1e-3` floats), names (a tensor, else a
-//! constant), `+ - * /` (`/` is true division), unary minus, parentheses, one comparison
-//! `< <= > >= == !=` (a bool), and the functions `exp log sqrt abs tanh sigmoid` (one argument),
+//! constant), `+ - * /` (`/` is true division), `**` (`x ** 2`, `x ** 0.5`, `a ** b`: tighter
+//! than a unary minus on its left, grouping to the right, as in Python), unary minus,
+//! parentheses, one comparison `< <= > >= == !=` (a bool), and the functions `exp log sqrt abs tanh sigmoid` (one argument),
 //! `min max` (two: torch's `minimum`/`maximum`) and `where(cond, a, b)` (`cond` a bool). Errors
 //! carry the 1-based column.
 //!
@@ -11,7 +12,12 @@
 //! tensors and numbers stretch everywhere). Dtypes promote as in torch: bool < int < float; a
 //! dimensioned tensor's dtype wins within its category, then a 0-d tensor's, then a number's (an
 //! integer number is i64, a float number f32), so `x_f16 * grad_loss_f32_0d` is f16 and
-//! `labels_i64 * 0.5` is f32; `/` and `exp log sqrt tanh sigmoid` of integers give f32.
+//! `labels_i64 * 0.5` is f32; `/` and `exp log sqrt tanh sigmoid` of integers give f32. A power
+//! promotes as `*` does (`torch.pow`); one whose result is an integer needs a non-negative
+//! integer number (or constant) as its exponent (torch refuses integers to negative powers).
+//!
+//! The VJP of `a ** b` is `b a^(b-1)` for `a` (0 where `b` is 0) and `a^b ln(a)` for `b` (0
+//! where `a` is 0 and `b >= 0`), as torch's `pow` backward gives them.
 //!
 //! Values are computed in f64 and rounded once to the result's dtype (torch rounds after every
 //! operation: a chain of f16 operations can differ from it in the last bit). The expression is
@@ -67,6 +73,7 @@ enum BinOp {
     Ne,
     Min,
     Max,
+    Pow,
 }
 
 impl BinOp {
@@ -195,6 +202,13 @@ impl TensorExpr {
         Ok(TensorExpr { text: text.to_string(), prog: p.prog })
     }
 
+    /// Parses the expression `whole[start..end]` of a larger text (an item's `sum(EXPR)`): its
+    /// columns count in `whole`, and it shows as `whole`.
+    pub(crate) fn parse_within(whole: &str, start: usize, end: usize) -> Result<TensorExpr, ExprError> {
+        let e = TensorExpr::parse(&format!("{}{}", " ".repeat(start), &whole[start..end]))?;
+        Ok(TensorExpr { text: whole.to_string(), ..e })
+    }
+
     /// The expression as written.
     pub fn text(&self) -> &str {
         &self.text
@@ -271,8 +285,8 @@ impl TensorExpr {
                     };
                     Ty { dtype, ..a.clone() }
                 }
-                Ins::Bin(op, a, b) => {
-                    let (a, b) = (&tys[*a], &tys[*b]);
+                Ins::Bin(op, ia, ib) => {
+                    let (a, b) = (&tys[*ia], &tys[*ib]);
                     let shape = broadcast(&a.shape, &b.shape)
                         .ok_or_else(|| err(col, format!("shapes {:?} and {:?} do not broadcast", a.shape, b.shape)))?;
                     let class = a.class.max(b.class);
@@ -283,6 +297,15 @@ impl TensorExpr {
                             return Err(err(col, "subtraction of two bools"));
                         }
                         BinOp::Div if !promoted.is_float() => DType::F32,
+                        BinOp::Pow if !promoted.is_float() && !self.non_negative_int(*ib, lookup) => {
+                            return Err(err(
+                                col,
+                                format!(
+                                    "a power of {promoted}: the exponent must be a non-negative integer number (torch refuses \
+                                     integers to negative powers; cast to a float first)"
+                                ),
+                            ));
+                        }
                         _ => promoted,
                     };
                     Ty { dtype, shape, class }
@@ -301,6 +324,17 @@ impl TensorExpr {
             tys.push(ty);
         }
         Ok(tys)
+    }
+}
+
+impl TensorExpr {
+    /// Whether instruction `i` is a non-negative integer number or integer constant.
+    fn non_negative_int(&self, i: usize, lookup: &dyn Fn(&str) -> Option<Operand>) -> bool {
+        match &self.prog[i].0 {
+            Ins::Int(v) => *v >= 0,
+            Ins::Name(n) => matches!(lookup(n), Some(Operand::Scalar(Scalar::Int(v))) if v >= 0),
+            _ => false,
+        }
     }
 }
 
@@ -384,6 +418,7 @@ impl<'a> Bound<'a> {
                         // torch.minimum/maximum propagate NaN.
                         BinOp::Min if a.is_nan() || b.is_nan() => f64::NAN,
                         BinOp::Max if a.is_nan() || b.is_nan() => f64::NAN,
+                        BinOp::Pow => a.powf(b),
                         BinOp::Min => a.min(b),
                         BinOp::Max => a.max(b),
                     }
@@ -467,6 +502,7 @@ impl<'a> Bound<'a> {
                             BinOp::Sub => (g, -g),
                             BinOp::Mul => (g * y, g * x),
                             BinOp::Div => (g / y, -g * x / (y * y)),
+                            BinOp::Pow => pow_vjp(g, x, y, v[i]),
                             // As torch: ties split the cotangent evenly.
                             BinOp::Min | BinOp::Max if x == y => (g / 2.0, g / 2.0),
                             BinOp::Min if x < y => (g, 0.0),
@@ -488,6 +524,13 @@ impl<'a> Bound<'a> {
         }
         self.operands.iter().zip(out).filter_map(|((n, _), c)| c.map(|c| (n.clone(), c))).collect()
     }
+}
+
+/// The cotangents of `x` and `y` from `g`, that of `p = x ** y` (torch's `pow` backward).
+fn pow_vjp(g: f64, x: f64, y: f64, p: f64) -> (f64, f64) {
+    let gx = if y == 0.0 { 0.0 } else { g * y * x.powf(y - 1.0) };
+    let gy = if x == 0.0 && y >= 0.0 { 0.0 } else { g * p * x.ln() };
+    (gx, gy)
 }
 
 // ------------------------------------------------------------------ parsing
@@ -558,8 +601,8 @@ impl Parser<'_> {
         loop {
             self.ws();
             let col = self.i + 1;
-            if self.s[self.i..].starts_with(b"//") || self.s[self.i..].starts_with(b"**") {
-                return Err(self.err(format!("`{}` is not supported", std::str::from_utf8(&self.s[self.i..self.i + 2]).unwrap_or("?"))));
+            if self.s[self.i..].starts_with(b"//") {
+                return Err(self.err("`//` is not supported".into()));
             }
             let op = if self.eat("*") {
                 BinOp::Mul
@@ -583,11 +626,28 @@ impl Parser<'_> {
             }
             cols.push(col);
         }
-        let mut a = self.atom()?;
+        let mut a = self.power()?;
         for col in cols.into_iter().rev() {
             a = self.push(Ins::Un(UnOp::Neg, a), col);
         }
         Ok(a)
+    }
+
+    /// `atom ['**' unary]`: right-associative, one level deeper per `**`.
+    fn power(&mut self) -> Result<usize, ExprError> {
+        let base = self.atom()?;
+        self.ws();
+        let col = self.i + 1;
+        if !self.eat("**") {
+            return Ok(base);
+        }
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(self.err(format!("expression nested deeper than {MAX_DEPTH} levels")));
+        }
+        let exponent = self.unary()?;
+        self.depth -= 1;
+        Ok(self.push(Ins::Bin(BinOp::Pow, base, exponent), col))
     }
 
     fn atom(&mut self) -> Result<usize, ExprError> {
@@ -787,7 +847,7 @@ mod tests {
     fn random_expressions_never_panic() {
         let toks = [
             "a", "b", "c", "i", "K", "1", "2.5", "1e3", "_", ".", "+", "-", "*", "/", "(", ")", ",", "<", "<=", "==", "!=", ">", "exp(",
-            "where(", "min(", "max(", "sigmoid(", "é", " ", "//", "0x1",
+            "where(", "min(", "max(", "sigmoid(", "é", " ", "//", "0x1", "**",
         ];
         let ops = [("a", t(DType::F32, &[3, 1])), ("b", t(DType::F16, &[4])), ("c", t(DType::F32, &[])), ("i", t(DType::I64, &[3, 4]))];
         let lookup =
@@ -939,6 +999,80 @@ mod tests {
                 assert!((fd - gj).abs() <= 1e-6 * fd.abs().max(1.0), "d/d{n}[{j}]: AD {gj} vs FD {fd}");
             }
         }
+    }
+
+    #[test]
+    fn powers_parse_as_python_and_their_vjp_matches_central_differences() {
+        let mut rng = StdRng::seed_from_u64(13);
+        let ops = operands(&mut rng);
+        // -x ** 2 is -(x ** 2); 2 ** 3 ** 2 is 2 ** 9; the exponent may be negative or a tensor.
+        let text = "-x ** 2 + abs(col) ** 0.5 + (1.5 + sigmoid(x)) ** row - s ** 3 / (2 + x ** 2) + 2.0 ** 3 ** 2 * 1e-3 \
+                    + (2 + x * x) ** -1 + x ** K";
+        let e = TensorExpr::parse(text).unwrap();
+        let hand = |o: &[(&str, DType, Vec<usize>, Vec<f64>)]| -> Vec<f64> {
+            let (x, row, col, s) = (&o[0].3, &o[1].3, &o[2].3, o[3].3[0]);
+            let mut out = Vec::new();
+            for r in 0..R {
+                for c in 0..C {
+                    let (xv, rv, cv) = (x[r * C + c], row[c], col[r]);
+                    let sig = 1.0 / (1.0 + (-xv).exp());
+                    out.push(
+                        -(xv * xv) + cv.abs().sqrt() + (1.5 + sig).powf(rv) - s * s * s / (2.0 + xv * xv)
+                            + 512.0 * 1e-3
+                            + 1.0 / (2.0 + xv * xv)
+                            + xv * xv * xv,
+                    );
+                }
+            }
+            out
+        };
+        let (b, _) = bound(&e, &ops, &[("K", 3.0)]);
+        for (g, w) in b.eval().iter().zip(hand(&ops)) {
+            assert!((g - w).abs() <= 1e-12 * w.abs().max(1.0), "{g} vs {w}");
+        }
+        let cot: Vec<f64> = (0..R * C).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let grads = b.vjp(&cot);
+        assert_eq!(grads.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["x", "col", "row", "s"]);
+        let loss = |o: &[(&str, DType, Vec<usize>, Vec<f64>)]| -> f64 { hand(o).iter().zip(&cot).map(|(a, b)| a * b).sum() };
+        for (n, g) in &grads {
+            let k = ops.iter().position(|(o, ..)| o == n).unwrap();
+            for (j, &gj) in g.iter().enumerate() {
+                let h = 1e-6;
+                let (mut p, mut m) = (ops.clone(), ops.clone());
+                p[k].3[j] += h;
+                m[k].3[j] -= h;
+                let fd = (loss(&p) - loss(&m)) / (2.0 * h);
+                assert!((fd - gj).abs() <= 1e-6 * fd.abs().max(1.0), "d/d{n}[{j}]: AD {gj} vs FD {fd}");
+            }
+        }
+        // At 0: `0 ** 0` has no cotangent for its base, `0 ** y` none for its exponent.
+        let e = TensorExpr::parse("a ** b").unwrap();
+        let ops = vec![("a", DType::F32, vec![3], vec![0.0, 0.0, 2.0]), ("b", DType::F32, vec![3], vec![0.0, 2.5, 3.0])];
+        let (b, _) = bound(&e, &ops, &[]);
+        assert_eq!(b.eval(), vec![1.0, 0.0, 8.0]);
+        let g = b.vjp(&[1.0, 1.0, 1.0]);
+        assert_eq!(g[0].1, vec![0.0, 0.0, 12.0]);
+        assert_eq!(g[1].1, vec![0.0, 0.0, 8.0 * 2f64.ln()]);
+    }
+
+    #[test]
+    fn powers_promote_as_torch_and_refuse_integers_to_negative_powers() {
+        use DType::*;
+        let ops = [("a", t(I64, &[3])), ("h", t(F16, &[3])), ("s", t(F32, &[]))];
+        assert_eq!(ty("a ** 2", &ops).unwrap().0, I64);
+        assert_eq!(ty("a ** K", &ops).unwrap().0, I64);
+        assert_eq!(ty("a ** 0.5", &ops).unwrap().0, F32);
+        assert_eq!(ty("h ** 2", &ops).unwrap().0, F16);
+        assert_eq!(ty("h ** s", &ops).unwrap().0, F16);
+        assert_eq!(ty("2 ** h", &ops).unwrap().0, F16);
+        for text in ["a ** -1", "a ** a", "2 ** a"] {
+            let e = ty(text, &ops).unwrap_err();
+            assert!(e.message.contains("non-negative integer number"), "{text}: {e}");
+            assert_eq!(e.column, text.find("**").unwrap() + 1, "{text}: {e}");
+        }
+        assert!(TensorExpr::parse("a ** ").unwrap_err().message.contains("expected an operand"));
+        let tower = vec!["a"; 200].join(" ** ");
+        assert!(TensorExpr::parse(&tower).unwrap_err().message.contains("nested deeper"));
     }
 
     #[test]

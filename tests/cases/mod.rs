@@ -96,6 +96,8 @@ pub const CASES: &[Case] = &[
     ("_jsd_bwd_kernel_broken_grad_output", "jsd", "bwd", Wrong { input: "y", line: 148 }, ""),
     ("_glu_backward_kernel_broken_silu", "glu", "bwd", Wrong { input: "a", line: 56 }, "expression: blamed on the in-place store of grad_a"),
     ("_glu_backward_kernel_broken_gelu", "glu_geglu_bf16", "bwd", Wrong { input: "a", line: 78 }, "expression: blamed on the in-place store of grad_a"),
+    // Blamed through the host's `torch.cat([dgate, dup], -1)` on the store of dgate.
+    ("swiglu_bwd_kernel_broken_sigmoid", "swiglu_chunk", "bwd", Wrong { input: "gate_up", line: 39 }, "expression: blamed on the store of dgate"),
     ("_embedding_bwd_kernel_broken_store", "embedding", "bwd", Race(52), ""),
     ("_embedding_bwd_kernel_broken_padding", "embedding", "bwd", Wrong { input: "weight", line: 74 }, "early-return condition: blamed on the atomic_add into the padding row"),
     ("_pointwise_loss_bwd_broken_sign", "pointwise_loss", "bwd", Wrong { input: "t", line: 88 }, ""),

@@ -25,20 +25,11 @@ pub(crate) fn of_tensor(pass: &'static str, r: &TensorReport) -> Option<Finding>
         return None;
     }
     let mut f = Finding {
-        kind: FindingKind::WrongValue,
-        pass,
         name: Some(r.name.clone()),
         tensor: Some(r.tensor.clone()),
-        element: None,
-        expected: None,
-        got: None,
         count: Some(r.over_tolerance),
         trial: Some(r.trial),
-        step: None,
-        programs: Vec::new(),
-        locations: Vec::new(),
-        origin: None,
-        message: String::new(),
+        ..Finding::new(FindingKind::WrongValue, pass)
     };
     let Some(w) = &r.worst else {
         f.message = format!("`{}` is wrong", r.tensor);
@@ -83,22 +74,7 @@ pub(crate) fn of_tensor(pass: &'static str, r: &TensorReport) -> Option<Finding>
 /// The finding of an error that stopped step `step` of the backward in trial `trial`, or of the
 /// forward (`pass`: a defect of the user's forward kernels, a finding of its own kind).
 pub(crate) fn of_error(e: &ExecError, pass: &'static str, step: usize, trial: usize) -> Finding {
-    let mut f = Finding {
-        kind: FindingKind::RuntimeError,
-        pass,
-        name: None,
-        tensor: None,
-        element: None,
-        expected: None,
-        got: None,
-        count: None,
-        trial: Some(trial),
-        step: Some(step),
-        programs: Vec::new(),
-        locations: Vec::new(),
-        origin: None,
-        message: e.to_string(),
-    };
+    let mut f = Finding { trial: Some(trial), step: Some(step), message: e.to_string(), ..Finding::new(FindingKind::RuntimeError, pass) };
     let mut at = |s: &Site| {
         if !f.programs.contains(&s.pid) {
             f.programs.push(s.pid);
@@ -143,20 +119,12 @@ pub(crate) fn of_error(e: &ExecError, pass: &'static str, step: usize, trial: us
 /// The finding of a gradient tensor whose shape is not its input's.
 pub(crate) fn shape_mismatch(input: &str, tensor: &str, message: String, step: usize, trial: usize) -> Finding {
     Finding {
-        kind: FindingKind::ShapeMismatch,
-        pass: "backward",
         name: Some(input.to_string()),
         tensor: Some(tensor.to_string()),
-        element: None,
-        expected: None,
-        got: None,
-        count: None,
         trial: Some(trial),
         step: Some(step),
-        programs: Vec::new(),
-        locations: Vec::new(),
-        origin: None,
         message,
+        ..Finding::new(FindingKind::ShapeMismatch, "backward")
     }
 }
 
@@ -175,20 +143,5 @@ pub(crate) fn of_failure(f: &Failure) -> Finding {
     } else {
         FindingKind::RuntimeError
     };
-    Finding {
-        kind,
-        pass: "backward",
-        name: None,
-        tensor: None,
-        element: None,
-        expected: None,
-        got: None,
-        count: None,
-        trial: Some(f.trial),
-        step: Some(f.step),
-        programs: Vec::new(),
-        locations: Vec::new(),
-        origin: None,
-        message: m.clone(),
-    }
+    Finding { trial: Some(f.trial), step: Some(f.step), message: m.clone(), ..Finding::new(kind, "backward") }
 }

@@ -200,20 +200,5 @@ pub(crate) fn same_value(summary: &LaunchSummary, at: At) -> Option<Finding> {
 }
 
 fn note(kind: FindingKind, at: At) -> Finding {
-    Finding {
-        kind,
-        pass: at.pass,
-        name: None,
-        tensor: None,
-        element: None,
-        expected: None,
-        got: None,
-        count: None,
-        trial: None,
-        step: Some(at.step),
-        programs: Vec::new(),
-        locations: Vec::new(),
-        origin: None,
-        message: String::new(),
-    }
+    Finding { step: Some(at.step), ..Finding::new(kind, at.pass) }
 }

@@ -527,6 +527,28 @@ pub struct Explained {
     pub element: Worst,
 }
 
+impl Finding {
+    /// A finding of `kind` in `pass` with every other field empty.
+    pub fn new(kind: FindingKind, pass: &'static str) -> Finding {
+        Finding {
+            kind,
+            pass,
+            name: None,
+            tensor: None,
+            element: None,
+            expected: None,
+            got: None,
+            count: None,
+            trial: None,
+            step: None,
+            programs: Vec::new(),
+            locations: Vec::new(),
+            origin: None,
+            message: String::new(),
+        }
+    }
+}
+
 impl Report {
     /// A report from its compared tensors and the failure of the backward, if any (for front
     /// ends that run the passes themselves, as the Python package does): `passed` and the

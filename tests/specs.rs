@@ -417,9 +417,12 @@ fn cli_defects_and_notes_of_the_code_as_it_runs_on_a_gpu() {
     assert_eq!(v[0]["notes"][1]["element"], serde_json::json!([0]));
 }
 
-/// The formula and rounding lines of a spec checked with a kernel swapped in: for each gradient,
-/// (input, formula passed, rounding passed, rounding units).
-fn verdict_lines(spec_name: &str, swap: Option<(&str, &str)>) -> (bool, Vec<(String, bool, bool, f64)>) {
+/// Per gradient: (input, formula passed, rounding passed, rounding units).
+type VerdictLine = (String, bool, bool, f64);
+
+/// The formula and rounding lines of a spec checked with a kernel swapped in, whether it passed,
+/// and the kinds of its findings.
+fn verdict_lines(spec_name: &str, swap: Option<(&str, &str)>) -> (bool, Vec<VerdictLine>, Vec<String>) {
     let o: Vec<KernelOverride> = swap.iter().map(|(k, v)| KernelOverride { key: k.to_string(), reference: format!("::{v}") }).collect();
     let s = spec::load_with(&examples().join(format!("{spec_name}.toml")), &o).unwrap();
     let r = check_backward(&s.forward, s.backward.as_ref().unwrap(), &s.inputs, &CheckOptions::default()).unwrap();
@@ -431,23 +434,26 @@ fn verdict_lines(spec_name: &str, swap: Option<(&str, &str)>) -> (bool, Vec<(Str
             (g.name.clone(), f.passed, ro.passed, ro.units)
         })
         .collect();
-    (r.passed, lines)
+    let kinds = r.findings.iter().map(|f| format!("{:?}", f.kind)).collect();
+    (r.passed, lines, kinds)
 }
 
 #[test]
 fn sixteen_bit_backwards_fail_on_the_line_they_should() {
     // Correct: within the rounding budget by a wide margin.
-    let (passed, lines) = verdict_lines("col_scale_f16", None);
+    let (passed, lines, _) = verdict_lines("col_scale_f16", None);
     assert!(passed && lines.iter().all(|l| l.1 && l.2 && l.3 < 1.0), "{lines:?}");
     // A 2000-term sum accumulated in f16: the right formula, too much rounding.
-    let (passed, lines) = verdict_lines("col_scale_f16", Some(("bwd_dw", "col_scale_bwd_dw_broken_f16_acc")));
+    let (passed, lines, kinds) = verdict_lines("col_scale_f16", Some(("bwd_dw", "col_scale_bwd_dw_broken_f16_acc")));
     let w = lines.iter().find(|l| l.0 == "w").unwrap();
     assert!(!passed && w.1 && !w.2 && w.3 > 8.0, "{lines:?}");
+    assert_eq!(kinds, ["Precision"], "{lines:?}");
     // A z-loss term with the wrong factor in bf16: far below bf16's roundoff, a wrong formula.
-    let (passed, lines) = verdict_lines("smooth_ce_zloss_bf16", None);
+    let (passed, lines, _) = verdict_lines("smooth_ce_zloss_bf16", None);
     assert!(passed && lines[0].1 && lines[0].2, "{lines:?}");
-    let (passed, lines) = verdict_lines("smooth_ce_zloss_bf16", Some(("bwd", "_smooth_ce_bwd_broken_z_loss")));
+    let (passed, lines, kinds) = verdict_lines("smooth_ce_zloss_bf16", Some(("bwd", "_smooth_ce_bwd_broken_z_loss")));
     assert!(!passed && !lines[0].1 && lines[0].2 && lines[0].3 < 1.0, "{lines:?}");
+    assert_eq!(kinds, ["WrongValue"], "{lines:?}");
 }
 
 #[test]

@@ -63,9 +63,16 @@ pub(crate) fn of_tensor(pass: &'static str, r: &TensorReport) -> Option<Finding>
     if let Some(n) = w.blame.as_ref().and_then(|b| b.slice.as_ref()).and_then(|s| s.nonfinite.clone()) {
         f.origin = Some(n);
     }
-    let over = match (r.over_tolerance, &r.calibration) {
-        (0, Some(c)) => format!("normwise error {:.3e} over its calibrated limit {:.3e}", c.error, c.limit),
-        (n, _) => format!("{n} element{} over tolerance", if n == 1 { "" } else { "s" }),
+    let over = match (&r.formula, &r.rounding, &r.calibration) {
+        (Some(fo), ..) if !fo.passed => format!("the formula is wrong: the exact replay is off by {:.3e} of the scale", fo.error),
+        (_, Some(ro), _) if !ro.passed => {
+            if f.kind == FindingKind::WrongValue {
+                f.kind = FindingKind::Precision;
+            }
+            format!("the formula is right; the {} rounding is {:.1} u (budget {} u)", ro.of, ro.units, ro.budget)
+        }
+        (.., Some(c)) if r.over_tolerance == 0 => format!("normwise error {:.3e} over its calibrated limit {:.3e}", c.error, c.limit),
+        _ => format!("{} element{} over tolerance", r.over_tolerance, if r.over_tolerance == 1 { "" } else { "s" }),
     };
     f.message = format!("`{}`: {over}; worst {:?}: expected {:e}, got {:e}", r.tensor, w.index, w.expected, w.got);
     Some(f)

@@ -441,7 +441,7 @@ pub fn check_backward_with(
 
     // The reverse sweep reads the ground truth's environment only through host steps (their
     // operands' values); a forward of launches alone needs only names and shapes, which the
-    // native environment has: its f64 copies are freed.
+    // native environment has. The f64 environment stays for the backward's replay.
     let host_steps = fwd.steps.iter().any(|s| !matches!(s, Step::Alloc { .. } | Step::Launch(_)));
     let truth_env = if host_steps { &p.truth } else { env_n };
     let gopts = GradOptions { precision: opts.precision, memory_budget: opts.memory_budget, ..GradOptions::default() };

@@ -355,6 +355,9 @@ pub enum FindingKind {
     RuntimeError,
     /// A gradient tensor's shape is not its input's.
     ShapeMismatch,
+    /// The formula is right (the exact replay agrees) but the rounding is beyond its dtype's
+    /// budget ([`super::verdict`]).
+    Precision,
     /// A forward launch accessed memory outside a tensor (a defect of the user's forward).
     ForwardOutOfBounds,
     /// Two programs of a forward launch access one element without ordering.

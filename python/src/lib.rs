@@ -16,8 +16,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
 use std::sync::Arc;
 use tilegrad::check::{
-    calibration, compare as compare_tensors, unravel, Backend, Blame, BlameSite, Executor, Failure, Finding, Report, TensorReport,
-    Tolerance,
+    calibration, compare as compare_tensors, compare_by, unravel, verdict, Backend, Blame, BlameSite, Executor, Failure, Finding, Report,
+    TensorReport, Tolerance,
 };
 use tilegrad_ad::{GradOptions, Precision};
 use tilegrad_ir::analysis::param_uses;
@@ -540,7 +540,7 @@ impl Comparison {
 /// for f16/bf16 gradients and f32 ones through a tf32 `dot`: the normwise error must be within
 /// the limit that noise sets.
 #[pyfunction]
-#[pyo3(signature = (name, tensor, dtype_name, shape, expected, got, trial, rtol=None, atol=None, tf32=false, noisy=None))]
+#[pyo3(signature = (name, tensor, dtype_name, shape, expected, got, trial, rtol=None, atol=None, tf32=false, noisy=None, replay=None, cot_rms=1.0))]
 #[allow(clippy::too_many_arguments)]
 fn compare(
     name: &str,
@@ -554,6 +554,8 @@ fn compare(
     atol: Option<f64>,
     tf32: bool,
     noisy: Option<usize>,
+    replay: Option<usize>,
+    cot_rms: f64,
 ) -> PyResult<Comparison> {
     let d = dtype(dtype_name).map_err(usage)?;
     let def = Tolerance::for_dtype(d, tf32);
@@ -561,9 +563,29 @@ fn compare(
     let n = shape.iter().product();
     let e = read_f64(expected, n).map_err(usage)?;
     let g = read_f64(got, n).map_err(usage)?;
+    let noisy = noisy.map(|a| read_f64(a, n)).transpose().map_err(usage)?;
+    if let Some(addr) = replay {
+        // Formula and rounding, as the CLI judges them; the ground truth in the kernels' dtypes
+        // (`noisy`) stands for the f32 replay: its distance is the error a computation of the
+        // same quantity in the kernels' dtypes has (cancellation).
+        let r64 = read_f64(addr, n).map_err(usage)?;
+        let got = |i: usize| g[i];
+        let f32_pass = d == DType::F32 && !tf32;
+        let floor = match &noisy {
+            Some(n) => verdict::elementwise_scale(&e, Some(n), &got, false, tol.atol),
+            None => verdict::elementwise_scale(&r64, None, &got, f32_pass, tol.atol),
+        };
+        let (mut report, mut worst) = compare_by(name, tensor, d, &shape, tol, &e, got, trial, floor);
+        let judged = verdict::Replayed { truth: &e, got: &got, r64: &r64, r32: noisy.as_deref(), r32_of: &e, cot_rms };
+        let badness = verdict::apply(&mut report, judged.judge(d, tf32), rtol.is_some() || atol.is_some());
+        if let Some(w) = worst.as_mut() {
+            w.1 = w.1.max(badness);
+        }
+        return Ok(Comparison { report, worst });
+    }
     let (mut report, mut worst) = compare_tensors(name, tensor, d, &shape, tol, &e, &g, trial);
-    if let Some(addr) = noisy {
-        let c = calibration(d, tf32, &e, &read_f64(addr, n).map_err(usage)?, &g);
+    if let Some(noisy) = noisy {
+        let c = calibration(d, tf32, &e, &noisy, &g);
         report.passed &= c.margin >= 1.0;
         // Over the calibrated limit with every element within the elementwise tolerance: the
         // worst element still ranks the comparison.

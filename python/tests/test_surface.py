@@ -127,20 +127,21 @@ def scale16_bwd(skew):
     return bwd
 
 
-def test_f16_gradients_get_a_calibrated_tolerance():
+def test_f16_gradients_get_formula_and_rounding_verdicts():
     x = torch.randn(3001).half()
     good = tilegrad.check_backward(scale16, scale16_bwd(1.0), [x])
     assert good.passed, str(good)
     g = good.to_dict()["gradients"][0]
-    assert g["calibration"] is not None and float(g["calibration"]["margin"]) >= 1.0
-    # 0.3% too large everywhere: inside f16's elementwise rtol, far over its rounding noise.
+    assert g["formula_passed"] and g["rounding_passed"] and float(g["rounding_units"]) < 1.0, g
+    # 0.3% too large everywhere: inside f16's elementwise rtol; not the derivative.
     bad = tilegrad.check_backward(scale16, scale16_bwd(1.003), [x])
     assert not bad.passed, str(bad)
     b = bad.to_dict()["gradients"][0]
-    assert float(b["calibration"]["margin"]) < 1.0 and b["over_tolerance"] == 0, b
-    # Explicit tolerances turn calibration off.
+    assert b["formula_passed"] is False and b["over_tolerance"] == 0, b
+    assert "WRONG even in exact arithmetic" in str(bad), str(bad)
+    # Explicit tolerances replace the rounding verdict, not the formula's.
     loose = tilegrad.check_backward(scale16, scale16_bwd(1.003), [x], rtol=1e-2, atol=1e-3)
-    assert loose.passed and loose.to_dict()["gradients"][0]["calibration"] is None
+    assert not loose.passed and loose.to_dict()["gradients"][0]["formula_passed"] is False
 
 
 def scale32(x):

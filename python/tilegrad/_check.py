@@ -247,6 +247,9 @@ def run_check(
             failure = (step, what, message, trial)
             break
         tf32b = any(call.kernel.uses_tf32() for _, call, _ in bwd.records)
+        # The backward replayed with every float in f64 (the formula verdict).
+        replay = None if native else _replay(backward, inputs, diff, cots_n)
+        cot_rms = _rms([c for c in cots_n if c is not None])
         if len(grads) < len(inputs):
             failure = (len(bwd.records), "gradients", f"the backward returned {len(grads)} values for {len(inputs)} inputs", trial)
             break
@@ -264,17 +267,19 @@ def run_check(
             exp = _f64_cpu(truth[i]) if i in truth else zeros
             got = _f64_cpu(g)
             noisy = None
-            # Calibrated where the elementwise defaults are loose, as the CLI does: f16/bf16
-            # gradients, and f32 ones computed through a tf32 `dot`.
-            if calibrate and (_dt(g) in ("f16", "bf16") or (_dt(g) == "f32" and (tf32b or tf32[0]))):
+            # Where gradients compute in f16/bf16 or through a tf32 `dot`: the ground truth in the
+            # kernels' dtypes, the error a computation of the same quantity in those dtypes has
+            # (the rounding verdict's cancellation term; the calibrated tolerance without a replay).
+            if (calibrate or replay is not None) and (_dt(g) in ("f16", "bf16") or (_dt(g) == "f32" and (tf32b or tf32[0]))):
                 if noise is None:
                     noise = _Truth(forward, inputs, diff, True)
                 if noise_grads[0] != trial:
                     noise_grads = (trial, noise.grads(cots_n, out_idx))
                 noisy = _f64_cpu(noise_grads[1][i]) if i in noise_grads[1] else zeros
+            r64 = _replayed(replay, i, x)
             c = _native.compare(
                 input_names[i], gname, _dt(g), list(x.shape), *_ptrs(exp, got), trial, rtol, atol, tf32b or tf32[0],
-                None if noisy is None else noisy.data_ptr(),
+                None if noisy is None else noisy.data_ptr(), None if r64 is None else r64.data_ptr(), cot_rms,
             )
             if i not in best or c.badness > best[i].badness:
                 if c.worst_index is not None and not c.passed:
@@ -286,6 +291,40 @@ def run_check(
     grads_cmp = [best[i] for i in diff if i in best]
     rep = _native.make_report(name, seed, trials, precision, forward_cmp, grads_cmp, failure, current_executor(), notes, strict)
     return Report(rep)
+
+
+def _replay(backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: Sequence[Any], diff: list[int], cots: list[Any]) -> tuple | None:
+    """The backward replayed with every float in f64 (its launches promoted; host code on the f64
+    inputs and cotangents computes in f64 unless it casts) on f64 inputs and cotangents: it
+    differs from the ground truth only by f64 rounding unless it computes another function. None
+    where the replay fails, as host code that maps dtypes to kernels' without f64 does (the
+    calibrated tolerance then judges the gradients, as before the replay existed)."""
+    ins = [x.detach().double() if i in diff else _clone(x) for i, x in enumerate(inputs)]
+    cs = [None if c is None else c.detach().double() for c in cots]
+    try:
+        with torch.no_grad(), intercepting(lambda call: call.run(promote=True)):
+            return _as_tuple(backward(ins, cs))
+    except Exception:  # noqa: BLE001 - a replay that fails gives no verdict; the run under test judges the backward
+        return None
+
+
+def _replayed(replay: tuple | None, i: int, x: torch.Tensor) -> torch.Tensor | None:
+    """Input `i`'s gradient in the replay as contiguous f64 on the host, where it has one."""
+    if replay is None or i >= len(replay):
+        return None
+    g = replay[i]
+    if g is None:
+        return torch.zeros(x.shape, dtype=torch.float64)
+    if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(x.shape):
+        return None
+    return _f64_cpu(g)
+
+
+def _rms(ts: list[torch.Tensor]) -> float:
+    """Root-mean-square of the elements of `ts` (1 for none)."""
+    n = sum(t.numel() for t in ts)
+    s = sum(float((t.detach().double() ** 2).sum()) for t in ts)
+    return (s / n) ** 0.5 if n and s else 1.0
 
 
 class _Truth:

@@ -79,8 +79,8 @@ pub use ground::vjp_float;
 pub(crate) use inputs::check_dist;
 pub use inputs::{Dist, InputTensor, Inputs, Source};
 pub use report::{
-    compare, unravel, Blame, BlameSite, Calibration, Explained, Failure, Finding, FindingKind, Location, Report, Slice, SliceLine,
-    TensorReport, Timings, Tolerance, Worst, SCHEMA_VERSION,
+    compare, compare_by, unravel, Blame, BlameSite, Calibration, Explained, Failure, Finding, FindingKind, Formula, Location, Report,
+    Rounding, Slice, SliceLine, TensorReport, Timings, Tolerance, Worst, SCHEMA_VERSION,
 };
 pub(crate) use steps::{can_accumulate, eval_shape as steps_eval_shape, item as step_item, pieces as step_pieces, split_axis};
 pub use steps::{Env, Init, ItemReduce, KernelLaunch, Reduction, Step};
@@ -429,8 +429,8 @@ pub fn check_backward_with(
             let got = |i: usize| t.get_f64(i);
             let floor = verdict::elementwise_scale(&exp, r32.as_deref(), &got, t.dtype() == DType::F32 && !fwd_tf32, tol.atol);
             let (mut r, w) = compare_tensor(o, o, t, tol, &exp, 0, floor);
-            let judged = verdict::Replayed { truth: &exp, got: &got, r64: &exp, r32: r32.as_deref(), cot_rms: 1.0 };
-            verdicts(&mut r, judged.judge(t.dtype(), fwd_tf32), opts);
+            let judged = verdict::Replayed { truth: &exp, got: &got, r64: &exp, r32: r32.as_deref(), r32_of: &exp, cot_rms: 1.0 };
+            verdict::apply(&mut r, judged.judge(t.dtype(), fwd_tf32), opts.tolerance.is_some());
             (r, w)
         });
         if let (Some((w, _)), Some(worst), false) = (w, r.worst.as_mut(), r.passed) {
@@ -586,8 +586,8 @@ pub fn check_backward_with(
             let (mut r, w) = compare_tensor(input, gname, g, tol, exp, trial, floor);
             let mut badness = w.map_or(0.0, |(_, ratio)| ratio);
             if let Some(r64) = &r64 {
-                let judged = verdict::Replayed { truth: exp, got: &got, r64, r32: r32.as_deref(), cot_rms };
-                badness = badness.max(verdicts(&mut r, judged.judge(g.dtype(), bwd_tf32 || fwd_tf32), opts));
+                let judged = verdict::Replayed { truth: exp, got: &got, r64, r32: r32.as_deref(), r32_of: r64, cot_rms };
+                badness = badness.max(verdict::apply(&mut r, judged.judge(g.dtype(), bwd_tf32 || fwd_tf32), opts.tolerance.is_some()));
             }
             tm.add("comparison", t_cmp.elapsed().as_secs_f64());
             if gradients[gi].as_ref().is_none_or(|(_, b)| badness > *b) {
@@ -667,25 +667,6 @@ fn compare_tensor(
             let v = t.to_f64_vec();
             report::compare_by(name, tensor, t.dtype(), t.shape(), tol, expected, |i| v[i], trial, terms)
         }
-    }
-}
-
-/// Records the formula and rounding verdicts in `r` and fails it where they fail (the rounding
-/// only under the default tolerances: a tolerance the user gives replaces it). Returns how far
-/// over (or within) its limits the tensor is, as a ratio (1: at a limit).
-fn verdicts(r: &mut TensorReport, (formula, rounding): (report::Formula, report::Rounding), opts: &CheckOptions) -> f64 {
-    let mut badness = formula.error / formula.limit;
-    r.passed &= formula.passed;
-    if opts.tolerance.is_none() {
-        r.passed &= rounding.passed;
-        badness = badness.max(rounding.units / rounding.budget);
-    }
-    r.formula = Some(formula);
-    r.rounding = Some(rounding);
-    if badness.is_nan() {
-        f64::INFINITY
-    } else {
-        badness
     }
 }
 

@@ -783,7 +783,7 @@ pub fn compare(
 /// size of what was computed where terms cancel (the scale `atol` is relative to is the larger
 /// of it and the largest expected value).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn compare_by(
+pub fn compare_by(
     name: &str,
     tensor: &str,
     dtype: DType,

@@ -20,7 +20,7 @@
 //! a floor of the cotangent's root-mean-square per element (a gradient's natural unit), so that a
 //! gradient that is 0 in exact arithmetic is not judged against its own f64 rounding noise.
 
-use super::report::{Formula, Rounding};
+use super::report::{Formula, Rounding, TensorReport};
 use tilegrad_ir::DType;
 
 /// How far (relative to the scale) a replay may differ from the truth: both compute in f64,
@@ -56,8 +56,10 @@ fn norm(v: impl Iterator<Item = f64>) -> f64 {
     v.map(|x| x * x).sum::<f64>().sqrt()
 }
 
-fn dist(a: &[f64], b: impl Fn(usize) -> f64) -> f64 {
-    norm(a.iter().enumerate().map(|(i, x)| x - b(i)))
+/// `||a - b||_2` over the elements where `truth` is finite (where it is not, the elementwise
+/// comparison judges: NaN matches only NaN, an infinity only itself).
+fn dist(truth: &[f64], a: impl Fn(usize) -> f64, b: impl Fn(usize) -> f64) -> f64 {
+    norm((0..truth.len()).filter(|&i| truth[i].is_finite()).map(|i| a(i) - b(i)))
 }
 
 /// What a tensor's verdicts compare: the truth, the pass as written (`got`), its f64 replay, and
@@ -71,6 +73,9 @@ pub struct Replayed<'a> {
     pub r64: &'a [f64],
     /// Its replay with every float in f32, where it differs from the pass as written.
     pub r32: Option<&'a [f64]>,
+    /// What `r32` is the coarser computation of: `r64` (the CLI), or the truth where `r32` is
+    /// the ground truth computed in the kernels' dtypes (the Python package).
+    pub r32_of: &'a [f64],
     /// Root-mean-square of the cotangents per element (1 for the forward's outputs).
     pub cot_rms: f64,
 }
@@ -80,8 +85,8 @@ impl Replayed<'_> {
     /// stands for its f32 replay where it rounds as f32 (`u`).
     fn gap(&self, u: f64) -> f64 {
         let g = match self.r32 {
-            Some(r) => dist(self.r64, |i| r[i]),
-            None if u == unit_roundoff(DType::F32, false) => dist(self.r64, self.got),
+            Some(r) => dist(self.truth, |i| self.r32_of[i], |i| r[i]),
+            None if u == unit_roundoff(DType::F32, false) => dist(self.truth, |i| self.r64[i], self.got),
             None => 0.0,
         };
         if g.is_finite() {
@@ -95,20 +100,39 @@ impl Replayed<'_> {
     pub fn judge(&self, d: DType, tf32: bool) -> (Formula, Rounding) {
         let n = self.truth.len();
         let u = unit_roundoff(d, tf32);
-        let truth_norm = norm(self.truth.iter().copied());
+        let truth_norm = norm(self.truth.iter().copied().filter(|x| x.is_finite()));
         let formula_scale = truth_norm.max(self.cot_rms * (n as f64).sqrt());
-        let f_err = dist(self.r64, |i| self.truth[i]);
+        let f_err = dist(self.truth, |i| self.r64[i], |i| self.truth[i]);
         let formula = Formula {
             error: f_err / formula_scale.max(f64::MIN_POSITIVE),
             limit: FORMULA_LIMIT,
             passed: f_err <= FORMULA_LIMIT * formula_scale,
         };
-        let r_err = dist(self.truth, self.got);
+        let r_err = dist(self.truth, |i| self.truth[i], self.got);
         let unit = u * truth_norm + self.gap(u);
         let units = if r_err == 0.0 { 0.0 } else { r_err / unit.max(f64::MIN_POSITIVE) };
         let budget = rounding_budget(d, tf32);
         let of = if tf32 && d == DType::F32 { "tf32".to_string() } else { d.to_string() };
         (formula, Rounding { units, budget, of, passed: units <= budget })
+    }
+}
+
+/// Records the formula and rounding verdicts in `r` and fails it where they fail (the rounding
+/// only without `user_tolerance`: a tolerance the user gives replaces it). Returns how far over
+/// (or within) its limits the tensor is, as a ratio (1: at a limit; infinite for NaN).
+pub fn apply(r: &mut TensorReport, (formula, rounding): (Formula, Rounding), user_tolerance: bool) -> f64 {
+    let mut badness = formula.error / formula.limit;
+    r.passed &= formula.passed;
+    if !user_tolerance {
+        r.passed &= rounding.passed;
+        badness = badness.max(rounding.units / rounding.budget);
+    }
+    r.formula = Some(formula);
+    r.rounding = Some(rounding);
+    if badness.is_nan() {
+        f64::INFINITY
+    } else {
+        badness
     }
 }
 
@@ -138,7 +162,7 @@ mod tests {
 
     fn judge(truth: &[f64], got: &[f64], r64: &[f64], r32: Option<&[f64]>, d: DType) -> (Formula, Rounding) {
         let g = |i: usize| got[i];
-        Replayed { truth, got: &g, r64, r32, cot_rms: 1.0 }.judge(d, false)
+        Replayed { truth, got: &g, r64, r32, r32_of: r64, cot_rms: 1.0 }.judge(d, false)
     }
 
     #[test]

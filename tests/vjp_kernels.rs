@@ -60,6 +60,7 @@ fn against_the_evaluator(tol: f64, opts: impl Fn(CheckOptions) -> CheckOptions +
             Err(e) => {
                 eprintln!("{name}: {e}");
                 assert!(e.contains("--ground kernels") && e.contains("not"), "{name}: an unclear refusal: {e}");
+                assert!(REFUSED.contains(&name.as_str()), "{name}: refused, and not listed as refused: {e}");
             }
         }
     }
@@ -68,10 +69,15 @@ fn against_the_evaluator(tol: f64, opts: impl Fn(CheckOptions) -> CheckOptions +
     agreed
 }
 
+/// Example specs VJP kernels refuse, with the reason: a loop that loads what the kernel wrote in
+/// an earlier trip (the chunked cumsum reads its previous chunk's output back), which VJP kernels
+/// recompute from memory as the forward left it.
+const REFUSED: &[&str] = &["chunk_cumsum.toml"];
+
 #[test]
 fn vjp_kernels_give_the_evaluators_ground_truth_on_every_example() {
-    // Every one, `while` loops (the KL divergence's) included.
-    assert_eq!(against_the_evaluator(1e-12, |o| o), example_specs().len());
+    // Every one but those refused, `while` loops (the KL divergence's) included.
+    assert_eq!(against_the_evaluator(1e-12, |o| o), example_specs().len() - REFUSED.len());
 }
 
 /// At native precision VJP kernels compute in f32: on every example spec they take, their ground

@@ -132,4 +132,7 @@ pub const CASES: &[Case] = &[
     // The formula is right (the exact replay agrees); the f16 accumulation is 12 units of f16
     // roundoff off, beyond the rounding budget.
     ("col_scale_bwd_dw_broken_f16_acc", "col_scale_f16", "bwd_dw", Wrong { input: "w", line: 55 }, "accumulator dtype: blamed on the store of the sum"),
+    // A conditional expression guarding a load on the wrong condition: the last chunk loads
+    // past its row (for the last row, past the tensor).
+    ("chunk_cumsum_bwd_broken_guard", "chunk_cumsum", "bwd", Oob(33), ""),
 ];

@@ -443,7 +443,10 @@ pub fn check_backward_with(
     // operands' values); a forward of launches alone needs only names and shapes, which the
     // native environment has. The f64 environment stays for the backward's replay.
     let host_steps = fwd.steps.iter().any(|s| !matches!(s, Step::Alloc { .. } | Step::Launch(_)));
-    let truth_env = if host_steps { &p.truth } else { env_n };
+    // The forward as the replays compute it (f64, and f32 where asked), for the first trial only.
+    let mut replay_envs = (Some(std::mem::take(&mut p.truth)), p.f32.take());
+    let kept_truth = if host_steps { replay_envs.0.clone() } else { None };
+    let truth_env = kept_truth.as_ref().unwrap_or(env_n);
     let gopts = GradOptions { precision: opts.precision, memory_budget: opts.memory_budget, ..GradOptions::default() };
     let mut gradients: Vec<Option<(TensorReport, f64)>> = vec![None; bwd.gradients.len()];
     // The formula and rounding verdicts of the first trial (a formula is wrong on any cotangent:
@@ -474,14 +477,15 @@ pub fn check_backward_with(
         };
         let mut env_b = tm.time("backward", backward_env)?;
         let cot_rms = rms(cot.values().flatten().copied());
-        let replays = match (opts.precision, trial) {
-            (Precision::F64, 0) => tm.time("replay of the backward in f64 (formula)", || replay(bwd, &p.truth, Mode::F64, &cot, &exec)),
+        let replays = match (opts.precision, &replay_envs.0) {
+            (Precision::F64, Some(env)) => tm.time("replay of the backward in f64 (formula)", || replay(bwd, env, Mode::F64, &cot, &exec)),
             _ => None,
         };
-        let replays32 = match (&p.f32, trial) {
-            (Some(env), 0) => tm.time("replay of the backward in f32 (scale)", || replay(bwd, env, Mode::F32, &cot, &exec)),
-            _ => None,
+        let replays32 = match &replay_envs.1 {
+            Some(env) => tm.time("replay of the backward in f32 (scale)", || replay(bwd, env, Mode::F32, &cot, &exec)),
+            None => None,
         };
+        replay_envs = (None, None);
         let truth =
             tm.time("ground truth", || ground::reverse(&fwd.steps, &p.records, truth_env, cot, &gopts, opts.kernels_ground(&exec)))?;
         if !opts.allow_non_finite {
@@ -581,8 +585,7 @@ pub fn check_backward_with(
             };
             let tol = opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(g.dtype(), bwd_tf32));
             let t_cmp = std::time::Instant::now();
-            let r64 = replays.as_ref().and_then(|e| e.tensor(gname)).filter(|t| t.numel() == it_numel).map(HostTensor::to_f64_vec);
-            let r32 = replays32.as_ref().and_then(|e| e.tensor(gname)).filter(|t| t.numel() == it_numel).map(HostTensor::to_f64_vec);
+            let (r64, r32) = (replayed(&replays, gname, it_numel), replayed(&replays32, gname, it_numel));
             let got = |i: usize| g.get_f64(i);
             let f32_pass = g.dtype() == DType::F32 && !(bwd_tf32 || fwd_tf32);
             let floor = match (&r64, &first[gi]) {
@@ -704,10 +707,22 @@ fn rms(v: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
+/// Gradient `name` of `it_numel` elements in a replay, as f64 values (borrowed where f64).
+fn replayed<'r>(r: &'r Option<HashMap<String, HostTensor>>, name: &str, it_numel: usize) -> Option<std::borrow::Cow<'r, [f64]>> {
+    let t = r.as_ref()?.get(name).filter(|t| t.numel() == it_numel)?;
+    Some(t.as_f64().map_or_else(|| std::borrow::Cow::Owned(t.to_f64_vec()), std::borrow::Cow::Borrowed))
+}
+
 /// The backward replayed in `mode` (every float in f64, or in f32) on the forward `env` as
-/// that mode computed it, with the cotangents `cot`: its environment after, or `None` where the
+/// that mode computed it, with the cotangents `cot`: its gradient tensors, or `None` where the
 /// replay fails (a decision the replay makes otherwise; then no formula verdict).
-fn replay(bwd: &Backward, env: &Env, mode: Mode, cot: &HashMap<String, Vec<f64>>, exec: &backend::Executor) -> Option<Env> {
+fn replay(
+    bwd: &Backward,
+    env: &Env,
+    mode: Mode,
+    cot: &HashMap<String, Vec<f64>>,
+    exec: &backend::Executor,
+) -> Option<HashMap<String, HostTensor>> {
     let mut env = env.clone();
     for (o, c) in cot {
         let t = env.tensor(o)?;
@@ -715,7 +730,7 @@ fn replay(bwd: &Backward, env: &Env, mode: Mode, cot: &HashMap<String, Vec<f64>>
         env.add(&format!("grad_{o}"), h).ok()?;
     }
     steps::run(&mut env, &bwd.steps, mode, None, None, None, exec).ok()?;
-    Some(env)
+    Some(bwd.gradients.iter().filter_map(|(_, g)| Some((g.clone(), env.tensor(g)?.clone()))).collect())
 }
 
 /// Whether some step of the passes computes in f16 or bf16 (an allocation, a cast, a kernel

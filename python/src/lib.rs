@@ -21,7 +21,7 @@ use tilegrad::check::{
 };
 use tilegrad_ad::{GradOptions, Precision};
 use tilegrad_ir::analysis::param_uses;
-use tilegrad_ir::triton::{ConstValue, ConvertOptions, HostDescriptor};
+use tilegrad_ir::triton::{ConstValue, ConvertOptions, GlobalBinding, GlobalFact, HostDescriptor};
 use tilegrad_ir::{DType, DotPrecision, Kernel, Lit, Loc, Op, ParamKind, Value};
 use tilegrad_reference::{Arg, ExecError, Grid, Launch, Memory, Options, TensorId, Writers};
 
@@ -38,6 +38,8 @@ struct PyKernel {
     inner: KernelVariants,
     /// Parameters some store or atomic_add writes through.
     written: Vec<String>,
+    /// What the conversion assumed (module-level bindings it could not decide), as text.
+    notes: Vec<String>,
 }
 
 #[pymethods]
@@ -65,6 +67,12 @@ impl PyKernel {
     /// Pointer parameters some store or atomic_add writes through.
     fn written(&self) -> Vec<String> {
         self.written.clone()
+    }
+
+    /// What the conversion assumed: `file:line:col: message` for each module-level binding the
+    /// kernel uses that it could not decide as the program does.
+    fn notes(&self) -> Vec<String> {
+        self.notes.clone()
     }
 
     /// Some `dot` computes on f32 operands in tf32 (looser default tolerances).
@@ -106,15 +114,36 @@ fn const_value(name: &str, kind: &str, v: &Bound<'_, PyAny>) -> PyResult<ConstVa
     })
 }
 
+/// A module-level name as the Python side reads it from a module's globals: (file, name, kind,
+/// value), where kind is `jit` (value: the defining file, the function's name and its first
+/// line), `builtin` (value: a dotted path), or a constant kind of [`const_value`].
+type PyGlobal<'py> = (String, String, String, Bound<'py, PyAny>);
+
+/// The [`GlobalBinding`] a [`PyGlobal`] describes.
+fn global_binding((file, name, kind, v): PyGlobal<'_>) -> PyResult<GlobalBinding> {
+    let fact = match kind.as_str() {
+        "jit" => {
+            let (file, name, line): (String, String, u32) =
+                v.extract().map_err(|_| usage(format!("global `{name}`: a jit function is (file, name, line), not {v}")))?;
+            GlobalFact::Jit { file, name, line }
+        }
+        "builtin" => GlobalFact::Builtin(v.extract().map_err(|_| usage(format!("global `{name}`: a builtin's path is a str, not {v}")))?),
+        k => GlobalFact::Const(const_value(&name, k, &v)?),
+    };
+    Ok(GlobalBinding { file, name, fact })
+}
+
 /// Converts kernel `name` of the Python source `source` (from file `file`). `constexprs`:
 /// (parameter, kind, value) as [`const_value`] reads them; `descriptors`: (parameter, dtype,
 /// block shape) of the host-built tensor descriptors passed; `promoted`: the tensors are the
 /// ground truth's f64 promotion of the user's (see `ConvertOptions::promoted`);
 /// `triton_version`, `env`, `device`: what the running program has (`triton.__version__`,
 /// `os.environ`, `torch.cuda.get_device_capability()`), which module-level checks of the
-/// kernel's files are decided against (the defaults of `ConvertOptions` where not given).
+/// kernel's files are decided against (the defaults of `ConvertOptions` where not given);
+/// `globals`: what module-level names of the kernel's files are in the running program (see
+/// [`PyGlobal`]), taken over the converter's reading of those files.
 #[pyfunction]
-#[pyo3(signature = (source, file, name, constexprs, pointer_dtypes, scalar_dtypes, descriptors, promoted=false, triton_version=None, env=None, device=None))]
+#[pyo3(signature = (source, file, name, constexprs, pointer_dtypes, scalar_dtypes, descriptors, promoted=false, triton_version=None, env=None, device=None, globals=None))]
 #[allow(clippy::too_many_arguments)]
 fn convert(
     source: &str,
@@ -128,6 +157,7 @@ fn convert(
     triton_version: Option<String>,
     env: Option<Vec<(String, String)>>,
     device: Option<(u32, u32)>,
+    globals: Option<Vec<PyGlobal<'_>>>,
 ) -> PyResult<PyKernel> {
     let defaults = ConvertOptions::default();
     let parse = |v: Vec<(String, String)>| -> PyResult<Vec<_>> { v.into_iter().map(|(n, d)| Ok((n, dtype(&d).map_err(usage)?))).collect() };
@@ -146,12 +176,14 @@ fn convert(
         triton_version: triton_version.unwrap_or(defaults.triton_version),
         env: env.unwrap_or_default(),
         device_capability: device.unwrap_or(defaults.device_capability),
+        globals: globals.unwrap_or_default().into_iter().map(global_binding).collect::<PyResult<_>>()?,
         ..ConvertOptions::default()
     };
-    let k = tilegrad_ir::triton::convert(source, file, name, &opts).map_err(usage)?;
+    let (k, notes) = tilegrad_ir::triton::convert_noted(source, file, name, &opts).map_err(usage)?;
     let uses = param_uses(&k);
     let written = k.params.iter().zip(&uses).filter(|(_, u)| u.stored || u.atomic).map(|(p, _)| p.name.clone()).collect();
-    Ok(PyKernel { inner: KernelVariants::new(k), written })
+    let notes = notes.iter().map(|n| n.to_string()).collect();
+    Ok(PyKernel { inner: KernelVariants::new(k), written, notes })
 }
 
 /// A launch as the Python side describes it, resolved against host memory.

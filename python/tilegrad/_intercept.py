@@ -4,8 +4,8 @@
 wrappers end in their own `run`, which pick meta-parameters and call the inner one. While a
 handler is active (`intercepting`), tilegrad replaces these `run` methods: a launch is bound to the
 kernel's parameters as Triton binds them, its kernel converted from the function's own source file
-(so that every diagnostic points at the user's file:line), and handed to the handler, which runs
-it in the engine. Outside any handler, launches go to Triton as usual.
+(so that every diagnostic points at the user's file:line) with the module-level names it uses as
+this program binds them (`_globals`), and handed to the handler, which runs it in the engine. Outside any handler, launches go to Triton as usual.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import _native
+from ._globals import kernel_globals
 from ._memory import Storages, is_tensor
 
 # Keyword arguments of a launch that are compilation options, not kernel parameters.
@@ -252,11 +253,32 @@ def bind(jit: Any, args: tuple, kwargs: dict, grid: Any) -> LaunchCall:
     file, src = _source(fn)
     # The ground truth's handlers run on f64 promotions of the user's tensors.
     promoted = bool(getattr(_handler(), "promoted", False))
-    key = (file, hash(src), fn.__name__, tuple(constexprs), tuple(ptr_dtypes), tuple(scalar_dtypes), repr(descriptors), promoted)
+    # What the module-level names the kernel uses are here, over the converter's reading.
+    bindings = kernel_globals(fn, file)
+    key = (
+        file,
+        hash(src),
+        fn.__name__,
+        tuple(constexprs),
+        tuple(ptr_dtypes),
+        tuple(scalar_dtypes),
+        repr(descriptors),
+        promoted,
+        tuple(bindings),
+    )
     kernel = _kernel_cache.get(key)
     if kernel is None:
         kernel = _native.convert(
-            src, file, fn.__name__, constexprs, ptr_dtypes, scalar_dtypes, descriptors, promoted, *_program_facts()
+            src,
+            file,
+            fn.__name__,
+            constexprs,
+            ptr_dtypes,
+            scalar_dtypes,
+            descriptors,
+            promoted,
+            *_program_facts(),
+            globals=bindings,
         )
         _kernel_cache[key] = kernel
     written_params = set(kernel.written())

@@ -173,6 +173,8 @@ pub(crate) enum Import {
 
 /// One parsed Python file of a conversion.
 pub(crate) struct SourceFile {
+    /// Where it was read from (the kernel's `file` for the kernel's own).
+    pub path: PathBuf,
     pub lines: Lines,
     pub suite: Vec<Stmt>,
     /// What its imports of other source files bind, by (offset of the import statement, local
@@ -213,85 +215,114 @@ pub(crate) fn flatten(suite: &[Stmt]) -> Vec<&Stmt> {
 }
 
 /// Reads the kernel's file (`source`, at `file`) and, transitively, the Python files beside it
-/// that its module-level imports name; index 0 is the kernel's own file.
-pub(crate) fn load(source: &str, file: &str) -> Result<Vec<SourceFile>, IrError> {
+/// that its module-level imports name; index 0 is the kernel's own file. The `extra` files (those
+/// the running program says define functions the kernel uses) are read too, with the files their
+/// imports name, where the imports did not reach them; one that cannot be read or parsed is left
+/// out (the conversion then keeps its own reading of the names that lead to it).
+pub(crate) fn load(source: &str, file: &str, extra: &[&str]) -> Result<Vec<SourceFile>, IrError> {
     let lines = Lines::new(file, source);
     let suite = super::parse(source, &lines)?;
-    let mut files = vec![SourceFile { lines, suite, links: HashMap::new() }];
-    let mut paths: Vec<PathBuf> = vec![PathBuf::from(file)];
+    let mut files = vec![SourceFile { path: PathBuf::from(file), lines, suite, links: HashMap::new() }];
+    let mut extra = extra.iter();
     let mut i = 0;
-    while i < files.len() {
-        let dir = paths[i].parent().map(Path::to_path_buf).unwrap_or_default();
-        let mut wanted: Vec<(u32, String, PathBuf, Option<String>)> = Vec::new();
-        for s in flatten(&files[i].suite) {
-            match s {
-                Stmt::ImportFrom(imp) => {
-                    let at = imp.range.start().to_u32();
-                    let module = imp.module.as_ref().map(|m| m.id.to_string());
-                    for a in &imp.names {
-                        let local = a.asname.as_ref().unwrap_or(&a.name).id.to_string();
-                        let name = a.name.id.to_string();
-                        if name == "*" {
-                            continue;
-                        }
-                        // The module itself, or a submodule named like the imported name.
-                        if let Some(m) = &module {
-                            if let Some(p) = find(&dir, imp.level, m) {
-                                wanted.push((at, local, p, Some(name)));
-                                continue;
-                            }
-                            if let Some(p) = find(&dir, imp.level, &format!("{m}.{name}")) {
-                                wanted.push((at, local, p, None));
-                            }
-                        } else if let Some(p) = find(&dir, imp.level, &name) {
-                            wanted.push((at, local, p, None));
-                        }
-                    }
-                }
-                Stmt::Import(imp) => {
-                    let at = imp.range.start().to_u32();
-                    for a in &imp.names {
-                        let m = a.name.id.to_string();
-                        if let (Some(asname), Some(p)) = (&a.asname, find(&dir, 0, &m)) {
-                            wanted.push((at, asname.id.to_string(), p, None));
-                        } else if !m.contains('.') {
-                            if let Some(p) = find(&dir, 0, &m) {
-                                wanted.push((at, m.clone(), p, None));
-                            }
-                        }
-                    }
-                }
-                _ => {}
-            }
+    loop {
+        while i < files.len() {
+            link_imports(&mut files, i, file)?;
+            i += 1;
         }
-        for (at, local, path, name) in wanted {
-            let idx = match paths.iter().position(|p| same_file(p, &path)) {
-                Some(k) => k,
-                None => {
-                    if files.len() >= MAX_FILES {
-                        let msg = format!("more than {MAX_FILES} source files are imported");
-                        return Err(IrError::Parse { file: file.to_string(), error: ParseError { line: 1, col: 1, message: msg } });
-                    }
-                    let text = std::fs::read_to_string(&path).map_err(|e| IrError::Parse {
-                        file: path.display().to_string(),
-                        error: ParseError { line: 1, col: 1, message: format!("cannot read this module (imported by {file}): {e}") },
-                    })?;
-                    let lines = Lines::new(&path.display().to_string(), &text);
-                    let suite = super::parse(&text, &lines)?;
-                    files.push(SourceFile { lines, suite, links: HashMap::new() });
-                    paths.push(path);
-                    files.len() - 1
-                }
-            };
-            let link = match name {
-                Some(n) => Import::Name(idx, n),
-                None => Import::Module(idx),
-            };
-            files[i].links.entry((at, local)).or_insert(link);
+        let Some(next) = extra.find(|p| index_of(&files, p).is_none()) else { break };
+        if files.len() < MAX_FILES {
+            files.extend(read_extra(next));
         }
-        i += 1;
     }
     Ok(files)
+}
+
+/// The index of the file at `path` among `files`.
+pub(crate) fn index_of(files: &[SourceFile], path: &str) -> Option<usize> {
+    let p = Path::new(path);
+    files.iter().position(|f| same_file(&f.path, p))
+}
+
+/// A file the running program imported, read and parsed, or `None` where it cannot be.
+fn read_extra(path: &str) -> Option<SourceFile> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let lines = Lines::new(path, &text);
+    let suite = super::parse(&text, &lines).ok()?;
+    Some(SourceFile { path: PathBuf::from(path), lines, suite, links: HashMap::new() })
+}
+
+/// Finds the files that the module-level imports of `files[i]` name (reading those not read yet)
+/// and records them in its links. `file` is the kernel's, for errors.
+fn link_imports(files: &mut Vec<SourceFile>, i: usize, file: &str) -> Result<(), IrError> {
+    let dir = files[i].path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut wanted: Vec<(u32, String, PathBuf, Option<String>)> = Vec::new();
+    for s in flatten(&files[i].suite) {
+        match s {
+            Stmt::ImportFrom(imp) => {
+                let at = imp.range.start().to_u32();
+                let module = imp.module.as_ref().map(|m| m.id.to_string());
+                for a in &imp.names {
+                    let local = a.asname.as_ref().unwrap_or(&a.name).id.to_string();
+                    let name = a.name.id.to_string();
+                    if name == "*" {
+                        continue;
+                    }
+                    // The module itself, or a submodule named like the imported name.
+                    if let Some(m) = &module {
+                        if let Some(p) = find(&dir, imp.level, m) {
+                            wanted.push((at, local, p, Some(name)));
+                            continue;
+                        }
+                        if let Some(p) = find(&dir, imp.level, &format!("{m}.{name}")) {
+                            wanted.push((at, local, p, None));
+                        }
+                    } else if let Some(p) = find(&dir, imp.level, &name) {
+                        wanted.push((at, local, p, None));
+                    }
+                }
+            }
+            Stmt::Import(imp) => {
+                let at = imp.range.start().to_u32();
+                for a in &imp.names {
+                    let m = a.name.id.to_string();
+                    if let (Some(asname), Some(p)) = (&a.asname, find(&dir, 0, &m)) {
+                        wanted.push((at, asname.id.to_string(), p, None));
+                    } else if !m.contains('.') {
+                        if let Some(p) = find(&dir, 0, &m) {
+                            wanted.push((at, m.clone(), p, None));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for (at, local, path, name) in wanted {
+        let idx = match files.iter().position(|f| same_file(&f.path, &path)) {
+            Some(k) => k,
+            None => {
+                if files.len() >= MAX_FILES {
+                    let msg = format!("more than {MAX_FILES} source files are imported");
+                    return Err(IrError::Parse { file: file.to_string(), error: ParseError { line: 1, col: 1, message: msg } });
+                }
+                let text = std::fs::read_to_string(&path).map_err(|e| IrError::Parse {
+                    file: path.display().to_string(),
+                    error: ParseError { line: 1, col: 1, message: format!("cannot read this module (imported by {file}): {e}") },
+                })?;
+                let lines = Lines::new(&path.display().to_string(), &text);
+                let suite = super::parse(&text, &lines)?;
+                files.push(SourceFile { path, lines, suite, links: HashMap::new() });
+                files.len() - 1
+            }
+        };
+        let link = match name {
+            Some(n) => Import::Name(idx, n),
+            None => Import::Module(idx),
+        };
+        files[i].links.entry((at, local)).or_insert(link);
+    }
+    Ok(())
 }
 
 /// The file a module path names, relative to `dir` (`level` dots: 1 is `dir` itself, 2 its

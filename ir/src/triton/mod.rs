@@ -39,7 +39,9 @@
 //! [`ConvertOptions::device_capability`]); a condition that cannot be decided is read as false,
 //! and each name it binds that the kernel uses gets a [`Note`] ([`convert_noted`]). `from .utils
 //! import helper` and the like are followed to the `.py` files beside the kernel's `file`, whose
-//! helpers convert with their own locations.
+//! helpers convert with their own locations. Where the running program says what a module-level
+//! name is ([`ConvertOptions::globals`], which the Python package reads from the imported
+//! modules), that binding is taken instead of the file's own reading, and never noted.
 //!
 //! Tensor descriptors (Triton 3.9 replaced block pointers with them):
 //! `desc = tl.make_tensor_descriptor(base, shape=[...], strides=[...], block_shape=[...])` (also
@@ -73,6 +75,7 @@ mod builtins;
 mod convert;
 mod errors;
 mod facts;
+mod globals;
 mod imports;
 mod random;
 mod scan;
@@ -80,6 +83,8 @@ mod scan;
 mod tests;
 #[cfg(test)]
 mod tests_bindings;
+#[cfg(test)]
+mod tests_globals;
 #[cfg(test)]
 mod tests_random;
 #[cfg(test)]
@@ -89,6 +94,7 @@ mod value;
 use crate::{DType, IrError, Kernel, Loc, ParseError};
 use errors::{fail, Lines};
 pub use facts::{is_version, parse_device};
+pub use globals::{GlobalBinding, GlobalFact};
 pub use imports::{triton_dtype_name, ConstValue};
 use imports::{Import, SourceFile};
 use ruff_python_ast::{Expr, Stmt, StmtFunctionDef};
@@ -129,6 +135,9 @@ pub struct ConvertOptions {
     /// `torch.cuda.get_device_capability()` of the program's device ((9, 0), an sm_90, by
     /// default; see [`parse_device`]).
     pub device_capability: (u32, u32),
+    /// What module-level names of the kernel's files are in the running program (none by
+    /// default): each is taken over the conversion's own reading of its file's top level.
+    pub globals: Vec<GlobalBinding>,
 }
 
 /// The newest Triton release tilegrad follows: the version module-level checks are decided
@@ -191,6 +200,7 @@ impl Default for ConvertOptions {
             triton_version: DEFAULT_TRITON_VERSION.to_string(),
             env: Vec::new(),
             device_capability: (9, 0),
+            globals: Vec::new(),
         }
     }
 }
@@ -218,14 +228,17 @@ struct Program {
 }
 
 impl Program {
-    fn load(source: &str, file: &str) -> Result<Program, IrError> {
-        Ok(Program { files: imports::load(source, file)? })
+    /// The kernel's file, the files its imports lead to, and those defining the jit functions
+    /// that `globals` name.
+    fn load(source: &str, file: &str, globals: &[GlobalBinding]) -> Result<Program, IrError> {
+        Ok(Program { files: imports::load(source, file, &globals::files(globals))? })
     }
 
     /// Scans every file. Files that others import come later, so they are scanned from the last:
     /// a module-level condition on a name imported from another file sees its value; a second
-    /// round catches what the first could not see.
-    fn modules(&self, facts: &facts::Facts) -> Result<Vec<Module<'_>>, IrError> {
+    /// round catches what the first could not see. The running program's `globals` then replace
+    /// what the scans made of the names they give.
+    fn modules(&self, facts: &facts::Facts, globals: &[GlobalBinding]) -> Result<Vec<Module<'_>>, IrError> {
         let n = self.files.len();
         let mut exports: scan::Exports = vec![HashMap::new(); n];
         let mut mods: Vec<Option<Module<'_>>> = (0..n).map(|_| None).collect();
@@ -237,7 +250,9 @@ impl Program {
                 mods[i] = Some(m);
             }
         }
-        Ok(mods.into_iter().flatten().collect())
+        let mut mods: Vec<Module<'_>> = mods.into_iter().flatten().collect();
+        globals::apply(&self.files, &mut mods, globals);
+        Ok(mods)
     }
 }
 
@@ -251,10 +266,11 @@ pub fn convert(source: &str, file: &str, kernel: &str, options: &ConvertOptions)
 /// [`convert`], with the notes of what the conversion assumed: each module-level name the kernel
 /// uses whose binding depends on a condition not decided at conversion (see
 /// [`ConvertOptions::triton_version`], [`ConvertOptions::env`],
-/// [`ConvertOptions::device_capability`]), with the binding taken and where.
+/// [`ConvertOptions::device_capability`]) and that [`ConvertOptions::globals`] does not give,
+/// with the binding taken and where.
 pub fn convert_noted(source: &str, file: &str, kernel: &str, options: &ConvertOptions) -> Result<(Kernel, Vec<Note>), IrError> {
-    let prog = Program::load(source, file)?;
-    let mods = prog.modules(&facts::Facts::of(options))?;
+    let prog = Program::load(source, file, &options.globals)?;
+    let mods = prog.modules(&facts::Facts::of(options), &options.globals)?;
     let f = lookup(&mods, kernel, options.assume_jit)?;
     convert::convert_kernel(&mods, f, kernel, options)
 }
@@ -263,16 +279,16 @@ pub fn convert_noted(source: &str, file: &str, kernel: &str, options: &ConvertOp
 /// `triton.jit` form, or any function when `assume_jit`), with the error [`convert`] gives
 /// otherwise.
 pub fn find_kernel(source: &str, file: &str, kernel: &str, assume_jit: bool) -> Result<(), IrError> {
-    let prog = Program::load(source, file)?;
-    let mods = prog.modules(&facts::Facts::default())?;
+    let prog = Program::load(source, file, &[])?;
+    let mods = prog.modules(&facts::Facts::default(), &[])?;
     lookup(&mods, kernel, assume_jit).map(|_| ())
 }
 
 /// The parameters of function `kernel` of `source` in order, each with whether it is annotated
 /// `tl.constexpr`.
 pub fn parameters(source: &str, file: &str, kernel: &str) -> Result<Vec<(String, bool)>, IrError> {
-    let prog = Program::load(source, file)?;
-    let mods = prog.modules(&facts::Facts::default())?;
+    let prog = Program::load(source, file, &[])?;
+    let mods = prog.modules(&facts::Facts::default(), &[])?;
     let f = lookup(&mods, kernel, true)?;
     let p = &f.parameters;
     Ok(p.posonlyargs
@@ -417,6 +433,20 @@ impl<'a> Module<'a> {
             known: HashMap::new(),
             guessed: HashMap::new(),
         }
+    }
+
+    /// Forgets whatever `name` is bound to (before a new binding).
+    fn unbind(&mut self, name: &str) {
+        self.funcs.remove(name);
+        self.decorators.remove(name);
+        self.jit.retain(|j| j != name);
+        self.consts.remove(name);
+        self.aliases.remove(name);
+        self.imports.remove(name);
+        self.lists.remove(name);
+        self.unknown_forms.remove(name);
+        self.known.remove(name);
+        self.guessed.remove(name);
     }
 
     /// A file scanned on its own (its imports of other files not followed), with the default

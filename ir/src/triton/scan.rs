@@ -133,17 +133,7 @@ impl<'a, 'f> Scanner<'a, 'f> {
         if self.shadow.contains(name) {
             return false;
         }
-        let m = &mut self.m;
-        m.funcs.remove(name);
-        m.decorators.remove(name);
-        m.jit.retain(|j| j != name);
-        m.consts.remove(name);
-        m.aliases.remove(name);
-        m.imports.remove(name);
-        m.lists.remove(name);
-        m.unknown_forms.remove(name);
-        m.known.remove(name);
-        m.guessed.remove(name);
+        self.m.unbind(name);
         true
     }
 

@@ -444,8 +444,8 @@ pub fn check_backward_with(
     // native environment has. The f64 environment stays for the backward's replay.
     let host_steps = fwd.steps.iter().any(|s| !matches!(s, Step::Alloc { .. } | Step::Launch(_)));
     // The forward as the replays compute it (f64, and f32 where asked), for the first trial only.
-    let mut replay_envs = (Some(std::mem::take(&mut p.truth)), p.f32.take());
-    let kept_truth = if host_steps { replay_envs.0.clone() } else { None };
+    let kept_truth = if host_steps { Some(p.truth.clone()) } else { None };
+    let mut replay_envs = (Some(lean(std::mem::take(&mut p.truth), env_n, &bwd.steps)), p.f32.take().map(|e| lean(e, env_n, &bwd.steps)));
     let truth_env = kept_truth.as_ref().unwrap_or(env_n);
     let gopts = GradOptions { precision: opts.precision, memory_budget: opts.memory_budget, ..GradOptions::default() };
     let mut gradients: Vec<Option<(TensorReport, f64)>> = vec![None; bwd.gradients.len()];
@@ -478,11 +478,13 @@ pub fn check_backward_with(
         let mut env_b = tm.time("backward", backward_env)?;
         let cot_rms = rms(cot.values().flatten().copied());
         let replays = match (opts.precision, &replay_envs.0) {
-            (Precision::F64, Some(env)) => tm.time("replay of the backward in f64 (formula)", || replay(bwd, env, Mode::F64, &cot, &exec)),
+            (Precision::F64, Some(env)) => {
+                tm.time("replay of the backward in f64 (formula)", || replay(bwd, env, Mode::F64, &mut cot, &exec))
+            }
             _ => None,
         };
         let replays32 = match &replay_envs.1 {
-            Some(env) => tm.time("replay of the backward in f32 (scale)", || replay(bwd, env, Mode::F32, &cot, &exec)),
+            Some(env) => tm.time("replay of the backward in f32 (scale)", || replay(bwd, env, Mode::F32, &mut cot, &exec)),
             None => None,
         };
         replay_envs = (None, None);
@@ -716,21 +718,53 @@ fn replayed<'r>(r: &'r Option<HashMap<String, HostTensor>>, name: &str, it_numel
 /// The backward replayed in `mode` (every float in f64, or in f32) on the forward `env` as
 /// that mode computed it, with the cotangents `cot`: its gradient tensors, or `None` where the
 /// replay fails (a decision the replay makes otherwise; then no formula verdict).
+/// In f64 the cotangents' own storage is lent to the replay (and taken back, as it was: a
+/// backward writing its `grad_output` in place writes a copy).
 fn replay(
     bwd: &Backward,
     env: &Env,
     mode: Mode,
-    cot: &HashMap<String, Vec<f64>>,
+    cot: &mut HashMap<String, Vec<f64>>,
     exec: &backend::Executor,
 ) -> Option<HashMap<String, HostTensor>> {
     let mut env = env.clone();
-    for (o, c) in cot {
-        let t = env.tensor(o)?;
-        let h = HostTensor::from_f64_as(mode.float()?, t.shape(), c);
+    let mut lent = Vec::new();
+    for (o, c) in cot.iter_mut() {
+        let shape = env.tensor(o)?.shape().to_vec();
+        let h = match mode.float()? {
+            DType::F64 => {
+                let h = HostTensor::from_f64(&shape, std::mem::take(c));
+                lent.push((o.clone(), h.clone()));
+                h
+            }
+            d => HostTensor::from_f64_as(d, &shape, c),
+        };
         env.add(&format!("grad_{o}"), h).ok()?;
     }
-    steps::run(&mut env, &bwd.steps, mode, None, None, None, exec).ok()?;
-    Some(bwd.gradients.iter().filter_map(|(_, g)| Some((g.clone(), env.tensor(g)?.clone()))).collect())
+    let ran = steps::run(&mut env, &bwd.steps, mode, None, None, None, exec);
+    let out = bwd.gradients.iter().filter_map(|(_, g)| Some((g.clone(), env.tensor(g)?.clone()))).collect();
+    drop(env);
+    for (o, h) in lent {
+        if let tilegrad_reference::Data::F64(v) = h.into_data() {
+            cot.insert(o, v);
+        }
+    }
+    tilegrad_reference::release_buffers();
+    ran.ok().map(|_| out)
+}
+
+/// `env` for a replay of `steps`: a tensor whose values no step reads (the forward's input of
+/// a backward that reads only saved outputs) shares the storage of `native`'s tensor of that
+/// name instead, so that a replay holds no wide copy of it.
+fn lean(mut env: Env, native: &Env, steps: &[Step]) -> Env {
+    let read: std::collections::HashSet<&str> = steps.iter().flat_map(Step::data_reads).collect();
+    for (n, id) in &env.names {
+        match native.tensor(n) {
+            Some(t) if !read.contains(n.as_str()) && t.shape() == env.mem.get(*id).shape() => *env.mem.get_mut(*id) = t.clone(),
+            _ => {}
+        }
+    }
+    env
 }
 
 /// Whether some step of the passes computes in f16 or bf16 (an allocation, a cast, a kernel

@@ -270,6 +270,25 @@ impl Step {
             Step::Item { reduce: None, expr, dst } => format!("{dst} = ({}).item()", expr.text().trim()),
         }
     }
+
+    /// The existing tensors whose values the step reads: a launch's tensor arguments, a host
+    /// step's operands (a name used only for its shape or strides is not read).
+    pub(crate) fn data_reads(&self) -> Vec<&str> {
+        match self {
+            Step::Alloc { .. } => Vec::new(),
+            Step::Launch(l) => l.args.iter().filter_map(|(_, e)| e.as_name()).collect(),
+            Step::Sum { src, .. }
+            | Step::Reshape { src, .. }
+            | Step::Scale { src, .. }
+            | Step::Cast { src, .. }
+            | Step::Reduce { src, .. }
+            | Step::Chunk { src, .. }
+            | Step::Slice { src, .. } => vec![src],
+            Step::Accumulate { src, dst } => vec![src, dst],
+            Step::Compute { expr, .. } | Step::Item { expr, .. } => expr.names(),
+            Step::Cat { srcs, .. } => srcs.iter().map(String::as_str).collect(),
+        }
+    }
 }
 
 /// An f64 tensor whose every value is an f32 (the inputs as drawn, an `empty` allocation's NaN)

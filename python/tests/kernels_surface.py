@@ -83,3 +83,28 @@ def sqrt_bwd(x_ptr, gy_ptr, gx_ptr, n, BLOCK: tl.constexpr):
     x = tl.load(x_ptr + offs, mask=mask, other=1.0)
     g = tl.load(gy_ptr + offs, mask=mask)
     tl.store(gx_ptr + offs, 0.5 * g / tl.sqrt(x), mask=mask)
+
+
+@triton.jit
+def row_scale(x_ptr, w_ptr, y_ptr, n_rows, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask).to(tl.float32)
+    tl.store(y_ptr + row * n_cols + cols, (x * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def row_scale_bwd(x_ptr, w_ptr, gy_ptr, gx_ptr, dw_part_ptr, n_rows, n_cols, rows_per_program, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask).to(tl.float32)
+    dw = tl.zeros([BLOCK], dtype=tl.float32)
+    for r in range(pid * rows_per_program, tl.minimum((pid + 1) * rows_per_program, n_rows)):
+        gy = tl.load(gy_ptr + r * n_cols + cols, mask=mask).to(tl.float32)
+        x = tl.load(x_ptr + r * n_cols + cols, mask=mask).to(tl.float32)
+        tl.store(gx_ptr + r * n_cols + cols, (gy * w).to(gx_ptr.dtype.element_ty), mask=mask)
+        dw += gy * x
+    tl.store(dw_part_ptr + pid * n_cols + cols, dw, mask=mask)

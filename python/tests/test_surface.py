@@ -186,3 +186,28 @@ def test_cuda_tensors_are_checked_on_the_host_and_written_back():
     big = torch.randn(2 * N, device="cuda")
     r = tilegrad.check_backward(lambda v: fwd(v, None), lambda v, gy: act_launchers("leaky_relu", "mean", tl.float32)[1](v, None, gy)[:1], [big[N // 2 : N // 2 + N]])
     assert r.passed, str(r)
+
+
+def row_scale(x, w):
+    y = torch.empty_like(x)
+    K.row_scale[(x.shape[0],)](x, w, y, x.shape[0], x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
+    return y
+
+
+def row_scale_bwd(x, w, gy):
+    programs, per = 7, triton.cdiv(x.shape[0], 7)
+    gx = torch.empty_like(x)
+    # Per-program partial sums in f32 whatever the dtype, summed on the host (as libraries do).
+    dw_part = torch.empty((programs, x.shape[1]), dtype=torch.float32, device=x.device)
+    K.row_scale_bwd[(programs,)](x, w, gy, gx, dw_part, x.shape[0], x.shape[1], per, BLOCK=triton.next_power_of_2(x.shape[1]))
+    return gx, dw_part.sum(0).to(w.dtype)
+
+
+def test_the_exact_replay_promotes_the_float_dtypes_host_code_asks_for():
+    # The f32 partial `dW` buffer is f64 in the replay: the formula is judged at f64's precision
+    # (an f32 buffer would leave the replay a few f32 roundings off, near the formula's limit).
+    x, w = torch.randn(203, 301).half(), (torch.rand(301) + 0.5).half()
+    r = tilegrad.check_backward(row_scale, row_scale_bwd, [x, w])
+    assert r.passed, str(r)
+    for g in r.to_dict()["gradients"]:
+        assert g["formula_error"] < 1e-12, g

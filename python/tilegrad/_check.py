@@ -295,14 +295,15 @@ def run_check(
 
 def _replay(backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: Sequence[Any], diff: list[int], cots: list[Any]) -> tuple | None:
     """The backward replayed with every float in f64 (its launches promoted; host code on the f64
-    inputs and cotangents computes in f64 unless it casts) on f64 inputs and cotangents: it
+    inputs and cotangents computes in f64, the float dtypes it asks for promoted as in the ground
+    truth's forward: a partial `dW` allocated as f32 and summed is f64 here) on f64 inputs and cotangents: it
     differs from the ground truth only by f64 rounding unless it computes another function. None
     where the replay fails, as host code that maps dtypes to kernels' without f64 does (the
     calibrated tolerance then judges the gradients, as before the replay existed)."""
     ins = [x.detach().double() if i in diff else _clone(x) for i, x in enumerate(inputs)]
     cs = [None if c is None else c.detach().double() for c in cots]
     try:
-        with torch.no_grad(), intercepting(lambda call: call.run(promote=True)):
+        with torch.no_grad(), PromoteFloats(), intercepting(lambda call: call.run(promote=True)):
             return _as_tuple(backward(ins, cs))
     except Exception:  # noqa: BLE001 - a replay that fails gives no verdict; the run under test judges the backward
         return None

@@ -27,10 +27,19 @@ def _promote(v: Any) -> Any:
     return torch.float64 if isinstance(v, torch.dtype) and v in _LOW else v
 
 
+def _called_by_tilegrad() -> bool:
+    """Whether the torch call a mode sees comes from tilegrad's own code (two frames up: the
+    mode's `__torch_function__`, then its caller)."""
+    return os.path.abspath(sys._getframe(2).f_code.co_filename).startswith(_PKG)
+
+
 class PromoteFloats(TorchFunctionMode):
-    """Every float dtype requested by host code becomes f64."""
+    """Every float dtype requested by host code becomes f64 (not tilegrad's own: its views of a
+    storage keep the storage's dtype)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _called_by_tilegrad():
+            return func(*args, **(kwargs or {}))
         kwargs = dict(kwargs or {})
         if func in _TO_DOUBLE:
             return args[0].double()

@@ -570,9 +570,10 @@ impl Comparison {
 /// the tolerances given or the CLI's defaults for `dtype`. With `noisy` (the ground truth computed
 /// in the kernels' own dtypes, same layout), the comparison is also calibrated as the CLI's is
 /// for f16/bf16 gradients and f32 ones through a tf32 `dot`: the normwise error must be within
-/// the limit that noise sets.
+/// the limit that noise sets. `replay_f32_storage`: the replay kept its tensors in f32 between
+/// launches (see `verdict::FORMULA_LIMIT_F32_STORAGE`).
 #[pyfunction]
-#[pyo3(signature = (name, tensor, dtype_name, shape, expected, got, trial, rtol=None, atol=None, tf32=false, noisy=None, replay=None, cot_rms=1.0))]
+#[pyo3(signature = (name, tensor, dtype_name, shape, expected, got, trial, rtol=None, atol=None, tf32=false, noisy=None, replay=None, cot_rms=1.0, replay_f32_storage=false))]
 #[allow(clippy::too_many_arguments)]
 fn compare(
     name: &str,
@@ -588,6 +589,7 @@ fn compare(
     noisy: Option<usize>,
     replay: Option<usize>,
     cot_rms: f64,
+    replay_f32_storage: bool,
 ) -> PyResult<Comparison> {
     let d = dtype(dtype_name).map_err(usage)?;
     let def = Tolerance::for_dtype(d, tf32);
@@ -609,7 +611,11 @@ fn compare(
         };
         let (mut report, mut worst) = compare_by(name, tensor, d, &shape, tol, &e, got, trial, floor);
         let judged = verdict::Replayed { truth: &e, got: &got, r64: &r64, r32: noisy.as_deref(), r32_of: &e, cot_rms };
-        let badness = verdict::apply(&mut report, judged.judge(d, tf32), rtol.is_some() || atol.is_some());
+        let (mut formula, rounding) = judged.judge(d, tf32);
+        if replay_f32_storage {
+            formula = formula.against(verdict::FORMULA_LIMIT_F32_STORAGE);
+        }
+        let badness = verdict::apply(&mut report, (formula, rounding), rtol.is_some() || atol.is_some());
         if let Some(w) = worst.as_mut() {
             w.1 = w.1.max(badness);
         }

@@ -211,3 +211,27 @@ def test_the_exact_replay_promotes_the_float_dtypes_host_code_asks_for():
     assert r.passed, str(r)
     for g in r.to_dict()["gradients"]:
         assert g["formula_error"] < 1e-12, g
+
+
+_TO_TRITON = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}  # no f64, as in libraries
+
+
+def row_scale_bwd_table(skew):
+    def bwd(x, w, gy):
+        _TO_TRITON[x.dtype]  # host code that cannot run on f64 tensors
+        gx, dw = row_scale_bwd(x, w, gy)
+        return gx * skew, dw
+
+    return bwd
+
+
+def test_a_replay_host_code_cannot_run_in_f64_runs_on_f32_tensors_against_a_limit_of_f32_stores():
+    x, w = torch.randn(203, 301).bfloat16(), (torch.rand(301) + 0.5).bfloat16()
+    good = tilegrad.check_backward(row_scale, row_scale_bwd_table(1.0), [x, w])
+    assert good.passed, str(good)
+    for g in good.to_dict()["gradients"]:
+        assert g["formula_limit"] == 2.0**-20 and g["formula_passed"], g
+    # 0.1% too large: a tenth of bf16's roundoff, found by the replay on f32 tensors.
+    bad = tilegrad.check_backward(row_scale, row_scale_bwd_table(1.001), [x, w])
+    gx = bad.to_dict()["gradients"][0]
+    assert not bad.passed and gx["formula_passed"] is False and gx["over_tolerance"] == 0, str(bad)

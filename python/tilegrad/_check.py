@@ -16,6 +16,7 @@ Gradients are compared with the CLI's tolerances and the report is the CLI's.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any, Callable, Sequence
 
@@ -280,6 +281,7 @@ def run_check(
             c = _native.compare(
                 input_names[i], gname, _dt(g), list(x.shape), *_ptrs(exp, got), trial, rtol, atol, tf32b or tf32[0],
                 None if noisy is None else noisy.data_ptr(), None if r64 is None else r64.data_ptr(), cot_rms,
+                replay_f32_storage=replay is not None and replay[1],
             )
             if i not in best or c.badness > best[i].badness:
                 if c.worst_index is not None and not c.passed:
@@ -293,27 +295,32 @@ def run_check(
     return Report(rep)
 
 
-def _replay(backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: Sequence[Any], diff: list[int], cots: list[Any]) -> tuple | None:
+def _replay(backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: Sequence[Any], diff: list[int], cots: list[Any]) -> tuple[tuple, bool] | None:
     """The backward replayed with every float in f64 (its launches promoted; host code on the f64
     inputs and cotangents computes in f64, the float dtypes it asks for promoted as in the ground
-    truth's forward: a partial `dW` allocated as f32 and summed is f64 here) on f64 inputs and cotangents: it
-    differs from the ground truth only by f64 rounding unless it computes another function. None
-    where the replay fails, as host code that maps dtypes to kernels' without f64 does (the
+    truth's forward: a partial `dW` allocated as f32 and summed is f64 here) on f64 inputs and
+    cotangents: it differs from the ground truth only by f64 rounding unless it computes another
+    function. Where host code cannot run on f64 tensors (it maps dtypes to Triton's through a
+    table without f64), the replay runs again on f32 tensors, its launches still computing in
+    f64 (judged against a limit of f32 stores: the second value, True). None where both fail (the
     calibrated tolerance then judges the gradients, as before the replay existed)."""
-    ins = [x.detach().double() if i in diff else _clone(x) for i, x in enumerate(inputs)]
-    cs = [None if c is None else c.detach().double() for c in cots]
-    try:
-        with torch.no_grad(), PromoteFloats(), intercepting(lambda call: call.run(promote=True)):
-            return _as_tuple(backward(ins, cs))
-    except Exception:  # noqa: BLE001 - a replay that fails gives no verdict; the run under test judges the backward
-        return None
+    for wide in (torch.float64, torch.float32):
+        ins = [x.detach().to(wide) if i in diff and x.is_floating_point() else _clone(x) for i, x in enumerate(inputs)]
+        cs = [None if c is None else c.detach().to(wide) for c in cots]
+        promoting = PromoteFloats() if wide == torch.float64 else contextlib.nullcontext()
+        try:
+            with torch.no_grad(), promoting, intercepting(lambda call: call.run(promote=True)):
+                return _as_tuple(backward(ins, cs)), wide != torch.float64
+        except Exception:  # noqa: BLE001 - a replay that fails gives no verdict; the run under test judges the backward
+            continue
+    return None
 
 
-def _replayed(replay: tuple | None, i: int, x: torch.Tensor) -> torch.Tensor | None:
+def _replayed(replay: tuple[tuple, bool] | None, i: int, x: torch.Tensor) -> torch.Tensor | None:
     """Input `i`'s gradient in the replay as contiguous f64 on the host, where it has one."""
-    if replay is None or i >= len(replay):
+    if replay is None or i >= len(replay[0]):
         return None
-    g = replay[i]
+    g = replay[0][i]
     if g is None:
         return torch.zeros(x.shape, dtype=torch.float64)
     if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(x.shape):

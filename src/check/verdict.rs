@@ -31,6 +31,20 @@ use tilegrad_ir::DType;
 /// 1e-6 is past it.
 pub const FORMULA_LIMIT: f64 = 1.0 / (1u64 << 22) as f64;
 
+/// The formula's limit for a replay whose tensors stay f32 between launches (the kernels
+/// computing in f64): the Python package's fallback where the user's host code cannot run on
+/// f64 tensors (a table of Triton dtypes without f64). Each store rounds to f32 (half a unit of
+/// f32's roundoff), host code computes in f32: 16 units of f32's roundoff, still far below the
+/// roundoff of the 16-bit dtypes whose one-term bugs the replay is there to find.
+pub const FORMULA_LIMIT_F32_STORAGE: f64 = 1.0 / (1u64 << 20) as f64;
+
+impl Formula {
+    /// The verdict against `limit` instead of the one it was judged with.
+    pub fn against(self, limit: f64) -> Formula {
+        Formula { passed: self.error <= limit, limit, ..self }
+    }
+}
+
 /// Unit roundoff of a dtype (of tf32 for an f32 tensor a tf32 `dot` computes).
 pub fn unit_roundoff(d: DType, tf32: bool) -> f64 {
     match d {

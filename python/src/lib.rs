@@ -641,9 +641,27 @@ fn unravel_index(i: usize, shape: Vec<usize>) -> Vec<usize> {
     unravel(i, &shape)
 }
 
-/// A check's outcome: the CLI's report.
+/// A check's outcome: the CLI's report, and the differentiable inputs it did not compare.
 #[pyclass(name = "NativeReport", module = "tilegrad._native", frozen)]
-struct PyReport(Report);
+struct PyReport(Report, Vec<NotCompared>);
+
+/// A differentiable input whose gradient was not compared: (input, shape, dtype, why), as
+/// PyTorch's rules have it (the backward returned `None` for an input no one asked a gradient of).
+type NotCompared = (String, Vec<usize>, String, String);
+
+impl PyReport {
+    /// The `not compared` lines the table ends with.
+    fn not_compared_text(&self) -> String {
+        let mut s = String::new();
+        if !self.1.is_empty() {
+            s.push_str("not compared\n");
+        }
+        for (name, shape, dtype, why) in &self.1 {
+            s.push_str(&format!("  {name:<14} {:<14} {dtype:<5} {why}\n", format!("{shape:?}")));
+        }
+        s
+    }
+}
 
 #[pymethods]
 impl PyReport {
@@ -655,22 +673,31 @@ impl PyReport {
 
     /// The same report under another name.
     fn renamed(&self, name: String) -> PyReport {
-        PyReport(Report { name, ..self.0.clone() })
+        PyReport(Report { name, ..self.0.clone() }, self.1.clone())
     }
 
     /// The report as JSON (the CLI's `--json`).
+    /// With `not_compared`: `[{"name", "shape", "dtype", "reason"}]`, where there are any.
     fn to_json(&self) -> String {
-        self.0.to_json()
+        if self.1.is_empty() {
+            return self.0.to_json();
+        }
+        let mut v = serde_json::to_value(&self.0).expect("reports serialise");
+        let rows = self.1.iter().map(|(name, shape, dtype, why)| serde_json::json!({"name": name, "shape": shape, "dtype": dtype, "reason": why}));
+        v["not_compared"] = serde_json::Value::Array(rows.collect());
+        serde_json::to_string_pretty(&v).expect("reports serialise")
     }
 
     fn __str__(&self) -> String {
-        self.0.to_string()
+        format!("{}{}", self.0, self.not_compared_text())
     }
 }
 
-/// Builds a report. `failure`: (step, what, message, trial) when the backward failed to run.
+/// Builds a report. `failure`: (step, what, message, trial) when the backward failed to run;
+/// `not_compared`: (input, shape, dtype, why) of differentiable inputs whose gradient was not
+/// compared.
 #[pyfunction]
-#[pyo3(signature = (name, seed, trials, precision, forward, gradients, failure=None, executor=None, notes=Vec::new(), strict=false))]
+#[pyo3(signature = (name, seed, trials, precision, forward, gradients, failure=None, executor=None, notes=Vec::new(), strict=false, not_compared=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 fn make_report(
     name: String,
@@ -683,6 +710,7 @@ fn make_report(
     executor: Option<&PyExecutor>,
     notes: Vec<PyRef<'_, Note>>,
     strict: bool,
+    not_compared: Vec<NotCompared>,
 ) -> PyReport {
     let forward: Vec<TensorReport> = forward.iter().map(|c| c.report.clone()).collect();
     let gradients: Vec<TensorReport> = gradients.iter().map(|c| c.report.clone()).collect();
@@ -692,7 +720,7 @@ fn make_report(
         r.backend = e.0.describe();
         r.backend_mismatches = e.0.mismatches();
     }
-    PyReport(r.with_notes(notes.iter().map(|n| n.0.clone()).collect(), strict))
+    PyReport(r.with_notes(notes.iter().map(|n| n.0.clone()).collect(), strict), not_compared)
 }
 
 /// The module.

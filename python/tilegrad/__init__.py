@@ -51,14 +51,24 @@ def check_backward(
     backend: str = "cpu",
     ground: str = "evaluator",
     strict: bool = False,
+    wrt: Any = None,
 ) -> Report:
     """Checks `backward` against the ground-truth gradient of `forward` on `inputs`.
 
     `forward(*inputs)` returns a tensor or a tuple of tensors; `backward(*inputs, *grad_outputs)`
-    returns one gradient per input (None where there is none). Float tensor inputs are
-    differentiated. Torch tensors (CPU or CUDA) use torch autograd through the host code; numpy
-    arrays are supported where no torch is installed (the host code between launches is then not
-    differentiated: see `tilegrad._numpy_check`).
+    returns one gradient per input (None where there is none). Torch tensors (CPU or CUDA) use
+    torch autograd through the host code; numpy arrays are supported where no torch is installed
+    (the host code between launches is then not differentiated: see `tilegrad._numpy_check`).
+
+    Which inputs are differentiated follows PyTorch: those `wrt` names (input positions or
+    parameter names), else the float tensors that require grad, else every float tensor. Inside
+    the forward, differentiated inputs require grad, as in training. A None gradient is
+    PyTorch's "no gradient": for an input differentiated by default it is reported as not
+    compared ("no gradient (None)"); for one asked for (`wrt`, `requires_grad`) it is a zero
+    gradient and compared. A gradient whose shape torch would accept (the input expands to it) is
+    summed to the input's shape, as torch does; one torch would reject fails with torch's message.
+    A custom `torch.autograd.Function` applied in the forward is differentiated through its
+    `forward`: its `backward` is never the ground truth.
 
     Tolerances are the CLI's: by dtype, and calibrated to the kernels' own rounding noise for
     f16/bf16 gradients and f32 ones computed through a tf32 `dot`, unless `rtol`/`atol` are given.
@@ -81,15 +91,26 @@ def check_backward(
         if _has_torch_tensor(inputs):
             from ._check import check_backward as torch_check
 
-            return torch_check(forward, backward, inputs, **opts)
+            return torch_check(forward, backward, inputs, wrt=wrt, **opts)
+        if wrt is not None:
+            raise UsageError("`wrt` needs torch tensors; numpy checks differentiate every float array")
         from ._numpy_check import check_backward as numpy_check
 
         return numpy_check(forward, backward, inputs, **opts)
 
 
 def check_function(fn: type, *args: Any, backend: str = "cpu", ground: str = "evaluator", **kwargs: Any) -> Report:
-    """Checks the backward of a `torch.autograd.Function` subclass on `args` (float tensors are the
-    differentiable inputs; other arguments pass through). Options as for `check_backward`."""
+    """Checks the backward of a `torch.autograd.Function` subclass, called as `fn.apply(*args,
+    **kwargs)` would call it. Options as for `check_backward` (`seed`, `trials`, `precision`,
+    `rtol`, `atol`, `allow_non_finite`, `autotune`, `strict`, `wrt`); every other keyword argument
+    goes to `fn`.
+
+    The differentiated inputs (as for `check_backward`) require grad inside `forward`; `fn.apply`
+    runs under grad mode, then its backward through torch's autograd engine with a random
+    cotangent per differentiable output: `ctx` is PyTorch's (`needs_input_grad`,
+    `saved_tensors`, `mark_dirty`, `set_materialize_grads`), outputs marked non-differentiable
+    get no cotangent, the cotangents are the backward's to overwrite, and the gradients are
+    validated as torch validates them. The ground truth differentiates `fn.forward` itself."""
     from ._check import check_function as f
 
     with using_backend(backend, ground):
@@ -102,6 +123,7 @@ def autograd(fn: Callable[..., Any], *, precision: str = "f64") -> Callable[...,
     differentiates the host code between them. Float results are f64 unless `precision="native"`.
     """
     from ._check import _truth_launch
+    from ._functions import inlining
     from ._modes import PromoteFloats
 
     native = precision == "native"
@@ -109,7 +131,7 @@ def autograd(fn: Callable[..., Any], *, precision: str = "f64") -> Callable[...,
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         import torch
 
-        with torch.enable_grad(), intercepting(_truth_launch(native)):
+        with torch.enable_grad(), intercepting(_truth_launch(native)), inlining():
             if native:
                 return fn(*args, **kwargs)
             args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)

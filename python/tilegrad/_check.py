@@ -27,6 +27,7 @@ from ._intercept import LaunchCall, _is_descriptor, current_executor, intercepti
 from ._memory import torch_flat
 from ._modes import PoisonEmpty, PromoteFloats
 from ._configs import each_config
+from ._functions import GradientError, apply_under_test, conform, inlining, refuse_opaque, requiring_grad
 from ._report import Report, non_finite
 
 _COT_SEED_MIX = 0x9E3779B97F4A7C15
@@ -34,6 +35,8 @@ _COT_SEED_MIX = 0x9E3779B97F4A7C15
 
 class _Launch(torch.autograd.Function):
     """A launch as a differentiable function of its storages' contents (ground truth)."""
+
+    _tilegrad_internal = True
 
     @staticmethod
     def forward(ctx, call: LaunchCall, native: bool, *flats):  # type: ignore[override]
@@ -172,15 +175,21 @@ def run_check(
     atol: float | None,
     allow_non_finite: bool = False,
     strict: bool = False,
+    diff: list[int],
+    explicit: bool,
+    who: str,
+    nondiff_outputs: Callable[[tuple], set[int]] | None = None,
 ) -> Report:
+    """Checks `backward` against the ground truth of `forward` on `inputs`, differentiating the
+    inputs `diff` (`explicit`: the caller asked for them, so a None gradient is a zero one, as
+    torch takes it; otherwise a None gradient means the input is not differentiable and is not
+    compared). `who` names the backward in torch's messages; `nondiff_outputs(outs)`: outputs
+    that get no cotangent (marked non-differentiable)."""
     if trials < 1:
         raise ValueError("at least one cotangent trial is needed")
     if precision not in ("f64", "native"):
         raise ValueError(f"precision must be 'f64' or 'native', not {precision!r}")
     native = precision == "native"
-    diff = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.is_floating_point()]
-    if not diff:
-        raise ValueError("no differentiable input: pass at least one float tensor")
     if not allow_non_finite:
         for i in diff:
             _finite(inputs[i], f"input `{input_names[i]}`", "it was given so")
@@ -193,10 +202,12 @@ def run_check(
         fwd_steps[0] += 1
         tf32[0] |= call.kernel.uses_tf32()
 
-    # 1. The forward in the kernels' dtypes.
-    with torch.no_grad(), intercepting(run_native):
-        outs_n = _as_tuple(forward([_clone(x) for x in inputs]))
-    out_idx = [i for i, o in enumerate(outs_n) if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    # 1. The forward in the kernels' dtypes, as training runs it (differentiated inputs require grad).
+    with torch.enable_grad(), intercepting(run_native):
+        outs_n = _as_tuple(forward(requiring_grad([_clone(x) for x in inputs], diff)))
+    skip_out = nondiff_outputs(outs_n) if nondiff_outputs is not None else set()
+    outs_n = tuple(_clone(o) for o in outs_n)
+    out_idx = [i for i, o in enumerate(outs_n) if isinstance(o, torch.Tensor) and o.is_floating_point() and i not in skip_out]
     if not out_idx:
         raise ValueError("the forward returned no float tensor")
 
@@ -208,8 +219,9 @@ def run_check(
 
     out_names = ["out"] if len(outs_n) == 1 else [f"out{i}" for i in range(len(outs_n))]
     forward_cmp = []
-    for i in out_idx:
-        o = outs_n[i]
+    for i, o in enumerate(outs_n):
+        if not (isinstance(o, torch.Tensor) and o.is_floating_point()):
+            continue
         if not allow_non_finite:
             _finite(outs_t[i], f"the ground truth's forward output `{out_names[i]}`", "the forward is not finite on these inputs")
         exp, got = _f64_cpu(outs_t[i]), _f64_cpu(o)  # kept alive while the engine reads them
@@ -247,6 +259,9 @@ def run_check(
             step, what, message = bwd.failure
             failure = (step, what, message, trial)
             break
+        except GradientError as e:
+            failure = (len(bwd.records), "gradients", str(e), trial)
+            break
         tf32b = any(call.kernel.uses_tf32() for _, call, _ in bwd.records)
         # The backward replayed with every float in f64 (the formula verdict).
         replay = None if native else _replay(backward, inputs, diff, cots_n)
@@ -257,12 +272,18 @@ def run_check(
         for i in diff:
             x, g = inputs[i], grads[i]
             gname = f"grad_{input_names[i]}"
+            if g is None and not explicit:
+                continue  # not differentiable by the backward's word, as torch takes a None
             if g is None:
                 g = torch.zeros_like(x)
                 gname = "None"
-            if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(x.shape):
-                shape = tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__
-                failure = (len(bwd.records), "gradients", f"gradient of `{input_names[i]}` has shape {shape}, the input has {tuple(x.shape)}", trial)
+            try:
+                g = conform(g, x, sum(isinstance(a, torch.Tensor) for a in inputs[:i]), who)
+            except GradientError as e:
+                failure = (len(bwd.records), "gradients", str(e), trial)
+                break
+            if not isinstance(g, torch.Tensor):
+                failure = (len(bwd.records), "gradients", f"gradient of `{input_names[i]}` is a {type(g).__name__}, not a tensor", trial)
                 break
             zeros = torch.zeros(x.shape, dtype=torch.float64)
             exp = _f64_cpu(truth[i]) if i in truth else zeros
@@ -291,7 +312,9 @@ def run_check(
         if failure is not None:
             break
     grads_cmp = [best[i] for i in diff if i in best]
-    rep = _native.make_report(name, seed, trials, precision, forward_cmp, grads_cmp, failure, current_executor(), notes, strict)
+    # Inputs the backward gave None in every trial: not differentiable by its word.
+    skipped = [] if failure is not None else [(input_names[i], list(inputs[i].shape), _dt(inputs[i]), "no gradient (None)") for i in diff if i not in best]
+    rep = _native.make_report(name, seed, trials, precision, forward_cmp, grads_cmp, failure, current_executor(), notes, strict, skipped)
     return Report(rep)
 
 
@@ -305,8 +328,9 @@ def _replay(backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: S
     f64 (judged against a limit of f32 stores: the second value, True). None where both fail (the
     calibrated tolerance then judges the gradients, as before the replay existed)."""
     for wide in (torch.float64, torch.float32):
-        ins = [x.detach().to(wide) if i in diff and x.is_floating_point() else _clone(x) for i, x in enumerate(inputs)]
-        cs = [None if c is None else c.detach().to(wide) for c in cots]
+        # Copies: a backward may write its inputs and cotangents in place.
+        ins = [x.detach().to(wide, copy=True) if i in diff and x.is_floating_point() else _clone(x) for i, x in enumerate(inputs)]
+        cs = [None if c is None else c.detach().to(wide, copy=True) for c in cots]
         promoting = PromoteFloats() if wide == torch.float64 else contextlib.nullcontext()
         try:
             with torch.no_grad(), promoting, intercepting(lambda call: call.run(promote=True)):
@@ -323,7 +347,11 @@ def _replayed(replay: tuple[tuple, bool] | None, i: int, x: torch.Tensor) -> tor
     g = replay[0][i]
     if g is None:
         return torch.zeros(x.shape, dtype=torch.float64)
-    if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(x.shape):
+    if not isinstance(g, torch.Tensor):
+        return None
+    try:
+        g = conform(g, x.double(), i, "the replay")
+    except GradientError:
         return None
     return _f64_cpu(g)
 
@@ -351,12 +379,14 @@ class _Truth:
                 ins.append(self.leaves[i].clone())
             else:
                 ins.append(_clone(x))
-        with torch.enable_grad(), intercepting(_truth_launch(native)):
+        # Custom Functions in the forward are differentiated through their forward.
+        with torch.enable_grad(), intercepting(_truth_launch(native)), inlining():
             if native:
                 self.outs = _as_tuple(forward(ins))
             else:
                 with PromoteFloats():
                     self.outs = _as_tuple(forward(ins))
+        refuse_opaque(self.outs)
 
     def grads(self, cots: list[Any], out_idx: list[int]) -> dict[int, torch.Tensor]:
         """The gradient of each differentiable input (by index) for the outputs' cotangents `cots`;
@@ -398,6 +428,37 @@ def _param_names(f: Callable, n: int, skip: int = 0) -> list[str]:
     return [names[i] if i < len(names) else f"input{i}" for i in range(n)]
 
 
+def differentiated(inputs: Sequence[Any], names: Sequence[str], wrt: Sequence[int | str] | None) -> tuple[list[int], bool]:
+    """Which inputs a check differentiates, as PyTorch's rules have it: those named by `wrt`
+    (positions or names), else those that require grad, else every float tensor; and whether the
+    caller said so (then a None gradient is a zero one, as torch takes it, and is compared)."""
+    floats = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    if wrt is not None:
+        picked = [_position(w, names) for w in ([wrt] if isinstance(wrt, (int, str)) else wrt)]
+        bad = [names[i] for i in picked if i not in floats]
+        if bad:
+            raise ValueError(f"wrt names inputs that are not float tensors: {', '.join(bad)}")
+        return sorted(set(picked)), True
+    marked = [i for i in floats if inputs[i].requires_grad]
+    if marked:
+        return marked, True
+    if not floats:
+        raise ValueError("no differentiable input: pass at least one float tensor")
+    return floats, False
+
+
+def _position(w: int | str, names: Sequence[str]) -> int:
+    if isinstance(w, bool) or not isinstance(w, (int, str)):
+        raise ValueError(f"wrt takes input positions or names, not {w!r}")
+    if isinstance(w, int):
+        if not -len(names) <= w < len(names):
+            raise ValueError(f"wrt: no input at position {w} ({len(names)} inputs)")
+        return w % len(names)
+    if w not in names:
+        raise ValueError(f"wrt: no input named `{w}` (inputs: {', '.join(names)})")
+    return names.index(w)
+
+
 def check_backward(
     forward: Callable[..., Any],
     backward: Callable[..., Any],
@@ -412,49 +473,27 @@ def check_backward(
     allow_non_finite: bool = False,
     autotune: int | str = 0,
     strict: bool = False,
+    wrt: Sequence[int | str] | int | str | None = None,
 ) -> Report:
     inputs = list(inputs)
+    names = _param_names(forward, len(inputs))
+    diff, explicit = differentiated(inputs, names, wrt)
+    opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, allow_non_finite=allow_non_finite, strict=strict)
     return each_config(
         autotune,
         name or getattr(forward, "__name__", "check"),
         lambda n: run_check(
             n,
-            _param_names(forward, len(inputs)),
+            names,
             inputs,
             lambda ins: forward(*ins),
             lambda ins, cots: backward(*ins, *[c for c in cots if c is not None]),
-            seed=seed,
-            trials=trials,
-            precision=precision,
-            rtol=rtol,
-            atol=atol,
-            allow_non_finite=allow_non_finite,
-            strict=strict,
+            diff=diff,
+            explicit=explicit,
+            who=f"the backward `{getattr(backward, '__name__', 'backward')}`",
+            **opts,
         ),
     )
-
-
-class FunctionCtx:
-    """The `ctx` of a `torch.autograd.Function` as tilegrad calls it."""
-
-    def __init__(self, needs_input_grad: tuple[bool, ...]) -> None:
-        self.needs_input_grad = needs_input_grad
-        self.saved_tensors: tuple = ()
-        self.dirty: tuple = ()
-        self.non_differentiable: tuple = ()
-        self.materialize_grads = True
-
-    def save_for_backward(self, *tensors: Any) -> None:
-        self.saved_tensors = tensors
-
-    def mark_dirty(self, *tensors: Any) -> None:
-        self.dirty = tensors
-
-    def mark_non_differentiable(self, *tensors: Any) -> None:
-        self.non_differentiable = tensors
-
-    def set_materialize_grads(self, value: bool) -> None:
-        self.materialize_grads = value
 
 
 def check_function(
@@ -468,41 +507,61 @@ def check_function(
     allow_non_finite: bool = False,
     autotune: int | str = 0,
     strict: bool = False,
+    wrt: Sequence[int | str] | int | str | None = None,
     **kwargs: Any,
 ) -> Report:
-    if kwargs:
-        raise TypeError(f"check_function passes positional arguments to {fn.__name__}.forward; unexpected: {', '.join(kwargs)}")
-    args = list(args)
-    needs = tuple(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args)
-
-    def fwd(ins: list[Any]) -> tuple:
-        return _as_tuple(fn.forward(FunctionCtx(needs), *ins))
-
-    def bwd(ins: list[Any], cots: list[Any]) -> Sequence[Any]:
-        ctx = FunctionCtx(needs)
-        with intercepting(_native_run):
-            outs = _as_tuple(fn.forward(ctx, *ins))
-        grads = [c if c is not None else (torch.zeros_like(o) if isinstance(o, torch.Tensor) else None) for c, o in zip(cots, outs)]
-        return _as_tuple(fn.backward(ctx, *grads))
-
+    names, inputs, call = _bind_function(fn, args, kwargs)
+    diff, explicit = differentiated(inputs, names, wrt)
+    backward = apply_under_test(fn, call, _forward_natively)
+    opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, allow_non_finite=allow_non_finite, strict=strict)
     return each_config(
         autotune,
         fn.__name__,
         lambda n: run_check(
             n,
-            _param_names(fn.forward, len(args), skip=1),
-            args,
-            fwd,
-            bwd,
-            seed=seed,
-            trials=trials,
-            precision=precision,
-            rtol=rtol,
-            atol=atol,
-            allow_non_finite=allow_non_finite,
-            strict=strict,
+            names,
+            inputs,
+            call,
+            lambda ins, cots: backward(ins, cots, diff),
+            diff=diff,
+            explicit=explicit,
+            who=f"Function {fn.__name__}Backward",
+            nondiff_outputs=_not_differentiable,
+            **opts,
         ),
     )
+
+
+def _bind_function(fn: type, args: tuple, kwargs: dict) -> tuple[list[str], list[Any], Callable[[list[Any]], Any]]:
+    """The inputs of `fn.apply(*args, **kwargs)`: the positional arguments, then the keyword ones
+    naming positional parameters of `fn.forward`, with their names; and how to call `fn.apply`
+    on such a list as the caller did (keyword arguments stay keywords)."""
+    own_ctx = fn.setup_context is torch.autograd.function._SingleLevelFunction.setup_context
+    skip = 1 if own_ctx else 0
+    try:
+        params = list(inspect.signature(fn.forward).parameters.values())[skip:]
+    except (TypeError, ValueError):
+        params = []
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keys = [k for k in kwargs if k in positional[len(args) :]]
+    rest = {k: v for k, v in kwargs.items() if k not in keys}
+    inputs = list(args) + [kwargs[k] for k in keys]
+    names = _param_names(fn.forward, len(args), skip=skip) + keys
+
+    def call(ins: list[Any]) -> Any:
+        return fn.apply(*ins[: len(args)], **dict(zip(keys, ins[len(args) :])), **rest)
+
+    return names, inputs, call
+
+
+def _not_differentiable(outs: tuple) -> set[int]:
+    """Outputs `apply` left without grad (marked non-differentiable, or not float)."""
+    return {i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and not o.requires_grad}
+
+
+def _forward_natively(forward: Callable[[], Any]) -> Any:
+    with intercepting(_native_run):
+        return forward()
 
 
 def _native_run(call: LaunchCall) -> None:

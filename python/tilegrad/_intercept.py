@@ -108,6 +108,22 @@ def using_backend(backend: str, ground: str = "evaluator"):
         _state.executor = prev
 
 
+def thread_state() -> tuple[Any, Any]:
+    """This thread's launch handler and executor, for work another thread does on its behalf."""
+    return _handler(), current_executor()
+
+
+@contextlib.contextmanager
+def with_thread_state(state: tuple[Any, Any]):
+    """Runs the block with the launch handler and executor of `thread_state()`."""
+    prev = thread_state()
+    _state.handler, _state.executor = state
+    try:
+        yield
+    finally:
+        _state.handler, _state.executor = prev
+
+
 @contextlib.contextmanager
 def intercepting(handler: Callable[[LaunchCall], Any]):
     """Routes every Triton launch in this thread to `handler` while the block runs."""

@@ -138,7 +138,12 @@ pub fn parse(bytes: &[u8]) -> Result<HostTensor, String> {
         body.get(..bytes).ok_or_else(|| format!("{} data bytes for {n} elements of {descr}, need {bytes}", body.len()))
     };
     let (dtype, data) = match descr {
-        "|b1" | "<b1" | "|u1" => (DType::I1, Data::I1(need(1)?.iter().map(|&b| b != 0).collect())),
+        "|b1" | "<b1" => (DType::I1, Data::I1(need(1)?.iter().map(|&b| b != 0).collect())),
+        "|u1" => {
+            return Err("unsupported dtype `|u1` (uint8): tilegrad has no 8-bit integers (read as bool it would lose every value \
+                        above 1); save it as bool or int32 (`a.astype(numpy.int32)`)"
+                .into())
+        }
         "<i4" => (DType::I32, Data::I32(need(4)?.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect())),
         "<i8" => (DType::I64, Data::I64(need(8)?.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect())),
         "<f2" => (DType::F16, Data::F32(need(2)?.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect())),
@@ -191,6 +196,16 @@ mod tests {
         let at = b.windows(5).position(|w| w == b"False").unwrap();
         b[at..at + 5].copy_from_slice(b"True ");
         assert!(parse(&b).unwrap_err().contains("Fortran"));
+    }
+
+    #[test]
+    fn uint8_is_refused_not_read_as_bool() {
+        let mut b = b"\x93NUMPY\x01\x00v\x00{'descr': '|u1', 'fortran_order': False, 'shape': (4,), }".to_vec();
+        b.resize(10 + 0x76 - 1, b' ');
+        b.push(b'\n');
+        b.extend_from_slice(&[0, 1, 2, 255]);
+        let e = parse(&b).unwrap_err();
+        assert!(e.contains("|u1") && e.contains("int32"), "{e}");
     }
 
     #[test]

@@ -154,6 +154,37 @@ fn uniform_bounds_that_are_infinite_or_overflow_the_width() {
 }
 
 #[test]
+fn uniform_bounds_past_the_dtypes_range_are_refused_not_drawn_as_infinity() {
+    for (dtype, bounds) in [("f32", "uniform(-1e39, 1e39)"), ("f16", "uniform(0, 70000)"), ("f32", "uniform(-1e308, 1e308)")] {
+        let spec = variant(
+            "x = { shape = [\"n\"], init = \"uniform(-2, 2)\" }",
+            &format!("x = {{ shape = [\"n\"], dtype = \"{dtype}\", init = \"{bounds}\" }}"),
+        );
+        let p = write("dtype-range", spec.as_bytes(), KERNELS.as_bytes());
+        for cmd in ["check", "run", "grad"] {
+            let out = ["--out", env!("CARGO_TARGET_TMPDIR")];
+            let args: Vec<&str> =
+                [cmd, p.to_str().unwrap()].into_iter().chain(if cmd == "check" { &[][..] } else { &out[..] }.iter().copied()).collect();
+            let (code, err) = tilegrad(&args);
+            assert_eq!(code, 2, "{cmd} {bounds}: {err}");
+            assert!(err.contains("inputs.x.init") && err.contains("round to infinity"), "{cmd} {bounds}: {err}");
+        }
+    }
+}
+
+#[test]
+fn trial_counts_of_zero_or_past_the_limit_are_refused_by_every_command() {
+    let p = write("trials", SPEC.as_bytes(), KERNELS.as_bytes());
+    for cmd in ["check", "gradcheck"] {
+        for (trials, expect) in [("0", "at least one cotangent trial"), ("18446744073709551615", "at most 100000")] {
+            let (code, err) = tilegrad(&[cmd, p.to_str().unwrap(), "--trials", trials]);
+            assert_eq!(code, 2, "{cmd} --trials {trials}: {err}");
+            assert!(err.contains(expect), "{cmd} --trials {trials}: {err}");
+        }
+    }
+}
+
+#[test]
 fn oversized_tensors_say_what_was_asked_and_what_is_available() {
     for (from, to, key) in [
         ("x = { shape = [\"n\"]", "x = { shape = [1000000000000]", "inputs.x.shape"),

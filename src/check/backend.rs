@@ -22,6 +22,8 @@ pub struct Executor {
     ordered_vjp: bool,
     /// Bytes a VJP kernel's launch may take ([`Executor::vjp_memory`]).
     vjp_memory: Option<u64>,
+    /// Why `--backend auto` runs on the CPU.
+    fallback: Option<String>,
     log: Mutex<Log>,
 }
 
@@ -37,19 +39,26 @@ struct Log {
 impl Executor {
     /// The reference interpreter only.
     pub fn cpu() -> Executor {
-        Executor { gpu: None, compare: false, ordered_vjp: false, vjp_memory: None, log: Mutex::default() }
+        Executor { gpu: None, compare: false, ordered_vjp: false, vjp_memory: None, fallback: None, log: Mutex::default() }
     }
 
     /// The executor of a backend choice: `Gpu` fails when no GPU is usable, `Auto` then uses the
     /// CPU.
     pub fn new(backend: Backend) -> Result<Executor, CheckError> {
+        let mut fallback = None;
         let gpu = match backend {
             Backend::Cpu => None,
-            // `Auto` uses the CPU where the GPU's context cannot be created either.
-            Backend::Auto => gpu().ok().filter(|g| g.ready().is_ok()),
+            // `Auto` uses the CPU where the GPU's context cannot be created either, and says why.
+            Backend::Auto => match gpu().and_then(|g| g.ready().map(|_| g).map_err(|e| e.to_string())) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    fallback = Some(e.to_string());
+                    None
+                }
+            },
             Backend::Gpu | Backend::Compare => Some(gpu().map_err(|e| CheckError::Unsupported(format!("--backend gpu: {e}")))?),
         };
-        Ok(Executor { gpu, compare: backend == Backend::Compare, ordered_vjp: false, vjp_memory: None, log: Mutex::default() })
+        Ok(Executor { gpu, compare: backend == Backend::Compare, ordered_vjp: false, vjp_memory: None, fallback, log: Mutex::default() })
     }
 
     /// VJP kernels add their float atomics in program order on the GPU too, as the reference
@@ -162,7 +171,12 @@ impl Executor {
 
     /// Where launches ran, for the report: `cpu`, or the GPU and the launches it passed on.
     pub fn describe(&self) -> String {
-        let Some(g) = &self.gpu else { return "cpu".into() };
+        let Some(g) = &self.gpu else {
+            return match &self.fallback {
+                Some(why) => format!("cpu (--backend auto: {why})"),
+                None => "cpu".into(),
+            };
+        };
         let log = self.log.lock().expect("executor log");
         let whys = |list: &[(String, String)]| {
             let mut whys: Vec<String> = Vec::new();

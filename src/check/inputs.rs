@@ -189,6 +189,15 @@ pub(crate) fn check_dist(dtype: DType, dist: Dist) -> Result<Option<(i64, i64)>,
         if !(lo.is_finite() && hi.is_finite()) {
             return Err(format!("uniform({lo}, {hi}): the bounds must be finite"));
         }
+        let max = match dtype {
+            DType::F16 => f64::from(half::f16::MAX),
+            DType::BF16 => f64::from(half::bf16::MAX),
+            DType::F32 => f64::from(f32::MAX),
+            _ => f64::MAX,
+        };
+        if dtype.is_float() && (lo.abs() > max || hi.abs() > max) {
+            return Err(format!("uniform({lo:e}, {hi:e}): {dtype} holds values up to {max:e}; draws past it would round to infinity"));
+        }
     }
     let empty = match dist {
         Dist::RandInt { lo, hi } => lo >= hi,

@@ -342,6 +342,21 @@ impl Default for CheckOptions {
     }
 }
 
+/// The most cotangent trials a check or gradcheck runs: each redraws every cotangent and reruns
+/// the ground truth and the backward; past this many a typo is likelier than a plan.
+pub const MAX_TRIALS: usize = 100_000;
+
+/// At least one trial, at most [`MAX_TRIALS`].
+pub(crate) fn check_trials(trials: usize) -> Result<(), CheckError> {
+    match trials {
+        0 => Err(CheckError::Spec("at least one cotangent trial is needed (trials = 0)".into())),
+        t if t > MAX_TRIALS => Err(CheckError::Spec(format!(
+            "{t} trials: at most {MAX_TRIALS} (each redraws the cotangents and reruns the ground truth and the backward)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Checks `bwd` against the ground-truth gradient of `fwd` on `inputs`.
 pub fn check_backward(fwd: &Forward, bwd: &Backward, inputs: &Inputs, opts: &CheckOptions) -> Result<Report, CheckError> {
     check_backward_with(fwd, bwd, inputs, opts, "check", &mut |_, _, _| {})
@@ -357,9 +372,7 @@ pub fn check_backward_with(
     name: &str,
     progress: &mut dyn FnMut(&str, usize, usize),
 ) -> Result<Report, CheckError> {
-    if opts.trials == 0 {
-        return Err(CheckError::Spec("at least one cotangent trial is needed".into()));
-    }
+    check_trials(opts.trials)?;
     validate_backward(fwd, bwd)?;
     let bwd_tf32 = uses_tf32(&bwd.steps);
     let fwd_tf32 = uses_tf32(&fwd.steps);

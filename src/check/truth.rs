@@ -302,6 +302,7 @@ impl fmt::Display for GradcheckReport {
 /// Checks the ground truth of `fwd` (in f64) against central finite differences of the whole
 /// forward, promoted to f64, along `opts.trials` random directions.
 pub fn gradcheck(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, name: &str) -> Result<GradcheckReport, CheckError> {
+    super::check_trials(opts.trials)?;
     let opts = CheckOptions { precision: Precision::F64, ..opts.clone() };
     let exec = Executor::new(opts.backend)?.deterministic(opts.deterministic).vjp_memory(opts.vjp_memory);
     let p = prepare(fwd, inputs, &opts, false, &exec)?;
@@ -325,7 +326,7 @@ pub fn gradcheck(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, name: &str
     let rel_step = 1e-6;
     let tolerance = 1e-6;
     let mut trials = Vec::new();
-    for _ in 0..opts.trials.max(1) {
+    for _ in 0..opts.trials {
         let mut dirs = Vec::new();
         for d in &fwd.differentiable {
             let t = p.drawn.tensor(d).expect("validated");

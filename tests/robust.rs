@@ -317,4 +317,12 @@ fn deep_triton_expressions_exit_2_with_the_line() {
     let s = load(&write("long-py", SPEC.as_bytes(), py.as_bytes())).unwrap();
     let r = tilegrad::check_backward(&s.forward, s.backward.as_ref().unwrap(), &s.inputs, &s.options).unwrap();
     assert!(r.passed, "{r}");
+    // A 150,000-term sum at module level, outside every kernel: too deep to read (its syntax
+    // tree is walked and dropped recursively), refused with its line, not a stack overflow.
+    let chain = vec!["1"; 150_000].join(" + ");
+    let py = format!("ACC = {chain}\n{KERNELS}");
+    let p = write("chain-module", SPEC.as_bytes(), py.as_bytes());
+    let e = load(&p).unwrap_err();
+    assert!(e.message.contains("k.py:1:7") && e.message.contains("nested deeper than 20000 levels"), "{e}");
+    cli_rejects(&p, "nested deeper than 20000 levels");
 }

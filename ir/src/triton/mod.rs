@@ -77,6 +77,7 @@ mod errors;
 mod facts;
 mod globals;
 mod imports;
+mod nesting;
 mod random;
 mod scan;
 #[cfg(test)]
@@ -365,7 +366,25 @@ pub fn autotune_configs(source: &str, file: &str, kernel: &str) -> Result<Vec<Ve
 
 pub(crate) fn parse(source: &str, lines: &Lines) -> Result<Vec<Stmt>, IrError> {
     match ruff_python_parser::parse_module(source) {
-        Ok(p) => Ok(p.into_suite().into_iter().collect()),
+        Ok(p) => {
+            let suite: Vec<Stmt> = p.into_suite().into_iter().collect();
+            let Some(at) = nesting::too_deep(&suite) else { return Ok(suite) };
+            // Dropping the tree recurses as deep as it nests: it is left to the process's end.
+            std::mem::forget(suite);
+            let (line, col) = lines.line_col(at);
+            Err(IrError::Parse {
+                file: lines_file(lines),
+                error: ParseError {
+                    line,
+                    col,
+                    message: format!(
+                        "code nested deeper than {} levels (a chain of that many operators counts as that deep): too deep to \
+                         read, as for CPython's compiler",
+                        nesting::MAX_NESTING
+                    ),
+                },
+            })
+        }
         Err(e) => {
             let (line, col) = lines.line_col(e.location.start().to_u32());
             Err(IrError::Parse {

@@ -23,10 +23,10 @@ import torch
 
 from . import _native
 from ._intercept import LaunchCall, _is_descriptor, current_executor, intercepting
-from ._memory import torch_flat
 from ._modes import PoisonEmpty, PromoteFloats
 from ._configs import each_config
 from ._report import Report, non_finite
+from . import _blame as _blame_mod
 
 _COT_SEED_MIX = 0x9E3779B97F4A7C15
 
@@ -131,30 +131,29 @@ def _clone(x: Any) -> Any:
     return x.detach().clone() if isinstance(x, torch.Tensor) else x
 
 
-def _blame(g: torch.Tensor, worst: int, bwd: _Backward, poison: PoisonEmpty, name: str) -> tuple[list[str], list[Any]]:
-    """Who wrote element `worst` (row-major) of the gradient `g` the backward returned."""
+def _blame(c: Any, g: torch.Tensor, worst: int, values: tuple[float, float], first: tuple[_Backward, PoisonEmpty], again: Callable[[], Any]) -> None:
+    """Attaches to comparison `c` who computed element `worst` (row-major) of the gradient `g`
+    the backward returned: the backward is run again recorded (`again()`: the gradient as it
+    returns it), and the element followed through host ops to the launches that wrote what it
+    came from (the CLI's blame and data flow). Where the run cannot be recorded, the first run's
+    writers of the element itself."""
+    e = _blame_mod.explain(again, worst, values)
+    if e is not None:
+        c.attach(e.blames, e.via, e.sites)
+        return
+    bwd, poison = first
     idx = _native.unravel(worst, list(g.shape))
     elem = g.storage_offset() + sum(i * s for i, s in zip(idx, g.stride()))
     key = ("torch", str(g.device), g.untyped_storage().data_ptr())
     for step, call, rec in reversed(bwd.records):
         for m, s in enumerate(call.storages.items):
-            if s.key == key:
-                site = rec.site(m, elem, step)
-                if site is not None:
-                    return [], [site]
-    # Not written by a kernel: an allocation the backward never filled, or host code.
+            site = rec.site(m, elem, step) if s.key == key else None
+            if site is not None:
+                c.set_blame([], [site])
+                return
     if key in poison.allocations:
         desc, _ = poison.allocations[key]
-        return [], [_native.Site.never_written(f"{name} ({desc})", list(idx), 1, "NaN")]
-    for akey, (desc, t) in poison.allocations.items():
-        flat = torch_flat(t)
-        nan = torch.isnan(flat)
-        n = int(nan.sum())
-        if n:
-            first = int(nan.nonzero()[0, 0]) - t.storage_offset()
-            index = _native.unravel(max(first, 0), list(t.shape)) if t.dim() else []
-            return [f"host code from the tensor allocated by {desc}"], [_native.Site.never_written(desc, index, n, "NaN")]
-    return [], []
+        c.set_blame([], [_native.Site.never_written(f"grad ({desc})", list(idx), 1, "NaN")])
 
 
 def run_check(
@@ -282,15 +281,22 @@ def run_check(
                 None if noisy is None else noisy.data_ptr(), None if r64 is None else r64.data_ptr(), cot_rms,
             )
             if i not in best or c.badness > best[i].badness:
-                if c.worst_index is not None and not c.passed:
-                    via, sites = _blame(g, c.worst_index, bwd, poison, gname)
-                    c.set_blame(via, sites)
+                if c.worst_index is not None and not c.passed and grads[i] is not None:
+                    w = c.worst_index
+                    values = (float(exp.reshape(-1)[w]), float(got.reshape(-1)[w]))
+                    again = _rerun(backward, inputs, cots_n, i)
+                    _blame(c, g, w, values, (bwd, poison), again)
                 best[i] = c
         if failure is not None:
             break
     grads_cmp = [best[i] for i in diff if i in best]
     rep = _native.make_report(name, seed, trials, precision, forward_cmp, grads_cmp, failure, current_executor(), notes, strict)
     return Report(rep)
+
+
+def _rerun(backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: Sequence[Any], cots: list[Any], i: int) -> Callable[[], Any]:
+    """The backward run again on the same inputs and cotangents: its gradient of input `i`."""
+    return lambda: _as_tuple(backward([_clone(x) for x in inputs], [_clone(c) for c in cots]))[i]
 
 
 def _replay(backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: Sequence[Any], diff: list[int], cots: list[Any]) -> tuple | None:

@@ -430,7 +430,7 @@ fn launch(
     let result = py.allow_threads(|| -> Result<Result<_, ExecError>, String> {
         let mut mem = call.memory(promote)?;
         let poison = if poison { tilegrad_reference::POISON_ALL } else { 0 };
-        let opts = Options { poison_masked_loads: poison, record_writers: record, ..Options::default() };
+        let opts = Options { poison_masked_loads: poison, record_writers: record || snapshot, ..Options::default() };
         let l = call.launch(opts.clone());
         let cpu = Executor::cpu();
         let exec = executor.map_or(&cpu, |e| &e.0);
@@ -440,7 +440,12 @@ fn launch(
             Err(e) => return Ok(Err(e)),
         };
         let snap = match (&before, snapshot) {
-            (Some(b), true) => Some(Snapshot { args: call.args.clone(), options: Options { record_writers: false, ..opts }, before: b.clone(), after: mem.clone() }),
+            (Some(b), true) => Some(Snapshot {
+                args: call.args.clone(),
+                options: Options { record_writers: false, ..opts },
+                before: b.clone(),
+                after: mem.clone(),
+            }),
             _ => None,
         };
         let noted = match (pass, &before, &notes) {
@@ -588,7 +593,12 @@ impl PyPass {
             .enumerate()
             .map(|(i, (name, kind))| {
                 let id = TensorId(i as u32);
-                Ok(RecordedTensor { name, alloc: alloc_kind(&kind)?, before: snap.before.get(id).clone(), after: snap.after.get(id).clone() })
+                Ok(RecordedTensor {
+                    name,
+                    alloc: alloc_kind(&kind)?,
+                    before: snap.before.get(id).clone(),
+                    after: snap.after.get(id).clone(),
+                })
             })
             .collect::<PyResult<_>>()?;
         Ok(self.0.push(RecordedLaunch {
@@ -667,7 +677,9 @@ impl Comparison {
     fn attach(&mut self, blames: Vec<PyRef<'_, PyBlame>>, via: Vec<String>, sites: Vec<Site>) {
         let Some(w) = self.report.worst.as_mut() else { return };
         let mut b = Blame { via: Vec::new(), sites: Vec::new(), slice: None };
-        for one in blames.iter().map(|p| &p.0).chain(std::iter::once(&Blame { via, sites: sites.into_iter().map(|s| s.0).collect(), slice: None })) {
+        for one in
+            blames.iter().map(|p| &p.0).chain(std::iter::once(&Blame { via, sites: sites.into_iter().map(|s| s.0).collect(), slice: None }))
+        {
             for v in &one.via {
                 if !b.via.contains(v) {
                     b.via.push(v.clone());

@@ -128,3 +128,107 @@ impl RecordedPass {
         blame_elements(&trace, &self.env, &[], tensor, elements, via, values)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::report::BlameSite;
+    use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
+    use tilegrad_ir::DType;
+    use tilegrad_reference::{Launch, Memory};
+
+    const SRC: &str = "
+@triton.jit
+def double(X, T, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(X + offs, mask=mask)
+    t = x * 2.0
+    tl.store(T + offs, t, mask=mask)
+
+@triton.jit
+def shift(T, Z, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(Z + offs, tl.load(T + offs, mask=mask) + 1.0, mask=mask)
+";
+
+    fn kernel(name: &str) -> Arc<Kernel> {
+        let opts = ConvertOptions {
+            constexprs: vec![("BLOCK".into(), ConstValue::Int(4))],
+            pointer_dtypes: ["X", "T", "Z"].iter().map(|p| (p.to_string(), DType::F32)).collect(),
+            ..ConvertOptions::default()
+        };
+        Arc::new(convert(SRC, "k.py", name, &opts).expect("the test kernel converts"))
+    }
+
+    /// Runs `name` on `(names, contents)` with writers recorded and pushes it; its step and
+    /// the contents after.
+    fn run(pass: &mut RecordedPass, name: &str, tensors: [(&str, HostTensor); 2]) -> (usize, Vec<HostTensor>) {
+        let k = kernel(name);
+        let mut mem = Memory::new();
+        for (n, t) in &tensors {
+            mem.add(n, t.clone());
+        }
+        let before = mem.clone();
+        let options = Options { record_writers: true, ..Options::default() };
+        let params: Vec<String> = k.params.iter().take(2).map(|p| p.name.clone()).collect();
+        let args: Vec<(String, Arg)> = vec![
+            (params[0].clone(), Arg::Tensor(TensorId(0))),
+            (params[1].clone(), Arg::Tensor(TensorId(1))),
+            ("n".into(), Arg::Scalar(tilegrad_ir::Lit::Int(10))),
+        ];
+        let mut l = Launch::new(&k, Grid([3, 1, 1])).options(options.clone());
+        for (n, a) in &args {
+            l = l.arg(n, *a);
+        }
+        let summary = l.run(&mut mem).expect("the test launch runs");
+        let recorded = (0..2)
+            .map(|i| RecordedTensor {
+                name: tensors[i].0.to_string(),
+                alloc: None,
+                before: before.get(TensorId(i as u32)).clone(),
+                after: mem.get(TensorId(i as u32)).clone(),
+            })
+            .collect();
+        let step = pass.push(RecordedLaunch {
+            kernel: k.clone(),
+            grid: Grid([3, 1, 1]),
+            args,
+            options,
+            tensors: recorded,
+            writers: summary.writers,
+        });
+        (step, (0..2).map(|i| mem.get(TensorId(i)).clone()).collect())
+    }
+
+    fn store_line(b: &Blame) -> Option<(usize, String)> {
+        b.sites.iter().find_map(|s| match s {
+            BlameSite::Store { step, loc, .. } => Some((*step, loc.split(':').nth(1)?.to_string())),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn blame_follows_loads_into_earlier_launches_and_stops_at_the_step_given() {
+        let x = HostTensor::from_f32(&[10], (0..10).map(|i| i as f32).collect());
+        let z = HostTensor::zeros(DType::F32, &[10]);
+        let mut pass = RecordedPass::new();
+        let (s0, after) = run(&mut pass, "double", [("x", x), ("t", z.clone())]);
+        let (s1, _) = run(&mut pass, "shift", [("t", after[1].clone()), ("z", z.clone())]);
+        // A later launch writes `t` again: blame of `t` as of step 0 is still `double`'s.
+        run(&mut pass, "shift", [("z", z.clone()), ("t", after[1].clone())]);
+        assert_eq!((s0, s1, pass.len()), (0, 1, 3));
+
+        let b = pass.blame(s1, "z", &[5], Vec::new(), Some((11.0, 12.0)));
+        assert_eq!(store_line(&b), Some((1, "14".into())), "{b}");
+        let slice = b.slice.as_ref().expect("a data-flow slice");
+        assert!(slice.lines.iter().any(|l| l.step == 0 && l.loc.starts_with("k.py:7:")), "{b}");
+
+        let b = pass.blame(s0, "t", &[5, 6], vec!["`w = t.sum()`".into()], None);
+        assert_eq!(store_line(&b), Some((0, "8".into())), "{b}");
+        assert_eq!(b.via, vec!["`w = t.sum()`".to_string()]);
+        let b = pass.blame(2, "t", &[5], Vec::new(), None);
+        assert_eq!(store_line(&b), Some((2, "14".into())), "{b}");
+    }
+}

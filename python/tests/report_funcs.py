@@ -138,7 +138,7 @@ class RowNormBadHost(RowNorm):
 def _scale_fwd(X, Y, n, s, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    tl.store(Y + offs, tl.load(X + offs, mask=mask) * s, mask=mask)
+    tl.store(Y + offs, tl.load(X + offs, mask=mask) * s, mask=mask)  # STORE: scaled
 
 
 @triton.jit
@@ -182,6 +182,18 @@ class TripleBadKernel(Triple):
         dummy = torch.empty(1, dtype=torch.float32, device=dy.device)  # noqa: F841
         dx = torch.empty_like(dy)
         _scale_bwd[(triton.cdiv(dy.numel(), 128),)](dy, dx, dy.numel(), 3.0, BLOCK=128)
+        return dx
+
+
+class TripleInPlace(Triple):
+    """The gradient by a kernel, then scaled in place on the host."""
+
+    @staticmethod
+    def backward(ctx, dy):
+        dx = torch.empty_like(dy)
+        _scale_fwd[(triton.cdiv(dy.numel(), 128),)](dy, dx, dy.numel(), 1.0, BLOCK=128)
+        dx.mul_(3.0)
+        dx[7:11] += 1.0  # BUG: in place: a slice shifted
         return dx
 
 

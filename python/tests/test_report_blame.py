@@ -80,7 +80,7 @@ def test_wrong_host_line_is_named_first():
     text = str(r)
     bug = line_of("# BUG: host: the sum doubled")
     vias = via(text, "grad_w")
-    assert vias and at(bug) in vias[0] and "torch `mul`" in vias[0], text
+    assert vias and at(bug) in vias[0] and "(torch `mul`, `sum`): from `part`[:, 62]" in vias[0], text
     # Followed on to the kernel that wrote the partial rows, which is not at fault.
     assert "written by `store`" in text and "_row_norm_bwd" in text, text
 
@@ -118,6 +118,17 @@ def test_kernel_gradient_is_not_blamed_on_an_unused_empty():
     bug = line_of("# BUG: kernel: a constant added")
     assert f"written by `store` at {F.__file__}:{bug}:" in text, text
     assert "empty at" not in text and "never written" not in text, text
+
+
+def test_in_place_host_steps_are_followed_to_the_kernel():
+    r = tilegrad.check_function(F.TripleInPlace, torch.randn(300, generator=torch.Generator().manual_seed(5)))
+    assert not r.passed
+    text = str(r)
+    bug = line_of("# BUG: in place: a slice shifted")
+    vias = via(text, "grad_x")
+    assert len(vias) == 2 and at(bug) in vias[0] and "dx.mul_(3.0)" in vias[1], text
+    assert "(torch `__setitem__`, `add_`): from `dx (a view)`[2]" in vias[0], text
+    assert f"written by `store` at {F.__file__}:{line_of('# STORE: scaled')}:" in text, text
 
 
 def test_none_gradient_is_not_blamed_on_an_unused_empty():

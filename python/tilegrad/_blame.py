@@ -104,9 +104,16 @@ class _Alloc:
     where: str
 
 
+def _package_dir(name: str) -> str | None:
+    mod = sys.modules.get(name)
+    f = getattr(mod, "__file__", None)
+    return os.path.dirname(os.path.abspath(f)) if f else None
+
+
 def _user_frame(frame: Any) -> Any:
     """The innermost frame from `frame` out that is not torch's; None when that frame is
     tilegrad's or Triton's (the check's own torch calls)."""
+    triton = _package_dir("triton")
     while frame is not None:
         f = frame.f_code.co_filename
         if f.startswith("<") and "frozen" in f:
@@ -116,7 +123,7 @@ def _user_frame(frame: Any) -> Any:
         if af.startswith(_TORCH + os.sep):
             frame = frame.f_back
             continue
-        if af.startswith(_PKG + os.sep) or f"{os.sep}triton{os.sep}" in af:
+        if af.startswith(_PKG + os.sep) or (triton is not None and af.startswith(triton + os.sep)):
             return None
         return frame
     return None
@@ -155,6 +162,15 @@ def _snapshot(x: Any) -> Any:
     return x
 
 
+def _local_name(t: torch.Tensor, local: list[tuple[str, Any]]) -> str | None:
+    """The calling frame's name of `t`, or `name (a view)` of a local `t` views."""
+    name = next((k for k, v in local if v is t), None)
+    if name is None:
+        key = storage_key(t)
+        name = next((f"{k} (a view)" for k, v in local if isinstance(v, torch.Tensor) and storage_key(v) == key), None)
+    return name
+
+
 class HostTrace(TorchFunctionMode):
     """Notes each torch op the user's code calls that makes or writes a tensor, in order with
     the launches (`events`, shared with the launch handler)."""
@@ -191,7 +207,7 @@ class HostTrace(TorchFunctionMode):
         in_keys = {storage_key(t) for t in ins}
         text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
         local = list(frame.f_locals.items())
-        names = [next((k for k, v in local if v is t), None) for t in ins]
+        names = [_local_name(t, local) for t in ins]
         for j, o in enumerate(outs):
             if not inplace and storage_key(o) in in_keys:
                 continue  # a view of an input: it writes nothing
@@ -237,6 +253,27 @@ class Recording:
             return backward()
 
 
+# A host step on the way to a blamed element: (source line, file:line, op, what it read).
+_Via = tuple[str, str, str, str]
+
+
+def _lines(via: list[_Via]) -> list[str]:
+    """The report's "via" lines of host steps, consecutive ops of one source line merged."""
+    merged: list[list[Any]] = []
+    for text, where, op, read in via:
+        if merged and merged[-1][:2] == [text, where]:
+            merged[-1][2].append(op)
+            merged[-1][3] = read
+        else:
+            merged.append([text, where, [op], read])
+    out = []
+    for text, where, ops, read in merged:
+        o = ", ".join(f"`{x}`" for x in ops)
+        head = f"`{text}` at {where} (torch {o})" if text else f"torch {o} at {where}"
+        out.append(f"{head}: from {read}" if read else head)
+    return out
+
+
 class Explainer:
     """Follows one element of a recorded backward's result back to what computed it."""
 
@@ -250,7 +287,7 @@ class Explainer:
     def element(self, g: torch.Tensor, flat: int) -> None:
         self.follow(storage_key(g), storage_elements(g, [flat]), len(self.rec.events), [], 0, "the gradient")
 
-    def follow(self, key: tuple, elems: list[int], before: int, via: list[str], depth: int, label: str) -> None:
+    def follow(self, key: tuple, elems: list[int], before: int, via: list[_Via], depth: int, label: str) -> None:
         """Blames storage elements `elems` of the storage `key` as they were before event
         `before`, reached through the host steps `via`; `label` names the tensor there."""
         elems = list(dict.fromkeys(elems))[:_MAX_ELEMENTS]
@@ -269,7 +306,10 @@ class Explainer:
                     elems = [e for e in elems if e not in pos]
         if elems and depth <= _MAX_DEPTH:
             self.sites.append(_native.Site.given(self.rec.names.get(key, label)))
-            self.via.extend(v for v in via if v not in self.via)
+            self._via(via)
+
+    def _via(self, via: list[_Via]) -> None:
+        self.via.extend(v for v in _lines(via) if v not in self.via)
 
     def _made_by(self, x: torch.Tensor, before: int) -> str | None:
         """`sum(...)`: what made the unnamed tensor `x` (a host op's result used directly)."""
@@ -278,7 +318,7 @@ class Explainer:
                 return f"{ev.name}(...)"
         return None
 
-    def _launch(self, ev: _Launch, key: tuple, elems: list[int], via: list[str]) -> list[int]:
+    def _launch(self, ev: _Launch, key: tuple, elems: list[int], via: list[_Via]) -> list[int]:
         m = next((i for i, s in enumerate(ev.call.storages.items) if s.key == key), None)
         if m is None:
             return elems
@@ -287,31 +327,30 @@ class Explainer:
         if hit:
             name = self.rec.names[key]
             exp, got = self.values if self.values is not None else (None, None)
-            self.blames.append(self.rec.native.blame(ev.step, name, hit, via, None if via else exp, got))
+            self.blames.append(self.rec.native.blame(ev.step, name, hit, _lines(via), None if via else exp, got))
         return [e for e, w in zip(elems, wrote) if not w]
 
-    def _unwritten(self, t: torch.Tensor, flat: list[int], desc: str, init: str, via: list[str]) -> None:
+    def _unwritten(self, t: torch.Tensor, flat: list[int], desc: str, init: str, via: list[_Via]) -> None:
         index = _native.unravel(flat[0], list(t.shape)) if t.dim() else []
         name = f"tensor{desc}"
         self.sites.append(_native.Site.never_written(name, index, len(flat), init))
-        self.via.extend(v for v in via if v not in self.via)
+        self._via(via)
 
-    def _host(self, ev: _HostOp, seq: int, elems: list[int], via: list[str], depth: int) -> list[int]:
+    def _host(self, ev: _HostOp, seq: int, elems: list[int], via: list[_Via], depth: int) -> list[int]:
         pos = _positions(ev.out, elems)
         if not pos:
             return elems
-        line = f"`{ev.text}` at {ev.where} (torch `{ev.name}`)"
         deps = [(j, flat) for j, flat in _dependencies(ev, sorted(pos.values())) if flat]
         followed = False
         for j, flat in deps:
             x = ev.inputs[j]
             xname = ev.names[j] or self._made_by(x, seq) or f"input {j}"
-            step = via if ev.name in _COPIES and len(deps) == 1 else via + [f"{line}: from `{xname}`{_index_text(x, flat)}"]
+            step = via if ev.name in _COPIES and len(deps) == 1 else via + [(ev.text, ev.where, ev.name, f"`{xname}`{_index_text(x, flat)}")]
             self.follow(storage_key(x), storage_elements(x, flat), seq, step, depth + 1, xname)
             followed = True
         if not followed:
             # Computed from no float tensor (a constant, integers): the host line is the origin.
-            self.via.extend(v for v in via + [line] if v not in self.via)
+            self._via(via + [(ev.text, ev.where, ev.name, "")])
         return [e for e in elems if e not in pos]
 
 
@@ -347,8 +386,8 @@ def _dependencies(ev: _HostOp, out_flat: list[int]) -> list[tuple[int, list[int]
             args = swap(ev.args)
             res = ev.func(*args, **{k: swap(v) for k, v in ev.kwargs.items()})
             out = args[0] if res is None else _tensors(res)[ev.out_index]
-            picked = out.reshape(-1)[torch.tensor(out_flat)]
-            cot = torch.linspace(1.0, 2.0, len(out_flat), dtype=picked.dtype)
+            picked = out.reshape(-1)[torch.tensor(out_flat, device=out.device)]
+            cot = torch.linspace(1.0, 2.0, len(out_flat), dtype=picked.dtype, device=picked.device)
             grads = torch.autograd.grad((picked * cot).sum(), [leaves[id(t)] for _, t in ins], allow_unused=True)
     except Exception:  # noqa: BLE001 - an op that cannot be differentiated: follow the same elements
         return [(j, out_flat) for j, t in ins if t.numel() == ev.out.numel()]

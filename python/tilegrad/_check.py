@@ -221,6 +221,7 @@ def run_check(
     noise_grads: tuple[int, dict[int, torch.Tensor]] = (-1, {})
     gen = torch.Generator().manual_seed((seed ^ _COT_SEED_MIX) & 0x7FFFFFFFFFFFFFFF)
     best: dict[int, Any] = {}
+    blame: dict[int, tuple] = {}  # what explaining each gradient's worst element needs
     failure = None
     for trial in range(trials):
         cots_n = []
@@ -281,14 +282,16 @@ def run_check(
                 None if noisy is None else noisy.data_ptr(), None if r64 is None else r64.data_ptr(), cot_rms,
             )
             if i not in best or c.badness > best[i].badness:
+                blame.pop(i, None)
                 if c.worst_index is not None and not c.passed and grads[i] is not None:
                     w = c.worst_index
                     values = (float(exp.reshape(-1)[w]), float(got.reshape(-1)[w]))
-                    again = _rerun(backward, inputs, cots_n, i)
-                    _blame(c, g, w, values, (bwd, poison), again)
+                    blame[i] = (c, g, w, values, (bwd, poison), _rerun(backward, inputs, cots_n, i))
                 best[i] = c
         if failure is not None:
             break
+    for args in blame.values():
+        _blame(*args)
     grads_cmp = [best[i] for i in diff if i in best]
     rep = _native.make_report(name, seed, trials, precision, forward_cmp, grads_cmp, failure, current_executor(), notes, strict)
     return Report(rep)

@@ -166,8 +166,11 @@ def _local_name(t: torch.Tensor, local: list[tuple[str, Any]]) -> str | None:
     """The calling frame's name of `t`, or `name (a view)` of a local `t` views."""
     name = next((k for k, v in local if v is t), None)
     if name is None:
-        key = storage_key(t)
-        name = next((f"{k} (a view)" for k, v in local if isinstance(v, torch.Tensor) and storage_key(v) == key), None)
+        try:
+            key = storage_key(t)
+            name = next((f"{k} (a view)" for k, v in local if isinstance(v, torch.Tensor) and storage_key(v) == key), None)
+        except (RuntimeError, NotImplementedError):  # a tensor without a storage
+            return None
     return name
 
 

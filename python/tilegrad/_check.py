@@ -11,7 +11,9 @@ A check runs the user's code three ways:
    launch's results depend on, since Triton documents those lanes as undefined), its
    `torch.empty*` allocations starting as NaN, and who wrote every element recorded for blame.
 
-Gradients are compared with the CLI's tolerances and the report is the CLI's.
+Gradients are compared with the CLI's tolerances and the report is the CLI's: the worst element of
+a failing gradient is explained by running the backward once more, recorded (`_blame`), through
+the user's host code to the kernel lines it was computed through.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ then followed back from the returned tensor: through host ops (each one a "via" 
 user's source line, its input elements found by differentiating the op alone), to the launch
 that wrote each element it came from, whose stores and data flow follow. Only the tensors the
 element was actually computed from are blamed; an unrelated allocation is never.
+
+Storages are named by their address: every tensor the recording notes (the launches' storages,
+each host op's inputs and result) is held until the explanation is done, so the allocator cannot
+hand an address noted for one tensor to another in the meantime.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
 use std::sync::Arc;
 use tilegrad::check::{
-    calibration, compare as compare_tensors, compare_by, unravel, verdict, Backend, Blame, BlameSite, Executor, Failure, Finding, Report,
-    TensorReport, Tolerance,
+    calibration, compare as compare_tensors, compare_by, unravel, verdict, Backend, Blame, BlameSite, Executor, Failure, Finding, Init,
+    RecordedLaunch, RecordedPass, RecordedTensor, Report, TensorReport, Tolerance,
 };
 use tilegrad_ad::{GradOptions, Precision};
 use tilegrad_ir::analysis::param_uses;
@@ -270,6 +270,16 @@ struct LaunchRecord {
     grid: Grid,
     writers: Vec<Writers>,
     notes: Vec<Finding>,
+    /// With `snapshot`: what re-running one of its programs needs.
+    snapshot: Option<Snapshot>,
+}
+
+/// A launch's arguments, options and memory before and after it ran.
+struct Snapshot {
+    args: Vec<(String, Arg)>,
+    options: Options,
+    before: Memory,
+    after: Memory,
 }
 
 /// A note of a report: what a launch relies on that Triton does not promise (see
@@ -306,6 +316,12 @@ impl LaunchRecord {
     /// What the launch relies on that Triton does not promise (when run with `notes`).
     fn notes(&self) -> Vec<Note> {
         self.notes.iter().cloned().map(Note).collect()
+    }
+
+    /// Which of `elements` of storage `mem` this launch wrote.
+    fn wrote(&self, mem: usize, elements: Vec<usize>) -> Vec<bool> {
+        let w = self.writers.iter().find(|w| w.tensor == TensorId(mem as u32));
+        elements.iter().map(|&e| w.is_some_and(|w| w.of(e).is_some())).collect()
     }
 
     /// The store that wrote element `element` of storage `mem` in this launch (step `step` of
@@ -379,7 +395,7 @@ impl PyExecutor {
 }
 
 #[pyfunction]
-#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, *, poison=false, record=false, promote=false, executor=None, notes=None))]
+#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, *, poison=false, record=false, promote=false, executor=None, notes=None, snapshot=false))]
 #[allow(clippy::too_many_arguments)]
 fn launch(
     py: Python<'_>,
@@ -393,6 +409,7 @@ fn launch(
     promote: bool,
     executor: Option<&PyExecutor>,
     notes: Option<(String, usize, String)>,
+    snapshot: bool,
 ) -> PyResult<Option<LaunchRecord>> {
     // `notes`: (pass, step, what the step is) to note what the launch relies on.
     let pass: Option<&'static str> = match notes.as_ref().map(|n| n.0.as_str()) {
@@ -413,14 +430,23 @@ fn launch(
     let result = py.allow_threads(|| -> Result<Result<_, ExecError>, String> {
         let mut mem = call.memory(promote)?;
         let poison = if poison { tilegrad_reference::POISON_ALL } else { 0 };
-        let opts = Options { poison_masked_loads: poison, record_writers: record, ..Options::default() };
-        let l = call.launch(opts);
+        let opts = Options { poison_masked_loads: poison, record_writers: record || snapshot, ..Options::default() };
+        let l = call.launch(opts.clone());
         let cpu = Executor::cpu();
         let exec = executor.map_or(&cpu, |e| &e.0);
-        let before = pass.is_some().then(|| mem.clone());
+        let before = (pass.is_some() || snapshot).then(|| mem.clone());
         let summary = match exec.run(&l, &mut mem) {
             Ok(s) => s,
             Err(e) => return Ok(Err(e)),
+        };
+        let snap = match (&before, snapshot) {
+            (Some(b), true) => Some(Snapshot {
+                args: call.args.clone(),
+                options: Options { record_writers: false, ..opts },
+                before: b.clone(),
+                after: mem.clone(),
+            }),
+            _ => None,
         };
         let noted = match (pass, &before, &notes) {
             (Some(pass), Some(before), Some((_, step, what))) => {
@@ -433,11 +459,11 @@ fn launch(
                 r.write(mem.get(TensorId(i as u32)))?;
             }
         }
-        Ok(Ok((summary, noted)))
+        Ok(Ok((summary, noted, snap)))
     });
-    let (summary, notes) = result.map_err(usage)?.map_err(exec_err)?;
-    let wanted = record || pass.is_some();
-    Ok(wanted.then(|| LaunchRecord { kernel: call.kernel.clone(), grid: call.grid, writers: summary.writers, notes }))
+    let (summary, notes, snapshot) = result.map_err(usage)?.map_err(exec_err)?;
+    let wanted = record || pass.is_some() || snapshot.is_some();
+    Ok(wanted.then(|| LaunchRecord { kernel: call.kernel.clone(), grid: call.grid, writers: summary.writers, notes, snapshot }))
 }
 
 /// The ground-truth VJP of a launch (f64 unless `native`): given the storages' initial contents
@@ -531,6 +557,92 @@ impl Site {
     }
 }
 
+/// The launches of a backward recorded for blame, in order ([`RecordedPass`]): what the CLI's
+/// blame and data-flow slices need, for a pass the user's host code ran.
+#[pyclass(name = "Pass", module = "tilegrad._native")]
+#[derive(Default)]
+struct PyPass(RecordedPass);
+
+/// How a tensor of a recorded launch came to the pass: `given` (or made on the host), `empty`
+/// (allocated without contents: NaN) or `zeros`.
+fn alloc_kind(kind: &str) -> PyResult<Option<Init>> {
+    match kind {
+        "given" => Ok(None),
+        "empty" => Ok(Some(Init::Empty)),
+        "zeros" => Ok(Some(Init::Zeros)),
+        other => Err(usage(format!("tensor origin `{other}`: expected \"given\", \"empty\" or \"zeros\""))),
+    }
+}
+
+#[pymethods]
+impl PyPass {
+    #[new]
+    fn new() -> PyPass {
+        PyPass::default()
+    }
+
+    /// Records the next launch (run with `snapshot=True`); `tensors`: (name in the pass, origin)
+    /// of each of its storages, in the launch's order. Returns its step.
+    fn push(&mut self, record: &LaunchRecord, tensors: Vec<(String, String)>) -> PyResult<usize> {
+        let snap = record.snapshot.as_ref().ok_or_else(|| usage("the launch was not run with `snapshot=True`"))?;
+        if tensors.len() != snap.before.len() {
+            return Err(usage(format!("the launch has {} storages, {} names were given", snap.before.len(), tensors.len())));
+        }
+        let tensors = tensors
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, kind))| {
+                let id = TensorId(i as u32);
+                Ok(RecordedTensor {
+                    name,
+                    alloc: alloc_kind(&kind)?,
+                    before: snap.before.get(id).clone(),
+                    after: snap.after.get(id).clone(),
+                })
+            })
+            .collect::<PyResult<_>>()?;
+        Ok(self.0.push(RecordedLaunch {
+            kernel: record.kernel.clone(),
+            grid: record.grid,
+            args: snap.args.clone(),
+            options: snap.options.clone(),
+            tensors,
+            writers: record.writers.clone(),
+        }))
+    }
+
+    /// Blames `elements` (flat) of tensor `tensor` as they were after step `upto`: the CLI's
+    /// blame and data-flow slice; `via`: the host steps from the compared tensor to them;
+    /// `expected`, `got`: the compared element's values.
+    #[pyo3(signature = (upto, tensor, elements, via, expected=None, got=None))]
+    fn blame(&self, upto: usize, tensor: &str, elements: Vec<usize>, via: Vec<String>, expected: Option<f64>, got: Option<f64>) -> PyBlame {
+        let values = expected.zip(got);
+        PyBlame(self.0.blame(upto, tensor, &elements, via, values))
+    }
+
+    fn __len__(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// The blame of a compared element, as the report prints it.
+#[pyclass(name = "Blame", module = "tilegrad._native", frozen)]
+#[derive(Clone)]
+struct PyBlame(Blame);
+
+#[pymethods]
+impl PyBlame {
+    /// Some store or atomic add of a kernel wrote the elements blamed.
+    #[getter]
+    fn written(&self) -> bool {
+        self.0.sites.iter().any(|s| matches!(s, BlameSite::Store { .. } | BlameSite::ManyPrograms { .. }))
+    }
+
+    fn __str__(&self) -> String {
+        self.0.to_string()
+    }
+}
+
 /// One compared tensor.
 #[pyclass(module = "tilegrad._native")]
 struct Comparison {
@@ -556,6 +668,29 @@ impl Comparison {
     #[getter]
     fn badness(&self) -> f64 {
         self.worst.map_or(0.0, |w| w.1)
+    }
+
+    /// Attaches to the worst element the blames made by [`PyPass::blame`] of the elements it
+    /// was computed from, merged (host steps in order without repeats; the first data flow),
+    /// then the further sites `sites` (elements no kernel wrote) after the host steps `via`.
+    #[pyo3(signature = (blames, via=Vec::new(), sites=Vec::new()))]
+    fn attach(&mut self, blames: Vec<PyRef<'_, PyBlame>>, via: Vec<String>, sites: Vec<Site>) {
+        let Some(w) = self.report.worst.as_mut() else { return };
+        let mut b = Blame { via: Vec::new(), sites: Vec::new(), slice: None };
+        for one in
+            blames.iter().map(|p| &p.0).chain(std::iter::once(&Blame { via, sites: sites.into_iter().map(|s| s.0).collect(), slice: None }))
+        {
+            for v in &one.via {
+                if !b.via.contains(v) {
+                    b.via.push(v.clone());
+                }
+            }
+            b.sites.extend(one.sites.iter().cloned());
+            if b.slice.is_none() {
+                b.slice = one.slice.clone();
+            }
+        }
+        w.blame = Some(b);
     }
 
     /// Attaches blame to the worst element.
@@ -736,6 +871,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Comparison>()?;
     m.add_class::<PyReport>()?;
     m.add_class::<PyExecutor>()?;
+    m.add_class::<PyPass>()?;
+    m.add_class::<PyBlame>()?;
     m.add_function(wrap_pyfunction!(convert, m)?)?;
     m.add_function(wrap_pyfunction!(launch, m)?)?;
     m.add_function(wrap_pyfunction!(vjp, m)?)?;

@@ -11,7 +11,9 @@ A check runs the user's code three ways:
    launch's results depend on, since Triton documents those lanes as undefined), its
    `torch.empty*` allocations starting as NaN, and who wrote every element recorded for blame.
 
-Gradients are compared with the CLI's tolerances and the report is the CLI's.
+Gradients are compared with the CLI's tolerances and the report is the CLI's: the worst element of
+a failing gradient is explained by running the backward once more, recorded (`_blame`), through
+the user's host code to the kernel lines it was computed through.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ import torch
 
 from . import _native
 from ._intercept import LaunchCall, _is_descriptor, current_executor, intercepting
-from ._memory import torch_flat
 from ._modes import PoisonEmpty, PromoteFloats
 from ._configs import each_config
 from ._functions import GradientError, apply_under_test, conform, inlining, refuse_opaque, requiring_grad
 from ._report import Report, non_finite
+from . import _blame as _blame_mod
 
 _COT_SEED_MIX = 0x9E3779B97F4A7C15
 
@@ -135,30 +137,29 @@ def _clone(x: Any) -> Any:
     return x.detach().clone() if isinstance(x, torch.Tensor) else x
 
 
-def _blame(g: torch.Tensor, worst: int, bwd: _Backward, poison: PoisonEmpty, name: str) -> tuple[list[str], list[Any]]:
-    """Who wrote element `worst` (row-major) of the gradient `g` the backward returned."""
+def _blame(c: Any, g: torch.Tensor, worst: int, values: tuple[float, float], first: tuple[_Backward, PoisonEmpty], again: Callable[[], Any]) -> None:
+    """Attaches to comparison `c` who computed element `worst` (row-major) of the gradient `g`
+    the backward returned: the backward is run again recorded (`again()`: the gradient as it
+    returns it), and the element followed through host ops to the launches that wrote what it
+    came from (the CLI's blame and data flow). Where the run cannot be recorded, the first run's
+    writers of the element itself."""
+    e = _blame_mod.explain(again, worst, values)
+    if e is not None:
+        c.attach(e.blames, e.via, e.sites)
+        return
+    bwd, poison = first
     idx = _native.unravel(worst, list(g.shape))
     elem = g.storage_offset() + sum(i * s for i, s in zip(idx, g.stride()))
     key = ("torch", str(g.device), g.untyped_storage().data_ptr())
     for step, call, rec in reversed(bwd.records):
         for m, s in enumerate(call.storages.items):
-            if s.key == key:
-                site = rec.site(m, elem, step)
-                if site is not None:
-                    return [], [site]
-    # Not written by a kernel: an allocation the backward never filled, or host code.
+            site = rec.site(m, elem, step) if s.key == key else None
+            if site is not None:
+                c.set_blame([], [site])
+                return
     if key in poison.allocations:
         desc, _ = poison.allocations[key]
-        return [], [_native.Site.never_written(f"{name} ({desc})", list(idx), 1, "NaN")]
-    for akey, (desc, t) in poison.allocations.items():
-        flat = torch_flat(t)
-        nan = torch.isnan(flat)
-        n = int(nan.sum())
-        if n:
-            first = int(nan.nonzero()[0, 0]) - t.storage_offset()
-            index = _native.unravel(max(first, 0), list(t.shape)) if t.dim() else []
-            return [f"host code from the tensor allocated by {desc}"], [_native.Site.never_written(desc, index, n, "NaN")]
-    return [], []
+        c.set_blame([], [_native.Site.never_written(f"grad ({desc})", list(idx), 1, "NaN")])
 
 
 def run_check(
@@ -235,6 +236,7 @@ def run_check(
     noise_grads: tuple[int, dict[int, torch.Tensor]] = (-1, {})
     gen = torch.Generator().manual_seed((seed ^ _COT_SEED_MIX) & 0x7FFFFFFFFFFFFFFF)
     best: dict[int, Any] = {}
+    blame: dict[int, tuple] = {}  # what explaining each gradient's worst element needs
     failure = None
     for trial in range(trials):
         cots_n = []
@@ -305,17 +307,26 @@ def run_check(
                 replay_f32_storage=replay is not None and replay[1],
             )
             if i not in best or c.badness > best[i].badness:
-                if c.worst_index is not None and not c.passed:
-                    via, sites = _blame(g, c.worst_index, bwd, poison, gname)
-                    c.set_blame(via, sites)
+                blame.pop(i, None)
+                if c.worst_index is not None and not c.passed and grads[i] is not None:
+                    w = c.worst_index
+                    values = (float(exp.reshape(-1)[w]), float(got.reshape(-1)[w]))
+                    blame[i] = (c, g, w, values, (bwd, poison), _rerun(backward, inputs, cots_n, i))
                 best[i] = c
         if failure is not None:
             break
+    for args in blame.values():
+        _blame(*args)
     grads_cmp = [best[i] for i in diff if i in best]
     # Inputs the backward gave None in every trial: not differentiable by its word.
     skipped = [] if failure is not None else [(input_names[i], list(inputs[i].shape), _dt(inputs[i]), "no gradient (None)") for i in diff if i not in best]
     rep = _native.make_report(name, seed, trials, precision, forward_cmp, grads_cmp, failure, current_executor(), notes, strict, skipped)
     return Report(rep)
+
+
+def _rerun(backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: Sequence[Any], cots: list[Any], i: int) -> Callable[[], Any]:
+    """The backward run again on the same inputs and cotangents: its gradient of input `i`."""
+    return lambda: _as_tuple(backward([_clone(x) for x in inputs], [_clone(c) for c in cots]))[i]
 
 
 def _replay(backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: Sequence[Any], diff: list[int], cots: list[Any]) -> tuple[tuple, bool] | None:

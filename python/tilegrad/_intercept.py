@@ -64,10 +64,17 @@ class LaunchCall:
         g = ", ".join(str(x) for x in self.grid)
         return f"launch `{self.name}`[{g}]"
 
-    def run(self, *, poison: bool = False, record: bool = False, promote: bool = False, notes: tuple[str, int] | None = None) -> Any:
+    def run(
+        self, *, poison: bool = False, record: bool = False, promote: bool = False, notes: tuple[str, int] | None = None, snapshot: bool = False
+    ) -> Any:
         """Runs the launch in place. `poison`: masked-off lanes of loads without `other` read NaN
         (by default 0, as on Triton's GPU backends). `notes`: (pass, step) to note what the
-        launch relies on (the record's `notes()`)."""
+        launch relies on (the record's `notes()`). `snapshot`: the record keeps the launch's
+        memory before and after, for `_native.Pass` (blame's data-flow slices). Under
+        `observing`, every launch is snapshotted and handed to the observer."""
+        observer = getattr(_state, "observer", None)
+        snapshot |= observer is not None
+        record |= snapshot
         rec = _native.launch(
             self.kernel,
             self.grid,
@@ -79,8 +86,11 @@ class LaunchCall:
             promote=promote,
             executor=current_executor(),
             notes=None if notes is None else (notes[0], notes[1], self.describe()),
+            snapshot=snapshot,
         )
         self.storages.write_back(self.written)
+        if observer is not None:
+            observer(self, rec)
         return rec
 
 
@@ -134,6 +144,18 @@ def intercepting(handler: Callable[[LaunchCall], Any]):
         yield
     finally:
         _state.handler = prev
+
+
+@contextlib.contextmanager
+def observing(observer: Callable[[LaunchCall, Any], None]):
+    """Every launch run in this thread while the block runs, whatever its handler, is run with
+    a snapshot (`LaunchCall.run(snapshot=True)`) and handed to `observer` with its record."""
+    prev = getattr(_state, "observer", None)
+    _state.observer = observer
+    try:
+        yield
+    finally:
+        _state.observer = prev
 
 
 def _source(fn: Any) -> tuple[str, str]:

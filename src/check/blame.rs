@@ -36,8 +36,22 @@ fn def_loc(k: &Kernel, v: Value) -> Option<Loc> {
 /// Blames element `e` (flat) of tensor `name` of a pass that ran `steps` with `trace`;
 /// `values` (expected, got) rank the lines of its data-flow slice.
 pub(crate) fn blame(trace: &Trace, env: &Env, steps: &[Step], name: &str, e: usize, values: Option<(f64, f64)>) -> Blame {
-    let mut b = Blame { via: Vec::new(), sites: Vec::new(), slice: None };
-    go(trace, env, steps, name, &[e], &mut b, 0, values);
+    blame_elements(trace, env, steps, name, &[e], Vec::new(), values)
+}
+
+/// Blames elements `elems` (flat) of tensor `name`, reached from the compared element through the
+/// host steps `via` (outermost first; none when `name` is the compared tensor itself).
+pub(crate) fn blame_elements(
+    trace: &Trace,
+    env: &Env,
+    steps: &[Step],
+    name: &str,
+    elems: &[usize],
+    via: Vec<String>,
+    values: Option<(f64, f64)>,
+) -> Blame {
+    let mut b = Blame { via, sites: Vec::new(), slice: None };
+    go(trace, env, steps, name, elems, &mut b, 0, values);
     b
 }
 

@@ -66,6 +66,7 @@ mod findings;
 mod ground;
 mod inputs;
 pub mod notes;
+mod recorded;
 mod report;
 mod slice;
 mod steps;
@@ -78,6 +79,7 @@ pub use expr::{Expr, ExprError, Scalar};
 pub use ground::vjp_float;
 pub(crate) use inputs::check_dist;
 pub use inputs::{Dist, InputTensor, Inputs, Source};
+pub use recorded::{RecordedLaunch, RecordedPass, RecordedTensor};
 pub use report::{
     compare, compare_by, unravel, Blame, BlameSite, Calibration, Explained, Failure, Finding, FindingKind, Formula, Location, Report,
     Rounding, Slice, SliceLine, TensorReport, Timings, Tolerance, Worst, SCHEMA_VERSION,

@@ -172,6 +172,32 @@ fn uniform_bounds_past_the_dtypes_range_are_refused_not_drawn_as_infinity() {
     }
 }
 
+/// `tilegrad <args>` under an address-space limit of `kib` KiB (`ulimit -v`): exit code and stderr.
+fn tilegrad_limited(kib: u64, args: &[&str]) -> (i32, String) {
+    let cmd = format!("ulimit -v {kib} && exec \"$0\" \"$@\"");
+    let out = Command::new("sh").arg("-c").arg(cmd).arg(env!("CARGO_BIN_EXE_tilegrad")).args(args).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn inputs_past_the_address_space_limit_are_refused_up_front_not_aborted() {
+    let two = variant(
+        "x = { shape = [\"n\"], init = \"uniform(-2, 2)\" }",
+        "x = { shape = [\"m\"], init = \"uniform(-2, 2)\" }\nz = { shape = [\"m\"], init = \"uniform(-2, 2)\" }",
+    )
+    .replace("n = 1000", "n = 1000\nm = 700000000");
+    let p = write("rlimit-two", two.as_bytes(), KERNELS.as_bytes());
+    // 2.6 GiB each fits a 4 GiB address space alone, not together.
+    let (code, err) = tilegrad_limited(4 << 20, &["run", p.to_str().unwrap(), "--out", env!("CARGO_TARGET_TMPDIR")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("the inputs need 5.2 GiB of memory together") && err.contains("available"), "{err}");
+    let one = variant("n = 1000", "n = 3000000000");
+    let p = write("rlimit-one", one.as_bytes(), KERNELS.as_bytes());
+    let (code, err) = tilegrad_limited(4 << 20, &["run", p.to_str().unwrap(), "--out", env!("CARGO_TARGET_TMPDIR")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("inputs.x") && err.contains("needs 11.2 GiB of memory"), "{err}");
+}
+
 #[test]
 fn trial_counts_of_zero_or_past_the_limit_are_refused_by_every_command() {
     let p = write("trials", SPEC.as_bytes(), KERNELS.as_bytes());

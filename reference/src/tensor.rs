@@ -110,13 +110,40 @@ pub fn checked_numel(shape: &[usize]) -> Result<usize, String> {
     Ok(n)
 }
 
-/// The memory the machine can still give this process, in bytes (`MemAvailable` in
-/// `/proc/meminfo`), where the system says.
+/// The memory this process can still take, in bytes, where the system says: the least of the
+/// machine's (`MemAvailable` in `/proc/meminfo`), what the address-space limit (`ulimit -v`)
+/// leaves above the process's current size, and what its cgroup's `memory.max` leaves above
+/// `memory.current`.
 pub fn available_memory() -> Option<u64> {
+    [mem_available(), address_space_left(), cgroup_left()].into_iter().flatten().min()
+}
+
+fn mem_available() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.trim_start_matches("MemAvailable:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    kib_field(&info, "MemAvailable:")
+}
+
+/// `field`'s value in kB (as `/proc` writes them), in bytes.
+fn kib_field(text: &str, field: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    let kib: u64 = line.trim_start_matches(field).trim().trim_end_matches("kB").trim().parse().ok()?;
     kib.checked_mul(1024)
+}
+
+/// The soft address-space limit less the process's current virtual size.
+fn address_space_left() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max address space"))?;
+    let soft: u64 = line.trim_start_matches("Max address space").split_whitespace().next()?.parse().ok()?;
+    let size = kib_field(&std::fs::read_to_string("/proc/self/status").ok()?, "VmSize:")?;
+    Some(soft.saturating_sub(size))
+}
+
+/// The cgroup (v2) memory limit less its current use.
+fn cgroup_left() -> Option<u64> {
+    let max: u64 = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok()?.trim().parse().ok()?;
+    let current: u64 = std::fs::read_to_string("/sys/fs/cgroup/memory.current").ok()?.trim().parse().ok()?;
+    Some(max.saturating_sub(current))
 }
 
 /// A byte count for people (`1.5 GiB`).

@@ -138,6 +138,31 @@ impl Inputs {
         self
     }
 
+    /// The random inputs together fit the memory the process can take (each alone is checked
+    /// as it is drawn): refused up front, with the sizes, rather than failing an allocation half
+    /// way through.
+    fn check_planned_memory(&self) -> Result<(), CheckError> {
+        let mut total = 0u128;
+        let mut sizes = Vec::new();
+        for it in &self.tensors {
+            if let Source::Random { dtype, shape, .. } | Source::Slices { dtype, shape, .. } = &it.source {
+                let n = tilegrad_reference::checked_numel(shape).map_err(|m| CheckError::Spec(format!("input `{}`: {m}", it.name)))?;
+                let bytes = n as u128 * tilegrad_reference::storage_bytes(*dtype) as u128;
+                total += bytes;
+                sizes.push(format!("`{}` {}", it.name, tilegrad_reference::human_bytes(bytes)));
+            }
+        }
+        match tilegrad_reference::available_memory() {
+            Some(avail) if sizes.len() > 1 && total > u128::from(avail) => Err(CheckError::Spec(format!(
+                "the inputs need {} of memory together ({}); {} is available to this process",
+                tilegrad_reference::human_bytes(total),
+                sizes.join(", "),
+                tilegrad_reference::human_bytes(avail.into())
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// The environment of the check: constants and tensors, random ones drawn from `seed` (each
     /// tensor from its own stream, so adding a tensor does not change the others).
     pub(crate) fn materialise(&self, seed: u64) -> Result<Env, CheckError> {
@@ -148,6 +173,7 @@ impl Inputs {
             }
             env.constants.push((n.clone(), *v));
         }
+        self.check_planned_memory()?;
         for (i, it) in self.tensors.iter().enumerate() {
             if env.constants.iter().any(|(c, _)| *c == it.name) {
                 return Err(CheckError::Spec(format!("`{}` is both a constant and a tensor", it.name)));

@@ -199,6 +199,22 @@ fn inputs_past_the_address_space_limit_are_refused_up_front_not_aborted() {
 }
 
 #[test]
+fn a_loop_that_stores_one_tile_every_trip_forever_is_a_located_error_in_bounded_memory() {
+    let py = KERNELS.replace(
+        "@triton.jit\ndef scale_bwd",
+        "@triton.jit\ndef spin(x_ptr, y_ptr, n, BLOCK: tl.constexpr):\n    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n    \
+         x = tl.load(x_ptr + offs, mask=offs < n)\n    i = 0\n    while i < n:\n        tl.store(y_ptr + offs, x, mask=offs < n)\n        \
+         i += 0\n\n@triton.jit\ndef scale_bwd",
+    );
+    let spec = SPEC.replace("fwd = \"k.py::scale\"", "fwd = \"k.py::spin\"");
+    let p = write("spin-store", spec.as_bytes(), py.as_bytes());
+    // Under 2 GiB of address space: the store log no longer grows a trip at a time.
+    let (code, err) = tilegrad_limited(2 << 20, &["run", p.to_str().unwrap(), "--out", env!("CARGO_TARGET_TMPDIR")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("k.py:") && err.contains("op `while`") && err.contains("can never end"), "{err}");
+}
+
+#[test]
 fn trial_counts_of_zero_or_past_the_limit_are_refused_by_every_command() {
     let p = write("trials", SPEC.as_bytes(), KERNELS.as_bytes());
     for cmd in ["check", "gradcheck"] {

@@ -925,10 +925,45 @@ impl<'a> Program<'a> {
         } else {
             Vec::new()
         };
+        if !e.atomic {
+            drop_overwritten(&mut log.events, &e);
+        }
         log.events.push(e);
         self.held.retain(|h| h.0 != p.slot || !released.contains(&(h.1, h.2)));
         Ok(())
     }
+}
+
+/// How many of a slot's latest events a store looks back over for one it overwrites.
+const OVERWRITE_WINDOW: usize = 8;
+
+/// Forgets the latest earlier store of the same instruction to exactly the same elements, where
+/// only plain stores came after it: `e` overwrites every element it wrote, so the launch's
+/// result is the same without it. A loop storing one tile each trip (a `while` that never moves
+/// on) then logs one store, not one per trip.
+fn drop_overwritten(events: &mut Vec<Event>, e: &Event) {
+    let start = events.len().saturating_sub(OVERWRITE_WINDOW);
+    for k in (start..events.len()).rev() {
+        let old = &events[k];
+        if old.atomic {
+            return;
+        }
+        if old.inst == e.inst && old.locks == e.locks && same_lanes(old, e) {
+            events.remove(k);
+            return;
+        }
+    }
+}
+
+/// Whether two accesses touch the same elements through the same lanes.
+fn same_lanes(a: &Event, b: &Event) -> bool {
+    let offs = Arc::ptr_eq(&a.offs, &b.offs) || a.offs == b.offs;
+    let mask = match (&a.mask, &b.mask) {
+        (None, None) => true,
+        (Some(x), Some(y)) => Arc::ptr_eq(x, y) || x == y,
+        _ => false,
+    };
+    offs && mask
 }
 
 /// Applies one write event to an overlay map.

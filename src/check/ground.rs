@@ -73,7 +73,7 @@ pub(crate) fn reverse(
                 let by = match kernels {
                     // The evaluator where programs stored the same value to one element (its
                     // cotangent goes to the last store only, which VJP kernels do not tell).
-                    Some(exec) if !r.same_value => By::Kernel(exec, vks.remove(&i).expect("built for every launch")),
+                    Some(exec) if !r.same_value => By::Kernel(exec, Box::new(vks.remove(&i).expect("built for every launch"))),
                     _ => By::Evaluator,
                 };
                 let g = launch_vjp(r, by, &inputs, &outputs, opts, &format!("forward step {i} ({})", step.describe())).map_err(at)?;
@@ -198,7 +198,7 @@ pub(crate) fn reverse(
 /// How a launch is differentiated: by its VJP kernel (or why it has none) on an executor, or by
 /// the evaluator.
 enum By<'e> {
-    Kernel(&'e Executor, Result<VjpKernel, AdError>),
+    Kernel(&'e Executor, Box<Result<VjpKernel, AdError>>),
     Evaluator,
 }
 
@@ -224,13 +224,14 @@ fn launch_vjp(
         let o = GradOptions { last_writer_only: r.same_value, ..opts.clone() };
         vjp(&launch, &r.before, inputs, outputs, &o).map(|g| g.inputs).map_err(|e| e.to_string())
     };
-    match by {
-        By::Evaluator => Ok(LaunchVjp { inputs: evaluator()?, note: None }),
-        By::Kernel(_, Err(refused @ AdError::Unsupported { .. })) => {
-            Ok(LaunchVjp { inputs: evaluator()?, note: Some(evaluator_note(&refused, what)) })
-        }
-        By::Kernel(_, Err(e)) => Err(format!("--ground kernels: {e}")),
-        By::Kernel(exec, Ok(vk)) => {
+    let (exec, vk) = match by {
+        By::Evaluator => return Ok(LaunchVjp { inputs: evaluator()?, note: None }),
+        By::Kernel(exec, vk) => (exec, *vk),
+    };
+    match vk {
+        Err(refused @ AdError::Unsupported { .. }) => Ok(LaunchVjp { inputs: evaluator()?, note: Some(evaluator_note(&refused, what)) }),
+        Err(e) => Err(format!("--ground kernels: {e}")),
+        Ok(vk) => {
             let mut run = |l: &Launch, m: &mut tilegrad_reference::Memory| exec.run_vjp(l, m).map(|_| ()).map_err(AdError::from);
             let bounds = TapeBounds { max_trips: &r.max_trips, memory: exec.vjp_launch_memory(opts.memory_budget as u64) };
             let g = gradient_by_kernel(&vk, &launch, &r.before, inputs, outputs, bounds, &mut run).map_err(|e| e.to_string())?;

@@ -15,6 +15,16 @@
 //! the gradients back) once, with the bytes of the tensors it allocates on the device, also as
 //! a multiple of the data (the launch's f32 tensors and the inputs' gradients, in f32).
 //! `--f32` times VJP kernels computing in f32 (`tilegrad_ad::vjp_kernel_with`).
+//!
+//! `--compile [--unroll N,M,...]` times NVRTC instead: each forward kernel (with race marks, as a
+//! check's forward runs) and its f64 VJP kernel (as `--ground kernels` runs it) compiled to the
+//! device's machine code at full optimisation, with loops over up to N registers of a value
+//! unrolled fully (`tilegrad_gpu::codegen::UNROLLED_REGISTERS`, the default; a large N unrolls
+//! every loop, as before that limit), on as many threads as the host has cores (`--jobs N`: on
+//! N), no cache used
+//! (`CUDA_CACHE_DISABLE=1` turns NVRTC's own off). Besides the three above: the softmax with 4
+//! rows a program (16384-element tiles) and a layer norm of 8 rows of 4096 a program
+//! (`layer_norm_rows`), whose tiles are the largest the examples use at training sizes.
 
 use tilegrad_gpu::{Gpu, GpuOptions};
 use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
@@ -29,6 +39,8 @@ struct Case {
     tensors: Vec<(&'static str, Vec<usize>)>,
     /// Scalar arguments.
     scalars: Vec<(&'static str, i64)>,
+    /// Float scalar arguments.
+    floats: Vec<(&'static str, f64)>,
     grid: [u32; 3],
 }
 
@@ -51,6 +63,7 @@ fn cases() -> Vec<Case> {
                 ("ROWS", rows as i64),
                 ("D", d as i64),
             ],
+            floats: vec![],
             grid: [(rows / 16) as u32, 1, 1],
         },
         Case {
@@ -70,6 +83,7 @@ fn cases() -> Vec<Case> {
                 ("stride_cm", n as i64),
                 ("stride_cn", 1),
             ],
+            floats: vec![],
             grid: [(n / 64) as u32, (n / 64) as u32, 1],
         },
         Case {
@@ -79,9 +93,42 @@ fn cases() -> Vec<Case> {
             constexprs: vec![("BLOCK_ROWS", 1), ("BLOCK_COLS", sc as i64)],
             tensors: vec![("x_ptr", vec![sr, sc]), ("y_ptr", vec![sr, sc])],
             scalars: vec![("x_row_stride", sc as i64), ("y_row_stride", sc as i64), ("n_rows", sr as i64), ("n_cols", sc as i64)],
+            floats: vec![],
             grid: [sr as u32, 1, 1],
         },
+        Case {
+            name: "softmax_4rows",
+            file: "softmax.py",
+            kernel: "softmax",
+            constexprs: vec![("BLOCK_ROWS", 4), ("BLOCK_COLS", sc as i64)],
+            tensors: vec![("x_ptr", vec![sr, sc]), ("y_ptr", vec![sr, sc])],
+            scalars: vec![("x_row_stride", sc as i64), ("y_row_stride", sc as i64), ("n_rows", sr as i64), ("n_cols", sc as i64)],
+            floats: vec![],
+            grid: [(sr / 4) as u32, 1, 1],
+        },
+        Case {
+            name: "layer_norm",
+            file: "layer_norm.py",
+            kernel: "layer_norm_rows",
+            constexprs: vec![("BLOCK_M", 8), ("BLOCK_N", sc as i64)],
+            tensors: vec![("x_ptr", vec![sr, sc]), ("w_ptr", vec![sc]), ("b_ptr", vec![sc]), ("y_ptr", vec![sr, sc])],
+            scalars: vec![("n_rows", sr as i64), ("n_cols", sc as i64), ("x_row_stride", sc as i64), ("y_row_stride", sc as i64)],
+            floats: vec![("eps", 1e-5)],
+            grid: [(sr / 8) as u32, 1, 1],
+        },
     ]
+}
+
+/// The case's kernel, converted from its example's Triton source (float scalars as f32).
+fn kernel_of(c: &Case) -> tilegrad_ir::Kernel {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/triton").join(c.file);
+    let src = std::fs::read_to_string(&path).expect("example source");
+    let opts = ConvertOptions {
+        constexprs: c.constexprs.iter().map(|(n, v)| (n.to_string(), ConstValue::Int(*v))).collect(),
+        scalar_dtypes: c.floats.iter().map(|(n, _)| (n.to_string(), tilegrad_ir::DType::F32)).collect(),
+        ..ConvertOptions::default()
+    };
+    convert(&src, &path.display().to_string(), c.kernel, &opts).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Uniform in [-1, 1), from a fixed xorshift stream.
@@ -104,6 +151,9 @@ fn main() {
     let mut only: Option<String> = None;
     let mut grad = false;
     let mut f32_grad = false;
+    let mut compile = false;
+    let mut jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut unroll = vec![tilegrad_gpu::codegen::UNROLLED_REGISTERS];
     let mut i = 1;
     while i < args.len() {
         match args[i].as_str() {
@@ -118,6 +168,15 @@ fn main() {
             }
             "--grad" => grad = true,
             "--f32" => f32_grad = true,
+            "--compile" => compile = true,
+            "--jobs" => {
+                jobs = args[i + 1].parse().expect("--jobs N");
+                i += 1;
+            }
+            "--unroll" => {
+                unroll = args[i + 1].split(',').map(|n| n.parse().expect("--unroll N,M,...")).collect();
+                i += 1;
+            }
             "--reps" => {
                 reps = args[i + 1].parse().expect("--reps N");
                 i += 1;
@@ -134,6 +193,10 @@ fn main() {
         }
     };
     println!("device: {}", gpu.describe());
+    if compile {
+        compile_times(&gpu, &unroll, only.as_deref(), jobs);
+        return;
+    }
     if grad {
         println!("VJP kernels computing in {}", if f32_grad { "f32" } else { "f64" });
         println!(
@@ -143,15 +206,8 @@ fn main() {
     } else {
         println!("{:<14} {:>12} {:>12} {:>12} {:>9} {:>9}", "kernel", "triton ms", "gpu ms", "+races ms", "ratio", "+races");
     }
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/triton");
     for c in cases() {
-        let path = dir.join(c.file);
-        let src = std::fs::read_to_string(&path).expect("example source");
-        let opts = ConvertOptions {
-            constexprs: c.constexprs.iter().map(|(n, v)| (n.to_string(), ConstValue::Int(*v))).collect(),
-            ..ConvertOptions::default()
-        };
-        let k = convert(&src, &path.display().to_string(), c.kernel, &opts).unwrap_or_else(|e| panic!("{e}"));
+        let k = kernel_of(&c);
         let mut mem = Memory::new();
         let ids: Vec<(&str, TensorId)> = c
             .tensors
@@ -167,6 +223,9 @@ fn main() {
             launch = launch.arg(n, *id);
         }
         for (n, v) in &c.scalars {
+            launch = launch.arg(n, *v);
+        }
+        for (n, v) in &c.floats {
             launch = launch.arg(n, *v);
         }
         for (n, v) in &c.constexprs {
@@ -286,4 +345,44 @@ fn time_gradient(
         bytes as f64 / 1e6,
         bytes as f64 / data as f64
     );
+}
+
+/// The `--compile` table: NVRTC's seconds for each case's forward and f64 VJP kernel with loops
+/// over up to each of `unroll` registers unrolled fully, compiled side by side on `threads`
+/// threads (`--jobs N`; by default as many as the host has cores; 1 times each alone).
+fn compile_times(gpu: &Gpu, unroll: &[usize], only: Option<&str>, threads: usize) {
+    use tilegrad_gpu::codegen::{generate_flavor_unrolling, Flavor};
+    let mut jobs = Vec::new();
+    for c in cases().into_iter().filter(|c| only.is_none_or(|o| o == c.name)) {
+        let k = kernel_of(&c);
+        let vk = tilegrad_ad::vjp_kernel(&k).unwrap_or_else(|e| panic!("{}: {e}", c.name)).kernel;
+        for &n in unroll {
+            jobs.push((c.name, "forward", k.clone(), Flavor { ordered: true, marks: true }, n));
+            jobs.push((c.name, "vjp f64", vk.clone(), Flavor { ordered: false, marks: false }, n));
+        }
+    }
+    // The slowest first, so that the side-by-side compiles end together.
+    jobs.sort_by_key(|j| std::cmp::Reverse(j.4));
+    let threads = threads.clamp(1, jobs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let rows = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((name, what, k, flavor, n)) = jobs.get(i) else { break };
+                let g = generate_flavor_unrolling(k, *flavor, *n).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let secs = gpu.compile_seconds(k, &g).map_or_else(|e| format!("{e}"), |t| format!("{t:.2}"));
+                let row = format!("{name:<14} {what:<8} {n:>8} {:>8} {:>10} {secs:>9}", g.threads, g.source.len());
+                println!("{row}");
+                rows.lock().expect("rows").push((*name, *what, *n, row));
+            });
+        }
+    });
+    println!("{:<14} {:<8} {:>8} {:>8} {:>10} {:>9}", "kernel", "form", "unrolled", "threads", "source B", "nvrtc s");
+    let mut rows = rows.into_inner().expect("rows");
+    rows.sort_by_key(|r| (r.0, r.1, r.2));
+    for (.., r) in rows {
+        println!("{r}");
+    }
 }

@@ -413,6 +413,9 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Grad { spec, out, opts } => {
             let (s, o) = opts.load(&spec)?;
             let g = check::ground_truth(&s.forward, &s.inputs, &o).with_context(|| format!("{}", spec.display()))?;
+            for n in &g.notes {
+                eprintln!("note: {}", n.message.replace('\n', "\n      "));
+            }
             write_npy(&out, &[("input_", &g.inputs), ("output_", &g.outputs), ("cotangent_", &g.cotangents), ("grad_", &g.gradients)])?;
             Ok(true)
         }

@@ -358,6 +358,15 @@ impl Gpu {
         ))
     }
 
+    /// Compiles generated code of `k` to this device's machine code, optimised fully, past
+    /// every cache of tilegrad's (NVRTC's own is off with `CUDA_CACHE_DISABLE=1`): the seconds
+    /// NVRTC took, for measurements.
+    pub fn compile_seconds(&self, k: &Kernel, gen: &Generated) -> Result<f64, GpuError> {
+        let start = std::time::Instant::now();
+        nvrtc_cubin(&gen.source, &self.target(false)).map_err(|log| GpuError::Compile { kernel: k.name.clone(), log })?;
+        Ok(start.elapsed().as_secs_f64())
+    }
+
     /// Runs a launch: on success the written tensors of `mem` hold their final contents, as
     /// [`Launch::run`] would leave them.
     pub fn run(&self, launch: &Launch, mem: &mut Memory, opts: GpuOptions) -> Result<Outcome, GpuError> {

@@ -14,18 +14,21 @@
 //! bool tensors get no cotangent.
 
 use super::backend::Executor;
+use super::report::{Finding, FindingKind, Location};
 use super::steps::{bind, pieces, split_axis, Records, Reduction, Step};
 use super::tensor_expr::broadcast_map;
 use super::{CheckError, Env};
 use std::collections::HashMap;
 use tilegrad_ad::vjp_kernel::{gradient_by_kernel, TapeBounds};
-use tilegrad_ad::{vjp, vjp_kernel_for, GradOptions, VjpKernel};
+use tilegrad_ad::{vjp, vjp_kernel_for, AdError, GradOptions, VjpKernel};
 use tilegrad_ir::{DType, Elem};
 use tilegrad_reference::Launch;
 
 /// Cotangents of the tensors of `env` before `steps` ran, from cotangents of their contents
 /// after. `records` are the launches of `steps` as they ran (with their tensors before) and the
-/// operands of host steps that later steps overwrote.
+/// operands of host steps that later steps overwrote. With `kernels`, each launch's VJP kernel
+/// runs there; a launch whose VJP kernel is refused (a pattern VJP kernels do not take) is
+/// differentiated by the evaluator on the host instead, and gets a note in `notes`.
 pub(crate) fn reverse(
     steps: &[Step],
     records: &Records,
@@ -33,6 +36,7 @@ pub(crate) fn reverse(
     mut cot: HashMap<String, Vec<f64>>,
     opts: &GradOptions,
     kernels: Option<&Executor>,
+    notes: &mut Vec<Finding>,
 ) -> Result<HashMap<String, Vec<f64>>, CheckError> {
     // The recorded launches ran with every check, and their records may hold f64 tensors
     // narrowed (see `steps::narrowed`).
@@ -64,28 +68,20 @@ pub(crate) fn reverse(
                 // launch: only of tensors whose earlier contents matter (not one allocated just
                 // before, whose cotangent its allocation would drop).
                 let outputs: Vec<_> = floats.iter().filter_map(|(t, n)| cot.remove(n).map(|c| (*t, c))).collect();
-                let launch = record_launch(r);
                 let wanted: Vec<_> = floats.iter().filter(|(_, n)| contents_matter(steps, records, i, n)).collect();
                 let inputs: Vec<_> = wanted.iter().map(|(t, _)| *t).collect();
-                let g = match kernels {
-                    // The launch's VJP kernel, run by the executor (the reference or the GPU);
-                    // the evaluator where programs stored the same value to one element (its
+                let by = match kernels {
+                    // The evaluator where programs stored the same value to one element (its
                     // cotangent goes to the last store only, which VJP kernels do not tell).
-                    Some(exec) if !r.same_value => {
-                        let vk = vks.remove(&i).expect("built for every launch").map_err(|e| at(format!("--ground kernels: {e}")))?;
-                        let mut run = |l: &Launch, m: &mut tilegrad_reference::Memory| {
-                            exec.run_vjp(l, m).map(|_| ()).map_err(tilegrad_ad::AdError::from)
-                        };
-                        let bounds = TapeBounds { max_trips: &r.max_trips, memory: exec.vjp_launch_memory(opts.memory_budget as u64) };
-                        gradient_by_kernel(&vk, &launch, &r.before, &inputs, &outputs, bounds, &mut run).map_err(|e| at(e.to_string()))?
-                    }
-                    _ => {
-                        let o = GradOptions { last_writer_only: r.same_value, ..opts.clone() };
-                        vjp(&launch, &r.before, &inputs, &outputs, &o).map_err(|e| at(e.to_string()))?.inputs
-                    }
+                    Some(exec) if !r.same_value => By::Kernel(exec, Box::new(vks.remove(&i).expect("built for every launch"))),
+                    _ => By::Evaluator,
                 };
+                let g = launch_vjp(r, by, &inputs, &outputs, opts, &format!("forward step {i} ({})", step.describe())).map_err(at)?;
+                if let Some(n) = g.note {
+                    notes.push(Finding { step: Some(i), ..n });
+                }
                 drop(outputs);
-                for ((_, n), gi) in wanted.iter().zip(g) {
+                for ((_, n), gi) in wanted.iter().zip(g.inputs) {
                     cot.insert(n.clone(), gi);
                 }
             }
@@ -197,6 +193,85 @@ pub(crate) fn reverse(
         }
     }
     Ok(cot)
+}
+
+/// How a launch is differentiated: by its VJP kernel (or why it has none) on an executor, or by
+/// the evaluator.
+enum By<'e> {
+    Kernel(&'e Executor, Box<Result<VjpKernel, AdError>>),
+    Evaluator,
+}
+
+/// A launch's cotangents of its `inputs` before it ran, and the note of a refused VJP kernel.
+struct LaunchVjp {
+    inputs: Vec<Vec<f64>>,
+    note: Option<Finding>,
+}
+
+/// The VJP of recorded launch `r` (`what` says which step it is): cotangents of `inputs` before
+/// it from those of `outputs` after it. A refused VJP kernel falls back to the evaluator, with a
+/// note; any other failure is the error's message.
+fn launch_vjp(
+    r: &super::steps::LaunchRecord,
+    by: By,
+    inputs: &[tilegrad_reference::TensorId],
+    outputs: &[(tilegrad_reference::TensorId, Vec<f64>)],
+    opts: &GradOptions,
+    what: &str,
+) -> Result<LaunchVjp, String> {
+    let launch = record_launch(r);
+    let evaluator = || -> Result<Vec<Vec<f64>>, String> {
+        let o = GradOptions { last_writer_only: r.same_value, ..opts.clone() };
+        vjp(&launch, &r.before, inputs, outputs, &o).map(|g| g.inputs).map_err(|e| e.to_string())
+    };
+    let (exec, vk) = match by {
+        By::Evaluator => return Ok(LaunchVjp { inputs: evaluator()?, note: None }),
+        By::Kernel(exec, vk) => (exec, *vk),
+    };
+    match vk {
+        Err(refused @ AdError::Unsupported { .. }) => Ok(LaunchVjp { inputs: evaluator()?, note: Some(evaluator_note(&refused, what)) }),
+        Err(e) => Err(format!("--ground kernels: {e}")),
+        Ok(vk) => {
+            let mut run = |l: &Launch, m: &mut tilegrad_reference::Memory| exec.run_vjp(l, m).map(|_| ()).map_err(AdError::from);
+            let bounds = TapeBounds { max_trips: &r.max_trips, memory: exec.vjp_launch_memory(opts.memory_budget as u64) };
+            let g = gradient_by_kernel(&vk, &launch, &r.before, inputs, outputs, bounds, &mut run).map_err(|e| e.to_string())?;
+            Ok(LaunchVjp { inputs: g, note: None })
+        }
+    }
+}
+
+/// The note of a forward launch (`what` says which step it is) whose VJP kernel was refused
+/// with `refused`, an [`AdError::Unsupported`]: its ground truth is the evaluator's.
+fn evaluator_note(refused: &AdError, what: &str) -> Finding {
+    let mut f = Finding::new(FindingKind::GroundByEvaluator, "forward");
+    let why = match refused {
+        AdError::Unsupported { kernel, op, loc, message } => {
+            let l = Location { file: loc.file.to_string(), line: loc.line, col: loc.col, kernel: kernel.clone(), op: op.clone() };
+            let why = format!("its VJP kernel is refused at `{op}` {}:{}:{} of kernel `{kernel}`: {message}", l.file, l.line, l.col);
+            f.locations.push(l);
+            why
+        }
+        other => format!("its VJP kernel is refused: {other}"),
+    };
+    f.message = format!("{what}: ground truth by the evaluator on the host, not by a VJP kernel\n{}", wrap(&why, 94));
+    f
+}
+
+/// `text` in lines of at most `width` characters, broken between words.
+fn wrap(text: &str, width: usize) -> String {
+    let mut lines: Vec<String> = vec![String::new()];
+    for word in text.split_whitespace() {
+        let last = lines.last_mut().expect("one line at least");
+        if !last.is_empty() && last.len() + 1 + word.len() > width {
+            lines.push(word.to_string());
+        } else {
+            if !last.is_empty() {
+                last.push(' ');
+            }
+            last.push_str(word);
+        }
+    }
+    lines.join("\n")
 }
 
 /// Whether the contents of tensor `name` before step `i` can have a cotangent that reaches

@@ -503,8 +503,12 @@ pub fn check_backward_with(
             None => None,
         };
         replay_envs = (None, None);
-        let truth =
-            tm.time("ground truth", || ground::reverse(&fwd.steps, &p.records, truth_env, cot, &gopts, opts.kernels_ground(&exec)))?;
+        let mut ground_notes = Vec::new();
+        let by = opts.kernels_ground(&exec);
+        let truth = tm.time("ground truth", || ground::reverse(&fwd.steps, &p.records, truth_env, cot, &gopts, by, &mut ground_notes))?;
+        if trial == 0 {
+            p.notes.extend(ground_notes);
+        }
         if !opts.allow_non_finite {
             for d in &fwd.differentiable {
                 if let Some((i, &x)) = truth.get(d).and_then(|g| g.iter().enumerate().find(|(_, x)| !x.is_finite())) {

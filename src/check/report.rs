@@ -373,6 +373,17 @@ pub enum FindingKind {
     /// A note: programs conflict on an element with an outcome that does not depend on their
     /// order (the same bits stored; a load of an element no store changed).
     SameValueRace,
+    /// A note, never a failure: the ground truth of a forward launch was computed by the
+    /// evaluator on the host because its VJP kernel was refused (`--ground kernels`).
+    GroundByEvaluator,
+}
+
+impl FindingKind {
+    /// Whether a note of this kind fails a strict check: what a launch relies on that Triton does
+    /// not promise does; how the ground truth was computed does not.
+    pub fn fails_when_strict(self) -> bool {
+        !matches!(self, FindingKind::GroundByEvaluator)
+    }
 }
 
 /// A source location in a finding.
@@ -460,7 +471,9 @@ pub struct Report {
     pub findings: Vec<Finding>,
     /// What the kernels rely on that Triton does not promise, though its GPU backends do it
     /// (masked-off lanes read as 0; conflicts whose outcome does not depend on the order of
-    /// programs): not failures, unless the check is strict (then each is also a finding).
+    /// programs): not failures, unless the check is strict (then each is also a finding); and
+    /// launches whose ground truth the evaluator computed ([`FindingKind::GroundByEvaluator`]),
+    /// never failures.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<Finding>,
     /// Notes fail the check ([`super::CheckOptions::strict`]).
@@ -594,9 +607,10 @@ impl Report {
     /// The report with `notes` ([`Report::notes`]); `strict` makes each a finding that fails it.
     pub fn with_notes(mut self, notes: Vec<Finding>, strict: bool) -> Report {
         self.strict = strict;
-        if strict && !notes.is_empty() {
+        let failing: Vec<Finding> = notes.iter().filter(|n| strict && n.kind.fails_when_strict()).cloned().collect();
+        if !failing.is_empty() {
             self.passed = false;
-            self.findings.extend(notes.iter().cloned());
+            self.findings.extend(failing);
         }
         self.notes = notes;
         self
@@ -606,6 +620,18 @@ impl Report {
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("reports serialise")
     }
+}
+
+/// Notes as a list, each message's first line a bullet and the rest indented under it.
+fn notes_list(f: &mut fmt::Formatter<'_>, notes: &[&Finding]) -> fmt::Result {
+    for n in notes {
+        let mut lines = n.message.lines();
+        writeln!(f, "  - {}", lines.next().unwrap_or_default())?;
+        for l in lines {
+            writeln!(f, "    {l}")?;
+        }
+    }
+    Ok(())
 }
 
 fn table(f: &mut fmt::Formatter<'_>, first: &str, rows: &[TensorReport]) -> fmt::Result {
@@ -739,16 +765,15 @@ impl fmt::Display for Report {
             }
             table(f, "input", &self.gradients)?;
         }
-        if !self.notes.is_empty() {
+        let (strict, always): (Vec<&Finding>, Vec<&Finding>) = self.notes.iter().partition(|n| n.kind.fails_when_strict());
+        if !strict.is_empty() {
             let how = if self.strict { "failures: the check is strict" } else { "not failures; --strict makes them failures" };
             writeln!(f, "notes ({how})")?;
-            for n in &self.notes {
-                let mut lines = n.message.lines();
-                writeln!(f, "  - {}", lines.next().unwrap_or_default())?;
-                for l in lines {
-                    writeln!(f, "    {l}")?;
-                }
-            }
+            notes_list(f, &strict)?;
+        }
+        if !always.is_empty() {
+            writeln!(f, "notes on the ground truth (not failures)")?;
+            notes_list(f, &always)?;
         }
         for x in &self.explained {
             let w = &x.element;

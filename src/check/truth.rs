@@ -71,6 +71,9 @@ pub struct GroundTruth {
     pub cotangents: Vec<(String, HostTensor)>,
     /// The gradient of each differentiable input (by input name), f64.
     pub gradients: Vec<(String, HostTensor)>,
+    /// How the ground truth was computed where it matters: launches whose VJP kernel was
+    /// refused and that the evaluator differentiated instead (`--ground kernels`).
+    pub notes: Vec<super::Finding>,
 }
 
 /// A forward run twice: in the kernels' own dtypes (traced, for blame) and as the ground truth
@@ -234,7 +237,9 @@ pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Resu
         p.truth = Env::default();
     }
     let by = opts.kernels_ground(&exec);
-    let mut truth = ground::reverse(&fwd.steps, &p.records, if host_steps { &p.truth } else { &p.native }, cot, &gopts, by)?;
+    let mut notes = Vec::new();
+    let env = if host_steps { &p.truth } else { &p.native };
+    let mut truth = ground::reverse(&fwd.steps, &p.records, env, cot, &gopts, by, &mut notes)?;
     p.records = steps::Records::default();
     let gradients = fwd
         .differentiable
@@ -252,6 +257,7 @@ pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Resu
         outputs: named(&p.native, fwd.outputs.iter().chain(&fwd.saved).map(String::as_str))?,
         cotangents,
         gradients,
+        notes,
     })
 }
 
@@ -309,7 +315,9 @@ pub fn gradcheck(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, name: &str
     let mut rng = StdRng::seed_from_u64(opts.seed ^ 0x5851_f42d_4c95_7f2d);
     let cot: HashMap<String, Vec<f64>> = draw_cotangents(&mut rng, &p.truth, fwd)?.into_iter().map(|(o, c, _)| (o, c)).collect();
     let gopts = GradOptions { memory_budget: opts.memory_budget, ..GradOptions::default() };
-    let truth = ground::reverse(&fwd.steps, &p.records, &p.truth, cot.clone(), &gopts, opts.kernels_ground(&exec))?;
+    // Launches whose VJP kernel is refused are differentiated by the evaluator, as the
+    // evaluator's own ground truth is: nothing to note against finite differences.
+    let truth = ground::reverse(&fwd.steps, &p.records, &p.truth, cot.clone(), &gopts, opts.kernels_ground(&exec), &mut Vec::new())?;
     // L(x) = sum over outputs of <cot, forward(x)>, the forward run in f64 from perturbed inputs.
     let base = promote(&p.drawn);
     let loss = |dirs: &[(String, Vec<f64>)], h: f64| -> Result<f64, CheckError> {

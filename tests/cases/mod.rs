@@ -135,4 +135,8 @@ pub const CASES: &[Case] = &[
     // A conditional expression guarding a load on the wrong condition: the last chunk loads
     // past its row (for the last row, past the tensor).
     ("chunk_cumsum_bwd_broken_guard", "chunk_cumsum", "bwd", Oob(33), ""),
+    // The total carried in from the next chunk read one element too far: a wrong value, blamed
+    // on the store (with `--ground kernels` the forward's launch is differentiated by the
+    // evaluator, with a note: `tests/vjp_kernels.rs`).
+    ("chunk_cumsum_bwd_broken_carry", "chunk_cumsum", "bwd", Wrong { input: "x", line: 47 }, "a wrong element read back: blamed on the store"),
 ];

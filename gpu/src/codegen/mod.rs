@@ -91,6 +91,26 @@ pub const DEFAULT_THREADS: usize = 256;
 /// blocks (6 an SM) than in 256-thread ones.
 pub const ELEMENTS_PER_THREAD: usize = 8;
 
+/// Registers a thread holds of one value up to which the loops over them are unrolled fully.
+/// Past it (at [`DEFAULT_THREADS`] threads), a kernel's block grows to up to [`MAX_THREADS`]
+/// threads (fewer registers each), and in such blocks loops over more than half as many
+/// registers are unrolled [`PARTIAL_UNROLL`] at a time: their arrays live in local memory, and
+/// NVRTC's time no longer grows with the tile. Measured on an H200 (`cargo bench --bench gpu --
+/// --compile`, `docs/benchmarks.md`): an 8x4096 layer-norm tile, 128 registers a value unrolled
+/// fully, took 36 s (forward) and 55 s (its f64 VJP kernel) with compiles side by side; now
+/// 0.6-0.7 s and 1.9-2.2 s, its forward 4.17 ms instead of 5.09. Kernels within the limit
+/// (the weighted sum's, the matmul's and the row softmax's of the benchmark) generate the same
+/// code as before. `TILEGRAD_GPU_UNROLL=N` sets it.
+pub const UNROLLED_REGISTERS: usize = 16;
+
+/// Registers a loop past [`UNROLLED_REGISTERS`] handles an iteration.
+pub const PARTIAL_UNROLL: usize = 4;
+
+/// [`UNROLLED_REGISTERS`], or `TILEGRAD_GPU_UNROLL` where set to a number.
+pub fn unrolled_registers() -> usize {
+    std::env::var("TILEGRAD_GPU_UNROLL").ok().and_then(|v| v.parse().ok()).unwrap_or(UNROLLED_REGISTERS)
+}
+
 /// Scratch up to this many bytes is a block's shared memory; more is global memory.
 pub const SHARED_SCRATCH: usize = 48 * 1024;
 
@@ -112,8 +132,9 @@ impl Default for Flavor {
 }
 
 /// Compiles a kernel (constexprs bound) to CUDA C: a thread per [`ELEMENTS_PER_THREAD`]
-/// elements of its largest tile (32 to [`DEFAULT_THREADS`] threads a block), as many blocks an
-/// SM as 64 registers a thread allow in 256-thread blocks, or 85 in smaller ones.
+/// elements of its largest tile (32 to [`DEFAULT_THREADS`] threads a block, more for tiles
+/// that would leave a thread over [`UNROLLED_REGISTERS`] registers a value), as many blocks an
+/// SM as 64 registers a thread allow in blocks of 256 threads or more, or 85 in smaller ones.
 pub fn generate(k: &Kernel) -> Result<Generated, GpuError> {
     generate_ordered(k, true)
 }
@@ -129,9 +150,31 @@ pub fn generate_ordered(k: &Kernel, ordered: bool) -> Result<Generated, GpuError
 
 /// [`generate`] in a [`Flavor`].
 pub fn generate_flavor(k: &Kernel, flavor: Flavor) -> Result<Generated, GpuError> {
-    let threads = largest_tile(k).div_ceil(ELEMENTS_PER_THREAD).next_power_of_two().clamp(32, DEFAULT_THREADS);
+    generate_flavor_unrolling(k, flavor, unrolled_registers())
+}
+
+/// [`generate_flavor`] with loops over up to `unrolled` registers of a value unrolled fully
+/// (see [`UNROLLED_REGISTERS`]), for measurements.
+pub fn generate_flavor_unrolling(k: &Kernel, flavor: Flavor, unrolled: usize) -> Result<Generated, GpuError> {
+    let (threads, blocks, unrolled) = block_shape(largest_tile(k), unrolled);
+    generate_unrolling(k, threads, Some(blocks), flavor, unrolled)
+}
+
+/// Threads a block, blocks an SM and the registers up to which loops are unrolled fully, for a
+/// kernel whose largest tile has `largest` elements: a thread per [`ELEMENTS_PER_THREAD`]
+/// elements, 32 to [`DEFAULT_THREADS`], loops unrolled up to `unrolled`; where a thread would
+/// then hold more than `unrolled` registers of a value, [`MAX_THREADS`] or as many as hold
+/// `unrolled` (one block an SM, 64 registers a thread), loops unrolled up to half as many.
+/// (On an H200, the 4x4096 softmax's f64 VJP kernel, 16 registers a value in 1024 threads,
+/// took 3.0 s in NVRTC unrolled fully, 1.8 s thus; its forward then ran in 3.9 ms, not 2.6.)
+fn block_shape(largest: usize, unrolled: usize) -> (usize, usize, usize) {
+    let threads = largest.div_ceil(ELEMENTS_PER_THREAD).next_power_of_two().clamp(32, DEFAULT_THREADS);
+    if largest.div_ceil(threads) > unrolled {
+        let more = largest.div_ceil(unrolled.max(1)).next_power_of_two().clamp(threads, MAX_THREADS);
+        return (more, (MAX_THREADS / more).max(1), unrolled / 2);
+    }
     let blocks = if threads >= DEFAULT_THREADS { MAX_THREADS / threads } else { 3 * MAX_THREADS / 4 / threads };
-    generate_full(k, threads, Some(blocks), flavor)
+    (threads, blocks, unrolled)
 }
 
 /// Elements of a kernel's largest tile.
@@ -154,6 +197,18 @@ pub fn generate_with(k: &Kernel, max_threads: usize, min_blocks: Option<usize>) 
 
 /// [`generate_with`] and [`generate_flavor`] together.
 pub fn generate_full(k: &Kernel, max_threads: usize, min_blocks: Option<usize>, flavor: Flavor) -> Result<Generated, GpuError> {
+    generate_unrolling(k, max_threads, min_blocks, flavor, unrolled_registers())
+}
+
+/// [`generate_full`] with loops over up to `unrolled` registers of a value unrolled fully (see
+/// [`UNROLLED_REGISTERS`]).
+pub fn generate_unrolling(
+    k: &Kernel,
+    max_threads: usize,
+    min_blocks: Option<usize>,
+    flavor: Flavor,
+    unrolled: usize,
+) -> Result<Generated, GpuError> {
     let sunk = sink::sink_pure_ops(&hoist::hoist_invariants(k));
     debug_assert!(tilegrad_ir::verify(&sunk).is_ok(), "`{}` rewritten: {:?}", k.name, tilegrad_ir::verify(&sunk));
     let k = &sunk;
@@ -187,6 +242,7 @@ pub fn generate_full(k: &Kernel, max_threads: usize, min_blocks: Option<usize>, 
         resident: Default::default(),
         parity: None,
         defs,
+        unrolled,
     };
     g.check_pointers()?;
     g.block(k.body)?;
@@ -250,6 +306,8 @@ struct Gen<'k> {
     /// Reduction results still in scratch, where every thread may read them until the next
     /// scratch op or block boundary: element `@` of the value, as a C expression.
     resident: std::collections::HashMap<u32, String>,
+    /// Loops over up to this many registers are unrolled fully ([`UNROLLED_REGISTERS`]).
+    unrolled: usize,
 }
 
 impl<'k> Gen<'k> {
@@ -314,6 +372,16 @@ impl<'k> Gen<'k> {
         self.line(&s);
     }
 
+    /// The `#pragma` of a loop over `count` registers of a thread (see [`UNROLLED_REGISTERS`]),
+    /// with its line break.
+    fn unroll(&self, count: usize) -> String {
+        if count <= self.unrolled {
+            "#pragma unroll\n".to_string()
+        } else {
+            format!("#pragma unroll {PARTIAL_UNROLL}\n")
+        }
+    }
+
     /// `for each element e of out (held by this thread as register j): body`. For scalars the
     /// body runs once, in every thread, with `j = 0` and `e = 0`.
     fn each(&mut self, out: Value, body: &str) {
@@ -323,12 +391,13 @@ impl<'k> Gen<'k> {
             let (r, n, nt) = (self.regs(out), self.numel(out), self.nt);
             // Registers past the tile's end are set too: a register some path leaves unset
             // would be carried around loops, and held, by the compiler.
+            let u = self.unroll(r);
             if r * nt == n {
-                self.line(&format!("#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {{ {body} }} }}"));
+                self.line(&format!("{u}for (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {{ {body} }} }}"));
             } else {
                 let t = ctype(self.dtype(out));
                 self.line(&format!(
-                    "#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; if (e < {n}) {{ {body} }} else v{}[j] = ({t})0; }}",
+                    "{u}for (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; if (e < {n}) {{ {body} }} else v{}[j] = ({t})0; }}",
                     out.0
                 ));
             }
@@ -342,7 +411,8 @@ impl<'k> Gen<'k> {
         } else {
             let (r, n, nt) = (self.regs(v), self.numel(v), self.nt);
             let guard = if r * nt == n { String::new() } else { format!("if (e < {n}) ") };
-            self.line(&format!("#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {guard}{{ {body} }} }}"));
+            let u = self.unroll(r);
+            self.line(&format!("{u}for (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {guard}{{ {body} }} }}"));
         }
     }
 
@@ -399,8 +469,9 @@ impl<'k> Gen<'k> {
         } else {
             let (r, n, nt) = (self.regs(v), self.numel(v), self.nt);
             let guard = if r * nt == n { String::new() } else { format!("if (e < {n}) ") };
+            let u = self.unroll(r);
             self.line(&format!(
-                "#pragma unroll\nfor (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {guard}(({t}*)(sb + {at}))[e] = v{}[j]; }}",
+                "{u}for (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {guard}(({t}*)(sb + {at}))[e] = v{}[j]; }}",
                 v.0
             ));
         }
@@ -456,7 +527,8 @@ impl<'k> Gen<'k> {
     /// Copies value `from` into `to` (same type).
     fn copy(&mut self, to: Value, from: Value) {
         let r = self.regs(to);
-        self.line(&format!("#pragma unroll\nfor (int j = 0; j < {r}; ++j) v{}[j] = v{}[j];", to.0, from.0));
+        let u = self.unroll(r);
+        self.line(&format!("{u}for (int j = 0; j < {r}; ++j) v{}[j] = v{}[j];", to.0, from.0));
     }
 
     fn inst(&mut self, i: Inst) -> Result<(), GpuError> {
@@ -849,3 +921,6 @@ fn multi_source_pointer(k: &Kernel, sources: &[Vec<bool>]) -> Option<Inst> {
     });
     bad
 }
+
+#[cfg(test)]
+mod unroll_tests;

@@ -39,8 +39,9 @@ impl<'k> Gen<'k> {
             self.need_scratch(ioff + outer * nw * 4);
             self.open_scratch();
             let base = self.scratch_base();
+            let (uo, uq) = (self.unroll(outer * per), self.unroll(per));
             self.line(&format!(
-                "{{ const int lane = tid % 32, warp = tid / 32;\n#pragma unroll\nfor (int o = 0; o < {outer}; ++o) {{ {t} m = v{x}[o * {per}]; int mi = tid;\n#pragma unroll\nfor (int q = 1; q < {per}; ++q) tg_pick<{t}, {mx}>(m, mi, v{x}[o * {per} + q], tid + q * {nt});\nfor (int w = 16; w >= 1; w /= 2) {{ const {t} om = __shfl_xor_sync(0xffffffffu, m, w); const int oi = __shfl_xor_sync(0xffffffffu, mi, w); tg_pick<{t}, {mx}>(m, mi, om, oi); }}\nif (lane == 0) {{ (({t}*)sb)[o * {nw} + warp] = m; ((int*)(sb + {ioff}))[o * {nw} + warp] = mi; }} }} }}",
+                "{{ const int lane = tid % 32, warp = tid / 32;\n{uo}for (int o = 0; o < {outer}; ++o) {{ {t} m = v{x}[o * {per}]; int mi = tid;\n{uq}for (int q = 1; q < {per}; ++q) tg_pick<{t}, {mx}>(m, mi, v{x}[o * {per} + q], tid + q * {nt});\nfor (int w = 16; w >= 1; w /= 2) {{ const {t} om = __shfl_xor_sync(0xffffffffu, m, w); const int oi = __shfl_xor_sync(0xffffffffu, mi, w); tg_pick<{t}, {mx}>(m, mi, om, oi); }}\nif (lane == 0) {{ (({t}*)sb)[o * {nw} + warp] = m; ((int*)(sb + {ioff}))[o * {nw} + warp] = mi; }} }} }}",
                 x = x.0
             ));
             self.sync();
@@ -269,9 +270,8 @@ impl<'k> Gen<'k> {
         self.line(&format!("{t} s[{regs}];"));
         let guard = if regs * nt == numel { String::new() } else { format!("if (e < {numel}) ") };
         let otherwise = if regs * nt == numel { String::new() } else { format!(" else s[j] = ({t})0;") };
-        self.line(&format!(
-            "#pragma unroll\nfor (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; {guard}s[j] = {cv};{otherwise} }}"
-        ));
+        let u = self.unroll(regs);
+        self.line(&format!("{u}for (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; {guard}s[j] = {cv};{otherwise} }}"));
         if strip {
             let (wide, w) = match acc {
                 DType::F32 if regs % 4 == 0 => ("float4", 4),
@@ -289,13 +289,15 @@ impl<'k> Gen<'k> {
                 let sj = format!("s[{w} * jw + {at}]");
                 let _ = write!(body, " {sj} = {};", step(&sj, &el, "bq"));
             }
+            let uj = self.unroll(regs);
             self.line(&format!(
-                "#pragma unroll {unroll}\nfor (int q = 0; q < {kk}; ++q) {{ {hoist} const {wide}* ap = (const {wide}*)((({t}*)sb) + q * {pitch} + (tid / {n}) * {regs});\n#pragma unroll\nfor (int jw = 0; jw < {}; ++jw) {{ const {wide} a4 = ap[jw];{body} }} }}",
+                "#pragma unroll {unroll}\nfor (int q = 0; q < {kk}; ++q) {{ {hoist} const {wide}* ap = (const {wide}*)((({t}*)sb) + q * {pitch} + (tid / {n}) * {regs});\n{uj}for (int jw = 0; jw < {}; ++jw) {{ const {wide} a4 = ap[jw];{body} }} }}",
                 regs / w
             ));
         } else {
+            let uj = self.unroll(regs);
             self.line(&format!(
-                "for (int q = 0; q < {kk}; ++q) {{ {hoist}\n#pragma unroll\nfor (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; if (e < {numel}) s[j] = {}; }} }}",
+                "for (int q = 0; q < {kk}; ++q) {{ {hoist}\n{uj}for (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; if (e < {numel}) s[j] = {}; }} }}",
                 step("s[j]", &format!("(({t}*)sb)[(e / {n}) * {kk} + q]"), &bq)
             ));
         }

@@ -1,0 +1,96 @@
+//! Loops over a thread's registers: unrolled fully up to [`UNROLLED_REGISTERS`] a value, a few
+//! at a time past it (in blocks grown for large tiles, past half as many), so that the code
+//! NVRTC unrolls stops growing with the tile.
+
+use super::*;
+use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
+
+const SOFTMAX: &str = r#"
+import triton
+import triton.language as tl
+
+@triton.jit
+def rows_softmax(x_ptr, y_ptr, R: tl.constexpr, C: tl.constexpr):
+    r = tl.program_id(0) * R + tl.arange(0, R)
+    c = tl.arange(0, C)
+    x = tl.load(x_ptr + r[:, None] * C + c[None, :])
+    e = tl.exp(x - tl.max(x, axis=1)[:, None])
+    tl.store(y_ptr + r[:, None] * C + c[None, :], e / tl.sum(e, axis=1)[:, None])
+"#;
+
+/// The row softmax over `rows` x `cols` tiles.
+fn softmax(rows: i64, cols: i64) -> Kernel {
+    let constexprs = vec![("R".to_string(), ConstValue::Int(rows)), ("C".to_string(), ConstValue::Int(cols))];
+    convert(SOFTMAX, "softmax.py", "rows_softmax", &ConvertOptions { constexprs, ..ConvertOptions::default() }).unwrap()
+}
+
+/// The loops over registers of a generated source: (trip count, unrolled fully).
+fn register_loops(source: &str) -> Vec<(usize, bool)> {
+    let mut out = Vec::new();
+    let mut rest = source;
+    while let Some(at) = rest.find("#pragma unroll") {
+        rest = &rest[at + "#pragma unroll".len()..];
+        let (pragma, after) = rest.split_once('\n').unwrap();
+        // `for (int j = 0; j < 32; ++j)`: the trip count after `<`.
+        let cond = after.split(';').nth(1).unwrap();
+        let Some(n) = cond.split('<').nth(1).and_then(|n| n.trim().parse::<usize>().ok()) else { continue };
+        if after.starts_with("for (int j ") || after.starts_with("for (int jw ") || after.starts_with("for (int o ") {
+            out.push((n, pragma.trim().is_empty()));
+        }
+    }
+    out
+}
+
+/// Loop bodies NVRTC emits for a source's loops over registers: the trip count of each loop
+/// unrolled fully, [`PARTIAL_UNROLL`] of each other.
+fn unrolled_bodies(source: &str) -> usize {
+    register_loops(source).iter().map(|&(n, full)| if full { n } else { n.min(PARTIAL_UNROLL) }).sum()
+}
+
+#[test]
+fn loops_over_more_registers_than_the_limit_are_unrolled_a_few_at_a_time() {
+    // 8 x 4096: 32 registers a value even in 1024-thread blocks.
+    let g = generate_flavor_unrolling(&softmax(8, 4096), Flavor::default(), UNROLLED_REGISTERS).unwrap();
+    assert_eq!(g.threads, 1024);
+    let loops = register_loops(&g.source);
+    assert!(loops.iter().any(|&(n, full)| n == 32 && !full), "{loops:?}");
+    assert!(loops.iter().all(|&(n, full)| !full || n <= UNROLLED_REGISTERS / 2), "{loops:?}");
+    assert!(g.source.contains(&format!("#pragma unroll {PARTIAL_UNROLL}\nfor (int j = 0; j < 32; ++j)")));
+}
+
+#[test]
+fn what_nvrtc_unrolls_stops_growing_with_the_tile() {
+    let bodies = |rows, cols| {
+        unrolled_bodies(&generate_flavor_unrolling(&softmax(rows, cols), Flavor::default(), UNROLLED_REGISTERS).unwrap().source)
+    };
+    // 16 registers a value (1 x 4096 in 256 threads): the most unrolled fully.
+    let at_limit = bodies(1, 4096);
+    for (rows, cols) in [(2, 4096), (4, 4096), (8, 4096), (16, 4096), (8, 16384), (64, 4096)] {
+        assert!(bodies(rows, cols) <= at_limit, "{rows}x{cols}: {} bodies, {at_limit} at the limit", bodies(rows, cols));
+    }
+    // Unrolled fully, as before the limit, it grew with the tile: 8 times the elements, about 8
+    // times the bodies.
+    let full = |rows| unrolled_bodies(&generate_flavor_unrolling(&softmax(rows, 4096), Flavor::default(), usize::MAX).unwrap().source);
+    assert!(full(64) > 7 * full(8) && full(8) > 5 * at_limit, "{} {} {at_limit}", full(64), full(8));
+}
+
+#[test]
+fn tiles_within_the_limit_generate_the_same_code_as_before() {
+    for (rows, cols) in [(1, 4096), (16, 64), (1, 128)] {
+        let k = softmax(rows, cols);
+        let a = generate_flavor_unrolling(&k, Flavor::default(), UNROLLED_REGISTERS).unwrap();
+        let b = generate_flavor_unrolling(&k, Flavor::default(), usize::MAX).unwrap();
+        assert_eq!((a.threads, a.min_blocks), (b.threads, b.min_blocks));
+        assert!(a.source == b.source, "{rows}x{cols}: the code differs");
+    }
+}
+
+#[test]
+fn blocks_grow_before_loops_stop_being_unrolled() {
+    assert_eq!(block_shape(1024, 16), (128, 6, 16));
+    assert_eq!(block_shape(4096, 16), (256, 4, 16));
+    // 64 registers a value at 256 threads: 1024 threads hold 16 each, unrolled 8 at most.
+    assert_eq!(block_shape(16384, 16), (1024, 1, 8));
+    assert_eq!(block_shape(32768, 16), (1024, 1, 8));
+    assert_eq!(block_shape(32768, usize::MAX), (256, 4, usize::MAX));
+}

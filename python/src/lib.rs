@@ -683,13 +683,19 @@ impl PyReport {
             return self.0.to_json();
         }
         let mut v = serde_json::to_value(&self.0).expect("reports serialise");
-        let rows = self.1.iter().map(|(name, shape, dtype, why)| serde_json::json!({"name": name, "shape": shape, "dtype": dtype, "reason": why}));
+        let rows =
+            self.1.iter().map(|(name, shape, dtype, why)| serde_json::json!({"name": name, "shape": shape, "dtype": dtype, "reason": why}));
         v["not_compared"] = serde_json::Value::Array(rows.collect());
         serde_json::to_string_pretty(&v).expect("reports serialise")
     }
 
     fn __str__(&self) -> String {
         format!("{}{}", self.0, self.not_compared_text())
+    }
+
+    /// The report as one self-contained HTML page (the CLI's `--html`).
+    fn to_html(&self) -> String {
+        self.0.to_html()
     }
 }
 

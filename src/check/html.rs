@@ -17,6 +17,8 @@ use std::fmt::Write;
 const GRID: (usize, usize) = (768, 320);
 /// Room for row labels on the left and column labels above.
 const MARGIN: (usize, usize) = (88, 22);
+/// The fill of a cell holding a NaN.
+const NAN_FILL: &str = "#6a3d9a";
 /// Lines of source shown around a blamed line.
 const CONTEXT: usize = 2;
 
@@ -119,11 +121,14 @@ fn heatmap(tensor: &str, m: &ErrorMap) -> String {
         let _ = writeln!(s, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{label}</text>", MARGIN.0 - 6, y + ch / 2 + 4);
         for c in 0..nc {
             let tip = esc(&cell_tip(m, r, c));
-            let (class, fill) = if m.has_nan(r, c) { ("cell nan", "#6a3d9a".to_string()) } else { ("cell", colour(m.cells[r][c])) };
+            // A NaN cell is purple, more opaque the more of its elements are over tolerance.
+            let f = m.cells[r][c];
+            let (class, fill, opacity) =
+                if m.has_nan(r, c) { ("cell nan", NAN_FILL.into(), 0.35 + 0.65 * f) } else { ("cell", colour(f), 1.0) };
             let _ = writeln!(
                 s,
-                "<rect class=\"{class}\" x=\"{}\" y=\"{y}\" width=\"{cw}\" height=\"{ch}\" fill=\"{fill}\" data-r=\"{r}\" data-c=\"{c}\" \
-                 data-tip=\"{tip}\"><title>{tip}</title></rect>",
+                "<rect class=\"{class}\" x=\"{}\" y=\"{y}\" width=\"{cw}\" height=\"{ch}\" fill=\"{fill}\" fill-opacity=\"{opacity:.2}\" \
+                 data-r=\"{r}\" data-c=\"{c}\" data-tip=\"{tip}\"><title>{tip}</title></rect>",
                 MARGIN.0 + c * cw
             );
         }

@@ -9,6 +9,8 @@
 
 /// Runs of consecutive indices listed at most; more are counted.
 const MAX_RUNS: usize = 8;
+/// Indices missing from a set named by them at most ("every row but 5, 9").
+const MAX_MISSING: usize = 3;
 
 /// Which slices, rows and columns hold an element over tolerance.
 pub(super) struct Hits<'a> {
@@ -52,6 +54,24 @@ impl Set {
         (self.idx.len() >= 3 && self.idx.windows(2).all(|w| w[1] - w[0] == k)).then_some(k)
     }
 
+    /// The indices not in the set.
+    fn missing(&self) -> Vec<usize> {
+        let mut hit = vec![false; self.n];
+        self.idx.iter().for_each(|&i| hit[i] = true);
+        (0..self.n).filter(|&i| !hit[i]).collect()
+    }
+
+    /// Whether [`Set::describe`] names the set exactly in a few words (not only its count).
+    fn simple(&self) -> bool {
+        self.contiguous() || self.step().is_some() || self.runs().len() <= MAX_RUNS || self.few_missing()
+    }
+
+    /// At most [`MAX_MISSING`] indices are missing, fewer than there are in the set.
+    fn few_missing(&self) -> bool {
+        let missing = self.n - self.idx.len();
+        missing <= MAX_MISSING && missing < self.idx.len()
+    }
+
     /// Maximal runs of consecutive indices, `[first, last]`.
     fn runs(&self) -> Vec<[usize; 2]> {
         let mut runs: Vec<[usize; 2]> = Vec::new();
@@ -64,8 +84,8 @@ impl Set {
         runs
     }
 
-    /// "row 17", "rows 256..299", "rows 0, 4, 8, ..., 60 (every 4th)", "rows 0..3, 8..11, 17"
-    /// (up to [`MAX_RUNS`] runs), "37 rows in 2..95" (ranges inclusive).
+    /// "row 17", "rows 256..299", "every row but 5, 9", "rows 0, 4, 8, ..., 60 (every 4th)",
+    /// "rows 0..3, 8..11, 17" (up to [`MAX_RUNS`] runs), "37 rows in 2..95" (ranges inclusive).
     fn describe(&self, one: &str, many: &str) -> String {
         let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
         if self.idx.len() == 1 {
@@ -73,6 +93,9 @@ impl Set {
         }
         if self.contiguous() {
             return format!("{many} {}..{}", self.first(), self.last());
+        }
+        if self.few_missing() {
+            return format!("every {one} but {}", list(&self.missing()));
         }
         if let Some(k) = self.step() {
             let shown = if self.idx.len() <= 4 { list(&self.idx) } else { format!("{}, ..., {}", list(&self.idx[..3]), self.last()) };
@@ -106,22 +129,24 @@ pub(super) fn summary(h: &Hits<'_>, over: usize) -> String {
     if over == numel {
         return "everywhere".into();
     }
-    if over == s.idx.len() * r.idx.len() * c.idx.len() {
-        return format!("{}{}", place(h.rank, &r, &c), in_slices(h.rank, &s));
+    match place(h.rank, &r, &c) {
+        Some(p) if over == s.idx.len() * r.idx.len() * c.idx.len() => format!("{p}{}", in_slices(h.rank, &s)),
+        _ => scattered(h.rank, (&s, &r, &c), over, numel),
     }
-    scattered(h.rank, (&s, &r, &c), over, numel)
 }
 
-/// Where in the last two axes: exactly the elements of rows `r` and columns `c`.
-fn place(rank: usize, r: &Set, c: &Set) -> String {
+/// Where in the last two axes: exactly the elements of rows `r` and columns `c`; `None` for a
+/// 1-D tensor whose elements over tolerance no few words name (every set of one row is such a
+/// product, but a count of elements is no pattern).
+fn place(rank: usize, r: &Set, c: &Set) -> Option<String> {
     if rank <= 1 {
         return match (c.all(), c.idx.len()) {
-            (true, _) => "every element".into(),
-            (false, 1) => format!("element {} only", c.first()),
-            _ => c.describe("element", "elements"),
+            (true, _) => Some("every element".into()),
+            (false, 1) => Some(format!("element {} only", c.first())),
+            _ => c.simple().then(|| c.describe("element", "elements")),
         };
     }
-    match (r.all(), c.all()) {
+    Some(match (r.all(), c.all()) {
         (true, true) => "every element".into(),
         (true, false) => format!("{} of every row", c.describe("column", "columns")),
         (false, true) if r.idx.len() == 1 => format!("row {} only", r.first()),
@@ -131,7 +156,7 @@ fn place(rank: usize, r: &Set, c: &Set) -> String {
             format!("one {}x{} tile at [{}:{}, {}:{}]", r.idx.len(), c.idx.len(), r.first(), r.last() + 1, c.first(), c.last() + 1)
         }
         (false, false) => format!("{} of {}", c.describe("column", "columns"), r.describe("row", "rows")),
-    }
+    })
 }
 
 /// Which slices of the folded leading axes, when not every one.
@@ -145,12 +170,9 @@ fn in_slices(rank: usize, s: &Set) -> String {
 
 /// A pattern that is no product of rows and columns: how many, within which rows and columns.
 fn scattered(rank: usize, (s, r, c): (&Set, &Set, &Set), over: usize, numel: usize) -> String {
-    let span = |x: &Set, many: &str| (!x.all()).then(|| format!("{many} {}..{}", x.first(), x.last()));
-    let within: Vec<String> = if rank <= 1 {
-        span(c, "elements").into_iter().collect()
-    } else {
-        [span(r, "rows"), span(c, "columns")].into_iter().flatten().collect()
-    };
+    let span = |x: &Set, many: &str| (x.first() > 0 || x.last() + 1 < x.n).then(|| format!("{many}{}..{}", x.first(), x.last()));
+    let within: Vec<String> =
+        if rank <= 1 { span(c, "").into_iter().collect() } else { [span(r, "rows "), span(c, "columns ")].into_iter().flatten().collect() };
     let within = if within.is_empty() { String::new() } else { format!(" within {}", within.join(", ")) };
     let slices = if s.all() { String::new() } else { format!(", in {} of {} slices", s.idx.len(), s.n) };
     format!("scattered: {over} of {numel} elements{within}{slices}")

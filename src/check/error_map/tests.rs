@@ -123,6 +123,7 @@ fn one_row_and_a_few_rows() {
     assert_eq!(map(&[40, 30], |ix| [1, 2, 7, 20, 33].contains(&ix[0])).summary, "rows 1..2, 7, 20, 33");
     assert_eq!(map(&[40, 30], |ix| ix[0] % 4 == 0 || ix[0] == 39).summary, "11 rows in 0..39");
     assert_eq!(map(&[40, 30], |ix| ix[0] == 3 && ix[1] == 4).summary, "element [3, 4] only");
+    assert_eq!(map(&[40, 30], |ix| ix[0] != 5 && ix[0] != 9).summary, "every row but 5, 9");
     assert_eq!(map(&[40, 30], |ix| ix[0] % 2 == 0 && ix[1] == 4).summary, "column 4 of rows 0, 2, 4, ..., 38 (every 2nd)");
 }
 
@@ -145,6 +146,13 @@ fn a_1d_tensor_is_one_row() {
     assert_eq!(m.hot_cells(), touching(&m.col_bins, 990, 1000).into_iter().map(|c| (0, c)).collect::<Vec<_>>());
     assert_eq!(map(&[1000], |ix| ix[0] == 999).summary, "element 999 only");
     assert_eq!(map(&[1000], |ix| ix[0] % 100 == 0).summary, "elements 0, 100, 200, ..., 900 (every 100th)");
+    assert_eq!(map(&[1000], |ix| ![5, 70, 71].contains(&ix[0])).summary, "every element but 5, 70, 71");
+    let m = map(&[1000], |ix| (ix[0] * 7) % 10 < 4);
+    assert_eq!(m.summary, "scattered: 400 of 1000 elements");
+    assert_eq!(
+        map(&[1000], |ix| ix[0] > 500 && ix[0] % 3 == 0 && ix[0] % 7 != 0).summary,
+        "scattered: 143 of 1000 elements within 501..999"
+    );
     let m = map(&[5], |ix| ix[0] == 2);
     assert_eq!((m.col_bins.len(), m.hot_cells()), (5, vec![(0, 2)]));
 }

@@ -198,6 +198,11 @@ enum Command {
         /// value was computed through, e.g. `grad_x[3,7]` (or by input name, `x[3,7]`). Repeatable.
         #[arg(long = "blame-element", value_name = "TENSOR[I,J,..]")]
         blame_elements: Vec<String>,
+        /// Also write the reports as one self-contained HTML page: a heatmap of where each
+        /// failing tensor is wrong (hover a cell for its elements), the blamed source lines and
+        /// the text report.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
         #[command(flatten)]
         opts: SpecArgs,
     },
@@ -376,7 +381,7 @@ fn parse_element(s: &str) -> Result<(String, Vec<usize>)> {
 /// Runs a command; `Ok(false)` means it ran and found a failure.
 fn run(cli: Cli) -> Result<bool> {
     match cli.command {
-        Command::Check { specs, json, timings, blame_elements, opts } => {
+        Command::Check { specs, json, timings, blame_elements, html, opts } => {
             let elements = blame_elements.iter().map(|e| parse_element(e)).collect::<Result<Vec<_>>>()?;
             let mut reports = Vec::new();
             for path in &specs {
@@ -403,6 +408,9 @@ fn run(cli: Cli) -> Result<bool> {
                 reports.push(report);
             }
             let passed = reports.iter().all(|r| r.passed);
+            if let Some(path) = &html {
+                std::fs::write(path, check::html_page(&reports)).with_context(|| format!("--html {}", path.display()))?;
+            }
             if json {
                 out!("{}", serde_json::to_string_pretty(&reports)?);
             } else if specs.len() > 1 {

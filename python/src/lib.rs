@@ -827,6 +827,11 @@ impl PyReport {
     fn __str__(&self) -> String {
         format!("{}{}", self.0, self.not_compared_text())
     }
+
+    /// The report as one self-contained HTML page (the CLI's `--html`).
+    fn to_html(&self) -> String {
+        self.0.to_html()
+    }
 }
 
 /// Builds a report. `failure`: (step, what, message, trial) when the backward failed to run;

@@ -49,6 +49,36 @@ class Report:
     def to_json(self) -> str:
         return self._native.to_json()
 
+    def error_map(self, name: str | None = None) -> Any:
+        """Where the elements over tolerance are, per failing tensor, as the JSON's `error_map`:
+        `summary` (the pattern in one line, e.g. "columns 256..299 of every row"), `cells` (per
+        row bin, per column bin, the fraction over tolerance), `row_bins` and `col_bins` (each
+        `[start, end)`), `nan_cells`, `over`, `rows`, `cols`, `slices`, `folded_axes`.
+
+        With `name` (a differentiable input, a gradient tensor or a forward output): that
+        tensor's map, or None when none of its elements is over tolerance (KeyError when the
+        report has no such tensor). Without: `{name: map}` of every tensor that has one,
+        gradients (by input name) before forward outputs."""
+        d = self.to_dict()
+        rows = d["gradients"] + d["forward"]
+        if name is None:
+            maps: dict[str, Any] = {}
+            for r in rows:
+                if r.get("error_map") is not None:
+                    maps.setdefault(r["name"], r["error_map"])
+            return maps
+        for r in rows:
+            if name in (r["name"], r["tensor"]):
+                return r.get("error_map")
+        raise KeyError(f"the report compares no tensor named {name!r}")
+
+    def to_html(self, path: Any) -> Any:
+        """Writes the report as one self-contained HTML page (a heatmap of where each failing
+        tensor is wrong, its worst element's blame, the text report) to `path`; returns it."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self._native.to_html())
+        return path
+
     def assert_passes(self) -> None:
         """Raises AssertionError carrying the table when the check failed."""
         if not self.passed:

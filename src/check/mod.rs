@@ -61,9 +61,11 @@
 
 pub(crate) mod backend;
 mod blame;
+pub mod error_map;
 pub mod expr;
 mod findings;
 mod ground;
+mod html;
 mod inputs;
 pub mod notes;
 mod recorded;
@@ -77,12 +79,13 @@ pub mod verdict;
 pub use backend::Executor;
 pub use expr::{Expr, ExprError, Scalar};
 pub use ground::vjp_float;
+pub use html::page as html_page;
 pub(crate) use inputs::check_dist;
 pub use inputs::{Dist, InputTensor, Inputs, Source};
 pub use recorded::{RecordedLaunch, RecordedPass, RecordedTensor};
 pub use report::{
-    compare, compare_by, unravel, Blame, BlameSite, Calibration, Explained, Failure, Finding, FindingKind, Formula, Location, Report,
-    Rounding, Slice, SliceLine, TensorReport, Timings, Tolerance, Worst, SCHEMA_VERSION,
+    compare, compare_by, judge, unravel, Blame, BlameSite, Calibration, ErrorMap, Explained, Failure, Finding, FindingKind, Formula,
+    Location, Report, Rounding, Slice, SliceLine, TensorReport, Timings, Tolerance, Worst, SCHEMA_VERSION,
 };
 pub(crate) use steps::{can_accumulate, eval_shape as steps_eval_shape, item as step_item, pieces as step_pieces, split_axis};
 pub use steps::{Env, Init, ItemReduce, KernelLaunch, Reduction, Step};

@@ -196,6 +196,7 @@ impl fmt::Display for Blame {
     }
 }
 
+pub use super::error_map::{ErrorMap, Judged};
 pub use super::slice::{Slice, SliceLine};
 
 /// The worst element of a comparison.
@@ -256,6 +257,8 @@ pub struct TensorReport {
     pub rounding: Option<Rounding>,
     /// The element furthest over (or closest to) its tolerance.
     pub worst: Option<Worst>,
+    /// Where the elements over tolerance are (`None` when none is).
+    pub error_map: Option<ErrorMap>,
     /// The cotangent trial (0-based) this comparison comes from (the worst trial).
     pub trial: usize,
     /// Every element within tolerance.
@@ -700,6 +703,9 @@ fn table(f: &mut fmt::Formatter<'_>, first: &str, rows: &[TensorReport]) -> fmt:
                 write!(f, "{b}")?;
             }
         }
+        if let Some(m) = &r.error_map {
+            write!(f, "{}", m.text(&r.tensor))?;
+        }
     }
     Ok(())
 }
@@ -832,25 +838,17 @@ pub fn compare_by(
         let g = got(i);
         nan += g.is_nan() as usize;
         inf += g.is_infinite() as usize;
-        let mismatch = if !e.is_finite() { !(g.is_nan() && e.is_nan() || g == e) } else { !g.is_finite() };
-        let ratio = if mismatch {
-            let p = if g.is_nan() || e.is_nan() { f64::NAN } else { f64::INFINITY };
+        let Judged { ratio, nonfinite, nan: with_nan } = judge(e, g, tol, scale);
+        if nonfinite {
+            let p = if with_nan { f64::NAN } else { f64::INFINITY };
             poison = Some(if poison.is_some_and(f64::is_nan) { f64::NAN } else { p });
-            f64::INFINITY
-        } else if !e.is_finite() {
-            0.0
-        } else {
+        } else if e.is_finite() {
             let d = (g - e).abs();
             max_abs = max_abs.max(d);
             max_rel = max_rel.max(d / e.abs().max(floor));
             num += d * d;
             den += e * e;
-            if d == 0.0 {
-                0.0
-            } else {
-                d / (tol.atol * scale + tol.rtol * e.abs())
-            }
-        };
+        }
         over += (ratio > 1.0) as usize;
         if worst.is_none_or(|(_, r)| ratio > r) {
             worst = Some((i, ratio));
@@ -876,10 +874,34 @@ pub fn compare_by(
         formula: None,
         rounding: None,
         worst: worst.map(|(i, _)| Worst { index: unravel(i, shape), expected: expected[i], got: got(i), blame: None }),
+        error_map: (over > 0).then(|| error_map_of(shape, expected, &got, |e, g| judge(e, g, tol, scale))),
         trial,
         passed: over == 0,
     };
     (report, worst)
+}
+
+/// The comparison's test of one element: `|got - expected|` over its tolerance (`atol` relative
+/// to `scale`), infinite where a non-finite value on either side is not matched exactly.
+pub fn judge(e: f64, g: f64, tol: Tolerance, scale: f64) -> Judged {
+    let nonfinite = if !e.is_finite() { !(g.is_nan() && e.is_nan() || g == e) } else { !g.is_finite() };
+    let d = (g - e).abs();
+    let ratio = if nonfinite {
+        f64::INFINITY
+    } else if !e.is_finite() || d == 0.0 {
+        0.0
+    } else {
+        d / (tol.atol * scale + tol.rtol * e.abs())
+    };
+    Judged { ratio, nonfinite, nan: nonfinite && (g.is_nan() || e.is_nan()) }
+}
+
+/// The [`ErrorMap`] of a comparison ([`judge`] on each element); a tensor whose shape does not
+/// hold the values is mapped as 1-D.
+fn error_map_of(shape: &[usize], expected: &[f64], got: &impl Fn(usize) -> f64, judge: impl Fn(f64, f64) -> Judged) -> ErrorMap {
+    let flat = [expected.len()];
+    let shape = if shape.iter().product::<usize>() == expected.len() { shape } else { &flat };
+    ErrorMap::build(shape, |i| judge(expected[i], got(i)), |i| (expected[i], got(i)))
 }
 
 /// The multi-index of flat element `i` of a row-major tensor of `shape`.

@@ -6,6 +6,7 @@
 
 use super::report::{unravel, Blame, BlameSite};
 use super::slice::{explain, Target};
+use super::spectrum::{Evidence, Sample};
 use super::steps::{split_axis, Env, Init, Origin, Step, Trace};
 use super::tensor_expr::broadcast_map;
 use tilegrad_ir::{Kernel, Loc, Value};
@@ -34,9 +35,20 @@ fn def_loc(k: &Kernel, v: Value) -> Option<Loc> {
 }
 
 /// Blames element `e` (flat) of tensor `name` of a pass that ran `steps` with `trace`;
-/// `values` (expected, got) rank the lines of its data-flow slice.
-pub(crate) fn blame(trace: &Trace, env: &Env, steps: &[Step], name: &str, e: usize, values: Option<(f64, f64)>) -> Blame {
-    blame_elements(trace, env, steps, name, &[e], Vec::new(), values)
+/// `values` (expected, got) and the slices of `samples` of wrong and right elements of the
+/// tensors compared (this one's among them) rank the lines of its data-flow slice.
+pub(crate) fn blame(
+    trace: &Trace,
+    env: &Env,
+    steps: &[Step],
+    name: &str,
+    e: usize,
+    values: Option<(f64, f64)>,
+    samples: &[(String, Sample)],
+) -> Blame {
+    let mut b = Blame { via: Vec::new(), sites: Vec::new(), slice: None };
+    go(trace, env, steps, name, &[e], &mut b, 0, values, samples);
+    b
 }
 
 /// Blames elements `elems` (flat) of tensor `name`, reached from the compared element through the
@@ -51,12 +63,22 @@ pub(crate) fn blame_elements(
     values: Option<(f64, f64)>,
 ) -> Blame {
     let mut b = Blame { via, sites: Vec::new(), slice: None };
-    go(trace, env, steps, name, elems, &mut b, 0, values);
+    go(trace, env, steps, name, elems, &mut b, 0, values, &[]);
     b
 }
 
 #[allow(clippy::too_many_arguments)]
-fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: &mut Blame, depth: usize, values: Option<(f64, f64)>) {
+fn go(
+    trace: &Trace,
+    env: &Env,
+    steps: &[Step],
+    name: &str,
+    elems: &[usize],
+    b: &mut Blame,
+    depth: usize,
+    values: Option<(f64, f64)>,
+    samples: &[(String, Sample)],
+) {
     let Some((_, origin, layers)) = trace.get(name) else {
         b.sites.push(BlameSite::Given { tensor: name.to_string() });
         return;
@@ -82,17 +104,22 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
             // The data flow of the first element blamed on a store (through host steps, its
             // value is the compared one only when no sum intervened).
             let direct = b.via.is_empty();
-            b.slice = explain(&Target {
-                trace,
-                env,
-                step,
-                tensor: name,
-                element: e,
-                program: p,
-                inst,
-                expected: values.filter(|_| direct).map(|v| v.0),
-                got: values.map(|v| v.1),
-            });
+            // Evidence across elements, for the compared tensor's own elements.
+            let evidence = Some(samples).filter(|_| direct && depth == 0).and_then(|s| Evidence::gather(trace, env, name, s));
+            b.slice = explain(
+                &Target {
+                    trace,
+                    env,
+                    step,
+                    tensor: name,
+                    element: e,
+                    program: p,
+                    inst,
+                    expected: values.filter(|_| direct).map(|v| v.0),
+                    got: values.map(|v| v.1),
+                },
+                evidence.as_ref(),
+            );
         }
         match b.sites.iter_mut().find(|s| matches!(s, BlameSite::Store { loc: l, step: st, .. } if *l == loc && *st == step)) {
             Some(BlameSite::Store { programs, elements, .. }) => {
@@ -138,7 +165,7 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
             }
             if let Some(&f) = from.first() {
                 b.via.push(format!("`{}` (step {k}): also from `{src}`{:?}", step.describe(), unravel(f, &src_shape)));
-                go(trace, env, steps, src, &from, b, depth + 1, values);
+                go(trace, env, steps, src, &from, b, depth + 1, values, &[]);
             }
         }
     }
@@ -202,7 +229,7 @@ fn go(trace: &Trace, env: &Env, steps: &[Step], name: &str, elems: &[usize], b: 
                     }
                 };
                 b.via.push(what);
-                go(trace, env, steps, src, &from, b, depth + 1, values);
+                go(trace, env, steps, src, &from, b, depth + 1, values, &[]);
             }
         }
     }

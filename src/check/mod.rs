@@ -71,6 +71,7 @@ pub mod notes;
 mod recorded;
 mod report;
 mod slice;
+mod spectrum;
 mod steps;
 pub mod tensor_expr;
 mod truth;
@@ -452,7 +453,7 @@ pub fn check_backward_with(
             (r, w)
         });
         if let (Some((w, _)), Some(worst), false) = (w, r.worst.as_mut(), r.passed) {
-            worst.blame = Some(tm.time("blame", || blame::blame(trace_f, env_n, &fwd.steps, o, w, Some((worst.expected, worst.got)))));
+            worst.blame = Some(tm.time("blame", || blame::blame(trace_f, env_n, &fwd.steps, o, w, Some((worst.expected, worst.got)), &[])));
         }
         forward.push(r);
     }
@@ -580,6 +581,7 @@ pub fn check_backward_with(
             })
         };
         progress("comparison", trial, opts.trials);
+        let (mut samples, mut to_blame) = (Vec::new(), Vec::new());
         for (gi, (input, gname)) in bwd.gradients.iter().enumerate() {
             let it_shape = &input_shape[input];
             let it_numel: usize = it_shape.iter().product();
@@ -626,16 +628,30 @@ pub fn check_backward_with(
                 badness = badness.max(verdict::apply(&mut r, (f, ro), opts.tolerance.is_some()));
             }
             tm.add("comparison", t_cmp.elapsed().as_secs_f64());
+            // Which elements are wrong and which right, sampled: blame's evidence.
+            let sample = match w.filter(|_| !r.passed) {
+                Some(w) => tm.time("blame", || spectrum::Sample::compared(exp, got, tol, floor, w)),
+                None => spectrum::Sample::all_right(it_numel),
+            };
+            samples.push((gname.clone(), sample));
             if gradients[gi].as_ref().is_none_or(|(_, b)| badness > *b) {
-                if let (Some((w, _)), Some(worst), false) = (w, r.worst.as_mut(), r.passed) {
-                    if traced.is_none() {
-                        traced = Some(rerun_traced(&mut tm)?);
-                    }
-                    let (env_t, trace_t) = traced.as_ref().expect("made above");
-                    worst.blame =
-                        Some(tm.time("blame", || blame::blame(trace_t, env_t, &bwd.steps, gname, w, Some((worst.expected, worst.got)))));
+                if let (Some((w, _)), false) = (w, r.passed) {
+                    to_blame.push((gi, w));
                 }
                 gradients[gi] = Some((r, badness));
+            }
+        }
+        if !to_blame.is_empty() {
+            if traced.is_none() {
+                traced = Some(rerun_traced(&mut tm)?);
+            }
+            let (env_t, trace_t) = traced.as_ref().expect("made above");
+            for (gi, w) in to_blame {
+                let gname = &bwd.gradients[gi].1;
+                if let Some(worst) = gradients[gi].as_mut().and_then(|(r, _)| r.worst.as_mut()) {
+                    let values = Some((worst.expected, worst.got));
+                    worst.blame = Some(tm.time("blame", || blame::blame(trace_t, env_t, &bwd.steps, gname, w, values, &samples)));
+                }
             }
         }
         if failure.is_some() {
@@ -934,7 +950,7 @@ fn explain_elements(
         let e = index.iter().zip(shape).fold(0usize, |acc, (i, n)| acc * n + i);
         let expected = truth.get(input).map_or(0.0, |t| t[e]);
         let got = g.get_f64(e);
-        let blame = Some(blame::blame(trace, env, &bwd.steps, gname, e, Some((expected, got))));
+        let blame = Some(blame::blame(trace, env, &bwd.steps, gname, e, Some((expected, got)), &[]));
         out.push(report::Explained { tensor: gname.clone(), trial, element: Worst { index: index.clone(), expected, got, blame } });
     }
     Ok(out)

@@ -16,15 +16,20 @@
 //! this store before lines shared with the kernel's other outputs; plain loads, index arithmetic
 //! and addresses last.
 
+use super::spectrum::Evidence;
 use super::steps::{Env, Trace, TracedLaunch};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::fmt;
+use std::rc::Rc;
+use std::sync::Arc;
 use tilegrad_ir::{Block, Inst, Kernel, Op, Value};
-use tilegrad_reference::{Arg, Launch, Memory, Options, ProgramRecord, Recorded, TensorId, Writers};
+use tilegrad_reference::{Arg, Grid, Launch, Memory, Options, ProgramRecord, Recorded, TensorId, Writers};
 
 /// Lines shown at most (the rest are counted in [`Slice::omitted`]).
 const SHOWN: usize = 10;
+/// Lines the text report quotes in full (the rest it names).
+const TEXT_LINES: usize = 3;
 /// Lines of each earlier launch followed that are always shown.
 const PER_LAUNCH: usize = 3;
 /// Earlier launches followed, at most, from one slice.
@@ -32,6 +37,9 @@ const MAX_DEPTH: usize = 2;
 /// Lanes followed per value, at most: which lines a value depends on rarely needs more, and a
 /// `dot` inside a loop would otherwise spread to whole tiles.
 const MAX_LANES: usize = 256;
+/// Lanes followed per value when a slice is recorded only for its lines, as evidence: the lines
+/// a value depends on rarely need more lanes than this to be found.
+const EVIDENCE_LANES: usize = 8;
 
 /// The source lines through which a blamed element's value was computed, most likely culprit
 /// first, with the value each computed at that element.
@@ -69,6 +77,13 @@ pub struct SliceLine {
     pub source: String,
     /// Why it is ranked where it is, or what else is known about it.
     pub note: Option<String>,
+    /// Evidence across elements, 0 to 1: the Ochiai score of the line (or of a condition on
+    /// it) over the slices of a sample of wrong and right elements ([`super::spectrum`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub score: Option<f64>,
+    /// What the score counts, e.g. "feeds 32 of 32 wrong elements and 3 of 32 right ones".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl fmt::Display for Slice {
@@ -83,9 +98,9 @@ impl fmt::Display for Slice {
             return Ok(());
         }
         writeln!(f, "      data flow of the element, most likely culprit first:")?;
-        let width = self.lines.iter().map(|l| short_loc(&l.loc).len()).max().unwrap_or(0);
+        let width = self.lines.iter().take(TEXT_LINES).map(|l| short_loc(&l.loc).len()).max().unwrap_or(0);
         let mut at: Option<(usize, &str, [u32; 3])> = self.lines.first().map(|l| (l.step, l.kernel.as_str(), l.program));
-        for l in &self.lines {
+        for l in self.lines.iter().take(TEXT_LINES) {
             if at != Some((l.step, l.kernel.as_str(), l.program)) {
                 at = Some((l.step, l.kernel.as_str(), l.program));
             }
@@ -102,9 +117,23 @@ impl fmt::Display for Slice {
                 write!(f, "  <- {n}")?;
             }
             writeln!(f, "{whr}")?;
+            if let (Some(s), Some(r)) = (l.score, &l.reason) {
+                writeln!(f, "        {:<width$}  score {s:.2}: {r}", "")?;
+            }
         }
-        if self.omitted > 0 {
-            writeln!(f, "        ({} more line{} of the slice not shown)", self.omitted, if self.omitted == 1 { "" } else { "s" })?;
+        let more = self.omitted + self.lines.len().saturating_sub(TEXT_LINES);
+        if more > 0 {
+            // Lines of the first line's file by number, others by file and number.
+            let file = self.lines.first().map_or("", |l| l.loc.split(':').next().unwrap_or(""));
+            let next: Vec<&str> = self
+                .lines
+                .iter()
+                .skip(TEXT_LINES)
+                .map(|l| short_loc(&l.loc))
+                .map(|s| s.strip_prefix(file).and_then(|r| r.strip_prefix(':')).unwrap_or(s))
+                .collect();
+            let next = if next.is_empty() { String::new() } else { format!(": line {}", next.join(", ")) };
+            writeln!(f, "        ({more} more line{} of the slice{next})", if more == 1 { "" } else { "s" })?;
         }
         Ok(())
     }
@@ -138,13 +167,21 @@ pub(crate) struct Target<'a> {
 }
 
 /// The slice of the element `t` describes, or `None` when its program cannot be re-run.
-pub(crate) fn explain(t: &Target) -> Option<Slice> {
+/// With `evidence`, lines are ranked by it first.
+pub(crate) fn explain(t: &Target, evidence: Option<&Evidence>) -> Option<Slice> {
     let mut files = Files::default();
     let mut lines = Vec::new();
     let mut out = Slice { lines: Vec::new(), omitted: 0, nonfinite: None, decided_by: Vec::new() };
     walk_launch(t, 0, &mut files, &mut lines, &mut out)?;
-    // Rank: class, then earlier launches after the blamed one, then distance from the store.
-    lines.sort_by_key(|a| (a.class, a.launch, a.depth, a.order));
+    for r in &mut lines {
+        if let Some((score, reason)) = evidence.and_then(|e| e.judge(&r.key)) {
+            (r.line.score, r.line.reason) = (Some(score), Some(reason));
+        }
+    }
+    // Rank: evidence, then class, then earlier launches after the blamed one, then distance
+    // from the store.
+    let key = |a: &Ranked| (a.class, a.launch, a.depth, a.order);
+    lines.sort_by(|a, b| b.line.score.unwrap_or(-1.0).total_cmp(&a.line.score.unwrap_or(-1.0)).then(key(a).cmp(&key(b))));
     let mut shown: Vec<usize> = (0..lines.len().min(SHOWN)).collect();
     if let Some(st) = lines.iter().position(|l| l.store).filter(|st| !shown.contains(st)) {
         shown.pop();
@@ -173,6 +210,7 @@ pub(crate) fn explain(t: &Target) -> Option<Slice> {
 /// A line with its ranking keys.
 struct Ranked {
     line: SliceLine,
+    key: LineKey,
     class: u8,
     launch: usize,
     depth: u32,
@@ -338,13 +376,32 @@ struct Walk<'g, 'k> {
     role: Vec<Role>,
     depth: Vec<u32>,
     queue: Vec<Value>,
+    /// Lanes followed per value, at most.
+    max_lanes: usize,
+}
+
+impl<'g, 'k> Walk<'g, 'k> {
+    /// Walks the slice of what `store` wrote at `lane`: from its value, address and mask.
+    fn from_store(g: &'g Graph<'k>, rec: &'g ProgramRecord, store: Inst, lane: u32, max_lanes: usize) -> Walk<'g, 'k> {
+        let n = g.k.values.len();
+        let mut w = Walk { g, rec, lanes: vec![None; n], role: vec![Role::Value; n], depth: vec![0; n], queue: Vec::new(), max_lanes };
+        let sd = g.k.inst(store);
+        let pshape = g.shape(sd.args[0]);
+        w.reach(sd.args[1], same(&[lane], &g.shape(sd.args[1]), &pshape), Role::Value, 1);
+        w.reach(sd.args[0], vec![lane], Role::Address, 1);
+        if let Some(&m) = sd.args.get(2) {
+            w.reach(m, same(&[lane], &g.shape(m), &pshape), Role::Mask, 1);
+        }
+        w.run();
+        w
+    }
 }
 
 impl Walk<'_, '_> {
     fn reach(&mut self, v: Value, mut lanes: Vec<u32>, role: Role, depth: u32) {
         lanes.sort_unstable();
         lanes.dedup();
-        lanes.truncate(MAX_LANES);
+        lanes.truncate(self.max_lanes);
         let i = v.index();
         let grew = match &mut self.lanes[i] {
             None => {
@@ -358,7 +415,7 @@ impl Walk<'_, '_> {
                 old.extend(lanes);
                 old.sort_unstable();
                 old.dedup();
-                old.truncate(MAX_LANES);
+                old.truncate(self.max_lanes);
                 let stronger = role < self.role[i];
                 self.role[i] = self.role[i].min(role);
                 self.depth[i] = self.depth[i].min(depth);
@@ -657,30 +714,15 @@ fn fmt_val(x: f64) -> String {
 fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ranked>, out: &mut Slice) -> Option<()> {
     let tl = t.trace.launches.iter().find(|l| l.step == t.step)?;
     let k: &Kernel = &tl.kernel;
-    let (mem, args, back) = memory_before(t.trace, t.env, tl)?;
-    let tensor = t.env.id(t.tensor)?;
-    let new_id = TensorId(back.iter().position(|&b| b == tensor)? as u32);
-    let opts = Options { record_writers: false, ..tl.options.clone() };
-    let mut l = Launch::new(k, tl.grid).options(opts);
-    for (n, a) in &args {
-        l = l.arg(n, *a);
-    }
+    let mut reruns = Reruns::with_budget(usize::MAX);
+    let (rec, lane) = reruns.record(t, tl)?;
+    let (mem, _, back) = reruns.before.get(&t.step)?;
     let pid = tl.grid.pid(t.program as u64);
-    let rec = l.record_program(&mem, pid, Some((t.inst, new_id, t.element))).ok()?;
-    let lane = rec.target_lane? as u32;
     let g = Graph::new(k);
-    let n = k.values.len();
-    let mut w = Walk { g: &g, rec: &rec, lanes: vec![None; n], role: vec![Role::Value; n], depth: vec![0; n], queue: Vec::new() };
+    let w = Walk::from_store(&g, &rec, t.inst, lane, MAX_LANES);
     let sd = k.inst(t.inst);
     let vshape = g.shape(sd.args[1]);
     let pshape = g.shape(sd.args[0]);
-    w.reach(sd.args[1], same(&[lane], &vshape, &pshape), Role::Value, 1);
-    w.reach(sd.args[0], vec![lane], Role::Address, 1);
-    if let Some(&m) = sd.args.get(2) {
-        let ms = g.shape(m);
-        w.reach(m, same(&[lane], &ms, &pshape), Role::Mask, 1);
-    }
-    w.run();
 
     let masky = matches!((t.expected, t.got), (Some(e), Some(gv)) if (e == 0.0) != (gv == 0.0));
     let nonfinite_elem = t.got.is_some_and(|x| !x.is_finite());
@@ -786,12 +828,9 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
         order: usize,
     }
     let mut by_line: Vec<Acc> = Vec::new();
-    let mut follow: Vec<(u32, Inst)> = Vec::new();
     let add = |i: Inst, role: Role, depth: u32, by_line: &mut Vec<Acc>| {
         let d = k.inst(i);
-        // Loops and branches are not lines of the data flow (their bodies' ops are), nor are
-        // constants (the line using one shows it).
-        if d.loc.is_unknown() || matches!(d.op, Op::For { .. } | Op::If { .. } | Op::Yield | Op::Const { .. }) {
+        if !listed(k, d) {
             return;
         }
         let comp = role == Role::Value && computes(k, d);
@@ -838,9 +877,6 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
     k.walk(&mut |i, d| {
         if let Some(&r) = d.results.iter().find(|r| w.lanes[r.index()].is_some()) {
             reached.push((i, w.role[r.index()], w.depth[r.index()]));
-            if matches!(d.op, Op::Load { .. }) && w.role[r.index()] == Role::Value {
-                follow.push((w.depth[r.index()], i));
-            }
         }
     });
     for (i, role, depth) in reached {
@@ -850,43 +886,26 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
     // Loads of tensors an earlier launch wrote: which launch and line produced what was read.
     let mut notes: HashMap<Inst, String> = HashMap::new();
     let mut sub_targets = Vec::new();
-    follow.sort();
-    for (_, i) in follow {
-        let d = k.inst(i);
-        let r = d.results[0];
-        let Some(Recorded::Ptr { tensor, offsets, .. }) = rec.values[d.args[0].index()].as_ref() else { continue };
-        let active = |l: &u32| d.args.get(1).is_none_or(|&m| w.cond_at(m, *l) != Some(false));
-        let Some(&l0) = w.lanes[r.index()].as_ref().and_then(|ls| ls.iter().find(|l| active(l))) else { continue };
-        let Some(&off) = offsets.get(l0 as usize) else { continue };
-        let name = t.env.mem.name(back[tensor.0 as usize]).to_string();
-        let Some((_, _, layers)) = t.trace.get(&name) else { continue };
-        let hit = layers
-            .iter()
-            .rev()
-            .filter(|(s, ..)| *s < t.step)
-            .find_map(|(s, lk, grid, wr)| wr.of(off as usize).map(|(p, inst)| (*s, lk.clone(), *grid, p, inst)));
-        let Some((s, lk, grid, p, inst)) = hit else { continue };
-        let shape = t.env.tensor(&name).map(|h| h.shape().to_vec()).unwrap_or_default();
-        let idx = super::report::unravel(off as usize, &shape);
-        let sl = lk.inst(inst).loc.clone();
-        if p == Writers::MANY {
-            notes.insert(i, format!("reads `{name}`{idx:?}, added to by several programs at {sl} (step {s})"));
+    for u in upstream(t, &w, back) {
+        let shape = t.env.tensor(&u.tensor).map(|h| h.shape().to_vec()).unwrap_or_default();
+        let idx = super::report::unravel(u.element, &shape);
+        let (name, s) = (&u.tensor, u.step);
+        let sl = u.kernel.inst(u.inst).loc.clone();
+        if u.program == Writers::MANY {
+            notes.insert(u.load, format!("reads `{name}`{idx:?}, added to by several programs at {sl} (step {s})"));
             continue;
         }
-        let pid = grid.pid(p as u64);
+        let p = u.grid.pid(u.program as u64);
+        let at = short_loc(&sl.to_string()).to_string();
         notes.insert(
-            i,
+            u.load,
             format!(
-                "reads `{name}`{idx:?}, written at {} by kernel `{}` (step {s}), program ({}, {}, {})",
-                short_loc(&sl.to_string()),
-                lk.name,
-                pid[0],
-                pid[1],
-                pid[2]
+                "reads `{name}`{idx:?}, written at {at} by kernel `{}` (step {s}), program ({}, {}, {})",
+                u.kernel.name, p[0], p[1], p[2]
             ),
         );
         if launch < MAX_DEPTH && sub_targets.len() < 2 {
-            sub_targets.push((s, name, off as usize, p, inst));
+            sub_targets.push((s, u.tensor, u.element, u.program, u.inst));
         }
     }
 
@@ -953,7 +972,10 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
                 value,
                 source: files.line(&a.loc.file, a.loc.line),
                 note,
+                score: None,
+                reason: None,
             },
+            key: (a.loc.file.clone(), a.loc.line),
             class,
             launch,
             depth: if a.mixed { a.depth.min(2) } else { a.depth },
@@ -967,6 +989,194 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
         walk_launch(&sub, launch + 1, files, lines, out);
     }
     Some(())
+}
+
+/// Programs run again for the elements explained, and the memory of their launches as it was:
+/// elements one program wrote are explained from one run of it.
+pub(crate) struct Reruns {
+    before: HashMap<usize, Before>,
+    records: HashMap<(usize, u32, Inst), Rc<ProgramRecord>>,
+    /// Programs that may be run again, at most: what a slice recorded as evidence costs.
+    budget: usize,
+}
+
+impl Reruns {
+    /// Reruns of at most `budget` programs.
+    pub fn with_budget(budget: usize) -> Reruns {
+        Reruns { before: HashMap::new(), records: HashMap::new(), budget }
+    }
+
+    /// The record of the program that wrote `t`'s element, and the lane of its store that did.
+    fn record(&mut self, t: &Target, tl: &TracedLaunch) -> Option<(Rc<ProgramRecord>, u32)> {
+        if let std::collections::hash_map::Entry::Vacant(v) = self.before.entry(t.step) {
+            v.insert(memory_before(t.trace, t.env, tl)?);
+        }
+        let (mem, args, back) = self.before.get(&t.step)?;
+        let tensor = t.env.id(t.tensor)?;
+        let id = TensorId(back.iter().position(|&b| b == tensor)? as u32);
+        let key = (t.step, t.program, t.inst);
+        if let Some(rec) = self.records.get(&key) {
+            if let Some(lane) = lane_of(&tl.kernel, rec, t.inst, id, t.element) {
+                return Some((rec.clone(), lane));
+            }
+        }
+        if self.records.len() >= self.budget {
+            return None;
+        }
+        let opts = Options { record_writers: false, ..tl.options.clone() };
+        let mut l = Launch::new(&tl.kernel, tl.grid).options(opts);
+        for (n, a) in args {
+            l = l.arg(n, *a);
+        }
+        let rec = Rc::new(l.record_program(mem, tl.grid.pid(t.program as u64), Some((t.inst, id, t.element))).ok()?);
+        let lane = rec.target_lane? as u32;
+        self.records.insert(key, rec.clone());
+        Some((rec, lane))
+    }
+}
+
+/// The lane of `store`, as `rec` recorded it, that wrote element `e` of `tensor` (none when that
+/// execution of the store did not write it).
+fn lane_of(k: &Kernel, rec: &ProgramRecord, store: Inst, tensor: TensorId, e: usize) -> Option<u32> {
+    let d = k.inst(store);
+    let Some(Recorded::Ptr { tensor: t, offsets, shape }) = rec.values.get(d.args[0].index())?.as_ref() else { return None };
+    let mask = match d.args.get(2) {
+        Some(m) => Some((rec.values.get(m.index())?.as_ref()?, k.ty(*m).shape.to_vec())),
+        None => None,
+    };
+    let on = |l: u32| mask.as_ref().is_none_or(|(m, ms)| m.at(same(&[l], ms, shape)[0] as usize) != 0.0);
+    (*t == tensor).then_some(())?;
+    (0..offsets.len() as u32).rev().find(|&l| offsets[l as usize] == e as i64 && on(l))
+}
+
+/// A load on an element's slice that read what an earlier launch of the pass wrote.
+struct Upstream {
+    load: Inst,
+    tensor: String,
+    element: usize,
+    step: usize,
+    kernel: Arc<Kernel>,
+    grid: Grid,
+    program: u32,
+    inst: Inst,
+}
+
+/// The loads of values on `w`'s slice (nearest the store first) whose element a launch before
+/// `t`'s wrote, with that writer; `back` maps the re-run's tensors to the pass's.
+fn upstream(t: &Target, w: &Walk, back: &[TensorId]) -> Vec<Upstream> {
+    let k = w.g.k;
+    let mut follow: Vec<(u32, Inst)> = Vec::new();
+    k.walk(&mut |i, d| {
+        if let (Op::Load { .. }, Some(&r)) = (&d.op, d.results.first()) {
+            if w.lanes[r.index()].is_some() && w.role[r.index()] == Role::Value {
+                follow.push((w.depth[r.index()], i));
+            }
+        }
+    });
+    follow.sort();
+    let mut out = Vec::new();
+    for (_, i) in follow {
+        let d = k.inst(i);
+        let r = d.results[0];
+        let Some(Recorded::Ptr { tensor, offsets, .. }) = w.rec.values[d.args[0].index()].as_ref() else { continue };
+        let active = |l: &u32| d.args.get(1).is_none_or(|&m| w.cond_at(m, *l) != Some(false));
+        let Some(&l0) = w.lanes[r.index()].as_ref().and_then(|ls| ls.iter().find(|l| active(l))) else { continue };
+        let Some(&off) = offsets.get(l0 as usize) else { continue };
+        let Some(&id) = back.get(tensor.0 as usize) else { continue };
+        let name = t.env.mem.name(id).to_string();
+        let Some((_, _, layers)) = t.trace.get(&name) else { continue };
+        let hit = layers
+            .iter()
+            .rev()
+            .filter(|(s, ..)| *s < t.step)
+            .find_map(|(s, lk, grid, wr)| wr.of(off as usize).map(|(p, inst)| (*s, lk.clone(), *grid, p, inst)));
+        let Some((step, kernel, grid, program, inst)) = hit else { continue };
+        out.push(Upstream { load: i, tensor: name, element: off as usize, step, kernel, grid, program, inst });
+    }
+    out
+}
+
+/// A source line: file and line number.
+pub(crate) type LineKey = (Arc<str>, u32);
+
+/// What a condition (a boolean value) was at the lanes of an element's slice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Outcome {
+    True,
+    False,
+    /// True at some lanes, false at others (a mask over a reduced row).
+    Mixed,
+}
+
+/// The lines of one element's slice and the outcome of each condition on it: what ranking by
+/// evidence across elements counts ([`super::spectrum`]).
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    pub lines: Vec<LineKey>,
+    pub conditions: Vec<(LineKey, Outcome)>,
+}
+
+/// The slice of `t`'s element, into the launches before it as [`explain`] follows them, as lines
+/// and outcomes of conditions; `None` when its program cannot be re-run.
+pub(crate) fn element_flow(t: &Target, reruns: &mut Reruns, launch: usize, seen: &mut Seen) -> Option<()> {
+    let tl = t.trace.launches.iter().find(|l| l.step == t.step)?;
+    let k: &Kernel = &tl.kernel;
+    let (rec, lane) = reruns.record(t, tl)?;
+    let g = Graph::new(k);
+    let w = Walk::from_store(&g, &rec, t.inst, lane, EVIDENCE_LANES);
+    k.walk(&mut |_, d| {
+        let Some(&r) = d.results.iter().find(|r| w.lanes[r.index()].is_some()) else { return };
+        if !listed(k, d) {
+            return;
+        }
+        let key = (d.loc.file.clone(), d.loc.line);
+        if !seen.lines.contains(&key) {
+            seen.lines.push(key.clone());
+        }
+        if k.ty(r).dtype() == Some(tilegrad_ir::DType::I1) {
+            let at: Vec<Option<bool>> = w.lanes[r.index()].iter().flatten().map(|&l| w.cond_at(r, l)).collect();
+            let o = match (at.contains(&Some(true)), at.contains(&Some(false))) {
+                (true, false) => Outcome::True,
+                (false, true) => Outcome::False,
+                (true, true) => Outcome::Mixed,
+                (false, false) => return,
+            };
+            if !seen.conditions.contains(&(key.clone(), o)) {
+                seen.conditions.push((key, o));
+            }
+        }
+    });
+    let ups = match reruns.before.get(&t.step) {
+        Some((_, _, back)) if launch < MAX_DEPTH => upstream(t, &w, back),
+        _ => Vec::new(),
+    };
+    for u in ups.into_iter().filter(|u| u.program != Writers::MANY).take(2) {
+        let sub = Target {
+            step: u.step,
+            tensor: &u.tensor,
+            element: u.element,
+            program: u.program,
+            inst: u.inst,
+            expected: None,
+            got: None,
+            ..*t
+        };
+        element_flow(&sub, reruns, launch + 1, seen);
+    }
+    Some(())
+}
+
+/// Whether an op stands for its line in a slice: loops and branches do not (their bodies' ops
+/// do), nor do integer constants (bounds and block sizes, shown by the line using them); a float
+/// constant does, where it is all that is left of an expression.
+fn listed(k: &Kernel, d: &tilegrad_ir::InstData) -> bool {
+    let float = || d.results.first().is_some_and(|&r| k.ty(r).dtype().is_some_and(|t| t.is_float()));
+    !d.loc.is_unknown()
+        && match d.op {
+            Op::For { .. } | Op::If { .. } | Op::Yield => false,
+            Op::Const { .. } => float(),
+            _ => true,
+        }
 }
 
 /// The line defining `v`, if an op defines it.

@@ -1,0 +1,228 @@
+//! Ranking blame by evidence across elements (spectrum-based fault localization).
+//!
+//! One element's data-flow slice lists every line its value passed through; which of them holds
+//! the bug, the other elements tell. The slices of a sample of the failing tensor's wrong
+//! elements and of its right ones are recorded, and each line is scored by how many wrong and how
+//! many right elements it feeds: the Ochiai score `failed / sqrt(total_failed * (failed +
+//! passed))`, 1 for a line that feeds every wrong element and no right one. A condition (a mask,
+//! the comparison of a `where`) is also scored by its outcome, so that one true for every wrong
+//! element and false for every right one scores 1 although both kinds pass through its line.
+
+use super::report::Tolerance;
+use super::slice::{element_flow, LineKey, Outcome, Reruns, Seen, Target};
+use super::steps::{Env, Trace};
+use std::collections::HashMap;
+use tilegrad_reference::Writers;
+
+/// Elements of each kind sampled, at most.
+pub(crate) const SAMPLE: usize = 32;
+/// Programs run again to record the sample's slices, at most: the cost of the evidence.
+const RERUNS: usize = 6;
+/// Runs of neighbouring elements the sample of each kind is made of.
+pub(crate) const CLUSTERS: usize = 4;
+
+/// Flat elements of a compared tensor: wrong ones and right ones, sampled.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Sample {
+    pub wrong: Vec<usize>,
+    pub right: Vec<usize>,
+}
+
+impl Sample {
+    /// Up to [`SAMPLE`] wrong and right elements of a tensor of `n`: [`CLUSTERS`] runs of
+    /// neighbouring elements of each kind, spread evenly over the tensor (neighbours are mostly
+    /// written by one program, which is then run again once for all of them); deterministic, the
+    /// element `worst` first among the wrong ones.
+    pub fn of(n: usize, worst: usize, wrong: impl Fn(usize) -> bool) -> Sample {
+        let (bad, good): (Vec<usize>, Vec<usize>) = (0..n).partition(|&i| wrong(i));
+        let mut w = clusters(&bad);
+        w.retain(|&i| i != worst);
+        w.insert(0, worst);
+        w.truncate(SAMPLE);
+        Sample { wrong: w, right: clusters(&good) }
+    }
+
+    /// A sample of a tensor found right: up to [`SAMPLE`] elements spread evenly over it.
+    pub fn all_right(n: usize) -> Sample {
+        Sample { wrong: Vec::new(), right: clusters(&(0..n).collect::<Vec<_>>()) }
+    }
+
+    /// The sample of a compared tensor, judged as the report judges it (`terms`: the scale of
+    /// what was summed, see [`super::report::compare_by`]); `worst` is the worst element and its
+    /// error over the tolerance. Where no element exceeds the tolerance (a formula that fails
+    /// within it), the elements off by more than half the worst error are the wrong ones.
+    pub fn compared(expected: &[f64], got: impl Fn(usize) -> f64, tol: Tolerance, terms: f64, worst: (usize, f64)) -> Sample {
+        let scale = expected.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs())).max(terms);
+        let scale = if scale > 0.0 { scale } else { 1.0 };
+        let ratio = |i: usize| {
+            let (e, g) = (expected[i], got(i));
+            if e.is_finite() != g.is_finite() || !(e.is_finite() || g == e || g.is_nan() && e.is_nan()) {
+                f64::INFINITY
+            } else if !e.is_finite() || g == e {
+                0.0
+            } else {
+                (g - e).abs() / (tol.atol * scale + tol.rtol * e.abs())
+            }
+        };
+        let threshold = if worst.1 > 1.0 { 1.0 } else { worst.1 / 2.0 };
+        Sample::of(expected.len(), worst.0, |i| ratio(i) > threshold)
+    }
+}
+
+/// [`CLUSTERS`] runs of [`SAMPLE`] / [`CLUSTERS`] consecutive items of `of`, spread evenly.
+fn clusters(of: &[usize]) -> Vec<usize> {
+    let run = SAMPLE / CLUSTERS;
+    if of.len() <= SAMPLE {
+        return of.to_vec();
+    }
+    (0..CLUSTERS).flat_map(|c| of[c * (of.len() - run) / (CLUSTERS - 1)..][..run].iter().copied()).collect()
+}
+
+/// How many sampled wrong and right elements each line, and each outcome of a condition, feeds.
+#[derive(Debug, Default)]
+pub(crate) struct Evidence {
+    wrong: usize,
+    right: usize,
+    lines: HashMap<LineKey, [usize; 2]>,
+    conditions: HashMap<(LineKey, Outcome), [usize; 2]>,
+}
+
+impl Evidence {
+    /// Records the slices of the sampled elements of a traced pass: the wrong and right elements
+    /// of tensor `name`, and the elements of every other tensor compared and found right
+    /// (`samples`, by tensor: a line that also feeds a gradient found right is less suspect). `None` when no wrong
+    /// element's slice could be recorded.
+    pub fn gather(trace: &Trace, env: &Env, name: &str, samples: &[(String, Sample)]) -> Option<Evidence> {
+        let mut ev = Evidence::default();
+        let mut reruns = Reruns::with_budget(RERUNS);
+        let own = samples.iter().filter(|(t, _)| t == name).map(|(t, s)| (t, &s.wrong, true));
+        let right = samples.iter().filter(|(t, s)| t == name || s.wrong.is_empty()).map(|(t, s)| (t, &s.right, false));
+        for (tensor, elems, wrong) in own.chain(right) {
+            let Some((_, _, layers)) = trace.get(tensor) else { continue };
+            for &e in elems {
+                let writer = layers.iter().rev().find_map(|(step, _, _, w)| w.of(e).map(|(p, inst)| (*step, p, inst)));
+                let Some((step, program, inst)) = writer.filter(|w| w.1 != Writers::MANY) else { continue };
+                let t = Target { trace, env, step, tensor, element: e, program, inst, expected: None, got: None };
+                let mut seen = Seen::default();
+                if element_flow(&t, &mut reruns, 0, &mut seen).is_some() {
+                    ev.count(&seen, wrong);
+                }
+            }
+        }
+        (ev.wrong > 0).then_some(ev)
+    }
+
+    /// Counts one element's slice.
+    fn count(&mut self, seen: &Seen, wrong: bool) {
+        let k = usize::from(!wrong);
+        if wrong {
+            self.wrong += 1;
+        } else {
+            self.right += 1;
+        }
+        for l in &seen.lines {
+            self.lines.entry(l.clone()).or_default()[k] += 1;
+        }
+        for c in &seen.conditions {
+            self.conditions.entry(c.clone()).or_default()[k] += 1;
+        }
+    }
+
+    /// The Ochiai score of a line that feeds `f` wrong and `p` right elements.
+    fn ochiai(&self, [f, p]: [usize; 2]) -> f64 {
+        if f == 0 {
+            0.0
+        } else {
+            f as f64 / ((self.wrong * (f + p)) as f64).sqrt()
+        }
+    }
+
+    /// The score of line `key` (that of its line or of a condition on it, whichever is higher)
+    /// and why; `None` when no sampled slice holds it.
+    pub fn judge(&self, key: &LineKey) -> Option<(f64, String)> {
+        let &[f, p] = self.lines.get(key)?;
+        let (nw, nr) = (self.wrong, self.right);
+        let mut best = (self.ochiai([f, p]), format!("feeds {f} of {nw} wrong elements and {p} of {nr} right ones"));
+        for o in [Outcome::True, Outcome::False, Outcome::Mixed] {
+            let Some(&c) = self.conditions.get(&(key.clone(), o)) else { continue };
+            let s = self.ochiai(c);
+            if s > best.0 {
+                best = (s, condition_reason(o, c, nw, nr));
+            }
+        }
+        Some(best)
+    }
+}
+
+/// Why a condition whose outcome `o` holds for `f` wrong and `p` right elements is suspect.
+fn condition_reason(o: Outcome, [f, p]: [usize; 2], nw: usize, nr: usize) -> String {
+    let (is, not) = match o {
+        Outcome::True => ("true", "false"),
+        Outcome::False => ("false", "true"),
+        Outcome::Mixed => ("true at some lanes and false at others", "not"),
+    };
+    if f == nw && p == 0 && o != Outcome::Mixed {
+        format!("this condition is {is} for every wrong element ({nw}) and {not} for every right one ({nr})")
+    } else {
+        format!("this condition is {is} for {f} of {nw} wrong elements and {p} of {nr} right ones")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sample_is_runs_of_neighbours_spread_evenly_and_starts_with_the_worst() {
+        let s = Sample::of(1000, 500, |i| i % 10 == 0);
+        assert_eq!(s.wrong.len(), SAMPLE);
+        assert_eq!(s.wrong[0], 500);
+        assert!(s.wrong.iter().all(|i| i % 10 == 0));
+        assert_eq!(&s.wrong[1..4], &[0, 10, 20]);
+        assert_eq!(*s.wrong.last().unwrap(), 980, "{s:?}: the worst took the last place");
+        assert_eq!(s.right.len(), SAMPLE);
+        assert!(s.right.iter().all(|i| i % 10 != 0));
+        assert_eq!(*s.right.last().unwrap(), 999, "{s:?}");
+        assert_eq!(Sample::of(1000, 500, |i| i % 10 == 0), s, "deterministic");
+        assert_eq!(Sample::all_right(5).right, vec![0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_sample_of_the_report_s_wrong_elements() {
+        let tol = Tolerance { rtol: 1e-3, atol: 0.0 };
+        let e = [1.0, 2.0, 3.0, 4.0];
+        let s = Sample::compared(&e, |i| if i == 2 { 3.5 } else { e[i] }, tol, 0.0, (2, 100.0));
+        assert_eq!((s.wrong, s.right), (vec![2], vec![0, 1, 3]));
+        // A formula failing within the tolerance: the elements off by more than half the worst.
+        let s = Sample::compared(&e, |i| e[i] * (1.0 + 1e-4 * i as f64), tol, 0.0, (3, 0.3));
+        assert_eq!((s.wrong, s.right), (vec![3, 2], vec![0, 1]));
+    }
+
+    fn key(l: u32) -> LineKey {
+        ("k.py".into(), l)
+    }
+
+    #[test]
+    fn ochiai_ranks_the_line_that_feeds_only_wrong_elements_and_names_a_separating_condition() {
+        let mut ev = Evidence::default();
+        for i in 0..8 {
+            let wrong = i < 4;
+            let mut seen =
+                Seen { lines: vec![key(1), key(2)], conditions: vec![(key(2), if wrong { Outcome::True } else { Outcome::False })] };
+            if wrong || i == 4 {
+                seen.lines.push(key(3));
+            }
+            ev.count(&seen, wrong);
+        }
+        let (s1, r1) = ev.judge(&key(1)).unwrap();
+        assert!((s1 - 0.5f64.sqrt()).abs() < 1e-12, "{s1}");
+        assert_eq!(r1, "feeds 4 of 4 wrong elements and 4 of 4 right ones");
+        let (s2, r2) = ev.judge(&key(2)).unwrap();
+        assert_eq!(s2, 1.0);
+        assert_eq!(r2, "this condition is true for every wrong element (4) and false for every right one (4)");
+        let (s3, r3) = ev.judge(&key(3)).unwrap();
+        assert!(s3 < 1.0 && s3 > s1, "{s3}");
+        assert_eq!(r3, "feeds 4 of 4 wrong elements and 1 of 4 right ones");
+        assert_eq!(ev.judge(&key(9)), None);
+    }
+}

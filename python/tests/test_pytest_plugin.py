@@ -102,8 +102,8 @@ def run_pytest(tmp_path: pathlib.Path, *args: str, seed: int = 0, xdist: bool = 
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_a_failing_check_says_its_verdict_first_and_hides_tilegrads_frames(tmp_path):
-    p = run_pytest(tmp_path, "--tb=long")
+def test_a_failing_check_says_its_verdict_first_and_the_options_reach_the_fixture(tmp_path):
+    p = run_pytest(tmp_path, "--tb=long", "--tilegrad-seed", "5", "--tilegrad-backend", "cpu", seed=5)
     out = p.stdout + p.stderr
     assert p.returncode == 1, out
     assert "11 passed" in out and "1 failed" in out, out
@@ -117,17 +117,18 @@ def test_a_failing_check_says_its_verdict_first_and_hides_tilegrads_frames(tmp_p
     frames = re.findall(r"^(\S+\.py):\d+: ", out, re.M)
     assert frames and all(f.endswith("test_suite.py") for f in frames), frames
     assert "E       AssertionError: tilegrad: grad_x of square FAILS" in out, out
-    assert "E       check `square`: FAIL" in out, out
+    assert "E       check `square`: FAIL (seed 5," in out, out
 
 
-def test_the_command_line_options_reach_the_fixture(tmp_path):
-    p = run_pytest(tmp_path, "--tilegrad-seed", "5", "--tilegrad-backend", "cpu", "-k", "not wrong", seed=5)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "11 passed" in p.stdout, p.stdout
-    p = run_pytest(tmp_path, "--tilegrad-backend", "tpu", "-k", "not wrong")
+def test_the_plugins_options_are_documented_and_checked(tmp_path):
+    p = run_pytest(tmp_path, "--tilegrad-backend", "tpu")
     assert p.returncode == 4 and "invalid choice: 'tpu'" in p.stderr, p.stdout + p.stderr
     p = run_pytest(tmp_path, "--help")
     assert "--tilegrad-backend" in p.stdout and "--tilegrad-seed" in p.stdout, p.stdout
+    p = run_pytest(tmp_path, "--tilegrad-seed", "3", "--collect-only", "-v")  # -q -v: the header shows
+    assert p.returncode == 0 and "tilegrad: backend cpu, seed 3" in p.stdout, p.stdout
+    p = run_pytest(tmp_path, "--collect-only", "-v")
+    assert p.returncode == 0 and "tilegrad: backend" not in p.stdout, p.stdout
 
 
 def test_a_suite_runs_under_xdist_with_the_verdicts_of_one_process(tmp_path):

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from . import _native
 from ._intercept import LaunchCall, intercepting, using_backend
 from ._report import NonFiniteError, Report
+from ._threads import one_torch_thread
 
 __all__ = [
     "Report",
@@ -81,13 +82,16 @@ def check_backward(
     `ground="kernels"` (the CLI's `--ground kernels`): each launch's VJP kernel then runs on the
     backend. `report.backend` says where the launches ran.
 
+    The check runs torch with one intra-op thread (restored after): its many small host ops
+    otherwise contend with the engine's threads for the cores.
+
     Launches run as Triton's GPU backends run them: masked-off lanes of a load without `other`
     read 0, and programs storing the same value to one element do not race. Where a launch relies
     on either, the report carries a note (`report.notes`); `strict=True` makes notes failures.
     """
     inputs = list(inputs)
     opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=name, allow_non_finite=allow_non_finite, autotune=autotune, strict=strict)
-    with using_backend(backend, ground):
+    with using_backend(backend, ground), one_torch_thread():
         if _has_torch_tensor(inputs):
             from ._check import check_backward as torch_check
 
@@ -113,7 +117,7 @@ def check_function(fn: type, *args: Any, backend: str = "cpu", ground: str = "ev
     validated as torch validates them. The ground truth differentiates `fn.forward` itself."""
     from ._check import check_function as f
 
-    with using_backend(backend, ground):
+    with using_backend(backend, ground), one_torch_thread():
         return f(fn, *args, **kwargs)
 
 
@@ -174,7 +178,7 @@ def vjp(fn: Callable[..., Any], inputs: Any, cotangents: Any, *, precision: str 
     """The ground-truth gradient of `fn(*inputs)` along `cotangents` (one per output), one entry per
     input (None for non-float inputs); works on numpy arrays without torch (kernel launches only).
     `backend` and `ground` as for `check_backward`."""
-    with using_backend(backend, ground):
+    with using_backend(backend, ground), one_torch_thread():
         return _vjp(fn, list(inputs), cotangents, precision)
 
 

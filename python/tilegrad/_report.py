@@ -79,10 +79,18 @@ class Report:
             f.write(self._native.to_html())
         return path
 
+    def summary(self) -> str:
+        """The verdict in one line: `tilegrad: grad_w of MyFunction FAILS: 300/300 over tolerance,
+        worst [187]: expected 1.25, got 2.5 (written at rms_norm.py:41, kernel `rms_norm_bwd`)`;
+        the first line of a failing check's `AssertionError`."""
+        return summary(self.to_dict())
+
     def assert_passes(self) -> None:
-        """Raises AssertionError carrying the table when the check failed."""
+        """Raises AssertionError when the check failed: its first line is `summary()`, then the
+        table."""
+        __tracebackhide__ = True
         if not self.passed:
-            raise AssertionError("\n" + str(self))
+            raise AssertionError(self.summary() + "\n" + str(self))
 
     def __bool__(self) -> bool:
         return self.passed
@@ -92,3 +100,65 @@ class Report:
 
     def __repr__(self) -> str:
         return f"<tilegrad.Report {'PASS' if self.passed else 'FAIL'}>"
+
+
+_VALUE_KINDS = ("wrong_value", "non_finite", "never_written", "precision")
+
+
+def summary(d: dict) -> str:
+    """The one-line verdict of a report's JSON data (see `Report.summary`)."""
+    name = d["name"]
+    if d["passed"]:
+        n = len(d["gradients"])
+        return f"tilegrad: {name} PASSES ({n} gradient{'' if n == 1 else 's'} within tolerance)"
+    findings = d.get("findings") or []
+    if not findings:
+        return f"tilegrad: {name} FAILS"
+    f = findings[0]
+    more = f" (and {len(findings) - 1} more finding{'' if len(findings) == 2 else 's'})" if len(findings) > 1 else ""
+    rows = d["forward"] if f.get("pass") == "forward" else d["gradients"]
+    row = next((r for r in rows if r["tensor"] == f.get("tensor") and r["name"] == f.get("name")), None)
+    if f["kind"] not in _VALUE_KINDS or row is None:
+        first = (f.get("message") or f["kind"]).splitlines()[0]
+        return f"tilegrad: {name} FAILS: {first}{more}"
+    what = f"{row['tensor']} of {name}" if f.get("pass") != "forward" else f"output {row['tensor']} of {name}"
+    return f"tilegrad: {what} FAILS: {_why(row, f)}{more}"
+
+
+def _why(row: dict, f: dict) -> str:
+    n = 1
+    for s in row["shape"]:
+        n *= s
+    parts = []
+    if row["over_tolerance"]:
+        parts.append(f"{row['over_tolerance']}/{n} over tolerance")
+    elif row.get("formula_passed") is False:
+        parts.append("the formula is wrong (exact replay off by %.3g of the scale)" % row["formula_error"])
+    elif row.get("rounding_passed") is False:
+        parts.append(f"rounding {row['rounding_units']:.1f} u of {row['rounding_of']} (budget {row['rounding_budget']:g} u)")
+    elif row.get("calibration"):
+        c = row["calibration"]
+        parts.append(f"normwise error {_num(c['error'])} over its calibrated limit {_num(c['limit'])}")
+    bad = [f"{row[k]} {k.upper() if k == 'nan' else k}" for k in ("nan", "inf") if row.get(k)]
+    if bad:
+        parts.append(", ".join(bad))
+    w = row.get("worst")
+    if w:
+        parts.append(f"worst {w['index']}: expected {_num(w['expected'])}, got {_num(w['got'])}")
+    where = _where(f)
+    return ", ".join(parts) + (f" ({where})" if where else "")
+
+
+def _where(f: dict) -> str:
+    if f["kind"] == "never_written":
+        return "never written"
+    locs = f.get("locations") or []
+    if not locs:
+        return ""
+    loc = locs[0]
+    file = loc["file"].replace("\\", "/").rsplit("/", 1)[-1]
+    return f"written at {file}:{loc['line']}, kernel `{loc['kernel']}`"
+
+
+def _num(x: Any) -> str:
+    return x if isinstance(x, str) else f"{x:.6g}"

@@ -1,6 +1,7 @@
 //! Reports: how far each gradient (and each forward output) is from the ground truth, the worst
 //! element, and who wrote it. A plain-text table for people ([`std::fmt::Display`]) and JSON for
-//! machines (serde).
+//! machines (serde). The table and its verdict lines fit 100 columns for names and shapes of
+//! the usual lengths (each column is as wide as its contents); blame lines carry source paths.
 //!
 //! An element passes when `|got - expected| <= atol * scale + rtol * |expected|`, where `scale`
 //! is the largest expected magnitude in its tensor (1 when all are zero): `atol` absorbs the
@@ -637,44 +638,74 @@ fn notes_list(f: &mut fmt::Formatter<'_>, notes: &[&Finding]) -> fmt::Result {
     Ok(())
 }
 
+/// The table's header; each column is as wide as its header or its widest cell, so that a table
+/// of the usual names and shapes fits in 100 columns.
+const COLUMNS: [&str; 12] =
+    ["", "tensor", "shape", "dtype", "max abs", "max rel", "norm rel", "over tol", "nan/inf", "rtol", "atol", "result"];
+/// The columns aligned right (numbers); the others align left.
+const RIGHT: [bool; 12] = [false, false, false, false, true, true, true, true, true, false, false, false];
+/// Spaces before each column: groups of names, errors, tolerances and the result.
+const GAP: [usize; 12] = [2, 1, 1, 1, 2, 1, 1, 1, 1, 2, 1, 2];
+
 fn table(f: &mut fmt::Formatter<'_>, first: &str, rows: &[TensorReport]) -> fmt::Result {
-    writeln!(
-        f,
-        "  {:<14} {:<16} {:<14} {:<5} {:>11} {:>11} {:>11} {:>9} {:>7}  {:<20} result",
-        first, "tensor", "shape", "dtype", "max abs err", "max rel err", "norm rel", "over tol", "nan/inf", "tolerance"
-    )?;
-    for r in rows {
-        writeln!(
-            f,
-            "  {:<14} {:<16} {:<14} {:<5} {:>11.3e} {:>11.3e} {:>11.3e} {:>9} {:>7}  {:<20} {}",
-            r.name,
-            r.tensor,
-            format!("{:?}", r.shape),
-            r.dtype,
-            r.max_abs_err,
-            r.max_rel_err,
-            r.normwise_rel_err,
-            r.over_tolerance,
-            r.nan + r.inf,
-            format!("rtol {:.0e} atol {:.0e}", r.tolerance.rtol, r.tolerance.atol),
-            if r.passed { "ok" } else { "FAIL" }
-        )?;
+    let mut header = COLUMNS.map(String::from);
+    header[0] = first.to_string();
+    let cells: Vec<[String; 12]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.name.clone(),
+                r.tensor.clone(),
+                format!("{:?}", r.shape),
+                r.dtype.clone(),
+                format!("{:.3e}", r.max_abs_err),
+                format!("{:.3e}", r.max_rel_err),
+                format!("{:.3e}", r.normwise_rel_err),
+                r.over_tolerance.to_string(),
+                (r.nan + r.inf).to_string(),
+                format!("{:.0e}", r.tolerance.rtol),
+                format!("{:.0e}", r.tolerance.atol),
+                (if r.passed { "ok" } else { "FAIL" }).to_string(),
+            ]
+        })
+        .collect();
+    let mut width: [usize; 12] = std::array::from_fn(|i| header[i].len());
+    for row in &cells {
+        for (w, c) in width.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    for row in std::iter::once(&header).chain(&cells) {
+        let mut line = String::new();
+        for (i, c) in row.iter().enumerate() {
+            let pad = " ".repeat(width[i] - c.chars().count());
+            line.push_str(&" ".repeat(GAP[i]));
+            if RIGHT[i] {
+                line.push_str(&pad);
+                line.push_str(c);
+            } else {
+                line.push_str(c);
+                line.push_str(&pad);
+            }
+        }
+        writeln!(f, "{}", line.trim_end())?;
     }
     for r in rows {
-        if let Some(line) = verdict_line(r) {
-            writeln!(f, "    `{}`: {line}", r.tensor)?;
+        if let Some((formula, rounding)) = verdict_lines(r) {
+            writeln!(f, "    `{}`: {formula}", r.tensor)?;
+            writeln!(f, "    {:w$}  {rounding}", "", w = r.tensor.chars().count() + 2)?;
         }
     }
     for r in rows {
         if let Some(c) = &r.calibration {
             writeln!(
                 f,
-                "    `{}` ({}): calibrated normwise tolerance {:.2e} against the truth rounded to {} (the truth computed in the \
-                 kernels' dtypes is off by {:.2e}); error {:.2e}, {}",
-                r.tensor,
-                r.dtype,
-                c.limit,
-                r.dtype,
+                "    `{}` ({}): calibrated normwise tolerance {:.2e} against the truth rounded to {}",
+                r.tensor, r.dtype, c.limit, r.dtype
+            )?;
+            writeln!(
+                f,
+                "      (the truth computed in the kernels' dtypes is off by {:.2e}); error {:.2e}, {}",
                 c.noise,
                 c.error,
                 match c.margin {
@@ -694,11 +725,8 @@ fn table(f: &mut fmt::Formatter<'_>, first: &str, rows: &[TensorReport]) -> fmt:
                 continue;
             }
             shown.push((&r.tensor, &w.index));
-            writeln!(
-                f,
-                "    worst element of `{}`: {:?} expected {:e}, got {:e} (trial {})",
-                r.tensor, w.index, w.expected, w.got, r.trial
-            )?;
+            let what = format!("    worst element of `{}`: {:?}", r.tensor, w.index);
+            element_line(f, &what, w, r.trial)?;
             if let Some(b) = &w.blame {
                 write!(f, "{b}")?;
             }
@@ -710,20 +738,32 @@ fn table(f: &mut fmt::Formatter<'_>, first: &str, rows: &[TensorReport]) -> fmt:
     Ok(())
 }
 
-/// The formula and rounding verdicts of a compared tensor in words.
-fn verdict_line(r: &TensorReport) -> Option<String> {
+/// `what` (an element) with its expected and got values: one line where it fits 100 columns, else
+/// the values on a line of their own.
+fn element_line(f: &mut fmt::Formatter<'_>, what: &str, w: &Worst, trial: usize) -> fmt::Result {
+    let values = format!("expected {:e}, got {:e} (trial {trial})", w.expected, w.got);
+    if what.chars().count() + 1 + values.chars().count() <= 100 {
+        writeln!(f, "{what} {values}")
+    } else {
+        let indent = what.len() - what.trim_start().len() + 2;
+        writeln!(f, "{what}\n{:indent$}{values}", "")
+    }
+}
+
+/// The formula and rounding verdicts of a compared tensor in words, one line each.
+fn verdict_lines(r: &TensorReport) -> Option<(String, String)> {
     let (fo, ro) = (r.formula.as_ref()?, r.rounding.as_ref()?);
     let formula = if fo.passed {
         format!("formula: the exact replay agrees ({:.1e} of the scale)", fo.error)
     } else {
-        format!("formula: WRONG even in exact arithmetic, not the derivative (replay off by {:.2e} of the scale)", fo.error)
+        format!("formula: WRONG even in exact arithmetic (replay off by {:.2e} of the scale)", fo.error)
     };
     let rounding = match (ro.passed, fo.passed) {
         (true, _) => format!("rounding: {:.2} u of {} (budget {} u)", ro.units, ro.of, ro.budget),
         (false, true) => format!("rounding: the formula is right; the {} rounding is {:.1} u (budget {} u)", ro.of, ro.units, ro.budget),
         (false, false) => format!("rounding: {:.3e} u of {}", ro.units, ro.of),
     };
-    Some(format!("{formula}; {rounding}"))
+    Some((formula, rounding))
 }
 
 impl fmt::Display for Report {
@@ -783,7 +823,7 @@ impl fmt::Display for Report {
         }
         for x in &self.explained {
             let w = &x.element;
-            writeln!(f, "  element `{}`{:?}: expected {:e}, got {:e} (trial {})", x.tensor, w.index, w.expected, w.got, x.trial)?;
+            element_line(f, &format!("  element `{}`{:?}:", x.tensor, w.index), w, x.trial)?;
             if let Some(b) = &w.blame {
                 write!(f, "{b}")?;
             }
@@ -952,6 +992,36 @@ mod tests {
         // A NaN expected value is matched only by NaN.
         assert!(run(&[f64::NAN, 1.0], &[f64::NAN, 1.0]).passed);
         assert!(!run(&[f64::NAN, 1.0], &[0.0, 1.0]).passed);
+    }
+
+    #[test]
+    fn the_text_fits_100_columns_and_aligns_its_columns() {
+        let e: Vec<f64> = (0..300 * 300).map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0).collect();
+        let half: Vec<f64> = e.iter().map(|x| x / 2.0).collect();
+        let (mut bad, _) =
+            compare("weight", "grad_weight", DType::BF16, &[300, 300], Tolerance::for_dtype(DType::BF16, false), &e, &half, 1);
+        bad.formula = Some(Formula { error: 0.5, limit: 2.4e-7, passed: false });
+        bad.rounding = Some(Rounding { units: 6.9e6, budget: 4.0, of: "bf16".into(), passed: false });
+        bad.calibration = Some(Calibration { noise: 1.2e-3, limit: 3.6e-3, error: 0.5, margin: 7.2e-3 });
+        let (mut good, _) = compare("x", "grad_x", DType::F32, &[300, 300], Tolerance::for_dtype(DType::F32, false), &e, &e, 0);
+        good.nan = 12345;
+        let r = Report::new("rms_norm".into(), 0, 2, "f64".into(), Vec::new(), vec![good, bad], None);
+        let text = r.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines.iter().all(|l| l.chars().count() <= 100), "{text}");
+        assert!(text.contains("WRONG even in exact arithmetic") && text.contains("calibrated normwise tolerance"), "{text}");
+        // Header and rows: each column ends (numbers) or starts (names) at one position.
+        let (header, x, w) = (lines[2], lines[3], lines[4]);
+        assert!(
+            header.starts_with("  input  tensor      shape      dtype") && w.starts_with("  weight grad_weight [300, 300] bf16"),
+            "{text}"
+        );
+        for col in ["max abs", "norm rel", "nan/inf"] {
+            let end = header.find(col).unwrap() + col.len();
+            assert!(x.as_bytes()[end] == b' ' && x.as_bytes()[end - 1] != b' ', "{col}:\n{text}");
+        }
+        assert!(x.ends_with(" ok") && w.ends_with(" FAIL") && w.contains(" 5e-2 5e-3 "), "{text}");
+        assert!(x.split_whitespace().any(|c| c == "12345"), "{text}");
     }
 
     #[test]

@@ -98,9 +98,10 @@ impl fmt::Display for Slice {
             return Ok(());
         }
         writeln!(f, "      data flow of the element, most likely culprit first:")?;
-        let width = self.lines.iter().take(TEXT_LINES).map(|l| short_loc(&l.loc).len()).max().unwrap_or(0);
+        let locs: Vec<String> = self.lines.iter().take(TEXT_LINES).map(|l| short_loc(&relative(&l.loc)).to_string()).collect();
+        let width = locs.iter().map(String::len).max().unwrap_or(0);
         let mut at: Option<(usize, &str, [u32; 3])> = self.lines.first().map(|l| (l.step, l.kernel.as_str(), l.program));
-        for l in self.lines.iter().take(TEXT_LINES) {
+        for (l, loc) in self.lines.iter().take(TEXT_LINES).zip(&locs) {
             if at != Some((l.step, l.kernel.as_str(), l.program)) {
                 at = Some((l.step, l.kernel.as_str(), l.program));
             }
@@ -112,11 +113,13 @@ impl fmt::Display for Slice {
             } else {
                 format!("  (kernel `{}`, step {}, program ({}, {}, {}))", l.kernel, l.step, l.program[0], l.program[1], l.program[2])
             };
-            write!(f, "        {:<width$}  {:<10} {:<12} | {role}{}", short_loc(&l.loc), l.op, value, l.source)?;
-            if let Some(n) = &l.note {
-                write!(f, "  <- {n}")?;
+            let line = format!("        {loc:<width$}  {:<10} {value:<12} | {role}{}", l.op, l.source);
+            let line = line + &l.note.as_ref().map_or(String::new(), |n| format!("  <- {n}"));
+            // Where the line ran, on a line of its own where it would make the line too long.
+            match line.chars().count() + whr.chars().count() > LINE_WIDTH && !whr.is_empty() {
+                true => writeln!(f, "{line}\n        {:<width$}  in{whr}", "")?,
+                false => writeln!(f, "{line}{whr}")?,
             }
-            writeln!(f, "{whr}")?;
             if let (Some(s), Some(r)) = (l.score, &l.reason) {
                 writeln!(f, "        {:<width$}  score {s:.2}: {r}", "")?;
             }
@@ -140,6 +143,16 @@ impl fmt::Display for Slice {
 }
 
 /// `file:line` of a `file:line:col` location.
+/// The width past which a data-flow line's "where it ran" goes on a line of its own.
+const LINE_WIDTH: usize = 100;
+
+/// `loc` relative to the current directory where it is a path below it (as a user typed it).
+fn relative(loc: &str) -> std::borrow::Cow<'_, str> {
+    let Ok(cwd) = std::env::current_dir() else { return loc.into() };
+    let prefix = format!("{}{}", cwd.display(), std::path::MAIN_SEPARATOR);
+    loc.strip_prefix(prefix.as_str()).map_or(loc.into(), Into::into)
+}
+
 fn short_loc(loc: &str) -> &str {
     match loc.rfind(':') {
         Some(i) if loc[i + 1..].chars().all(|c| c.is_ascii_digit()) => &loc[..i],

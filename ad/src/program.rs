@@ -25,7 +25,7 @@ mod tape;
 use crate::graph::KernelFacts;
 use crate::rules::{self, Precision};
 use crate::{AdError, BTile};
-use memory::{add_batched, add_in_place, fit_batch, Event, Provenance};
+use memory::{add_batched, add_in_place, fit_batch, Event, LoadRuns, Provenance};
 pub(crate) use memory::{Contrib, StoreRun};
 use smallvec::SmallVec;
 use std::collections::HashMap;
@@ -181,7 +181,7 @@ pub(crate) struct Program<'a> {
     loads: HashMap<Instance, Provenance>,
     /// Runs of elements (first, length) that a load read, with its batch, kept for its reverse
     /// when they are long (rows of a tile): the reverse needs not find them again.
-    load_runs: HashMap<Instance, (usize, Vec<(i64, u32)>)>,
+    load_runs: LoadRuns,
     /// (slot, element) -> latest (event, lane) of this program, when the kernel loads after
     /// stores.
     overlay: HashMap<(u32, i64), (u32, u32)>,
@@ -223,7 +223,7 @@ impl<'a> Program<'a> {
             events: Vec::new(),
             event_of: HashMap::new(),
             loads: HashMap::new(),
-            load_runs: HashMap::new(),
+            load_runs: LoadRuns::default(),
             overlay: HashMap::new(),
             acc: Vec::new(),
             replay: false,

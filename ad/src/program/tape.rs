@@ -121,7 +121,7 @@ pub(super) struct Recorder {
 
 impl Program<'_> {
     /// Bytes of carried values (and of snapshots) a loop may keep: the tape budget of the batch.
-    fn tape_limit(&self) -> usize {
+    pub(super) fn tape_limit(&self) -> usize {
         self.sh.tape_budget * self.pids.len()
     }
 

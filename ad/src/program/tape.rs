@@ -62,7 +62,7 @@ impl Checkpoints {
     /// Keeps every other checkpoint (trips `first + 2 k stride`).
     fn thin(&mut self) {
         let kept: Vec<Vec<V>> = std::mem::take(&mut self.entries).into_iter().step_by(2).collect();
-        self.bytes = kept.iter().map(|e| bytes_of(e)).sum();
+        self.bytes = kept.iter().map(bytes_of).sum();
         self.entries = kept;
         self.stride *= 2;
     }
@@ -278,7 +278,7 @@ impl Program<'_> {
             Trip::For { .. } => &params[1..],
             Trip::While { .. } => &params[..],
         };
-        Ok(carried.to_vec().into_iter().map(|p| self.take_cot(p)).collect())
+        Ok(carried.iter().map(|&p| self.take_cot(p)).collect())
     }
 }
 

@@ -81,7 +81,7 @@ struct SpecArgs {
     deterministic: bool,
     /// With `--ground kernels`: MiB a VJP kernel's launch may take (tensors, shadows and its
     /// loops' tapes), its programs running in batches whose tapes fit (default: 80% of the
-    /// GPU's free memory; on the CPU 4 GiB).
+    /// GPU's free memory; on the CPU 4 GiB, at most a quarter of the memory left).
     #[arg(long, value_name = "MIB")]
     vjp_memory: Option<u64>,
     /// Precision of the ground truth (default: the spec's, else f64).

@@ -214,6 +214,87 @@ fn a_loop_that_stores_one_tile_every_trip_forever_is_a_located_error_in_bounded_
     assert!(err.contains("k.py:") && err.contains("op `while`") && err.contains("can never end"), "{err}");
 }
 
+/// Loops of many trips carrying a tile: `x = x * c` (the evaluator's tape) and `x = sin(x)`
+/// (a VJP kernel's tape, whose reverse needs every trip's `x`).
+const LONG_LOOPS: &str = r#"import triton
+import triton.language as tl
+
+@triton.jit
+def trips(src_ptr, dst_ptr, n, TRIPS, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(src_ptr + offs, mask=offs < n, other=0.0)
+    i = 0
+    while i < TRIPS:
+        x = x * 1.0000001
+        i += 1
+    tl.store(dst_ptr + offs, x, mask=offs < n)
+
+@triton.jit
+def sin_trips(src_ptr, dst_ptr, n, TRIPS, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(src_ptr + offs, mask=offs < n, other=0.0)
+    i = 0
+    while i < TRIPS:
+        x = tl.sin(x)
+        i += 1
+    tl.store(dst_ptr + offs, x, mask=offs < n)
+
+@triton.jit
+def copy(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+"#;
+
+/// A spec launching `kernel` of [`LONG_LOOPS`] for `trips` trips on 128 elements (its backward
+/// a copy: a wrong gradient, so a verdict of failure).
+fn long_loop_spec(kernel: &str, trips: u64) -> String {
+    format!(
+        r#"
+[kernels]
+fwd = "k.py::{kernel}"
+bwd = "k.py::copy"
+
+[inputs]
+x = {{ shape = [128], init = "normal" }}
+
+[forward]
+outputs = ["y"]
+steps = [
+  {{ alloc = "y", like = "x" }},
+  {{ launch = "fwd", grid = [1], args = {{ src_ptr = "x", dst_ptr = "y", n = 128, TRIPS = {trips}, BLOCK = 128 }} }},
+]
+
+[backward]
+gradients = {{ x = "grad_x" }}
+steps = [
+  {{ alloc = "grad_x", like = "x" }},
+  {{ launch = "bwd", grid = [1], args = {{ src_ptr = "grad_y", dst_ptr = "grad_x", n = 128, BLOCK = 128 }} }},
+]
+"#
+    )
+}
+
+/// The ground truth of long loops stays within its budgets: the evaluator's tape (4e5 trips of
+/// a [128] tile took 450 MB and aborted under 512 MiB; now about 10 MB) and a VJP kernel's tape
+/// under `--vjp-memory` (2e5 trips: 1.6 GB at the default budget for a 205 MB tape, 0.6 GB at
+/// 64 MiB; now 0.2 GB and 10 MB). Release builds only: the loops take a minute in a debug build
+/// (`checkpointed_loop_tapes_give_the_same_gradient` checks the same code on 1,000 trips).
+#[test]
+fn long_loops_get_a_verdict_within_their_memory_budget() {
+    if cfg!(debug_assertions) {
+        eprintln!("skipped in a debug build: 4e5 loop trips in the reference take a minute there");
+        return;
+    }
+    let tape = write("long-loop", long_loop_spec("trips", 400_000).as_bytes(), LONG_LOOPS.as_bytes());
+    let sin = write("long-sin", long_loop_spec("sin_trips", 200_000).as_bytes(), LONG_LOOPS.as_bytes());
+    let (tape, sin) = (tape.to_str().unwrap(), sin.to_str().unwrap());
+    for args in [&["check", tape][..], &["check", sin, "--ground", "kernels"], &["check", sin, "--ground", "kernels", "--vjp-memory", "64"]]
+    {
+        let (code, err) = tilegrad_limited(512 << 10, args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn trial_counts_of_zero_or_past_the_limit_are_refused_by_every_command() {
     let p = write("trials", SPEC.as_bytes(), KERNELS.as_bytes());

@@ -5,12 +5,13 @@
 //! the same in each (constants, `arange`, scalars, what only depends on them), which the rules
 //! broadcast. Control flow must agree across the batch; where a loop bound or branch condition
 //! differs between its programs, the batch reports divergence and is split by the caller. The
-//! sweep records a tape: the carried values of every loop iteration, and a log of memory events
+//! sweep records a tape: the carried values of loop iterations, and a log of memory events
 //! (stores and atomics with their active lanes and values; for loads that read this program's
 //! own earlier stores, which store lane each lane read; such kernels run one program per batch).
-//! Intermediate values of a loop body are kept only within a byte budget per program; beyond
-//! it, the reverse sweep recomputes each iteration from its taped carried values, so the tape
-//! holds at most `trips x carried` values per loop and program.
+//! Loop tapes stay within a byte budget per program ([`tape`]): intermediate values of a loop
+//! body are kept while they fit, else recomputed from the carried values; carried values are
+//! kept for every iteration while they fit, else for every k-th, and the reverse sweep runs the
+//! segments between them forward again.
 //!
 //! The reverse sweep walks the body backwards applying one VJP rule per op. Memory follows the
 //! launch semantics of the design: a store's value receives the launch-output cotangent of the
@@ -19,14 +20,16 @@
 //! earlier store); an atomic contribution receives the output cotangent of its element.
 
 mod memory;
+mod tape;
 
 use crate::graph::KernelFacts;
 use crate::rules::{self, Precision};
 use crate::{AdError, BTile};
-use memory::{add_batched, add_in_place, fit_batch, Event, Provenance};
+use memory::{add_batched, add_in_place, fit_batch, Event, LoadRuns, Provenance};
 pub(crate) use memory::{Contrib, StoreRun};
 use smallvec::SmallVec;
 use std::collections::HashMap;
+use tape::{Checkpoints, Snap, Trip};
 use tilegrad_ir::{Block, DType, Inst, Kernel, Op, Type, Value};
 
 /// A runtime value: a number tile, or a pointer tile (tensor slot and element offsets).
@@ -160,12 +163,16 @@ pub(crate) struct Program<'a> {
     cot: Vec<Option<BTile>>,
     /// Current iteration indices of the enclosing loops.
     path: Vec<u32>,
-    /// Loop tapes: carried values at the start of each iteration, per dynamic loop instance.
-    tapes: HashMap<Instance, Vec<Vec<V>>>,
+    /// Loop tapes: carried values at the start of iterations (every one, or every `stride`-th
+    /// beyond the tape budget), per dynamic loop instance.
+    tapes: HashMap<Instance, Checkpoints>,
+    /// The loop instances whose tapes were kept, latest last: those of an iteration's nested
+    /// loops are dropped when it ends, unless its snapshot keeps them ([`tape`]).
+    tape_log: Vec<Instance>,
     /// Loop snapshots: every value of each iteration's body, while within the tape budget (the
     /// reverse sweep then restores instead of recomputing).
-    snaps: HashMap<Instance, Vec<Vec<(Value, V)>>>,
-    /// Bytes held in snapshots.
+    snaps: HashMap<Instance, Vec<Snap>>,
+    /// Bytes held in snapshots (and in the tapes of loops nested in snapshotted iterations).
     snap_bytes: usize,
     /// Values defined in each loop body (and its branches), by body block.
     body_values: HashMap<Block, Vec<Value>>,
@@ -174,7 +181,7 @@ pub(crate) struct Program<'a> {
     loads: HashMap<Instance, Provenance>,
     /// Runs of elements (first, length) that a load read, with its batch, kept for its reverse
     /// when they are long (rows of a tile): the reverse needs not find them again.
-    load_runs: HashMap<Instance, (usize, Vec<(i64, u32)>)>,
+    load_runs: LoadRuns,
     /// (slot, element) -> latest (event, lane) of this program, when the kernel loads after
     /// stores.
     overlay: HashMap<(u32, i64), (u32, u32)>,
@@ -209,13 +216,14 @@ impl<'a> Program<'a> {
             cot: vec![None; n],
             path: Vec::new(),
             tapes: HashMap::new(),
+            tape_log: Vec::new(),
             snaps: HashMap::new(),
             snap_bytes: 0,
             body_values: HashMap::new(),
             events: Vec::new(),
             event_of: HashMap::new(),
             loads: HashMap::new(),
-            load_runs: HashMap::new(),
+            load_runs: LoadRuns::default(),
             overlay: HashMap::new(),
             acc: Vec::new(),
             replay: false,
@@ -405,37 +413,14 @@ impl<'a> Program<'a> {
                 }
                 let mut carried: Vec<V> = d.args[3..].iter().map(|&a| self.get(a).clone()).collect();
                 let key = self.instance(i);
-                let mut tape = Vec::with_capacity(trips as usize);
                 let values = self.body_values(*body);
-                let mut snaps: Option<Vec<Vec<(Value, V)>>> = (!self.replay).then(|| Vec::with_capacity(trips as usize));
+                let mut rec = self.recorder(0, !self.replay, true);
                 for t in 0..trips {
-                    tape.push(carried.clone());
+                    self.begin_trip(&mut rec, t, &carried);
                     carried = self.iterate(*body, lo, st, t, carried)?;
-                    if let Some(sn) = &mut snaps {
-                        // The body's values are out of scope after the iteration: move out those
-                        // the reverse sweep reads, drop the others.
-                        let needs = self.sh.needs;
-                        let snap: Vec<(Value, V)> = values
-                            .iter()
-                            .filter_map(|&v| self.env[v.index()].take().filter(|_| needs[v.index()]).map(|x| (v, x)))
-                            .collect();
-                        let bytes: usize = snap.iter().map(|(_, x)| x.num().data.len() * 8).sum();
-                        if self.snap_bytes + bytes <= self.sh.tape_budget * self.pids.len() {
-                            self.snap_bytes += bytes;
-                            sn.push(snap);
-                        } else {
-                            // Over budget: this loop is recomputed in reverse instead.
-                            self.snap_bytes -= sn.iter().flatten().map(|(_, x)| x.num().data.len() * 8).sum::<usize>();
-                            snaps = None;
-                        }
-                    }
+                    self.end_trip(&mut rec, &values);
                 }
-                if let Some(sn) = snaps {
-                    self.snaps.insert(key.clone(), sn);
-                }
-                // Also while replaying an outer iteration: the reverse of this (inner) loop in that
-                // iteration needs its tape.
-                self.tapes.insert(key, tape);
+                self.keep_tape(key, rec);
                 for (r, v) in d.results.iter().zip(carried) {
                     self.set(*r, v);
                 }
@@ -507,9 +492,8 @@ impl<'a> Program<'a> {
         let d = k.inst(i);
         let mut carried: Vec<V> = d.args.iter().map(|&a| self.get(a).clone()).collect();
         let key = self.instance(i);
-        let mut tape = Vec::new();
         let values = self.body_values(body);
-        let mut snaps: Option<Vec<Vec<(Value, V)>>> = (!self.replay).then(Vec::new);
+        let mut rec = self.recorder(0, !self.replay, true);
         let cparams = k.block(cond).params.clone();
         let mut t = 0u64;
         loop {
@@ -537,31 +521,16 @@ impl<'a> Program<'a> {
                     },
                 ));
             }
-            tape.push(carried.clone());
+            self.begin_trip(&mut rec, t, &carried);
             carried = self.iterate_while(body, t, carried)?;
-            if let Some(sn) = &mut snaps {
-                let needs = self.sh.needs;
-                let snap: Vec<(Value, V)> =
-                    values.iter().filter_map(|&v| self.env[v.index()].take().filter(|_| needs[v.index()]).map(|x| (v, x))).collect();
-                let bytes: usize = snap.iter().map(|(_, x)| x.num().data.len() * 8).sum();
-                if self.snap_bytes + bytes <= self.sh.tape_budget * self.pids.len() {
-                    self.snap_bytes += bytes;
-                    sn.push(snap);
-                } else {
-                    self.snap_bytes -= sn.iter().flatten().map(|(_, x)| x.num().data.len() * 8).sum::<usize>();
-                    snaps = None;
-                }
-            }
+            self.end_trip(&mut rec, &values);
             t += 1;
         }
         match self.out.trips.iter_mut().find(|(j, _)| *j == i) {
             Some((_, x)) => *x = (*x).max(t),
             None => self.out.trips.push((i, t)),
         }
-        if let Some(sn) = snaps {
-            self.snaps.insert(key.clone(), sn);
-        }
-        self.tapes.insert(key, tape);
+        self.keep_tape(key, rec);
         for (r, v) in d.results.iter().zip(carried) {
             self.set(*r, v);
         }
@@ -578,50 +547,6 @@ impl<'a> Program<'a> {
         let r = self.forward_block(body);
         self.path.pop();
         r
-    }
-
-    /// Reverse of a `while` loop: body iterations last to first, as [`Program::reverse_loop`]
-    /// (the condition carries no gradient: it is a boolean).
-    fn reverse_while(&mut self, i: Inst, body: Block) -> Result<(), AdError> {
-        let k = self.sh.kernel;
-        let d = k.inst(i);
-        let key = self.instance(i);
-        let Some(tape) = self.tapes.remove(&key) else { return Ok(()) };
-        let params = k.block(body).params.clone();
-        let yields = k.block(body).insts.last().map(|&l| k.inst(l).args.clone()).unwrap_or_default();
-        let mut carried_cot: Vec<Option<BTile>> = d.results.iter().map(|&r| self.take_cot(r)).collect();
-        let mut snaps = self.snaps.remove(&key);
-        for t in (0..tape.len()).rev() {
-            match snaps.as_mut().and_then(|s| s.pop()) {
-                Some(snap) => {
-                    for (v, x) in snap {
-                        self.env[v.index()] = Some(x);
-                    }
-                }
-                None => {
-                    let saved = self.replay;
-                    self.replay = true;
-                    self.iterate_while(body, t as u64, tape[t].clone())?;
-                    self.replay = saved;
-                }
-            }
-            for (y, c) in yields.iter().zip(carried_cot.drain(..)) {
-                if let Some(c) = c {
-                    self.add_cot(*y, c);
-                }
-            }
-            self.path.push(t as u32);
-            let r = self.reverse_block(body);
-            self.path.pop();
-            r?;
-            carried_cot = params.iter().map(|&p| self.take_cot(p)).collect();
-        }
-        for (a, c) in d.args.iter().zip(carried_cot) {
-            if let Some(c) = c {
-                self.add_cot(*a, c);
-            }
-        }
-        Ok(())
     }
 
     fn unsupported(&self, i: Inst, message: String) -> AdError {
@@ -692,8 +617,7 @@ impl<'a> Program<'a> {
                 let vb = self.get(d.args[1]).num().batch;
                 self.add_cot(d.args[1], fit_batch(BTile::new(self.events[ev].batch, &vt.shape, c), vb));
             }
-            Op::For { body, .. } => self.reverse_loop(i, *body)?,
-            Op::While { body, .. } => self.reverse_while(i, *body)?,
+            Op::For { .. } | Op::While { .. } => self.reverse_loop(i)?,
             Op::Broadcast if self.sh.views[d.results[0].index()] => {
                 // The view's cotangent is already summed over the broadcast dimensions.
                 if let Some(c) = self.take_cot(d.results[0]) {
@@ -772,48 +696,25 @@ impl<'a> Program<'a> {
         }
     }
 
-    /// Reverse of a loop: iterations last to first, each recomputed from its taped carried
-    /// values, then swept backwards.
-    fn reverse_loop(&mut self, i: Inst, body: Block) -> Result<(), AdError> {
-        let k = self.sh.kernel;
-        let d = k.inst(i);
+    /// Reverse of a `for` or `while` loop: its trips last to first ([`tape`]); the cotangents
+    /// of its results are those of the last trip's yields, and those of the first trip's carried
+    /// values go to the loop's initial values (a `while` condition carries none: a boolean).
+    fn reverse_loop(&mut self, i: Inst) -> Result<(), AdError> {
+        let d = self.sh.kernel.inst(i);
         let key = self.instance(i);
-        let Some(tape) = self.tapes.remove(&key) else { return Ok(()) };
-        let (lo, st) = (self.scalar(d.args[0]) as i64, self.scalar(d.args[2]) as i64);
-        let params = k.block(body).params.clone();
-        let yields = k.block(body).insts.last().map(|&l| k.inst(l).args.clone()).unwrap_or_default();
-        // Cotangents of the loop results are those of the last iteration's yields.
-        let mut carried_cot: Vec<Option<BTile>> = d.results.iter().map(|&r| self.take_cot(r)).collect();
-        let mut snaps = self.snaps.remove(&key);
-        for t in (0..tape.len()).rev() {
-            match snaps.as_mut().and_then(|s| s.pop()) {
-                // Restore the body's values of iteration t.
-                Some(snap) => {
-                    for (v, x) in snap {
-                        self.env[v.index()] = Some(x);
-                    }
-                }
-                // Recompute them from the iteration's carried values.
-                None => {
-                    let saved = self.replay;
-                    self.replay = true;
-                    self.iterate(body, lo, st, t as u64, tape[t].clone())?;
-                    self.replay = saved;
-                }
+        let Some(cp) = self.tapes.remove(&key) else { return Ok(()) };
+        let snaps = self.snaps.remove(&key);
+        let (trip, init) = match d.op {
+            Op::For { body, .. } => {
+                let (lo, st) = (self.scalar(d.args[0]) as i64, self.scalar(d.args[2]) as i64);
+                (Trip::For { body, lo, st }, &d.args[3..])
             }
-            for (y, c) in yields.iter().zip(carried_cot.drain(..)) {
-                if let Some(c) = c {
-                    self.add_cot(*y, c);
-                }
-            }
-            self.path.push(t as u32);
-            let r = self.reverse_block(body);
-            self.path.pop();
-            r?;
-            carried_cot = params[1..].iter().map(|&p| self.take_cot(p)).collect();
-            // Values of the body are dead once swept; cotangents of body values are consumed.
-        }
-        for (a, c) in d.args[3..].iter().zip(carried_cot) {
+            Op::While { body, .. } => (Trip::While { body }, &d.args[..]),
+            _ => unreachable!("only loops have tapes"),
+        };
+        let cot: Vec<Option<BTile>> = d.results.iter().map(|&r| self.take_cot(r)).collect();
+        let cot = self.reverse_trips(trip, cp, snaps, cot)?;
+        for (a, c) in init.iter().zip(cot) {
             if let Some(c) = c {
                 self.add_cot(*a, c);
             }

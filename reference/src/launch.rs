@@ -179,7 +179,9 @@ pub struct Options {
     /// Parameters whose tensors are scratch: never read before the launch writes them, and not
     /// needed after it (a VJP kernel's tapes). A backend that runs elsewhere may keep them
     /// there: the GPU allocates them on the device and neither copies them in nor back, so
-    /// their host tensors are left as they were. The reference ignores it.
+    /// their host tensors are left as they were. The reference keeps each program's writes to
+    /// them as its own (8 bytes an element written, no log of stores; they are neither
+    /// committed nor checked for races, and atomics on them are errors).
     pub scratch: Vec<String>,
     /// Only the programs of this range of linear program ids ([`Grid::pid`]) run: a batch of the
     /// grid's programs, as a VJP kernel's launch runs them to bound its tapes. Program ids and

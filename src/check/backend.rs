@@ -95,7 +95,8 @@ impl Executor {
     /// Bytes a VJP kernel's launch may take where it runs (its tensors, shadows and tapes; see
     /// [`tilegrad_ad::vjp_kernel::gradient_by_kernel`]): as [`Executor::vjp_memory`] set it,
     /// else on the GPU most of the device memory free now, on the CPU 4 GiB or `host_budget`
-    /// where larger (the tapes are host memory the reference writes).
+    /// where larger, but at most a quarter of what the process may still take (the tapes are
+    /// host memory the reference writes: a tape's tensor and each program's pages of it).
     pub fn vjp_launch_memory(&self, host_budget: u64) -> u64 {
         if let Some(b) = self.vjp_memory {
             return b;
@@ -103,7 +104,10 @@ impl Executor {
         match self.gpu.as_ref().map(|g| g.free_memory()) {
             // A margin for the launch's own buffers (error words, scratch) and the allocator.
             Some(Ok(free)) => free / 10 * 8,
-            Some(Err(_)) | None => host_budget.max(4 << 30),
+            Some(Err(_)) | None => {
+                let cpu = host_budget.max(4 << 30);
+                tilegrad_reference::available_memory().map_or(cpu, |a| cpu.min(a / 4))
+            }
         }
     }
 

@@ -299,7 +299,8 @@ pub struct CheckOptions {
     /// With [`Ground::Kernels`]: bytes a VJP kernel's launch may take (its tensors, shadows and
     /// loop tapes); its programs run in batches whose tapes fit, at least one program each (where
     /// not even one program's tapes fit, its loops keep checkpoints and run each segment again).
-    /// `None`: 80% of the GPU's free memory, or 4 GiB (or `memory_budget`, if larger) on the CPU.
+    /// `None`: 80% of the GPU's free memory, or 4 GiB (or `memory_budget`, if larger) on the CPU,
+    /// at most a quarter of the memory the process may still take.
     pub vjp_memory: Option<u64>,
     /// Notes fail the check: a launch whose results depend on the masked-off lanes of loads
     /// without `other` (read as 0, as Triton's GPU backends read them), or programs that

@@ -3,7 +3,7 @@
 //! seeding of stored values' cotangents from the launch-output cotangents, and the reverse of
 //! loads (contributions to input gradients, as runs of consecutive elements).
 
-use super::{Initial, Program, V};
+use super::{Initial, Instance, Program, V};
 use crate::{AdError, BTile};
 use std::collections::HashMap;
 use tilegrad_ir::{Inst, Value};
@@ -139,6 +139,38 @@ impl Contrib {
     }
 }
 
+/// The runs of elements (first, length) that loads read, with their batch, kept for their
+/// reverse within a byte limit (a loop of many trips would otherwise keep every trip's; beyond
+/// it, the reverse finds them again).
+#[derive(Default)]
+pub(super) struct LoadRuns {
+    map: HashMap<Instance, (usize, Vec<(i64, u32)>)>,
+    bytes: usize,
+}
+
+impl LoadRuns {
+    fn cost(runs: &[(i64, u32)]) -> usize {
+        runs.len() * 12 + 64
+    }
+
+    fn keep(&mut self, key: Instance, batch: usize, runs: Vec<(i64, u32)>, limit: usize) {
+        let bytes = Self::cost(&runs);
+        if self.bytes + bytes > limit {
+            return;
+        }
+        self.bytes += bytes;
+        if let Some((_, old)) = self.map.insert(key, (batch, runs)) {
+            self.bytes -= Self::cost(&old);
+        }
+    }
+
+    fn take(&mut self, key: &Instance) -> Option<(usize, Vec<(i64, u32)>)> {
+        let r = self.map.remove(key)?;
+        self.bytes -= Self::cost(&r.1);
+        Some(r)
+    }
+}
+
 impl Program<'_> {
     pub(super) fn load(&mut self, i: Inst, has_mask: bool, has_other: bool) -> Result<BTile, AdError> {
         let k = self.sh.kernel;
@@ -184,7 +216,8 @@ impl Program<'_> {
                 Initial::Converted(v) => gather_initial(v, offs_data, m, other, &mut out, &mut runs),
             };
             if bad.is_none() && m.is_none() && !runs.is_empty() && runs.len() * 8 <= n {
-                self.load_runs.insert(key.clone(), (br, runs));
+                let limit = self.tape_limit();
+                self.load_runs.keep(key.clone(), br, runs, limit);
             }
         }
         for l in 0..n {
@@ -239,8 +272,8 @@ impl Program<'_> {
             ));
         }
         let shape = offs.shape.clone();
-        if !self.replay {
-            // An empty provenance means "every lane read the launch's initial memory".
+        if !self.replay && !own.is_empty() {
+            // No provenance means "every lane read the launch's initial memory".
             self.loads.insert(key, own);
         }
         // Memory holds values of the tensor's dtype, so loads need no rounding in native mode.
@@ -455,7 +488,7 @@ impl Program<'_> {
             if is_input {
                 match m {
                     None => {
-                        contrib = match self.load_runs.remove(&key) {
+                        contrib = match self.load_runs.take(&key) {
                             // The runs the forward load found (for the same lanes).
                             Some((b, runs)) if b == cb => Contrib { slot: slot as u32, runs, vals: c.data },
                             _ => Contrib::dense(slot as u32, offs_data, c.data),
@@ -489,7 +522,7 @@ impl Program<'_> {
             }
         }
         if !contrib.vals.is_empty() {
-            self.out.contrib.push(contrib);
+            push_contrib(&mut self.out.contrib, contrib);
         }
         drop((offs_all, mask_all));
         if let Some(oc) = other_cot {
@@ -498,6 +531,23 @@ impl Program<'_> {
         }
         Ok(())
     }
+}
+
+/// Appends a load's contribution, or adds it to an earlier one of the same elements when only
+/// contributions to other tensors came between them (a loop loading one tile each trip keeps
+/// one contribution, not one per trip). The sums per element are the same up to association.
+fn push_contrib(out: &mut Vec<Contrib>, c: Contrib) {
+    for prev in out.iter_mut().rev().take(8) {
+        if prev.slot != c.slot {
+            continue;
+        }
+        if prev.runs == c.runs {
+            prev.vals.iter_mut().zip(&c.vals).for_each(|(a, b)| *a += b);
+            return;
+        }
+        break;
+    }
+    out.push(c);
 }
 
 /// `t`'s data for a batch of `b` programs: as is, or repeated when `t` is shared (batch 1).

@@ -14,6 +14,7 @@ mod ops;
 mod plan;
 mod program;
 mod record;
+mod scratch;
 mod tile;
 
 pub use fast::release_buffers;
@@ -136,9 +137,12 @@ fn build_shared<'a>(l: &Launch<'a>, bound: &[Bound], mem: &'a Memory, plan: &'a 
         });
     }
     let mut slot_written = vec![false; slot_ids.len()];
+    // A slot is scratch when every parameter bound to it is.
+    let mut slot_scratch = vec![true; slot_ids.len()];
     for (j, s) in param_slot.iter().enumerate() {
         if let Some(s) = s {
             slot_written[*s as usize] |= plan.param_written[j];
+            slot_scratch[*s as usize] &= l.options.scratch.iter().any(|n| *n == k.params[j].name);
         }
     }
     let params: Vec<RV> = bound
@@ -156,10 +160,13 @@ fn build_shared<'a>(l: &Launch<'a>, bound: &[Bound], mem: &'a Memory, plan: &'a 
         plan,
         slots: slot_ids
             .iter()
-            .zip(&slot_written)
-            .map(|(t, &w)| {
+            .zip(slot_written.iter().zip(&slot_scratch))
+            .map(|(t, (&w, &scratch))| {
                 let ten = mem.get(*t);
-                Slot { name: mem.name(*t).to_string(), dtype: ten.dtype(), shape: ten.shape(), initial: ten.data(), written: w }
+                // Writes to a scratch tensor stay in the program that made them (not committed,
+                // not checked for races): as far as the launch is concerned it is not written.
+                let written = w && !scratch;
+                Slot { name: mem.name(*t).to_string(), dtype: ten.dtype(), shape: ten.shape(), initial: ten.data(), written, scratch }
             })
             .collect(),
         params,
@@ -458,6 +465,7 @@ fn run_ordered(l: &Launch, shared: &Shared) -> Result<(LaunchSummary, Finals), E
                     shape: s.shape,
                     initial: cm.as_ref().map_or(s.initial, |cm| &cm.data),
                     written: s.written,
+                    scratch: s.scratch,
                 })
                 .collect();
             let sh = Shared {

@@ -6,6 +6,7 @@
 use super::offs::{self, with_offs, Off};
 use super::ops;
 use super::plan::Plan;
+use super::scratch::Overlay;
 use super::tile::{PtrTile, Tile, RV};
 use crate::error::{ExecError, Site};
 use crate::tensor::Data;
@@ -27,6 +28,9 @@ pub(crate) struct Slot<'m> {
     pub initial: &'m Data,
     /// Some op may write it: loads from it are logged for race detection.
     pub written: bool,
+    /// A scratch tensor ([`crate::Options::scratch`]): each program's writes stay its own
+    /// ([`super::scratch`]).
+    pub scratch: bool,
 }
 
 /// How a logged write combines with the element: a store, or an atomic read-modify-write.
@@ -127,6 +131,8 @@ pub(crate) struct SlotLog {
     /// Element -> value bits as this program sees them after its own writes; built on the first
     /// load after a write.
     overlay: Option<HashMap<i64, u64>>,
+    /// This program's writes, when the tensor is scratch.
+    pages: Option<super::scratch::Pages>,
 }
 
 /// The outcome of one program.
@@ -172,7 +178,7 @@ pub(crate) struct Program<'a> {
     rec: Option<Box<super::record::Recorder>>,
 }
 
-fn bits_of(d: &Data, i: usize) -> u64 {
+pub(super) fn bits_of(d: &Data, i: usize) -> u64 {
     match d {
         Data::I1(v) => v[i] as u64,
         Data::I32(v) => v[i] as i64 as u64,
@@ -315,6 +321,8 @@ impl<'a> Program<'a> {
     pub fn run(mut self, fast: Option<&[Option<super::fast::FastBuf>]>) -> Result<ProgramOut, ExecError> {
         self.block(self.sh.kernel.body)?;
         self.drop_unreleased_locks();
+        // Scratch writes end with the program.
+        self.logs.iter_mut().for_each(|l| l.pages = None);
         let mut mixed = false;
         if let Some(bufs) = fast {
             for (s, log) in self.logs.iter_mut().enumerate() {
@@ -669,6 +677,9 @@ impl<'a> Program<'a> {
         let vals = self.num(val).materialize();
         let cmpd = cmp.map(|c| self.num(c).materialize());
         let slot = &self.sh.slots[p.slot as usize];
+        if slot.scratch {
+            return Err(self.runtime(i, format!("an atomic on `{}`, a scratch tensor (its writes are the program's own)", slot.name)));
+        }
         let (dtype, initial) = (slot.dtype, slot.initial);
         let n = offs.len();
         let mv: Option<&[bool]> = match md.as_deref() {
@@ -834,7 +845,10 @@ impl<'a> Program<'a> {
         if log.overlay.is_none() && !log.events.is_empty() {
             log.overlay = Some(build_overlay(slot.dtype, slot.initial, &log.events));
         }
-        let overlay = log.overlay.as_ref();
+        let overlay = match (&log.pages, &log.overlay) {
+            (Some(pages), _) => Some(Overlay::Pages(pages)),
+            (None, m) => m.as_ref().map(Overlay::Map),
+        };
         macro_rules! gather {
             ($var:ident, $init:expr, $from_bits:expr, $zero:expr) => {{
                 let other_v: Option<&Vec<_>> = match od.as_deref() {
@@ -915,6 +929,18 @@ impl<'a> Program<'a> {
         }
         let slot = &self.sh.slots[p.slot as usize];
         let log = &mut self.logs[p.slot as usize];
+        if slot.scratch {
+            if atomic {
+                return Err(
+                    self.runtime(i, format!("an atomic_add on `{}`, a scratch tensor (its writes are the program's own)", slot.name))
+                );
+            }
+            let pages = log.pages.get_or_insert_with(Default::default);
+            for (l, o) in e.lanes() {
+                pages.write(slot.initial, o, bits_of(&e.vals, l));
+            }
+            return Ok(());
+        }
         if let Some(overlay) = &mut log.overlay {
             apply(overlay, slot.dtype, slot.initial, &e);
         }

@@ -26,7 +26,12 @@ macro_rules! out {
 }
 
 #[derive(Parser)]
-#[command(name = "tilegrad", version, about = "Ground-truth gradients for GPU tile kernels", after_help = "Commands, options and the spec format: docs/spec.md in the repository.")]
+#[command(
+    name = "tilegrad",
+    version,
+    about = "Ground-truth gradients for GPU tile kernels",
+    after_help = "Commands, options and the spec format: docs/spec.md in the repository."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -761,9 +761,18 @@ fn verdict_lines(r: &TensorReport) -> Option<(String, String)> {
     let rounding = match (ro.passed, fo.passed) {
         (true, _) => format!("rounding: {:.2} u of {} (budget {} u)", ro.units, ro.of, ro.budget),
         (false, true) => format!("rounding: the formula is right; the {} rounding is {:.1} u (budget {} u)", ro.of, ro.units, ro.budget),
-        (false, false) => format!("rounding: {:.3e} u of {}", ro.units, ro.of),
+        (false, false) => format!("rounding: {} u of {}", units(ro.units), ro.of),
     };
     Some((formula, rounding))
+}
+
+/// Units of roundoff for people: `7.1`, or `1.27e6` past a thousand.
+fn units(u: f64) -> String {
+    if u < 1000.0 {
+        format!("{u:.1}")
+    } else {
+        format!("{u:.2e}")
+    }
 }
 
 impl fmt::Display for Report {

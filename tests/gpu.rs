@@ -116,7 +116,10 @@ fn every_kernel_becomes_cuda_c() {
             }
         }
         let bounds = |g: &tilegrad_gpu::codegen::Generated, b: usize| g.source.contains(&format!("__launch_bounds__({}, {b})", g.threads));
-        if g.threads as usize > tilegrad_gpu::codegen::DEFAULT_THREADS
+        // At most DEFAULT_THREADS a block, unless a thread's loops would pass the unroll limit:
+        // then larger blocks, as many as fill an SM's 1024 threads.
+        let grown = g.threads as usize > tilegrad_gpu::codegen::DEFAULT_THREADS;
+        if (grown && (g.threads > 1024 || g.threads as usize * blocks > 1024))
             || roomy.threads != g.threads
             || large.threads < g.threads
             || !bounds(&g, blocks)

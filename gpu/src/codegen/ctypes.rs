@@ -15,6 +15,15 @@ pub(super) fn ctype(d: DType) -> &'static str {
     }
 }
 
+/// Bytes of [`ctype`]: what a value takes in registers and in scratch (f16/bf16 as f32).
+pub(super) fn reg_bytes(d: DType) -> usize {
+    match d {
+        DType::I1 => 1,
+        DType::I32 | DType::F16 | DType::BF16 | DType::F32 => 4,
+        DType::I64 | DType::F64 => 8,
+    }
+}
+
 /// The C type of a dtype in memory.
 pub(super) fn storage(d: DType) -> &'static str {
     match d {

@@ -776,7 +776,7 @@ impl<'k> Gen<'k> {
 
     /// `out[e] = x[s]` where `idx` computes `s` from `e`, through scratch.
     fn gather(&mut self, out: Value, x: Value, idx: &str) {
-        let bytes = self.numel(x) * self.dtype(x).size_bytes().max(1);
+        let bytes = self.numel(x) * reg_bytes(self.dtype(x));
         self.need_scratch(bytes.max(8));
         let t = ctype(self.dtype(x));
         self.open_scratch();
@@ -922,5 +922,7 @@ fn multi_source_pointer(k: &Kernel, sources: &[Vec<bool>]) -> Option<Inst> {
     bad
 }
 
+#[cfg(test)]
+mod scratch_tests;
 #[cfg(test)]
 mod unroll_tests;

@@ -19,7 +19,7 @@ impl<'k> Gen<'k> {
         let inner: usize = shape[axis + 1..].iter().product();
         let t = ctype(xd);
         let rd = self.dtype(r);
-        let xbytes = self.numel(x) * xd.size_bytes();
+        let xbytes = self.numel(x) * reg_bytes(xd);
         let at = |o: &str, kk: &str, ii: &str| format!("(({t}*)sb)[({o} * {n} + {kk}) * {inner} + {ii}]");
         let float = xd.is_float();
         let (plus, max2, min2) = match xd {
@@ -35,7 +35,7 @@ impl<'k> Gen<'k> {
             // warps' partials. Pairs of value and index pick what the in-order fold would.
             let mx = if kind == ReduceOp::Max { "true" } else { "false" };
             let (nw, per, nt) = (self.nt / 32, n / self.nt, self.nt);
-            let ioff = (outer * nw * xd.size_bytes()).div_ceil(16) * 16;
+            let ioff = (outer * nw * reg_bytes(xd)).div_ceil(16) * 16;
             self.need_scratch(ioff + outer * nw * 4);
             self.open_scratch();
             let base = self.scratch_base();
@@ -66,8 +66,8 @@ impl<'k> Gen<'k> {
                 // lane j + w for w = 32, ..., 1) and adds the remainder in order.
                 const L: usize = tilegrad_reference::SUM_LANES;
                 let part = xbytes.div_ceil(16) * 16;
-                let res = part + (outer * L * xd.size_bytes()).div_ceil(16) * 16;
-                self.need_scratch(res + outer * xd.size_bytes());
+                let res = part + (outer * L * reg_bytes(xd)).div_ceil(16) * 16;
+                self.need_scratch(res + outer * reg_bytes(xd));
                 let chunks = n / L;
                 // With one chunk or none a lane's chain is its first element (or zero): read
                 // where it is, without a pass and its barrier.
@@ -114,7 +114,7 @@ impl<'k> Gen<'k> {
                     ch *= 2;
                 }
                 let part = xbytes.div_ceil(16) * 16;
-                self.need_scratch(part + outputs * ch * xd.size_bytes());
+                self.need_scratch(part + outputs * ch * reg_bytes(xd));
                 let op = if kind == ReduceOp::Max { max2 } else { min2 };
                 self.line(&format!(
                     "for (int q = tid; q < {}; q += {}) {{ const int ov = q / {ch}; const int c = q % {ch}; const int o = ov / {inner}; const int ii = ov % {inner}; {t} acc = {}; for (int kk = c + {ch}; kk < {n}; kk += {ch}) acc = {}; (({t}*)(sb + {part}))[q] = acc; }}",
@@ -181,7 +181,7 @@ impl<'k> Gen<'k> {
         let n = shape[axis];
         let inner: usize = shape[axis + 1..].iter().product();
         let t = ctype(xd);
-        self.need_scratch(self.numel(x) * xd.size_bytes());
+        self.need_scratch(self.numel(x) * reg_bytes(xd));
         let plus = match xd {
             DType::I32 => "tg_add32(P, C)".to_string(),
             DType::I64 => "tg_add64(P, C)".to_string(),
@@ -218,7 +218,7 @@ impl<'k> Gen<'k> {
         };
         self.declare(r);
         let t = ctype(acc);
-        let sz = acc.size_bytes();
+        let sz = reg_bytes(acc);
         let tf32 = precision == DotPrecision::Tf32 && self.dtype(a) == DType::F32 && acc == DType::F32;
         let conv = |v: Value, g: &Gen| {
             let e = convert(g.dtype(v), acc, &format!("v{}[j]", v.0));

@@ -6,6 +6,7 @@ use crate::codegen::{
     self, Flavor, Generated, ARG_WORDS, ERR_LOOP, ERR_OOB, ERR_RUNTIME, ERR_WORDS, FLAG_LOG_FULL, HEADER_WORDS, LOG_WORDS, PTR_WORDS,
 };
 use crate::compile::{cache_file, nvrtc, nvrtc_cubin, source_key, write_cache, Ahead, Job, Target};
+use crate::in_place::{Backup, DeviceMemory};
 use crate::{GpuError, GpuOptions, Outcome, RanOn};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
@@ -87,9 +88,9 @@ pub struct Gpu {
 }
 
 /// A device's context and the one stream launches go to.
-struct Cuda {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+pub(crate) struct Cuda {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
 }
 
 /// A value made on a thread of its own: the first to ask for it waits for that thread.
@@ -125,7 +126,7 @@ struct Compiled {
     log_hint: std::sync::atomic::AtomicU64,
 }
 
-fn driver(e: impl std::fmt::Display) -> GpuError {
+pub(crate) fn driver(e: impl std::fmt::Display) -> GpuError {
     GpuError::Driver(e.to_string())
 }
 
@@ -191,7 +192,7 @@ impl Gpu {
         self.cuda().map(|_| ())
     }
 
-    fn cuda(&self) -> Result<&Cuda, GpuError> {
+    pub(crate) fn cuda(&self) -> Result<&Cuda, GpuError> {
         self.cuda.get().map_err(|e| GpuError::Unavailable(e.to_string()))
     }
 
@@ -370,35 +371,69 @@ impl Gpu {
     /// Runs a launch: on success the written tensors of `mem` hold their final contents, as
     /// [`Launch::run`] would leave them.
     pub fn run(&self, launch: &Launch, mem: &mut Memory, opts: GpuOptions) -> Result<Outcome, GpuError> {
-        launch.check_arguments(mem)?;
+        self.run_place(launch, &mut Place::Host(mem), opts)
+    }
+
+    /// [`Gpu::run`] on host memory or on device memory in place.
+    pub(crate) fn run_place(&self, launch: &Launch, place: &mut Place, opts: GpuOptions) -> Result<Outcome, GpuError> {
+        launch.check_arguments(place.layout())?;
         let k = launch.kernel();
         let o = launch.get_options();
         if o.races == RaceMode::Warn {
-            return reference(launch, mem, "races resolved in program order (a racy backward's provisional table) are the reference's");
+            let why = "races resolved in program order (a racy backward's provisional table) are the reference's";
+            return self.settle(launch, place, why);
         }
         if let Some(why) = codegen::needs_reference(k) {
-            return reference(launch, mem, why);
+            return self.settle(launch, place, why);
         }
         let programs = launch.program_range().end - launch.program_range().start;
         let c = self.compiled(k, opts.flavor(launch), programs)?;
+        if let Place::Device { mem, backup } = place {
+            *backup = Some(self.back_up(launch, mem)?);
+        }
         let conflict = "the device found a conflict between programs, which the reference reports exactly";
-        match self.run_compiled(&c, launch, mem, opts)? {
+        match self.run_compiled(&c, launch, place, opts)? {
             Ran::Done(summary) => Ok(Outcome { summary, ran_on: RanOn::Gpu }),
-            Ran::Conflict => reference(launch, mem, conflict),
+            Ran::Conflict => self.settle(launch, place, conflict),
             Ran::LogsTooLong(n) => {
                 // Adding in program order would take the programs' turns far longer than the
                 // launch: the device's order instead, as the kernel runs on a GPU.
                 let unordered = GpuOptions { ordered_atomics: false, ..opts };
                 let c = self.compiled(k, unordered.flavor(launch), programs)?;
-                match self.run_compiled(&c, launch, mem, unordered)? {
+                self.rewind(place)?;
+                match self.run_compiled(&c, launch, place, unordered)? {
                     Ran::Done(summary) => {
                         let why = format!("a program adds up to {n} floats atomically, too many to add in program order");
                         Ok(Outcome { summary, ran_on: RanOn::GpuDeviceOrder(why) })
                     }
-                    Ran::Conflict | Ran::LogsTooLong(_) => reference(launch, mem, conflict),
+                    Ran::Conflict | Ran::LogsTooLong(_) => self.settle(launch, place, conflict),
                 }
             }
         }
+    }
+
+    /// Runs a launch the device cannot settle on the reference, from the memory it started
+    /// from.
+    fn settle(&self, launch: &Launch, place: &mut Place, why: &str) -> Result<Outcome, GpuError> {
+        self.rewind(place)?;
+        match place {
+            Place::Host(mem) => reference(launch, mem, why),
+            Place::Device { mem, .. } => self.reference_in_place(launch, mem, why),
+        }
+    }
+
+    /// Puts device memory back as it was before the launch (host memory is written only once
+    /// a run has settled).
+    fn rewind(&self, place: &Place) -> Result<(), GpuError> {
+        match place {
+            Place::Device { mem, backup: Some(b) } => self.restore(b, mem),
+            _ => Ok(()),
+        }
+    }
+
+    /// Binds the device's context to this thread (for the driver's synchronous copies).
+    pub(crate) fn bind(&self) -> Result<(), GpuError> {
+        self.cuda()?.ctx.bind_to_thread().map_err(driver)
     }
 
     /// Runs on the device (see [`Ran`]).
@@ -408,7 +443,7 @@ impl Gpu {
     /// they fit in a quarter of the free memory (fewer blocks then run at once) and where the
     /// programs' turns at adding them stay short ([`ORDERED_LOG_WORK`], unless
     /// [`GpuOptions::exact_order`]).
-    fn run_compiled(&self, c: &Compiled, launch: &Launch, mem: &mut Memory, opts: GpuOptions) -> Result<Ran, GpuError> {
+    fn run_compiled(&self, c: &Compiled, launch: &Launch, place: &mut Place, opts: GpuOptions) -> Result<Ran, GpuError> {
         use std::sync::atomic::Ordering::Relaxed;
         let range = launch.program_range();
         let programs = range.end - range.start;
@@ -427,7 +462,7 @@ impl Gpu {
         }
         let mut again = true;
         loop {
-            let mut p = self.upload(c, launch, mem, opts, cap)?;
+            let mut p = self.upload(c, launch, place, opts, cap)?;
             self.execute(c, &mut p)?;
             let s = &self.cuda()?.stream;
             s.synchronize().map_err(driver)?;
@@ -441,10 +476,11 @@ impl Gpu {
                 if want > cap && fits(want)? {
                     drop(p);
                     cap = want;
+                    self.rewind(place)?;
                     continue;
                 }
             }
-            return Ok(match self.finish(c, launch, mem, &p)? {
+            return Ok(match self.finish(c, launch, place, &p)? {
                 Some(summary) => Ran::Done(summary),
                 None => Ran::Conflict,
             });
@@ -469,7 +505,7 @@ impl Gpu {
         self.compiled(launch.kernel(), opts.flavor(launch), u64::MAX)?;
         self.ahead.wait_all();
         let c = self.compiled(launch.kernel(), opts.flavor(launch), u64::MAX)?;
-        let mut p = self.upload(&c, launch, mem, opts, LOG_CAP)?;
+        let mut p = self.upload(&c, launch, &Place::Host(mem), opts, LOG_CAP)?;
         let mut best = f64::INFINITY;
         for _ in 0..reps.max(1) {
             let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
@@ -482,12 +518,13 @@ impl Gpu {
             end.synchronize().map_err(driver)?;
             best = best.min(start.elapsed_ms(&end).map_err(driver)? as f64 / 1e3);
         }
-        self.finish(&c, launch, mem, &p)?.ok_or_else(|| GpuError::Driver("the timed launch has a conflict between programs".into()))?;
+        self.finish(&c, launch, &mut Place::Host(mem), &p)?
+            .ok_or_else(|| GpuError::Driver("the timed launch has a conflict between programs".into()))?;
         Ok(best)
     }
 
     /// Uploads a launch's tensors and allocates its marks, counters and scratch.
-    fn upload(&self, c: &Compiled, launch: &Launch, mem: &Memory, opts: GpuOptions, log_cap: u64) -> Result<Prepared, GpuError> {
+    fn upload(&self, c: &Compiled, launch: &Launch, place: &Place, opts: GpuOptions, log_cap: u64) -> Result<Prepared, GpuError> {
         let k = launch.kernel();
         let s = &self.cuda()?.stream;
         let grid = launch.grid();
@@ -513,20 +550,13 @@ impl Gpu {
                     let at = match slots.iter().position(|(id, _)| *id == t) {
                         Some(at) => at,
                         None => {
-                            let h = mem.get(t);
                             // Scratch (bound to scratch parameters only) is allocated here, not copied.
                             let scratch = launch
                                 .args()
                                 .iter()
                                 .filter(|(_, a)| *a == Arg::Tensor(t))
                                 .all(|(n, _)| launch.get_options().scratch.contains(n));
-                            let buf = if scratch {
-                                let bytes = (h.numel() * tilegrad_reference::storage_bytes(h.dtype())).div_ceil(4).max(1) * 4;
-                                s.alloc_zeros::<u8>(bytes).map_err(driver)?
-                            } else {
-                                s.clone_htod(&tensor_bytes(h.dtype(), h.data())).map_err(driver)?
-                            };
-                            let numel = h.numel();
+                            let (buf, numel) = self.buffer(place, t, scratch)?;
                             slots.push((t, Slot { buf, numel, loaded: false, stored: false, atomic: false, scratch, marks: None }));
                             slots.len() - 1
                         }
@@ -604,7 +634,7 @@ impl Gpu {
             if let Some(at) = param_slot[j] {
                 let sl = &slots[at].1;
                 let w = HEADER_WORDS + PTR_WORDS * j;
-                words[w] = ptr(&sl.buf);
+                words[w] = sl.buf.ptr(s);
                 words[w + 1] = sl.numel as u64;
                 if let Some(m) = &sl.marks {
                     words[w + 2] = m.w.as_ref().map_or(0, |b| b.device_ptr(s).0);
@@ -650,6 +680,24 @@ impl Gpu {
             wide,
             first: range.start as u32,
             total: range.end - range.start,
+        })
+    }
+
+    /// A launch's device storage of tensor `t` and its elements: the host tensor's contents
+    /// copied, the caller's device tensor itself, or zeros for scratch.
+    fn buffer(&self, place: &Place, t: TensorId, scratch: bool) -> Result<(Buf, usize), GpuError> {
+        let s = &self.cuda()?.stream;
+        let (dtype, numel) = match place {
+            Place::Host(mem) => (mem.get(t).dtype(), mem.get(t).numel()),
+            Place::Device { mem, .. } => (mem.get(t).dtype, mem.get(t).numel),
+        };
+        if scratch {
+            let bytes = (numel * tilegrad_reference::storage_bytes(dtype)).div_ceil(4).max(1) * 4;
+            return Ok((Buf::Owned(s.alloc_zeros::<u8>(bytes).map_err(driver)?), numel));
+        }
+        Ok(match place {
+            Place::Host(mem) => (Buf::Owned(s.clone_htod(&tensor_bytes(dtype, mem.get(t).data())).map_err(driver)?), numel),
+            Place::Device { mem, .. } => (Buf::Borrowed(mem.get(t).addr), numel),
         })
     }
 
@@ -710,7 +758,7 @@ impl Gpu {
 
     /// After a run: the reference's error, `None` for a conflict, or the summary with the
     /// written tensors copied back into `mem`.
-    fn finish(&self, c: &Compiled, launch: &Launch, mem: &mut Memory, p: &Prepared) -> Result<Option<LaunchSummary>, GpuError> {
+    fn finish(&self, c: &Compiled, launch: &Launch, place: &mut Place, p: &Prepared) -> Result<Option<LaunchSummary>, GpuError> {
         let s = &self.cuda()?.stream;
         let flag = s.clone_dtoh(&p.flags).map_err(driver)?[0];
         if flag != 0 {
@@ -719,7 +767,7 @@ impl Gpu {
         let errs = s.clone_dtoh(&p.errs).map_err(driver)?;
         let first = errs.chunks(ERR_WORDS).filter(|r| r[0] != u64::MAX).min_by_key(|r| r[0]);
         if let Some(r) = first {
-            return Err(decode_error(c, launch, mem, &p.param_slot, &p.slots, r).into());
+            return Err(decode_error(c, launch, place.layout(), &p.param_slot, &p.slots, r).into());
         }
         let counts = s.clone_dtoh(&p.counts).map_err(driver)?;
         let mut summary = LaunchSummary {
@@ -743,9 +791,10 @@ impl Gpu {
                 }
             }
         }
+        let Place::Host(mem) = place else { return Ok(Some(summary)) };
         for (t, sl) in &p.slots {
-            if (sl.stored || sl.atomic) && !sl.scratch {
-                let bytes = s.clone_dtoh(&sl.buf).map_err(driver)?;
+            if let (true, false, Buf::Owned(buf)) = (sl.stored || sl.atomic, sl.scratch, &sl.buf) {
+                let bytes = s.clone_dtoh(buf).map_err(driver)?;
                 let old = mem.get(*t);
                 let data = from_bytes(old.dtype(), &bytes, sl.numel);
                 let nt = tilegrad_reference::HostTensor::new(old.dtype(), old.shape(), data)?;
@@ -797,7 +846,7 @@ struct Marks {
 }
 
 struct Slot {
-    buf: CudaSlice<u8>,
+    buf: Buf,
     numel: usize,
     loaded: bool,
     stored: bool,
@@ -837,8 +886,41 @@ fn writers_of(s: &Arc<CudaStream>, t: TensorId, n: usize, m: &Marks, wide: bool)
     Ok(Writers::from_elements(t, each))
 }
 
+/// A tensor's device storage during a launch: a copy of host memory, or the caller's own.
+enum Buf {
+    Owned(CudaSlice<u8>),
+    Borrowed(u64),
+}
+
+impl Buf {
+    fn ptr(&self, s: &Arc<CudaStream>) -> u64 {
+        match self {
+            Buf::Owned(b) => b.device_ptr(s).0,
+            Buf::Borrowed(addr) => *addr,
+        }
+    }
+}
+
+/// Where a launch's tensors are: host memory (copied to the device and the written ones back),
+/// or the caller's device memory, used in place (with a copy of what the launch writes, until
+/// it has settled).
+pub(crate) enum Place<'a> {
+    Host(&'a mut Memory),
+    Device { mem: &'a DeviceMemory, backup: Option<Backup> },
+}
+
+impl Place<'_> {
+    /// Tensors of the right names and dtypes, for checking a launch's arguments.
+    fn layout(&self) -> &Memory {
+        match self {
+            Place::Host(m) => m,
+            Place::Device { mem, .. } => mem.layout(),
+        }
+    }
+}
+
 /// Runs a launch on the reference interpreter.
-fn reference(launch: &Launch, mem: &mut Memory, why: &str) -> Result<Outcome, GpuError> {
+pub(crate) fn reference(launch: &Launch, mem: &mut Memory, why: &str) -> Result<Outcome, GpuError> {
     let summary = launch.run(mem)?;
     Ok(Outcome { summary, ran_on: RanOn::Reference(why.to_string()) })
 }
@@ -858,7 +940,7 @@ fn scalar_bits(l: Lit, d: DType) -> u64 {
 
 /// A tensor's data as device storage bytes (i1 as one byte; f16/bf16, held as f32 values, as
 /// their 16 bits), padded to a multiple of 4 bytes (atomics on i1 update whole words).
-fn tensor_bytes(dt: DType, d: &Data) -> Vec<u8> {
+pub(crate) fn tensor_bytes(dt: DType, d: &Data) -> Vec<u8> {
     let mut out: Vec<u8> = match (dt, d) {
         (DType::F16, Data::F32(v)) => v.iter().flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()).collect(),
         (DType::BF16, Data::F32(v)) => v.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect(),
@@ -873,7 +955,7 @@ fn tensor_bytes(dt: DType, d: &Data) -> Vec<u8> {
 }
 
 /// Device storage bytes back to a tensor's data.
-fn from_bytes(dt: DType, b: &[u8], n: usize) -> Data {
+pub(crate) fn from_bytes(dt: DType, b: &[u8], n: usize) -> Data {
     match dt {
         DType::I1 => Data::I1(b[..n].iter().map(|&x| x != 0).collect()),
         DType::I32 => Data::I32(b.chunks_exact(4).take(n).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
@@ -913,7 +995,8 @@ fn decode_error(
                 lane[dim] = l % shape[dim];
                 l /= shape[dim];
             }
-            ExecError::OutOfBounds { site, tensor: mem.name(t).to_string(), offset: r[4] as i64, numel: mem.get(t).numel(), lane }
+            let numel = param_slot[j].map_or(0, |at| slots[at].1.numel);
+            ExecError::OutOfBounds { site, tensor: mem.name(t).to_string(), offset: r[4] as i64, numel, lane }
         }
         ERR_LOOP => {
             let max_iters = match &d.op {

@@ -10,7 +10,7 @@ mod kernel;
 mod memory;
 
 use kernel::{base_param, KernelVariants};
-use memory::{dtype, read_f64, write_f64, RawMem};
+use memory::{dtype, f64_slice, read_f64, write_f64, RawMem};
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
@@ -247,6 +247,15 @@ impl Call {
         Ok(m)
     }
 
+    /// Whether the kernel writes storage `i` (through any of the parameters bound to it).
+    fn writes(&self, i: usize) -> bool {
+        let k = &self.kernel;
+        let uses = param_uses(k);
+        self.args.iter().any(|(n, a)| {
+            *a == Arg::Tensor(TensorId(i as u32)) && k.params.iter().zip(&uses).any(|(p, u)| p.name == *n && (u.stored || u.atomic))
+        })
+    }
+
     fn launch(&self, options: Options) -> Launch<'_> {
         let mut l = Launch::new(&self.kernel, self.grid).options(options);
         for (n, a) in &self.args {
@@ -388,6 +397,12 @@ impl PyExecutor {
         self.0.describe()
     }
 
+    /// Whether launches go to the GPU (where CUDA tensors are used in place).
+    #[getter]
+    fn on_gpu(&self) -> bool {
+        self.0.on_gpu()
+    }
+
     /// With `compare`: where the GPU and the reference differed.
     fn mismatches(&self) -> Vec<String> {
         self.0.mismatches()
@@ -395,7 +410,7 @@ impl PyExecutor {
 }
 
 #[pyfunction]
-#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, *, poison=false, record=false, promote=false, executor=None, notes=None, snapshot=false))]
+#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, *, poison=false, record=false, promote=false, executor=None, notes=None, snapshot=false, device=false))]
 #[allow(clippy::too_many_arguments)]
 fn launch(
     py: Python<'_>,
@@ -410,6 +425,7 @@ fn launch(
     executor: Option<&PyExecutor>,
     notes: Option<(String, usize, String)>,
     snapshot: bool,
+    device: bool,
 ) -> PyResult<Option<LaunchRecord>> {
     // `notes`: (pass, step, what the step is) to note what the launch relies on.
     let pass: Option<&'static str> = match notes.as_ref().map(|n| n.0.as_str()) {
@@ -419,51 +435,87 @@ fn launch(
         Some(other) => return Err(usage(format!("notes: pass `{other}`: expected \"forward\" or \"backward\""))),
     };
     let call = Call::new(kernel, grid, ptr_args, &scalars, mems, promote)?;
-    let written: Vec<usize> = call
-        .args
-        .iter()
-        .filter_map(|(n, a)| match a {
-            Arg::Tensor(t) if kernel.written.contains(n) => Some(t.0 as usize),
-            _ => None,
-        })
-        .collect();
-    let result = py.allow_threads(|| -> Result<Result<_, ExecError>, String> {
-        let mut mem = call.memory(promote)?;
-        let poison = if poison { tilegrad_reference::POISON_ALL } else { 0 };
-        let opts = Options { poison_masked_loads: poison, record_writers: record || snapshot, ..Options::default() };
+    let poison = if poison { tilegrad_reference::POISON_ALL } else { 0 };
+    let opts = Options { poison_masked_loads: poison, record_writers: record || snapshot, ..Options::default() };
+    let cpu = Executor::cpu();
+    let exec = executor.map_or(&cpu, |e| &e.0);
+    let noting = pass.zip(notes.as_ref()).map(|(pass, (_, step, what))| (pass, *step, what.as_str()));
+    let ran = py.allow_threads(|| -> Result<Result<_, ExecError>, String> {
+        let keep = noting.is_some() || snapshot;
         let l = call.launch(opts.clone());
-        let cpu = Executor::cpu();
-        let exec = executor.map_or(&cpu, |e| &e.0);
-        let before = (pass.is_some() || snapshot).then(|| mem.clone());
-        let summary = match exec.run(&l, &mut mem) {
-            Ok(s) => s,
+        let ran = match if device { on_device(&call, &l, exec, promote, keep) } else { on_host(&call, &l, exec, promote, keep) }? {
+            Ok(ran) => ran,
             Err(e) => return Ok(Err(e)),
         };
-        let snap = match (&before, snapshot) {
-            (Some(b), true) => Some(Snapshot {
-                args: call.args.clone(),
-                options: Options { record_writers: false, ..opts },
-                before: b.clone(),
-                after: mem.clone(),
-            }),
-            _ => None,
-        };
-        let noted = match (pass, &before, &notes) {
-            (Some(pass), Some(before), Some((_, step, what))) => {
-                tilegrad::check::notes::of_launch(&l, before, &mem, &summary, exec, pass, *step, what)
+        let noted = match (noting, &ran.before) {
+            (Some((pass, step, what)), Some(before)) => {
+                tilegrad::check::notes::of_launch(&l, before, ran.after.as_ref().expect("kept"), &ran.summary, exec, pass, step, what)
             }
             _ => Vec::new(),
         };
-        for (i, r) in call.mems.iter().enumerate() {
-            if written.contains(&i) {
-                r.write(mem.get(TensorId(i as u32)))?;
-            }
-        }
-        Ok(Ok((summary, noted, snap)))
+        let snap = match (ran.before, snapshot) {
+            (Some(before), true) => Some(Snapshot {
+                args: call.args.clone(),
+                options: Options { record_writers: false, ..opts },
+                before,
+                after: ran.after.expect("kept"),
+            }),
+            _ => None,
+        };
+        Ok(Ok((ran.summary, noted, snap)))
     });
-    let (summary, notes, snapshot) = result.map_err(usage)?.map_err(exec_err)?;
+    let (summary, notes, snapshot) = ran.map_err(usage)?.map_err(exec_err)?;
     let wanted = record || pass.is_some() || snapshot.is_some();
     Ok(wanted.then(|| LaunchRecord { kernel: call.kernel.clone(), grid: call.grid, writers: summary.writers, notes, snapshot }))
+}
+
+/// A launch that ran, with host copies of its memory before and after where they were kept.
+struct Ran {
+    summary: tilegrad_reference::LaunchSummary,
+    before: Option<Memory>,
+    after: Option<Memory>,
+}
+
+/// Runs a launch over host storages: read into the engine's memory, run, the written storages
+/// written back.
+fn on_host(call: &Call, l: &Launch, exec: &Executor, promote: bool, keep: bool) -> Result<Result<Ran, ExecError>, String> {
+    let mut mem = call.memory(promote)?;
+    let before = keep.then(|| mem.clone());
+    let summary = match exec.run(l, &mut mem) {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(e)),
+    };
+    for (i, r) in call.mems.iter().enumerate() {
+        if call.writes(i) {
+            r.write(mem.get(TensorId(i as u32)))?;
+        }
+    }
+    Ok(Ok(Ran { summary, before, after: keep.then_some(mem) }))
+}
+
+/// Runs a launch on the GPU over device storages (CUDA tensors), in place: nothing is copied to
+/// the host but the memory before and after where `keep` (for notes and blame).
+fn on_device(call: &Call, l: &Launch, exec: &Executor, promote: bool, keep: bool) -> Result<Result<Ran, ExecError>, String> {
+    let Some(gpu) = exec.gpu() else {
+        return Err("CUDA tensors are used in place by the GPU backend only (backend=\"gpu\")".into());
+    };
+    if let Some(r) = call.mems.iter().find(|r| promote && r.dtype.is_float() && r.dtype != DType::F64) {
+        return Err(format!("`{}`: a launch in f64 in place needs f64 storages, not {}", r.name, r.dtype));
+    }
+    let tensors = call
+        .mems
+        .iter()
+        .map(|r| tilegrad_gpu::DeviceTensor { name: r.name.clone(), dtype: r.dtype, numel: r.numel, addr: r.addr as u64 })
+        .collect();
+    let mem = tilegrad_gpu::DeviceMemory::new(tensors).map_err(|e| e.to_string())?;
+    let before = if keep { Some(gpu.download_all(&mem).map_err(|e| e.to_string())?) } else { None };
+    let summary = match exec.run_in_place(l, &mem) {
+        Ok(s) => s,
+        Err(tilegrad_gpu::GpuError::Exec(e)) => return Ok(Err(e)),
+        Err(e) => return Err(e.to_string()),
+    };
+    let after = if keep { Some(gpu.download_all(&mem).map_err(|e| e.to_string())?) } else { None };
+    Ok(Ok(Ran { summary, before, after }))
 }
 
 /// The ground-truth VJP of a launch (f64 unless `native`): given the storages' initial contents
@@ -730,22 +782,24 @@ fn compare(
     let def = Tolerance::for_dtype(d, tf32);
     let tol = Tolerance { rtol: rtol.unwrap_or(def.rtol), atol: atol.unwrap_or(def.atol) };
     let n = shape.iter().product();
-    let e = read_f64(expected, n).map_err(usage)?;
-    let g = read_f64(got, n).map_err(usage)?;
-    let noisy = noisy.map(|a| read_f64(a, n)).transpose().map_err(usage)?;
+    // SAFETY: the Python side keeps the buffers alive and unchanged during the call.
+    let slice = |addr: usize| unsafe { f64_slice(addr, n) }.map_err(usage);
+    let e = slice(expected)?;
+    let g = slice(got)?;
+    let noisy = noisy.map(slice).transpose()?;
     if let Some(addr) = replay {
         // Formula and rounding, as the CLI judges them; the ground truth in the kernels' dtypes
         // (`noisy`) stands for the f32 replay: its distance is the error a computation of the
         // same quantity in the kernels' dtypes has (cancellation).
-        let r64 = read_f64(addr, n).map_err(usage)?;
+        let r64 = slice(addr)?;
         let got = |i: usize| g[i];
         let f32_pass = d == DType::F32 && !tf32;
         let floor = match &noisy {
-            Some(n) => verdict::elementwise_scale(&e, Some(n), &got, false, tol.atol),
-            None => verdict::elementwise_scale(&r64, None, &got, f32_pass, tol.atol),
+            Some(n) => verdict::elementwise_scale(e, Some(n), &got, false, tol.atol),
+            None => verdict::elementwise_scale(r64, None, &got, f32_pass, tol.atol),
         };
-        let (mut report, mut worst) = compare_by(name, tensor, d, &shape, tol, &e, got, trial, floor);
-        let judged = verdict::Replayed { truth: &e, got: &got, r64: &r64, r32: noisy.as_deref(), r32_of: &e, cot_rms };
+        let (mut report, mut worst) = compare_by(name, tensor, d, &shape, tol, e, got, trial, floor);
+        let judged = verdict::Replayed { truth: e, got: &got, r64, r32: noisy, r32_of: e, cot_rms };
         let (mut formula, rounding) = judged.judge(d, tf32);
         if replay_f32_storage {
             formula = formula.against(verdict::FORMULA_LIMIT_F32_STORAGE);
@@ -756,9 +810,9 @@ fn compare(
         }
         return Ok(Comparison { report, worst });
     }
-    let (mut report, mut worst) = compare_tensors(name, tensor, d, &shape, tol, &e, &g, trial);
+    let (mut report, mut worst) = compare_tensors(name, tensor, d, &shape, tol, e, g, trial);
     if let Some(noisy) = noisy {
-        let c = calibration(d, tf32, &e, &noisy, &g);
+        let c = calibration(d, tf32, e, noisy, g);
         report.passed &= c.margin >= 1.0;
         // Over the calibrated limit with every element within the elementwise tolerance: the
         // worst element still ranks the comparison.
@@ -768,6 +822,14 @@ fn compare(
         report.calibration = Some(c);
     }
     Ok(Comparison { report, worst })
+}
+
+/// Fills the contiguous f64 buffer at `addr` with `n` standard normal values keyed by `seed`
+/// alone (drawn in parallel chunks, as the CLI draws its inputs).
+#[pyfunction]
+fn standard_normal(py: Python<'_>, addr: usize, n: usize, seed: u64) -> PyResult<()> {
+    let v = py.allow_threads(|| tilegrad::check::standard_normal(n, seed));
+    write_f64(addr, v).map_err(usage)
 }
 
 /// The multi-index of flat element `i` of a row-major tensor of `shape`.
@@ -883,6 +945,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(vjp, m)?)?;
     m.add_function(wrap_pyfunction!(compare, m)?)?;
     m.add_function(wrap_pyfunction!(unravel_index, m)?)?;
+    m.add_function(wrap_pyfunction!(standard_normal, m)?)?;
     m.add_function(wrap_pyfunction!(make_report, m)?)?;
     Ok(())
 }

@@ -123,6 +123,22 @@ impl RawMem {
     }
 }
 
+/// The `n` f64 values at `addr` (a contiguous f64 buffer), borrowed for the call.
+///
+/// # Safety
+/// The caller guarantees (module docs) that the buffer is valid and unchanged while the slice
+/// is used.
+pub unsafe fn f64_slice<'a>(addr: usize, n: usize) -> Result<&'a [f64], String> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if addr == 0 || addr % std::mem::align_of::<f64>() != 0 {
+        return Err(format!("buffer address {addr:#x} is null or not aligned to f64"));
+    }
+    // SAFETY: checked non-null and aligned; valid for `n` elements by the caller's word.
+    Ok(unsafe { std::slice::from_raw_parts(addr as *const f64, n) })
+}
+
 /// Reads `n` f64 values at `addr` (a contiguous f64 buffer).
 pub fn read_f64(addr: usize, n: usize) -> Result<Vec<f64>, String> {
     RawMem { name: "buffer".into(), dtype: DType::F64, addr, numel: n }.read(false).map(|t| t.to_f64_vec())

@@ -128,7 +128,8 @@ def test_in_place_host_steps_are_followed_to_the_kernel():
     bug = line_of("# BUG: in place: a slice shifted")
     vias = via(text, "grad_x")
     assert len(vias) == 2 and at(bug) in vias[0] and "dx.mul_(3.0)" in vias[1], text
-    assert "(torch `__setitem__`, `add_`): from `dx (a view)`[2]" in vias[0], text
+    # The worst element is one of the slice's four (which one depends on the cotangent).
+    assert re.search(r"\(torch `__setitem__`, `add_`\): from `dx \(a view\)`\[[0-3]\]", vias[0]), text
     assert f"written by `store` at {F.__file__}:{line_of('# STORE: scaled')}:" in text, text
 
 

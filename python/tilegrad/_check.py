@@ -42,11 +42,18 @@ class _Launch(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call: LaunchCall, native: bool, *flats):  # type: ignore[override]
-        # Host copies (CUDA storages run on the host until the GPU backend exists).
-        initial = [f.detach().to("cpu", copy=True) for f in flats]
+        executor = current_executor()
+        in_place = _on_device(flats, executor, native)
+        # The initial contents, kept (the caller overwrites `flats` with the results): on the
+        # device where the GPU backend runs the launch there, else host copies.
+        initial = [f.detach().clone() if in_place else f.detach().to("cpu", copy=True) for f in flats]
         work = [t.clone() if i in call.written else t for i, t in enumerate(initial)]
         specs = [("/".join(dict.fromkeys(s.names)), s.dtype, w.data_ptr(), s.numel) for s, w in zip(call.storages.items, work)]
-        _native.launch(call.kernel, call.grid, call.ptr_args, call.scalars, specs, promote=not native)
+        if in_place:
+            torch.cuda.synchronize()
+            _native.launch(call.kernel, call.grid, call.ptr_args, call.scalars, specs, promote=not native, executor=executor, device=True)
+        else:
+            _native.launch(call.kernel, call.grid, call.ptr_args, call.scalars, specs, promote=not native)
         # The initial contents are kept as copies: the caller overwrites `flats` with the results.
         ctx.call, ctx.native, ctx.initial, ctx.devices = call, native, initial, [f.device for f in flats]
         # The backward may run on autograd's own threads: the executor is the forward's.
@@ -58,7 +65,7 @@ class _Launch(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *gouts):  # type: ignore[override]
         call: LaunchCall = ctx.call
-        flats = ctx.initial
+        flats = [f.cpu() for f in ctx.initial]
         written = sorted(call.written)
         outputs = []
         keep = []
@@ -79,6 +86,15 @@ class _Launch(torch.autograd.Function):
         _native.vjp(call.kernel, call.grid, call.ptr_args, call.scalars, specs, inputs, outputs, native=ctx.native, executor=ctx.executor)
         out = [None if g is None else g.to(f.dtype).to(d) for g, f, d in zip(grads, flats, ctx.devices)]
         return (None, None, *out)
+
+
+def _on_device(flats: Sequence[torch.Tensor], executor: Any, native: bool) -> bool:
+    """Whether a ground-truth launch runs on its CUDA storages in place: on the GPU backend, every
+    storage on device 0, and in f64 (not `native`) every float storage f64 already."""
+    if executor is None or not executor.on_gpu:
+        return False
+    on0 = all(f.is_cuda and (f.device.index or 0) == 0 for f in flats)
+    return on0 and (native or all(f.dtype == torch.float64 for f in flats if f.is_floating_point()))
 
 
 def _truth_launch(native: bool) -> Callable[[LaunchCall], None]:
@@ -130,7 +146,11 @@ def _as_tuple(x: Any) -> tuple:
 
 
 def _f64_cpu(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to("cpu", torch.float64).contiguous()
+    """`t` as a contiguous f64 host tensor (a CUDA tensor converted on its device, then copied)."""
+    t = t.detach()
+    if t.is_cuda:
+        t = t.to(torch.float64)
+    return t.to("cpu", torch.float64).contiguous()
 
 
 def _clone(x: Any) -> Any:
@@ -234,7 +254,6 @@ def run_check(
     # tolerances: its forward runs on first use, its gradients once per trial.
     noise: _Truth | None = None
     noise_grads: tuple[int, dict[int, torch.Tensor]] = (-1, {})
-    gen = torch.Generator().manual_seed((seed ^ _COT_SEED_MIX) & 0x7FFFFFFFFFFFFFFF)
     best: dict[int, Any] = {}
     blame: dict[int, tuple] = {}  # what explaining each gradient's worst element needs
     failure = None
@@ -242,7 +261,7 @@ def run_check(
         cots_n = []
         for i, o in enumerate(outs_n):
             if i in out_idx:
-                cots_n.append(torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype).to(o.device))
+                cots_n.append(_cotangent(o, seed, trial, i))
             else:
                 cots_n.append(None)
         # Ground truth for this cotangent.
@@ -287,8 +306,7 @@ def run_check(
             if not isinstance(g, torch.Tensor):
                 failure = (len(bwd.records), "gradients", f"gradient of `{input_names[i]}` is a {type(g).__name__}, not a tensor", trial)
                 break
-            zeros = torch.zeros(x.shape, dtype=torch.float64)
-            exp = _f64_cpu(truth[i]) if i in truth else zeros
+            exp = _f64_cpu(truth[i]) if i in truth else torch.zeros(x.shape, dtype=torch.float64)
             got = _f64_cpu(g)
             noisy = None
             # Where gradients compute in f16/bf16 or through a tf32 `dot`: the ground truth in the
@@ -299,7 +317,7 @@ def run_check(
                     noise = _Truth(forward, inputs, diff, True)
                 if noise_grads[0] != trial:
                     noise_grads = (trial, noise.grads(cots_n, out_idx))
-                noisy = _f64_cpu(noise_grads[1][i]) if i in noise_grads[1] else zeros
+                noisy = _f64_cpu(noise_grads[1][i]) if i in noise_grads[1] else torch.zeros(x.shape, dtype=torch.float64)
             r64 = _replayed(replay, i, x)
             c = _native.compare(
                 input_names[i], gname, _dt(g), list(x.shape), *_ptrs(exp, got), trial, rtol, atol, tf32b or tf32[0],
@@ -322,6 +340,15 @@ def run_check(
     skipped = [] if failure is not None else [(input_names[i], list(inputs[i].shape), _dt(inputs[i]), "no gradient (None)") for i in diff if i not in best]
     rep = _native.make_report(name, seed, trials, precision, forward_cmp, grads_cmp, failure, current_executor(), notes, strict, skipped)
     return Report(rep)
+
+
+def _cotangent(o: torch.Tensor, seed: int, trial: int, i: int) -> torch.Tensor:
+    """A standard normal cotangent for output `i` of trial `trial`, keyed by the seed alone
+    (drawn by the engine in parallel), in the output's dtype and on its device."""
+    c = torch.empty(o.shape, dtype=torch.float64)
+    key = (seed ^ _COT_SEED_MIX) * 0x100000001B3 + trial * 0x9E3779B1 + i
+    _native.standard_normal(c.data_ptr(), c.numel(), key & 0xFFFFFFFFFFFFFFFF)
+    return c.to(o.dtype).to(o.device)
 
 
 def _rerun(backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: Sequence[Any], cots: list[Any], i: int) -> Callable[[], Any]:

@@ -75,23 +75,38 @@ class LaunchCall:
         observer = getattr(_state, "observer", None)
         snapshot |= observer is not None
         record |= snapshot
+        executor = current_executor()
+        # In f64 (`promote`), in place only where the float storages are f64 already.
+        narrow = promote and any(s.dtype in ("f16", "bf16", "f32") for s in self.storages.items)
+        in_place = self.storages.in_place(executor) and not narrow
+        if in_place:
+            # Work queued on other streams is done before the engine's launch reads the memory.
+            _sync()
         rec = _native.launch(
             self.kernel,
             self.grid,
             self.ptr_args,
             self.scalars,
-            self.storages.specs(),
+            self.storages.specs(in_place),
             poison=poison,
             record=record,
             promote=promote,
-            executor=current_executor(),
+            executor=executor,
             notes=None if notes is None else (notes[0], notes[1], self.describe()),
             snapshot=snapshot,
+            device=in_place,
         )
-        self.storages.write_back(self.written)
+        if not in_place:
+            self.storages.write_back(self.written)
         if observer is not None:
             observer(self, rec)
         return rec
+
+
+def _sync() -> None:
+    import torch
+
+    torch.cuda.synchronize()
 
 
 def _handler() -> Callable[[LaunchCall], Any] | None:

@@ -58,18 +58,28 @@ def _numpy_owner(a: Any) -> Any:
 
 @dataclass
 class Storage:
-    """One storage a launch touches: its host address (a host copy for CUDA tensors), length in
-    elements of `dtype`, and the names of the arguments pointing into it."""
+    """One storage a launch touches: its address, length in elements of `dtype`, and the names
+    of the arguments pointing into it. A CUDA storage is used in place by the GPU backend; for
+    the CPU it gets a host copy (`host()`), copied back after the launch."""
 
     key: tuple
     dtype: str
     addr: int
     numel: int
     names: list[str] = field(default_factory=list)
-    # A flat tensor over the whole storage (torch), or the owning array (numpy).
+    # A flat tensor over the whole storage (torch; for a CUDA storage its host copy, once
+    # made), or the owning array (numpy).
     flat: Any = None
-    # For CUDA storages: the device flat view the host copy `flat` goes back to.
+    # For CUDA storages: the device flat view.
     device_flat: Any = None
+
+    def host_addr(self) -> int:
+        """The address of the storage in host memory (a host copy of a CUDA storage, made once)."""
+        if self.device_flat is None:
+            return self.addr
+        if self.flat is None:
+            self.flat = self.device_flat.cpu()
+        return self.flat.data_ptr()
 
 
 def torch_flat(t: Any) -> Any:
@@ -122,20 +132,28 @@ class Storages:
             flat = torch_flat(x)
             if flat.device.type != "cpu":
                 st.device_flat = flat
-                flat = flat.cpu()
-                st.addr = flat.data_ptr()
-            st.flat = flat
+            else:
+                st.flat = flat
         else:
             st.flat = owner
         self.items.append(st)
         return len(self.items) - 1, offset
 
-    def specs(self) -> list[tuple[str, str, int, int]]:
-        return [("/".join(dict.fromkeys(s.names)), s.dtype, s.addr, s.numel) for s in self.items]
+    def in_place(self, executor: Any) -> bool:
+        """Whether the launch runs on the storages where they are: every one a CUDA storage of
+        the device the GPU backend runs on (device 0), and `executor` that backend."""
+        if executor is None or not executor.on_gpu or not self.items:
+            return False
+        return all(s.device_flat is not None and s.device_flat.device.type == "cuda" and (s.device_flat.device.index or 0) == 0 for s in self.items)
+
+    def specs(self, in_place: bool = False) -> list[tuple[str, str, int, int]]:
+        """(names, dtype, address, elements) of each storage: device addresses where `in_place`,
+        else host ones (host copies of CUDA storages)."""
+        return [("/".join(dict.fromkeys(s.names)), s.dtype, s.addr if in_place else s.host_addr(), s.numel) for s in self.items]
 
     def write_back(self, written: set[int]) -> None:
         """Copies host results of device storages back to the device."""
         for i in written:
             s = self.items[i]
-            if s.device_flat is not None:
+            if s.device_flat is not None and s.flat is not None:
                 s.device_flat.copy_(s.flat)

@@ -4,7 +4,7 @@
 
 use super::{Backend, CheckError};
 use std::sync::{Arc, Mutex, OnceLock};
-use tilegrad_gpu::{Gpu, GpuError, GpuOptions, RanOn};
+use tilegrad_gpu::{DeviceMemory, Gpu, GpuError, GpuOptions, RanOn};
 use tilegrad_reference::{Data, ExecError, Launch, LaunchSummary, Memory};
 
 /// The process's GPU, created on first use (a CUDA context costs a fraction of a second).
@@ -67,6 +67,11 @@ impl Executor {
     pub fn deterministic(mut self, on: bool) -> Executor {
         self.ordered_vjp = on;
         self
+    }
+
+    /// The GPU launches go to, if any.
+    pub fn gpu(&self) -> Option<&Gpu> {
+        self.gpu.as_deref()
     }
 
     /// Whether launches go to the GPU.
@@ -147,9 +152,34 @@ impl Executor {
 
     /// Runs a launch on the GPU with `opts`, logging where it ran.
     fn on(&self, g: &Gpu, launch: &Launch, mem: &mut Memory, opts: GpuOptions) -> Result<LaunchSummary, ExecError> {
-        match g.run(launch, mem, opts) {
+        let out = g.run(launch, mem, opts);
+        match self.logged(launch, out) {
+            Ok(r) => r,
+            // Not the launch's fault (said in the log): the reference runs it.
+            Err(()) => launch.run(mem),
+        }
+    }
+
+    /// Runs a launch on device memory in place, as [`Executor::run`] (the GPU backend only: on
+    /// the CPU it is an error). Where the GPU fails, not the launch, the reference runs it over
+    /// host copies of the memory, and the report says why.
+    pub fn run_in_place(&self, launch: &Launch, mem: &DeviceMemory) -> Result<LaunchSummary, GpuError> {
+        let Some(g) = &self.gpu else {
+            return Err(GpuError::Unavailable("device memory is used in place by the GPU backend only".into()));
+        };
+        let out = g.run_in_place(launch, mem, GpuOptions::default());
+        match self.logged(launch, out) {
+            Ok(r) => r.map_err(GpuError::Exec),
+            Err(()) => g.reference_in_place(launch, mem, "the GPU failed").map(|o| o.summary),
+        }
+    }
+
+    /// Logs where a launch ran: its result, or `Err` where the GPU failed for a reason of its own
+    /// (logged as a launch passed to the reference, which the caller must then run).
+    fn logged(&self, launch: &Launch, out: Result<tilegrad_gpu::Outcome, GpuError>) -> Result<Result<LaunchSummary, ExecError>, ()> {
+        let mut log = self.log.lock().expect("executor log");
+        match out {
             Ok(o) => {
-                let mut log = self.log.lock().expect("executor log");
                 match o.ran_on {
                     RanOn::Gpu => log.on_gpu += 1,
                     RanOn::GpuDeviceOrder(why) => {
@@ -158,17 +188,15 @@ impl Executor {
                     }
                     RanOn::Reference(why) => log.on_reference.push((launch.kernel().name.clone(), why)),
                 }
-                Ok(o.summary)
+                Ok(Ok(o.summary))
             }
             Err(GpuError::Exec(e)) => {
-                self.log.lock().expect("executor log").on_gpu += 1;
-                Err(e)
+                log.on_gpu += 1;
+                Ok(Err(e))
             }
             Err(e) => {
-                // Not the launch's fault: the reference runs it, and the report says why.
-                let why = format!("the GPU failed ({e})");
-                self.log.lock().expect("executor log").on_reference.push((launch.kernel().name.clone(), why));
-                launch.run(mem)
+                log.on_reference.push((launch.kernel().name.clone(), format!("the GPU failed ({e})")));
+                Err(())
             }
         }
     }

@@ -355,6 +355,16 @@ pub(crate) fn draw_floats(dtype: DType, shape: &[usize], n: usize, dist: Dist, r
     HostTensor::new(dtype, shape, data).map_err(|e| e.to_string())
 }
 
+/// `n` standard normal f64 values keyed by `seed` alone (chunks drawn in parallel, the same
+/// values whatever the number of threads): the Python package's cotangents.
+pub fn standard_normal(n: usize, seed: u64) -> Vec<f64> {
+    let mut r = StdRng::seed_from_u64(seed);
+    match draw_floats(DType::F64, &[n], n, Dist::default(), &mut r).map(|t| t.into_data()) {
+        Ok(Data::F64(v)) => v,
+        _ => unreachable!("a standard normal f64 tensor draws f64 values"),
+    }
+}
+
 /// A tensor whose consecutive slices along `axis` are drawn from their own distributions (each
 /// slice from the same generator, in order).
 fn draw_slices(dtype: DType, shape: &[usize], axis: usize, parts: &[(usize, Dist)], r: &mut StdRng) -> Result<HostTensor, String> {

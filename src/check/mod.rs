@@ -61,6 +61,7 @@
 
 pub(crate) mod backend;
 mod blame;
+pub mod chunked;
 pub mod error_map;
 pub mod expr;
 mod findings;
@@ -82,7 +83,7 @@ pub use expr::{Expr, ExprError, Scalar};
 pub use ground::vjp_float;
 pub use html::page as html_page;
 pub(crate) use inputs::check_dist;
-pub use inputs::{Dist, InputTensor, Inputs, Source};
+pub use inputs::{standard_normal, Dist, InputTensor, Inputs, Source};
 pub use recorded::{RecordedLaunch, RecordedPass, RecordedTensor};
 pub use report::{
     compare, compare_by, judge, unravel, Blame, BlameSite, Calibration, ErrorMap, Explained, Failure, Finding, FindingKind, Formula,

@@ -41,6 +41,7 @@
 //! (`file`, `line`, `col`, `kernel`, `op`) as fields. Floats that are not finite are the strings
 //! `"NaN"`, `"inf"` and `"-inf"` (JSON has no such numbers); every other float is a number.
 
+use super::chunked;
 use serde::{Serialize, Serializer};
 use std::fmt;
 use tilegrad_ir::DType;
@@ -870,39 +871,17 @@ pub fn compare_by(
     shape: &[usize],
     tol: Tolerance,
     expected: &[f64],
-    got: impl Fn(usize) -> f64,
+    got: impl Fn(usize) -> f64 + Sync,
     trial: usize,
     terms: f64,
 ) -> (TensorReport, Option<(usize, f64)>) {
-    let scale = expected.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs())).max(terms);
+    let n = expected.len();
+    let scale = chunked::max(n, |i| if expected[i].is_finite() { expected[i].abs() } else { 0.0 }).max(terms);
     let scale = if scale > 0.0 { scale } else { 1.0 };
     let floor = if tol.rtol > 0.0 { tol.atol / tol.rtol * scale } else { 0.0 };
-    let (mut max_abs, mut max_rel, mut over, mut nan, mut inf) = (0.0f64, 0.0f64, 0, 0, 0);
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    let mut worst: Option<(usize, f64)> = None;
-    // A mismatch involving a non-finite value makes every metric NaN (a NaN on either side) or
-    // infinite, never a small number computed over the finite elements alone.
-    let mut poison: Option<f64> = None;
-    for (i, &e) in expected.iter().enumerate() {
-        let g = got(i);
-        nan += g.is_nan() as usize;
-        inf += g.is_infinite() as usize;
-        let Judged { ratio, nonfinite, nan: with_nan } = judge(e, g, tol, scale);
-        if nonfinite {
-            let p = if with_nan { f64::NAN } else { f64::INFINITY };
-            poison = Some(if poison.is_some_and(f64::is_nan) { f64::NAN } else { p });
-        } else if e.is_finite() {
-            let d = (g - e).abs();
-            max_abs = max_abs.max(d);
-            max_rel = max_rel.max(d / e.abs().max(floor));
-            num += d * d;
-            den += e * e;
-        }
-        over += (ratio > 1.0) as usize;
-        if worst.is_none_or(|(_, r)| ratio > r) {
-            worst = Some((i, ratio));
-        }
-    }
+    let Tally { max_abs, max_rel, num, den, over, nan, inf, worst, poison } =
+        chunked::fold(n, |r| Tally::of(r, expected, &got, tol, scale, floor), Tally::then).unwrap_or_default();
+    let (mut max_abs, mut max_rel) = (max_abs, max_rel);
     let mut normwise = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
     if let Some(p) = poison {
         (max_abs, max_rel, normwise) = (p, p, p);
@@ -928,6 +907,73 @@ pub fn compare_by(
         passed: over == 0,
     };
     (report, worst)
+}
+
+/// A comparison's figures over a run of elements ([`compare_by`]).
+#[derive(Default)]
+struct Tally {
+    max_abs: f64,
+    max_rel: f64,
+    num: f64,
+    den: f64,
+    over: usize,
+    nan: usize,
+    inf: usize,
+    /// The first element of the largest ratio to its tolerance.
+    worst: Option<(usize, f64)>,
+    /// A mismatch involving a non-finite value makes every metric NaN (a NaN on either side) or
+    /// infinite, never a small number computed over the finite elements alone.
+    poison: Option<f64>,
+}
+
+impl Tally {
+    fn of(r: std::ops::Range<usize>, expected: &[f64], got: &impl Fn(usize) -> f64, tol: Tolerance, scale: f64, floor: f64) -> Tally {
+        let mut t = Tally::default();
+        for i in r {
+            let (e, g) = (expected[i], got(i));
+            t.nan += g.is_nan() as usize;
+            t.inf += g.is_infinite() as usize;
+            let Judged { ratio, nonfinite, nan: with_nan } = judge(e, g, tol, scale);
+            if nonfinite {
+                let p = if with_nan { f64::NAN } else { f64::INFINITY };
+                t.poison = Some(if t.poison.is_some_and(f64::is_nan) { f64::NAN } else { p });
+            } else if e.is_finite() {
+                let d = (g - e).abs();
+                t.max_abs = t.max_abs.max(d);
+                t.max_rel = t.max_rel.max(d / e.abs().max(floor));
+                t.num += d * d;
+                t.den += e * e;
+            }
+            t.over += (ratio > 1.0) as usize;
+            if t.worst.is_none_or(|(_, w)| ratio > w) {
+                t.worst = Some((i, ratio));
+            }
+        }
+        t
+    }
+
+    /// This run's tally followed by the next run's.
+    fn then(self, b: Tally) -> Tally {
+        let worst = match (self.worst, b.worst) {
+            (Some(a), Some(w)) if w.1 > a.1 => Some(w),
+            (None, w) => w,
+            (a, _) => a,
+        };
+        // NaN once any run had a NaN (a sequential pass keeps it), else infinite if any.
+        let nan = self.poison.is_some_and(f64::is_nan) || b.poison.is_some_and(f64::is_nan);
+        let poison = if nan { Some(f64::NAN) } else { b.poison.or(self.poison) };
+        Tally {
+            max_abs: self.max_abs.max(b.max_abs),
+            max_rel: self.max_rel.max(b.max_rel),
+            num: self.num + b.num,
+            den: self.den + b.den,
+            over: self.over + b.over,
+            nan: self.nan + b.nan,
+            inf: self.inf + b.inf,
+            worst,
+            poison,
+        }
+    }
 }
 
 /// The comparison's test of one element: `|got - expected|` over its tolerance (`atol` relative

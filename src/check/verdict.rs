@@ -20,6 +20,7 @@
 //! a floor of the cotangent's root-mean-square per element (a gradient's natural unit), so that a
 //! gradient that is 0 in exact arithmetic is not judged against its own f64 rounding noise.
 
+use super::chunked;
 use super::report::{Formula, Rounding, TensorReport};
 use tilegrad_ir::DType;
 
@@ -66,14 +67,11 @@ pub fn rounding_budget(d: DType, tf32: bool) -> f64 {
     }
 }
 
-fn norm(v: impl Iterator<Item = f64>) -> f64 {
-    v.map(|x| x * x).sum::<f64>().sqrt()
-}
-
 /// `||a - b||_2` over the elements where `truth` is finite (where it is not, the elementwise
 /// comparison judges: NaN matches only NaN, an infinity only itself).
-fn dist(truth: &[f64], a: impl Fn(usize) -> f64, b: impl Fn(usize) -> f64) -> f64 {
-    norm((0..truth.len()).filter(|&i| truth[i].is_finite()).map(|i| a(i) - b(i)))
+fn dist(truth: &[f64], a: impl Fn(usize) -> f64 + Sync, b: impl Fn(usize) -> f64 + Sync) -> f64 {
+    let sq = |i: usize| if truth[i].is_finite() { (a(i) - b(i)).powi(2) } else { 0.0 };
+    chunked::sum(truth.len(), sq).sqrt()
 }
 
 /// What a tensor's verdicts compare: the truth, the pass as written (`got`), its f64 replay, and
@@ -82,7 +80,7 @@ pub struct Replayed<'a> {
     /// The ground truth.
     pub truth: &'a [f64],
     /// The pass as written, element by element.
-    pub got: &'a dyn Fn(usize) -> f64,
+    pub got: &'a (dyn Fn(usize) -> f64 + Sync),
     /// Its replay with every float in f64.
     pub r64: &'a [f64],
     /// Its replay with every float in f32, where it differs from the pass as written.
@@ -114,7 +112,7 @@ impl Replayed<'_> {
     pub fn judge(&self, d: DType, tf32: bool) -> (Formula, Rounding) {
         let n = self.truth.len();
         let u = unit_roundoff(d, tf32);
-        let truth_norm = norm(self.truth.iter().copied().filter(|x| x.is_finite()));
+        let truth_norm = dist(self.truth, |i| self.truth[i], |_| 0.0);
         let formula_scale = truth_norm.max(self.cot_rms * (n as f64).sqrt());
         let f_err = dist(self.truth, |i| self.r64[i], |i| self.truth[i]);
         let formula = Formula {
@@ -157,10 +155,11 @@ pub const GAP_FACTOR: f64 = 16.0;
 /// The scale the elementwise `atol` is relative to, at least: [`GAP_FACTOR`] times the largest
 /// gap between the tensor's f32 replay (`r32`, or `got` where it computes in f32) and its f64
 /// one, over `atol`; so that an element may err by what the computation itself has in f32.
-pub fn elementwise_scale(r64: &[f64], r32: Option<&[f64]>, got: &dyn Fn(usize) -> f64, f32_pass: bool, atol: f64) -> f64 {
+pub fn elementwise_scale(r64: &[f64], r32: Option<&[f64]>, got: &(dyn Fn(usize) -> f64 + Sync), f32_pass: bool, atol: f64) -> f64 {
+    let n = r64.len();
     let gap = match r32 {
-        Some(r) => r64.iter().zip(r).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max),
-        None if f32_pass => r64.iter().enumerate().map(|(i, a)| (a - got(i)).abs()).fold(0.0, f64::max),
+        Some(r) => chunked::max(n, |i| (r64[i] - r[i]).abs()),
+        None if f32_pass => chunked::max(n, |i| (r64[i] - got(i)).abs()),
         None => 0.0,
     };
     if gap.is_finite() && atol > 0.0 {

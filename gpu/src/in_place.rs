@@ -1,0 +1,224 @@
+//! Launches on device memory the caller owns (a PyTorch CUDA tensor's storage): the tensors are
+//! used where they are, in the device's primary context (the one PyTorch uses), and nothing is
+//! copied to the host unless the reference must settle a launch.
+//!
+//! A launch in place keeps a device copy of the tensors it writes until it has settled: a
+//! launch that the device cannot settle (a conflict between programs, float atomics too many to
+//! add in program order, a kernel only the reference runs) is run again from those contents,
+//! on the device or, through host copies, on the reference, as a launch on host memory is.
+
+use crate::device::{driver, from_bytes, tensor_bytes};
+use crate::{GpuError, GpuOptions, Outcome};
+use tilegrad_ir::DType;
+use tilegrad_reference::{Data, HostTensor, Launch, Memory, TensorId};
+
+/// A tensor in device memory owned by the caller: `numel` elements of `dtype` at `addr`, stored
+/// as the device stores them (f16 and bf16 in 16 bits, i1 in a byte).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceTensor {
+    /// Name for diagnostics.
+    pub name: String,
+    /// Element dtype.
+    pub dtype: DType,
+    /// Elements.
+    pub numel: usize,
+    /// Device address of element 0, in the primary context of device 0.
+    pub addr: u64,
+}
+
+impl DeviceTensor {
+    /// Bytes of its storage.
+    pub fn bytes(&self) -> usize {
+        self.numel * device_bytes(self.dtype)
+    }
+}
+
+/// Bytes of one element in device memory.
+pub fn device_bytes(d: DType) -> usize {
+    match d {
+        DType::I1 => 1,
+        DType::F16 | DType::BF16 => 2,
+        DType::I32 | DType::F32 => 4,
+        DType::I64 | DType::F64 => 8,
+    }
+}
+
+/// The tensors of launches in place, by [`TensorId`] (the `i`th tensor is `TensorId(i)`), and a
+/// host [`Memory`] of empty tensors of the same names and dtypes against which launches check
+/// their arguments.
+#[derive(Clone, Debug)]
+pub struct DeviceMemory {
+    tensors: Vec<DeviceTensor>,
+    layout: Memory,
+}
+
+impl DeviceMemory {
+    /// The tensors, checked: no null or misaligned address.
+    pub fn new(tensors: Vec<DeviceTensor>) -> Result<DeviceMemory, GpuError> {
+        let mut layout = Memory::new();
+        for t in &tensors {
+            if t.addr == 0 && t.numel > 0 {
+                return Err(GpuError::Driver(format!("`{}`: null device address", t.name)));
+            }
+            if t.addr % device_bytes(t.dtype) as u64 != 0 {
+                return Err(GpuError::Driver(format!(
+                    "`{}`: device address {:#x} is not aligned to its {} elements",
+                    t.name, t.addr, t.dtype
+                )));
+            }
+            layout.add(&t.name, HostTensor::new(t.dtype, &[0], empty(t.dtype))?);
+        }
+        Ok(DeviceMemory { tensors, layout })
+    }
+
+    /// The tensors.
+    pub fn tensors(&self) -> &[DeviceTensor] {
+        &self.tensors
+    }
+
+    /// One tensor.
+    pub fn get(&self, t: TensorId) -> &DeviceTensor {
+        &self.tensors[t.0 as usize]
+    }
+
+    /// Empty host tensors of the same names and dtypes (for [`Launch::check_arguments`]).
+    pub fn layout(&self) -> &Memory {
+        &self.layout
+    }
+}
+
+fn empty(d: DType) -> Data {
+    match d {
+        DType::I1 => Data::I1(Vec::new()),
+        DType::I32 => Data::I32(Vec::new()),
+        DType::I64 => Data::I64(Vec::new()),
+        DType::F16 | DType::BF16 | DType::F32 => Data::F32(Vec::new()),
+        DType::F64 => Data::F64(Vec::new()),
+    }
+}
+
+/// Device copies of the tensors a launch writes, taken before it runs.
+pub(crate) struct Backup {
+    copies: Vec<(TensorId, cudarc::driver::CudaSlice<u8>)>,
+}
+
+impl crate::Gpu {
+    /// Runs a launch on `mem`'s device tensors in place: on success they hold the launch's
+    /// results, as [`crate::Gpu::run`] leaves a host memory. The caller's work on those tensors
+    /// must be complete (or queued on the legacy default stream) before the call; the launch is
+    /// complete when it returns.
+    pub fn run_in_place(&self, launch: &Launch, mem: &DeviceMemory, opts: GpuOptions) -> Result<Outcome, GpuError> {
+        self.run_place(launch, &mut crate::device::Place::Device { mem, backup: None }, opts)
+    }
+
+    /// Copies a device tensor to the host.
+    pub fn download_tensor(&self, t: &DeviceTensor) -> Result<HostTensor, GpuError> {
+        let mut bytes = vec![0u8; t.bytes()];
+        if !bytes.is_empty() {
+            self.bind()?;
+            // SAFETY: the caller's tensor is valid for its bytes (DeviceTensor's contract), and
+            // the copy is synchronous.
+            unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut bytes, t.addr) }.map_err(driver)?;
+        }
+        Ok(HostTensor::new(t.dtype, &[t.numel], from_bytes(t.dtype, &bytes, t.numel))?)
+    }
+
+    /// Copies every device tensor to a host memory (same names and ids).
+    pub fn download_all(&self, mem: &DeviceMemory) -> Result<Memory, GpuError> {
+        let mut out = Memory::new();
+        for t in mem.tensors() {
+            out.add(&t.name, self.download_tensor(t)?);
+        }
+        Ok(out)
+    }
+
+    /// Copies a host tensor (of the device tensor's dtype and size) into a device tensor.
+    pub fn upload_tensor(&self, t: &DeviceTensor, h: &HostTensor) -> Result<(), GpuError> {
+        if h.numel() != t.numel || h.dtype() != t.dtype {
+            return Err(GpuError::Driver(format!(
+                "`{}`: cannot copy {} elements of {} into {} of {}",
+                t.name,
+                h.numel(),
+                h.dtype(),
+                t.numel,
+                t.dtype
+            )));
+        }
+        let mut bytes = tensor_bytes(t.dtype, h.data());
+        bytes.truncate(t.bytes());
+        if !bytes.is_empty() {
+            self.bind()?;
+            // SAFETY: as in `download`.
+            unsafe { cudarc::driver::result::memcpy_htod_sync(t.addr, &bytes) }.map_err(driver)?;
+        }
+        Ok(())
+    }
+
+    /// Device copies of the tensors `launch` may write (before it runs).
+    pub(crate) fn back_up(&self, launch: &Launch, mem: &DeviceMemory) -> Result<Backup, GpuError> {
+        let s = &self.cuda()?.stream;
+        let mut copies = Vec::new();
+        for t in written(launch) {
+            let d = mem.get(t);
+            if copies.iter().any(|(id, _)| *id == t) || d.bytes() == 0 {
+                continue;
+            }
+            // SAFETY: a fresh buffer, filled below before any read.
+            let mut b = unsafe { s.alloc::<u8>(d.bytes()) }.map_err(driver)?;
+            {
+                use cudarc::driver::DevicePtrMut;
+                let (dst, _sync) = b.device_ptr_mut(s);
+                // SAFETY: both buffers hold `bytes`; the copy is ordered on the stream.
+                unsafe { cudarc::driver::result::memcpy_dtod_async(dst, d.addr, d.bytes(), s.cu_stream()) }.map_err(driver)?;
+            }
+            copies.push((t, b));
+        }
+        Ok(Backup { copies })
+    }
+
+    /// Puts the contents a [`Backup`] holds back.
+    pub(crate) fn restore(&self, backup: &Backup, mem: &DeviceMemory) -> Result<(), GpuError> {
+        use cudarc::driver::DevicePtr;
+        let s = &self.cuda()?.stream;
+        for (t, b) in &backup.copies {
+            let d = mem.get(*t);
+            let (src, _sync) = b.device_ptr(s);
+            // SAFETY: as in `back_up`.
+            unsafe { cudarc::driver::result::memcpy_dtod_async(d.addr, src, d.bytes(), s.cu_stream()) }.map_err(driver)?;
+        }
+        s.synchronize().map_err(driver)
+    }
+
+    /// Runs `launch` on the reference over host copies of `mem`, and copies the tensors it
+    /// writes back.
+    pub fn reference_in_place(&self, launch: &Launch, mem: &DeviceMemory, why: &str) -> Result<Outcome, GpuError> {
+        let mut host = self.download_all(mem)?;
+        let out = crate::device::reference(launch, &mut host, why)?;
+        for t in written(launch) {
+            self.upload_tensor(mem.get(t), host.get(t))?;
+        }
+        Ok(out)
+    }
+}
+
+/// The tensors a launch's kernel stores to or updates atomically (scratch included).
+fn written(launch: &Launch) -> Vec<TensorId> {
+    let k = launch.kernel();
+    let uses = tilegrad_ir::analysis::param_uses(k);
+    let mut out = Vec::new();
+    for (j, p) in k.params.iter().enumerate() {
+        if !(uses[j].stored || uses[j].atomic) {
+            continue;
+        }
+        for (n, a) in launch.args() {
+            if *n == p.name {
+                if let tilegrad_reference::Arg::Tensor(t) = a {
+                    if !out.contains(t) {
+                        out.push(*t);
+                    }
+                }
+            }
+        }
+    }
+    out
+}

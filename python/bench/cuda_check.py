@@ -1,0 +1,113 @@
+"""The whole-check time of `tilegrad.check_function` on CUDA tensors, beside the Function's own
+forward + backward on the GPU and (with `--cpu`) the same check on CPU tensors.
+
+    python python/bench/cuda_check.py [--sizes 4096x4096,16384x4096] [--cpu] [--profile] [--liger]
+
+For each library-style Function (python/tests/functions_liger_style.py's RMS norm; with
+`--liger`, Liger-Kernel's RMSNorm, LayerNorm and SwiGLU Functions where the package imports)
+and size: the Function's own forward + backward (median of 10, CUDA events), the first check
+(kernels converted and compiled) and the second, with `backend="gpu"`, 2 trials. `--profile`
+prints where the second check's time goes (cProfile, by own time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pathlib
+import pstats
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+import tilegrad  # noqa: E402
+
+
+def functions(liger: bool):
+    import functions_liger_style as L
+
+    out = [("rms_norm (library style)", L.RMSNorm, lambda x: (x, _weight(x)))]
+    if liger:
+        try:
+            from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+            from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+        except ImportError as e:
+            print(f"Liger-Kernel skipped: {e}")
+        else:
+            out += [
+                ("Liger RMSNorm", LigerRMSNormFunction, lambda x: (x, _weight(x), 1e-6)),
+                ("Liger LayerNorm", LigerLayerNormFunction, lambda x: (x, _weight(x), _weight(x) - 1.0, 1e-6)),
+                ("Liger SiLUMul", LigerSiLUMulFunction, lambda x: (x, torch.randn_like(x))),
+            ]
+    return out
+
+
+def _weight(x: torch.Tensor) -> torch.Tensor:
+    return torch.rand(x.shape[-1], device=x.device, dtype=x.dtype) + 0.5
+
+
+def native_seconds(fn, args) -> float:
+    """Median of 10: the Function's forward and backward, with CUDA events."""
+    ins = [a.detach().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a for a in args]
+    times = []
+    for _ in range(11):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn.apply(*ins)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(torch.ones_like(out))
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times[1:])[5]
+
+
+def timed_check(fn, args, backend: str) -> tuple[float, object]:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    r = tilegrad.check_function(fn, *args, backend=backend, trials=2)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t, r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="4096x4096,16384x4096")
+    ap.add_argument("--cpu", action="store_true", help="also the check on CPU tensors")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--liger", action="store_true")
+    a = ap.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| Function | size | own fwd+bwd | check gpu, first | second | ratio to own | check cpu | verdict |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, fn, make in functions(a.liger):
+        for size in a.sizes.split(","):
+            rows, cols = (int(v) for v in size.split("x"))
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            x = torch.randn(rows, cols, device="cuda", generator=gen)
+            args = make(x)
+            own = native_seconds(fn, args)
+            first, _ = timed_check(fn, args, "gpu")
+            second, r = timed_check(fn, args, "gpu")
+            cpu = ""
+            if a.cpu:
+                host = [v.cpu() if isinstance(v, torch.Tensor) else v for v in args]
+                t = time.perf_counter()
+                tilegrad.check_function(fn, *host, backend="cpu", trials=2)
+                cpu = f"{time.perf_counter() - t:.2f} s"
+            verdict = "PASS" if r.passed else "FAIL"
+            print(f"| {name} | {size} | {own * 1e3:.2f} ms | {first:.2f} s | {second:.2f} s | {second / own:.0f}x | {cpu} | {verdict} |")
+            if a.profile:
+                p = cProfile.Profile()
+                p.enable()
+                timed_check(fn, args, "gpu")
+                p.disable()
+                pstats.Stats(p).sort_stats("tottime").print_stats(14)
+
+
+if __name__ == "__main__":
+    main()

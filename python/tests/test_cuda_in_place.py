@@ -1,0 +1,106 @@
+"""CUDA tensors under the GPU backend are used where they live: launches run on torch's device
+memory in place (the same primary context), with no host copy, and give the results and verdicts
+the host path gives. Skipped where no CUDA device is usable."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+tl = triton.language
+
+import functions_liger_style as L  # noqa: E402
+import tilegrad  # noqa: E402
+from tilegrad import _memory  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@triton.jit
+def _axpy(X, Y, OUT, a, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(X + offs, mask=m)
+    y = tl.load(Y + offs, mask=m)
+    tl.store(OUT + offs, a * x + y, mask=m)
+
+
+@triton.jit
+def _ticket(COUNTER, OUT, n, BLOCK: tl.constexpr):
+    # The old value of an atomic: programs depend on each other's order (the reference runs it).
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    old = tl.atomic_add(COUNTER + offs * 0, 1, mask=m)
+    tl.store(OUT + offs, old, mask=m)
+
+
+@triton.jit
+def _overrun(X, OUT, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(OUT + offs, tl.load(X + offs, mask=offs < n), mask=offs < n + 3)
+
+
+@pytest.fixture
+def no_host_copies(monkeypatch):
+    """Fails the test if a launch makes a host copy of a CUDA storage."""
+
+    def refuse(self):
+        raise AssertionError(f"a host copy of CUDA storage `{self.names[0]}`")
+
+    monkeypatch.setattr(_memory.Storage, "host_addr", lambda self: self.addr if self.device_flat is None else refuse(self))
+
+
+def test_launches_run_on_device_memory_in_place(no_host_copies):
+    n = 10_007
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.full((n + 5,), 7.0, device="cuda")
+    with tilegrad.intercept(backend="gpu"):
+        _axpy[(triton.cdiv(n, 256),)](x, y, out[2:], 1.5, n, BLOCK=256)
+    torch.testing.assert_close(out[2 : n + 2], 1.5 * x + y, rtol=0, atol=0)
+    # Elements outside the view's range are untouched.
+    assert out[:2].eq(7.0).all() and out[n + 2 :].eq(7.0).all()
+    # Half precision: 16-bit storages in place.
+    xh, yh = x.half(), y.half()
+    outh = torch.empty(n, device="cuda", dtype=torch.float16)
+    with tilegrad.intercept(backend="gpu"):
+        _axpy[(triton.cdiv(n, 256),)](xh, yh, outh, 0.5, n, BLOCK=256)
+    want = (0.5 * xh.float() + yh.float()).half()
+    torch.testing.assert_close(outh, want, rtol=0, atol=0)
+
+
+def test_a_launch_the_reference_settles_goes_through_host_copies_and_back():
+    n = 300
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    out = torch.empty(n, dtype=torch.int32, device="cuda")
+    with tilegrad.intercept(backend="gpu"):
+        _ticket[(triton.cdiv(n, 128),)](counter, out, n, BLOCK=128)
+    assert counter.item() == n
+    assert sorted(out.tolist()) == list(range(n))
+
+
+def test_an_out_of_bounds_store_in_place_is_the_located_error():
+    n = 1000
+    x, out = torch.randn(n, device="cuda"), torch.empty(n, device="cuda")
+    with pytest.raises(tilegrad.LaunchError, match=r"out-of-bounds.*`OUT`"):
+        with tilegrad.intercept(backend="gpu"):
+            _overrun[(triton.cdiv(n, 128),)](x, out, n, BLOCK=128)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_check_function_on_cuda_tensors_gives_the_host_verdicts(dtype):
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(67, 300, device="cuda", generator=gen).to(dtype)
+    w = (torch.rand(300, device="cuda", generator=gen) + 0.5).to(dtype)
+    on_gpu = tilegrad.check_function(L.RMSNorm, x, w, backend="gpu", seed=5)
+    on_cpu = tilegrad.check_function(L.RMSNorm, x.cpu(), w.cpu(), backend="cpu", seed=5)
+    assert on_gpu.passed and on_cpu.passed, f"{on_gpu}\n{on_cpu}"
+    g, c = on_gpu.to_dict()["gradients"], on_cpu.to_dict()["gradients"]
+    assert [a["name"] for a in g] == [b["name"] for b in c] == ["X", "W"]
+    # dX is the kernel's alone: the same on both. dW is summed by torch on the host side, in the
+    # device's order on CUDA: equal up to its rounding.
+    assert g[0]["max_abs_err"] == pytest.approx(c[0]["max_abs_err"], rel=1e-6, abs=1e-12), (g[0], c[0])
+    assert g[1]["max_abs_err"] <= 4 * c[1]["max_abs_err"] + 1e-6 and c[1]["max_abs_err"] <= 4 * g[1]["max_abs_err"] + 1e-6, (g[1], c[1])
+    bad = tilegrad.check_function(L.RMSNormScaledDW, x, w, backend="gpu", seed=5)
+    assert not bad.passed, str(bad)
+    assert "FAIL" in str(bad)

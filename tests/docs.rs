@@ -281,3 +281,57 @@ fn every_page_is_included_for_its_doctests() {
         assert!(lib.contains(&format!("include_str!(\"../{rel}\")")), "src/lib.rs does not include {rel}: its Rust blocks would not run");
     }
 }
+
+// ---------------------------------------------------------------- help
+
+/// `tilegrad ARGS --help`.
+fn help(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tilegrad")).args(args).arg("--help").output().unwrap();
+    assert!(out.status.success(), "{args:?} --help");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The subcommands the top-level help lists (`help` aside).
+fn subcommands() -> Vec<String> {
+    let top = help(&[]);
+    let listed = top.split("Commands:\n").nth(1).expect("a command list").lines().take_while(|l| !l.trim().is_empty());
+    listed.filter_map(|l| l.split_whitespace().next()).filter(|c| *c != "help").map(String::from).collect()
+}
+
+/// The `docs/NAME.md` (and `#anchor`) references of a text.
+fn doc_links(text: &str) -> Vec<String> {
+    let starts = text.match_indices("docs/").map(|(i, _)| &text[i..]);
+    let link = |s: &str| s.split(|c: char| !(c.is_ascii_alphanumeric() || "/.-_#".contains(c))).next().unwrap_or("").to_string();
+    starts.map(link).map(|l| l.trim_end_matches('.').to_string()).filter(|l| l.contains(".md")).collect()
+}
+
+/// GitHub's anchor of a heading.
+fn slug(heading: &str) -> String {
+    let kept =
+        heading.trim().to_lowercase().chars().filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_').collect::<String>();
+    kept.replace(' ', "-")
+}
+
+#[test]
+fn the_help_of_tilegrad_and_of_each_command_points_to_a_page() {
+    let commands = subcommands();
+    assert!(commands.len() >= 6 && commands.iter().any(|c| c == "check"), "{commands:?}");
+    let mut all: Vec<Vec<&str>> = vec![vec![]];
+    all.extend(commands.iter().map(|c| vec![c.as_str()]));
+    for args in all {
+        let text = help(&args);
+        let links = doc_links(&text);
+        assert!(!links.is_empty(), "`tilegrad {} --help` names no page of docs/:\n{text}", args.join(" "));
+        for l in links {
+            let (file, anchor) = l.split_once('#').map_or((l.as_str(), None), |(f, a)| (f, Some(a)));
+            let page = std::fs::read_to_string(root().join(file)).unwrap_or_else(|e| panic!("`{}` help: {file}: {e}", args.join(" ")));
+            if let Some(a) = anchor {
+                let headings: Vec<String> =
+                    page.lines().filter_map(|h| h.strip_prefix('#')).map(|h| slug(h.trim_start_matches('#'))).collect();
+                assert!(headings.iter().any(|h| h == a), "`{}` help: no heading `#{a}` in {file}: {headings:?}", args.join(" "));
+            }
+        }
+    }
+    assert_eq!(slug("Computing a ground-truth gradient"), "computing-a-ground-truth-gradient");
+    assert_eq!(doc_links("See docs/spec.md#x-y (z), docs/rust.md."), ["docs/spec.md#x-y", "docs/rust.md"]);
+}

@@ -30,7 +30,9 @@ macro_rules! out {
     name = "tilegrad",
     version,
     about = "Ground-truth gradients for GPU tile kernels",
-    after_help = "Commands, options and the spec format: docs/spec.md in the repository."
+    after_help = "See docs/spec.md in the repository for the commands, their options and the spec format;\n\
+                  docs/verdicts.md, docs/blame.md, docs/error-map.md, docs/triton.md, docs/python.md and\n\
+                  docs/rust.md for the rest. `tilegrad COMMAND --help` names the page of each command."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -188,6 +190,7 @@ enum Command {
     /// Check the backward of each spec against the ground-truth gradient of its forward: a table
     /// of errors per gradient, the worst element and the line that wrote it. Exit status 0 when
     /// every check passes, 1 when one fails, 2 on bad input.
+    #[command(after_help = "See docs/spec.md (specs, the report, options); docs/verdicts.md, docs/blame.md, docs/error-map.md.")]
     Check {
         /// Spec files (TOML).
         #[arg(required = true)]
@@ -214,6 +217,7 @@ enum Command {
     /// Write the ground truth of a spec's forward as `.npy` files: inputs, outputs, the random
     /// cotangent of each output (`grad_<output>.npy`) and the gradient of each differentiable
     /// input for it (`grad_<input>.npy`, f64).
+    #[command(after_help = "See docs/spec.md#computing-a-ground-truth-gradient (the files written).")]
     Grad {
         /// Spec file.
         spec: PathBuf,
@@ -224,6 +228,7 @@ enum Command {
         opts: SpecArgs,
     },
     /// Run a spec's forward only and write its inputs and outputs as `.npy` files.
+    #[command(after_help = "See docs/spec.md (the spec format).")]
     Run {
         /// Spec file.
         spec: PathBuf,
@@ -235,6 +240,7 @@ enum Command {
     },
     /// The engine's self-check: the ground-truth gradient of a spec's forward against central
     /// finite differences in f64 along random directions.
+    #[command(after_help = "See docs/architecture.md (how the ground truth is computed and tested).")]
     Gradcheck {
         /// Spec file.
         spec: PathBuf,
@@ -246,6 +252,7 @@ enum Command {
     },
     /// Run kernels of the built-in zoo on random data through the CPU reference interpreter and
     /// compare them with plain-Rust f64 references (all cases when none is named).
+    #[command(after_help = "See docs/architecture.md (the zoo) and docs/rust.md (the kernel builder).")]
     Zoo {
         /// Case names (see --list).
         cases: Vec<String>,
@@ -258,6 +265,7 @@ enum Command {
     },
     /// Print the IR of a text-IR file (`FILE.tgir`) or of a Triton kernel (`FILE.py::NAME`),
     /// verified.
+    #[command(after_help = "See docs/triton.md (the Triton surface tilegrad reads).")]
     Ir {
         /// A `.tgir` file, or `path/to/file.py::kernel_name`.
         file: String,

@@ -1,10 +1,11 @@
 //! Error maps and the HTML page of failing reports.
 //!
 //! - The seeded bugs of `examples/triton/` show their pattern in the map's cells and summary: a
-//!   tile offset leaves the last columns of every row unwritten, an early return the rows of the
-//!   ignored labels, a padding test the two rows it confuses, a tail mask the last element, a
-//!   carry the first blocks of columns; a rows-per-program loop one short (written here) every
-//!   4th row.
+//!   tile offset leaves the last columns of every row unwritten, a store loop over whole blocks
+//!   the masked tail columns of every row, a row step of two every other row, an early return the
+//!   rows of the ignored labels, a padding test the two rows it confuses, a tail mask the last
+//!   element, a carry the first blocks of columns; a rows-per-program loop one short (written
+//!   here) every 4th row.
 //! - `Report::to_html` and `tilegrad check --html`: one self-contained page with a heatmap of
 //!   one `rect.cell` per cell of each failing tensor's map, and no reference to the network;
 //!   rendered by headless Chromium where one is installed (skipped with a message where none is).
@@ -60,6 +61,42 @@ fn a_tile_offset_not_scaled_leaves_the_last_columns_of_every_row() {
     let (_, w) = mapped(&r, "grad_w");
     assert_eq!(w.summary, "elements 68..299");
     assert!(r.to_string().contains("error map of `grad_x`: columns 68..299 of every row"), "{r}");
+}
+
+#[test]
+fn a_store_loop_over_whole_blocks_leaves_the_tail_columns_of_every_row() {
+    // 1000 columns in blocks of 128: the store loop stops at 896, its masked tail block is never stored.
+    let r = check_variant("layer_norm_saved", "bwd", "layer_norm_bwd_broken_no_tail");
+    let (_, m) = mapped(&r, "grad_x");
+    assert_eq!(m.summary, "columns 896..999 of every row", "{r}");
+    assert_eq!((m.rows, m.cols, m.over), (1001, 1000, 1001 * 104));
+    let hot = cells(&(0..m.row_bins.len()).collect::<Vec<_>>(), &touching(&m.col_bins, 896, 1000));
+    assert_eq!(m.hot_cells(), hot, "{r}");
+    for &(row, col) in &hot {
+        let [a, e] = m.col_bins[col];
+        let share = (e - a.max(896)) as f64 / (e - a) as f64;
+        assert!((m.cells[row][col] - share).abs() < 1e-12, "cell ({row}, {col}) of columns {a}..{e}: {}", m.cells[row][col]);
+    }
+    assert_eq!(m.nan_cells, hot.iter().map(|&(r, c)| [r, c]).collect::<Vec<_>>(), "never written: NaN in every hot cell");
+    for partial in ["grad_w", "grad_b"] {
+        assert_eq!(mapped(&r, partial).1.summary, "elements 896..999", "{r}");
+    }
+}
+
+#[test]
+fn a_row_step_of_two_leaves_every_other_row() {
+    // 4 rows per program at `pid * 4 + 2 * i`: the even rows are written (twice, with the same
+    // values), the odd rows never.
+    let r = check_variant("softmax", "bwd", "softmax_bwd_broken_row_step");
+    let (_, m) = mapped(&r, "grad_x");
+    assert_eq!(m.summary, "rows 1, 3, 5, ..., 999 (every 2nd)", "{r}");
+    assert_eq!((m.rows, m.cols, m.over), (1001, 1000, 500 * 1000));
+    for (b, row) in m.cells.iter().enumerate() {
+        let [a, e] = m.row_bins[b];
+        let odd = (a..e).filter(|i| i % 2 == 1).count() as f64 / (e - a) as f64;
+        assert!(row.iter().all(|&f| (f - odd).abs() < 1e-12), "row bin {b} (rows {a}..{e}): {row:?}");
+    }
+    assert_eq!(m.nan_cells.len(), m.row_bins.len() * m.col_bins.len(), "each cell holds never-written rows");
 }
 
 #[test]

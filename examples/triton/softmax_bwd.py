@@ -58,3 +58,16 @@ def softmax_bwd_broken_no_dot(y_ptr, grad_y_ptr, grad_x_ptr, y_row_stride, grad_
     dot = tl.sum(g * y, axis=1, keep_dims=True)
     grad_x = y * g  # BUG: the row term - sum(grad_y * y) is dropped (elementwise derivative only)
     tl.store(grad_x_ptr + rows[:, None] * grad_x_row_stride + cols[None, :], grad_x, mask=mask)
+
+
+@triton.jit
+def softmax_bwd_broken_row_step(y_ptr, grad_y_ptr, grad_x_ptr, y_row_stride, grad_y_row_stride, grad_x_row_stride,
+                                n_rows, n_cols, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_ROWS + 2 * tl.arange(0, BLOCK_ROWS)  # BUG: rows two apart, the odd rows are never written
+    cols = tl.arange(0, BLOCK_COLS)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    y = tl.load(y_ptr + rows[:, None] * y_row_stride + cols[None, :], mask=mask, other=0.0)
+    g = tl.load(grad_y_ptr + rows[:, None] * grad_y_row_stride + cols[None, :], mask=mask, other=0.0)
+    dot = tl.sum(g * y, axis=1, keep_dims=True)
+    grad_x = y * (g - dot)
+    tl.store(grad_x_ptr + rows[:, None] * grad_x_row_stride + cols[None, :], grad_x, mask=mask)

@@ -348,6 +348,27 @@ fn conversion_errors_point_at_the_source() {
     assert!(e.contains("k.py:6:29") && e.contains("acq_rel"), "{e}");
     let e = bad("    i = 0\n    while i < 3:\n        i += 1\n    else:\n        pass\n");
     assert!(e.contains("while ... else"), "{e}");
+    // Triton converts neither operand of a compare-and-swap: a float compare value on an i32
+    // lock, an i64 new value, a tile of floats are refused at the operand.
+    for (call, col, found) in [
+        ("tl.atomic_cas(i_ptr, 0.0, 1)", 32, "`cmp` of `tl.atomic_cas` must have the pointer's element type i32, found f32"),
+        ("tl.atomic_cas(i_ptr, 0, 4294967296)", 35, "`val` of `tl.atomic_cas` must have the pointer's element type i32, found i64"),
+        (
+            "tl.atomic_cas(i_ptr + tl.arange(0, 4), 0, tl.zeros((4,), tl.float32))",
+            53,
+            "`val` of `tl.atomic_cas` must have the pointer's element type i32, found f32[4]",
+        ),
+    ] {
+        let e = bad(&format!("    old = {call}\n"));
+        assert!(e.contains(&format!("k.py:6:{col}:")) && e.contains(found), "{call}: {e}");
+    }
+    // The read-modify-writes convert their value to the element type, as Triton does.
+    let src = "import triton\nimport triton.language as tl\n\n@triton.jit\ndef k(i_ptr):\n    tl.atomic_add(i_ptr, 2.75)\n    tl.atomic_xchg(i_ptr, 1.0)\n";
+    let k = kernel(src, "k", &[], &[("i_ptr", DType::I32)]);
+    let mut mem = Memory::new();
+    let i = mem.add("i", HostTensor::from_i32(&[1], vec![5]));
+    Launch::new(&k, 1).arg("i_ptr", i).run(&mut mem).unwrap();
+    assert_eq!(mem.get(i).as_i32().unwrap(), &[1]);
 }
 
 const PROGRESS: &str = r#"

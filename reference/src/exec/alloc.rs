@@ -7,7 +7,7 @@
 //!
 //! What a thread frees stays in its arena, and glibc gives each thread its own arena up to eight
 //! per core: with more threads than cores, each extra thread's arena kept its own high-water
-//! mark of tiles (softmax 16384x1024: 817 MB at 2 threads, 912 MB at 16 on 2 cores). Arenas are
+//! mark of tiles (softmax 16384x1024: 808 MB at 2 threads, 894 MB at 16 on 2 cores). Arenas are
 //! capped at one per core, so what they keep grows with the cores that run at once, not with
 //! the thread count (`MALLOC_ARENA_MAX` or `GLIBC_TUNABLES`, when set, decide instead).
 

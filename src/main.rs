@@ -288,6 +288,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    tilegrad_reference::tune_allocator();
     let cli = Cli::parse();
     match run(cli) {
         Ok(true) => ExitCode::SUCCESS,

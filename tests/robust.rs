@@ -449,3 +449,94 @@ fn deep_triton_expressions_exit_2_with_the_line() {
     assert!(e.message.contains("k.py:1:7") && e.message.contains("nested deeper than 20000 levels"), "{e}");
     cli_rejects(&p, "nested deeper than 20000 levels");
 }
+
+/// A row-wise cumulative sum and its backward, a reversed scan of column blocks in a `while`
+/// loop whose `start -= BLOCK` is missing: the loop never moves on, storing every trip.
+const SCAN: &str = r#"import triton
+import triton.language as tl
+
+@triton.jit
+def scan(X, Y, stride, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    carry = 0.0
+    for start in tl.range(0, n_cols, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(X + row * stride + offs, mask=offs < n_cols, other=0.0)
+        tl.store(Y + row * stride + offs, tl.cumsum(x, axis=0) + carry, mask=offs < n_cols)
+        carry += tl.sum(x, axis=0)
+
+@triton.jit
+def scan_bwd_stuck(DY, DX, stride, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    start = ((n_cols + BLOCK - 1) // BLOCK - 1) * BLOCK
+    carry = 0.0
+    while start >= 0:
+        offs = start + tl.arange(0, BLOCK)
+        dy = tl.load(DY + row * stride + offs, mask=offs < n_cols, other=0.0)
+        tl.store(DX + row * stride + offs, tl.cumsum(dy, axis=0, reverse=True) + carry, mask=offs < n_cols)
+        carry += tl.sum(dy, axis=0)
+"#;
+
+const SCAN_SPEC: &str = r#"
+[kernels]
+fwd = "k.py::scan"
+bwd = "k.py::scan_bwd_stuck"
+
+[inputs]
+x = { shape = [7, 250], init = "normal" }
+
+[forward]
+outputs = ["y"]
+steps = [
+  { alloc = "y", like = "x" },
+  { launch = "fwd", grid = [7], args = { X = "x", Y = "y", stride = "x.stride(0)", n_cols = 250, BLOCK = 32 } },
+]
+
+[backward]
+gradients = { x = "grad_x" }
+steps = [
+  { alloc = "grad_x", like = "x" },
+  { launch = "bwd", grid = [7], args = { DY = "grad_y", DX = "grad_x", stride = "x.stride(0)", n_cols = 250, BLOCK = 32 } },
+]
+"#;
+
+#[test]
+fn a_backward_loop_that_never_moves_on_fails_the_check_at_its_line_at_once() {
+    // It ran to the 10^7-trip bound (over 5 minutes; 1.5 GB a program before stores that
+    // repeat their elements replaced each other); now its first trip shows the condition's
+    // only input, `start`, never changes.
+    let p = write("scan-stuck", SCAN_SPEC.as_bytes(), SCAN.as_bytes());
+    let t0 = std::time::Instant::now();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 1048576 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_tilegrad"))
+        .args(["check", p.to_str().unwrap()])
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("k.py:19:5: kernel `scan_bwd_stuck`, op `while`, program (0, 0, 0)"), "{text}");
+    assert!(text.contains("can never end"), "{text}");
+    assert!(t0.elapsed().as_secs() < 120, "{:?}", t0.elapsed());
+}
+
+#[test]
+fn a_uint8_npy_input_is_refused_at_its_key_not_read_as_bool() {
+    let p = write(
+        "npy-u1",
+        SPEC.replace("x = { shape = [\"n\"], init = \"uniform(-2, 2)\" }", "x = { file = \"x.npy\" }").as_bytes(),
+        KERNELS.as_bytes(),
+    );
+    let mut npy = b"\x93NUMPY\x01\x00v\x00{'descr': '|u1', 'fortran_order': False, 'shape': (1000,), }".to_vec();
+    npy.resize(10 + 0x76, b' ');
+    npy[10 + 0x75] = b'\n';
+    npy.extend((0..1000).map(|i| (i % 256) as u8));
+    std::fs::write(p.with_file_name("x.npy"), npy).unwrap();
+    for cmd in ["check", "run"] {
+        let (code, err) = tilegrad(&[cmd, p.to_str().unwrap(), "--out", env!("CARGO_TARGET_TMPDIR")][..if cmd == "check" { 2 } else { 4 }]);
+        assert_eq!(code, 2, "{cmd}: {err}");
+        assert!(err.contains("inputs.x.file") && err.contains("unsupported dtype `|u1` (uint8)"), "{cmd}: {err}");
+    }
+}

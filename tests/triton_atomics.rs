@@ -3,7 +3,8 @@
 //! parsed back, run on the reference interpreter against plain-Rust references (histogram-style
 //! `atomic_max`, tickets from the old values of `atomic_add`, a compare-and-swap counter, a
 //! spin-lock guarded accumulation that is exact with its lock and a race without it), and, where
-//! differentiable, AD against finite differences; refusals and errors keep their line:column.
+//! differentiable, AD against finite differences; refusals and errors keep their line:column; a
+//! `while` that can never end is an error at its first idle iteration, and only such a loop.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -347,4 +348,144 @@ fn conversion_errors_point_at_the_source() {
     assert!(e.contains("k.py:6:29") && e.contains("acq_rel"), "{e}");
     let e = bad("    i = 0\n    while i < 3:\n        i += 1\n    else:\n        pass\n");
     assert!(e.contains("while ... else"), "{e}");
+    // Triton converts neither operand of a compare-and-swap: a float compare value on an i32
+    // lock, an i64 new value, a tile of floats are refused at the operand.
+    for (call, col, found) in [
+        ("tl.atomic_cas(i_ptr, 0.0, 1)", 32, "`cmp` of `tl.atomic_cas` must have the pointer's element type i32, found f32"),
+        ("tl.atomic_cas(i_ptr, 0, 4294967296)", 35, "`val` of `tl.atomic_cas` must have the pointer's element type i32, found i64"),
+        (
+            "tl.atomic_cas(i_ptr + tl.arange(0, 4), 0, tl.zeros((4,), tl.float32))",
+            53,
+            "`val` of `tl.atomic_cas` must have the pointer's element type i32, found f32[4]",
+        ),
+    ] {
+        let e = bad(&format!("    old = {call}\n"));
+        assert!(e.contains(&format!("k.py:6:{col}:")) && e.contains(found), "{call}: {e}");
+    }
+    // The read-modify-writes convert their value to the element type, as Triton does.
+    let src = "import triton\nimport triton.language as tl\n\n@triton.jit\ndef k(i_ptr):\n    tl.atomic_add(i_ptr, 2.75)\n    tl.atomic_xchg(i_ptr, 1.0)\n";
+    let k = kernel(src, "k", &[], &[("i_ptr", DType::I32)]);
+    let mut mem = Memory::new();
+    let i = mem.add("i", HostTensor::from_i32(&[1], vec![5]));
+    Launch::new(&k, 1).arg("i_ptr", i).run(&mut mem).unwrap();
+    assert_eq!(mem.get(i).as_i32().unwrap(), &[1]);
+}
+
+const PROGRESS: &str = r#"
+import triton
+import triton.language as tl
+
+@triton.jit
+def count_up(c_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    # The condition reads what the body stores: one trip's store is the next trip's condition.
+    pid = tl.program_id(0)
+    while tl.load(c_ptr + pid) < 10:
+        tl.store(c_ptr + pid, tl.load(c_ptr + pid) + 1)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(c_ptr + pid).to(tl.float32), mask=offs < n)
+
+@triton.jit
+def settle(x_ptr, y_ptr, t_ptr, n, LIMIT: tl.constexpr, BLOCK: tl.constexpr):
+    # The condition reads `done` only, which stays 0 for several trips while `acc` (which
+    # decides it) grows; every trip stores new values.
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + pid * n + offs, mask=mask, other=0.0)
+    acc = 0.0
+    done = 0
+    trips = 0
+    while done == 0:
+        acc += tl.sum(x * x, axis=0)
+        tl.store(y_ptr + pid * n + offs, x * acc, mask=mask)
+        done = (acc > LIMIT).to(tl.int32)
+        trips += 1
+    tl.store(t_ptr + pid, trips)
+
+@triton.jit
+def suffix_sum_stuck(DY, DX, stride, n_cols, BLOCK: tl.constexpr):
+    # A reversed scan over column blocks whose `start -= BLOCK` is missing: `carry` and the
+    # stored values change every trip, `start` (all the condition reads) never does.
+    row = tl.program_id(0).to(tl.int64)
+    DY += row * stride
+    DX += row * stride
+    start = ((n_cols + BLOCK - 1) // BLOCK - 1) * BLOCK
+    carry = 0.0
+    while start >= 0:
+        offsets = start + tl.arange(0, BLOCK)
+        mask = offsets < n_cols
+        dy = tl.load(DY + offsets, mask=mask, other=0.0)
+        tl.store(DX + offsets, tl.cumsum(dy, axis=0, reverse=True) + carry, mask=mask)
+        carry += tl.sum(dy, axis=0)
+"#;
+
+#[test]
+fn a_while_whose_condition_reads_what_its_body_stores_runs_to_its_end() {
+    // After the first trip each store repeats the last one's element with a new value: memory
+    // changes though the log does not grow.
+    let k = kernel(PROGRESS, "count_up", &[("BLOCK", 16)], &[("c_ptr", DType::I32)]);
+    let mut r = StdRng::seed_from_u64(7);
+    let (progs, n) = (5usize, 70usize);
+    let c0: Vec<i32> = (0..progs).map(|_| r.gen_range(-30..14)).collect();
+    let mut mem = Memory::new();
+    let c = mem.add("c", HostTensor::from_i32(&[progs], c0.clone()));
+    let y = mem.add("y", HostTensor::zeros(DType::F32, &[n]));
+    Launch::new(&k, progs as u32).arg("c_ptr", c).arg("y_ptr", y).arg("n", n as i64).run(&mut mem).unwrap();
+    let want: Vec<i32> = c0.iter().map(|&v| v.max(10)).collect();
+    assert_eq!(mem.get(c).as_i32().unwrap(), &want[..]);
+    let wy: Vec<f32> = (0..n).map(|e| want[e / 16] as f32).collect();
+    assert_eq!(mem.get(y).as_f32().unwrap(), &wy[..]);
+}
+
+#[test]
+fn a_while_whose_condition_waits_on_another_carried_value_ends_when_it_does() {
+    let k = kernel(PROGRESS, "settle", &[("BLOCK", 32), ("LIMIT", 200)], &[("t_ptr", DType::I32)]);
+    let mut r = StdRng::seed_from_u64(8);
+    let (progs, n, limit) = (4usize, 27usize, 200.0f32);
+    // Halves: the squares and their sums are exact in f32, in any order.
+    let x: Vec<f32> = (0..progs * n).map(|_| r.gen_range(-3..=3) as f32 * 0.5).collect();
+    let mut mem = Memory::new();
+    let xt = mem.add("x", HostTensor::from_f32(&[progs * n], x.clone()));
+    let y = mem.add("y", HostTensor::zeros(DType::F32, &[progs * n]));
+    let t = mem.add("t", HostTensor::zeros(DType::I32, &[progs]));
+    Launch::new(&k, progs as u32).arg("x_ptr", xt).arg("y_ptr", y).arg("t_ptr", t).arg("n", n as i64).run(&mut mem).unwrap();
+    let (mut wy, mut wt) = (vec![0.0f32; progs * n], vec![0i32; progs]);
+    for p in 0..progs {
+        let row = &x[p * n..(p + 1) * n];
+        let s: f32 = row.iter().map(|v| v * v).sum();
+        assert!(s > 0.0 && s * 3.0 < limit, "row {p}: {s} takes fewer than four trips");
+        let mut acc = 0.0f32;
+        while acc <= limit {
+            acc += s;
+            wt[p] += 1;
+        }
+        for (j, v) in row.iter().enumerate() {
+            wy[p * n + j] = v * acc;
+        }
+    }
+    assert_eq!(mem.get(t).as_i32().unwrap(), &wt[..]);
+    assert_eq!(mem.get(y).as_f32().unwrap(), &wy[..]);
+}
+
+#[test]
+fn a_while_whose_condition_no_trip_changes_is_an_error_at_once() {
+    // It stored new values every trip until its 10^7-trip bound (minutes); now its first trip
+    // shows that the condition can never change.
+    let k = kernel(PROGRESS, "suffix_sum_stuck", &[("BLOCK", 32)], &[("DY", DType::F32), ("DX", DType::F32)]);
+    let (rows, cols) = (3usize, 75usize);
+    let mut mem = Memory::new();
+    let dy = mem.add("dy", HostTensor::from_f32(&[rows, cols], (0..rows * cols).map(|i| (i % 7) as f32 - 3.0).collect()));
+    let dx = mem.add("dx", HostTensor::zeros(DType::F32, &[rows, cols]));
+    let t0 = std::time::Instant::now();
+    let e = Launch::new(&k, rows as u32)
+        .arg("DY", dy)
+        .arg("DX", dx)
+        .arg("stride", cols as i64)
+        .arg("n_cols", cols as i64)
+        .run(&mut mem)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("k.py:41:5") && e.contains("`suffix_sum_stuck`") && e.contains("op `while`"), "{e}");
+    assert!(e.contains("program (0, 0, 0)") && e.contains("can never end") && e.contains("step that moves the loop on"), "{e}");
+    assert!(t0.elapsed().as_secs() < 60, "{:?}", t0.elapsed());
 }

@@ -1,9 +1,11 @@
 //! Analyses shared by backends: which pointer parameters each pointer value may point into, what
 //! each parameter is used for (loaded, stored, atomically updated), and which loads leave their
-//! masked-off lanes to the backend (no `other`).
+//! masked-off lanes to the backend (no `other`), and what the condition of a `while` loop
+//! depends on.
 
-use crate::kernel::{Kernel, Value};
+use crate::kernel::{Inst, Kernel, Value};
 use crate::op::Op;
+use std::collections::{HashMap, HashSet};
 
 /// For every value, the set of parameters (by position) a pointer value may derive from; empty
 /// for non-pointers. Computed to a fixpoint over loop-carried values and `if` results.
@@ -164,6 +166,93 @@ pub fn poisoned(mask: u64, i: usize) -> bool {
     mask >> i.min(63) & 1 != 0
 }
 
+/// What the condition of a `while` loop depends on: the loop-carried values it is computed
+/// from, directly or through the body's updates of other carried values, and whether that
+/// computation reads memory. Everything else it uses is defined before the loop and cannot
+/// change while the loop runs.
+///
+/// So an iteration that ends with every carried value in `carried` as it began (and, when
+/// `reads_memory`, with memory as it began) is followed by the same iteration forever: the loop
+/// can never end, whatever the other carried values and the stores do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WhileDeps {
+    /// By carried position: the condition depends on it.
+    pub carried: Vec<bool>,
+    /// A load or atomic contributes to the condition.
+    pub reads_memory: bool,
+}
+
+/// [`WhileDeps`] of the `while` instruction `i`; `None` when `i` is not a `while`.
+pub fn while_deps(k: &Kernel, i: Inst) -> Option<WhileDeps> {
+    let Op::While { cond, body, .. } = k.inst(i).op else { return None };
+    let (cd, bd) = (k.block(cond), k.block(body));
+    let yields = |b: &crate::kernel::BlockData| b.insts.last().map(|&l| k.inst(l).args.to_vec()).unwrap_or_default();
+    let next = yields(bd);
+    // Values defined at the top level of the two blocks; values of nested blocks are reached
+    // through the instruction that owns them, which is taken whole.
+    let mut def: HashMap<Value, Inst> = HashMap::new();
+    for b in [cd, bd] {
+        for &j in &b.insts {
+            def.extend(k.inst(j).results.iter().map(|&r| (r, j)));
+        }
+    }
+    let carried_at: HashMap<Value, usize> =
+        cd.params.iter().enumerate().chain(bd.params.iter().enumerate()).map(|(n, &p)| (p, n)).collect();
+    let mut deps = WhileDeps { carried: vec![false; cd.params.len()], reads_memory: false };
+    let mut seen: HashSet<Inst> = HashSet::new();
+    let mut work = yields(cd);
+    while let Some(v) = work.pop() {
+        if let Some(&n) = carried_at.get(&v) {
+            if !deps.carried[n] {
+                deps.carried[n] = true;
+                work.extend(next.get(n).copied());
+            }
+        } else if let Some(&j) = def.get(&v) {
+            if seen.insert(j) {
+                depend_on(k, j, &mut work, &mut deps.reads_memory);
+            }
+        }
+    }
+    Some(deps)
+}
+
+/// Adds the operands of `i` and of every instruction nested in its blocks to `work`; notes
+/// whether any of them reads memory.
+fn depend_on(k: &Kernel, i: Inst, work: &mut Vec<Value>, reads_memory: &mut bool) {
+    let d = k.inst(i);
+    *reads_memory |= match d.op {
+        Op::Load { .. } | Op::AtomicAdd { .. } | Op::AtomicRmw { .. } | Op::AtomicCas => true,
+        Op::ProgramId { .. }
+        | Op::NumPrograms { .. }
+        | Op::Const { .. }
+        | Op::Arange { .. }
+        | Op::Broadcast
+        | Op::ExpandDims { .. }
+        | Op::Reshape
+        | Op::Permute { .. }
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Cmp(_)
+        | Op::Where
+        | Op::Cast
+        | Op::Reduce { .. }
+        | Op::Cumsum { .. }
+        | Op::Dot { .. }
+        | Op::AddPtr
+        | Op::Store { .. }
+        | Op::For { .. }
+        | Op::While { .. }
+        | Op::If { .. }
+        | Op::Yield => false,
+    };
+    work.extend(d.args.iter().copied());
+    for b in d.op.blocks() {
+        for &j in &k.block(b).insts {
+            depend_on(k, j, work, reads_memory);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,5 +284,76 @@ mod tests {
         assert_eq!(u[1], ParamUse { loaded: false, stored: true, atomic: true });
         assert_eq!(u[2], ParamUse::default());
         assert_eq!(u[3], ParamUse::default());
+    }
+
+    #[test]
+    fn while_deps_follow_the_body_from_the_condition() {
+        // while j < 10: acc += x; j = where(acc > 5, 10, 0) ; out = acc * 2 (not in the condition)
+        let mut b = KernelBuilder::new("w");
+        let x = b.ptr_param("x", DType::F32);
+        let (zero, ten, five, two) = (b.i32(0), b.i32(10), b.f32(5.0), b.f32(2.0));
+        let acc0 = b.f32(0.0);
+        let v = b.load(x, None, None);
+        b.while_loop(
+            None,
+            &[zero, acc0, acc0],
+            |b, c| b.lt(c[0], ten),
+            |b, c| {
+                let acc = b.add(c[1], v);
+                let big = b.gt(acc, five);
+                let j = b.where_(big, ten, zero);
+                let out = b.mul(acc, two);
+                vec![j, acc, out]
+            },
+        );
+        let k = b.finish().unwrap();
+        let mut ws = Vec::new();
+        k.walk(&mut |i, d| {
+            if matches!(d.op, Op::While { .. }) {
+                ws.push(i)
+            }
+        });
+        let d = while_deps(&k, ws[0]).unwrap();
+        assert_eq!(d, WhileDeps { carried: vec![true, true, false], reads_memory: false });
+    }
+
+    #[test]
+    fn while_deps_see_loads_in_the_condition_and_in_nested_blocks() {
+        let mut b = KernelBuilder::new("w");
+        let x = b.ptr_param("x", DType::I32);
+        let (zero, one, three) = (b.i32(0), b.i32(1), b.i32(3));
+        // while load(x) > 0: i += 1 (the counter is not in the condition)
+        b.while_loop(
+            None,
+            &[zero],
+            |b, _| {
+                let v = b.load(x, None, None);
+                b.gt(v, zero)
+            },
+            |b, c| vec![b.add(c[0], one)],
+        );
+        // while i < 3: i = (for t in 0..1: t + load(x)) : a load in a nested loop
+        b.while_loop(
+            None,
+            &[zero],
+            |b, c| b.lt(c[0], three),
+            |b, c| {
+                let i = c[0];
+                b.for_range(zero, one, one, None, &[i], |b, _, c| {
+                    let v = b.load(x, None, None);
+                    vec![b.add(c[0], v)]
+                })
+            },
+        );
+        let k = b.finish().unwrap();
+        let mut ws = Vec::new();
+        k.walk(&mut |i, d| {
+            if matches!(d.op, Op::While { .. }) {
+                ws.push(i)
+            }
+        });
+        assert_eq!(while_deps(&k, ws[0]).unwrap(), WhileDeps { carried: vec![false], reads_memory: true });
+        assert_eq!(while_deps(&k, ws[1]).unwrap(), WhileDeps { carried: vec![true], reads_memory: true });
+        assert_eq!(while_deps(&k, k.block(k.body).insts[0]), None);
     }
 }

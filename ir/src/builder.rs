@@ -740,8 +740,9 @@ impl KernelBuilder {
         self.store_like(Some(Some(kind)), ptr, value, mask, &loc).unwrap_or(ptr)
     }
 
-    /// `tl.atomic_cas(ptr, cmp, value)`: `cmp` and `value` are cast to the pointee dtype and
-    /// broadcast to the pointer's shape; returns the old values.
+    /// `tl.atomic_cas(ptr, cmp, value)`: `cmp` and `value` must have the pointee dtype (as in
+    /// Triton, neither is converted) and are broadcast to the pointer's shape; returns the old
+    /// values.
     #[track_caller]
     pub fn atomic_cas(&mut self, ptr: Value, cmp: Value, value: Value) -> Value {
         let loc = Loc::caller();
@@ -750,6 +751,14 @@ impl KernelBuilder {
             self.error("atomic_cas", &loc, format!("atomic_cas needs a pointer, found {pt}"));
             return ptr;
         };
+        for (v, what) in [(cmp, "cmp"), (value, "value")] {
+            let t = self.ty(v);
+            if t.dtype() != Some(dt) {
+                let msg = format!("`{what}` must have the pointer's element type {dt}, found {t} (atomic_cas converts neither operand)");
+                self.error("atomic_cas", &loc, msg);
+                return ptr;
+            }
+        }
         let mut s = pt.shape.clone();
         for v in [cmp, value] {
             match Self::broadcast_shapes(&s, &self.ty(v).shape) {
@@ -761,10 +770,8 @@ impl KernelBuilder {
             }
         }
         let ptr = self.broadcast_at(ptr, &s, &loc);
-        let c = self.cast_at(cmp, dt, &loc);
-        let c = self.broadcast_at(c, &s, &loc);
-        let v = self.cast_at(value, dt, &loc);
-        let v = self.broadcast_at(v, &s, &loc);
+        let c = self.broadcast_at(cmp, &s, &loc);
+        let v = self.broadcast_at(value, &s, &loc);
         self.emit1(Op::AtomicCas, &[ptr, c, v], Type::tile(dt, &s), &loc)
     }
 

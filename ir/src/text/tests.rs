@@ -705,6 +705,17 @@ fn while_loops_and_atomics_round_trip_and_verify() {
     let e = parse(bad, "b").unwrap_err();
     assert_eq!(e.diagnostics()[0].loc, Loc::new("b", 2, 3), "{e}");
     assert!(e.to_string().contains("does not support f32"), "{e}");
+    // Atomics whose operands do not have the pointer's element type (the text IR converts nothing).
+    for (line, what) in [
+        ("%o: i32 = atomic_cas %p, %f, %i", "`cmp` must be i32, found f32"),
+        ("%o: i32 = atomic_cas %p, %i, %f", "value must be i32, found f32"),
+        ("%o: i32 = atomic_add %p, %f", "value must be i32, found f32"),
+    ] {
+        let bad = format!("kernel k(%p: ptr<i32>, %f: f32, %i: i32) {{\n  {line}\n}}\n");
+        let e = parse(&bad, "b").unwrap_err();
+        assert_eq!(e.diagnostics()[0].loc, Loc::new("b", 2, 3), "{e}");
+        assert!(e.to_string().contains(what) && e.to_string().contains("atomic_"), "{e}");
+    }
     let bad = "kernel k(%n: i32) {\n  %r: i32 = while iter_args(%a: i32 = %n) {\n    yield %a\n  } do (%b: i32) {\n    yield %b\n  }\n}\n";
     let e = parse(bad, "b").unwrap_err();
     assert!(e.to_string().contains("i1"), "{e}");

@@ -2,7 +2,8 @@
 //! `tl.atomic_cas(pointer, cmp, val, sem, scope)`, each returning the old values. `sem` and
 //! `scope` are checked against the values Triton accepts; they order memory on the GPU, and the
 //! reference, which runs order-dependent launches one program after another, gives every value
-//! the same meaning.
+//! the same meaning. As in Triton, the value of the read-modify-writes is converted to the
+//! pointer's element type, while both operands of `atomic_cas` must already have it.
 
 use super::builtins::Args;
 use super::convert::Cx;
@@ -60,6 +61,17 @@ impl Cx<'_> {
         if cas {
             let c = arg(self, 1, "`cmp`")?;
             let v = arg(self, 2, "a value")?;
+            // Triton converts neither operand of a compare-and-swap: each must already have the
+            // pointer's element type (a Python int is i32, a float f32).
+            for (j, x, what) in [(1, c, "cmp"), (2, v, "val")] {
+                let t = self.b.ty(x);
+                if t.dtype() != Some(dt) {
+                    return fail(
+                        b[j].as_ref().map_or(o, |x| x.1),
+                        format!("`{what}` of `tl.atomic_cas` must have the pointer's element type {dt}, found {t} (Triton converts neither operand)"),
+                    );
+                }
+            }
             return Ok(Val::Tensor(self.b.atomic_cas(p, c, v)));
         }
         let v = arg(self, 1, "a value")?;

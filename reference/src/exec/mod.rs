@@ -17,6 +17,7 @@ mod record;
 mod scratch;
 mod tile;
 
+pub use alloc::tune as tune_allocator;
 pub use fast::release_buffers;
 pub use fastmath::C as EXP2_POLY;
 pub use ops::{dot_f32, round_tf32, sum_in_order, SUM_LANES};

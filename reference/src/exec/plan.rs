@@ -1,9 +1,11 @@
 //! Facts computed once per kernel before a launch: when each value dies (so programs free tiles
 //! early and stay cache-resident), and which pointer parameters may be written (so that only
-//! loads from those tensors are logged for race detection).
+//! loads from those tensors are logged for race detection), and what each `while` loop's
+//! condition depends on (so that a loop that can never end is found at its first idle iteration).
 
-use std::collections::HashSet;
-use tilegrad_ir::{Block, Kernel, Op, Value};
+use std::collections::{HashMap, HashSet};
+use tilegrad_ir::analysis::{while_deps, WhileDeps};
+use tilegrad_ir::{Block, Inst, Kernel, Op, Value};
 
 pub(crate) struct Plan {
     /// Values to drop after each instruction (by instruction index).
@@ -14,6 +16,8 @@ pub(crate) struct Plan {
     /// earlier ones left: the kernel has atomics other than `atomic_add`, or uses the old value
     /// an atomic returns (which depends on that order).
     pub ordered: bool,
+    /// What the condition of each `while` loop depends on.
+    pub while_deps: HashMap<Inst, WhileDeps>,
 }
 
 impl Plan {
@@ -27,6 +31,7 @@ impl Plan {
             free_after,
             param_written: tilegrad_ir::analysis::param_uses(k).iter().map(|u| u.stored || u.atomic).collect(),
             ordered: needs_order(k),
+            while_deps: all_while_deps(k),
         }
     }
 }
@@ -46,6 +51,17 @@ pub fn needs_order(k: &Kernel) -> bool {
         k.walk(&mut |_, d| ordered |= d.args.iter().any(|a| results.contains(a)));
     }
     ordered
+}
+
+/// [`WhileDeps`] of every `while` loop of `k`.
+fn all_while_deps(k: &Kernel) -> HashMap<Inst, WhileDeps> {
+    let mut out = HashMap::new();
+    k.walk(&mut |i, _| {
+        if let Some(d) = while_deps(k, i) {
+            out.insert(i, d);
+        }
+    });
+    out
 }
 
 /// All values used by an instruction, including uses nested in its blocks.

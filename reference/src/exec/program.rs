@@ -176,6 +176,12 @@ pub(crate) struct Program<'a> {
     held: Vec<(u32, i64, u64)>,
     /// Records every op's value ([`super::record`]); `None` in ordinary launches.
     rec: Option<Box<super::record::Recorder>>,
+    /// Counts the writes that may have changed memory as this program sees it (a `while`
+    /// loop's progress check compares it across an iteration).
+    changes: u64,
+    /// How many `while` loops are running: inside one, a store that repeats an earlier one
+    /// is compared with memory to find whether it changed anything.
+    whiles: u32,
 }
 
 pub(super) fn bits_of(d: &Data, i: usize) -> u64 {
@@ -284,6 +290,8 @@ impl<'a> Program<'a> {
             atomic: 0,
             held: Vec::new(),
             rec: None,
+            changes: 0,
+            whiles: 0,
         }
     }
 
@@ -606,19 +614,28 @@ impl<'a> Program<'a> {
     }
 
     /// A `while` loop: the condition block, then the body while it holds. A loop past its
-    /// `max_iters` is an error; so is one whose iteration changes neither memory nor its carried
-    /// values (it can never end: programs run in program order, so nothing else will change
-    /// them), and, without `max_iters`, one past [`WHILE_LIMIT`] iterations.
+    /// `max_iters` is an error; so is one whose iteration leaves unchanged every carried value
+    /// its condition depends on (and memory, when the condition reads memory): it can never
+    /// end, since programs run in program order and nothing else will change them. Without
+    /// `max_iters`, one past [`WHILE_LIMIT`] iterations is an error too.
     fn while_loop(&mut self, i: Inst, cond: Block, body: Block, max_iters: Option<u32>) -> Result<(), ExecError> {
+        self.whiles += 1;
+        let r = self.run_while(i, cond, body, max_iters);
+        self.whiles -= 1;
+        r
+    }
+
+    fn run_while(&mut self, i: Inst, cond: Block, body: Block, max_iters: Option<u32>) -> Result<(), ExecError> {
         let k = self.sh.kernel;
         let d = k.inst(i);
+        let deps = &self.sh.plan.while_deps[&i];
         let cparams = k.block(cond).params.clone();
         let bparams = k.block(body).params.clone();
         let mut carried: Vec<RV> = d.args.iter().map(|&a| self.get(a).clone()).collect();
         let mut trips = 0u64;
         loop {
-            let events: usize = self.logs.iter().map(|l| l.events.len()).sum();
-            let before = carried.clone();
+            let changes = self.changes;
+            let before: Vec<Option<RV>> = carried.iter().zip(&deps.carried).map(|(v, &dep)| dep.then(|| v.clone())).collect();
             for (p, v) in cparams.iter().zip(&carried) {
                 self.set(*p, v.clone());
             }
@@ -645,14 +662,10 @@ impl<'a> Program<'a> {
                 self.set(*p, v);
             }
             carried = self.block(body)?;
-            let events_after: usize = self.logs.iter().map(|l| l.events.len()).sum();
-            if events_after == events && carried.iter().zip(&before).all(|(a, b)| same_rv(a, b)) {
-                return Err(self.runtime(
-                    i,
-                    "this `while` loop can never end: an iteration changed neither memory nor its carried values (a spin lock \
-                     that no earlier program released? programs run in program order, so a program never waits on a later one)"
-                        .into(),
-                ));
+            let memory_same = self.changes == changes;
+            let idle = carried.iter().zip(&before).all(|(a, b)| b.as_ref().is_none_or(|b| same_rv(a, b)));
+            if idle && (memory_same || !deps.reads_memory) {
+                return Err(self.runtime(i, endless_message(deps.reads_memory)));
             }
         }
         match self.trips.iter_mut().find(|(j, _)| *j == i) {
@@ -694,6 +707,7 @@ impl<'a> Program<'a> {
         let mut old = vec![0u64; n];
         let mut wrote = vec![false; n];
         let mut acquired: Vec<(i64, u64)> = Vec::new();
+        let mut changed = false;
         for l in 0..n {
             if mv.is_some_and(|m| !m[l]) {
                 continue;
@@ -714,9 +728,12 @@ impl<'a> Program<'a> {
                 // that changes its element takes it, until the element gets its value back.
                 acquired.push((o, cur));
             }
-            overlay.insert(o, rmw_bits(rmw, dtype, cur, v));
+            let next = rmw_bits(rmw, dtype, cur, v);
+            changed |= next != cur;
+            overlay.insert(o, next);
             wrote[l] = true;
         }
+        self.changes += changed as u64;
         let before = self.lockset();
         for &(o, free) in &acquired {
             if !self.held.iter().any(|&(s, x, _)| s == p.slot && x == o) {
@@ -939,7 +956,11 @@ impl<'a> Program<'a> {
             for (l, o) in e.lanes() {
                 pages.write(slot.initial, o, bits_of(&e.vals, l));
             }
+            self.changes += 1;
             return Ok(());
+        }
+        if atomic || self.whiles == 0 || !rewrites_same(log, slot.dtype, slot.initial, &e) {
+            self.changes += 1;
         }
         if let Some(overlay) = &mut log.overlay {
             apply(overlay, slot.dtype, slot.initial, &e);
@@ -952,7 +973,9 @@ impl<'a> Program<'a> {
             Vec::new()
         };
         if !e.atomic {
-            drop_overwritten(&mut log.events, &e);
+            if let Some(k) = overwritten(&log.events, &e) {
+                log.events.remove(k);
+            }
         }
         log.events.push(e);
         self.held.retain(|h| h.0 != p.slot || !released.contains(&(h.1, h.2)));
@@ -963,22 +986,32 @@ impl<'a> Program<'a> {
 /// How many of a slot's latest events a store looks back over for one it overwrites.
 const OVERWRITE_WINDOW: usize = 8;
 
-/// Forgets the latest earlier store of the same instruction to exactly the same elements, where
-/// only plain stores came after it: `e` overwrites every element it wrote, so the launch's
-/// result is the same without it. A loop storing one tile each trip (a `while` that never moves
-/// on) then logs one store, not one per trip.
-fn drop_overwritten(events: &mut Vec<Event>, e: &Event) {
+/// The latest earlier store of the same instruction to exactly the same elements, where only
+/// plain stores came after it: `e` overwrites every element it wrote, so the launch's result is
+/// the same without it, and the store forgets it. A loop storing one tile each trip (a `while`
+/// that never moves on) then logs one store, not one per trip.
+fn overwritten(events: &[Event], e: &Event) -> Option<usize> {
     let start = events.len().saturating_sub(OVERWRITE_WINDOW);
     for k in (start..events.len()).rev() {
         let old = &events[k];
         if old.atomic {
-            return;
+            return None;
         }
         if old.inst == e.inst && old.locks == e.locks && same_lanes(old, e) {
-            events.remove(k);
-            return;
+            return Some(k);
         }
     }
+    None
+}
+
+/// Whether `e`, a plain store that repeats an earlier one ([`overwritten`]), writes only the
+/// bits this program already sees in its elements (so memory is as it was).
+fn rewrites_same(log: &mut SlotLog, dtype: DType, initial: &Data, e: &Event) -> bool {
+    if overwritten(&log.events, e).is_none() {
+        return false;
+    }
+    let overlay = log.overlay.get_or_insert_with(|| build_overlay(dtype, initial, &log.events));
+    e.lanes().all(|(l, o)| overlay.get(&o).copied().unwrap_or_else(|| bits_of(initial, o as usize)) == bits_of(&e.vals, l))
 }
 
 /// Whether two accesses touch the same elements through the same lanes.
@@ -1002,6 +1035,20 @@ fn apply(m: &mut HashMap<i64, u64>, dtype: DType, initial: &Data, e: &Event) {
         } else {
             m.insert(o, b);
         }
+    }
+}
+
+/// Why a `while` loop can never end, by whether its condition reads memory.
+fn endless_message(reads_memory: bool) -> String {
+    if reads_memory {
+        "this `while` loop can never end: an iteration changed neither memory nor the carried values its condition depends \
+         on (a spin lock that no earlier program released? programs run in program order, so a program never waits on a \
+         later one)"
+            .into()
+    } else {
+        "this `while` loop can never end: an iteration left unchanged every carried value its condition depends on (is the \
+         step that moves the loop on missing?)"
+            .into()
     }
 }
 

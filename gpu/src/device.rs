@@ -860,14 +860,11 @@ struct Slot {
 /// program and its last store there, else the atomic updater (or `MANY`) and the last atomic
 /// in program order.
 fn writers_of(s: &Arc<CudaStream>, t: TensorId, n: usize, m: &Marks, wide: bool) -> Result<Writers, GpuError> {
-    let get32 = |b: &Option<CudaSlice<u32>>| -> Result<Vec<u32>, GpuError> {
-        b.as_ref().map_or(Ok(vec![0; n]), |b| s.clone_dtoh(b).map_err(driver))
-    };
-    let get64 = |b: &Option<CudaSlice<u64>>| -> Result<Vec<u64>, GpuError> {
-        b.as_ref().map_or(Ok(vec![0; n]), |b| s.clone_dtoh(b).map_err(driver))
-    };
-    let w = m.w.as_ref().map(|b| s.clone_dtoh(b).map_err(driver)).transpose()?;
-    let (a, wi, ak) = (get32(&m.a)?, get32(&m.wi)?, get64(&m.ak)?);
+    // Marks the launch did not keep read as 0 (no copy of zeros).
+    let get32 = |b: &Option<CudaSlice<u32>>| b.as_ref().map(|b| s.clone_dtoh(b).map_err(driver)).transpose();
+    let get64 = |b: &Option<CudaSlice<u64>>| b.as_ref().map(|b| s.clone_dtoh(b).map_err(driver)).transpose();
+    let (w, a, wi, ak) = (get32(&m.w)?, get32(&m.a)?, get32(&m.wi)?, get64(&m.ak)?);
+    let at32 = |v: &Option<Vec<u32>>, e: usize| v.as_ref().map_or(0, |v| v[e]);
     // The storing program + 1 of each element (0: none).
     let stored = |e: usize| match &w {
         None => 0,
@@ -875,10 +872,12 @@ fn writers_of(s: &Arc<CudaStream>, t: TensorId, n: usize, m: &Marks, wide: bool)
         Some(w) => w[e] >> 8,
     };
     let each = (0..n).map(|e| {
-        if stored(e) != 0 {
-            (stored(e) - 1, wi[e].wrapping_sub(1))
-        } else if a[e] != 0 {
-            (if a[e] == Writers::MANY { Writers::MANY } else { a[e] - 1 }, (ak[e] & 0xffff) as u32)
+        let (st, ae) = (stored(e), at32(&a, e));
+        if st != 0 {
+            (st - 1, at32(&wi, e).wrapping_sub(1))
+        } else if ae != 0 {
+            let key = ak.as_ref().map_or(0, |v| v[e]);
+            (if ae == Writers::MANY { Writers::MANY } else { ae - 1 }, (key & 0xffff) as u32)
         } else {
             (Writers::NONE, Writers::NONE)
         }

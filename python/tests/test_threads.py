@@ -45,3 +45,13 @@ def test_the_count_is_restored_when_the_check_raises(two_threads):
     with pytest.raises(ValueError, match="the user's forward fails"):
         tilegrad.check_backward(forward, square_bwd, [torch.randn(100)])
     assert torch.get_num_threads() == 2
+
+
+def test_a_check_of_large_tensors_keeps_torchs_threads(two_threads):
+    from tilegrad._threads import LARGE, one_torch_thread
+
+    with one_torch_thread([torch.empty(LARGE - 1)]):
+        assert torch.get_num_threads() == 1
+    with one_torch_thread([3, torch.empty(LARGE)]):
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == 2

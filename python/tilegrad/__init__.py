@@ -91,7 +91,7 @@ def check_backward(
     """
     inputs = list(inputs)
     opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=name, allow_non_finite=allow_non_finite, autotune=autotune, strict=strict)
-    with using_backend(backend, ground), one_torch_thread():
+    with using_backend(backend, ground), one_torch_thread(inputs):
         if _has_torch_tensor(inputs):
             from ._check import check_backward as torch_check
 
@@ -117,7 +117,7 @@ def check_function(fn: type, *args: Any, backend: str = "cpu", ground: str = "ev
     validated as torch validates them. The ground truth differentiates `fn.forward` itself."""
     from ._check import check_function as f
 
-    with using_backend(backend, ground), one_torch_thread():
+    with using_backend(backend, ground), one_torch_thread(list(args) + list(kwargs.values())):
         return f(fn, *args, **kwargs)
 
 

@@ -441,17 +441,22 @@ fn launch(
     let exec = executor.map_or(&cpu, |e| &e.0);
     let noting = pass.zip(notes.as_ref()).map(|(pass, (_, step, what))| (pass, *step, what.as_str()));
     let ran = py.allow_threads(|| -> Result<Result<_, ExecError>, String> {
-        let keep = noting.is_some() || snapshot;
+        // The memory before and after, for a snapshot, and for notes where the kernel has loads
+        // without `other` (whose masked-off lanes the notes run again poisoned).
+        let unfilled = !tilegrad_ir::analysis::unfilled_loads(&call.kernel).is_empty();
+        let keep = snapshot || (noting.is_some() && unfilled);
         let l = call.launch(opts.clone());
         let ran = match if device { on_device(&call, &l, exec, promote, keep) } else { on_host(&call, &l, exec, promote, keep) }? {
             Ok(ran) => ran,
             Err(e) => return Ok(Err(e)),
         };
-        let noted = match (noting, &ran.before) {
-            (Some((pass, step, what)), Some(before)) => {
-                tilegrad::check::notes::of_launch(&l, before, ran.after.as_ref().expect("kept"), &ran.summary, exec, pass, step, what)
+        let none = Memory::new();
+        let noted = match noting {
+            Some((pass, step, what)) => {
+                let (before, after) = (ran.before.as_ref().unwrap_or(&none), ran.after.as_ref().unwrap_or(&none));
+                tilegrad::check::notes::of_launch(&l, before, after, &ran.summary, exec, pass, step, what)
             }
-            _ => Vec::new(),
+            None => Vec::new(),
         };
         let snap = match (ran.before, snapshot) {
             (Some(before), true) => Some(Snapshot {

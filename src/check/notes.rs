@@ -16,7 +16,9 @@ use tilegrad_reference::{Arg, Grid, Launch, LaunchSummary, Memory, Options, Race
 
 /// The notes of one launch that ran from `before` to `after` with `summary` (for front ends
 /// that run launches themselves, as the Python package does): masked-off lanes its results
-/// depend on, and conflicts whose outcome does not depend on the order of programs.
+/// depend on, and conflicts whose outcome does not depend on the order of programs. `before`
+/// and `after` are read only where the kernel has loads without `other`
+/// ([`tilegrad_ir::analysis::unfilled_loads`]): a caller may pass empty memories otherwise.
 #[allow(clippy::too_many_arguments)]
 pub fn of_launch(
     launch: &Launch,

@@ -161,6 +161,7 @@ fn short_loc(loc: &str) -> &str {
 }
 
 /// What blame knows about the element to explain.
+#[derive(Clone)]
 pub(crate) struct Target<'a> {
     /// The pass's steps traced.
     pub trace: &'a Trace,
@@ -1135,6 +1136,49 @@ impl Reruns {
     /// Reruns of at most `budget` programs.
     pub fn with_budget(budget: usize) -> Reruns {
         Reruns { before: HashMap::new(), records: HashMap::new(), budget }
+    }
+
+    /// Runs again, in parallel, the programs that wrote the elements of `targets` (in order, up
+    /// to the budget), for [`Reruns::record`] to find: only for a pass of one launch, where no
+    /// element's program reads what another launch wrote (elsewhere the budget goes, in order,
+    /// to the programs of each element and of the earlier launches it read from).
+    pub fn prefetch(&mut self, targets: &[Target]) {
+        use rayon::prelude::*;
+        let mut todo: Vec<((usize, u32, Inst), &TracedLaunch, TensorId, usize)> = Vec::new();
+        for t in targets.iter().filter(|t| t.trace.launches.len() == 1) {
+            let Some(tl) = t.trace.launches.iter().find(|l| l.step == t.step) else { continue };
+            if let std::collections::hash_map::Entry::Vacant(v) = self.before.entry(t.step) {
+                let Some(b) = memory_before(t.trace, t.env, tl) else { continue };
+                v.insert(b);
+            }
+            let key = (t.step, t.program, t.inst);
+            if self.records.contains_key(&key) || todo.iter().any(|(k, ..)| *k == key) {
+                continue;
+            }
+            if self.records.len() + todo.len() >= self.budget {
+                break;
+            }
+            let back = &self.before[&t.step].2;
+            let Some(id) = t.env.id(t.tensor).and_then(|x| back.iter().position(|&b| b == x)) else { continue };
+            todo.push((key, tl, TensorId(id as u32), t.element));
+        }
+        let before = &self.before;
+        let done: Vec<_> = todo
+            .par_iter()
+            .map(|&(key, tl, id, e)| {
+                let (mem, args, _) = &before[&key.0];
+                let mut l = Launch::new(&tl.kernel, tl.grid).options(Options { record_writers: false, ..tl.options.clone() });
+                for (n, a) in args {
+                    l = l.arg(n, *a);
+                }
+                (key, l.record_program(mem, tl.grid.pid(key.1 as u64), Some((key.2, id, e))).ok())
+            })
+            .collect();
+        for (key, rec) in done {
+            if let Some(rec) = rec.filter(|r| r.target_lane.is_some()) {
+                self.records.insert(key, Rc::new(rec));
+            }
+        }
     }
 
     /// The record of the program that wrote `t`'s element, and the lane of its store that did.

@@ -127,16 +127,20 @@ impl Evidence {
         let mut reruns = Reruns::with_budget(RERUNS);
         let own = samples.iter().filter(|(t, _)| t == name).map(|(t, s)| (t, &s.wrong, true));
         let right = samples.iter().filter(|(t, s)| t == name || s.wrong.is_empty()).map(|(t, s)| (t, &s.right, false));
+        let mut targets = Vec::new();
         for (tensor, elems, wrong) in own.chain(right) {
             let Some((_, _, layers)) = trace.get(tensor) else { continue };
             for &e in elems {
                 let writer = layers.iter().rev().find_map(|(step, _, _, w)| w.of(e).map(|(p, inst)| (*step, p, inst)));
                 let Some((step, program, inst)) = writer.filter(|w| w.1 != Writers::MANY) else { continue };
-                let t = Target { trace, env, step, tensor, element: e, program, inst, expected: None, got: None };
-                let mut seen = Seen::default();
-                if element_flow(&t, &mut reruns, 0, &mut seen).is_some() {
-                    ev.count(&seen, wrong);
-                }
+                targets.push((Target { trace, env, step, tensor, element: e, program, inst, expected: None, got: None }, wrong));
+            }
+        }
+        reruns.prefetch(&targets.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>());
+        for (t, wrong) in &targets {
+            let mut seen = Seen::default();
+            if element_flow(t, &mut reruns, 0, &mut seen).is_some() {
+                ev.count(&seen, *wrong);
             }
         }
         ((ev.wrong > 0).then_some(ev), reruns)

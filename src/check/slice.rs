@@ -234,9 +234,15 @@ fn scaling_first(lines: &mut [Ranked], factor: f64) {
     for r in lines.iter_mut().filter(|r| r.launch == 0 && (r.store || r.scales)) {
         r.class = r.class.min(1);
         if r.line.note.is_none() {
-            r.line.note = Some(format!("every wrong element is {} times its expected value", fmt_val(factor)));
+            r.line.note = Some(format!("every wrong element is {} times its expected value", fmt_factor(factor)));
         }
     }
+}
+
+/// A ratio to four decimals, without trailing zeros (`8`, `0.6667`).
+fn fmt_factor(x: f64) -> String {
+    let s = format!("{x:.4}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// A line with its ranking keys.
@@ -1399,6 +1405,13 @@ def sums(X, Y, n, BLOCK: tl.constexpr):
             ..ConvertOptions::default()
         };
         convert(SRC, "k.py", "sums", &opts).expect("the test kernel converts")
+    }
+
+    #[test]
+    fn a_factor_reads_as_a_ratio() {
+        assert_eq!(fmt_factor(7.99999), "8");
+        assert_eq!(fmt_factor(2.0 / 3.0), "0.6667");
+        assert_eq!(fmt_factor(-1.0), "-1");
     }
 
     #[test]

@@ -1129,11 +1129,15 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
     Some(())
 }
 
+/// A program run again: the step of its launch, its linear id, and the store whose element it
+/// was run again for.
+type RecordKey = (usize, u32, Inst);
+
 /// Programs run again for the elements explained, and the memory of their launches as it was:
 /// elements one program wrote are explained from one run of it.
 pub(crate) struct Reruns {
     before: HashMap<usize, Before>,
-    records: HashMap<(usize, u32, Inst), Rc<ProgramRecord>>,
+    records: HashMap<RecordKey, Rc<ProgramRecord>>,
     /// Programs that may be run again, at most: what a slice recorded as evidence costs.
     budget: usize,
 }
@@ -1150,7 +1154,7 @@ impl Reruns {
     /// to the programs of each element and of the earlier launches it read from).
     pub fn prefetch(&mut self, targets: &[Target]) {
         use rayon::prelude::*;
-        let mut todo: Vec<((usize, u32, Inst), &TracedLaunch, TensorId, usize)> = Vec::new();
+        let mut todo: Vec<(RecordKey, &TracedLaunch, TensorId, usize)> = Vec::new();
         for t in targets.iter().filter(|t| t.trace.launches.len() == 1) {
             let Some(tl) = t.trace.launches.iter().find(|l| l.step == t.step) else { continue };
             if let std::collections::hash_map::Entry::Vacant(v) = self.before.entry(t.step) {

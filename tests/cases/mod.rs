@@ -142,4 +142,5 @@ pub const CASES: &[Case] = &[
     // on the store (with `--ground kernels` the forward's launch is differentiated by the
     // evaluator, with a note: `tests/vjp_kernels.rs`).
     ("chunk_cumsum_bwd_broken_carry", "chunk_cumsum", "bwd", Wrong { input: "x", line: 47 }, "a wrong element read back: blamed on the store"),
+    ("chunk_cumsum_bwd_broken_last_guard", "chunk_cumsum", "bwd", Wrong { input: "x", line: 60 }, "a guard in the loop: blamed on the store"),
 ];

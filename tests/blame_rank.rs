@@ -29,8 +29,6 @@ const MISSES: &[(&str, &str)] = &[
     ("_dyt_bwd_broken_dropped_term", "a Python float bound to a name becomes a constant at its use: its line has no op"),
     ("_batch_norm_bwd_broken_bessel", "a wrong count in a mean: every element is wrong, the lines tie"),
     ("layer_norm_tail_bwd_broken_block_mean", "a wrong count in a mean: every element is wrong, the lines tie"),
-    ("col_scale_bwd_dw_broken_f16_acc", "a rounding failure: every line feeds every element"),
-    ("_activation_bwd_broken_half", "a constant term dropped: every line feeds every element, no shared factor"),
 ];
 
 fn examples() -> PathBuf {

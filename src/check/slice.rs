@@ -816,10 +816,13 @@ fn scales_by_one(g: &Graph, d: &tilegrad_ir::InstData) -> bool {
 }
 
 /// Whether an op computes floats (rather than moving them, or computing indices).
-fn computes(k: &Kernel, d: &tilegrad_ir::InstData) -> bool {
+fn computes(g: &Graph, d: &tilegrad_ir::InstData) -> bool {
+    let k = g.k;
     let float = d.results.first().is_some_and(|&r| k.ty(r).dtype().is_some_and(|t| t.is_float()));
     match d.op {
-        Op::Unary(_) | Op::Binary(_) | Op::Reduce { .. } | Op::Cumsum { .. } | Op::Dot { .. } | Op::Where | Op::Cast => float,
+        // A cast of what a load read (`tl.load(...).to(tl.float32)`) moves it, as the load does.
+        Op::Cast => float && !matches!(g.def[d.args[0].index()], Def::Inst(i, _) if matches!(k.inst(i).op, Op::Load { .. })),
+        Op::Unary(_) | Op::Binary(_) | Op::Reduce { .. } | Op::Cumsum { .. } | Op::Dot { .. } | Op::Where => float,
         _ => false,
     }
 }
@@ -964,7 +967,7 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
         if !listed(k, d) {
             return;
         }
-        let comp = role == Role::Value && computes(k, d);
+        let comp = role == Role::Value && computes(&g, d);
         let float = d.results.first().is_none_or(|&r| k.ty(r).dtype().is_some_and(|t| t.is_float()));
         let pos = by_line.iter().position(|a| a.loc.file == d.loc.file && a.loc.line == d.loc.line);
         let a = match pos {
@@ -1396,7 +1399,7 @@ def sums(X, Y, n, BLOCK: tl.constexpr):
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     last = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, n, BLOCK):
-        x = tl.load(X + start + offs, mask=start + offs < n)
+        x = tl.load(X + start + offs, mask=start + offs < n).to(tl.float32)
         acc += x
         last = x * 2.0
     tl.store(Y + offs, acc + last)
@@ -1405,10 +1408,25 @@ def sums(X, Y, n, BLOCK: tl.constexpr):
     fn kernel() -> Kernel {
         let opts = ConvertOptions {
             constexprs: vec![("BLOCK".into(), ConstValue::Int(4))],
-            pointer_dtypes: ["X", "Y"].iter().map(|p| (p.to_string(), DType::F32)).collect(),
+            pointer_dtypes: vec![("X".into(), DType::F16), ("Y".into(), DType::F32)],
             ..ConvertOptions::default()
         };
         convert(SRC, "k.py", "sums", &opts).expect("the test kernel converts")
+    }
+
+    #[test]
+    fn a_cast_of_a_loaded_value_moves_it_and_computes_nothing() {
+        let k = kernel();
+        let g = Graph::new(&k);
+        let mut seen = Vec::new();
+        k.walk(&mut |_, d| {
+            if matches!(d.op, Op::Cast | Op::Binary(_)) && d.results.first().is_some_and(|&r| k.ty(r).dtype().is_some_and(|t| t.is_float()))
+            {
+                seen.push((d.op.mnemonic(), computes(&g, d)));
+            }
+        });
+        assert!(seen.contains(&("cast", false)), "{seen:?}");
+        assert!(seen.contains(&("mul", true)), "{seen:?}");
     }
 
     #[test]

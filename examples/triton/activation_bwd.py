@@ -72,3 +72,26 @@ def _activation_bwd_broken_gelu(X, DY, DX, n_elements, negative_slope: tl.conste
 
 
 _activation_bwd_broken_gelu = triton.jit(_activation_bwd_broken_gelu)
+
+
+def _activation_bwd_broken_half(X, DY, DX, n_elements, negative_slope: tl.constexpr = 0.01,
+                                ACTIVATION: tl.constexpr = None, BLOCK: tl.constexpr = 1024):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements
+    x = tl.load(X + offsets, mask=mask).to(tl.float32)
+    dy = tl.load(DY + offsets, mask=mask).to(tl.float32)
+    if ACTIVATION == "leaky_relu":
+        dx = tl.where(x >= 0, dy, dy * negative_slope)
+    elif ACTIVATION == "relu6":
+        dx = tl.where((x > 0) & (x < 6.0), dy, 0.0)
+    elif ACTIVATION == "tanh_gelu":
+        k = 0.7978845608028654
+        t = libdevice.tanh(k * (x + 0.044715 * x * x * x))
+        cdf = 0.5 * t  # BUG: the constant term of 0.5 * (1 + t) is dropped
+        dx = dy * (cdf + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x))
+    else:
+        dx = dy
+    tl.store(DX + offsets, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+_activation_bwd_broken_half = triton.jit(_activation_bwd_broken_half)

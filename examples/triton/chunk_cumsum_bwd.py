@@ -45,3 +45,16 @@ def chunk_cumsum_bwd_broken_carry(DY, DX, T, BT: tl.constexpr):
         dy = tl.load(DY + row * T + offs, mask=m, other=0.)
         nxt = tl.load(DX + row * T + (c + 1) * BT + 1) if c < n - 1 else 0.  # BUG: the next chunk's second total
         tl.store(DX + row * T + offs, tl.cumsum(dy, axis=0, reverse=True) + nxt, mask=m)
+
+
+@triton.jit
+def chunk_cumsum_bwd_broken_last_guard(DY, DX, T, BT: tl.constexpr):
+    row = tl.program_id(0)
+    n = tl.cdiv(T, BT)
+    for k in range(0, n):
+        c = n - 1 - k
+        offs = c * BT + tl.arange(0, BT)
+        m = offs < T
+        dy = tl.load(DY + row * T + offs, mask=m, other=0.)
+        nxt = tl.load(DX + row * T + (c + 1) * BT) if c < n - 2 else 0.  # BUG: off by one, the chunk before the last adds no total
+        tl.store(DX + row * T + offs, tl.cumsum(dy, axis=0, reverse=True) + nxt, mask=m)

@@ -174,8 +174,14 @@ pub struct Options {
     /// them poisoned tells whether its results depend on lanes Triton documents as undefined.
     pub poison_masked_loads: u64,
     /// Record which program and store wrote every element of every written tensor
-    /// ([`LaunchSummary::writers`]), for blame in reports. Runs on the exact path (16 bytes per element while it runs); the result is kept as runs of elements with one writer.
+    /// ([`LaunchSummary::writers`]), for blame in reports: from the store runs the fast path
+    /// logs anyway (8 bytes per element written while the table is built), or from the exact
+    /// path's owner tables; the result is kept as runs of elements with one writer.
     pub record_writers: bool,
+    /// Run on the exact path (every program's accesses committed in program order), never the
+    /// fast one: the first error in program order is the one returned (the fast path finds a
+    /// race only once every program ran, after an access out of bounds of a later program).
+    pub exact: bool,
     /// Parameters whose tensors are scratch: never read before the launch writes them, and not
     /// needed after it (a VJP kernel's tapes). A backend that runs elsewhere may keep them
     /// there: the GPU allocates them on the device and neither copies them in nor back, so
@@ -196,6 +202,7 @@ impl Default for Options {
             chunk_programs: 4096,
             poison_masked_loads: 0,
             record_writers: false,
+            exact: false,
             scratch: Vec::new(),
             programs: None,
         }
@@ -237,6 +244,19 @@ impl Writers {
         }
         runs.shrink_to_fit();
         Writers { tensor, len, runs }
+    }
+
+    /// From runs `(first element, program, instruction)` in element order, over `len` elements
+    /// (runs of one writer next to each other are merged).
+    pub(crate) fn from_runs(tensor: TensorId, len: usize, runs: impl IntoIterator<Item = (usize, u32, u32)>) -> Writers {
+        let mut out: Vec<(usize, u32, u32)> = Vec::new();
+        for (e, p, i) in runs {
+            let i = if p == Writers::NONE { Writers::NONE } else { i };
+            if out.last().is_none_or(|&(_, lp, li)| (lp, li) != (p, i)) {
+                out.push((e, p, i));
+            }
+        }
+        Writers { tensor, len, runs: out }
     }
 
     /// Elements of the tensor.

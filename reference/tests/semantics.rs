@@ -609,6 +609,26 @@ fn recorded_writers_name_program_and_store() {
 }
 
 #[test]
+fn the_fast_path_records_the_writers_the_exact_path_records() {
+    let k = scale_kernel(16);
+    let n = 40;
+    let mut mem = Memory::new();
+    let x = mem.add("x", HostTensor::from_f32(&[n], rand_vec(n, 4)));
+    let y = mem.add("y", HostTensor::zeros(DType::F32, &[n + 5]));
+    let run = |races: RaceMode, mem: &mut Memory| {
+        let opts = Options { record_writers: true, races, ..Options::default() };
+        Launch::new(&k, 3).arg("x", x).arg("y", y).arg("n", n as i32).options(opts).run(mem).unwrap().writers
+    };
+    // Races as errors take the fast path; as warnings, the exact one.
+    let fast = run(RaceMode::Error, &mut mem.clone());
+    let exact = run(RaceMode::Warn, &mut mem);
+    assert_eq!(fast.len(), 1);
+    for e in 0..n + 5 {
+        assert_eq!(fast[0].of(e), exact[0].of(e), "element {e}");
+    }
+}
+
+#[test]
 fn check_reports_what_run_reports_and_leaves_memory_unchanged() {
     // Large enough for pooled output buffers (a check recycles its discarded results).
     let k = scale_kernel(64);

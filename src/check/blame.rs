@@ -5,7 +5,7 @@
 //! place, on that tensor's elements too).
 
 use super::report::{unravel, Blame, BlameSite};
-use super::slice::{explain, Target};
+use super::slice::{explain, Reruns, Target};
 use super::spectrum::{Evidence, Sample};
 use super::steps::{split_axis, Env, Init, Origin, Step, Trace};
 use super::tensor_expr::broadcast_map;
@@ -105,7 +105,10 @@ fn go(
             // value is the compared one only when no sum intervened).
             let direct = b.via.is_empty();
             // Evidence across elements, for the compared tensor's own elements.
-            let evidence = Some(samples).filter(|_| direct && depth == 0).and_then(|s| Evidence::gather(trace, env, name, s));
+            let (evidence, reruns) = match Some(samples).filter(|_| direct && depth == 0) {
+                Some(s) => Evidence::gather(trace, env, name, s),
+                None => (None, Reruns::with_budget(usize::MAX)),
+            };
             b.slice = explain(
                 &Target {
                     trace,
@@ -119,6 +122,7 @@ fn go(
                     got: values.map(|v| v.1),
                 },
                 evidence.as_ref(),
+                reruns,
             );
         }
         match b.sites.iter_mut().find(|s| matches!(s, BlameSite::Store { loc: l, step: st, .. } if *l == loc && *st == step)) {

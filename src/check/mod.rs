@@ -529,22 +529,28 @@ pub fn check_backward_with(
             }
         }
 
-        // The backward runs untraced; who wrote what (for blame) costs a second, traced run of
-        // the same deterministic steps, made only when a report needs it: a failing gradient,
-        // elements asked about, a racy backward's provisional table.
+        // On the reference, the backward records who wrote what (for blame) as it runs: the
+        // table comes from the store runs every launch logs anyway. On a GPU it runs untraced,
+        // and who wrote what costs a second, traced run of the same deterministic steps, made
+        // only when a report needs it: a failing gradient, elements asked about, a racy
+        // backward's provisional table.
         let mut traced: Option<(Env, Trace)> = None;
         let mode = Mode::Native;
         let explain = !opts.blame_elements.is_empty() && trial + 1 == opts.trials;
         progress("backward", trial, opts.trials);
         let noted = (trial == 0).then_some(("backward", &mut p.notes));
-        let mut run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, mode, None, None, noted, &exec));
+        let mut first_trace = (!exec.on_gpu()).then(Trace::default);
+        let mut run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, mode, None, first_trace.as_mut(), noted, &exec));
+        if let (Ok(()), Some(t)) = (&run, first_trace) {
+            traced = Some((env_b.clone(), t));
+        }
         if run.is_err() {
             // A backward that fails may fail in more than one way (a race and an access out of
-            // bounds); the traced run takes the reference's exact path, whose first error (in
-            // program order) is the one reported, as without the untraced run.
+            // bounds); the run again on the reference's exact path gives the first error (in
+            // program order), which is the one reported.
             env_b = backward_env()?;
             let mut t = Trace::default();
-            run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, mode, None, Some(&mut t), None, &exec));
+            run = tm.time("backward", || steps::run(&mut env_b, &bwd.steps, Mode::Exact, None, Some(&mut t), None, &exec));
         }
         if let Err(f) = run {
             let what = bwd.steps[f.step].describe();

@@ -161,6 +161,7 @@ fn short_loc(loc: &str) -> &str {
 }
 
 /// What blame knows about the element to explain.
+#[derive(Clone)]
 pub(crate) struct Target<'a> {
     /// The pass's steps traced.
     pub trace: &'a Trace,
@@ -180,16 +181,21 @@ pub(crate) struct Target<'a> {
 }
 
 /// The slice of the element `t` describes, or `None` when its program cannot be re-run.
-/// With `evidence`, lines are ranked by it first.
-pub(crate) fn explain(t: &Target, evidence: Option<&Evidence>) -> Option<Slice> {
+/// With `evidence`, lines are ranked by it first. `reruns`: programs already run again (those
+/// the evidence recorded), reused.
+pub(crate) fn explain(t: &Target, evidence: Option<&Evidence>, mut reruns: Reruns) -> Option<Slice> {
     let mut files = Files::default();
     let mut lines = Vec::new();
     let mut out = Slice { lines: Vec::new(), omitted: 0, nonfinite: None, decided_by: Vec::new() };
-    walk_launch(t, 0, &mut files, &mut lines, &mut out)?;
+    reruns.budget = usize::MAX;
+    walk_launch(t, 0, &mut reruns, &mut files, &mut lines, &mut out)?;
     for r in &mut lines {
         if let Some((score, reason)) = evidence.and_then(|e| e.judge(&r.key)) {
             (r.line.score, r.line.reason) = (Some(score), Some(reason));
         }
+    }
+    if let Some(f) = evidence.and_then(|e| e.factor) {
+        scaling_first(&mut lines, f);
     }
     // Rank: evidence, then class, then earlier launches after the blamed one, then distance
     // from the store.
@@ -220,6 +226,25 @@ pub(crate) fn explain(t: &Target, evidence: Option<&Evidence>) -> Option<Slice> 
     Some(out)
 }
 
+/// Where every wrong element is `factor` times its expected value, a factor is missing or
+/// wrong on a line that scales the whole result: the store, the lines computing one float for
+/// the whole program (a scale, a loaded scalar) and those multiplying or dividing by one (or by
+/// a constant) come first among lines of equal evidence.
+fn scaling_first(lines: &mut [Ranked], factor: f64) {
+    for r in lines.iter_mut().filter(|r| r.launch == 0 && (r.store || r.scales)) {
+        r.class = r.class.min(1);
+        if r.line.note.is_none() {
+            r.line.note = Some(format!("every wrong element is {} times its expected value", fmt_factor(factor)));
+        }
+    }
+}
+
+/// A ratio to four decimals, without trailing zeros (`8`, `0.6667`).
+fn fmt_factor(x: f64) -> String {
+    let s = format!("{x:.4}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 /// A line with its ranking keys.
 struct Ranked {
     line: SliceLine,
@@ -230,6 +255,8 @@ struct Ranked {
     order: usize,
     /// The line of the blamed store: always shown.
     store: bool,
+    /// The line computes one float for the whole program, or multiplies or divides by one.
+    scales: bool,
 }
 
 /// Source files, read once.
@@ -701,11 +728,101 @@ fn used_elsewhere(g: &Graph, store: Inst) -> Vec<bool> {
     used
 }
 
+/// The ops computing what a loop on `w`'s slice carries out, where the value each trip carries
+/// on does not depend on what the trip before carried: an accumulator overwritten instead of
+/// added to (`acc = x` for `acc += x`, a `dot` not given its accumulator).
+fn overwritten_carries(g: &Graph, w: &Walk) -> Vec<Inst> {
+    let k = g.k;
+    let mut out = Vec::new();
+    k.walk(&mut |_, d| {
+        let Op::For { body, .. } = d.op else { return };
+        for (r, &res) in d.results.iter().enumerate() {
+            let Some(&y) = g.yielded(body).get(r) else { continue };
+            if w.lanes[res.index()].is_none() || depends_on(g, y, body, r + 1) {
+                continue;
+            }
+            if let Def::Inst(i, _) = g.def[y.index()] {
+                out.push(i);
+            }
+        }
+    });
+    out
+}
+
+/// Whether `v` depends on parameter `param` of block `b` (over-approximated through nested
+/// loops and branches: on everything they take and yield).
+fn depends_on(g: &Graph, v: Value, b: Block, param: usize) -> bool {
+    let k = g.k;
+    let mut seen = vec![false; k.values.len()];
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        if std::mem::replace(&mut seen[v.index()], true) {
+            continue;
+        }
+        match g.def[v.index()] {
+            Def::Param => {}
+            Def::BlockParam(pb, j) if pb == b => {
+                if j == param {
+                    return true;
+                }
+            }
+            Def::BlockParam(pb, _) => {
+                if let Some(o) = g.owner[pb.index()] {
+                    let d = k.inst(o);
+                    stack.extend(d.args.iter().copied());
+                    for nb in d.op.blocks() {
+                        stack.extend(g.yielded(nb).iter().copied());
+                    }
+                }
+            }
+            Def::Inst(i, _) => {
+                let d = k.inst(i);
+                stack.extend(d.args.iter().copied());
+                for nb in d.op.blocks() {
+                    stack.extend(g.yielded(nb).iter().copied());
+                }
+            }
+        }
+    }
+    false
+}
+
+/// Whether `v` is one float for the whole program: a scalar, or one broadcast to a tile.
+fn one_float(g: &Graph, v: Value) -> bool {
+    let k = g.k;
+    if !k.ty(v).dtype().is_some_and(|t| t.is_float()) {
+        return false;
+    }
+    if k.ty(v).shape.iter().product::<usize>() == 1 {
+        return true;
+    }
+    match g.def[v.index()] {
+        Def::Inst(i, _) => {
+            let d = k.inst(i);
+            match d.op {
+                Op::Const { .. } => true,
+                Op::Broadcast | Op::ExpandDims { .. } | Op::Reshape | Op::Cast => one_float(g, d.args[0]),
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Whether `d` multiplies or divides by one float for the whole program (a constant, a scale).
+fn scales_by_one(g: &Graph, d: &tilegrad_ir::InstData) -> bool {
+    use tilegrad_ir::BinaryOp;
+    matches!(d.op, Op::Binary(BinaryOp::Mul | BinaryOp::Div)) && d.args.iter().any(|&x| one_float(g, x))
+}
+
 /// Whether an op computes floats (rather than moving them, or computing indices).
-fn computes(k: &Kernel, d: &tilegrad_ir::InstData) -> bool {
+fn computes(g: &Graph, d: &tilegrad_ir::InstData) -> bool {
+    let k = g.k;
     let float = d.results.first().is_some_and(|&r| k.ty(r).dtype().is_some_and(|t| t.is_float()));
     match d.op {
-        Op::Unary(_) | Op::Binary(_) | Op::Reduce { .. } | Op::Cumsum { .. } | Op::Dot { .. } | Op::Where | Op::Cast => float,
+        // A cast of what a load read (`tl.load(...).to(tl.float32)`) moves it, as the load does.
+        Op::Cast => float && !matches!(g.def[d.args[0].index()], Def::Inst(i, _) if matches!(k.inst(i).op, Op::Load { .. })),
+        Op::Unary(_) | Op::Binary(_) | Op::Reduce { .. } | Op::Cumsum { .. } | Op::Dot { .. } | Op::Where => float,
         _ => false,
     }
 }
@@ -724,10 +841,9 @@ fn fmt_val(x: f64) -> String {
 
 /// Re-runs the program of `t`, walks its slice and appends its lines (and those of the earlier
 /// launches it reads from) to `lines`; `launch` counts launches followed.
-fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ranked>, out: &mut Slice) -> Option<()> {
+fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files, lines: &mut Vec<Ranked>, out: &mut Slice) -> Option<()> {
     let tl = t.trace.launches.iter().find(|l| l.step == t.step)?;
     let k: &Kernel = &tl.kernel;
-    let mut reruns = Reruns::with_budget(usize::MAX);
     let (rec, lane) = reruns.record(t, tl)?;
     let (mem, _, back) = reruns.before.get(&t.step)?;
     let pid = tl.grid.pid(t.program as u64);
@@ -835,18 +951,23 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
         compute_shared: bool,
         float: bool,
         origin: bool,
+        /// A loop carries the value out but each trip overwrites it.
+        overwrite: bool,
+        /// An op on the line multiplies or divides by one float for the whole program.
+        scales: bool,
         /// A `where` on the line selects both ways among the lanes used: a mask that shaped
         /// the value (a reduction over a masked row).
         mixed: bool,
         order: usize,
     }
     let mut by_line: Vec<Acc> = Vec::new();
+    let overwritten = overwritten_carries(&g, &w);
     let add = |i: Inst, role: Role, depth: u32, by_line: &mut Vec<Acc>| {
         let d = k.inst(i);
         if !listed(k, d) {
             return;
         }
-        let comp = role == Role::Value && computes(k, d);
+        let comp = role == Role::Value && computes(&g, d);
         let float = d.results.first().is_none_or(|&r| k.ty(r).dtype().is_some_and(|t| t.is_float()));
         let pos = by_line.iter().position(|a| a.loc.file == d.loc.file && a.loc.line == d.loc.line);
         let a = match pos {
@@ -861,6 +982,8 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
                     compute_shared: true,
                     float: false,
                     origin: false,
+                    overwrite: false,
+                    scales: false,
                     mixed: false,
                     order: g.order[i.index()],
                 });
@@ -879,6 +1002,8 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
         }
         a.float |= role == Role::Value && float;
         a.origin |= origin == Some(i);
+        a.overwrite |= overwritten.contains(&i);
+        a.scales |= role == Role::Value && scales_by_one(&g, d);
         if let (Op::Where, Role::Value, Some(ls)) = (&d.op, role, d.results.first().and_then(|r| w.lanes[r.index()].as_ref())) {
             let (rs, cs) = (g.shape(d.results[0]), g.shape(d.args[0]));
             let vals: Vec<Option<bool>> = ls.iter().take(4096).map(|&l| w.cond_at(d.args[0], same(&[l], &cs, &rs)[0])).collect();
@@ -926,7 +1051,7 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
     for a in by_line {
         let Some((_, main)) = a.main else { continue };
         let d = k.inst(main);
-        let class = if a.origin {
+        let class = if a.origin || a.overwrite {
             0
         } else if a.role == Role::Mask && masky {
             1
@@ -970,6 +1095,8 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
         }
         if a.origin && note.is_none() {
             note = Some("first non-finite value".into());
+        } else if a.overwrite && note.is_none() {
+            note = Some("the loop carries this value out, but each trip overwrites it: only the last trip counts".into());
         } else if class == 2 && !a.compute_shared && note.is_none() && launch == 0 && others {
             note = Some("used only on the way to this element".into());
         }
@@ -994,21 +1121,26 @@ fn walk_launch(t: &Target, launch: usize, files: &mut Files, lines: &mut Vec<Ran
             depth: if a.mixed { a.depth.min(2) } else { a.depth },
             order: a.order,
             store: main == t.inst && launch == 0,
+            scales: a.scales || a.role == Role::Value && a.float && d.results.first().is_some_and(|&r| one_float(&g, r)),
         });
     }
 
     for (s, name, e, p, inst) in sub_targets {
         let sub = Target { trace: t.trace, env: t.env, step: s, tensor: &name, element: e, program: p, inst, expected: None, got: t.got };
-        walk_launch(&sub, launch + 1, files, lines, out);
+        walk_launch(&sub, launch + 1, reruns, files, lines, out);
     }
     Some(())
 }
+
+/// A program run again: the step of its launch, its linear id, and the store whose element it
+/// was run again for.
+type RecordKey = (usize, u32, Inst);
 
 /// Programs run again for the elements explained, and the memory of their launches as it was:
 /// elements one program wrote are explained from one run of it.
 pub(crate) struct Reruns {
     before: HashMap<usize, Before>,
-    records: HashMap<(usize, u32, Inst), Rc<ProgramRecord>>,
+    records: HashMap<RecordKey, Rc<ProgramRecord>>,
     /// Programs that may be run again, at most: what a slice recorded as evidence costs.
     budget: usize,
 }
@@ -1017,6 +1149,49 @@ impl Reruns {
     /// Reruns of at most `budget` programs.
     pub fn with_budget(budget: usize) -> Reruns {
         Reruns { before: HashMap::new(), records: HashMap::new(), budget }
+    }
+
+    /// Runs again, in parallel, the programs that wrote the elements of `targets` (in order, up
+    /// to the budget), for [`Reruns::record`] to find: only for a pass of one launch, where no
+    /// element's program reads what another launch wrote (elsewhere the budget goes, in order,
+    /// to the programs of each element and of the earlier launches it read from).
+    pub fn prefetch(&mut self, targets: &[Target]) {
+        use rayon::prelude::*;
+        let mut todo: Vec<(RecordKey, &TracedLaunch, TensorId, usize)> = Vec::new();
+        for t in targets.iter().filter(|t| t.trace.launches.len() == 1) {
+            let Some(tl) = t.trace.launches.iter().find(|l| l.step == t.step) else { continue };
+            if let std::collections::hash_map::Entry::Vacant(v) = self.before.entry(t.step) {
+                let Some(b) = memory_before(t.trace, t.env, tl) else { continue };
+                v.insert(b);
+            }
+            let key = (t.step, t.program, t.inst);
+            if self.records.contains_key(&key) || todo.iter().any(|(k, ..)| *k == key) {
+                continue;
+            }
+            if self.records.len() + todo.len() >= self.budget {
+                break;
+            }
+            let back = &self.before[&t.step].2;
+            let Some(id) = t.env.id(t.tensor).and_then(|x| back.iter().position(|&b| b == x)) else { continue };
+            todo.push((key, tl, TensorId(id as u32), t.element));
+        }
+        let before = &self.before;
+        let done: Vec<_> = todo
+            .par_iter()
+            .map(|&(key, tl, id, e)| {
+                let (mem, args, _) = &before[&key.0];
+                let mut l = Launch::new(&tl.kernel, tl.grid).options(Options { record_writers: false, ..tl.options.clone() });
+                for (n, a) in args {
+                    l = l.arg(n, *a);
+                }
+                (key, l.record_program(mem, tl.grid.pid(key.1 as u64), Some((key.2, id, e))).ok())
+            })
+            .collect();
+        for (key, rec) in done {
+            if let Some(rec) = rec.filter(|r| r.target_lane.is_some()) {
+                self.records.insert(key, Rc::new(rec));
+            }
+        }
     }
 
     /// The record of the program that wrote `t`'s element, and the lane of its store that did.
@@ -1208,5 +1383,74 @@ fn def_src(g: &Graph, v: Value, files: &mut Files) -> String {
             files.line(&l.file, l.line)
         }
         _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
+    use tilegrad_ir::DType;
+
+    const SRC: &str = "
+@triton.jit
+def sums(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    last = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, n, BLOCK):
+        x = tl.load(X + start + offs, mask=start + offs < n).to(tl.float32)
+        acc += x
+        last = x * 2.0
+    tl.store(Y + offs, acc + last)
+";
+
+    fn kernel() -> Kernel {
+        let opts = ConvertOptions {
+            constexprs: vec![("BLOCK".into(), ConstValue::Int(4))],
+            pointer_dtypes: vec![("X".into(), DType::F16), ("Y".into(), DType::F32)],
+            ..ConvertOptions::default()
+        };
+        convert(SRC, "k.py", "sums", &opts).expect("the test kernel converts")
+    }
+
+    #[test]
+    fn a_cast_of_a_loaded_value_moves_it_and_computes_nothing() {
+        let k = kernel();
+        let g = Graph::new(&k);
+        let mut seen = Vec::new();
+        k.walk(&mut |_, d| {
+            if matches!(d.op, Op::Cast | Op::Binary(_)) && d.results.first().is_some_and(|&r| k.ty(r).dtype().is_some_and(|t| t.is_float()))
+            {
+                seen.push((d.op.mnemonic(), computes(&g, d)));
+            }
+        });
+        assert!(seen.contains(&("cast", false)), "{seen:?}");
+        assert!(seen.contains(&("mul", true)), "{seen:?}");
+    }
+
+    #[test]
+    fn a_factor_reads_as_a_ratio() {
+        assert_eq!(fmt_factor(7.99999), "8");
+        assert_eq!(fmt_factor(2.0 / 3.0), "0.6667");
+        assert_eq!(fmt_factor(-1.0), "-1");
+    }
+
+    #[test]
+    fn an_accumulator_depends_on_what_it_carried_and_an_overwritten_value_does_not() {
+        let k = kernel();
+        let g = Graph::new(&k);
+        let mut carried: Vec<(bool, &str, bool)> = Vec::new();
+        k.walk(&mut |_, d| {
+            let Op::For { body, .. } = d.op else { return };
+            for r in 0..d.results.len() {
+                let y = g.yielded(body)[r];
+                let Def::Inst(i, _) = g.def[y.index()] else { continue };
+                let yd = k.inst(i);
+                carried.push((depends_on(&g, y, body, r + 1), yd.op.mnemonic(), scales_by_one(&g, yd)));
+            }
+        });
+        assert!(carried.contains(&(true, "add", false)), "{carried:?}");
+        assert!(carried.contains(&(false, "mul", true)), "`last = x * 2.0` scales by a constant: {carried:?}");
     }
 }

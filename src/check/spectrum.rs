@@ -18,6 +18,9 @@ use tilegrad_reference::Writers;
 pub(crate) const SAMPLE: usize = 32;
 /// Programs run again to record the sample's slices, at most: the cost of the evidence.
 const RERUNS: usize = 6;
+/// Right elements through a condition's line that must hold another outcome than the wrong
+/// ones for the outcome to count as evidence.
+const SEPARATED: usize = 4;
 /// Runs of neighbouring elements the sample of each kind is made of.
 pub(crate) const CLUSTERS: usize = 4;
 
@@ -26,6 +29,9 @@ pub(crate) const CLUSTERS: usize = 4;
 pub(crate) struct Sample {
     pub wrong: Vec<usize>,
     pub right: Vec<usize>,
+    /// The one ratio of checked to expected value that the wrong elements share, where they
+    /// share one (a factor missing or wrong on a line that scales the whole result).
+    pub factor: Option<f64>,
 }
 
 impl Sample {
@@ -34,17 +40,18 @@ impl Sample {
     /// written by one program, which is then run again once for all of them); deterministic, the
     /// element `worst` first among the wrong ones.
     pub fn of(n: usize, worst: usize, wrong: impl Fn(usize) -> bool) -> Sample {
-        let (bad, good): (Vec<usize>, Vec<usize>) = (0..n).partition(|&i| wrong(i));
-        let mut w = clusters(&bad);
+        let flags: Vec<bool> = (0..n).map(wrong).collect();
+        let bad = flags.iter().filter(|&&b| b).count();
+        let mut w = clusters(&flags, true, bad);
         w.retain(|&i| i != worst);
         w.insert(0, worst);
         w.truncate(SAMPLE);
-        Sample { wrong: w, right: clusters(&good) }
+        Sample { wrong: w, right: clusters(&flags, false, n - bad), factor: None }
     }
 
     /// A sample of a tensor found right: up to [`SAMPLE`] elements spread evenly over it.
     pub fn all_right(n: usize) -> Sample {
-        Sample { wrong: Vec::new(), right: clusters(&(0..n).collect::<Vec<_>>()) }
+        Sample { wrong: Vec::new(), right: clusters(&vec![false; n], false, n), factor: None }
     }
 
     /// The sample of a compared tensor, judged as the report judges it (`terms`: the scale of
@@ -65,22 +72,44 @@ impl Sample {
             }
         };
         let threshold = if worst.1 > 1.0 { 1.0 } else { worst.1 / 2.0 };
-        Sample::of(expected.len(), worst.0, |i| ratio(i) > threshold)
+        let mut s = Sample::of(expected.len(), worst.0, |i| ratio(i) > threshold);
+        s.factor = common_factor(s.wrong.iter().map(|&i| (expected[i], got(i))));
+        s
     }
 }
 
-/// [`CLUSTERS`] runs of [`SAMPLE`] / [`CLUSTERS`] consecutive items of `of`, spread evenly.
-fn clusters(of: &[usize]) -> Vec<usize> {
-    let run = SAMPLE / CLUSTERS;
-    if of.len() <= SAMPLE {
-        return of.to_vec();
+/// The ratio `got / expected` that at least nine in ten of the pairs `(expected, got)` (of the
+/// sampled wrong elements) share
+/// to within 1e-3 (pairs expecting zero left out), when there are at least four and it is
+/// neither 1 nor 0 (elements left at zero are masked wrongly, not scaled).
+fn common_factor(pairs: impl Iterator<Item = (f64, f64)>) -> Option<f64> {
+    let mut r: Vec<f64> = pairs.filter(|(e, g)| *e != 0.0 && e.is_finite() && g.is_finite()).map(|(e, g)| g / e).collect();
+    if r.len() < 4 {
+        return None;
     }
-    (0..CLUSTERS).flat_map(|c| of[c * (of.len() - run) / (CLUSTERS - 1)..][..run].iter().copied()).collect()
+    r.sort_by(f64::total_cmp);
+    let median = r[r.len() / 2];
+    let close = r.iter().filter(|x| (*x - median).abs() <= 1e-3 * median.abs()).count();
+    (close * 10 >= r.len() * 9 && (median - 1.0).abs() > 1e-3 && median.abs() > 1e-3).then_some(median)
+}
+
+/// [`CLUSTERS`] runs of [`SAMPLE`] / [`CLUSTERS`] consecutive items of the `count` elements
+/// whose flag is `kind`, spread evenly over them (all of them when they are few).
+fn clusters(flags: &[bool], kind: bool, count: usize) -> Vec<usize> {
+    let run = SAMPLE / CLUSTERS;
+    let of_kind = flags.iter().enumerate().filter(|(_, &f)| f == kind).map(|(i, _)| i);
+    if count <= SAMPLE {
+        return of_kind.collect();
+    }
+    let starts: Vec<usize> = (0..CLUSTERS).map(|c| c * (count - run) / (CLUSTERS - 1)).collect();
+    of_kind.enumerate().filter(|(rank, _)| starts.iter().any(|&s| (s..s + run).contains(rank))).map(|(_, i)| i).collect()
 }
 
 /// How many sampled wrong and right elements each line, and each outcome of a condition, feeds.
 #[derive(Debug, Default)]
 pub(crate) struct Evidence {
+    /// The ratio the wrong elements share ([`Sample::factor`]).
+    pub factor: Option<f64>,
     wrong: usize,
     right: usize,
     lines: HashMap<LineKey, [usize; 2]>,
@@ -90,26 +119,31 @@ pub(crate) struct Evidence {
 impl Evidence {
     /// Records the slices of the sampled elements of a traced pass: the wrong and right elements
     /// of tensor `name`, and the elements of every other tensor compared and found right
-    /// (`samples`, by tensor: a line that also feeds a gradient found right is less suspect). `None` when no wrong
-    /// element's slice could be recorded.
-    pub fn gather(trace: &Trace, env: &Env, name: &str, samples: &[(String, Sample)]) -> Option<Evidence> {
-        let mut ev = Evidence::default();
+    /// (`samples`, by tensor: a line that also feeds a gradient found right is less suspect).
+    /// `None` when no wrong element's slice could be recorded. The programs run again are
+    /// returned, for the slice of the worst element to use.
+    pub fn gather(trace: &Trace, env: &Env, name: &str, samples: &[(String, Sample)]) -> (Option<Evidence>, Reruns) {
+        let mut ev = Evidence { factor: samples.iter().find(|(t, _)| t == name).and_then(|(_, s)| s.factor), ..Evidence::default() };
         let mut reruns = Reruns::with_budget(RERUNS);
         let own = samples.iter().filter(|(t, _)| t == name).map(|(t, s)| (t, &s.wrong, true));
         let right = samples.iter().filter(|(t, s)| t == name || s.wrong.is_empty()).map(|(t, s)| (t, &s.right, false));
+        let mut targets = Vec::new();
         for (tensor, elems, wrong) in own.chain(right) {
             let Some((_, _, layers)) = trace.get(tensor) else { continue };
             for &e in elems {
                 let writer = layers.iter().rev().find_map(|(step, _, _, w)| w.of(e).map(|(p, inst)| (*step, p, inst)));
                 let Some((step, program, inst)) = writer.filter(|w| w.1 != Writers::MANY) else { continue };
-                let t = Target { trace, env, step, tensor, element: e, program, inst, expected: None, got: None };
-                let mut seen = Seen::default();
-                if element_flow(&t, &mut reruns, 0, &mut seen).is_some() {
-                    ev.count(&seen, wrong);
-                }
+                targets.push((Target { trace, env, step, tensor, element: e, program, inst, expected: None, got: None }, wrong));
             }
         }
-        (ev.wrong > 0).then_some(ev)
+        reruns.prefetch(&targets.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>());
+        for (t, wrong) in &targets {
+            let mut seen = Seen::default();
+            if element_flow(t, &mut reruns, 0, &mut seen).is_some() {
+                ev.count(&seen, *wrong);
+            }
+        }
+        ((ev.wrong > 0).then_some(ev), reruns)
     }
 
     /// Counts one element's slice.
@@ -138,7 +172,10 @@ impl Evidence {
     }
 
     /// The score of line `key` (that of its line or of a condition on it, whichever is higher)
-    /// and why; `None` when no sampled slice holds it.
+    /// and why; `None` when no sampled slice holds it. A condition's outcome counts only where it
+    /// separates: no right element through its line holds it, or at least [`SEPARATED`] hold
+    /// another (with a few right elements, which lanes of a row a slice follows decides the
+    /// outcome of a mask over it as much as the bug does).
     pub fn judge(&self, key: &LineKey) -> Option<(f64, String)> {
         let &[f, p] = self.lines.get(key)?;
         let (nw, nr) = (self.wrong, self.right);
@@ -146,7 +183,7 @@ impl Evidence {
         for o in [Outcome::True, Outcome::False, Outcome::Mixed] {
             let Some(&c) = self.conditions.get(&(key.clone(), o)) else { continue };
             let s = self.ochiai(c);
-            if s > best.0 {
+            if s > best.0 && (c[1] == 0 || p - c[1] >= SEPARATED) {
                 best = (s, condition_reason(o, c, nw, nr));
             }
         }
@@ -196,6 +233,34 @@ mod tests {
         // A formula failing within the tolerance: the elements off by more than half the worst.
         let s = Sample::compared(&e, |i| e[i] * (1.0 + 1e-4 * i as f64), tol, 0.0, (3, 0.3));
         assert_eq!((s.wrong, s.right), (vec![3, 2], vec![0, 1]));
+    }
+
+    #[test]
+    fn a_factor_the_wrong_elements_share() {
+        let pairs = |r: &[f64]| r.iter().enumerate().map(|(i, &x)| (i as f64 + 1.0, (i as f64 + 1.0) * x)).collect::<Vec<_>>();
+        assert_eq!(common_factor(pairs(&[8.0; 6]).into_iter()), Some(8.0));
+        // One in ten may differ; more may not; 1 (right) and 0 (left at zero) are no factor.
+        let mut r = vec![0.5; 10];
+        r[3] = 0.7;
+        assert_eq!(common_factor(pairs(&r).into_iter()), Some(0.5));
+        r[4] = 0.7;
+        assert_eq!(common_factor(pairs(&r).into_iter()), None);
+        assert_eq!(common_factor(pairs(&[1.0; 6]).into_iter()), None);
+        assert_eq!(common_factor(pairs(&[0.0; 6]).into_iter()), None);
+        assert_eq!(common_factor(pairs(&[8.0; 3]).into_iter()), None, "too few");
+    }
+
+    #[test]
+    fn a_condition_counts_only_where_its_outcome_separates() {
+        // False for every wrong element, and for 3 of the 6 right ones: the line's score stands.
+        let mut ev = Evidence::default();
+        for i in 0..10 {
+            let wrong = i < 4;
+            let o = if wrong || i % 2 == 0 { Outcome::False } else { Outcome::True };
+            ev.count(&Seen { lines: vec![key(1)], conditions: vec![(key(1), o)] }, wrong);
+        }
+        let (_, r) = ev.judge(&key(1)).unwrap();
+        assert_eq!(r, "feeds 4 of 4 wrong elements and 6 of 6 right ones");
     }
 
     fn key(l: u32) -> LineKey {

@@ -406,6 +406,9 @@ pub(crate) enum Mode {
     /// As [`Mode::Native`], with races resolved in program order (the highest program id's
     /// store wins) instead of failing: to still compare the gradients of a racy backward.
     ResolvingRaces,
+    /// As [`Mode::Native`], on the reference's exact path: of a launch that fails in more than
+    /// one way, the first error in program order.
+    Exact,
     /// Every float promoted to f64 (kernels and tensors).
     F64,
     /// Every float computed and held in f32, `dot`s in IEEE f32: the same computation with
@@ -418,7 +421,7 @@ impl Mode {
     /// The dtype every float becomes, where the mode changes them.
     pub(crate) fn float(self) -> Option<DType> {
         match self {
-            Mode::Native | Mode::ResolvingRaces => None,
+            Mode::Native | Mode::ResolvingRaces | Mode::Exact => None,
             Mode::F64 => Some(DType::F64),
             Mode::F32 => Some(DType::F32),
         }
@@ -590,7 +593,7 @@ pub(crate) fn run(
             }
             Step::Launch(kl) => {
                 let kernel = match mode {
-                    Mode::Native | Mode::ResolvingRaces => kl.kernel.clone(),
+                    Mode::Native | Mode::ResolvingRaces | Mode::Exact => kl.kernel.clone(),
                     Mode::F64 | Mode::F32 => Arc::new(
                         tilegrad_ir::passes::promote_floats(&kl.kernel, mode.dtype(DType::F64))
                             .map_err(|e| fail(StepError::Exec(Box::new(e.into()))))?,
@@ -634,6 +637,7 @@ pub(crate) fn run(
                 }
                 let opts = Options {
                     record_writers: trace.is_some(),
+                    exact: mode == Mode::Exact,
                     races: if mode == Mode::ResolvingRaces { RaceMode::Warn } else { RaceMode::Error },
                     ..Options::default()
                 };

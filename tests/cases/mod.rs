@@ -94,6 +94,7 @@ pub const CASES: &[Case] = &[
     ("liger_cross_entropy_bwd_kernel_broken_reduction", "cross_entropy", "bwd", Wrong { input: "x", line: 137 }, "constexpr branch: blamed on the store"),
     ("_activation_bwd_broken_slope", "activation", "bwd", Wrong { input: "x", line: 49 }, "expression: blamed on the store"),
     ("_activation_bwd_broken_gelu", "activation_gelu_bf16", "bwd", Wrong { input: "x", line: 71 }, "expression: blamed on the store"),
+    ("_activation_bwd_broken_half", "activation_gelu_bf16", "bwd", Wrong { input: "x", line: 94 }, "expression: blamed on the store"),
     ("_rope_backward_broken_sign", "rope", "bwd", Wrong { input: "q", line: 76 }, "helper call: blamed on the store of the second half"),
     ("_kl_div_bwd_kernel_broken_scale", "kl_div", "bwd", Wrong { input: "y", line: 101 }, "reduction scale: blamed on the store of grad_y"),
     ("_kl_div_bwd_kernel_broken_log_target", "kl_div_log_target", "bwd", Wrong { input: "gt", line: 148 }, "expression: blamed on the store of grad_gt"),
@@ -145,4 +146,5 @@ pub const CASES: &[Case] = &[
     // on the store (with `--ground kernels` the forward's launch is differentiated by the
     // evaluator, with a note: `tests/vjp_kernels.rs`).
     ("chunk_cumsum_bwd_broken_carry", "chunk_cumsum", "bwd", Wrong { input: "x", line: 47 }, "a wrong element read back: blamed on the store"),
+    ("chunk_cumsum_bwd_broken_last_guard", "chunk_cumsum", "bwd", Wrong { input: "x", line: 60 }, "a guard in the loop: blamed on the store"),
 ];

@@ -104,7 +104,7 @@ fn evaluate(l: &Launch, bound: &[Bound], mem: &Memory) -> Result<(LaunchSummary,
     let plan = plan::Plan::new(k);
     let (shared, slot_ids) = build_shared(l, bound, mem, &plan);
     let ordered = plan.ordered;
-    let fast = if !ordered && l.options.races == RaceMode::Error && !l.options.record_writers { run_fast(l, &shared)? } else { None };
+    let fast = if !ordered && !l.options.exact && l.options.races == RaceMode::Error { run_fast(l, &shared)? } else { None };
     let (mut summary, finals) = match fast {
         Some(r) => r,
         None if ordered => run_ordered(l, &shared)?,
@@ -257,7 +257,7 @@ fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals
         .unzip();
     let mut outs: Vec<FlatLog> = shared.slots.iter().map(|_| FlatLog::default()).collect();
     let mut mixed = false;
-    let summary = run_programs(l, shared, Some(&bufs), |p, out| {
+    let mut summary = run_programs(l, shared, Some(&bufs), |p, out| {
         mixed |= out.mixed;
         for (f, log) in outs.iter_mut().zip(out.logs) {
             f.add(p + 1, log);
@@ -283,11 +283,15 @@ fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals
         }
         // Atomics, in program order.
         let mut atomic_owner: Vec<u32> = Vec::new();
+        let mut atomic_inst: Vec<u32> = Vec::new();
         for (me, events) in &outs[s].events {
             let me = *me;
             for e in events {
                 if atomic_owner.is_empty() {
                     atomic_owner = vec![0u32; n];
+                    if l.options.record_writers {
+                        atomic_inst = vec![NONE; n];
+                    }
                 }
                 for (lane, o) in e.lanes() {
                     if owner.other_than(o, o + 1, me) {
@@ -295,6 +299,9 @@ fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals
                     }
                     let o = o as usize;
                     atomic_owner[o] = if atomic_owner[o] == 0 || atomic_owner[o] == me { me } else { MANY };
+                    if let Some(i) = atomic_inst.get_mut(o) {
+                        *i = e.inst.0;
+                    }
                     buf.add(o, &e.vals, lane, slot.dtype);
                 }
             }
@@ -307,9 +314,56 @@ fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals
         if racy_read {
             return Ok(None);
         }
+        if l.options.record_writers {
+            summary.writers.push(fast_writers(s, &outs[s], n, &atomic_owner, &atomic_inst));
+        }
         finals.push(Some(buf.into_data()));
     }
     Ok(Some((summary, finals)))
+}
+
+/// Who wrote each element of slot `s`, straight from the store runs where no two of them
+/// overlap and no atomic updated it (no table of elements).
+fn store_run_writers(s: usize, log: &FlatLog, n: usize) -> Option<crate::launch::Writers> {
+    let mut iv: Vec<(i64, u32, u32, u32)> =
+        log.stores.iter().zip(&log.store_insts).map(|(&(me, st, len), &inst)| (st, len, me - 1, inst)).collect();
+    iv.sort_unstable_by_key(|r| r.0);
+    let mut runs = Vec::with_capacity(2 * iv.len() + 1);
+    let mut at = 0i64;
+    for (st, len, p, inst) in iv {
+        if st < at {
+            return None;
+        }
+        if st > at {
+            runs.push((at as usize, NONE, NONE));
+        }
+        runs.push((st as usize, p, inst));
+        at = st + len as i64;
+    }
+    if (at as usize) < n {
+        runs.push((at as usize, NONE, NONE));
+    }
+    Some(crate::launch::Writers::from_runs(TensorId(s as u32), n, runs))
+}
+
+/// Who wrote each element of slot `s` in a launch the fast path ran: the last store of its
+/// program (programs never store to one element there), else the program that updated it
+/// atomically ([`MANY`] for several), as the exact path records them.
+fn fast_writers(s: usize, log: &FlatLog, n: usize, atomic_owner: &[u32], atomic_inst: &[u32]) -> crate::launch::Writers {
+    if let Some(w) = Some(()).filter(|_| atomic_owner.is_empty()).and_then(|_| store_run_writers(s, log, n)) {
+        return w;
+    }
+    let mut each = vec![(NONE, NONE); n];
+    for (&(me, st, len), &inst) in log.stores.iter().zip(&log.store_insts) {
+        for w in &mut each[st as usize..st as usize + len as usize] {
+            *w = (me - 1, inst);
+        }
+    }
+    for (o, w) in each.iter_mut().enumerate().filter(|(o, w)| w.0 == NONE && atomic_owner.get(*o).is_some_and(|&a| a != 0)) {
+        let a = atomic_owner[o];
+        *w = (if a == MANY { MANY } else { a - 1 }, atomic_inst.get(o).copied().unwrap_or(NONE));
+    }
+    crate::launch::Writers::from_elements(TensorId(s as u32), each)
 }
 
 /// What the fast path keeps of every program's log of one tensor until the launch's races are
@@ -318,14 +372,17 @@ fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals
 #[derive(Default)]
 struct FlatLog {
     stores: Vec<(u32, i64, u32)>,
+    /// The store instruction of each of `stores`.
+    store_insts: Vec<u32>,
     reads: Vec<(u32, i64, u32)>,
     events: Vec<(u32, Vec<program::Event>)>,
 }
 
 impl FlatLog {
     fn add(&mut self, me: u32, log: program::SlotLog) {
-        for (_, runs) in &log.store_runs {
+        for (inst, runs) in &log.store_runs {
             self.stores.extend(runs.iter().map(|&(st, len)| (me, st, len)));
+            self.store_insts.extend(runs.iter().map(|_| inst.0));
         }
         for r in &log.reads {
             self.reads.extend(r.runs.iter().map(|&(st, len)| (me, st, len)));

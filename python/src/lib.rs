@@ -436,7 +436,9 @@ fn launch(
     };
     let call = Call::new(kernel, grid, ptr_args, &scalars, mems, promote)?;
     let poison = if poison { tilegrad_reference::POISON_ALL } else { 0 };
-    let opts = Options { poison_masked_loads: poison, record_writers: record || snapshot, ..Options::default() };
+    // The backward under test (recorded) reports the first error in program order, as the CLI's
+    // backward does.
+    let opts = Options { poison_masked_loads: poison, record_writers: record || snapshot, exact: record || snapshot, ..Options::default() };
     let cpu = Executor::cpu();
     let exec = executor.map_or(&cpu, |e| &e.0);
     let noting = pass.zip(notes.as_ref()).map(|(pass, (_, step, what))| (pass, *step, what.as_str()));

@@ -117,8 +117,11 @@ struct Failure {
     saved: PathBuf,
 }
 
+/// A fault and the command that showed it.
+type Failed = Box<(Fault, Cmd)>;
+
 /// How one mutant ended (the last command's exit status), or its failure.
-type CaseResult = Result<&'static str, (Fault, Cmd)>;
+type CaseResult = Result<&'static str, Failed>;
 
 /// The spec through which `.npy` mutants are read: a copy of `x` (any shape, any dtype).
 const NPY_SPEC: &str = r#"[kernels]
@@ -271,10 +274,10 @@ impl Worker<'_> {
     }
 
     /// Runs `cmd`; its fault, if any, with the command.
-    fn run(&self, cmd: Cmd) -> Result<Outcome, (Fault, Cmd)> {
+    fn run(&self, cmd: Cmd) -> Result<Outcome, Failed> {
         let o = child::run(&cmd, &self.s.limits);
         match child::fault(&o) {
-            Some(f) => Err((f, cmd)),
+            Some(f) => Err(Box::new((f, cmd))),
             None => Ok(o),
         }
     }
@@ -345,7 +348,10 @@ impl Worker<'_> {
             let cmd = with_threads("3");
             if let Outcome::Exit { code: again, stdout: report, .. } = self.run(cmd.clone())? {
                 if again != *code || report != *stdout {
-                    return Err((Fault::new(FaultKind::Wrong, "the report on three threads differs from the report on one"), cmd));
+                    return Err(Box::new((
+                        Fault::new(FaultKind::Wrong, "the report on three threads differs from the report on one"),
+                        cmd,
+                    )));
                 }
             }
         }
@@ -353,17 +359,17 @@ impl Worker<'_> {
     }
 
     /// IR that `tilegrad ir` printed must parse back and print the same.
-    fn round_trip(&self, o: &Outcome) -> Result<(), (Fault, Cmd)> {
+    fn round_trip(&self, o: &Outcome) -> Result<(), Failed> {
         let Outcome::Exit { code: 0, stdout, .. } = o else { return Ok(()) };
         std::fs::write(self.dir.join("roundtrip.tgir"), stdout).unwrap();
         let cmd = self.tilegrad(&["ir", "roundtrip.tgir"]);
         match self.run(cmd.clone())? {
             Outcome::Exit { code: 0, stdout: again, .. } if &again == stdout => Ok(()),
-            Outcome::Exit { code: 0, .. } => Err((Fault::new(FaultKind::Wrong, "printed IR parses back to different IR"), cmd)),
+            Outcome::Exit { code: 0, .. } => Err(Box::new((Fault::new(FaultKind::Wrong, "printed IR parses back to different IR"), cmd))),
             Outcome::Exit { stderr, .. } => {
-                Err((Fault::new(FaultKind::Wrong, format!("printed IR does not parse back: {}", child::tail(&stderr))), cmd))
+                Err(Box::new((Fault::new(FaultKind::Wrong, format!("printed IR does not parse back: {}", child::tail(&stderr))), cmd)))
             }
-            other => Err((Fault::new(FaultKind::Status, format!("{other:?}")), cmd)),
+            other => Err(Box::new((Fault::new(FaultKind::Status, format!("{other:?}")), cmd))),
         }
     }
 
@@ -375,11 +381,11 @@ impl Worker<'_> {
         probe.env = vec![(probe::PROBE_ENV.into(), "fuzz.toml".into()), ("RUST_MIN_STACK".into(), (8 << 20).to_string())];
         let Outcome::Exit { stdout, .. } = self.run(probe.clone())? else { unreachable!("a fault") };
         match probe::verdict(&String::from_utf8_lossy(&stdout)) {
-            None => Err((
+            None => Err(Box::new((
                 Fault::new(FaultKind::Status, format!("the probe printed no verdict: {}", child::tail(&String::from_utf8_lossy(&stdout)))),
                 probe,
-            )),
-            Some(Err(why)) => Err((Fault::new(FaultKind::Unlocated, why), probe)),
+            ))),
+            Some(Err(why)) => Err(Box::new((Fault::new(FaultKind::Unlocated, why), probe))),
             Some(Ok(probe::Cost::Costly)) => Ok("costly (loaded, not checked)"),
             Some(Ok(_)) => self.check("fuzz.toml"),
         }
@@ -395,7 +401,7 @@ impl Worker<'_> {
         if let Outcome::Exit { code: 0, .. } = o {
             let written = std::fs::read(out.join("input_x.npy")).unwrap_or_default();
             if let Err(why) = npy_view::same_array(mutant, &written) {
-                return Err((Fault::new(FaultKind::Wrong, why), cmd));
+                return Err(Box::new((Fault::new(FaultKind::Wrong, why), cmd)));
             }
         }
         Ok(exit_label(&o))
@@ -451,7 +457,8 @@ fn campaign(kind: TargetKind, s: &Settings) -> (BTreeMap<&'static str, usize>, V
     for (index, mutant, r) in results {
         match r {
             Ok(label) => *counts.entry(label).or_insert(0) += 1,
-            Err((fault, cmd)) => {
+            Err(b) => {
+                let (fault, cmd) = *b;
                 let saved = tmp.join("fuzz-failures").join(format!("{}-{}-{index}.{}", kind.name(), s.seed, kind.ext()));
                 std::fs::create_dir_all(saved.parent().unwrap()).unwrap();
                 std::fs::write(&saved, &mutant).unwrap();

@@ -220,6 +220,29 @@ pub fn located(stderr: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// How `sh -c script` ends under a 300 ms timeout, and its fault.
+    fn judged(script: &str) -> (Outcome, Option<FaultKind>) {
+        let cmd = Cmd::new(Path::new("/bin/sh"), Path::new("/"), &["-c", script]);
+        let o = run(&cmd, &Limits { timeout: Duration::from_millis(300), mem_kib: 1 << 20 });
+        let f = fault(&o).map(|f| f.kind);
+        (o, f)
+    }
+
+    #[test]
+    fn endings_are_judged() {
+        assert!(matches!(judged("sleep 5"), (Outcome::Timeout, Some(FaultKind::Hang))));
+        assert!(matches!(judged("kill -ABRT $$"), (Outcome::Signal { signal: 6, .. }, Some(FaultKind::Abort))));
+        assert!(matches!(judged("echo 'error: k.py:3:4: bad' >&2; exit 2"), (Outcome::Exit { code: 2, .. }, None)));
+        assert!(matches!(judged("echo 'error: bad' >&2; exit 2"), (_, Some(FaultKind::Unlocated))));
+        assert!(matches!(judged("echo \"thread 'main' panicked at x.rs:1:1\" >&2; exit 101"), (_, Some(FaultKind::Panic))));
+        assert!(matches!(judged("exit 3"), (_, Some(FaultKind::Status))));
+        let (o, f) = judged("echo out; exit 1");
+        assert!(matches!(o, Outcome::Exit { code: 1, ref stdout, .. } if stdout == b"out\n") && f.is_none(), "{o:?}");
+        // The address-space cap is set.
+        let (o, _) = judged("ulimit -v");
+        assert!(matches!(o, Outcome::Exit { ref stdout, .. } if stdout == b"1048576\n"), "{o:?}");
+    }
+
     #[test]
     fn locations_are_recognised() {
         assert!(located("error: k.py:3:14: unsupported function `tl.lood`"));

@@ -471,14 +471,17 @@ fn campaign(kind: TargetKind, s: &Settings) -> (BTreeMap<&'static str, usize>, V
 }
 
 /// One line per failure: the fault, how to make the mutant again, the command and the saved mutant.
-fn describe(f: &Failure, seed: u64) -> String {
+fn describe(f: &Failure, s: &Settings) -> String {
+    // The binary too, when it is not this build's.
+    let bin = std::env::var_os("TILEGRAD_FUZZ_BIN").map_or(String::new(), |_| format!("TILEGRAD_FUZZ_BIN={} ", s.bin.display()));
     format!(
-        "{} #{} {}: {}\n  reproduce: TILEGRAD_FUZZ_SEED={seed} TILEGRAD_FUZZ_CASE={}:{} cargo test --test fuzz -- --nocapture \
+        "{} #{} {}: {}\n  reproduce: {bin}TILEGRAD_FUZZ_SEED={} TILEGRAD_FUZZ_CASE={}:{} cargo test --test fuzz -- --nocapture \
          (mutant saved as {}; failing command: {})",
         f.target,
         f.index,
         f.fault.kind.name(),
         f.fault.message,
+        s.seed,
         f.target,
         f.index,
         f.saved.display(),
@@ -507,7 +510,7 @@ fn run_all(s: &Settings) -> Vec<String> {
             endings.join(", "),
             faults.join(", ")
         );
-        all.extend(failures.iter().map(|f| describe(f, s.seed)));
+        all.extend(failures.iter().map(|f| describe(f, s)));
     }
     all
 }

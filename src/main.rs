@@ -403,7 +403,9 @@ fn run(cli: Cli) -> Result<bool> {
                 let (spec, mut o) = opts.load(path)?;
                 o.blame_elements = elements.clone();
                 let spec_seconds = t_spec.elapsed().as_secs_f64();
-                let bwd = spec.backward.as_ref().with_context(|| format!("{}: the spec has no [backward] to check", path.display()))?;
+                let bwd = spec.backward.as_ref().with_context(|| {
+                    format!("{}: backward: missing table (a check compares the backward with the ground truth)", path.display())
+                })?;
                 let mut progress = Progress::new(&spec.name);
                 let mut report = check::check_backward_with(&spec.forward, bwd, &spec.inputs, &o, &spec.name, &mut |phase, d, t| {
                     progress.update(phase, d, t)

@@ -114,7 +114,12 @@ pub fn parse(bytes: &[u8]) -> Result<HostTensor, String> {
     let header = bytes.get(start..start + hlen).ok_or("truncated header")?;
     let header = std::str::from_utf8(header).map_err(|_| "header is not text")?;
     let field = |key: &str| -> Result<&str, String> {
-        let i = header.find(&format!("'{key}'")).ok_or(format!("header has no '{key}'"))?;
+        let quoted = format!("'{key}'");
+        let i = header.find(&quoted).ok_or(format!("header has no '{key}'"))?;
+        // numpy reads a header as a Python dict, where the last of a repeated key wins.
+        if header.matches(&quoted).count() > 1 {
+            return Err(format!("header repeats '{key}' (numpy would read the last, this reader the first)"));
+        }
         let rest = header[i + key.len() + 2..].trim_start().strip_prefix(':').ok_or("malformed header")?;
         Ok(rest.trim_start())
     };
@@ -196,6 +201,18 @@ mod tests {
         let at = b.windows(5).position(|w| w == b"False").unwrap();
         b[at..at + 5].copy_from_slice(b"True ");
         assert!(parse(&b).unwrap_err().contains("Fortran"));
+    }
+
+    #[test]
+    fn a_repeated_header_key_is_refused_not_read_as_the_first() {
+        // numpy reads this as f64 [4]: the last of a repeated key wins.
+        let mut b =
+            b"\x93NUMPY\x01\x00v\x00{'descr': '<f4', 'fortran_order': False, 'shape': (8,), 'descr': '<f8', 'shape': (4,), }".to_vec();
+        b.resize(10 + 0x76 - 1, b' ');
+        b.push(b'\n');
+        b.extend_from_slice(&[0; 32]);
+        let e = parse(&b).unwrap_err();
+        assert!(e.contains("repeats 'descr'"), "{e}");
     }
 
     #[test]

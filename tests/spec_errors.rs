@@ -226,3 +226,26 @@ fn inputs_can_be_drawn_per_slice() {
     let e = load(&write("slices-axis-alone", &GOOD.replace("init = \"uniform(-2, 2)\"", "axis = 0"))).map(|_| ()).unwrap_err().to_string();
     assert!(e.contains("inputs.x.axis: `axis` goes with `slices`"), "{e}");
 }
+
+/// `tilegrad check` on `spec`: exit status and stderr.
+fn check_cli(tag: &str, spec: &str) -> (i32, String) {
+    let p = write(tag, spec);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tilegrad")).args(["check", p.to_str().unwrap()]).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_missing_backward_or_gradient_names_its_key() {
+    // Found by the mutation campaign: these named neither the table nor the key.
+    let no_backward = &GOOD[..GOOD.find("[backward]").unwrap()];
+    let cases = [
+        (no_backward.to_string(), "s.toml: backward: missing table"),
+        (GOOD.replace("gradients = { x = \"grad_x\" }", "gradients = { }"), "s.toml: backward.gradients: "),
+        (GOOD.replace("gradients = { x = \"grad_x\" }", "gradients = { x = \"grad_q\" }"), "s.toml: backward.gradients.x = `grad_q`: "),
+    ];
+    for (i, (spec, expect)) in cases.iter().enumerate() {
+        let (code, err) = check_cli(&format!("gradient-key-{i}"), spec);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(expect), "expected `{expect}` in: {err}");
+    }
+}

@@ -594,7 +594,9 @@ pub fn check_backward_with(
             let it_shape = &input_shape[input];
             let it_numel: usize = it_shape.iter().product();
             let Some(g) = env_b.tensor(gname) else {
-                return Err(CheckError::Spec(format!("gradient tensor `{gname}` of input `{input}` is not defined by the backward")));
+                return Err(CheckError::Spec(format!(
+                    "backward.gradients.{input} = `{gname}`: the backward defines no tensor `{gname}` (the gradient of input `{input}`)"
+                )));
             };
             if bwd.steps.iter().all(|s| !step_writes(s, gname)) && !defined_by(&bwd.steps, gname) {
                 return Err(CheckError::Spec(format!(
@@ -1059,13 +1061,15 @@ fn validate_backward(fwd: &Forward, bwd: &Backward) -> Result<(), CheckError> {
     for d in &fwd.differentiable {
         let n = bwd.gradients.iter().filter(|(i, _)| i == d).count();
         if n != 1 {
-            return Err(CheckError::Spec(format!("the backward must name one gradient tensor for input `{d}`, it names {n}")));
+            return Err(CheckError::Spec(format!(
+                "backward.gradients: the backward must name one gradient tensor for input `{d}`, it names {n}"
+            )));
         }
     }
     for (i, _) in &bwd.gradients {
         if !fwd.differentiable.contains(i) {
             return Err(CheckError::Spec(format!(
-                "the backward gives a gradient for `{i}`, which is not a differentiable input (differentiable: {})",
+                "backward.gradients.{i}: the backward gives a gradient for `{i}`, which is not a differentiable input (differentiable: {})",
                 fwd.differentiable.join(", ")
             )));
         }

@@ -365,7 +365,18 @@ pub fn autotune_configs(source: &str, file: &str, kernel: &str) -> Result<Vec<Ve
 }
 
 pub(crate) fn parse(source: &str, lines: &Lines) -> Result<Vec<Stmt>, IrError> {
-    match ruff_python_parser::parse_module(source) {
+    let parsed = nesting::parse_module(source).map_err(|mib| IrError::Parse {
+        file: lines_file(lines),
+        error: ParseError {
+            line: 1,
+            col: 1,
+            message: format!(
+                "a file of {} bytes needs a {mib} MiB stack to be parsed safely, and no such thread could be started",
+                source.len()
+            ),
+        },
+    })?;
+    match parsed {
         Ok(p) => {
             let suite: Vec<Stmt> = p.into_suite().into_iter().collect();
             let Some(at) = nesting::too_deep(&suite) else { return Ok(suite) };

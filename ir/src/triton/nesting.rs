@@ -4,10 +4,12 @@
 //! `1 + 1 + ...` of 150,000 terms anywhere in a file, even outside every kernel, would overflow
 //! the stack and abort the process. CPython refuses such files too (its compiler stops far
 //! earlier), so a file past the bound is refused with the line where it goes too deep, and its
-//! tree is never dropped recursively.
+//! tree is never dropped recursively. The parse itself (which drops what it built when it meets
+//! a syntax error) runs on a thread with a stack sized by the file.
 
 use ruff_python_ast::visitor::{walk_expr, walk_stmt, Visitor};
-use ruff_python_ast::{Expr, Stmt};
+use ruff_python_ast::{Expr, ModModule, Stmt};
+use ruff_python_parser::{ParseError, Parsed};
 use ruff_text_size::Ranged;
 
 /// The deepest nesting of expressions and statements a file may have. Dropping one level of the
@@ -41,6 +43,29 @@ pub(crate) fn too_deep(suite: &[Stmt]) -> Option<u32> {
 
 /// The stack of the thread that measures a file's nesting.
 const WALK_STACK: usize = 64 << 20;
+
+/// Stack per byte of source for the parse: a file nests at most one level per byte, and ruff's
+/// parser (and the drop of a tree) takes under a hundred bytes of stack per level in an
+/// optimised build, a few times that unoptimised.
+const PARSE_STACK_PER_BYTE: usize = 512;
+
+/// The largest parse stack asked for (address space only: pages are touched as deep as it goes).
+const MAX_PARSE_STACK: usize = 2 << 30;
+
+/// `ruff_python_parser::parse_module` on a thread whose stack holds its recursion: on a syntax
+/// error, ruff drops the partial tree it built before returning the error, one frame per level,
+/// and a `1 + 1 + ...` of 150,000 terms with a syntax error after it would overflow the caller's
+/// stack (the nesting bound is checked only on a tree that parsed). An error when no such thread
+/// could be had: the error is the stack it needed, in MiB.
+pub(crate) fn parse_module(source: &str) -> Result<Result<Parsed<ModModule>, ParseError>, usize> {
+    let stack = source.len().saturating_mul(PARSE_STACK_PER_BYTE).clamp(WALK_STACK, MAX_PARSE_STACK);
+    std::thread::scope(|scope| {
+        match std::thread::Builder::new().stack_size(stack).spawn_scoped(scope, || ruff_python_parser::parse_module(source)) {
+            Ok(h) => Ok(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))),
+            Err(_) => Err(stack >> 20),
+        }
+    })
+}
 
 struct Depth {
     depth: usize,

@@ -571,3 +571,13 @@ fn tiles_above_tritons_element_limit_are_refused_at_their_line() {
     let src = format!("{HEAD}def k(x_ptr):\n    y = tl.arange(0, 1048576).to(tl.float32)\n    tl.store(x_ptr, tl.sum(y))\n");
     conv(&src, "k", &[]).unwrap();
 }
+
+#[test]
+fn a_deep_chain_before_a_syntax_error_is_a_located_error_not_a_stack_overflow() {
+    // The parser drops the tree it built when it meets the error: 200,000 levels of it.
+    for chain in [vec!["1"; 200_000].join(" + ") + " +", "-".repeat(200_000)] {
+        let src = format!("{HEAD}def k(x_ptr):\n    tl.store(x_ptr, 1.0)\n\nX = {chain}\n");
+        let (line, _, msg) = err(&src, &[]);
+        assert!(line == 8 && msg.contains("Python syntax error"), "{line}: {msg}");
+    }
+}

@@ -31,6 +31,8 @@ mod docs {
     struct ErrorMap;
     #[doc = include_str!("../docs/python.md")]
     struct Python;
+    #[doc = include_str!("../docs/reliability.md")]
+    struct Reliability;
     #[doc = include_str!("../docs/rust.md")]
     struct Rust;
     #[doc = include_str!("../docs/spec.md")]

@@ -106,12 +106,14 @@
 //! | `softmax_bwd_broken_row_mask` | 29 | missing boundary mask | row bound `n_rows + BLOCK_ROWS` | OOB at 30 |
 //! | `softmax_bwd_broken_axis` | 45 | transposed reduction | `sum(grad_y * y)` over axis 0 | wrong |
 //! | `softmax_bwd_broken_no_dot` | 59 | dropped term | `y * grad_y` only | wrong |
+//! | `softmax_bwd_broken_row_step` | 66 | grid stride error | rows two apart: the odd rows never written | NaN |
 //! | `layer_norm_rows_bwd_broken_race` | 66 | race (shared accumulator without atomics) | load-add-store of grad_w | race at 66 |
 //! | `layer_norm_rows_bwd_broken_mean_scale` | 88 | dropped scale factor | `1 / n_cols` of c2 dropped | wrong |
 //! | `layer_norm_rows_bwd_broken_var_mask` | 105 | missing mask in a reduction | padded columns enter the variance | wrong |
 //! | `layer_norm_bwd_broken_accumulate` | 178 | forgotten accumulation across tiles | `_c1 =` instead of `_c1 +=` | wrong |
 //! | `layer_norm_bwd_broken_partial_row` | 230 | partial buffer overwritten instead of one row per program | partial_grad_w stored at row 0 | race at 230 |
 //! | `layer_norm_bwd_broken_mask` | 261 | missing boundary mask | x loaded without mask in the last column block | OOB at 261 |
+//! | `layer_norm_bwd_broken_no_tail` | 296 | masked tail never stored | the columns past the last full block left unwritten | NaN |
 //! | `attn_bwd_broken_sm_scale` | 108 | dropped scale factor | grad_q stored without `* sm_scale` | wrong |
 //! | `attn_bwd_broken_key_mask` | 134 | wrong boundary mask | key mask on the tile-local index: padded keys in the softmax denominator | wrong |
 //! | `attn_bwd_broken_race` | 196 | race (shared accumulator without atomics) | load-add-store of grad_v | race at 196 |

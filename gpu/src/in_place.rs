@@ -10,7 +10,7 @@
 use crate::device::{driver, from_bytes, tensor_bytes};
 use crate::{GpuError, GpuOptions, Outcome};
 use tilegrad_ir::DType;
-use tilegrad_reference::{Data, HostTensor, Launch, Memory, TensorId};
+use tilegrad_reference::{written_tensors, Data, HostTensor, Launch, Memory, TensorId};
 
 /// A tensor in device memory owned by the caller: `numel` elements of `dtype` at `addr`, stored
 /// as the device stores them (f16 and bf16 in 16 bits, i1 in a byte).
@@ -158,7 +158,7 @@ impl crate::Gpu {
     pub(crate) fn back_up(&self, launch: &Launch, mem: &DeviceMemory) -> Result<Backup, GpuError> {
         let s = &self.cuda()?.stream;
         let mut copies = Vec::new();
-        for t in written(launch) {
+        for t in written_tensors(launch.kernel(), launch.args()) {
             let d = mem.get(t);
             if copies.iter().any(|(id, _)| *id == t) || d.bytes() == 0 {
                 continue;
@@ -194,31 +194,9 @@ impl crate::Gpu {
     pub fn reference_in_place(&self, launch: &Launch, mem: &DeviceMemory, why: &str) -> Result<Outcome, GpuError> {
         let mut host = self.download_all(mem)?;
         let out = crate::device::reference(launch, &mut host, why)?;
-        for t in written(launch) {
+        for t in written_tensors(launch.kernel(), launch.args()) {
             self.upload_tensor(mem.get(t), host.get(t))?;
         }
         Ok(out)
     }
-}
-
-/// The tensors a launch's kernel stores to or updates atomically (scratch included).
-fn written(launch: &Launch) -> Vec<TensorId> {
-    let k = launch.kernel();
-    let uses = tilegrad_ir::analysis::param_uses(k);
-    let mut out = Vec::new();
-    for (j, p) in k.params.iter().enumerate() {
-        if !(uses[j].stored || uses[j].atomic) {
-            continue;
-        }
-        for (n, a) in launch.args() {
-            if *n == p.name {
-                if let tilegrad_reference::Arg::Tensor(t) = a {
-                    if !out.contains(t) {
-                        out.push(*t);
-                    }
-                }
-            }
-        }
-    }
-    out
 }

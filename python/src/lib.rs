@@ -247,15 +247,6 @@ impl Call {
         Ok(m)
     }
 
-    /// Whether the kernel writes storage `i` (through any of the parameters bound to it).
-    fn writes(&self, i: usize) -> bool {
-        let k = &self.kernel;
-        let uses = param_uses(k);
-        self.args.iter().any(|(n, a)| {
-            *a == Arg::Tensor(TensorId(i as u32)) && k.params.iter().zip(&uses).any(|(p, u)| p.name == *n && (u.stored || u.atomic))
-        })
-    }
-
     fn launch(&self, options: Options) -> Launch<'_> {
         let mut l = Launch::new(&self.kernel, self.grid).options(options);
         for (n, a) in &self.args {
@@ -492,10 +483,8 @@ fn on_host(call: &Call, l: &Launch, exec: &Executor, promote: bool, keep: bool) 
         Ok(s) => s,
         Err(e) => return Ok(Err(e)),
     };
-    for (i, r) in call.mems.iter().enumerate() {
-        if call.writes(i) {
-            r.write(mem.get(TensorId(i as u32)))?;
-        }
+    for t in tilegrad_reference::written_tensors(&call.kernel, &call.args) {
+        call.mems[t.0 as usize].write(mem.get(t))?;
     }
     Ok(Ok(Ran { summary, before, after: keep.then_some(mem) }))
 }

@@ -43,7 +43,7 @@ class _Launch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call: LaunchCall, native: bool, *flats):  # type: ignore[override]
         executor = current_executor()
-        in_place = _on_device(flats, executor, native)
+        in_place = call.storages.in_place(executor, promote=not native)
         # The initial contents, kept (the caller overwrites `flats` with the results): on the
         # device where the GPU backend runs the launch there, else host copies.
         initial = [f.detach().clone() if in_place else f.detach().to("cpu", copy=True) for f in flats]
@@ -86,15 +86,6 @@ class _Launch(torch.autograd.Function):
         _native.vjp(call.kernel, call.grid, call.ptr_args, call.scalars, specs, inputs, outputs, native=ctx.native, executor=ctx.executor)
         out = [None if g is None else g.to(f.dtype).to(d) for g, f, d in zip(grads, flats, ctx.devices)]
         return (None, None, *out)
-
-
-def _on_device(flats: Sequence[torch.Tensor], executor: Any, native: bool) -> bool:
-    """Whether a ground-truth launch runs on its CUDA storages in place: on the GPU backend, every
-    storage on device 0, and in f64 (not `native`) every float storage f64 already."""
-    if executor is None or not executor.on_gpu:
-        return False
-    on0 = all(f.is_cuda and (f.device.index or 0) == 0 for f in flats)
-    return on0 and (native or all(f.dtype == torch.float64 for f in flats if f.is_floating_point()))
 
 
 def _truth_launch(native: bool) -> Callable[[LaunchCall], None]:

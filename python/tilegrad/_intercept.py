@@ -76,9 +76,7 @@ class LaunchCall:
         snapshot |= observer is not None
         record |= snapshot
         executor = current_executor()
-        # In f64 (`promote`), in place only where the float storages are f64 already.
-        narrow = promote and any(s.dtype in ("f16", "bf16", "f32") for s in self.storages.items)
-        in_place = self.storages.in_place(executor) and not narrow
+        in_place = self.storages.in_place(executor, promote)
         if in_place:
             # Work queued on other streams is done before the engine's launch reads the memory.
             _sync()

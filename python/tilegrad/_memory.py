@@ -139,10 +139,13 @@ class Storages:
         self.items.append(st)
         return len(self.items) - 1, offset
 
-    def in_place(self, executor: Any) -> bool:
+    def in_place(self, executor: Any, promote: bool = False) -> bool:
         """Whether the launch runs on the storages where they are: every one a CUDA storage of
-        the device the GPU backend runs on (device 0), and `executor` that backend."""
+        the device the GPU backend runs on (device 0), `executor` that backend, and in f64
+        (`promote`) every float storage f64 already."""
         if executor is None or not executor.on_gpu or not self.items:
+            return False
+        if promote and any(s.dtype in ("f16", "bf16", "f32") for s in self.items):
             return False
         return all(s.device_flat is not None and s.device_flat.device.type == "cuda" and (s.device_flat.device.index or 0) == 0 for s in self.items)
 

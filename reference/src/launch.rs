@@ -494,6 +494,21 @@ impl<'k> Launch<'k> {
     }
 }
 
+/// The tensors among `args` that a launch of `kernel` may write: those bound to parameters it
+/// stores to or updates atomically, each once, in parameter order.
+pub fn written_tensors(kernel: &Kernel, args: &[(String, Arg)]) -> Vec<TensorId> {
+    let uses = tilegrad_ir::analysis::param_uses(kernel);
+    let mut out = Vec::new();
+    for (p, u) in kernel.params.iter().zip(&uses) {
+        if let Some((_, Arg::Tensor(t))) = args.iter().find(|(n, _)| *n == p.name) {
+            if (u.stored || u.atomic) && !out.contains(t) {
+                out.push(*t);
+            }
+        }
+    }
+    out
+}
+
 /// Converts a literal argument to a scalar parameter's dtype, refusing lossy conversions.
 fn check_lit(l: Lit, d: DType) -> Result<Lit, String> {
     match (l, d) {

@@ -19,7 +19,7 @@ pub use exec::{
     dot_f32, needs_order, release_buffers, round_tf32, sum_in_order, tune_allocator, NonFinite, ProgramRecord, Recorded, EXP2_POLY,
     SUM_LANES, WHILE_LIMIT,
 };
-pub use launch::{Arg, Grid, Launch, LaunchSummary, Memory, Options, RaceMode, TensorId, Writers, POISON_ALL};
+pub use launch::{written_tensors, Arg, Grid, Launch, LaunchSummary, Memory, Options, RaceMode, TensorId, Writers, POISON_ALL};
 pub use tensor::{
     available_memory, check_alloc, checked_numel, human_bytes, round_bf16, round_f16, round_to, storage_bytes, Data, HostTensor,
 };

@@ -538,19 +538,7 @@ impl StepError {
     }
 }
 
-/// The tensors among `args` that a launch of `kernel` may write (stores and atomics).
-pub(crate) fn written_tensors(kernel: &Kernel, args: &[(String, Arg)]) -> Vec<TensorId> {
-    let uses = tilegrad_ir::analysis::param_uses(kernel);
-    let mut out = Vec::new();
-    for (p, u) in kernel.params.iter().zip(&uses) {
-        if let Some((_, Arg::Tensor(t))) = args.iter().find(|(n, _)| *n == p.name) {
-            if (u.stored || u.atomic) && !out.contains(t) {
-                out.push(*t);
-            }
-        }
-    }
-    out
-}
+pub(crate) use tilegrad_reference::written_tensors;
 
 /// Whether a kernel has loads whose masked-off lanes the backend fills (see [`notes`]).
 fn has_unfilled_loads(k: &Kernel) -> bool {

@@ -97,6 +97,20 @@ fn empty(d: DType) -> Data {
     }
 }
 
+/// Device memory the GPU backend allocated (a VJP kernel's shadows and tapes), freed when
+/// dropped.
+pub struct DeviceBuffer {
+    _buf: cudarc::driver::CudaSlice<u8>,
+    addr: u64,
+}
+
+impl DeviceBuffer {
+    /// Its device address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+}
+
 /// Device copies of the tensors a launch writes, taken before it runs.
 pub(crate) struct Backup {
     copies: Vec<(TensorId, cudarc::driver::CudaSlice<u8>)>,
@@ -154,13 +168,18 @@ impl crate::Gpu {
         Ok(())
     }
 
-    /// Device copies of the tensors `launch` may write (before it runs).
+    /// Device copies of the tensors `launch` may write (before it runs), but scratch (bound
+    /// only to [`tilegrad_reference::Options::scratch`] parameters: nothing reads it before the
+    /// launch writes it).
     pub(crate) fn back_up(&self, launch: &Launch, mem: &DeviceMemory) -> Result<Backup, GpuError> {
         let s = &self.cuda()?.stream;
+        let scratch = &launch.get_options().scratch;
         let mut copies = Vec::new();
         for t in written_tensors(launch.kernel(), launch.args()) {
             let d = mem.get(t);
-            if copies.iter().any(|(id, _)| *id == t) || d.bytes() == 0 {
+            let only_scratch =
+                launch.args().iter().filter(|(_, a)| *a == tilegrad_reference::Arg::Tensor(t)).all(|(n, _)| scratch.contains(n));
+            if copies.iter().any(|(id, _)| *id == t) || d.bytes() == 0 || only_scratch {
                 continue;
             }
             // SAFETY: a fresh buffer, filled below before any read.
@@ -186,6 +205,40 @@ impl crate::Gpu {
             // SAFETY: as in `back_up`.
             unsafe { cudarc::driver::result::memcpy_dtod_async(d.addr, src, d.bytes(), s.cu_stream()) }.map_err(driver)?;
         }
+        s.synchronize().map_err(driver)
+    }
+
+    /// Runs `launch` on `mem`'s device tensors and puts what it wrote back as it was: what the
+    /// launch reports (its loops' trip counts, for a VJP kernel's tapes) without its effect.
+    pub fn run_and_rewind(&self, launch: &Launch, mem: &DeviceMemory, opts: GpuOptions) -> Result<Outcome, GpuError> {
+        let backup = self.back_up(launch, mem)?;
+        let out = self.run_in_place(launch, mem, opts);
+        self.restore(&backup, mem)?;
+        out
+    }
+
+    /// A zeroed device allocation of `bytes` (at least one), freed when dropped.
+    pub fn alloc_zeroed(&self, bytes: usize) -> Result<DeviceBuffer, GpuError> {
+        let s = &self.cuda()?.stream;
+        let buf = s.alloc_zeros::<u8>(bytes.max(1)).map_err(driver)?;
+        s.synchronize().map_err(driver)?;
+        let addr = {
+            use cudarc::driver::DevicePtr;
+            buf.device_ptr(s).0
+        };
+        Ok(DeviceBuffer { _buf: buf, addr })
+    }
+
+    /// Copies `bytes` from device address `src` to `dst` (both in the primary context of device
+    /// 0, valid for `bytes`), complete when it returns.
+    pub fn copy_on_device(&self, dst: u64, src: u64, bytes: usize) -> Result<(), GpuError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let s = &self.cuda()?.stream;
+        // SAFETY: both ranges are valid device memory for `bytes` by the caller's word; the
+        // copy is ordered on the stream and waited for.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, s.cu_stream()) }.map_err(driver)?;
         s.synchronize().map_err(driver)
     }
 

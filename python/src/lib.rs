@@ -23,7 +23,7 @@ use tilegrad_ad::{GradOptions, Precision};
 use tilegrad_ir::analysis::param_uses;
 use tilegrad_ir::triton::{ConstValue, ConvertOptions, GlobalBinding, GlobalFact, HostDescriptor};
 use tilegrad_ir::{DType, DotPrecision, Kernel, Lit, Loc, Op, ParamKind, Value};
-use tilegrad_reference::{Arg, ExecError, Grid, Launch, Memory, Options, TensorId, Writers};
+use tilegrad_reference::{Arg, ExecError, Grid, HostTensor, Launch, Memory, Options, TensorId, Writers};
 
 pyo3::create_exception!(_native, UsageError, PyException, "The kernel, its arguments or the check are wrong.");
 pyo3::create_exception!(_native, LaunchError, PyException, "A launch failed while running (out of bounds, race, loop bound).");
@@ -401,7 +401,7 @@ impl PyExecutor {
 }
 
 #[pyfunction]
-#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, *, poison=false, record=false, promote=false, executor=None, notes=None, snapshot=false, device=false))]
+#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, *, poison=false, record=false, exact=false, promote=false, executor=None, notes=None, snapshot=false, device=false))]
 #[allow(clippy::too_many_arguments)]
 fn launch(
     py: Python<'_>,
@@ -412,6 +412,7 @@ fn launch(
     mems: Vec<(String, String, usize, usize)>,
     poison: bool,
     record: bool,
+    exact: bool,
     promote: bool,
     executor: Option<&PyExecutor>,
     notes: Option<(String, usize, String)>,
@@ -427,9 +428,14 @@ fn launch(
     };
     let call = Call::new(kernel, grid, ptr_args, &scalars, mems, promote)?;
     let poison = if poison { tilegrad_reference::POISON_ALL } else { 0 };
-    // The backward under test (recorded) reports the first error in program order, as the CLI's
-    // backward does.
-    let opts = Options { poison_masked_loads: poison, record_writers: record || snapshot, exact: record || snapshot, ..Options::default() };
+    // The backward under test (`exact`, and every recorded launch) reports the first error in
+    // program order, as the CLI's backward does.
+    let opts = Options {
+        poison_masked_loads: poison,
+        record_writers: record || snapshot,
+        exact: exact || record || snapshot,
+        ..Options::default()
+    };
     let cpu = Executor::cpu();
     let exec = executor.map_or(&cpu, |e| &e.0);
     let noting = pass.zip(notes.as_ref()).map(|(pass, (_, step, what))| (pass, *step, what.as_str()));
@@ -498,12 +504,7 @@ fn on_device(call: &Call, l: &Launch, exec: &Executor, promote: bool, keep: bool
     if let Some(r) = call.mems.iter().find(|r| promote && r.dtype.is_float() && r.dtype != DType::F64) {
         return Err(format!("`{}`: a launch in f64 in place needs f64 storages, not {}", r.name, r.dtype));
     }
-    let tensors = call
-        .mems
-        .iter()
-        .map(|r| tilegrad_gpu::DeviceTensor { name: r.name.clone(), dtype: r.dtype, numel: r.numel, addr: r.addr as u64 })
-        .collect();
-    let mem = tilegrad_gpu::DeviceMemory::new(tensors).map_err(|e| e.to_string())?;
+    let mem = device_memory(call)?;
     let before = if keep { Some(gpu.download_all(&mem).map_err(|e| e.to_string())?) } else { None };
     let summary = match exec.run_in_place(l, &mem) {
         Ok(s) => s,
@@ -514,12 +515,25 @@ fn on_device(call: &Call, l: &Launch, exec: &Executor, promote: bool, keep: bool
     Ok(Ok(Ran { summary, before, after }))
 }
 
+/// A call's storages as device memory (CUDA tensors).
+fn device_memory(call: &Call) -> Result<tilegrad_gpu::DeviceMemory, String> {
+    let tensors = call
+        .mems
+        .iter()
+        .map(|r| tilegrad_gpu::DeviceTensor { name: r.name.clone(), dtype: r.dtype, numel: r.numel, addr: r.addr as u64 })
+        .collect();
+    tilegrad_gpu::DeviceMemory::new(tensors).map_err(|e| e.to_string())
+}
+
 /// The ground-truth VJP of a launch (f64 unless `native`): given the storages' initial contents
 /// (`mems`, as in [`launch`]) and f64 cotangents of the final contents of `outputs` (storage
 /// index, address of a contiguous f64 buffer), writes the cotangents of the initial contents of
-/// `inputs` (storage index, address of a contiguous f64 buffer to fill).
+/// `inputs` (storage index, address of a contiguous f64 buffer to fill). With `device`, every
+/// address is device memory (CUDA tensors, on the GPU backend): with `ground="kernels"` the VJP
+/// kernel runs there in place; otherwise the storages and cotangents are copied to the host
+/// and the gradients back.
 #[pyfunction]
-#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, inputs, outputs, *, native=false, executor=None))]
+#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, inputs, outputs, *, native=false, executor=None, device=false))]
 #[allow(clippy::too_many_arguments)]
 fn vjp(
     py: Python<'_>,
@@ -532,27 +546,25 @@ fn vjp(
     outputs: Vec<(usize, usize)>,
     native: bool,
     executor: Option<PyRef<'_, PyExecutor>>,
+    device: bool,
 ) -> PyResult<()> {
-    let exec = executor.as_ref().filter(|e| e.1).map(|e| &e.0);
+    let kernels = executor.as_ref().filter(|e| e.1).map(|e| &e.0);
+    let exec = executor.as_ref().map(|e| &e.0);
     let call = Call::new(kernel, grid, ptr_args, &scalars, mems, !native)?;
+    let precision = if native { Precision::Native } else { Precision::F64 };
     let r = py.allow_threads(|| -> Result<Result<(), String>, String> {
-        let mem = call.memory(!native)?;
-        let outs: Vec<(TensorId, Vec<f64>)> = outputs
-            .iter()
-            .map(|&(m, addr)| Ok((TensorId(m as u32), read_f64(addr, call.mems.get(m).ok_or("bad storage index")?.numel)?)))
-            .collect::<Result<_, String>>()?;
         let ins: Vec<TensorId> = inputs.iter().map(|&(m, _)| TensorId(m as u32)).collect();
-        let precision = if native { Precision::Native } else { Precision::F64 };
+        let numel = |m: usize| call.mems.get(m).map(|r| r.numel).ok_or_else(|| "bad storage index".to_string());
         let launch = call.launch(Options::default());
-        let g = match exec {
-            Some(exec) => match vjp_by_kernel(exec, &launch, &mem, &ins, &outs, precision) {
-                Ok(g) => g,
-                Err(e) => return Ok(Err(e)),
-            },
-            None => match tilegrad_ad::vjp(&launch, &mem, &ins, &outs, &GradOptions { precision, ..GradOptions::default() }) {
-                Ok(g) => g.inputs,
-                Err(e) => return Ok(Err(e.to_string())),
-            },
+        if device {
+            return device_vjp(&call, &launch, exec, kernels, &inputs, &outputs, precision);
+        }
+        let mem = call.memory(!native)?;
+        let outs: Vec<(TensorId, Vec<f64>)> =
+            outputs.iter().map(|&(m, addr)| Ok((TensorId(m as u32), read_f64(addr, numel(m)?)?))).collect::<Result<_, String>>()?;
+        let g = match host_vjp(kernels, &launch, &mem, &ins, &outs, precision) {
+            Ok(g) => g,
+            Err(e) => return Ok(Err(e)),
         };
         for (&(_, addr), gi) in inputs.iter().zip(g) {
             write_f64(addr, gi)?;
@@ -560,6 +572,80 @@ fn vjp(
         Ok(Ok(()))
     });
     r.map_err(usage)?.map_err(LaunchError::new_err)
+}
+
+/// [`vjp`] on device memory: the VJP kernel in place where it can, else through host copies.
+fn device_vjp(
+    call: &Call,
+    launch: &Launch,
+    exec: Option<&Executor>,
+    kernels: Option<&Executor>,
+    inputs: &[(usize, usize)],
+    outputs: &[(usize, usize)],
+    precision: Precision,
+) -> Result<Result<(), String>, String> {
+    let Some(gpu) = exec.and_then(|e| e.gpu()) else {
+        return Err("CUDA tensors are used in place by the GPU backend only (backend=\"gpu\")".into());
+    };
+    let dm = device_memory(call)?;
+    let at = |v: &[(usize, usize)]| v.iter().map(|&(m, a)| (TensorId(m as u32), a as u64)).collect::<Vec<_>>();
+    if let Some(exec) = kernels {
+        if tilegrad::check::vjp_in_place::vjp_in_place(exec, launch, &dm, &at(inputs), &at(outputs), precision)? {
+            return Ok(Ok(()));
+        }
+    }
+    // Through the host.
+    let f64_buffer = |m: usize, addr: usize| -> Result<tilegrad_gpu::DeviceTensor, String> {
+        let numel = call.mems.get(m).ok_or("bad storage index")?.numel;
+        Ok(tilegrad_gpu::DeviceTensor { name: "cotangent".into(), dtype: DType::F64, numel, addr: addr as u64 })
+    };
+    let err = |e: tilegrad_gpu::GpuError| e.to_string();
+    let mut mem = gpu.download_all(&dm).map_err(err)?;
+    if precision == Precision::F64 {
+        mem = promoted(mem);
+    }
+    let outs = outputs
+        .iter()
+        .map(|&(m, addr)| Ok((TensorId(m as u32), gpu.download_tensor(&f64_buffer(m, addr)?).map_err(err)?.to_f64_vec())))
+        .collect::<Result<Vec<_>, String>>()?;
+    let ins: Vec<TensorId> = inputs.iter().map(|&(m, _)| TensorId(m as u32)).collect();
+    let g = match host_vjp(kernels, launch, &mem, &ins, &outs, precision) {
+        Ok(g) => g,
+        Err(e) => return Ok(Err(e)),
+    };
+    for (&(m, addr), gi) in inputs.iter().zip(g) {
+        gpu.upload_tensor(&f64_buffer(m, addr)?, &HostTensor::from_f64(&[gi.len()], gi)).map_err(err)?;
+    }
+    Ok(Ok(()))
+}
+
+/// Float tensors of `mem` promoted to f64.
+fn promoted(mem: Memory) -> Memory {
+    let mut out = Memory::new();
+    for i in 0..mem.len() as u32 {
+        let h = mem.get(TensorId(i));
+        let t = if h.dtype().is_float() && h.dtype() != DType::F64 { HostTensor::from_f64(h.shape(), h.to_f64_vec()) } else { h.clone() };
+        out.add(mem.name(TensorId(i)), t);
+    }
+    out
+}
+
+/// The VJP of a launch over host memory: by its VJP kernel on `kernels` where given, else by
+/// the evaluator. Errors are the launch's (or the ground truth's refusal).
+fn host_vjp(
+    kernels: Option<&Executor>,
+    launch: &Launch,
+    mem: &Memory,
+    ins: &[TensorId],
+    outs: &[(TensorId, Vec<f64>)],
+    precision: Precision,
+) -> Result<Vec<Vec<f64>>, String> {
+    match kernels {
+        Some(exec) => vjp_by_kernel(exec, launch, mem, ins, outs, precision),
+        None => tilegrad_ad::vjp(launch, mem, ins, outs, &GradOptions { precision, ..GradOptions::default() })
+            .map(|g| g.inputs)
+            .map_err(|e| e.to_string()),
+    }
 }
 
 /// The VJP of `launch` by its VJP kernel run on `exec` (computing in f64, or at native precision

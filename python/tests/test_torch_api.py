@@ -222,3 +222,19 @@ def test_seed_and_tolerances_are_honoured():
     assert not r.passed and d["gradients"][0]["over_tolerance"] == 0 and d["gradients"][0]["formula_passed"] is False, str(r)
     assert d["seed"] == 3 and d["trials"] == 1
     assert math.isclose(d["gradients"][0]["tolerance"]["rtol"], 0.6)
+
+
+def test_blame_falls_back_to_a_run_with_the_launches_writers_recorded(monkeypatch):
+    # Where the recorded run cannot be followed (here: it is never made), the element's writer
+    # comes from a run with only the launches' writers recorded (a passing check records none).
+    from tilegrad import _blame
+
+    monkeypatch.setattr(_blame, "explain", lambda again, flat, values: None)
+
+    def backward(x, gy):
+        return square_bwd(x, gy * 1.5)
+
+    r = tilegrad.check_backward(square, backward, [torch.randn(300)])
+    assert not r.passed
+    blame = r.to_dict()["gradients"][0]["worst"]["blame"]
+    assert blame and "square_bwd" in str(blame), blame

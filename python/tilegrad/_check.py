@@ -55,7 +55,7 @@ class _Launch(torch.autograd.Function):
         else:
             _native.launch(call.kernel, call.grid, call.ptr_args, call.scalars, specs, promote=not native)
         # The initial contents are kept as copies: the caller overwrites `flats` with the results.
-        ctx.call, ctx.native, ctx.initial, ctx.devices = call, native, initial, [f.device for f in flats]
+        ctx.call, ctx.native, ctx.initial, ctx.devices, ctx.in_place = call, native, initial, [f.device for f in flats], in_place
         # The backward may run on autograd's own threads: the executor is the forward's.
         ctx.executor = current_executor()
         outs = tuple(work[i].to(flats[i].device) for i in sorted(call.written))
@@ -65,13 +65,16 @@ class _Launch(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *gouts):  # type: ignore[override]
         call: LaunchCall = ctx.call
-        flats = [f.cpu() for f in ctx.initial]
+        # Where the forward ran in place, the VJP runs on the device too (the VJP kernel in
+        # place with `ground="kernels"`): nothing goes through the host.
+        where = ctx.initial[0].device if ctx.in_place else torch.device("cpu")
+        flats = [f.to(where) for f in ctx.initial]
         written = sorted(call.written)
         outputs = []
         keep = []
         for i, g in zip(written, gouts):
             if g is not None and flats[i].is_floating_point():
-                g = g.detach().to("cpu", torch.float64).contiguous()
+                g = g.detach().to(where, torch.float64).contiguous()
                 keep.append(g)
                 outputs.append((i, g.data_ptr()))
         grads: list[torch.Tensor | None] = [None] * len(flats)
@@ -80,10 +83,14 @@ class _Launch(torch.autograd.Function):
         inputs = []
         for i, f in enumerate(flats):
             if f.is_floating_point():
-                grads[i] = torch.zeros(f.numel(), dtype=torch.float64)
+                grads[i] = torch.zeros(f.numel(), dtype=torch.float64, device=where)
                 inputs.append((i, grads[i].data_ptr()))
         specs = [("/".join(dict.fromkeys(s.names)), s.dtype, f.data_ptr(), s.numel) for s, f in zip(call.storages.items, flats)]
-        _native.vjp(call.kernel, call.grid, call.ptr_args, call.scalars, specs, inputs, outputs, native=ctx.native, executor=ctx.executor)
+        if ctx.in_place:
+            torch.cuda.synchronize()
+        _native.vjp(
+            call.kernel, call.grid, call.ptr_args, call.scalars, specs, inputs, outputs, native=ctx.native, executor=ctx.executor, device=ctx.in_place
+        )
         out = [None if g is None else g.to(f.dtype).to(d) for g, f, d in zip(grads, flats, ctx.devices)]
         return (None, None, *out)
 
@@ -109,17 +116,20 @@ def _truth_launch(native: bool) -> Callable[[LaunchCall], None]:
 
 
 class _Backward:
-    """The backward under test: launches recorded, and noted where `notes` is a list."""
+    """The backward under test: its launches run on the exact path (the first error in program
+    order is the one reported, as in the CLI), noted where `notes` is a list, and with who wrote
+    every element recorded where `record` (for blame: a passing check records nothing)."""
 
-    def __init__(self, notes: list[Any] | None = None) -> None:
+    def __init__(self, notes: list[Any] | None = None, record: bool = False) -> None:
         self.records: list[tuple[int, LaunchCall, Any]] = []
         self.failure: tuple[int, str, str] | None = None
         self.notes = notes
+        self.record = record
 
     def __call__(self, call: LaunchCall) -> None:
         step = len(self.records)
         try:
-            rec = call.run(record=True, notes=None if self.notes is None else ("backward", step))
+            rec = call.run(record=self.record, exact=True, notes=None if self.notes is None else ("backward", step))
         except _native.LaunchError as e:
             self.failure = (step, call.describe(), str(e))
             raise _Stop() from e
@@ -148,17 +158,20 @@ def _clone(x: Any) -> Any:
     return x.detach().clone() if isinstance(x, torch.Tensor) else x
 
 
-def _blame(c: Any, g: torch.Tensor, worst: int, values: tuple[float, float], first: tuple[_Backward, PoisonEmpty], again: Callable[[], Any]) -> None:
-    """Attaches to comparison `c` who computed element `worst` (row-major) of the gradient `g`
-    the backward returned: the backward is run again recorded (`again()`: the gradient as it
-    returns it), and the element followed through host ops to the launches that wrote what it
-    came from (the CLI's blame and data flow). Where the run cannot be recorded, the first run's
-    writers of the element itself."""
+def _blame(c: Any, worst: int, values: tuple[float, float], again: Callable[[], Any], recorded: Callable[[], tuple | None]) -> None:
+    """Attaches to comparison `c` who computed element `worst` (row-major) of a gradient: the
+    backward is run again recorded (`again()`: the gradient as it returns it), and the element
+    followed through host ops to the launches that wrote what it came from (the CLI's blame and
+    data flow). Where that run cannot be followed, the writers of the element itself in a run
+    with only the launches' writers recorded (`recorded()`: the run and the gradient)."""
     e = _blame_mod.explain(again, worst, values)
     if e is not None:
         c.attach(e.blames, e.via, e.sites)
         return
-    bwd, poison = first
+    run = recorded()
+    if run is None:
+        return
+    bwd, poison, g = run
     idx = _native.unravel(worst, list(g.shape))
     elem = g.storage_offset() + sum(i * s for i, s in zip(idx, g.stride()))
     key = ("torch", str(g.device), g.untyped_storage().data_ptr())
@@ -289,8 +302,9 @@ def run_check(
             if g is None:
                 g = torch.zeros_like(x)
                 gname = "None"
+            conformed = _conformer(x, sum(isinstance(a, torch.Tensor) for a in inputs[:i]), who)
             try:
-                g = conform(g, x, sum(isinstance(a, torch.Tensor) for a in inputs[:i]), who)
+                g = conformed(g)
             except GradientError as e:
                 failure = (len(bwd.records), "gradients", str(e), trial)
                 break
@@ -320,7 +334,7 @@ def run_check(
                 if c.worst_index is not None and not c.passed and grads[i] is not None:
                     w = c.worst_index
                     values = (float(exp.reshape(-1)[w]), float(got.reshape(-1)[w]))
-                    blame[i] = (c, g, w, values, (bwd, poison), _rerun(backward, inputs, cots_n, i))
+                    blame[i] = (c, w, values, _rerun(backward, inputs, cots_n, i), _rerun_recorded(backward, inputs, cots_n, i, conformed))
                 best[i] = c
         if failure is not None:
             break
@@ -345,6 +359,29 @@ def _cotangent(o: torch.Tensor, seed: int, trial: int, i: int) -> torch.Tensor:
 def _rerun(backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: Sequence[Any], cots: list[Any], i: int) -> Callable[[], Any]:
     """The backward run again on the same inputs and cotangents: its gradient of input `i`."""
     return lambda: _as_tuple(backward([_clone(x) for x in inputs], [_clone(c) for c in cots]))[i]
+
+
+def _rerun_recorded(
+    backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: Sequence[Any], cots: list[Any], i: int, conformed: Callable[[Any], Any]
+) -> Callable[[], tuple[_Backward, PoisonEmpty, Any] | None]:
+    """The backward run again with its launches' writers recorded: the run, its allocations and
+    its gradient of input `i` (as compared); None where it fails."""
+
+    def run() -> tuple[_Backward, PoisonEmpty, Any] | None:
+        bwd, poison = _Backward(record=True), PoisonEmpty()
+        try:
+            with torch.no_grad(), intercepting(bwd), poison:
+                g = conformed(_as_tuple(backward([_clone(x) for x in inputs], [_clone(c) for c in cots]))[i])
+        except Exception:  # noqa: BLE001 - the first run gave the verdict; blame is best effort
+            return None
+        return (bwd, poison, g) if isinstance(g, torch.Tensor) else None
+
+    return run
+
+
+def _conformer(x: torch.Tensor, position: int, who: str) -> Callable[[Any], Any]:
+    """A gradient of `x` as the check compares it (`conform`)."""
+    return lambda g: conform(g, x, position, who)
 
 
 def _replay(backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: Sequence[Any], diff: list[int], cots: list[Any]) -> tuple[tuple, bool] | None:

@@ -65,10 +65,19 @@ class LaunchCall:
         return f"launch `{self.name}`[{g}]"
 
     def run(
-        self, *, poison: bool = False, record: bool = False, promote: bool = False, notes: tuple[str, int] | None = None, snapshot: bool = False
+        self,
+        *,
+        poison: bool = False,
+        record: bool = False,
+        exact: bool = False,
+        promote: bool = False,
+        notes: tuple[str, int] | None = None,
+        snapshot: bool = False,
     ) -> Any:
         """Runs the launch in place. `poison`: masked-off lanes of loads without `other` read NaN
-        (by default 0, as on Triton's GPU backends). `notes`: (pass, step) to note what the
+        (by default 0, as on Triton's GPU backends). `record`: who wrote each element (the
+        record's writers, for blame). `exact`: the first error in program order is the one
+        raised (as with `record`). `notes`: (pass, step) to note what the
         launch relies on (the record's `notes()`). `snapshot`: the record keeps the launch's
         memory before and after, for `_native.Pass` (blame's data-flow slices). Under
         `observing`, every launch is snapshotted and handed to the observer."""
@@ -88,6 +97,7 @@ class LaunchCall:
             self.storages.specs(in_place),
             poison=poison,
             record=record,
+            exact=exact,
             promote=promote,
             executor=executor,
             notes=None if notes is None else (notes[0], notes[1], self.describe()),

@@ -139,7 +139,7 @@ impl Executor {
     pub fn run_vjp(&self, launch: &Launch, mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
         let Some(g) = &self.gpu else { return launch.run(mem) };
         let before = self.compare.then(|| mem.clone());
-        let out = self.on(g, launch, mem, GpuOptions { races: false, ordered_atomics: self.ordered_vjp, exact_order: self.ordered_vjp });
+        let out = self.on(g, launch, mem, self.vjp_options());
         if let Some(mut m) = before {
             let want = launch.run(&mut m);
             let rounding = !self.ordered_vjp;
@@ -164,10 +164,26 @@ impl Executor {
     /// the CPU it is an error). Where the GPU fails, not the launch, the reference runs it over
     /// host copies of the memory, and the report says why.
     pub fn run_in_place(&self, launch: &Launch, mem: &DeviceMemory) -> Result<LaunchSummary, GpuError> {
+        self.in_place(launch, mem, GpuOptions::default())
+    }
+
+    /// Runs a VJP kernel's launch on device memory in place, as [`Executor::run_vjp`] runs it
+    /// on host memory (without the comparison with the reference).
+    pub fn run_vjp_in_place(&self, launch: &Launch, mem: &DeviceMemory) -> Result<LaunchSummary, GpuError> {
+        self.in_place(launch, mem, self.vjp_options())
+    }
+
+    /// How VJP kernels run on the GPU: without race marks, float atomics in the hardware's order
+    /// unless [`Executor::deterministic`].
+    fn vjp_options(&self) -> GpuOptions {
+        GpuOptions { races: false, ordered_atomics: self.ordered_vjp, exact_order: self.ordered_vjp }
+    }
+
+    fn in_place(&self, launch: &Launch, mem: &DeviceMemory, opts: GpuOptions) -> Result<LaunchSummary, GpuError> {
         let Some(g) = &self.gpu else {
             return Err(GpuError::Unavailable("device memory is used in place by the GPU backend only".into()));
         };
-        let out = g.run_in_place(launch, mem, GpuOptions::default());
+        let out = g.run_in_place(launch, mem, opts);
         match self.logged(launch, out) {
             Ok(r) => r.map_err(GpuError::Exec),
             Err(()) => g.reference_in_place(launch, mem, "the GPU failed").map(|o| o.summary),

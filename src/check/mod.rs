@@ -77,6 +77,7 @@ mod steps;
 pub mod tensor_expr;
 mod truth;
 pub mod verdict;
+pub mod vjp_in_place;
 
 pub use backend::Executor;
 pub use expr::{Expr, ExprError, Scalar};

@@ -5,7 +5,7 @@ use super::VjpKernel;
 use crate::AdError;
 use std::collections::BTreeMap;
 use tilegrad_ir::{DType, Inst, ParamKind};
-use tilegrad_reference::{Arg, HostTensor, Launch, Memory, TensorId};
+use tilegrad_reference::{Arg, Grid, HostTensor, Launch, Memory, TensorId};
 
 /// How long a VJP kernel's tapes are, and how much memory its launch may take (see
 /// [`gradient_by_kernel`]).
@@ -22,14 +22,11 @@ pub struct TapeBounds<'a> {
 /// `inputs` (float tensors) given cotangents of the final contents of `outputs`, as
 /// [`crate::vjp`] gives them.
 ///
-/// The launch of `vk` runs on a memory of its own: `mem`'s tensors shared where `vk` takes
-/// them in their dtype, else f64 copies, a shadow per float tensor (the output's cotangent, else zeros)
-/// and the loops' tapes, sized by `max_iters` or else by `max_trips` (a forward run's largest
-/// trip count per loop, as [`tilegrad_reference::LaunchSummary::max_trips`] has it), for as
-/// many programs at once as fit in `memory` bytes beside the launch's tensors (at least one: the
-/// programs run in batches, each a launch of its own, in program order). `run`
-/// executes it (the reference interpreter, or another backend). `mem` must be as the forward
-/// found it, and the launch without races between programs.
+/// The launch of `vk` runs on a memory of its own ([`VjpPlan`]): `mem`'s tensors shared where
+/// `vk` takes them in their dtype, else f64 copies, a shadow per float tensor (the output's
+/// cotangent, else zeros) and the loops' tapes. `run` executes each batch of programs (the
+/// reference interpreter, or another backend). `mem` must be as the forward found it, and the
+/// launch without races between programs.
 pub fn gradient_by_kernel(
     vk: &VjpKernel,
     launch: &Launch,
@@ -39,178 +36,319 @@ pub fn gradient_by_kernel(
     bounds: TapeBounds<'_>,
     run: &mut dyn FnMut(&Launch, &mut Memory) -> Result<(), AdError>,
 ) -> Result<Vec<Vec<f64>>, AdError> {
+    let tensors: Vec<PlanInput> = (0..mem.len() as u32).map(|i| PlanInput::of(mem, TensorId(i))).collect();
+    let plan = VjpPlan::new(vk, launch, &tensors, bounds)?;
     let mut m = Memory::new();
-    // Each tensor of the launch once: its copy and, for floats, its shadow.
+    for (name, part) in &plan.tensors {
+        let t = match *part {
+            Part::Primal { of, dtype } => {
+                let h = mem.get(of);
+                if dtype == h.dtype() {
+                    h.clone()
+                } else {
+                    HostTensor::from_f64_as(dtype, h.shape(), &h.to_f64_vec())
+                }
+            }
+            Part::Shadow { of, dtype } => {
+                let h = mem.get(of);
+                let data = match outputs.iter().find(|(o, _)| *o == of) {
+                    Some((_, g)) if g.len() == h.numel() => g.clone(),
+                    Some((_, g)) => {
+                        return Err(AdError::Spec(format!(
+                            "the cotangent of `{}` has {} elements, the tensor {}",
+                            mem.name(of),
+                            g.len(),
+                            h.numel()
+                        )))
+                    }
+                    None => vec![0.0; h.numel()],
+                };
+                if dtype == DType::F64 {
+                    HostTensor::from_f64(h.shape(), data)
+                } else {
+                    HostTensor::from_f64_as(dtype, h.shape(), &data)
+                }
+            }
+            // Zeros from a zeroed allocation: a backend that keeps the tape elsewhere never
+            // touches them. Every batch reuses it: a slot is written before it is read.
+            Part::Tape { dtype, numel } => HostTensor::try_full(dtype, &[numel], 0.0)?,
+        };
+        m.add(name, t);
+    }
+    for bl in plan.batches() {
+        run(&bl, &mut m)?;
+    }
+    inputs
+        .iter()
+        .map(|&t| match plan.shadow_of(t) {
+            Some(sh) => Ok(m.get(sh).to_f64_vec()),
+            None => Err(AdError::Spec(format!("`{}` is not a float tensor of the launch", mem.name(t)))),
+        })
+        .collect()
+}
+
+/// A tensor of the launch a [`VjpPlan`] is made for: its name, dtype and shape (its contents
+/// are the caller's, wherever they are).
+#[derive(Clone, Debug)]
+pub struct PlanInput {
+    /// Name.
+    pub name: String,
+    /// Dtype.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+}
+
+impl PlanInput {
+    /// Tensor `t` of a host memory.
+    pub fn of(mem: &Memory, t: TensorId) -> PlanInput {
+        let h = mem.get(t);
+        PlanInput { name: mem.name(t).to_string(), dtype: h.dtype(), shape: h.shape().to_vec() }
+    }
+
+    fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// One tensor of a VJP kernel's launch ([`VjpPlan::tensors`]), by what it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// The launch's tensor `of`, in `dtype`: the tensor itself where that is its dtype, else
+    /// a copy converted to it.
+    Primal {
+        /// The launch's tensor.
+        of: TensorId,
+        /// The dtype the VJP kernel takes it in.
+        dtype: DType,
+    },
+    /// The shadow of the launch's float tensor `of`, in `dtype`: seeded with the cotangent of
+    /// its final contents (zeros where it has none), it holds the cotangent of its initial
+    /// contents after the run.
+    Shadow {
+        /// The launch's tensor.
+        of: TensorId,
+        /// The VJP kernel's float dtype.
+        dtype: DType,
+    },
+    /// A loop's tape or checkpoints: scratch of `numel` elements, written before it is read.
+    Tape {
+        /// Dtype.
+        dtype: DType,
+        /// Elements.
+        numel: usize,
+    },
+}
+
+/// How a VJP kernel's launch runs, wherever its memory is: the kernel (with checkpoints in its
+/// loops where whole tapes do not fit), the tensors of its memory, and its programs in batches
+/// whose tapes fit.
+///
+/// Tapes are sized by `max_iters` or else by `max_trips` (a forward run's largest trip count
+/// per loop, as [`tilegrad_reference::LaunchSummary::max_trips`] has it), for as many programs
+/// at once as fit in the bounds' memory beside the launch's tensors and shadows (at least one:
+/// the programs run in batches, each a launch of its own, in program order).
+#[derive(Clone, Debug)]
+pub struct VjpPlan {
+    /// The VJP kernel that runs.
+    pub kernel: VjpKernel,
+    /// The tensors of its launch's memory: the `i`th is `TensorId(i)` there, named.
+    pub tensors: Vec<(String, Part)>,
+    args: Vec<(String, Arg)>,
+    grid: Grid,
+    batch: u64,
+    programs: u64,
+    scratch: Vec<String>,
+}
+
+impl VjpPlan {
+    /// The plan of `vk` (a VJP kernel of `launch`'s kernel) for `launch` over tensors of these
+    /// dtypes and shapes (`tensors[i]` is the launch's `TensorId(i)`).
+    pub fn new(vk: &VjpKernel, launch: &Launch, tensors: &[PlanInput], bounds: TapeBounds<'_>) -> Result<VjpPlan, AdError> {
+        let (parts, args, copies) = plan_tensors(vk, launch, tensors)?;
+        let programs = launch.grid().programs();
+        let TapeBounds { max_trips, memory } = bounds;
+        let caps: Vec<u64> = vk
+            .tapes
+            .iter()
+            .map(|t| match t.max_iters {
+                Some(m) => m as u64,
+                None => max_trips.get(&t.inst).copied().unwrap_or(0),
+            })
+            .collect();
+        // What the launch's tensors leave of `memory` for the tapes.
+        let held: u64 = parts.iter().map(|(_, p)| part_bytes(p, tensors)).sum();
+        let room = memory.saturating_sub(held);
+        // Where one program's whole tapes do not fit, the loops keep checkpoints instead: a
+        // checkpoint a segment, segments of the length that takes the least memory (see
+        // `segment`).
+        let vk = if room < per_program(vk, &caps, None)? {
+            let stored = |name: &str, declared: DType| match launch.args().iter().find(|(n, _)| n == name) {
+                Some((_, Arg::Tensor(t))) if tensors[t.0 as usize].dtype.is_float() => tensors[t.0 as usize].dtype,
+                _ => declared,
+            };
+            super::vjp_kernel_checkpointed(launch.kernel(), vk, &stored)?
+        } else {
+            vk.clone()
+        };
+        let segments: Vec<u64> = vk
+            .tapes
+            .iter()
+            .zip(&caps)
+            .map(|(t, &cap)| {
+                let checkpoint = t.checkpoints.as_ref().map_or(0, |c| c.per_checkpoint as u64 * 8);
+                segment(cap, t.per_trip as u64 * t.dtype.size_bytes() as u64, checkpoint)
+            })
+            .collect();
+        let per_program = per_program(&vk, &caps, Some(&segments))?;
+        // Programs run in batches whose tapes fit; at least one program per batch.
+        let batch = match per_program {
+            0 => programs,
+            p => (room / p).clamp(1, programs.max(1)),
+        };
+        let mut plan = VjpPlan { kernel: vk, tensors: parts, args, grid: launch.grid(), batch, programs, scratch: Vec::new() };
+        plan.bind_shadows(launch, &copies)?;
+        plan.add_tapes(&caps, &segments)?;
+        Ok(plan)
+    }
+
+    /// The tensor of the plan's memory that holds the shadow of the launch's tensor `t`.
+    pub fn shadow_of(&self, t: TensorId) -> Option<TensorId> {
+        self.tensors.iter().position(|(_, p)| *p == Part::Shadow { of: t, dtype: self.kernel.float }).map(|i| TensorId(i as u32))
+    }
+
+    /// The launches of the VJP kernel, a batch of programs each, in order, over the plan's
+    /// memory ([`VjpPlan::tensors`]).
+    pub fn batches(&self) -> impl Iterator<Item = Launch<'_>> + '_ {
+        let mut vl = Launch::new(&self.kernel.kernel, self.grid);
+        for (n, a) in &self.args {
+            vl = vl.arg(n, *a);
+        }
+        let (batch, programs) = (self.batch, self.programs);
+        (0..programs.div_ceil(batch.max(1))).map(move |i| {
+            let (first, end) = (i * batch, ((i + 1) * batch).min(programs));
+            let mut bl = vl.clone();
+            if let Some(f) = &self.kernel.first_param {
+                bl = bl.arg(f, first as i64);
+            }
+            bl.options(tilegrad_reference::Options {
+                scratch: self.scratch.clone(),
+                programs: (batch < programs).then_some(first..end),
+                ..tilegrad_reference::Options::default()
+            })
+        })
+    }
+
+    /// Binds each shadow parameter of the kernel to its tensor's shadow.
+    fn bind_shadows(&mut self, launch: &Launch, copies: &[(TensorId, Option<TensorId>)]) -> Result<(), AdError> {
+        for (p, s) in &self.kernel.shadows {
+            let t = launch.args().iter().find(|(n, _)| n == p).and_then(|(_, a)| match a {
+                Arg::Tensor(t) => Some(*t),
+                Arg::Scalar(_) => None,
+            });
+            let Some(sh) = t.and_then(|t| copies.iter().find(|(o, _)| *o == t)).and_then(|c| c.1) else {
+                return Err(AdError::Spec(format!("the launch binds no float tensor to parameter `{p}`")));
+            };
+            self.args.push((s.clone(), Arg::Tensor(sh)));
+        }
+        Ok(())
+    }
+
+    /// Adds each loop's tape (and checkpoints) for a batch of programs, with its capacity.
+    fn add_tapes(&mut self, caps: &[u64], segments: &[u64]) -> Result<(), AdError> {
+        let tapes = self.kernel.tapes.clone();
+        for ((tape, &cap), &seg) in tapes.iter().zip(caps).zip(segments) {
+            let slots = if tape.checkpoints.is_some() { seg } else { cap };
+            let id = self.add_tape(&tape.tape, tape.dtype, slots.checked_mul(tape.per_trip as u64), &tape.loc)?;
+            self.args.push((tape.tape.clone(), Arg::Tensor(id)));
+            self.args.push((tape.capacity_param.clone(), Arg::from(cap as i64)));
+            if let Some(c) = &tape.checkpoints {
+                let id = self.add_tape(&c.tape, DType::F64, cap.div_ceil(seg).checked_mul(c.per_checkpoint as u64), &tape.loc)?;
+                self.args.push((c.tape.clone(), Arg::Tensor(id)));
+                self.args.push((c.segment_param.clone(), Arg::from(seg as i64)));
+            }
+        }
+        Ok(())
+    }
+
+    /// A tape of `per_program` elements for each program of a batch (at least one element: a
+    /// loop may keep nothing, and no device allocation is empty). Tapes are scratch: a backend
+    /// that runs elsewhere keeps them there.
+    fn add_tape(&mut self, name: &str, dtype: DType, per_program: Option<u64>, loc: &tilegrad_ir::Loc) -> Result<TensorId, AdError> {
+        let n = per_program
+            .and_then(|x| x.checked_mul(self.batch))
+            .and_then(|x| usize::try_from(x).ok())
+            .ok_or_else(|| AdError::Spec(format!("{loc}: the loop's tape would hold more than 2^64 values")))?;
+        self.scratch.push(name.to_string());
+        self.tensors.push((name.to_string(), Part::Tape { dtype, numel: n.max(1) }));
+        Ok(TensorId(self.tensors.len() as u32 - 1))
+    }
+}
+
+/// Each tensor of the launch once, in the order its parameters bind them: the tensor as the VJP
+/// kernel takes it and, for floats, its shadow. Returns the parts, the arguments binding the
+/// forward's parameters to them, and for each launch tensor its shadow.
+#[allow(clippy::type_complexity)]
+fn plan_tensors(
+    vk: &VjpKernel,
+    launch: &Launch,
+    tensors: &[PlanInput],
+) -> Result<(Vec<(String, Part)>, Vec<(String, Arg)>, Vec<(TensorId, Option<TensorId>)>), AdError> {
+    let mut parts: Vec<(String, Part)> = Vec::new();
     let mut copies: Vec<(TensorId, TensorId, Option<TensorId>)> = Vec::new();
     let mut args: Vec<(String, Arg)> = Vec::new();
+    let add = |parts: &mut Vec<(String, Part)>, name: String, p: Part| {
+        parts.push((name, p));
+        TensorId(parts.len() as u32 - 1)
+    };
     for (name, a) in launch.args() {
         let a = match a {
             Arg::Tensor(t) => {
-                let c = match copies.iter().find(|(o, ..)| o == t) {
-                    Some(&(_, c, _)) => c,
-                    None => {
-                        let h = mem.get(*t);
-                        let float = h.dtype().is_float();
-                        let kept = vk.kept.contains(name);
-                        if kept && launch.args().iter().filter(|(_, b)| b == a).count() > 1 {
-                            return Err(AdError::Spec(format!(
-                                "the launch binds `{}` to several parameters, `{name}` among them: its VJP kernel must keep no tensor in its dtype (vjp_kernel_for)",
-                                mem.name(*t)
-                            )));
-                        }
-                        // Tensors in the dtype the kernel takes are shared, not copied (it
-                        // never writes those it keeps in their dtype and reads).
-                        let want = match vk.kernel.param(name).map(|p| &p.kind) {
-                            Some(ParamKind::Ptr(d)) => *d,
-                            _ => h.dtype(),
-                        };
-                        let copy = if !float || want == h.dtype() {
-                            h.clone()
-                        } else if !kept {
-                            HostTensor::from_f64_as(want, h.shape(), &h.to_f64_vec())
-                        } else {
-                            return Err(AdError::Spec(format!(
-                                "the VJP kernel reads `{name}` as {want}, the launch binds `{}` of {}: build it for the launch's memory (vjp_kernel_for)",
-                                mem.name(*t),
-                                h.dtype()
-                            )));
-                        };
-                        let c = m.add(mem.name(*t), copy);
-                        let sh = if float {
-                            let data = match outputs.iter().find(|(o, _)| o == t) {
-                                Some((_, g)) if g.len() == h.numel() => g.clone(),
-                                Some((_, g)) => {
-                                    return Err(AdError::Spec(format!(
-                                        "the cotangent of `{}` has {} elements, the tensor {}",
-                                        mem.name(*t),
-                                        g.len(),
-                                        h.numel()
-                                    )))
-                                }
-                                None => vec![0.0; h.numel()],
-                            };
-                            let sh = if vk.float == DType::F64 {
-                                HostTensor::from_f64(h.shape(), data)
-                            } else {
-                                HostTensor::from_f64_as(vk.float, h.shape(), &data)
-                            };
-                            Some(m.add(&format!("d_{}", mem.name(*t)), sh))
-                        } else {
-                            None
-                        };
-                        copies.push((*t, c, sh));
-                        c
-                    }
+                if let Some(&(_, c, _)) = copies.iter().find(|(o, ..)| o == t) {
+                    args.push((name.clone(), Arg::Tensor(c)));
+                    continue;
+                }
+                let h = tensors.get(t.0 as usize).ok_or_else(|| AdError::Spec(format!("parameter `{name}`: no tensor {}", t.0)))?;
+                let float = h.dtype.is_float();
+                let kept = vk.kept.contains(name);
+                if kept && launch.args().iter().filter(|(_, b)| b == a).count() > 1 {
+                    return Err(AdError::Spec(format!(
+                        "the launch binds `{}` to several parameters, `{name}` among them: its VJP kernel must keep no tensor in its dtype (vjp_kernel_for)",
+                        h.name
+                    )));
+                }
+                // Tensors in the dtype the kernel takes are shared, not copied (it never writes
+                // those it keeps in their dtype and reads).
+                let want = match vk.kernel.param(name).map(|p| &p.kind) {
+                    Some(ParamKind::Ptr(d)) if float => *d,
+                    _ => h.dtype,
                 };
+                if kept && want != h.dtype {
+                    return Err(AdError::Spec(format!(
+                        "the VJP kernel reads `{name}` as {want}, the launch binds `{}` of {}: build it for the launch's memory (vjp_kernel_for)",
+                        h.name, h.dtype
+                    )));
+                }
+                let c = add(&mut parts, h.name.clone(), Part::Primal { of: *t, dtype: want });
+                let sh = float.then(|| add(&mut parts, format!("d_{}", h.name), Part::Shadow { of: *t, dtype: vk.float }));
+                copies.push((*t, c, sh));
                 Arg::Tensor(c)
             }
             s => *s,
         };
         args.push((name.clone(), a));
     }
-    let programs = launch.grid().programs();
-    let TapeBounds { max_trips, memory } = bounds;
-    let caps: Vec<u64> = vk
-        .tapes
-        .iter()
-        .map(|t| match t.max_iters {
-            Some(m) => m as u64,
-            None => max_trips.get(&t.inst).copied().unwrap_or(0),
-        })
-        .collect();
-    // What the launch's tensors leave of `memory` for the tapes.
-    let held: u64 = (0..m.len() as u32)
-        .map(|i| m.get(TensorId(i)))
-        .map(|h| h.numel() as u64 * tilegrad_reference::storage_bytes(h.dtype()) as u64)
-        .sum();
-    let room = memory.saturating_sub(held);
-    // Where one program's whole tapes do not fit, the loops keep checkpoints instead: a
-    // checkpoint a segment, segments of the length that takes the least memory (see
-    // `segment`).
-    let rebuilt;
-    let vk = if room < per_program(vk, &caps, None)? {
-        let stored = |name: &str, declared: DType| match launch.args().iter().find(|(n, _)| n == name) {
-            Some((_, Arg::Tensor(t))) if mem.get(*t).dtype().is_float() => mem.get(*t).dtype(),
-            _ => declared,
-        };
-        rebuilt = super::vjp_kernel_checkpointed(launch.kernel(), vk, &stored)?;
-        &rebuilt
-    } else {
-        vk
-    };
-    let segments: Vec<u64> = vk
-        .tapes
-        .iter()
-        .zip(&caps)
-        .map(|(t, &cap)| {
-            let checkpoint = t.checkpoints.as_ref().map_or(0, |c| c.per_checkpoint as u64 * 8);
-            segment(cap, t.per_trip as u64 * t.dtype.size_bytes() as u64, checkpoint)
-        })
-        .collect();
-    let per_program = per_program(vk, &caps, Some(&segments))?;
-    // Programs run in batches whose tapes fit; at least one program per batch.
-    let batch = match per_program {
-        0 => programs,
-        p => (room / p).clamp(1, programs.max(1)),
-    };
-    let mut vl = Launch::new(&vk.kernel, launch.grid());
-    for (n, a) in &args {
-        vl = vl.arg(n, *a);
-    }
-    for (p, s) in &vk.shadows {
-        let t = launch.args().iter().find(|(n, _)| n == p).and_then(|(_, a)| match a {
-            Arg::Tensor(t) => Some(*t),
-            Arg::Scalar(_) => None,
-        });
-        let Some(sh) = t.and_then(|t| copies.iter().find(|(o, ..)| *o == t)).and_then(|c| c.2) else {
-            return Err(AdError::Spec(format!("the launch binds no float tensor to parameter `{p}`")));
-        };
-        vl = vl.arg(s, sh);
-    }
-    // Tapes are scratch: a backend that runs elsewhere keeps them there.
-    let mut scratch: Vec<String> = Vec::new();
-    for ((tape, &cap), &seg) in vk.tapes.iter().zip(&caps).zip(&segments) {
-        let slots = if tape.checkpoints.is_some() { seg } else { cap };
-        let mut add = |name: &str, dtype: DType, per_program: Option<u64>| -> Result<TensorId, AdError> {
-            let n = per_program
-                .and_then(|x| x.checked_mul(batch))
-                .and_then(|x| usize::try_from(x).ok())
-                .ok_or_else(|| AdError::Spec(format!("{}: the loop's tape would hold more than 2^64 values", tape.loc)))?;
-            // At least one element: a loop may keep nothing (no device allocation is empty).
-            // Zeros from a zeroed allocation: a backend that keeps the tape elsewhere never
-            // touches them. Every batch reuses it: a slot is written before it is read.
-            scratch.push(name.to_string());
-            Ok(m.add(name, HostTensor::try_full(dtype, &[n.max(1)], 0.0)?))
-        };
-        let id = add(&tape.tape, tape.dtype, slots.checked_mul(tape.per_trip as u64))?;
-        vl = vl.arg(&tape.tape, id).arg(&tape.capacity_param, cap as i64);
-        if let Some(c) = &tape.checkpoints {
-            let id = add(&c.tape, DType::F64, cap.div_ceil(seg).checked_mul(c.per_checkpoint as u64))?;
-            vl = vl.arg(&c.tape, id).arg(&c.segment_param, seg as i64);
+    Ok((parts, args, copies.into_iter().map(|(t, _, sh)| (t, sh)).collect()))
+}
+
+/// Bytes a part of a plan's memory takes (tapes: none, they are what is sized).
+fn part_bytes(p: &Part, tensors: &[PlanInput]) -> u64 {
+    match *p {
+        Part::Primal { of, dtype } | Part::Shadow { of, dtype } => {
+            tensors[of.0 as usize].numel() as u64 * tilegrad_reference::storage_bytes(dtype) as u64
         }
+        Part::Tape { .. } => 0,
     }
-    let mut first = 0u64;
-    while first < programs {
-        let end = first.saturating_add(batch).min(programs);
-        let mut bl = vl.clone();
-        if let Some(f) = &vk.first_param {
-            bl = bl.arg(f, first as i64);
-        }
-        let bl = bl.options(tilegrad_reference::Options {
-            scratch: scratch.clone(),
-            programs: (batch < programs).then_some(first..end),
-            ..tilegrad_reference::Options::default()
-        });
-        run(&bl, &mut m)?;
-        first = end;
-    }
-    inputs
-        .iter()
-        .map(|t| match copies.iter().find(|(o, ..)| o == t) {
-            Some(&(_, _, Some(sh))) => Ok(m.get(sh).to_f64_vec()),
-            _ => Err(AdError::Spec(format!("`{}` is not a float tensor of the launch", mem.name(*t)))),
-        })
-        .collect()
 }
 
 /// The segment length (trips) of a loop of `cap` trips keeping checkpoints that takes the least

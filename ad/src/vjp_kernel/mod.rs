@@ -61,7 +61,7 @@ mod refuse;
 #[cfg(test)]
 mod tests;
 
-pub use launch::{gradient_by_kernel, TapeBounds};
+pub use launch::{gradient_by_kernel, Part, PlanInput, TapeBounds, VjpPlan};
 
 use crate::AdError;
 use emit::{Emit, Tapes};

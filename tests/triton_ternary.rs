@@ -102,3 +102,30 @@ fn sides_of_different_types_and_tile_conditions_are_refused_as_triton_refuses_th
     assert_eq!(line, PREV_LINE);
     assert!(m.contains("tl.where"), "{m}");
 }
+
+/// In the Python package's f64-promoted ground truth every pointer is f64, so a load on one side
+/// is f64 where the literal `0.0` on the other is f32 by Triton's rules: the literal is promoted
+/// with it (the run it stands for has both sides f32), not refused as two types.
+#[test]
+fn a_literal_side_is_promoted_with_a_promoted_load() {
+    let mut opts = ConvertOptions::with_constexprs(&[("H", 3), ("BT", 4)]);
+    opts.scalar_dtypes = vec![("decay".into(), tilegrad_ir::DType::F64)];
+    opts.pointer_dtypes = vec![("x_ptr".into(), tilegrad_ir::DType::F64), ("y_ptr".into(), tilegrad_ir::DType::F64)];
+    let e = convert(RECURRENCE, "rec.py", "chunk_recurrence", &opts).expect_err("f64 pointers in a run that is not promoted");
+    assert!(e.to_string().contains("different types, f64 and f32"), "{e}");
+    opts.promoted = true;
+    let k = convert(RECURRENCE, "rec.py", "chunk_recurrence", &opts).unwrap_or_else(|e| panic!("{e}"));
+    let t = 9;
+    let x: Vec<f64> = (0..t * 3).map(|j| ((j * 5 % 13) as f64 - 6.0) / 3.0).collect();
+    let mut mem = Memory::new();
+    let xt = mem.add("x", HostTensor::from_f64(&[t, 3], x.clone()));
+    let yt = mem.add("y", HostTensor::from_f64(&[t, 3], vec![f64::NAN; t * 3]));
+    Launch::new(&k, 3).arg("x_ptr", xt).arg("y_ptr", yt).arg("T", t as i64).arg("decay", 0.5f64).run(&mut mem).unwrap();
+    let y = mem.get(yt).to_f64_vec();
+    for i in 0..t {
+        for c in 0..3 {
+            let prev = if i % 4 > 0 { y[(i - 1) * 3 + c] } else { 0.0 };
+            assert_eq!(y[i * 3 + c], x[i * 3 + c] + 0.5 * prev, "row {i}, column {c}");
+        }
+    }
+}

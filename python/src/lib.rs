@@ -19,7 +19,7 @@ use tilegrad::check::{
     calibration, compare as compare_tensors, compare_by, unravel, verdict, Backend, Blame, BlameSite, Executor, Failure, Finding, Init,
     RecordedLaunch, RecordedPass, RecordedTensor, Report, TensorReport, Tolerance,
 };
-use tilegrad_ad::{GradOptions, Precision};
+use tilegrad_ad::{GradOptions, Precision, VjpKernel};
 use tilegrad_ir::analysis::param_uses;
 use tilegrad_ir::triton::{ConstValue, ConvertOptions, GlobalBinding, GlobalFact, HostDescriptor};
 use tilegrad_ir::{DType, DotPrecision, Kernel, Lit, Loc, Op, ParamKind, Value};
@@ -366,12 +366,14 @@ struct PyExecutor(Executor, bool);
 #[pymethods]
 impl PyExecutor {
     #[new]
-    #[pyo3(signature = (backend, ground="evaluator"))]
+    #[pyo3(signature = (backend, ground="auto"))]
     fn new(backend: &str, ground: &str) -> PyResult<PyExecutor> {
+        // "auto": on the GPU the ground truth is each launch's VJP kernel, on the CPU the evaluator.
         let kernels = match ground {
-            "evaluator" => false,
-            "kernels" => true,
-            other => return Err(usage(format!("ground `{other}`: expected \"evaluator\" or \"kernels\""))),
+            "evaluator" => Some(false),
+            "kernels" => Some(true),
+            "auto" => None,
+            other => return Err(usage(format!("ground `{other}`: expected \"auto\", \"evaluator\" or \"kernels\""))),
         };
         let b = match backend {
             "cpu" => Backend::Cpu,
@@ -380,7 +382,9 @@ impl PyExecutor {
             "compare" => Backend::Compare,
             other => return Err(usage(format!("backend `{other}`: expected \"cpu\", \"gpu\", \"auto\" or \"compare\""))),
         };
-        Executor::new(b).map(|e| PyExecutor(e, kernels)).map_err(usage)
+        let e = Executor::new(b).map_err(usage)?;
+        let kernels = kernels.unwrap_or_else(|| e.on_gpu());
+        Ok(PyExecutor(e, kernels))
     }
 
     /// Where the launches ran: `cpu`, or the GPU and the launches it passed to the reference.
@@ -531,9 +535,10 @@ fn device_memory(call: &Call) -> Result<tilegrad_gpu::DeviceMemory, String> {
 /// `inputs` (storage index, address of a contiguous f64 buffer to fill). With `device`, every
 /// address is device memory (CUDA tensors, on the GPU backend): with `ground="kernels"` the VJP
 /// kernel runs there in place; otherwise the storages and cotangents are copied to the host
-/// and the gradients back.
+/// and the gradients back. Returns a note where the launch's VJP kernel was refused and the
+/// evaluator gave its ground truth (`what` names the launch).
 #[pyfunction]
-#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, inputs, outputs, *, native=false, executor=None, device=false))]
+#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, inputs, outputs, *, native=false, executor=None, device=false, what=String::from("a launch")))]
 #[allow(clippy::too_many_arguments)]
 fn vjp(
     py: Python<'_>,
@@ -547,51 +552,89 @@ fn vjp(
     native: bool,
     executor: Option<PyRef<'_, PyExecutor>>,
     device: bool,
-) -> PyResult<()> {
+    what: String,
+) -> PyResult<Option<Note>> {
     let kernels = executor.as_ref().filter(|e| e.1).map(|e| &e.0);
     let exec = executor.as_ref().map(|e| &e.0);
     let call = Call::new(kernel, grid, ptr_args, &scalars, mems, !native)?;
     let precision = if native { Precision::Native } else { Precision::F64 };
-    let r = py.allow_threads(|| -> Result<Result<(), String>, String> {
-        let ins: Vec<TensorId> = inputs.iter().map(|&(m, _)| TensorId(m as u32)).collect();
-        let numel = |m: usize| call.mems.get(m).map(|r| r.numel).ok_or_else(|| "bad storage index".to_string());
+    let r = py.allow_threads(|| -> Result<Result<Option<Finding>, String>, String> {
         let launch = call.launch(Options::default());
+        let vjp = Vjp { launch: &launch, kernels, precision, what: &what };
         if device {
-            return device_vjp(&call, &launch, exec, kernels, &inputs, &outputs, precision);
+            return device_vjp(&call, &vjp, exec, &inputs, &outputs);
         }
         let mem = call.memory(!native)?;
+        let numel = |m: usize| call.mems.get(m).map(|r| r.numel).ok_or_else(|| "bad storage index".to_string());
         let outs: Vec<(TensorId, Vec<f64>)> =
             outputs.iter().map(|&(m, addr)| Ok((TensorId(m as u32), read_f64(addr, numel(m)?)?))).collect::<Result<_, String>>()?;
-        let g = match host_vjp(kernels, &launch, &mem, &ins, &outs, precision) {
+        let ins: Vec<TensorId> = inputs.iter().map(|&(m, _)| TensorId(m as u32)).collect();
+        let (g, note) = match vjp.on_host(&mem, &ins, &outs) {
             Ok(g) => g,
             Err(e) => return Ok(Err(e)),
         };
         for (&(_, addr), gi) in inputs.iter().zip(g) {
             write_f64(addr, gi)?;
         }
-        Ok(Ok(()))
+        Ok(Ok(note))
     });
-    r.map_err(usage)?.map_err(LaunchError::new_err)
+    Ok(r.map_err(usage)?.map_err(LaunchError::new_err)?.map(Note))
+}
+
+/// A launch's ground-truth VJP: by its VJP kernels on `kernels` where given (the evaluator where
+/// the kernel is refused), else by the evaluator.
+struct Vjp<'a> {
+    launch: &'a Launch<'a>,
+    kernels: Option<&'a Executor>,
+    precision: Precision,
+    what: &'a str,
+}
+
+impl Vjp<'_> {
+    /// Over host memory: the gradients, and the note of a refused VJP kernel. Errors are the
+    /// launch's (or the ground truth's).
+    fn on_host(&self, mem: &Memory, ins: &[TensorId], outs: &[(TensorId, Vec<f64>)]) -> Result<(Vec<Vec<f64>>, Option<Finding>), String> {
+        let mut note = None;
+        if let Some(exec) = self.kernels {
+            let float = tilegrad::check::vjp_float(self.launch.kernel(), self.precision);
+            match tilegrad_ad::vjp_kernel_for(self.launch, mem, float) {
+                Ok(vk) => return vjp_by_kernel(exec, &vk, self.launch, mem, ins, outs).map(|g| (g, None)),
+                Err(refused @ tilegrad_ad::AdError::Unsupported { .. }) => {
+                    note = Some(tilegrad::check::evaluator_note(&refused, self.what))
+                }
+                Err(e) => return Err(format!("ground \"kernels\": {e}")),
+            }
+        }
+        let opts = GradOptions { precision: self.precision, ..GradOptions::default() };
+        let g = tilegrad_ad::vjp(self.launch, mem, ins, outs, &opts).map_err(|e| e.to_string())?;
+        Ok((g.inputs, note))
+    }
 }
 
 /// [`vjp`] on device memory: the VJP kernel in place where it can, else through host copies.
 fn device_vjp(
     call: &Call,
-    launch: &Launch,
+    vjp: &Vjp,
     exec: Option<&Executor>,
-    kernels: Option<&Executor>,
     inputs: &[(usize, usize)],
     outputs: &[(usize, usize)],
-    precision: Precision,
-) -> Result<Result<(), String>, String> {
+) -> Result<Result<Option<Finding>, String>, String> {
     let Some(gpu) = exec.and_then(|e| e.gpu()) else {
         return Err("CUDA tensors are used in place by the GPU backend only (backend=\"gpu\")".into());
     };
     let dm = device_memory(call)?;
     let at = |v: &[(usize, usize)]| v.iter().map(|&(m, a)| (TensorId(m as u32), a as u64)).collect::<Vec<_>>();
-    if let Some(exec) = kernels {
-        if tilegrad::check::vjp_in_place::vjp_in_place(exec, launch, &dm, &at(inputs), &at(outputs), precision)? {
-            return Ok(Ok(()));
+    if let Some(exec) = vjp.kernels {
+        use tilegrad::check::vjp_in_place::{vjp_in_place, vjp_kernel};
+        match vjp_kernel(vjp.launch, &dm, vjp.precision) {
+            Ok(vk) => {
+                if vjp_in_place(exec, vjp.launch, &vk, &dm, &at(inputs), &at(outputs))? {
+                    return Ok(Ok(None));
+                }
+            }
+            // Refused: the evaluator, through the host (which notes it).
+            Err(tilegrad_ad::AdError::Unsupported { .. }) => {}
+            Err(e) => return Err(format!("ground \"kernels\": {e}")),
         }
     }
     // Through the host.
@@ -601,7 +644,7 @@ fn device_vjp(
     };
     let err = |e: tilegrad_gpu::GpuError| e.to_string();
     let mut mem = gpu.download_all(&dm).map_err(err)?;
-    if precision == Precision::F64 {
+    if vjp.precision == Precision::F64 {
         mem = promoted(mem);
     }
     let outs = outputs
@@ -609,14 +652,14 @@ fn device_vjp(
         .map(|&(m, addr)| Ok((TensorId(m as u32), gpu.download_tensor(&f64_buffer(m, addr)?).map_err(err)?.to_f64_vec())))
         .collect::<Result<Vec<_>, String>>()?;
     let ins: Vec<TensorId> = inputs.iter().map(|&(m, _)| TensorId(m as u32)).collect();
-    let g = match host_vjp(kernels, launch, &mem, &ins, &outs, precision) {
+    let (g, note) = match vjp.on_host(&mem, &ins, &outs) {
         Ok(g) => g,
         Err(e) => return Ok(Err(e)),
     };
     for (&(m, addr), gi) in inputs.iter().zip(g) {
         gpu.upload_tensor(&f64_buffer(m, addr)?, &HostTensor::from_f64(&[gi.len()], gi)).map_err(err)?;
     }
-    Ok(Ok(()))
+    Ok(Ok(note))
 }
 
 /// Float tensors of `mem` promoted to f64.
@@ -630,41 +673,21 @@ fn promoted(mem: Memory) -> Memory {
     out
 }
 
-/// The VJP of a launch over host memory: by its VJP kernel on `kernels` where given, else by
-/// the evaluator. Errors are the launch's (or the ground truth's refusal).
-fn host_vjp(
-    kernels: Option<&Executor>,
-    launch: &Launch,
-    mem: &Memory,
-    ins: &[TensorId],
-    outs: &[(TensorId, Vec<f64>)],
-    precision: Precision,
-) -> Result<Vec<Vec<f64>>, String> {
-    match kernels {
-        Some(exec) => vjp_by_kernel(exec, launch, mem, ins, outs, precision),
-        None => tilegrad_ad::vjp(launch, mem, ins, outs, &GradOptions { precision, ..GradOptions::default() })
-            .map(|g| g.inputs)
-            .map_err(|e| e.to_string()),
-    }
-}
-
-/// The VJP of `launch` by its VJP kernel run on `exec` (computing in f64, or at native precision
-/// in f32 where the kernel has no f64 values), its loops' tapes sized by a forward run there.
+/// The VJP of `launch` by its VJP kernel `vk` run on `exec`, its loops' tapes sized by a
+/// forward run there.
 fn vjp_by_kernel(
     exec: &Executor,
+    vk: &VjpKernel,
     launch: &Launch,
     mem: &Memory,
     inputs: &[TensorId],
     outputs: &[(TensorId, Vec<f64>)],
-    precision: Precision,
 ) -> Result<Vec<Vec<f64>>, String> {
     use tilegrad_ad::vjp_kernel::{gradient_by_kernel, TapeBounds};
-    let float = tilegrad::check::vjp_float(launch.kernel(), precision);
-    let vk = tilegrad_ad::vjp_kernel_for(launch, mem, float).map_err(|e| format!("ground \"kernels\": {e}"))?;
     let max_trips = exec.run(launch, &mut mem.clone()).map_err(|e| e.to_string())?.max_trips;
     let bounds = TapeBounds { max_trips: &max_trips, memory: exec.vjp_launch_memory(GradOptions::default().memory_budget as u64) };
     let mut run = |l: &Launch, m: &mut Memory| exec.run_vjp(l, m).map(|_| ()).map_err(tilegrad_ad::AdError::from);
-    gradient_by_kernel(&vk, launch, mem, inputs, outputs, bounds, &mut run).map_err(|e| e.to_string())
+    gradient_by_kernel(vk, launch, mem, inputs, outputs, bounds, &mut run).map_err(|e| e.to_string())
 }
 
 /// One writer of a blamed element (a store, an atomic add, nobody, a given tensor).

@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
+tl = triton.language
 
 import kernels as K  # noqa: E402
 import tilegrad  # noqa: E402
@@ -238,3 +239,38 @@ def test_blame_falls_back_to_a_run_with_the_launches_writers_recorded(monkeypatc
     assert not r.passed
     blame = r.to_dict()["gradients"][0]["worst"]["blame"]
     assert blame and "square_bwd" in str(blame), blame
+
+
+@triton.jit
+def _chunked_cumsum(X, Y, T, BT: tl.constexpr):
+    # Each chunk adds the running total, read back from the previous chunk's last output: a load,
+    # in a loop, of what the loop stored (VJP kernels refuse it).
+    row = tl.program_id(0)
+    for c in range(0, tl.cdiv(T, BT)):
+        offs = c * BT + tl.arange(0, BT)
+        m = offs < T
+        x = tl.load(X + row * T + offs, mask=m, other=0.0)
+        prev = tl.load(Y + row * T + c * BT - 1) if c > 0 else 0.0
+        tl.store(Y + row * T + offs, tl.cumsum(x, axis=0) + prev, mask=m)
+
+
+def _cumsum(x):
+    y = torch.empty_like(x)
+    _chunked_cumsum[(x.shape[0],)](x, y, x.shape[1], BT=16)
+    return y
+
+
+def _cumsum_bwd(x, gy):
+    return (gy.flip(1).cumsum(1).flip(1),)
+
+
+def test_a_refused_vjp_kernel_gives_the_evaluator_truth_with_a_note():
+    x = torch.randn(5, 77)
+    kernels = tilegrad.check_backward(_cumsum, _cumsum_bwd, [x], ground="kernels")
+    evaluator = tilegrad.check_backward(_cumsum, _cumsum_bwd, [x], ground="evaluator")
+    assert kernels.passed and evaluator.passed, f"{kernels}\n{evaluator}"
+    assert [n["kind"] for n in kernels.notes] == ["ground_by_evaluator"], kernels.notes
+    assert "ground truth by the evaluator" in str(kernels) and "`load`" in kernels.notes[0]["message"], kernels.notes
+    assert not evaluator.notes
+    broken = tilegrad.check_backward(_cumsum, lambda x, gy: (gy.cumsum(1),), [x], ground="kernels")
+    assert not broken.passed, str(broken)

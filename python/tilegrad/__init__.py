@@ -50,7 +50,7 @@ def check_backward(
     allow_non_finite: bool = False,
     autotune: int | str = 0,
     backend: str = "cpu",
-    ground: str = "evaluator",
+    ground: str = "auto",
     strict: bool = False,
     wrt: Any = None,
 ) -> Report:
@@ -78,9 +78,12 @@ def check_backward(
     `"all"` to check each config in turn (the first failing report, named by its config, else the
     last). `backend`: where the kernel launches run, as the CLI's `--backend`: `"cpu"` (the
     reference interpreter), `"gpu"` (a CUDA GPU, same results and diagnostics; `UsageError` when
-    none is usable) or `"auto"`; the ground truth's VJPs run on the CPU evaluator, unless
-    `ground="kernels"` (the CLI's `--ground kernels`): each launch's VJP kernel then runs on the
-    backend. `report.backend` says where the launches ran.
+    none is usable) or `"auto"`. `ground`: how the ground truth's VJP of each launch is computed:
+    `"kernels"` (the CLI's `--ground kernels`: the launch's VJP kernel, run on the backend; on
+    CUDA tensors, in place), `"evaluator"` (the CPU evaluator), or `"auto"` (the default: VJP
+    kernels where the launches run on the GPU, else the evaluator). A launch whose VJP kernel is
+    refused gets its ground truth from the evaluator, with a note. `report.backend` says where
+    the launches ran.
 
     The check runs torch with one intra-op thread (restored after): its many small host ops
     otherwise contend with the engine's threads for the cores.
@@ -103,7 +106,7 @@ def check_backward(
         return numpy_check(forward, backward, inputs, **opts)
 
 
-def check_function(fn: type, *args: Any, backend: str = "cpu", ground: str = "evaluator", **kwargs: Any) -> Report:
+def check_function(fn: type, *args: Any, backend: str = "cpu", ground: str = "auto", **kwargs: Any) -> Report:
     """Checks the backward of a `torch.autograd.Function` subclass, called as `fn.apply(*args,
     **kwargs)` would call it. Options as for `check_backward` (`seed`, `trials`, `precision`,
     `rtol`, `atol`, `allow_non_finite`, `autotune`, `strict`, `wrt`); every other keyword argument
@@ -135,7 +138,7 @@ def autograd(fn: Callable[..., Any], *, precision: str = "f64") -> Callable[...,
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         import torch
 
-        with torch.enable_grad(), intercepting(_truth_launch(native)), inlining():
+        with torch.enable_grad(), intercepting(_truth_launch(native, [])), inlining():
             if native:
                 return fn(*args, **kwargs)
             args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
@@ -174,7 +177,7 @@ def use_autotune_config(index: int):
         _intercept.autotune_config = prev
 
 
-def vjp(fn: Callable[..., Any], inputs: Any, cotangents: Any, *, precision: str = "f64", backend: str = "cpu", ground: str = "evaluator") -> list[Any]:
+def vjp(fn: Callable[..., Any], inputs: Any, cotangents: Any, *, precision: str = "f64", backend: str = "cpu", ground: str = "auto") -> list[Any]:
     """The ground-truth gradient of `fn(*inputs)` along `cotangents` (one per output), one entry per
     input (None for non-float inputs); works on numpy arrays without torch (kernel launches only).
     `backend` and `ground` as for `check_backward`."""

@@ -41,7 +41,7 @@ class _Launch(torch.autograd.Function):
     _tilegrad_internal = True
 
     @staticmethod
-    def forward(ctx, call: LaunchCall, native: bool, *flats):  # type: ignore[override]
+    def forward(ctx, call: LaunchCall, native: bool, notes: list[Any], *flats):  # type: ignore[override]
         executor = current_executor()
         in_place = call.storages.in_place(executor, promote=not native)
         # The initial contents, kept (the caller overwrites `flats` with the results): on the
@@ -56,6 +56,7 @@ class _Launch(torch.autograd.Function):
             _native.launch(call.kernel, call.grid, call.ptr_args, call.scalars, specs, promote=not native)
         # The initial contents are kept as copies: the caller overwrites `flats` with the results.
         ctx.call, ctx.native, ctx.initial, ctx.devices, ctx.in_place = call, native, initial, [f.device for f in flats], in_place
+        ctx.notes = notes
         # The backward may run on autograd's own threads: the executor is the forward's.
         ctx.executor = current_executor()
         outs = tuple(work[i].to(flats[i].device) for i in sorted(call.written))
@@ -79,7 +80,7 @@ class _Launch(torch.autograd.Function):
                 outputs.append((i, g.data_ptr()))
         grads: list[torch.Tensor | None] = [None] * len(flats)
         if not outputs:
-            return (None, None, *grads)
+            return (None, None, None, *grads)
         inputs = []
         for i, f in enumerate(flats):
             if f.is_floating_point():
@@ -88,14 +89,27 @@ class _Launch(torch.autograd.Function):
         specs = [("/".join(dict.fromkeys(s.names)), s.dtype, f.data_ptr(), s.numel) for s, f in zip(call.storages.items, flats)]
         if ctx.in_place:
             torch.cuda.synchronize()
-        _native.vjp(
-            call.kernel, call.grid, call.ptr_args, call.scalars, specs, inputs, outputs, native=ctx.native, executor=ctx.executor, device=ctx.in_place
+        note = _native.vjp(
+            call.kernel,
+            call.grid,
+            call.ptr_args,
+            call.scalars,
+            specs,
+            inputs,
+            outputs,
+            native=ctx.native,
+            executor=ctx.executor,
+            device=ctx.in_place,
+            what=call.describe(),
         )
+        # A refused VJP kernel (the evaluator gave the truth): noted once, not once per trial.
+        if note is not None and all(str(n) != str(note) for n in ctx.notes):
+            ctx.notes.append(note)
         out = [None if g is None else g.to(f.dtype).to(d) for g, f, d in zip(grads, flats, ctx.devices)]
-        return (None, None, *out)
+        return (None, None, None, *out)
 
 
-def _truth_launch(native: bool) -> Callable[[LaunchCall], None]:
+def _truth_launch(native: bool, notes: list[Any]) -> Callable[[LaunchCall], None]:
     def run(call: LaunchCall) -> None:
         # Flat views over each storage, as views of the caller's tensors (autograd-aware).
         flats = []
@@ -106,7 +120,7 @@ def _truth_launch(native: bool) -> Callable[[LaunchCall], None]:
         if not torch.is_grad_enabled() or not any(f.requires_grad for f in flats):
             call.run(promote=not native)
             return
-        outs = _Launch.apply(call, native, *flats)
+        outs = _Launch.apply(call, native, notes, *flats)
         with torch.enable_grad():
             for i, o in zip(sorted(call.written), outs):
                 flats[i].copy_(o)
@@ -237,7 +251,7 @@ def run_check(
         raise ValueError("the forward returned no float tensor")
 
     # 2. The ground truth's forward.
-    truth_f = _Truth(forward, inputs, diff, native)
+    truth_f = _Truth(forward, inputs, diff, native, notes)
     outs_t = truth_f.outs
     if len(outs_t) != len(outs_n):
         raise ValueError(f"the forward returned {len(outs_n)} values, then {len(outs_t)}")
@@ -319,7 +333,7 @@ def run_check(
             # (the rounding verdict's cancellation term; the calibrated tolerance without a replay).
             if (calibrate or replay is not None) and (_dt(g) in ("f16", "bf16") or (_dt(g) == "f32" and (tf32b or tf32[0]))):
                 if noise is None:
-                    noise = _Truth(forward, inputs, diff, True)
+                    noise = _Truth(forward, inputs, diff, True, notes)
                 if noise_grads[0] != trial:
                     noise_grads = (trial, noise.grads(cots_n, out_idx))
                 noisy = _f64_cpu(noise_grads[1][i]) if i in noise_grads[1] else torch.zeros(x.shape, dtype=torch.float64)
@@ -432,9 +446,10 @@ def _rms(ts: list[torch.Tensor]) -> float:
 class _Truth:
     """The ground truth: the forward run with the float inputs as autograd leaves, each launch a
     differentiable function whose backward is the engine's VJP; promoted to f64 with the host
-    code unless `native` (then in the kernels' own dtypes)."""
+    code unless `native` (then in the kernels' own dtypes). `notes` gets the note of each launch
+    whose VJP kernel was refused (its truth is then the evaluator's)."""
 
-    def __init__(self, forward: Callable[[list[Any]], tuple], inputs: Sequence[Any], diff: list[int], native: bool) -> None:
+    def __init__(self, forward: Callable[[list[Any]], tuple], inputs: Sequence[Any], diff: list[int], native: bool, notes: list[Any]) -> None:
         self.native = native
         self.diff = diff
         self.leaves: dict[int, torch.Tensor] = {}
@@ -446,7 +461,7 @@ class _Truth:
             else:
                 ins.append(_clone(x))
         # Custom Functions in the forward are differentiated through their forward.
-        with torch.enable_grad(), intercepting(_truth_launch(native)), inlining():
+        with torch.enable_grad(), intercepting(_truth_launch(native, notes)), inlining():
             if native:
                 self.outs = _as_tuple(forward(ins))
             else:

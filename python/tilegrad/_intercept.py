@@ -127,12 +127,13 @@ def current_executor() -> Any:
 
 
 @contextlib.contextmanager
-def using_backend(backend: str, ground: str = "evaluator"):
+def using_backend(backend: str, ground: str = "auto"):
     """Runs the launches of this thread on `backend` ("cpu", "gpu", "auto", or "compare", which
     runs each on both and records differences) while the block runs; yields the executor, whose
     `describe()` says where they ran. "gpu" raises `UsageError` saying why when no GPU is usable.
     `ground="kernels"`: the ground truth's VJPs run there too, as VJP kernels (the CLI's
-    `--ground kernels`); by default the CPU evaluator computes them."""
+    `--ground kernels`); `"evaluator"`: the CPU evaluator computes them; `"auto"` (the default):
+    VJP kernels where the launches run on the GPU, else the evaluator."""
     prev = current_executor()
     _state.executor = _native.Executor(backend, ground)
     try:

@@ -242,7 +242,7 @@ fn launch_vjp(
 
 /// The note of a forward launch (`what` says which step it is) whose VJP kernel was refused
 /// with `refused`, an [`AdError::Unsupported`]: its ground truth is the evaluator's.
-fn evaluator_note(refused: &AdError, what: &str) -> Finding {
+pub fn evaluator_note(refused: &AdError, what: &str) -> Finding {
     let mut f = Finding::new(FindingKind::GroundByEvaluator, "forward");
     let why = match refused {
         AdError::Unsupported { kernel, op, loc, message } => {

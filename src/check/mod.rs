@@ -81,7 +81,7 @@ pub mod vjp_in_place;
 
 pub use backend::Executor;
 pub use expr::{Expr, ExprError, Scalar};
-pub use ground::vjp_float;
+pub use ground::{evaluator_note, vjp_float};
 pub use html::page as html_page;
 pub(crate) use inputs::check_dist;
 pub use inputs::{standard_normal, Dist, InputTensor, Inputs, Source};

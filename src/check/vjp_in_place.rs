@@ -5,8 +5,8 @@
 
 use super::backend::Executor;
 use super::ground::vjp_float;
-use tilegrad_ad::vjp_kernel::{Part, PlanInput, TapeBounds, VjpPlan};
-use tilegrad_ad::{GradOptions, Precision};
+use tilegrad_ad::vjp_kernel::{Part, PlanInput, TapeBounds, VjpKernel, VjpPlan};
+use tilegrad_ad::{AdError, GradOptions, Precision};
 use tilegrad_gpu::{device_bytes, DeviceBuffer, DeviceMemory, DeviceTensor, Gpu};
 use tilegrad_ir::DType;
 use tilegrad_reference::{Launch, TensorId};
@@ -14,29 +14,34 @@ use tilegrad_reference::{Launch, TensorId};
 /// A contiguous f64 buffer in device memory: a tensor's cotangent, by the launch's tensor.
 pub type Cotangent = (TensorId, u64);
 
-/// The VJP of `launch` over `mem` (its tensors as the forward found them) by its VJP kernel, on
-/// the GPU in place: given the cotangents of the final contents of `outputs`, writes those of
-/// the initial contents of `inputs` (each a device f64 buffer of its tensor's length).
+/// The VJP kernel of `launch` over `mem` at `precision` ([`tilegrad_ad::vjp_kernel_for`]):
+/// `Err` with the refusal where it has none (the evaluator then gives the ground truth).
+pub fn vjp_kernel(launch: &Launch, mem: &DeviceMemory, precision: Precision) -> Result<VjpKernel, AdError> {
+    tilegrad_ad::vjp_kernel_for(launch, mem.layout(), vjp_float(launch.kernel(), precision))
+}
+
+/// The VJP of `launch` over `mem` (its tensors as the forward found them) by its VJP kernel
+/// `vk` ([`vjp_kernel`]), on the GPU in place: given the cotangents of the final contents of
+/// `outputs`, writes those of the initial contents of `inputs` (each a device f64 buffer of its
+/// tensor's length).
 ///
 /// `Ok(false)` where it cannot run in place and the caller must go through the host: the VJP
-/// kernel would compute in f32 (`precision` native on a kernel without f64 values) or take a
-/// tensor in another dtype than the one it is stored in (an f32 storage of an f64 ground truth).
+/// kernel computes in f32 (native precision on a kernel without f64 values) or takes a tensor
+/// in another dtype than the one it is stored in (an f32 storage of an f64 ground truth).
 pub fn vjp_in_place(
     exec: &Executor,
     launch: &Launch,
+    vk: &VjpKernel,
     mem: &DeviceMemory,
     inputs: &[Cotangent],
     outputs: &[Cotangent],
-    precision: Precision,
 ) -> Result<bool, String> {
     let Some(gpu) = exec.gpu() else {
         return Err("device memory is used in place by the GPU backend only".into());
     };
-    let float = vjp_float(launch.kernel(), precision);
-    if float != DType::F64 {
+    if vk.float != DType::F64 {
         return Ok(false);
     }
-    let vk = tilegrad_ad::vjp_kernel_for(launch, mem.layout(), float).map_err(|e| format!("ground \"kernels\": {e}"))?;
     // Tapes of loops without `max_iters` are sized by the forward's trip counts.
     let max_trips = if vk.tapes.iter().any(|t| t.max_iters.is_none()) {
         gpu.run_and_rewind(launch, mem, tilegrad_gpu::GpuOptions::default()).map_err(|e| e.to_string())?.summary.max_trips
@@ -46,7 +51,7 @@ pub fn vjp_in_place(
     let tensors: Vec<PlanInput> =
         mem.tensors().iter().map(|t| PlanInput { name: t.name.clone(), dtype: t.dtype, shape: vec![t.numel] }).collect();
     let bounds = TapeBounds { max_trips: &max_trips, memory: exec.vjp_launch_memory(GradOptions::default().memory_budget as u64) };
-    let plan = VjpPlan::new(&vk, launch, &tensors, bounds).map_err(|e| e.to_string())?;
+    let plan = VjpPlan::new(vk, launch, &tensors, bounds).map_err(|e| e.to_string())?;
     let Some((vjp_mem, _buffers)) = plan_memory(gpu, &plan, mem, outputs)? else {
         return Ok(false);
     };

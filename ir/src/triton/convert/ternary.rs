@@ -80,7 +80,12 @@ impl Cx<'_> {
         let r = self.side_value(e);
         std::mem::swap(&mut self.b, bb);
         bb.set_loc(Some(self.lines.loc(o)));
-        let v = r?;
+        let mut v = r?;
+        // In an f64-promoted run every float is f64: a float literal on one side (f32 by
+        // Triton's rules, as in the run it stands for) is too, as the promoted load beside it.
+        if let Some(x) = v.filter(|&x| self.promoted && bb.ty(x).elem == crate::Elem::Num(crate::DType::F32)) {
+            v = Some(bb.cast(x, crate::DType::F64));
+        }
         let got = v.map(|v| bb.ty(v));
         match want {
             Some(w) if w != got => {

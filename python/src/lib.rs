@@ -933,8 +933,11 @@ fn compare(
 /// alone (drawn in parallel chunks, as the CLI draws its inputs).
 #[pyfunction]
 fn standard_normal(py: Python<'_>, addr: usize, n: usize, seed: u64) -> PyResult<()> {
-    let v = py.allow_threads(|| tilegrad::check::standard_normal(n, seed));
-    write_f64(addr, v).map_err(usage)
+    // SAFETY: the caller's buffer holds `n` f64 values and nothing else uses it meanwhile
+    // (memory.rs's contract).
+    let out = unsafe { memory::f64_slice_mut(addr, n) }.map_err(usage)?;
+    py.allow_threads(|| tilegrad::check::standard_normal_into(out, seed));
+    Ok(())
 }
 
 /// The multi-index of flat element `i` of a row-major tensor of `shape`.

@@ -132,11 +132,30 @@ pub unsafe fn f64_slice<'a>(addr: usize, n: usize) -> Result<&'a [f64], String> 
     if n == 0 {
         return Ok(&[]);
     }
+    f64_aligned(addr)?;
+    // SAFETY: checked non-null and aligned; valid for `n` elements by the caller's word.
+    Ok(unsafe { std::slice::from_raw_parts(addr as *const f64, n) })
+}
+
+/// The `n` f64 values at `addr` (a contiguous f64 buffer), borrowed mutably for the call.
+///
+/// # Safety
+/// As [`f64_slice`], and nothing else reads or writes the buffer while the slice is used.
+pub unsafe fn f64_slice_mut<'a>(addr: usize, n: usize) -> Result<&'a mut [f64], String> {
+    if n == 0 {
+        return Ok(&mut []);
+    }
+    f64_aligned(addr)?;
+    // SAFETY: checked non-null and aligned; valid and unshared for `n` elements by the caller's word.
+    Ok(unsafe { std::slice::from_raw_parts_mut(addr as *mut f64, n) })
+}
+
+/// An error where `addr` is null or not aligned to f64.
+fn f64_aligned(addr: usize) -> Result<(), String> {
     if addr == 0 || addr % std::mem::align_of::<f64>() != 0 {
         return Err(format!("buffer address {addr:#x} is null or not aligned to f64"));
     }
-    // SAFETY: checked non-null and aligned; valid for `n` elements by the caller's word.
-    Ok(unsafe { std::slice::from_raw_parts(addr as *const f64, n) })
+    Ok(())
 }
 
 /// Reads `n` f64 values at `addr` (a contiguous f64 buffer).

@@ -303,10 +303,30 @@ const CHUNK: usize = 1 << 20;
 /// A float tensor drawn from `dist` chunk by chunk, chunks in parallel, each rounded to `dtype`
 /// as it is drawn (no f64 copy of the whole tensor).
 pub(crate) fn draw_floats(dtype: DType, shape: &[usize], n: usize, dist: Dist, r: &mut StdRng) -> Result<HostTensor, String> {
+    let data = match dtype {
+        DType::F64 => {
+            let mut v = vec![0.0f64; n];
+            draw_into(&mut v, dist, r, |x| x)?;
+            Data::F64(v)
+        }
+        _ => {
+            let mut v = vec![0.0f32; n];
+            draw_into(&mut v, dist, r, |x| tilegrad_reference::round_to(dtype, x) as f32)?;
+            Data::F32(v)
+        }
+    };
+    HostTensor::new(dtype, shape, data).map_err(|e| e.to_string())
+}
+
+/// Fills `out` with values of `dist` (each through `conv`), in chunks of [`CHUNK`] drawn in
+/// parallel past one chunk; `r` goes on as [`draw_floats`] says.
+fn draw_into<T: Send>(out: &mut [T], dist: Dist, r: &mut StdRng, conv: impl Fn(f64) -> T + Sync) -> Result<(), String> {
+    let n = out.len();
     if n <= CHUNK {
         // One chunk: from the generator itself, which goes on (slices of one tensor draw in turn).
         let v = sample(&dist, r, n).ok_or_else(|| format!("empty range in {dist:?}"))?;
-        return Ok(HostTensor::from_f64_as(dtype, shape, &v));
+        out.iter_mut().zip(v).for_each(|(o, x)| *o = conv(x));
+        return Ok(());
     }
     if sample(&dist, &mut r.clone(), 0).is_none() {
         return Err(format!("empty range in {dist:?}"));
@@ -314,55 +334,42 @@ pub(crate) fn draw_floats(dtype: DType, shape: &[usize], n: usize, dist: Dist, r
     let key: u64 = r.clone().gen();
     // What draws next from `r` (a following slice) starts from a fresh key, not where chunk 0 did.
     let next = StdRng::seed_from_u64(key.rotate_left(29) ^ 0x5851_f42d_4c95_7f2d);
-    let chunks = n.div_ceil(CHUNK);
-    let fill = |k: usize, out: &mut dyn FnMut(usize, f64)| {
-        let len = CHUNK.min(n - k * CHUNK);
+    let first = r.clone();
+    let fill = |k: usize, c: &mut [T]| {
         let v = if k == 0 {
-            sample(&dist, &mut r.clone(), len)
+            sample(&dist, &mut first.clone(), c.len())
         } else {
             let mut rk = StdRng::seed_from_u64(key ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-            sample(&dist, &mut rk, len)
+            sample(&dist, &mut rk, c.len())
         };
-        for (i, x) in v.expect("checked non-empty above").into_iter().enumerate() {
-            out(i, x);
+        c.iter_mut().zip(v.expect("checked non-empty above")).for_each(|(o, x)| *o = conv(x));
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(n.div_ceil(CHUNK)).max(1);
+    std::thread::scope(|sc| {
+        let mut per: Vec<Vec<(usize, &mut [T])>> = (0..threads).map(|_| Vec::new()).collect();
+        for (k, c) in out.chunks_mut(CHUNK).enumerate() {
+            per[k % threads].push((k, c));
         }
-    };
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(chunks).max(1);
-    macro_rules! par {
-        ($ty:ty, $conv:expr) => {{
-            let mut data: Vec<$ty> = vec![Default::default(); n];
-            std::thread::scope(|sc| {
-                let mut per: Vec<Vec<(usize, &mut [$ty])>> = (0..threads).map(|_| Vec::new()).collect();
-                for (k, c) in data.chunks_mut(CHUNK).enumerate() {
-                    per[k % threads].push((k, c));
-                }
-                for mine in per {
-                    sc.spawn(|| {
-                        for (k, c) in mine {
-                            fill(k, &mut |i, x| c[i] = $conv(x));
-                        }
-                    });
-                }
-            });
-            data
-        }};
-    }
-    let data = match dtype {
-        DType::F64 => Data::F64(par!(f64, |x: f64| x)),
-        _ => Data::F32(par!(f32, |x: f64| tilegrad_reference::round_to(dtype, x) as f32)),
-    };
+        for mine in per {
+            let fill = &fill;
+            sc.spawn(move || mine.into_iter().for_each(|(k, c)| fill(k, c)));
+        }
+    });
     *r = next;
-    HostTensor::new(dtype, shape, data).map_err(|e| e.to_string())
+    Ok(())
 }
 
 /// `n` standard normal f64 values keyed by `seed` alone (chunks drawn in parallel, the same
 /// values whatever the number of threads): the Python package's cotangents.
 pub fn standard_normal(n: usize, seed: u64) -> Vec<f64> {
-    let mut r = StdRng::seed_from_u64(seed);
-    match draw_floats(DType::F64, &[n], n, Dist::default(), &mut r).map(|t| t.into_data()) {
-        Ok(Data::F64(v)) => v,
-        _ => unreachable!("a standard normal f64 tensor draws f64 values"),
-    }
+    let mut v = vec![0.0; n];
+    standard_normal_into(&mut v, seed);
+    v
+}
+
+/// [`standard_normal`] into `out` (its length is `n`).
+pub fn standard_normal_into(out: &mut [f64], seed: u64) {
+    draw_into(out, Dist::default(), &mut StdRng::seed_from_u64(seed), |x| x).expect("the standard normal is not empty");
 }
 
 /// A tensor whose consecutive slices along `axis` are drawn from their own distributions (each
@@ -452,4 +459,33 @@ pub(crate) fn normal(r: &mut StdRng, n: usize) -> Vec<f64> {
     }
     out.truncate(n);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Large draws are chunks of their own generators filled in parallel: the f32 tensor is the
+    /// f64 draw rounded element by element, chunks differ from one another, and the values are a
+    /// standard normal's.
+    #[test]
+    fn large_draws_fill_their_chunks_alike_in_every_dtype() {
+        let n = 3 * CHUNK + 12_345;
+        let v = standard_normal(n, 42);
+        let f32s = draw_floats(DType::F32, &[n], n, Dist::default(), &mut StdRng::seed_from_u64(42)).unwrap();
+        let Data::F32(w) = f32s.data() else { panic!("f32 data") };
+        assert!(v.iter().zip(w).all(|(&a, &b)| a as f32 == b));
+        let mut into = vec![0.0; n];
+        standard_normal_into(&mut into, 42);
+        assert!(v.iter().zip(&into).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert_ne!(v[..64], v[CHUNK..CHUNK + 64]);
+        assert_ne!(standard_normal(n, 43)[..64], v[..64]);
+        let mean = v.iter().sum::<f64>() / n as f64;
+        let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n as f64;
+        assert!(mean.abs() < 5e-3 && (var - 1.0).abs() < 5e-3, "mean {mean}, variance {var}");
+        // The first chunk of a large draw is the small draw's beginning from the same generator
+        // state.
+        let small = standard_normal(1000, 42);
+        assert!(small.iter().zip(&v).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
 }

@@ -84,7 +84,7 @@ pub use expr::{Expr, ExprError, Scalar};
 pub use ground::{evaluator_note, vjp_float};
 pub use html::page as html_page;
 pub(crate) use inputs::check_dist;
-pub use inputs::{standard_normal, Dist, InputTensor, Inputs, Source};
+pub use inputs::{standard_normal, standard_normal_into, Dist, InputTensor, Inputs, Source};
 pub use recorded::{RecordedLaunch, RecordedPass, RecordedTensor};
 pub use report::{
     compare, compare_by, judge, unravel, Blame, BlameSite, Calibration, ErrorMap, Explained, Failure, Finding, FindingKind, Formula,

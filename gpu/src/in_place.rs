@@ -111,8 +111,8 @@ impl DeviceBuffer {
     }
 }
 
-/// Device copies of the tensors a launch writes, taken before it runs.
-pub(crate) struct Backup {
+/// Device copies of the tensors a launch writes ([`crate::Gpu::back_up`]).
+pub struct Backup {
     copies: Vec<(TensorId, cudarc::driver::CudaSlice<u8>)>,
 }
 
@@ -146,6 +146,16 @@ impl crate::Gpu {
         Ok(out)
     }
 
+    /// Host copies of the tensors `launch` writes, in a memory of `mem`'s names and ids (the
+    /// others empty).
+    pub fn download_written(&self, launch: &Launch, mem: &DeviceMemory) -> Result<Memory, GpuError> {
+        let mut out = mem.layout().clone();
+        for t in written_tensors(launch.kernel(), launch.args()) {
+            *out.get_mut(t) = self.download_tensor(mem.get(t))?;
+        }
+        Ok(out)
+    }
+
     /// Copies a host tensor (of the device tensor's dtype and size) into a device tensor.
     pub fn upload_tensor(&self, t: &DeviceTensor, h: &HostTensor) -> Result<(), GpuError> {
         if h.numel() != t.numel || h.dtype() != t.dtype {
@@ -171,7 +181,7 @@ impl crate::Gpu {
     /// Device copies of the tensors `launch` may write (before it runs), but scratch (bound
     /// only to [`tilegrad_reference::Options::scratch`] parameters: nothing reads it before the
     /// launch writes it).
-    pub(crate) fn back_up(&self, launch: &Launch, mem: &DeviceMemory) -> Result<Backup, GpuError> {
+    pub fn back_up(&self, launch: &Launch, mem: &DeviceMemory) -> Result<Backup, GpuError> {
         let s = &self.cuda()?.stream;
         let scratch = &launch.get_options().scratch;
         let mut copies = Vec::new();
@@ -196,7 +206,7 @@ impl crate::Gpu {
     }
 
     /// Puts the contents a [`Backup`] holds back.
-    pub(crate) fn restore(&self, backup: &Backup, mem: &DeviceMemory) -> Result<(), GpuError> {
+    pub fn restore(&self, backup: &Backup, mem: &DeviceMemory) -> Result<(), GpuError> {
         use cudarc::driver::DevicePtr;
         let s = &self.cuda()?.stream;
         for (t, b) in &backup.copies {

@@ -29,7 +29,7 @@ mod device;
 mod in_place;
 
 pub use device::{compile_generated, compile_only, nvrtc_present, usable, Gpu};
-pub use in_place::{device_bytes, DeviceBuffer, DeviceMemory, DeviceTensor};
+pub use in_place::{device_bytes, Backup, DeviceBuffer, DeviceMemory, DeviceTensor};
 
 use tilegrad_ir::Loc;
 use tilegrad_reference::{ExecError, LaunchSummary};

@@ -446,20 +446,24 @@ fn launch(
     let ran = py.allow_threads(|| -> Result<Result<_, ExecError>, String> {
         // The memory before and after, for a snapshot, and for notes where the kernel has loads
         // without `other` (whose masked-off lanes the notes run again poisoned).
-        let unfilled = !tilegrad_ir::analysis::unfilled_loads(&call.kernel).is_empty();
-        let keep = snapshot || (noting.is_some() && unfilled);
+        // On the device, notes run the launch again from device copies of what it writes.
+        let lanes = noting.is_some() && !tilegrad_ir::analysis::unfilled_loads(&call.kernel).is_empty();
+        let keep = snapshot || (lanes && !device);
         let l = call.launch(opts.clone());
-        let ran = match if device { on_device(&call, &l, exec, promote, keep) } else { on_host(&call, &l, exec, promote, keep) }? {
+        let ran = match if device { on_device(&call, &l, exec, promote, keep, lanes) } else { on_host(&call, &l, exec, promote, keep) }? {
             Ok(ran) => ran,
             Err(e) => return Ok(Err(e)),
         };
         let none = Memory::new();
-        let noted = match noting {
-            Some((pass, step, what)) => {
+        let noted = match (noting, &ran.device) {
+            (Some((pass, step, what)), Some((mem, backup))) if !keep => {
+                tilegrad::check::notes::of_launch_in_place(&l, mem, backup.as_ref(), &ran.summary, exec, pass, step, what)?
+            }
+            (Some((pass, step, what)), _) => {
                 let (before, after) = (ran.before.as_ref().unwrap_or(&none), ran.after.as_ref().unwrap_or(&none));
                 tilegrad::check::notes::of_launch(&l, before, after, &ran.summary, exec, pass, step, what)
             }
-            None => Vec::new(),
+            (None, _) => Vec::new(),
         };
         let snap = match (ran.before, snapshot) {
             (Some(before), true) => Some(Snapshot {
@@ -482,6 +486,9 @@ struct Ran {
     summary: tilegrad_reference::LaunchSummary,
     before: Option<Memory>,
     after: Option<Memory>,
+    /// A launch in place: its device memory, and what it wrote as it was before it ran, where
+    /// notes run it again poisoned on the device.
+    device: Option<(tilegrad_gpu::DeviceMemory, Option<tilegrad_gpu::Backup>)>,
 }
 
 /// Runs a launch over host storages: read into the engine's memory, run, the written storages
@@ -496,12 +503,12 @@ fn on_host(call: &Call, l: &Launch, exec: &Executor, promote: bool, keep: bool) 
     for t in tilegrad_reference::written_tensors(&call.kernel, &call.args) {
         call.mems[t.0 as usize].write(mem.get(t))?;
     }
-    Ok(Ok(Ran { summary, before, after: keep.then_some(mem) }))
+    Ok(Ok(Ran { summary, before, after: keep.then_some(mem), device: None }))
 }
 
 /// Runs a launch on the GPU over device storages (CUDA tensors), in place: nothing is copied to
 /// the host but the memory before and after where `keep` (for notes and blame).
-fn on_device(call: &Call, l: &Launch, exec: &Executor, promote: bool, keep: bool) -> Result<Result<Ran, ExecError>, String> {
+fn on_device(call: &Call, l: &Launch, exec: &Executor, promote: bool, keep: bool, lanes: bool) -> Result<Result<Ran, ExecError>, String> {
     let Some(gpu) = exec.gpu() else {
         return Err("CUDA tensors are used in place by the GPU backend only (backend=\"gpu\")".into());
     };
@@ -510,13 +517,14 @@ fn on_device(call: &Call, l: &Launch, exec: &Executor, promote: bool, keep: bool
     }
     let mem = device_memory(call)?;
     let before = if keep { Some(gpu.download_all(&mem).map_err(|e| e.to_string())?) } else { None };
+    let backup = if lanes && !keep { Some(gpu.back_up(l, &mem).map_err(|e| e.to_string())?) } else { None };
     let summary = match exec.run_in_place(l, &mem) {
         Ok(s) => s,
         Err(tilegrad_gpu::GpuError::Exec(e)) => return Ok(Err(e)),
         Err(e) => return Err(e.to_string()),
     };
     let after = if keep { Some(gpu.download_all(&mem).map_err(|e| e.to_string())?) } else { None };
-    Ok(Ok(Ran { summary, before, after }))
+    Ok(Ok(Ran { summary, before, after, device: Some((mem, backup)) }))
 }
 
 /// A call's storages as device memory (CUDA tensors).

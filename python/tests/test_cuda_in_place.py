@@ -155,3 +155,27 @@ def test_check_function_with_vjp_kernels_in_place_keeps_the_verdicts(no_host_cop
     assert g[0]["max_abs_err"] == pytest.approx(c[0]["max_abs_err"], rel=1e-6, abs=1e-12), (g[0], c[0])
     bad = tilegrad.check_function(L.RMSNormScaledDW, x, w, backend="gpu", ground="kernels", seed=5)
     assert not bad.passed and "FAIL" in str(bad), str(bad)
+
+
+@triton.jit
+def _row_sum_sq(X, OUT, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(X + row * n + offs, mask=offs < n)  # masked-off lanes read as 0, then summed
+    tl.store(OUT + row, tl.sum(x * x, axis=0))
+
+
+def _sum_sq(x):
+    out = torch.empty(x.shape[0], device=x.device, dtype=x.dtype)
+    _row_sum_sq[(x.shape[0],)](x, out, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
+    return out
+
+
+def test_notes_of_masked_lanes_are_found_on_the_device_as_on_the_host(no_host_copies):
+    x = torch.randn(9, 100, device="cuda")
+    on_gpu = tilegrad.check_backward(_sum_sq, lambda x, g: (2 * x * g[:, None],), [x], backend="gpu")
+    on_cpu = tilegrad.check_backward(_sum_sq, lambda x, g: (2 * x * g[:, None],), [x.cpu()], backend="cpu")
+    # Passing: the forward's output was put back after the poisoned runs (NaN otherwise).
+    assert on_gpu.passed and on_cpu.passed, f"{on_gpu}\n{on_cpu}"
+    assert [n["kind"] for n in on_gpu.notes] == [n["kind"] for n in on_cpu.notes] == ["masked_lanes"], on_gpu.notes
+    assert on_gpu.notes[0]["message"] == on_cpu.notes[0]["message"], (on_gpu.notes, on_cpu.notes)

@@ -11,6 +11,7 @@
 
 use super::backend::Executor;
 use super::report::{unravel, Finding, FindingKind, Location};
+use tilegrad_gpu::{Backup, DeviceMemory};
 use tilegrad_ir::{Inst, Kernel};
 use tilegrad_reference::{Arg, Grid, Launch, LaunchSummary, Memory, Options, Race, Site, TensorId, POISON_ALL};
 
@@ -68,18 +69,37 @@ pub(crate) fn masked_lanes(
         return None;
     }
     let written = super::steps::written_tensors(kernel, args);
-    let differs = |mask: u64| -> Option<Difference> {
+    let mut differs = |mask: u64| -> Option<Difference> {
         let mut mem = before.clone();
-        let o = Options { poison_masked_loads: mask, record_writers: false, ..opts.clone() };
-        let mut launch = Launch::new(kernel, grid).options(o);
-        for (n, a) in args {
-            launch = launch.arg(n, *a);
-        }
-        match exec.run(&launch, &mut mem) {
+        match exec.run(&poisoned(kernel, grid, args, opts, mask), &mut mem) {
             Err(e) => Some(Difference::Failed(e.to_string())),
             Ok(_) => first_difference(&written, after, &mem),
         }
     };
+    masked_lanes_by(kernel, loads, after, at, &mut differs)
+}
+
+/// The launch of `kernel` over `args` with the masked-off lanes of the loads in `mask` poisoned.
+fn poisoned<'k>(kernel: &'k Kernel, grid: Grid, args: &[(String, Arg)], opts: &Options, mask: u64) -> Launch<'k> {
+    let o = Options { poison_masked_loads: mask, record_writers: false, ..opts.clone() };
+    let mut launch = Launch::new(kernel, grid).options(o);
+    for (n, a) in args {
+        launch = launch.arg(n, *a);
+    }
+    launch
+}
+
+/// The note of a launch whose results depend on the masked-off lanes of its `loads` (the
+/// kernel's loads without `other`): `differs(mask)` runs it again with the loads of `mask`
+/// poisoned and says how its results (`after`, as they were) changed. All loads are poisoned
+/// first, then (up to [`ATTRIBUTED`]) one at a time to name those the results depend on.
+fn masked_lanes_by(
+    kernel: &Kernel,
+    loads: Vec<Inst>,
+    after: &Memory,
+    at: At,
+    differs: &mut dyn FnMut(u64) -> Option<Difference>,
+) -> Option<Finding> {
     let diff = differs(POISON_ALL)?;
     let relied: Vec<Inst> = if loads.len() == 1 {
         loads
@@ -94,6 +114,45 @@ pub(crate) fn masked_lanes(
         loads
     };
     Some(masked_note(kernel, &relied, &diff, after, at))
+}
+
+/// The notes of a launch that ran in place on device memory `mem` (the GPU backend over CUDA
+/// tensors), as [`of_launch`] gives them: `before` holds what the launch writes as it was before
+/// it ran ([`tilegrad_gpu::Gpu::back_up`], taken where the kernel has loads without `other`;
+/// `None` otherwise). The poisoned runs go on the device from those contents, only the tensors
+/// the launch writes come to the host, and the launch's own results are put back.
+#[allow(clippy::too_many_arguments)]
+pub fn of_launch_in_place(
+    launch: &Launch,
+    mem: &DeviceMemory,
+    before: Option<&Backup>,
+    summary: &LaunchSummary,
+    exec: &Executor,
+    pass: &'static str,
+    step: usize,
+    what: &str,
+) -> Result<Vec<Finding>, String> {
+    let at = At { pass, step, what };
+    let mut out = Vec::new();
+    let loads = tilegrad_ir::analysis::unfilled_loads(launch.kernel());
+    if let (Some(before), Some(gpu), false) = (before, exec.gpu(), loads.is_empty()) {
+        let err = |e: tilegrad_gpu::GpuError| e.to_string();
+        let written = super::steps::written_tensors(launch.kernel(), launch.args());
+        let after = gpu.download_written(launch, mem).map_err(err)?;
+        let results = gpu.back_up(launch, mem).map_err(err)?;
+        let mut differs = |mask: u64| -> Option<Difference> {
+            let l = poisoned(launch.kernel(), launch.grid(), launch.args(), launch.get_options(), mask);
+            let ran = gpu.restore(before, mem).map_err(err).and_then(|()| exec.run_in_place(&l, mem).map_err(err));
+            match ran.and_then(|_| gpu.download_written(&l, mem).map_err(err)) {
+                Err(e) => Some(Difference::Failed(e)),
+                Ok(m) => first_difference(&written, &after, &m),
+            }
+        };
+        out.extend(masked_lanes_by(launch.kernel(), loads, &after, at, &mut differs));
+        gpu.restore(&results, mem).map_err(err)?;
+    }
+    out.extend(same_value(summary, at));
+    Ok(out)
 }
 
 /// How a launch's results changed with masked-off lanes poisoned.

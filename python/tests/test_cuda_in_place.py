@@ -179,3 +179,23 @@ def test_notes_of_masked_lanes_are_found_on_the_device_as_on_the_host(no_host_co
     assert on_gpu.passed and on_cpu.passed, f"{on_gpu}\n{on_cpu}"
     assert [n["kind"] for n in on_gpu.notes] == [n["kind"] for n in on_cpu.notes] == ["masked_lanes"], on_gpu.notes
     assert on_gpu.notes[0]["message"] == on_cpu.notes[0]["message"], (on_gpu.notes, on_cpu.notes)
+
+
+def test_a_launch_in_f64_over_f32_cuda_storages_runs_on_device_copies_in_f64(no_host_copies):
+    # A replay in f64 whose host code keeps f32 buffers: the launch runs on f64 device copies,
+    # its results rounded back into them, as the host path rounds them.
+    from tilegrad._intercept import intercepting, using_backend
+
+    n = 10_007
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    x, y = torch.randn(n, device="cuda", generator=gen), torch.randn(n, device="cuda", generator=gen)
+
+    def axpy(backend, promote, dev):
+        out = torch.zeros(n, device=dev)
+        with using_backend(backend), intercepting(lambda call: call.run(promote=promote)):
+            _axpy[(triton.cdiv(n, 256),)](x.to(dev), y.to(dev), out, 1.1, n, BLOCK=256)
+        return out.cpu()
+
+    on_device = axpy("gpu", True, "cuda")
+    assert torch.equal(on_device, axpy("cpu", True, "cpu"))
+    assert not torch.equal(on_device, axpy("cpu", False, "cpu"))  # f64 arithmetic, rounded once

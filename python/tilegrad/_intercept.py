@@ -86,6 +86,8 @@ class LaunchCall:
         record |= snapshot
         executor = current_executor()
         in_place = self.storages.in_place(executor, promote)
+        widened = None if in_place or not promote else self.storages.widened(executor)
+        in_place |= widened is not None
         if in_place:
             # Work queued on other streams is done before the engine's launch reads the memory.
             _sync()
@@ -94,7 +96,7 @@ class LaunchCall:
             self.grid,
             self.ptr_args,
             self.scalars,
-            self.storages.specs(in_place),
+            self.storages.specs(in_place, widened),
             poison=poison,
             record=record,
             exact=exact,
@@ -104,7 +106,9 @@ class LaunchCall:
             snapshot=snapshot,
             device=in_place,
         )
-        if not in_place:
+        if widened is not None:
+            self.storages.narrow_back(widened, self.written)
+        elif not in_place:
             self.storages.write_back(self.written)
         if observer is not None:
             observer(self, rec)

@@ -82,6 +82,12 @@ class Storage:
         return self.flat.data_ptr()
 
 
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
 def torch_flat(t: Any) -> Any:
     """A flat 1-D tensor over the whole storage of `t` (sharing its memory)."""
     import torch
@@ -149,10 +155,34 @@ class Storages:
             return False
         return all(s.device_flat is not None and s.device_flat.device.type == "cuda" and (s.device_flat.device.index or 0) == 0 for s in self.items)
 
-    def specs(self, in_place: bool = False) -> list[tuple[str, str, int, int]]:
-        """(names, dtype, address, elements) of each storage: device addresses where `in_place`,
-        else host ones (host copies of CUDA storages)."""
-        return [("/".join(dict.fromkeys(s.names)), s.dtype, s.addr if in_place else s.host_addr(), s.numel) for s in self.items]
+    def widened(self, executor: Any) -> dict[int, Any] | None:
+        """For a launch in f64 over CUDA storages some of which are f32 (a replay in f64 whose
+        host code allocates f32 buffers): f64 device copies of those, by storage index, so that
+        it runs on the device too (`specs(widened=...)`, then `narrow_back`). None where the
+        launch cannot run in place, or a storage is f16/bf16 (their rounding back from f64 is the
+        host path's)."""
+        if not self.in_place(executor) or any(s.dtype in ("f16", "bf16") for s in self.items):
+            return None
+        return {i: s.device_flat.to(_torch().float64) for i, s in enumerate(self.items) if s.dtype == "f32"}
+
+    def narrow_back(self, widened: dict[int, Any], written: set[int]) -> None:
+        """Rounds the f64 results of `widened` storages the launch wrote back into them."""
+        for i in written:
+            if i in widened:
+                self.items[i].device_flat.copy_(widened[i])
+
+    def specs(self, in_place: bool = False, widened: dict[int, Any] | None = None) -> list[tuple[str, str, int, int]]:
+        """(names, dtype, address, elements) of each storage: device addresses where `in_place`
+        (those of the f64 copies of `widened` storages), else host ones (host copies of CUDA
+        storages)."""
+        out = []
+        for i, s in enumerate(self.items):
+            names = "/".join(dict.fromkeys(s.names))
+            if widened and i in widened:
+                out.append((names, "f64", widened[i].data_ptr(), s.numel))
+            else:
+                out.append((names, s.dtype, s.addr if in_place else s.host_addr(), s.numel))
+        return out
 
     def write_back(self, written: set[int]) -> None:
         """Copies host results of device storages back to the device."""

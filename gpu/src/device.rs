@@ -305,6 +305,22 @@ impl Gpu {
     /// compiled before (in memory or on disk) are skipped; a kernel that fails to compile is
     /// left to its launch, which reports the error.
     pub fn precompile(&self, kernels: &[(&Kernel, Flavor, u64)]) {
+        let (now, later) = self.compile_jobs(kernels);
+        self.ahead.compile(&now);
+        self.ahead.compile_in_background(later);
+    }
+
+    /// [`Gpu::precompile`] with every form compiled in the background: for kernels a caller
+    /// will launch later (the f64 forms and VJP kernels of a launch the Python package has just
+    /// seen), so that their compiles overlap what runs before. A launch of one waits for it.
+    pub fn precompile_in_background(&self, kernels: &[(&Kernel, Flavor, u64)]) {
+        let (mut now, later) = self.compile_jobs(kernels);
+        now.extend(later);
+        self.ahead.compile_in_background(now);
+    }
+
+    /// The compiles [`Gpu::precompile`] runs: the first forms, then the others.
+    fn compile_jobs(&self, kernels: &[(&Kernel, Flavor, u64)]) -> (Vec<Job>, Vec<Job>) {
         let mut now: Vec<Job> = Vec::new();
         let mut later: Vec<Job> = Vec::new();
         for (k, flavor, programs) in kernels {
@@ -320,8 +336,7 @@ impl Gpu {
             }
         }
         self.ahead.expect(now.iter().chain(&later).map(|j| j.key));
-        self.ahead.compile(&now);
-        self.ahead.compile_in_background(later);
+        (now, later)
     }
 
     /// Compiles generated code (or takes its machine code from the disk cache, or from

@@ -58,12 +58,14 @@ pub struct KernelVariants {
     /// The kernel as converted.
     pub kernel: Arc<Kernel>,
     variants: VariantCache,
+    /// Variants (by their based pointers) whose f64 forms were queued to compile ahead.
+    ahead: Mutex<Vec<Vec<String>>>,
 }
 
 impl KernelVariants {
     /// Wraps a converted kernel.
     pub fn new(kernel: Kernel) -> KernelVariants {
-        KernelVariants { kernel: Arc::new(kernel), variants: Mutex::new(HashMap::new()) }
+        KernelVariants { kernel: Arc::new(kernel), variants: Mutex::new(HashMap::new()), ahead: Mutex::new(Vec::new()) }
     }
 
     /// The variant taking the base offsets of `ptrs` (sorted) and, when `promote`, computing every
@@ -84,5 +86,24 @@ impl KernelVariants {
         let k = Arc::new(k);
         cache.insert(key, k.clone());
         Ok(k)
+    }
+
+    /// Queues, once per variant, the GPU compiles a check will need after a launch of the
+    /// kernel in its own dtypes: its f64 form (the ground truth's forward, the replay of a
+    /// backward) and, for a forward, that form's VJP kernel, in the background on `exec`.
+    /// Whatever fails to build is left to the launch that needs it, which reports it.
+    pub fn compile_ahead(&self, ptrs: &[String], forward: bool, exec: &tilegrad::check::Executor, programs: u64) {
+        {
+            let mut queued = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+            if queued.iter().any(|p| p == ptrs) {
+                return;
+            }
+            queued.push(ptrs.to_vec());
+        }
+        let Ok(f64_form) = self.variant(ptrs, true) else { return };
+        let vjp = if forward { tilegrad_ad::vjp_kernel_as(&f64_form, &|_: &str, d: DType| d, DType::F64).ok() } else { None };
+        let mut kernels = vec![(&*f64_form, false, programs)];
+        kernels.extend(vjp.as_ref().map(|vk| (&vk.kernel, true, programs)));
+        exec.precompile_in_background(&kernels);
     }
 }

@@ -192,6 +192,8 @@ struct Call {
     grid: Grid,
     args: Vec<(String, Arg)>,
     mems: Vec<RawMem>,
+    /// The pointer parameters taking a base offset (the kernel variant's).
+    based: Vec<String>,
 }
 
 fn scalar(v: &Bound<'_, PyAny>, name: &str) -> PyResult<Lit> {
@@ -236,7 +238,7 @@ impl Call {
         for (p, v) in scalars {
             args.push((p.clone(), Arg::Scalar(scalar(v, p)?)));
         }
-        Ok(Call { kernel, grid: Grid([grid.0, grid.1, grid.2]), args, mems })
+        Ok(Call { kernel, grid: Grid([grid.0, grid.1, grid.2]), args, mems, based })
     }
 
     fn memory(&self, promote: bool) -> Result<Memory, String> {
@@ -431,6 +433,13 @@ fn launch(
         Some(other) => return Err(usage(format!("notes: pass `{other}`: expected \"forward\" or \"backward\""))),
     };
     let call = Call::new(kernel, grid, ptr_args, &scalars, mems, promote)?;
+    let cpu = Executor::cpu();
+    let exec = executor.map_or(&cpu, |e| &e.0);
+    if let (Some(p), false, true) = (pass, promote, exec.on_gpu()) {
+        // The check will launch the f64 forms next (and a forward's VJP kernel): their compiles
+        // overlap this launch and the host work after it.
+        kernel.inner.compile_ahead(&call.based, p == "forward", exec, call.grid.programs());
+    }
     let poison = if poison { tilegrad_reference::POISON_ALL } else { 0 };
     // The backward under test (`exact`, and every recorded launch) reports the first error in
     // program order, as the CLI's backward does.
@@ -440,8 +449,6 @@ fn launch(
         exact: exact || record || snapshot,
         ..Options::default()
     };
-    let cpu = Executor::cpu();
-    let exec = executor.map_or(&cpu, |e| &e.0);
     let noting = pass.zip(notes.as_ref()).map(|(pass, (_, step, what))| (pass, *step, what.as_str()));
     let ran = py.allow_threads(|| -> Result<Result<_, ExecError>, String> {
         // The memory before and after, for a snapshot, and for notes where the kernel has loads

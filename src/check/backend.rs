@@ -85,10 +85,26 @@ impl Executor {
     /// an estimate, say whether the forms for large launches are worth compiling).
     pub fn precompile(&self, kernels: &[(&tilegrad_ir::Kernel, bool, u64)]) {
         if let Some(g) = &self.gpu {
-            // As `run` and `run_vjp` launch them (a traced run adds writers to marks it has).
-            let flavor = |vjp: bool| tilegrad_gpu::codegen::Flavor { ordered: !vjp || self.ordered_vjp, marks: !vjp };
-            g.precompile(&kernels.iter().map(|&(k, vjp, programs)| (k, flavor(vjp), programs)).collect::<Vec<_>>());
+            g.precompile(&self.flavored(kernels));
         }
+    }
+
+    /// [`Executor::precompile`] in the background: for kernels launched later, while other work
+    /// runs (a launch of one waits for its compile).
+    pub fn precompile_in_background(&self, kernels: &[(&tilegrad_ir::Kernel, bool, u64)]) {
+        if let Some(g) = &self.gpu {
+            g.precompile_in_background(&self.flavored(kernels));
+        }
+    }
+
+    /// Kernels with the flavors `run` and `run_vjp` launch them in (a traced run adds writers to
+    /// marks it has).
+    fn flavored<'k>(
+        &self,
+        kernels: &[(&'k tilegrad_ir::Kernel, bool, u64)],
+    ) -> Vec<(&'k tilegrad_ir::Kernel, tilegrad_gpu::codegen::Flavor, u64)> {
+        let flavor = |vjp: bool| tilegrad_gpu::codegen::Flavor { ordered: !vjp || self.ordered_vjp, marks: !vjp };
+        kernels.iter().map(|&(k, vjp, programs)| (k, flavor(vjp), programs)).collect()
     }
 
     /// VJP kernels' launches take at most `bytes` ([`Executor::vjp_launch_memory`]).

@@ -711,7 +711,7 @@ impl Gpu {
             return Ok((Buf::Owned(s.alloc_zeros::<u8>(bytes).map_err(driver)?), numel));
         }
         Ok(match place {
-            Place::Host(mem) => (Buf::Owned(s.clone_htod(&tensor_bytes(dtype, mem.get(t).data())).map_err(driver)?), numel),
+            Place::Host(mem) => (Buf::Owned(s.clone_htod(&*stored_bytes(dtype, mem.get(t).data())).map_err(driver)?), numel),
             Place::Device { mem, .. } => (Buf::Borrowed(mem.get(t).addr), numel),
         })
     }
@@ -809,9 +809,11 @@ impl Gpu {
         let Place::Host(mem) = place else { return Ok(Some(summary)) };
         for (t, sl) in &p.slots {
             if let (true, false, Buf::Owned(buf)) = (sl.stored || sl.atomic, sl.scratch, &sl.buf) {
-                let bytes = s.clone_dtoh(buf).map_err(driver)?;
                 let old = mem.get(*t);
-                let data = from_bytes(old.dtype(), &bytes, sl.numel);
+                let data = data_from_device(old.dtype(), sl.numel, |dst| {
+                    s.memcpy_dtoh(&buf.slice(0..dst.len()), dst).map_err(driver)?;
+                    s.synchronize().map_err(driver)
+                })?;
                 let nt = tilegrad_reference::HostTensor::new(old.dtype(), old.shape(), data)?;
                 *mem.get_mut(*t) = nt;
             }
@@ -968,6 +970,56 @@ pub(crate) fn tensor_bytes(dt: DType, d: &Data) -> Vec<u8> {
     out
 }
 
+/// A tensor's data as the bytes the device stores: the host's own bytes where their layout is
+/// the device's (f32, f64, i32 and i64 on a little-endian host: no copy of a large tensor
+/// before its upload), else converted ([`tensor_bytes`]).
+pub(crate) fn stored_bytes(dt: DType, d: &Data) -> std::borrow::Cow<'_, [u8]> {
+    fn raw<T: Copy>(v: &[T]) -> &[u8] {
+        // SAFETY: plain numbers without padding, viewed as their bytes for the slice's life.
+        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+    }
+    let native = cfg!(target_endian = "little") && d.len() > 0;
+    match (dt, d) {
+        (DType::F32, Data::F32(v)) if native => raw(v).into(),
+        (DType::F64, Data::F64(v)) if native => raw(v).into(),
+        (DType::I32, Data::I32(v)) if native => raw(v).into(),
+        (DType::I64, Data::I64(v)) if native => raw(v).into(),
+        _ => tensor_bytes(dt, d).into(),
+    }
+}
+
+/// A tensor's data from the device: `copy` fills a host buffer of the `n` elements' stored
+/// bytes; f32, f64, i32 and i64 land in their vectors directly (no second copy).
+pub(crate) fn data_from_device(dt: DType, n: usize, copy: impl FnOnce(&mut [u8]) -> Result<(), GpuError>) -> Result<Data, GpuError> {
+    fn typed<T: Copy + Default>(
+        n: usize,
+        copy: impl FnOnce(&mut [u8]) -> Result<(), GpuError>,
+        wrap: fn(Vec<T>) -> Data,
+    ) -> Result<Data, GpuError> {
+        let mut v = vec![T::default(); n];
+        // SAFETY: plain numbers: every bit pattern written into their bytes is a value.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v.as_slice())) };
+        if !bytes.is_empty() {
+            copy(bytes)?;
+        }
+        Ok(wrap(v))
+    }
+    let le = cfg!(target_endian = "little");
+    match dt {
+        DType::F32 if le => typed(n, copy, Data::F32),
+        DType::F64 if le => typed(n, copy, Data::F64),
+        DType::I32 if le => typed(n, copy, Data::I32),
+        DType::I64 if le => typed(n, copy, Data::I64),
+        _ => {
+            let mut b = vec![0u8; n * crate::device_bytes(dt)];
+            if !b.is_empty() {
+                copy(&mut b)?;
+            }
+            Ok(from_bytes(dt, &b, n))
+        }
+    }
+}
+
 /// Device storage bytes back to a tensor's data.
 pub(crate) fn from_bytes(dt: DType, b: &[u8], n: usize) -> Data {
     match dt {
@@ -1045,6 +1097,34 @@ mod tests {
         assert_eq!(from_bytes(DType::I1, &tensor_bytes(DType::I1, &i), 3), i);
         let l = Data::I64(vec![i64::MIN, 3, -7]);
         assert_eq!(from_bytes(DType::I64, &tensor_bytes(DType::I64, &l), 3), l);
+    }
+
+    /// The uploads' borrowed bytes and the downloads' direct copies are those of the converting
+    /// paths, in every dtype, empty tensors included.
+    #[test]
+    fn stored_bytes_and_direct_downloads_match_the_conversions() {
+        let cases = [
+            (DType::F32, Data::F32(vec![1.5, -0.0, f32::MIN_POSITIVE, 3.25e7, f32::NAN])),
+            (DType::F64, Data::F64(vec![0.1, -2.5e-300, 7.0])),
+            (DType::I32, Data::I32(vec![i32::MIN, -1, 5])),
+            (DType::I64, Data::I64(vec![i64::MAX, 0, -9])),
+            (DType::F16, Data::F32(vec![0.5, -2.0, 65504.0])),
+            (DType::I1, Data::I1(vec![true, false, true])),
+            (DType::F32, Data::F32(Vec::new())),
+        ];
+        for (dt, data) in cases {
+            let n = data.len();
+            let want = tensor_bytes(dt, &data);
+            let got = stored_bytes(dt, &data);
+            assert_eq!(&got[..], &want[..got.len()], "{dt}");
+            assert!(got.len() >= n * crate::device_bytes(dt), "{dt}");
+            let back = data_from_device(dt, n, |dst| {
+                dst.copy_from_slice(&want[..dst.len()]);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(format!("{back:?}"), format!("{:?}", from_bytes(dt, &want, n)), "{dt}");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! add in program order, a kernel only the reference runs) is run again from those contents,
 //! on the device or, through host copies, on the reference, as a launch on host memory is.
 
-use crate::device::{driver, from_bytes, tensor_bytes};
+use crate::device::{data_from_device, driver, stored_bytes};
 use crate::{GpuError, GpuOptions, Outcome};
 use tilegrad_ir::DType;
 use tilegrad_reference::{written_tensors, Data, HostTensor, Launch, Memory, TensorId};
@@ -127,14 +127,13 @@ impl crate::Gpu {
 
     /// Copies a device tensor to the host.
     pub fn download_tensor(&self, t: &DeviceTensor) -> Result<HostTensor, GpuError> {
-        let mut bytes = vec![0u8; t.bytes()];
-        if !bytes.is_empty() {
-            self.bind()?;
+        self.bind()?;
+        let data = data_from_device(t.dtype, t.numel, |dst| {
             // SAFETY: the caller's tensor is valid for its bytes (DeviceTensor's contract), and
             // the copy is synchronous.
-            unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut bytes, t.addr) }.map_err(driver)?;
-        }
-        Ok(HostTensor::new(t.dtype, &[t.numel], from_bytes(t.dtype, &bytes, t.numel))?)
+            unsafe { cudarc::driver::result::memcpy_dtoh_sync(dst, t.addr) }.map_err(driver)
+        })?;
+        Ok(HostTensor::new(t.dtype, &[t.numel], data)?)
     }
 
     /// Copies every device tensor to a host memory (same names and ids).
@@ -168,12 +167,12 @@ impl crate::Gpu {
                 t.dtype
             )));
         }
-        let mut bytes = tensor_bytes(t.dtype, h.data());
-        bytes.truncate(t.bytes());
+        let bytes = stored_bytes(t.dtype, h.data());
+        let bytes = &bytes[..t.bytes()];
         if !bytes.is_empty() {
             self.bind()?;
             // SAFETY: as in `download`.
-            unsafe { cudarc::driver::result::memcpy_htod_sync(t.addr, &bytes) }.map_err(driver)?;
+            unsafe { cudarc::driver::result::memcpy_htod_sync(t.addr, bytes) }.map_err(driver)?;
         }
         Ok(())
     }

@@ -978,7 +978,7 @@ pub(crate) fn stored_bytes(dt: DType, d: &Data) -> std::borrow::Cow<'_, [u8]> {
         // SAFETY: plain numbers without padding, viewed as their bytes for the slice's life.
         unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
     }
-    let native = cfg!(target_endian = "little") && d.len() > 0;
+    let native = cfg!(target_endian = "little") && !d.is_empty();
     match (dt, d) {
         (DType::F32, Data::F32(v)) if native => raw(v).into(),
         (DType::F64, Data::F64(v)) if native => raw(v).into(),

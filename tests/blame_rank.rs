@@ -21,6 +21,7 @@ const MISSES: &[(&str, &str)] = &[
     ("layer_norm_rows_bwd_broken_var_mask", "every element is wrong: the statistics lines tie and rank by distance"),
     ("attn_bwd_broken_key_mask", "a mask that masks nothing ranks with the shared lines"),
     ("attn_bwd_causal_broken_diagonal", "a loop bound: control flow, not data flow"),
+    ("attn_bwd_causal_broken_strict", "a mask comparison every element passes: its outcome over the lanes followed does not separate the wrong elements from the right ones"),
     ("_rms_norm_backward_kernel_broken_no_offset", "a wrong load offset: every element is wrong, the lines tie"),
     ("liger_cross_entropy_bwd_kernel_broken_reduction", "a constexpr branch folded away leaves no op on its line"),
     ("_rope_backward_broken_sign", "a helper called with the wrong sign: the lines tie"),

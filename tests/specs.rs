@@ -284,6 +284,10 @@ const SLICE_MISSES: &[(&str, &str)] = &[
     // decide how many trips made the value) but ranks an integer bound below the many float
     // lines of the softmax recomputation that every trip runs.
     ("attn_bwd_causal_broken_diagonal", "a loop bound ranks below the float lines of every trip"),
+    // `<` for `<=` in the causal mask: every element, wrong or right, passes through the mask's
+    // comparison, and its outcome over the lanes a slice follows does not tell them apart, so the
+    // line ranks with the shared lines of the softmax recomputation.
+    ("attn_bwd_causal_broken_strict", "a mask comparison every element passes ranks with the shared lines"),
     // `dtanh = 1.0` binds a Python float: the front end makes it a constant where it is used,
     // so its own line holds no op.
     ("_dyt_bwd_broken_dropped_term", "a float bound to a name leaves no op on its line"),

@@ -54,6 +54,10 @@ pub struct Slice {
     pub nonfinite: Option<String>,
     /// Masks and conditions that decided whether, and from what, the element was written.
     pub decided_by: Vec<String>,
+    /// The launch of the blamed store (its step, whether a forward one, its kernel): lines of
+    /// other launches say where they ran.
+    #[serde(skip)]
+    pub home: (usize, bool, String),
 }
 
 /// One line of a [`Slice`].
@@ -63,8 +67,11 @@ pub struct SliceLine {
     pub loc: String,
     /// The kernel.
     pub kernel: String,
-    /// Step of the pass that launched it.
+    /// Step of the pass that launched it (of the forward, where `forward` says so).
     pub step: usize,
+    /// The launch is one of the forward's (which left a value the backward read).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub forward: bool,
     /// The program instance.
     pub program: [u32; 3],
     /// The line's main op (the one nearest the store along the data flow).
@@ -100,18 +107,15 @@ impl fmt::Display for Slice {
         writeln!(f, "      data flow of the element, most likely culprit first:")?;
         let locs: Vec<String> = self.lines.iter().take(TEXT_LINES).map(|l| short_loc(&relative(&l.loc)).to_string()).collect();
         let width = locs.iter().map(String::len).max().unwrap_or(0);
-        let mut at: Option<(usize, &str, [u32; 3])> = self.lines.first().map(|l| (l.step, l.kernel.as_str(), l.program));
         for (l, loc) in self.lines.iter().take(TEXT_LINES).zip(&locs) {
-            if at != Some((l.step, l.kernel.as_str(), l.program)) {
-                at = Some((l.step, l.kernel.as_str(), l.program));
-            }
-            let first = self.lines.first().is_some_and(|f0| f0.step == l.step && f0.kernel == l.kernel);
+            let first = (l.step, l.forward, &l.kernel) == (self.home.0, self.home.1, &self.home.2);
             let value = l.value.map_or(String::new(), |v| format!("= {}", fmt_val(v)));
             let role = if l.role == "value" { String::new() } else { format!("[{}] ", l.role) };
             let whr = if first {
                 String::new()
             } else {
-                format!("  (kernel `{}`, step {}, program ({}, {}, {}))", l.kernel, l.step, l.program[0], l.program[1], l.program[2])
+                let step = if l.forward { format!("forward step {}", l.step) } else { format!("step {}", l.step) };
+                format!("  (kernel `{}`, {step}, program ({}, {}, {}))", l.kernel, l.program[0], l.program[1], l.program[2])
             };
             let line = format!("        {loc:<width$}  {:<10} {value:<12} | {role}{}", l.op, l.source);
             let line = line + &l.note.as_ref().map_or(String::new(), |n| format!("  <- {n}"));
@@ -186,7 +190,9 @@ pub(crate) struct Target<'a> {
 pub(crate) fn explain(t: &Target, evidence: Option<&Evidence>, mut reruns: Reruns) -> Option<Slice> {
     let mut files = Files::default();
     let mut lines = Vec::new();
-    let mut out = Slice { lines: Vec::new(), omitted: 0, nonfinite: None, decided_by: Vec::new() };
+    let kernel = t.trace.launches.iter().find(|l| l.step == t.step)?.kernel.name.clone();
+    let home = (t.trace.pass_step(t.step), t.step < t.trace.forward_steps, kernel);
+    let mut out = Slice { lines: Vec::new(), omitted: 0, nonfinite: None, decided_by: Vec::new(), home };
     reruns.budget = usize::MAX;
     walk_launch(t, 0, &mut reruns, &mut files, &mut lines, &mut out)?;
     for r in &mut lines {
@@ -1030,7 +1036,7 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
         let (name, s) = (&u.tensor, u.step);
         let sl = u.kernel.inst(u.inst).loc.clone();
         if u.program == Writers::MANY {
-            notes.insert(u.load, format!("reads `{name}`{idx:?}, added to by several programs at {sl} (step {s})"));
+            notes.insert(u.load, format!("reads `{name}`{idx:?}, added to by several programs at {sl} ({})", t.trace.step_name(s)));
             continue;
         }
         let p = u.grid.pid(u.program as u64);
@@ -1038,8 +1044,12 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
         notes.insert(
             u.load,
             format!(
-                "reads `{name}`{idx:?}, written at {at} by kernel `{}` (step {s}), program ({}, {}, {})",
-                u.kernel.name, p[0], p[1], p[2]
+                "reads `{name}`{idx:?}, written at {at} by kernel `{}` ({}), program ({}, {}, {})",
+                u.kernel.name,
+                t.trace.step_name(s),
+                p[0],
+                p[1],
+                p[2]
             ),
         );
         if launch < MAX_DEPTH && sub_targets.len() < 2 {
@@ -1105,7 +1115,8 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
             line: SliceLine {
                 loc: a.loc.to_string(),
                 kernel: k.name.clone(),
-                step: t.step,
+                step: t.trace.pass_step(t.step),
+                forward: t.step < t.trace.forward_steps,
                 program: pidv,
                 op: op.to_string(),
                 role: role.to_string(),
@@ -1149,6 +1160,11 @@ impl Reruns {
     /// Reruns of at most `budget` programs.
     pub fn with_budget(budget: usize) -> Reruns {
         Reruns { before: HashMap::new(), records: HashMap::new(), budget }
+    }
+
+    /// Allows `more` programs to be run again beyond those run so far.
+    pub fn allow(&mut self, more: usize) {
+        self.budget = self.records.len().saturating_add(more);
     }
 
     /// Runs again, in parallel, the programs that wrote the elements of `targets` (in order, up
@@ -1287,13 +1303,13 @@ fn upstream(t: &Target, w: &Walk, back: &[TensorId]) -> Vec<Upstream> {
 /// A source line: file and line number.
 pub(crate) type LineKey = (Arc<str>, u32);
 
-/// What a condition (a boolean value) was at the lanes of an element's slice.
+/// What a condition (a boolean value) was at the lanes of an element's slice: true where it was
+/// true at some lane (it let something into the element's value), false where at none. Which
+/// lanes of a masked row a slice follows would otherwise decide the outcome as much as the bug.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Outcome {
     True,
     False,
-    /// True at some lanes, false at others (a mask over a reduced row).
-    Mixed,
 }
 
 /// The lines of one element's slice and the outcome of each condition on it: what ranking by
@@ -1324,9 +1340,8 @@ pub(crate) fn element_flow(t: &Target, reruns: &mut Reruns, launch: usize, seen:
         if k.ty(r).dtype() == Some(tilegrad_ir::DType::I1) {
             let at: Vec<Option<bool>> = w.lanes[r.index()].iter().flatten().map(|&l| w.cond_at(r, l)).collect();
             let o = match (at.contains(&Some(true)), at.contains(&Some(false))) {
-                (true, false) => Outcome::True,
+                (true, _) => Outcome::True,
                 (false, true) => Outcome::False,
-                (true, true) => Outcome::Mixed,
                 (false, false) => return,
             };
             if !seen.conditions.contains(&(key.clone(), o)) {

@@ -27,7 +27,6 @@ const MISSES: &[(&str, &str)] = &[
     ("_rope_backward_broken_sign", "a helper called with the wrong sign: the lines tie"),
     ("_embedding_bwd_kernel_broken_padding", "an early return's condition is control flow, not data flow"),
     ("_group_norm_bwd_broken_count", "a wrong count in a mean: every element is wrong, the lines tie"),
-    ("_dyt_bwd_broken_dropped_term", "a Python float bound to a name becomes a constant at its use: its line has no op"),
     ("_batch_norm_bwd_broken_bessel", "a wrong count in a mean: every element is wrong, the lines tie"),
     ("layer_norm_tail_bwd_broken_block_mean", "a wrong count in a mean: every element is wrong, the lines tie"),
 ];

@@ -311,9 +311,6 @@ const SLICE_MISSES: &[(&str, &str)] = &[
     // comparison, and its outcome over the lanes a slice follows does not tell them apart, so the
     // line ranks with the shared lines of the softmax recomputation.
     ("attn_bwd_causal_broken_strict", "a mask comparison every element passes ranks with the shared lines"),
-    // `dtanh = 1.0` binds a Python float: the front end makes it a constant where it is used,
-    // so its own line holds no op.
-    ("_dyt_bwd_broken_dropped_term", "a float bound to a name leaves no op on its line"),
 ];
 
 /// For a wrong or NaN gradient, the worst element's data-flow slice names the variant's `# BUG:`

@@ -755,6 +755,23 @@ fn overwritten_carries(g: &Graph, w: &Walk) -> Vec<Inst> {
     out
 }
 
+/// Per value: whether a loop takes it as the initial value of what it carries (a constant
+/// there is an accumulator's start, on the loop's line, not the value of an expression).
+fn loop_inits(k: &Kernel) -> Vec<bool> {
+    let mut out = vec![false; k.values.len()];
+    k.walk(&mut |_, d| {
+        let carried = match d.op {
+            Op::For { .. } => d.args.get(3..).unwrap_or(&[]),
+            Op::While { .. } => &d.args[..],
+            _ => &[],
+        };
+        for v in carried {
+            out[v.index()] = true;
+        }
+    });
+    out
+}
+
 /// Whether `v` depends on parameter `param` of block `b` (over-approximated through nested
 /// loops and branches: on everything they take and yield).
 fn depends_on(g: &Graph, v: Value, b: Block, param: usize) -> bool {
@@ -964,10 +981,15 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
         /// A `where` on the line selects both ways among the lanes used: a mask that shaped
         /// the value (a reduction over a masked row).
         mixed: bool,
+        /// Every op of the line on the slice is the float constant 0 or ±1, the identity of a sum
+        /// or a product: what an expression whose term was dropped leaves (a named constant of
+        /// the formula, such as sqrt(2 / pi), is not suspect).
+        constant: bool,
         order: usize,
     }
     let mut by_line: Vec<Acc> = Vec::new();
     let overwritten = overwritten_carries(&g, &w);
+    let inits = loop_inits(k);
     let add = |i: Inst, role: Role, depth: u32, by_line: &mut Vec<Acc>| {
         let d = k.inst(i);
         if !listed(k, d) {
@@ -991,6 +1013,7 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
                     overwrite: false,
                     scales: false,
                     mixed: false,
+                    constant: true,
                     order: g.order[i.index()],
                 });
                 by_line.last_mut().expect("pushed")
@@ -1015,6 +1038,8 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
             let vals: Vec<Option<bool>> = ls.iter().take(4096).map(|&l| w.cond_at(d.args[0], same(&[l], &cs, &rs)[0])).collect();
             a.mixed |= vals.contains(&Some(true)) && vals.contains(&Some(false));
         }
+        a.constant &=
+            matches!(d.op, Op::Const { value: tilegrad_ir::Lit::Float(v) } if v == 0.0 || v.abs() == 1.0) && !inits[d.results[0].index()];
     };
     add(t.inst, Role::Value, 0, &mut by_line);
     let mut reached: Vec<(Inst, Role, u32)> = Vec::new();
@@ -1061,9 +1086,10 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
     for a in by_line {
         let Some((_, main)) = a.main else { continue };
         let d = k.inst(main);
+        let constant = a.constant && a.role == Role::Value;
         let class = if a.origin || a.overwrite {
             0
-        } else if a.role == Role::Mask && masky {
+        } else if a.role == Role::Mask && masky || constant {
             1
         } else if a.role == Role::Value && a.compute {
             if a.compute_shared && !a.mixed {
@@ -1105,6 +1131,8 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
         }
         if a.origin && note.is_none() {
             note = Some("first non-finite value".into());
+        } else if constant && note.is_none() {
+            note = Some("the line's value is a constant: is a term of its expression missing?".into());
         } else if a.overwrite && note.is_none() {
             note = Some("the loop carries this value out, but each trip overwrites it: only the last trip counts".into());
         } else if class == 2 && !a.compute_shared && note.is_none() && launch == 0 && others {

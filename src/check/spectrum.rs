@@ -174,7 +174,11 @@ impl Evidence {
     pub fn judge(&self, key: &LineKey) -> Option<(f64, String)> {
         let &[f, p] = self.lines.get(key)?;
         let (nw, nr) = (self.wrong, self.right);
-        let mut best = (self.ochiai([f, p]), format!("feeds {f} of {nw} wrong elements and {p} of {nr} right ones"));
+        let feeds = match nr {
+            0 => format!("feeds {f} of {nw} wrong elements (no element sampled is right)"),
+            _ => format!("feeds {f} of {nw} wrong elements and {p} of {nr} right ones"),
+        };
+        let mut best = (self.ochiai([f, p]), feeds);
         for o in [Outcome::True, Outcome::False] {
             let Some(&c) = self.conditions.get(&(key.clone(), o)) else { continue };
             let s = self.ochiai(c);

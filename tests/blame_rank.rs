@@ -25,10 +25,6 @@ const MISSES: &[(&str, &str)] = &[
     ("_rms_norm_backward_kernel_broken_no_offset", "a wrong load offset: every element is wrong, the lines tie"),
     ("liger_cross_entropy_bwd_kernel_broken_reduction", "a constexpr branch folded away leaves no op on its line"),
     ("_rope_backward_broken_sign", "a helper called with the wrong sign: the lines tie"),
-    ("_embedding_bwd_kernel_broken_padding", "an early return's condition is control flow, not data flow"),
-    ("_group_norm_bwd_broken_count", "a wrong count in a mean: every element is wrong, the lines tie"),
-    ("_batch_norm_bwd_broken_bessel", "a wrong count in a mean: every element is wrong, the lines tie"),
-    ("layer_norm_tail_bwd_broken_block_mean", "a wrong count in a mean: every element is wrong, the lines tie"),
 ];
 
 fn examples() -> PathBuf {

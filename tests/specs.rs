@@ -300,9 +300,6 @@ const SLICE_MISSES: &[(&str, &str)] = &[
     // The bug is an `if` on a string constexpr, folded at conversion: the branch it should have
     // taken leaves no op in the kernel, so no value of the element passes through its line.
     ("liger_cross_entropy_bwd_kernel_broken_reduction", "a constexpr branch folded away leaves no op on its line"),
-    // The bug is the condition of an early return: it decides whether the program reaches its
-    // atomic_add at all, and the slice follows the values of the element, not that branch.
-    ("_embedding_bwd_kernel_broken_padding", "an early return's condition is control flow, not data flow"),
     // The bug is the bound of the loop that accumulates dq: the slice reaches it (the bounds
     // decide how many trips made the value) but ranks an integer bound below the many float
     // lines of the softmax recomputation that every trip runs.

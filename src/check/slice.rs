@@ -200,6 +200,7 @@ pub(crate) fn explain(t: &Target, evidence: Option<&Evidence>, mut reruns: Rerun
             (r.line.score, r.line.reason) = (Some(score), Some(reason));
         }
     }
+    odd_counts(&mut lines);
     if let Some(f) = evidence.and_then(|e| e.factor) {
         scaling_first(&mut lines, f);
     }
@@ -263,6 +264,26 @@ struct Ranked {
     store: bool,
     /// The line computes one float for the whole program, or multiplies or divides by one.
     scales: bool,
+    /// The line divides by one whole number for the whole program (a mean's count), this one.
+    count: Option<f64>,
+}
+
+/// Where the lines of a slice that divide by a count (a mean's) mostly divide by one, the
+/// others come first among lines of equal evidence: a mean over the wrong count (a block's size
+/// for a row's, `N - 1` for `N`) leaves every element wrong, and nothing but the count tells its
+/// line from the other means'.
+fn odd_counts(lines: &mut [Ranked]) {
+    let counts: Vec<f64> = lines.iter().filter_map(|r| r.count).collect();
+    let times = |c: f64| counts.iter().filter(|&&x| x == c).count();
+    let Some(common) = counts.iter().copied().max_by_key(|&c| times(c)) else { return };
+    if times(common) < 2 || times(common) * 2 <= counts.len() {
+        return;
+    }
+    for r in lines.iter_mut().filter(|r| r.count.is_some_and(|c| c != common)) {
+        r.class = r.class.min(1);
+        let c = r.count.map_or(String::new(), fmt_val);
+        r.line.note = Some(format!("divides by {c} where the other means of the slice divide by {}: a wrong count?", fmt_val(common)));
+    }
 }
 
 /// Source files, read once.
@@ -340,6 +361,8 @@ struct Graph<'k> {
     k: &'k Kernel,
     def: Vec<Def>,
     owner: Vec<Option<Inst>>,
+    /// Per instruction: the loop or branch whose block holds it (none at the top level).
+    parent: Vec<Option<Inst>>,
     order: Vec<usize>,
 }
 
@@ -348,6 +371,7 @@ impl<'k> Graph<'k> {
         let mut def = vec![Def::Param; k.values.len()];
         let mut owner = vec![None; k.blocks.len()];
         let mut order = vec![0; k.insts.len()];
+        let mut parent = vec![None; k.insts.len()];
         let mut n = 0;
         k.walk(&mut |i, d| {
             order[i.index()] = n;
@@ -357,12 +381,15 @@ impl<'k> Graph<'k> {
             }
             for b in d.op.blocks() {
                 owner[b.index()] = Some(i);
+                for &j in &k.block(b).insts {
+                    parent[j.index()] = Some(i);
+                }
                 for (j, &p) in k.block(b).params.iter().enumerate() {
                     def[p.index()] = Def::BlockParam(b, j);
                 }
             }
         });
-        Graph { k, def, owner, order }
+        Graph { k, def, owner, parent, order }
     }
 
     /// The operands of a block's final `yield`.
@@ -438,8 +465,26 @@ impl<'g, 'k> Walk<'g, 'k> {
         if let Some(&m) = sd.args.get(2) {
             w.reach(m, same(&[lane], &g.shape(m), &pshape), Role::Mask, 1);
         }
+        w.control(store);
         w.run();
         w
+    }
+
+    /// Reaches what decided that `inst` ran at all: the conditions of the `if`s around it (an
+    /// early return guards the rest of a kernel so) and the bounds of the loops around it.
+    fn control(&mut self, inst: Inst) {
+        let g = self.g;
+        let mut at = g.parent[inst.index()];
+        while let Some(o) = at {
+            let d = g.k.inst(o);
+            match d.op {
+                Op::If { .. } => self.reach(d.args[0], vec![0], Role::Mask, 1),
+                Op::For { .. } => d.args[..3].iter().for_each(|&x| self.reach(x, vec![0], Role::Mask, 1)),
+                Op::While { cond, .. } => g.yielded(cond).iter().take(1).for_each(|&c| self.reach(c, vec![0], Role::Mask, 1)),
+                _ => {}
+            }
+            at = g.parent[o.index()];
+        }
     }
 }
 
@@ -838,6 +883,17 @@ fn scales_by_one(g: &Graph, d: &tilegrad_ir::InstData) -> bool {
     matches!(d.op, Op::Binary(BinaryOp::Mul | BinaryOp::Div)) && d.args.iter().any(|&x| one_float(g, x))
 }
 
+/// The whole number of at least 2 that `d` divides by, where it divides by one float for the
+/// whole program (a mean's count), as `rec` recorded it.
+fn divisor_count(g: &Graph, rec: &ProgramRecord, d: &tilegrad_ir::InstData) -> Option<f64> {
+    use tilegrad_ir::BinaryOp;
+    if !matches!(d.op, Op::Binary(BinaryOp::Div)) || !one_float(g, d.args[1]) {
+        return None;
+    }
+    let v = rec.values.get(d.args[1].index())?.as_ref().filter(|v| matches!(v, Recorded::Num { .. }))?.at(0);
+    (v >= 2.0 && v == v.trunc()).then_some(v)
+}
+
 /// Whether an op computes floats (rather than moving them, or computing indices).
 fn computes(g: &Graph, d: &tilegrad_ir::InstData) -> bool {
     let k = g.k;
@@ -978,6 +1034,8 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
         overwrite: bool,
         /// An op on the line multiplies or divides by one float for the whole program.
         scales: bool,
+        /// The count an op on the line divides by, where it divides by one whole number.
+        count: Option<f64>,
         /// A `where` on the line selects both ways among the lanes used: a mask that shaped
         /// the value (a reduction over a masked row).
         mixed: bool,
@@ -1012,6 +1070,7 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
                     origin: false,
                     overwrite: false,
                     scales: false,
+                    count: None,
                     mixed: false,
                     constant: true,
                     order: g.order[i.index()],
@@ -1033,6 +1092,9 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
         a.origin |= origin == Some(i);
         a.overwrite |= overwritten.contains(&i);
         a.scales |= role == Role::Value && scales_by_one(&g, d);
+        if role == Role::Value {
+            a.count = a.count.or_else(|| divisor_count(&g, &rec, d));
+        }
         if let (Op::Where, Role::Value, Some(ls)) = (&d.op, role, d.results.first().and_then(|r| w.lanes[r.index()].as_ref())) {
             let (rs, cs) = (g.shape(d.results[0]), g.shape(d.args[0]));
             let vals: Vec<Option<bool>> = ls.iter().take(4096).map(|&l| w.cond_at(d.args[0], same(&[l], &cs, &rs)[0])).collect();
@@ -1161,6 +1223,7 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
             order: a.order,
             store: main == t.inst && launch == 0,
             scales: a.scales || a.role == Role::Value && a.float && d.results.first().is_some_and(|&r| one_float(&g, r)),
+            count: a.count,
         });
     }
 
@@ -1470,6 +1533,37 @@ def sums(X, Y, n, BLOCK: tl.constexpr):
         });
         assert!(seen.contains(&("cast", false)), "{seen:?}");
         assert!(seen.contains(&("mul", true)), "{seen:?}");
+    }
+
+    fn ranked(count: Option<f64>) -> Ranked {
+        let line = SliceLine {
+            loc: "k.py:1:1".into(),
+            kernel: "k".into(),
+            step: 0,
+            forward: false,
+            program: [0; 3],
+            op: "div".into(),
+            role: "value".into(),
+            value: None,
+            source: String::new(),
+            note: None,
+            score: None,
+            reason: None,
+        };
+        Ranked { line, key: ("k.py".into(), 1), class: 3, launch: 0, depth: 1, order: 0, store: false, scales: false, count }
+    }
+
+    #[test]
+    fn a_mean_over_another_count_than_the_others_comes_first() {
+        let mut lines: Vec<Ranked> = [Some(300.0), Some(256.0), Some(300.0), None, Some(300.0)].into_iter().map(ranked).collect();
+        odd_counts(&mut lines);
+        let classes: Vec<u8> = lines.iter().map(|r| r.class).collect();
+        assert_eq!(classes, vec![3, 1, 3, 3, 3]);
+        assert_eq!(lines[1].line.note.as_deref(), Some("divides by 256 where the other means of the slice divide by 300: a wrong count?"));
+        // Without a majority, no count is odd.
+        let mut lines: Vec<Ranked> = [Some(300.0), Some(256.0)].into_iter().map(ranked).collect();
+        odd_counts(&mut lines);
+        assert!(lines.iter().all(|r| r.class == 3 && r.line.note.is_none()));
     }
 
     #[test]

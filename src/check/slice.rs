@@ -1259,13 +1259,16 @@ impl Reruns {
     }
 
     /// Runs again, in parallel, the programs that wrote the elements of `targets` (in order, up
-    /// to the budget), for [`Reruns::record`] to find: only for a pass of one launch, where no
-    /// element's program reads what another launch wrote (elsewhere the budget goes, in order,
-    /// to the programs of each element and of the earlier launches it read from).
+    /// to the budget), for [`Reruns::record`] to find. Where a target's launch reads what an
+    /// earlier launch wrote, only half the budget left goes to them: the rest goes, in order, to
+    /// the programs of the earlier launches each element read from.
     pub fn prefetch(&mut self, targets: &[Target]) {
         use rayon::prelude::*;
         let mut todo: Vec<(RecordKey, &TracedLaunch, TensorId, usize)> = Vec::new();
-        for t in targets.iter().filter(|t| t.trace.launches.len() == 1) {
+        let left = self.budget.saturating_sub(self.records.len());
+        let reads = targets.iter().any(|t| reads_earlier(t.trace, t.env, t.step));
+        let budget = self.records.len() + if reads { left / 2 } else { left };
+        for t in targets {
             let Some(tl) = t.trace.launches.iter().find(|l| l.step == t.step) else { continue };
             if let std::collections::hash_map::Entry::Vacant(v) = self.before.entry(t.step) {
                 let Some(b) = memory_before(t.trace, t.env, tl) else { continue };
@@ -1275,7 +1278,7 @@ impl Reruns {
             if self.records.contains_key(&key) || todo.iter().any(|(k, ..)| *k == key) {
                 continue;
             }
-            if self.records.len() + todo.len() >= self.budget {
+            if self.records.len() + todo.len() >= budget {
                 break;
             }
             let back = &self.before[&t.step].2;
@@ -1310,7 +1313,11 @@ impl Reruns {
         let tensor = t.env.id(t.tensor)?;
         let id = TensorId(back.iter().position(|&b| b == tensor)? as u32);
         let key = (t.step, t.program, t.inst);
-        if let Some(rec) = self.records.get(&key) {
+        // Any run of the program whose record shows the store writing the element will do (one
+        // run of a program that stores several tensors serves them all).
+        let mine =
+            self.records.get(&key).into_iter().chain(self.records.iter().filter(|(k, _)| k.0 == key.0 && k.1 == key.1).map(|(_, r)| r));
+        for rec in mine {
             if let Some(lane) = lane_of(&tl.kernel, rec, t.inst, id, t.element) {
                 return Some((rec.clone(), lane));
             }
@@ -1328,6 +1335,14 @@ impl Reruns {
         self.records.insert(key, rec.clone());
         Some((rec, lane))
     }
+}
+
+/// Whether the launch of step `step` reads a tensor that an earlier launch of `trace` wrote.
+fn reads_earlier(trace: &Trace, env: &Env, step: usize) -> bool {
+    let Some(tl) = trace.launches.iter().find(|l| l.step == step) else { return false };
+    let written_before =
+        |id: TensorId| trace.tensors.iter().any(|(n, _, layers)| env.id(n) == Some(id) && layers.iter().any(|l| l.0 < step));
+    tl.args.iter().any(|(_, a)| matches!(a, Arg::Tensor(id) if written_before(*id)))
 }
 
 /// The lane of `store`, as `rec` recorded it, that wrote element `e` of `tensor` (none when that

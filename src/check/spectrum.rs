@@ -19,7 +19,11 @@ pub(crate) const SAMPLE: usize = 32;
 /// Programs run again to record the slices of each kind of the sample (wrong, right), at most:
 /// the cost of the evidence. Each kind has its own, so that the wrong elements (whose programs,
 /// in a pass of several launches, each read from another launch's) leave some to the right ones.
-const RERUNS: usize = 8;
+const RERUNS: usize = 4;
+/// A program run again and recorded costs about as much as running this many programs: the
+/// evidence re-runs at most one program of each kind per this many the pass runs, so that it
+/// stays a small part of a check however few programs the launches have.
+const RECORD_COST: usize = 4;
 /// Right elements through a condition's line that must hold another outcome than the wrong
 /// ones for the outcome to count as evidence.
 const SEPARATED: usize = 4;
@@ -129,9 +133,11 @@ impl Evidence {
         let mut reruns = Reruns::with_budget(0);
         let own = samples.iter().filter(|(t, _)| t == name).map(|(t, s)| (t, &s.wrong));
         let right = samples.iter().filter(|(t, s)| t == name || s.wrong.is_empty()).map(|(t, s)| (t, &s.right));
+        let programs: usize = trace.launches.iter().map(|l| l.grid.programs() as usize).sum();
+        let per_kind = RERUNS.min(programs / RECORD_COST).max(1);
         for (wrong, kind) in [(true, own.collect::<Vec<_>>()), (false, right.collect())] {
             let targets: Vec<Target> = kind.into_iter().flat_map(|(tensor, elems)| targets(trace, env, tensor, elems)).collect();
-            reruns.allow(RERUNS);
+            reruns.allow(per_kind);
             reruns.prefetch(&targets);
             for t in &targets {
                 let mut seen = Seen::default();

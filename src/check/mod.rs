@@ -69,6 +69,7 @@ mod ground;
 mod html;
 mod inputs;
 pub mod notes;
+mod padding;
 mod recorded;
 mod report;
 mod slice;

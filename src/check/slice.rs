@@ -1145,11 +1145,13 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
     }
 
     let pidv = pid;
+    let padded = super::padding::padding_into_sums(k, &rec, |r| w.lanes[r.index()].is_some());
     for a in by_line {
         let Some((_, main)) = a.main else { continue };
         let d = k.inst(main);
         let constant = a.constant && a.role == Role::Value;
-        let class = if a.origin || a.overwrite {
+        let pad = padded.iter().find(|p| k.inst(p.op).loc.line == a.loc.line && k.inst(p.op).loc.file == a.loc.file);
+        let class = if a.origin || a.overwrite || pad.is_some() {
             0
         } else if a.role == Role::Mask && masky || constant {
             1
@@ -1191,7 +1193,14 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
                 .find(|(i, _)| k.inst(**i).loc.line == a.loc.line && k.inst(**i).loc.file == a.loc.file)
                 .map(|(_, n)| n.clone());
         }
-        if a.origin && note.is_none() {
+        if let Some(p) = pad {
+            let (load, sum) = (k.inst(p.load).loc.line, k.inst(p.sum).loc.line);
+            let lane = unravel(p.lane, &g.shape(k.inst(p.sum).args[0]));
+            note = Some(format!(
+                "lane {lane:?} is masked off at the load on line {load}, yet here it is {}, not 0, and the sum on line {sum} adds it",
+                fmt_val(p.value)
+            ));
+        } else if a.origin && note.is_none() {
             note = Some("first non-finite value".into());
         } else if constant && note.is_none() {
             note = Some("the line's value is a constant: is a term of its expression missing?".into());

@@ -76,6 +76,23 @@ impl KernelBuilder {
         KernelBuilder { k, stack: vec![body], errors: Vec::new(), loc_override: None }
     }
 
+    /// How many instructions the kernel holds so far: a mark for
+    /// [`KernelBuilder::relocate_floats`].
+    pub fn mark(&self) -> usize {
+        self.k.insts.len()
+    }
+
+    /// Gives the float constants equal to `value` made since `mark` the location `loc`: a front
+    /// end's constant bound to a name on one line and made where it is used on another belongs
+    /// to the line that bound it (where a report names it).
+    pub fn relocate_floats(&mut self, mark: usize, value: f64, loc: &Loc) {
+        for d in self.k.insts.iter_mut().skip(mark) {
+            if matches!(d.op, Op::Const { value: Lit::Float(v) } if v.to_bits() == value.to_bits()) {
+                d.loc = loc.clone();
+            }
+        }
+    }
+
     /// Verifies and returns the kernel, or every error found.
     pub fn finish(mut self) -> Result<Kernel, IrError> {
         if !self.errors.is_empty() {

@@ -93,6 +93,7 @@ fn go(
         };
         let d = k.inst(inst);
         let loc = d.loc.to_string();
+        let (traced_step, step) = (step, trace.pass_step(step));
         if p == Writers::MANY {
             if !b.sites.iter().any(|s| matches!(s, BlameSite::ManyPrograms { loc: l, step: st, .. } if *l == loc && *st == step)) {
                 b.sites.push(BlameSite::ManyPrograms { step, kernel: k.name.clone(), loc });
@@ -113,7 +114,7 @@ fn go(
                 &Target {
                     trace,
                     env,
-                    step,
+                    step: traced_step,
                     tensor: name,
                     element: e,
                     program: p,

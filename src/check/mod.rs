@@ -69,6 +69,7 @@ mod ground;
 mod html;
 mod inputs;
 pub mod notes;
+mod padding;
 mod recorded;
 mod report;
 mod slice;
@@ -657,6 +658,8 @@ pub fn check_backward_with(
                 traced = Some(rerun_traced(&mut tm)?);
             }
             let (env_t, trace_t) = traced.as_ref().expect("made above");
+            // Blame follows what the backward read from the forward's launches into them.
+            let trace_t = &tm.time("blame", || trace_t.after_forward(trace_f, fwd.steps.len(), &fwd.outputs));
             for (gi, w) in to_blame {
                 let gname = &bwd.gradients[gi].1;
                 if let Some(worst) = gradients[gi].as_mut().and_then(|(r, _)| r.worst.as_mut()) {
@@ -673,6 +676,7 @@ pub fn check_backward_with(
                 traced = Some(rerun_traced(&mut tm)?);
             }
             let (env_t, trace_t) = traced.as_ref().expect("made above");
+            let trace_t = &trace_t.after_forward(trace_f, fwd.steps.len(), &fwd.outputs);
             explained = explain_elements(opts, bwd, env_t, trace_t, &truth, trial)?;
         }
         progress("trial done", trial + 1, opts.trials);

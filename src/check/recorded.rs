@@ -151,6 +151,14 @@ def shift(T, Z, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(Z + offs, tl.load(T + offs, mask=mask) + 1.0, mask=mask)
+
+@triton.jit
+def guarded(T, Z, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    if pid == n:
+        return
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Z + offs, tl.load(T + offs, mask=offs < n), mask=offs < n)
 ";
 
     fn kernel(name: &str) -> Arc<Kernel> {
@@ -207,6 +215,16 @@ def shift(T, Z, n, BLOCK: tl.constexpr):
             BlameSite::Store { step, loc, .. } => Some((*step, loc.split(':').nth(1)?.to_string())),
             _ => None,
         })
+    }
+
+    #[test]
+    fn the_slice_reaches_the_condition_of_an_early_return() {
+        let t = HostTensor::from_f32(&[10], (0..10).map(|i| i as f32).collect());
+        let mut pass = RecordedPass::new();
+        let (s0, _) = run(&mut pass, "guarded", [("t", t), ("z", HostTensor::zeros(DType::F32, &[10]))]);
+        let b = pass.blame(s0, "z", &[5], Vec::new(), Some((5.0, 6.0)));
+        let slice = b.slice.as_ref().expect("a data-flow slice");
+        assert!(slice.lines.iter().any(|l| l.loc.starts_with("k.py:19:") && l.role == "mask"), "{b}");
     }
 
     #[test]

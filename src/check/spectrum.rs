@@ -16,8 +16,14 @@ use tilegrad_reference::Writers;
 
 /// Elements of each kind sampled, at most.
 pub(crate) const SAMPLE: usize = 32;
-/// Programs run again to record the sample's slices, at most: the cost of the evidence.
-const RERUNS: usize = 6;
+/// Programs run again to record the slices of each kind of the sample (wrong, right), at most:
+/// the cost of the evidence. Each kind has its own, so that the wrong elements (whose programs,
+/// in a pass of several launches, each read from another launch's) leave some to the right ones.
+const RERUNS: usize = 4;
+/// A program run again and recorded costs about as much as running this many programs: the
+/// evidence re-runs at most one program of each kind per this many the pass runs, so that it
+/// stays a small part of a check however few programs the launches have.
+const RECORD_COST: usize = 4;
 /// Right elements through a condition's line that must hold another outcome than the wrong
 /// ones for the outcome to count as evidence.
 const SEPARATED: usize = 4;
@@ -124,23 +130,20 @@ impl Evidence {
     /// returned, for the slice of the worst element to use.
     pub fn gather(trace: &Trace, env: &Env, name: &str, samples: &[(String, Sample)]) -> (Option<Evidence>, Reruns) {
         let mut ev = Evidence { factor: samples.iter().find(|(t, _)| t == name).and_then(|(_, s)| s.factor), ..Evidence::default() };
-        let mut reruns = Reruns::with_budget(RERUNS);
-        let own = samples.iter().filter(|(t, _)| t == name).map(|(t, s)| (t, &s.wrong, true));
-        let right = samples.iter().filter(|(t, s)| t == name || s.wrong.is_empty()).map(|(t, s)| (t, &s.right, false));
-        let mut targets = Vec::new();
-        for (tensor, elems, wrong) in own.chain(right) {
-            let Some((_, _, layers)) = trace.get(tensor) else { continue };
-            for &e in elems {
-                let writer = layers.iter().rev().find_map(|(step, _, _, w)| w.of(e).map(|(p, inst)| (*step, p, inst)));
-                let Some((step, program, inst)) = writer.filter(|w| w.1 != Writers::MANY) else { continue };
-                targets.push((Target { trace, env, step, tensor, element: e, program, inst, expected: None, got: None }, wrong));
-            }
-        }
-        reruns.prefetch(&targets.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>());
-        for (t, wrong) in &targets {
-            let mut seen = Seen::default();
-            if element_flow(t, &mut reruns, 0, &mut seen).is_some() {
-                ev.count(&seen, *wrong);
+        let mut reruns = Reruns::with_budget(0);
+        let own = samples.iter().filter(|(t, _)| t == name).map(|(t, s)| (t, &s.wrong));
+        let right = samples.iter().filter(|(t, s)| t == name || s.wrong.is_empty()).map(|(t, s)| (t, &s.right));
+        let programs: usize = trace.launches.iter().map(|l| l.grid.programs() as usize).sum();
+        let per_kind = RERUNS.min(programs / RECORD_COST).max(1);
+        for (wrong, kind) in [(true, own.collect::<Vec<_>>()), (false, right.collect())] {
+            let targets: Vec<Target> = kind.into_iter().flat_map(|(tensor, elems)| targets(trace, env, tensor, elems)).collect();
+            reruns.allow(per_kind);
+            reruns.prefetch(&targets);
+            for t in &targets {
+                let mut seen = Seen::default();
+                if element_flow(t, &mut reruns, 0, &mut seen).is_some() {
+                    ev.count(&seen, wrong);
+                }
             }
         }
         ((ev.wrong > 0).then_some(ev), reruns)
@@ -173,17 +176,19 @@ impl Evidence {
 
     /// The score of line `key` (that of its line or of a condition on it, whichever is higher)
     /// and why; `None` when no sampled slice holds it. A condition's outcome counts only where it
-    /// separates: no right element through its line holds it, or at least [`SEPARATED`] hold
-    /// another (with a few right elements, which lanes of a row a slice follows decides the
-    /// outcome of a mask over it as much as the bug does).
+    /// separates the wrong elements from the right ones ([`separates`]).
     pub fn judge(&self, key: &LineKey) -> Option<(f64, String)> {
         let &[f, p] = self.lines.get(key)?;
         let (nw, nr) = (self.wrong, self.right);
-        let mut best = (self.ochiai([f, p]), format!("feeds {f} of {nw} wrong elements and {p} of {nr} right ones"));
-        for o in [Outcome::True, Outcome::False, Outcome::Mixed] {
+        let feeds = match nr {
+            0 => format!("feeds {f} of {nw} wrong elements (no element sampled is right)"),
+            _ => format!("feeds {f} of {nw} wrong elements and {p} of {nr} right ones"),
+        };
+        let mut best = (self.ochiai([f, p]), feeds);
+        for o in [Outcome::True, Outcome::False] {
             let Some(&c) = self.conditions.get(&(key.clone(), o)) else { continue };
             let s = self.ochiai(c);
-            if s > best.0 && (c[1] == 0 || p - c[1] >= SEPARATED) {
+            if s > best.0 && separates(c[1], p) {
                 best = (s, condition_reason(o, c, nw, nr));
             }
         }
@@ -191,14 +196,36 @@ impl Evidence {
     }
 }
 
+/// Whether an outcome that `right` of the `through` right elements through its line hold (and
+/// the wrong ones too) tells the wrong ones apart: none holds it, or few do (a quarter at most)
+/// while at least [`SEPARATED`] hold another. (With a few right elements, which lanes of a row a
+/// slice follows decides the outcome of a mask over it as much as the bug does; where half the
+/// right ones share it, the condition is what every element passes, not what the wrong share.)
+fn separates(right: usize, through: usize) -> bool {
+    right == 0 || through - right >= SEPARATED && right * 2 <= through
+}
+
+/// What blame re-runs for elements `elems` of `tensor`: the store of the launch that wrote each
+/// last (an element several programs added to has no one program to re-run).
+fn targets<'a>(trace: &'a Trace, env: &'a Env, tensor: &'a str, elems: &[usize]) -> Vec<Target<'a>> {
+    let Some((_, _, layers)) = trace.get(tensor) else { return Vec::new() };
+    let writer = |e: usize| layers.iter().rev().find_map(|(step, _, _, w)| w.of(e).map(|(p, inst)| (*step, p, inst)));
+    elems
+        .iter()
+        .filter_map(|&e| {
+            let (step, program, inst) = writer(e).filter(|w| w.1 != Writers::MANY)?;
+            Some(Target { trace, env, step, tensor, element: e, program, inst, expected: None, got: None })
+        })
+        .collect()
+}
+
 /// Why a condition whose outcome `o` holds for `f` wrong and `p` right elements is suspect.
 fn condition_reason(o: Outcome, [f, p]: [usize; 2], nw: usize, nr: usize) -> String {
     let (is, not) = match o {
         Outcome::True => ("true", "false"),
         Outcome::False => ("false", "true"),
-        Outcome::Mixed => ("true at some lanes and false at others", "not"),
     };
-    if f == nw && p == 0 && o != Outcome::Mixed {
+    if f == nw && p == 0 {
         format!("this condition is {is} for every wrong element ({nw}) and {not} for every right one ({nr})")
     } else {
         format!("this condition is {is} for {f} of {nw} wrong elements and {p} of {nr} right ones")
@@ -261,6 +288,14 @@ mod tests {
         }
         let (_, r) = ev.judge(&key(1)).unwrap();
         assert_eq!(r, "feeds 4 of 4 wrong elements and 6 of 6 right ones");
+    }
+
+    #[test]
+    fn an_outcome_separates_when_few_right_elements_share_it() {
+        assert!(separates(0, 0) && separates(0, 32), "no right element holds it");
+        assert!(separates(16, 32), "half hold it, half another");
+        assert!(!separates(22, 32), "most right elements hold it: every element passes it");
+        assert!(!separates(1, 4), "too few hold another");
     }
 
     fn key(l: u32) -> LineKey {

@@ -505,11 +505,57 @@ pub(crate) struct TracedLaunch {
 pub(crate) struct Trace {
     pub tensors: Vec<(String, Origin, Vec<WriteLayer>)>,
     pub launches: Vec<TracedLaunch>,
+    /// Launch steps below this one are the forward's ([`Trace::after_forward`]); the pass's own
+    /// steps are numbered from it.
+    pub forward_steps: usize,
 }
 
 impl Trace {
     pub fn get(&self, name: &str) -> Option<&(String, Origin, Vec<WriteLayer>)> {
         self.tensors.iter().find(|(n, ..)| n == name)
+    }
+
+    /// This trace of a backward preceded by the launches of its forward (`fwd`, a pass of
+    /// `fwd_steps` steps), for blame to follow a load of what a forward launch wrote (a
+    /// gradient it left for the backward to scale, a statistic it saved) into that launch. The
+    /// forward's launches keep their steps and the backward's are numbered after them; a
+    /// tensor's origin stays the backward's, or for a tensor the backward was given, the
+    /// forward's allocation. The forward's `outputs` are what the ground truth differentiates:
+    /// whatever computed them is right by definition, and blame does not follow them.
+    pub fn after_forward(&self, fwd: &Trace, fwd_steps: usize, outputs: &[String]) -> Trace {
+        let shift = |layers: &[WriteLayer]| -> Vec<WriteLayer> {
+            layers.iter().map(|(s, k, g, w)| (s + fwd_steps, k.clone(), *g, w.clone())).collect()
+        };
+        let tensors = self
+            .tensors
+            .iter()
+            .map(|(name, origin, layers)| {
+                let before = fwd.get(name).filter(|_| !outputs.contains(name));
+                let origin = match (origin, before.map(|b| &b.1)) {
+                    (Origin::Given, Some(a @ Origin::Alloc { .. })) => a.clone(),
+                    (o, _) => o.clone(),
+                };
+                let mut all: Vec<WriteLayer> = before.map_or_else(Vec::new, |b| b.2.clone());
+                all.extend(shift(layers));
+                (name.clone(), origin, all)
+            })
+            .collect();
+        let mut launches = fwd.launches.clone();
+        launches.extend(self.launches.iter().map(|l| TracedLaunch { step: l.step + fwd_steps, ..l.clone() }));
+        Trace { tensors, launches, forward_steps: fwd_steps }
+    }
+
+    /// A launch step as the report names it: `step 2` of the pass, or `forward step 0`.
+    pub fn step_name(&self, step: usize) -> String {
+        match step.checked_sub(self.forward_steps) {
+            Some(s) => format!("step {s}"),
+            None => format!("forward step {step}"),
+        }
+    }
+
+    /// A launch step as the pass numbers its steps (a forward launch keeps its forward step).
+    pub fn pass_step(&self, step: usize) -> usize {
+        step.checked_sub(self.forward_steps).unwrap_or(step)
     }
 }
 

@@ -16,6 +16,10 @@ pub enum Expect {
     NanWritten { input: &'static str, line: usize },
     /// Gradient of `input` holds NaN because elements of `tensor` were never written.
     Unwritten { input: &'static str, tensor: &'static str },
+    /// Gradient of `input` is finite but wrong; its worst element was written by the correct
+    /// kernel `kernel` at `file:line` from what the variant, an earlier launch of the backward or
+    /// a launch of the forward, wrote for it.
+    Downstream { input: &'static str, kernel: &'static str, file: &'static str, line: usize },
     /// The variant is a forward kernel whose launch fails as it would on a GPU (`what`: "race"
     /// or "out-of-bounds"), one of its accesses at this line of the forward's file.
     ForwardFails { what: &'static str, line: usize },
@@ -146,5 +150,10 @@ pub const CASES: &[Case] = &[
     // on the store (with `--ground kernels` the forward's launch is differentiated by the
     // evaluator, with a note: `tests/vjp_kernels.rs`).
     ("chunk_cumsum_bwd_broken_carry", "chunk_cumsum", "bwd", Wrong { input: "x", line: 47 }, "a wrong element read back: blamed on the store"),
+    // The bug is in the first of two backward launches: the second writes the wrong elements
+    // from the buffer the first wrote.
+    ("_leaky_relu_bwd_broken_slope", "scale_leaky_relu", "act", Downstream { input: "x", kernel: "_scale_bwd", file: "scale_leaky_relu_bwd.py", line: 45 }, "an earlier launch: blamed on the later launch's store"),
+    // The bug is in the forward, which leaves the gradient in a buffer that the backward scales.
+    ("cross_entropy_fwd_grad_kernel_broken_precedence", "cross_entropy_fused", "fwd", Downstream { input: "x", kernel: "element_mul_kernel", file: "cross_entropy_fused_bwd.py", line: 16 }, "a forward launch: blamed on the backward's in-place store"),
     ("chunk_cumsum_bwd_broken_last_guard", "chunk_cumsum", "bwd", Wrong { input: "x", line: 60 }, "a guard in the loop: blamed on the store"),
 ];

@@ -5,7 +5,7 @@
 use super::errors::{fail, Lines, R};
 use super::value::{carriable, flatten, flatten_like, fold_binary, fold_eq, literal_like, rebuild, tensor, truthy, Val};
 use super::{dotted, imports::Import, ConvertOptions, Module};
-use crate::{DType, Elem, IrError, Kernel, KernelBuilder, Lit, Value};
+use crate::{DType, Elem, IrError, Kernel, KernelBuilder, Lit, Loc, Value};
 use ruff_python_ast::{self as ast, ElifElseClause, Expr, Stmt, StmtFunctionDef};
 use ruff_text_size::Ranged;
 use std::cell::RefCell;
@@ -41,6 +41,11 @@ pub(crate) struct Cx<'a> {
     foreign_err: Option<IrError>,
     pub b: KernelBuilder,
     pub env: HashMap<String, Val>,
+    /// Names of `env` an assignment bound to a Python float, and where: the float becomes a
+    /// constant only where it is used, and that constant keeps the binding's line.
+    float_names: HashMap<String, Loc>,
+    /// The floats the statement being converted read from such names.
+    floats_used: Vec<(f64, Loc)>,
     /// Loops and tensor `if`s around the current statement, in the current function.
     nest: usize,
     /// Loops around the current statement, in the current function.
@@ -81,6 +86,8 @@ pub(crate) fn convert_kernel(
         foreign_err: None,
         b: KernelBuilder::new(name),
         env: HashMap::new(),
+        float_names: HashMap::new(),
+        floats_used: Vec::new(),
         nest: 0,
         loops: 0,
         depth: 0,
@@ -203,6 +210,20 @@ impl<'a> Cx<'a> {
     }
 
     fn stmt(&mut self, s: &Stmt) -> R<Option<Val>> {
+        let simple = matches!(s, Stmt::Expr(_) | Stmt::Assign(_) | Stmt::AnnAssign(_) | Stmt::AugAssign(_) | Stmt::Return(_));
+        if !simple {
+            return self.stmt_at(s);
+        }
+        // The constants a simple statement made of floats bound to names on other lines.
+        let (mark, outer) = (self.b.mark(), std::mem::take(&mut self.floats_used));
+        let r = self.stmt_at(s);
+        for (v, loc) in std::mem::replace(&mut self.floats_used, outer) {
+            self.b.relocate_floats(mark, v, &loc);
+        }
+        r
+    }
+
+    fn stmt_at(&mut self, s: &Stmt) -> R<Option<Val>> {
         let o = off(s);
         self.at(o);
         match s {
@@ -284,6 +305,10 @@ impl<'a> Cx<'a> {
     fn assign(&mut self, target: &Expr, v: Val) -> R<()> {
         match target {
             Expr::Name(n) => {
+                match v {
+                    Val::Float(_) => self.float_names.insert(n.id.to_string(), self.lines.loc(off(n))),
+                    _ => self.float_names.remove(n.id.as_str()),
+                };
                 self.env.insert(n.id.to_string(), v);
                 Ok(())
             }
@@ -741,7 +766,13 @@ impl<'a> Cx<'a> {
             Expr::BooleanLiteral(b) => Ok(Val::Bool(b.value)),
             Expr::NoneLiteral(_) => Ok(Val::None),
             Expr::StringLiteral(s) => Ok(Val::Str(s.value.to_str().to_string())),
-            Expr::Name(n) => self.name(&n.id, o),
+            Expr::Name(n) => {
+                let v = self.name(&n.id, o)?;
+                if let (Val::Float(f), Some(loc)) = (&v, self.float_names.get(n.id.as_str())) {
+                    self.floats_used.push((*f, loc.clone()));
+                }
+                Ok(v)
+            }
             Expr::Tuple(t) => Ok(Val::Tuple(t.elts.iter().map(|x| self.expr(x)).collect::<R<_>>()?)),
             Expr::List(t) => Ok(Val::Tuple(t.elts.iter().map(|x| self.expr(x)).collect::<R<_>>()?)),
             Expr::Attribute(a) => {
@@ -985,6 +1016,7 @@ impl<'a> Cx<'a> {
             env.insert(n.clone(), v);
         }
         let saved_env = std::mem::replace(&mut self.env, env);
+        let saved_floats = std::mem::take(&mut self.float_names);
         let saved = (self.nest, self.loops, self.in_kernel);
         self.nest = 0;
         self.loops = 0;
@@ -1004,6 +1036,7 @@ impl<'a> Cx<'a> {
         self.depth -= 1;
         (self.nest, self.loops, self.in_kernel) = saved;
         self.env = saved_env;
+        self.float_names = saved_floats;
         self.at(o);
         Ok(r?.unwrap_or(Val::None))
     }

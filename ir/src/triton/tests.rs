@@ -124,6 +124,23 @@ fn literals_take_the_tensor_dtype() {
 }
 
 #[test]
+fn a_float_bound_to_a_name_becomes_a_constant_on_the_line_that_bound_it() {
+    // Line 5 binds the float, line 6 uses it: the constant is made at the use, with line 5's
+    // location; the literal on line 6 keeps its own.
+    let src = format!(
+        "{HEAD}def k(x_ptr, y_ptr):\n    offs = tl.arange(0, 8)\n    scale = 0.5\n    y = tl.load(x_ptr + offs) * scale + 0.25\n    tl.store(y_ptr + offs, y)\n"
+    );
+    let k = convert(&src, "k.py", "k", &ConvertOptions::default()).unwrap();
+    let mut consts = Vec::new();
+    k.walk(&mut |_, d| {
+        if let Op::Const { value: crate::Lit::Float(v) } = d.op {
+            consts.push((v, d.loc.line - HEAD.lines().count() as u32));
+        }
+    });
+    assert_eq!(consts, vec![(0.5, 3), (0.25, 4)]);
+}
+
+#[test]
 fn weighted_sum_carries_accumulator_and_block_pointer_offsets() {
     let k = conv(WEIGHTED_SUM, "weighted_sum_fwd", &[("ROWS_TILE_SIZE", 16), ("D_TILE_SIZE", 32)]).unwrap();
     let mut fors = Vec::new();

@@ -11,7 +11,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
-tl = triton.language
 
 import kernels as K  # noqa: E402
 import tilegrad  # noqa: E402
@@ -241,22 +240,13 @@ def test_blame_falls_back_to_a_run_with_the_launches_writers_recorded(monkeypatc
     assert blame and "square_bwd" in str(blame), blame
 
 
-@triton.jit
-def _chunked_cumsum(X, Y, T, BT: tl.constexpr):
-    # Each chunk adds the running total, read back from the previous chunk's last output: a load,
-    # in a loop, of what the loop stored (VJP kernels refuse it).
-    row = tl.program_id(0)
-    for c in range(0, tl.cdiv(T, BT)):
-        offs = c * BT + tl.arange(0, BT)
-        m = offs < T
-        x = tl.load(X + row * T + offs, mask=m, other=0.0)
-        prev = tl.load(Y + row * T + c * BT - 1) if c > 0 else 0.0
-        tl.store(Y + row * T + offs, tl.cumsum(x, axis=0) + prev, mask=m)
-
-
 def _cumsum(x):
+    # The example's chunked cumsum: each chunk adds the running total, read back from the previous
+    # chunk's last output (a load, in a loop, of what the loop stored: VJP kernels refuse it).
+    from launchers import load
+
     y = torch.empty_like(x)
-    _chunked_cumsum[(x.shape[0],)](x, y, x.shape[1], BT=16)
+    load("chunk_cumsum").chunk_cumsum_fwd[(x.shape[0],)](x, y, x.shape[1], BT=16)
     return y
 
 

@@ -480,23 +480,9 @@ pub fn check_backward_with(
     let mut explained = Vec::new();
     for trial in 0..opts.trials {
         progress("ground truth", trial, opts.trials);
+        let mut rng_at = rng.clone();
         let drawn = tm.time("cotangents", || truth::draw_cotangents(&mut rng, env_n, fwd))?;
-        let mut cot: HashMap<String, Vec<f64>> = HashMap::new();
-        let mut as_tensors: Vec<(String, HostTensor)> = Vec::new();
-        for (o, c, h) in drawn {
-            cot.insert(o.clone(), c);
-            as_tensors.push((o, h));
-        }
-        // The backward's environment: the forward's tensors and the cotangents `grad_<output>`
-        // (sharing their storage until the backward writes them).
-        let backward_env = || -> Result<Env, CheckError> {
-            let mut env = env_n.clone();
-            for (o, h) in &as_tensors {
-                env.add(&format!("grad_{o}"), h.clone()).map_err(CheckError::Spec)?;
-            }
-            Ok(env)
-        };
-        let mut env_b = tm.time("backward", backward_env)?;
+        let mut cot: HashMap<String, Vec<f64>> = drawn.into_iter().map(|(o, c, _)| (o, c)).collect();
         let cot_rms = rms(cot.values().flatten().copied());
         let replays = match (opts.precision, &replay_envs.0) {
             (Precision::F64, Some(env)) => {
@@ -512,6 +498,24 @@ pub fn check_backward_with(
         let mut ground_notes = Vec::new();
         let by = opts.kernels_ground(&exec);
         let truth = tm.time("ground truth", || ground::reverse(&fwd.steps, &p.records, truth_env, cot, &gopts, by, &mut ground_notes))?;
+        if trial + 1 == opts.trials {
+            // Only the ground truth reads the forward's records: the last one is done.
+            p.records = Default::default();
+        }
+        // The cotangents in the outputs' dtypes, drawn again from the same stream: made after
+        // the replays and the ground truth, so that their f64 tensors and these are not held at
+        // once.
+        let as_tensors = tm.time("cotangents", || truth::draw_cotangent_tensors(&mut rng_at, env_n, fwd))?;
+        // The backward's environment: the forward's tensors and the cotangents `grad_<output>`
+        // (sharing their storage until the backward writes them).
+        let backward_env = || -> Result<Env, CheckError> {
+            let mut env = env_n.clone();
+            for (o, h) in &as_tensors {
+                env.add(&format!("grad_{o}"), h.clone()).map_err(CheckError::Spec)?;
+            }
+            Ok(env)
+        };
+        let mut env_b = tm.time("backward", backward_env)?;
         if trial == 0 {
             p.notes.extend(ground_notes);
         }

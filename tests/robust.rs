@@ -540,3 +540,34 @@ fn a_uint8_npy_input_is_refused_at_its_key_not_read_as_bool() {
         assert!(err.contains("inputs.x.file") && err.contains("unsupported dtype `|u1` (uint8)"), "{cmd}: {err}");
     }
 }
+
+#[test]
+fn a_grid_past_the_program_limit_is_refused_by_every_command_naming_kernel_and_grid() {
+    let huge = variant("grid = [\"cdiv(n, 128)\"], args = { x_ptr", "grid = [2147483647], args = { x_ptr");
+    let p = write("grid", huge.as_bytes(), KERNELS.as_bytes());
+    let out = p.with_file_name("out");
+    for args in
+        [vec!["check"], vec!["gradcheck"], vec!["grad", "--out", out.to_str().unwrap()], vec!["run", "--out", out.to_str().unwrap()]]
+    {
+        let mut argv = args.clone();
+        argv.insert(1, p.to_str().unwrap());
+        let t = std::time::Instant::now();
+        let (code, err) = tilegrad(&argv);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        for expect in ["kernel `scale` on grid [2147483647, 1, 1]", "2147483647 programs", "--max-programs", "forward step 1"] {
+            assert!(err.contains(expect), "{args:?}: expected `{expect}` in: {err}");
+        }
+        assert!(t.elapsed().as_secs() < 20, "{args:?} refused at once");
+    }
+    // The limit is an option: a grid of 5,000 programs under a limit of 4,000, then of 5,000.
+    let p = write(
+        "grid-limit",
+        variant("grid = [\"cdiv(n, 128)\"], args = { x_ptr", "grid = [5000], args = { x_ptr").as_bytes(),
+        KERNELS.as_bytes(),
+    );
+    let (code, err) = tilegrad(&["check", p.to_str().unwrap(), "--max-programs", "4000"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("more than the 4000 a launch may run"), "{err}");
+    let (code, err) = tilegrad(&["check", p.to_str().unwrap(), "--max-programs", "5000"]);
+    assert_eq!(code, 0, "{err}");
+}

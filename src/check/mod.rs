@@ -78,7 +78,7 @@ pub mod tensor_expr;
 mod truth;
 pub mod verdict;
 
-pub use backend::Executor;
+pub use backend::{Executor, DEFAULT_MAX_PROGRAMS};
 pub use expr::{Expr, ExprError, Scalar};
 pub use ground::vjp_float;
 pub use html::page as html_page;
@@ -93,7 +93,7 @@ pub(crate) use steps::{can_accumulate, eval_shape as steps_eval_shape, item as s
 pub use steps::{Env, Init, ItemReduce, KernelLaunch, Reduction, Step};
 pub use tensor_expr::TensorExpr;
 pub use tilegrad_ad::Precision;
-pub use truth::{gradcheck, ground_truth, run_forward, run_forward_on, FdTrial, GradcheckReport, GroundTruth, Named};
+pub use truth::{gradcheck, ground_truth, run_forward, run_forward_on, run_forward_with, FdTrial, GradcheckReport, GroundTruth, Named};
 
 use std::collections::HashMap;
 use steps::{Mode, StepError, Trace};
@@ -307,6 +307,9 @@ pub struct CheckOptions {
     /// without `other` (read as 0, as Triton's GPU backends read them), or programs that
     /// conflict on an element with an outcome that does not depend on their order.
     pub strict: bool,
+    /// Programs a launch may run: a larger grid is refused before it runs, naming the kernel
+    /// and the grid (default [`backend::DEFAULT_MAX_PROGRAMS`]).
+    pub max_programs: u64,
 }
 
 /// How the ground truth of launches is computed.
@@ -325,6 +328,14 @@ pub enum Ground {
 }
 
 impl CheckOptions {
+    /// The executor these options ask for.
+    pub(crate) fn executor(&self) -> Result<backend::Executor, CheckError> {
+        Ok(backend::Executor::new(self.backend)?
+            .deterministic(self.deterministic)
+            .vjp_memory(self.vjp_memory)
+            .max_programs(self.max_programs))
+    }
+
     /// The executor of VJP kernels where the ground truth is computed by them.
     fn kernels_ground<'e>(&self, exec: &'e backend::Executor) -> Option<&'e backend::Executor> {
         (self.ground == Ground::Kernels).then_some(exec)
@@ -346,6 +357,7 @@ impl Default for CheckOptions {
             deterministic: false,
             vjp_memory: None,
             strict: false,
+            max_programs: backend::DEFAULT_MAX_PROGRAMS,
         }
     }
 }
@@ -390,7 +402,7 @@ pub fn check_backward_with(
         && (bwd_tf32 || fwd_tf32 || inputs.tensors.iter().any(|t| is_narrow(input_dtype(t))) || computes_narrow(fwd, bwd));
     progress("inputs and forward", 0, opts.trials);
     let start = std::time::Instant::now();
-    let exec = backend::Executor::new(opts.backend)?.deterministic(opts.deterministic).vjp_memory(opts.vjp_memory);
+    let exec = opts.executor()?;
     let ahead = if exec.on_gpu() { kernels_ahead(fwd, bwd, opts, inputs) } else { Vec::new() };
     exec.precompile(&ahead.iter().map(|(k, v, p)| (k, *v, *p)).collect::<Vec<_>>());
     drop(ahead);

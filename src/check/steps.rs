@@ -588,6 +588,7 @@ pub(crate) fn run(
                     ),
                 };
                 let (grid, args) = resolve(kl, &kernel, env).map_err(spec)?;
+                exec.check_grid(&kernel.name, grid).map_err(spec)?;
                 if let Some(r) = records.as_deref_mut() {
                     let mut before = Memory::new();
                     let mut names = Vec::new();

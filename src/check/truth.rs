@@ -40,8 +40,13 @@ pub fn run_forward(fwd: &Forward, inputs: &Inputs, seed: u64) -> Result<(Named, 
 
 /// [`run_forward`] on a backend; also says where the launches ran.
 pub fn run_forward_on(fwd: &Forward, inputs: &Inputs, seed: u64, backend: Backend) -> Result<(Named, Named, String), CheckError> {
-    let exec = Executor::new(backend)?;
-    let env0 = inputs.materialise(seed)?;
+    run_forward_with(fwd, inputs, &CheckOptions { seed, backend, ..CheckOptions::default() })
+}
+
+/// [`run_forward_on`] with the seed, backend and launch limits of `opts`.
+pub fn run_forward_with(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<(Named, Named, String), CheckError> {
+    let exec = opts.executor()?;
+    let env0 = inputs.materialise(opts.seed)?;
     let mut env = env0.clone();
     steps::run(&mut env, &fwd.steps, Mode::Native, None, None, None, &exec).map_err(forward_err(fwd))?;
     Ok((
@@ -236,7 +241,7 @@ fn draw_cotangent(rng: &mut StdRng, env: &Env, fwd: &Forward, o: &str) -> Result
 
 /// The ground-truth gradients of `fwd` for a random cotangent drawn from `opts.seed`.
 pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<GroundTruth, CheckError> {
-    let exec = Executor::new(opts.backend)?.deterministic(opts.deterministic).vjp_memory(opts.vjp_memory);
+    let exec = opts.executor()?;
     let mut p = prepare(fwd, inputs, opts, false, &exec)?;
     let drawn = draw_cotangents(&mut cotangent_rng(opts.seed), &p.native, fwd)?;
     let mut cot: HashMap<String, Vec<f64>> = HashMap::new();
@@ -326,7 +331,7 @@ impl fmt::Display for GradcheckReport {
 pub fn gradcheck(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, name: &str) -> Result<GradcheckReport, CheckError> {
     super::check_trials(opts.trials)?;
     let opts = CheckOptions { precision: Precision::F64, ..opts.clone() };
-    let exec = Executor::new(opts.backend)?.deterministic(opts.deterministic).vjp_memory(opts.vjp_memory);
+    let exec = opts.executor()?;
     let p = prepare(fwd, inputs, &opts, false, &exec)?;
     let mut rng = StdRng::seed_from_u64(opts.seed ^ 0x5851_f42d_4c95_7f2d);
     let cot: HashMap<String, Vec<f64>> = draw_cotangents(&mut rng, &p.truth, fwd)?.into_iter().map(|(o, c, _)| (o, c)).collect();

@@ -18,7 +18,7 @@ mod record;
 mod scratch;
 mod tile;
 
-pub use alloc::tune as tune_allocator;
+pub use alloc::{tune as tune_allocator, working_threads};
 pub use fast::release_buffers;
 pub use fastmath::C as EXP2_POLY;
 pub use ops::{dot_f32, round_tf32, sum_in_order, SUM_LANES};
@@ -253,8 +253,14 @@ fn run_programs(
     let mut start = range.start;
     while start < total {
         let end = (start + chunk).min(total);
-        let outs: Vec<Result<ProgramOut, ExecError>> =
-            (start..end).into_par_iter().map(|p| Program::new(shared, l.grid.pid(p)).run(fast)).collect();
+        // At most a few pieces a working thread, so that no more programs run at once than
+        // there are cores to run them (see `working_threads`), whatever rayon's thread count.
+        let min_len = ((end - start) as usize).div_ceil(8 * working_threads());
+        let outs: Vec<Result<ProgramOut, ExecError>> = (0..(end - start) as usize)
+            .into_par_iter()
+            .with_min_len(min_len)
+            .map(|i| Program::new(shared, l.grid.pid(start + i as u64)).run(fast))
+            .collect();
         for (off, out) in outs.into_iter().enumerate() {
             let out = out?;
             summary.elements_loaded += out.loaded;

@@ -132,11 +132,11 @@ impl<'k> Gen<'k> {
         }
         self.fence();
         let limit = max_iters.map_or(tilegrad_reference::WHILE_LIMIT, u64::from);
-        let endless = self.message(
-            "this `while` loop can never end: an iteration changed neither memory nor its carried values (a spin lock \
-             that no earlier program released? programs run in program order, so a program never waits on a later one)"
-                .into(),
-        );
+        // The reference's rule: a trip that leaves unchanged every carried value the condition
+        // depends on (and memory, where the condition reads it) is followed by the same trip
+        // forever.
+        let deps = tilegrad_ir::analysis::while_deps(k, i).expect("a `while` instruction");
+        let endless = self.message(tilegrad_reference::endless_while_message(deps.reads_memory));
         let unbounded = self.message(format!(
             "`while` loop ran more than {} iterations without ending (give it a `max_iters` bound if it is meant to)",
             tilegrad_reference::WHILE_LIMIT
@@ -167,7 +167,7 @@ impl<'k> Gen<'k> {
         self.line(&format!("if (tg_wt{n} > {limit}ULL && tid == 0) {fail}"));
         self.check(i);
         self.flush();
-        self.line(&format!("const u64 tg_ev{n} = tg_nev; int tg_changed{n} = 0;"));
+        self.line(&format!("const u64 tg_ev{n} = tg_nev; int tg_changed{n} = 0; (void)tg_ev{n};"));
         self.line("{");
         self.depth += 1;
         let bparams = k.block(body).params.clone();
@@ -176,13 +176,13 @@ impl<'k> Gen<'k> {
             self.copy(*p, *r);
         }
         let ys = self.block(body)?;
-        for (r, y) in d.results.iter().zip(ys) {
+        for ((r, y), &dep) in d.results.iter().zip(ys).zip(&deps.carried) {
             // Changed, with the reference's `==` (a NaN always counts as a change).
             let cmp = format!("if (!(v{}[j] == v{}[j])) tg_changed{n} = 1;", r.0, y.0);
-            if self.scalar(*r) {
-                self.line(&format!("{{ const int j = 0; {cmp} }}"));
-            } else {
-                self.each(*r, &cmp);
+            match (dep, self.scalar(*r)) {
+                (false, _) => {}
+                (true, true) => self.line(&format!("{{ const int j = 0; {cmp} }}")),
+                (true, false) => self.each(*r, &cmp),
             }
             self.copy(*r, y);
         }
@@ -190,7 +190,8 @@ impl<'k> Gen<'k> {
         self.depth -= 1;
         self.line("}");
         let f = self.fail(i, ERR_RUNTIME, "0", "0", &endless.to_string());
-        self.line(&format!("if (!__syncthreads_or(tg_changed{n}) && tg_nev == tg_ev{n} && tid == 0) {f}"));
+        let memory_same = if deps.reads_memory { format!(" && tg_nev == tg_ev{n}") } else { String::new() };
+        self.line(&format!("if (!__syncthreads_or(tg_changed{n}){memory_same} && tid == 0) {f}"));
         self.check(i);
         self.flush();
         self.depth -= 1;

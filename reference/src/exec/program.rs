@@ -1039,7 +1039,9 @@ fn apply(m: &mut HashMap<i64, u64>, dtype: DType, initial: &Data, e: &Event) {
 }
 
 /// Why a `while` loop can never end, by whether its condition reads memory.
-fn endless_message(reads_memory: bool) -> String {
+/// The error of a `while` loop found never ending (see [`Program::run_while`]): one text for the
+/// reference and every backend.
+pub fn endless_message(reads_memory: bool) -> String {
     if reads_memory {
         "this `while` loop can never end: an iteration changed neither memory nor the carried values its condition depends \
          on (a spin lock that no earlier program released? programs run in program order, so a program never waits on a \

@@ -379,11 +379,29 @@ fn first_difference(a: &Data, b: &Data, rounding: bool) -> Option<usize> {
     }
 }
 
+/// `secs` seconds in words, in the largest unit that keeps it above one.
+fn duration(secs: u64) -> String {
+    match secs {
+        s if s >= 7200 => format!("{} hours", s / 3600),
+        s if s >= 120 => format!("{} minutes", s / 60),
+        s => format!("{s} seconds"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use tilegrad_ir::{DType, KernelBuilder};
     use tilegrad_reference::HostTensor;
+
+    #[test]
+    fn a_grid_past_the_limit_is_refused_with_the_kernel_the_grid_and_the_least_time() {
+        let e = Executor::cpu().max_programs(1000);
+        assert!(e.check_grid("k", Grid([1000, 1, 1])).is_ok());
+        let m = e.check_grid("k", Grid([100, 20, 1])).unwrap_err();
+        assert!(m.contains("kernel `k` on grid [100, 20, 1]: 2000 programs, more than the 1000"), "{m}");
+        assert_eq!((duration(59), duration(7200), duration(600)), ("59 seconds".into(), "2 hours".into(), "10 minutes".into()));
+    }
 
     /// Two runs' memories: an f64 tensor (sums of about 1), an f32 one and an i64 one, the
     /// second run's f64 elements moved by `df` (element 2 a NaN where `nan`), its f32 ones by
@@ -441,14 +459,5 @@ mod tests {
         let opts = tilegrad_reference::Options { scratch: vec!["n".into()], ..Default::default() };
         let taped = Launch::new(&k2, 1).arg("d_x", x).arg("n", n).options(opts);
         assert_eq!(differ(&taped, &ok(), &ok(), &a, &b, true), None);
-    }
-}
-
-/// `secs` seconds in words, in the largest unit that keeps it above one.
-fn duration(secs: u64) -> String {
-    match secs {
-        s if s >= 7200 => format!("{} hours", s / 3600),
-        s if s >= 120 => format!("{} minutes", s / 60),
-        s => format!("{s} seconds"),
     }
 }

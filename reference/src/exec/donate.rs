@@ -69,7 +69,7 @@ fn only_stored(l: &Launch, bound: &[Bound], uses: &[tilegrad_ir::analysis::Param
         .zip(uses)
         .zip(&l.kernel.params)
         .filter(|((b, _), _)| matches!(b, Bound::Tensor(x) if *x == t))
-        .all(|((_, u), p)| u.stored && !u.loaded && !u.atomic && !l.options.scratch.iter().any(|s| *s == p.name))
+        .all(|((_, u), p)| u.stored && !u.loaded && !u.atomic && !l.options.scratch.contains(&p.name))
 }
 
 /// Whether every element of `d` has the bits of the first.

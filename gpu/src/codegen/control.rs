@@ -63,12 +63,17 @@ impl<'k> Gen<'k> {
         self.line(&format!(
             "const u64 tg_as{n} = tg_st{n} > 0 ? (u64)tg_st{n} : (u64)0 - (u64)tg_st{n}; const bool tg_pos{n} = tg_st{n} > 0 ? tg_hi{n} > tg_lo{n} : tg_lo{n} > tg_hi{n}; const u64 tg_span{n} = tg_st{n} > 0 ? (u64)tg_hi{n} - (u64)tg_lo{n} : (u64)tg_lo{n} - (u64)tg_hi{n}; const u64 tg_trips{n} = tg_pos{n} ? tg_span{n} / tg_as{n} + (tg_span{n} % tg_as{n} != 0) : 0;"
         ));
-        if let Some(m) = max_iters {
-            let f = self.fail(i, ERR_LOOP, "0", "0", &format!("tg_trips{n}"));
-            self.line(&format!("if (tg_trips{n} > {m}ULL && tid == 0) {f}"));
-            self.check(i);
-            self.flush();
-        }
+        // Past `max_iters`, or without it past the reference's limit: an error before any trip.
+        let (limit, f) = match max_iters {
+            Some(m) => (u64::from(m), self.fail(i, ERR_LOOP, "0", "0", &format!("tg_trips{n}"))),
+            None => {
+                let long = self.message(tilegrad_reference::long_for_message());
+                (tilegrad_reference::WHILE_LIMIT, self.fail(i, ERR_RUNTIME, "0", "0", &long.to_string()))
+            }
+        };
+        self.line(&format!("if (tg_trips{n} > {limit}ULL && tid == 0) {f}"));
+        self.check(i);
+        self.flush();
         self.line(&format!("if (tid == 0) atomicMax((unsigned long long*)(TG_TRIPS + {li}), (unsigned long long)tg_trips{n} + 1ULL);"));
         let iv_ty = self.dtype(d.args[0]);
         let params = k.block(body).params.clone();

@@ -1,6 +1,7 @@
-//! `while` loops end as the reference ends them: a trip that leaves unchanged every carried
+//! Loops end as the reference ends them: a `while` trip that leaves unchanged every carried
 //! value the condition depends on (and memory, where the condition reads it) is the error "can
-//! never end", with the reference's text.
+//! never end", and a `for` loop without `max_iters` whose bounds give more trips than the
+//! reference's limit is refused before its first trip, each with the reference's text.
 
 use super::*;
 use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
@@ -74,4 +75,24 @@ fn only_the_carried_values_the_condition_depends_on_are_compared() {
     let g = generate(&kernel("moves")).unwrap();
     assert_eq!(g.source.matches(") tg_changed").count(), 1, "`i`, not `acc`: {}", g.source);
     assert!(!endless_checks(&g.source)[0].contains("tg_nev"));
+}
+
+#[test]
+fn a_for_loop_without_max_iters_is_refused_past_the_references_limit() {
+    let src = r#"
+import triton
+import triton.language as tl
+
+@triton.jit
+def long(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    acc = 0.0
+    for i in range(0, n):
+        acc += tl.load(x_ptr + i)
+    tl.store(y_ptr, acc)
+"#;
+    let constexprs = vec![("BLOCK".to_string(), ConstValue::Int(32))];
+    let k = convert(src, "k.py", "long", &ConvertOptions { constexprs, ..ConvertOptions::default() }).unwrap();
+    let g = generate(&k).unwrap();
+    assert!(g.source.contains(&format!("> {}ULL && tid == 0)", tilegrad_reference::WHILE_LIMIT)), "{}", g.source);
+    assert!(g.messages.contains(&tilegrad_reference::long_for_message()), "{:?}", g.messages);
 }

@@ -23,7 +23,7 @@ pub use fast::release_buffers;
 pub use fastmath::C as EXP2_POLY;
 pub use ops::{dot_f32, round_tf32, sum_in_order, SUM_LANES};
 pub use plan::needs_order;
-pub use program::{endless_message as endless_while_message, WHILE_LIMIT};
+pub use program::{endless_message as endless_while_message, long_for_message, WHILE_LIMIT};
 pub use record::{NonFinite, ProgramRecord, Recorded};
 
 use crate::error::{ExecError, Race, RaceKind, Site};

@@ -91,6 +91,10 @@ struct SpecArgs {
     /// GPU's free memory; on the CPU 4 GiB, at most a quarter of the memory left).
     #[arg(long, value_name = "MIB")]
     vjp_memory: Option<u64>,
+    /// Programs a launch may run (default 67108864): a larger grid is refused before it runs,
+    /// naming the kernel and the grid, with the least time it would take.
+    #[arg(long, value_name = "N")]
+    max_programs: Option<u64>,
     /// Precision of the ground truth (default: the spec's, else f64).
     #[arg(long, value_enum)]
     precision: Option<PrecisionArg>,
@@ -150,6 +154,9 @@ impl SpecArgs {
         o.deterministic |= self.deterministic;
         if let Some(m) = self.vjp_memory {
             o.vjp_memory = Some(m.saturating_mul(1 << 20));
+        }
+        if let Some(n) = self.max_programs {
+            o.max_programs = n;
         }
         o.ground = match self.ground {
             GroundArg::Evaluator => Ground::Evaluator,
@@ -445,8 +452,7 @@ fn run(cli: Cli) -> Result<bool> {
         }
         Command::Run { spec, out, opts } => {
             let (s, o) = opts.load(&spec)?;
-            let (i, t, ran) =
-                check::run_forward_on(&s.forward, &s.inputs, o.seed, o.backend).with_context(|| format!("{}", spec.display()))?;
+            let (i, t, ran) = check::run_forward_with(&s.forward, &s.inputs, &o).with_context(|| format!("{}", spec.display()))?;
             write_npy(&out, &[("input_", &i), ("output_", &t)])?;
             if ran != "cpu" {
                 eprintln!("backend: {ran}");

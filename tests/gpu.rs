@@ -23,6 +23,7 @@ use tilegrad_ir::{DType, Kernel};
 
 mod cases;
 use cases::CASES;
+mod stuck_scan;
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")
@@ -535,4 +536,34 @@ fn out_of_bounds_lanes_fail_alike_in_every_flavor() {
             }
         }
     }
+}
+
+/// The fuzzer's cumsum backward whose `while` never moves on (`tests/stuck_scan`): the GPU
+/// finds it at its first trip, as the reference does, with the same error at the same place
+/// (it ran to the 10^7-trip bound before the GPU followed the condition's inputs).
+#[test]
+fn a_stuck_while_loop_fails_on_the_gpu_as_on_the_cpu() {
+    if let Err(why) = tilegrad_gpu::usable() {
+        eprintln!("skipped: no usable GPU ({why})");
+        return;
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gpu-stuck-scan");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("k.py"), stuck_scan::KERNELS).unwrap();
+    std::fs::write(dir.join("s.toml"), stuck_scan::SPEC).unwrap();
+    let s = spec::load(&dir.join("s.toml")).unwrap();
+    let bwd = s.backward.as_ref().unwrap();
+    let run = |backend| {
+        let t = std::time::Instant::now();
+        let r = check_backward(&s.forward, bwd, &s.inputs, &CheckOptions { backend, trials: 1, ..s.options.clone() }).unwrap();
+        (r, t.elapsed())
+    };
+    let (cpu, _) = run(Backend::Cpu);
+    let (gpu, took) = run(Backend::Gpu);
+    let message = &gpu.failure.as_ref().expect("the backward fails").message;
+    assert!(message.contains("k.py:19:5: kernel `scan_bwd_stuck`, op `while`, program (0, 0, 0)"), "{gpu}");
+    assert!(message.contains("can never end"), "{gpu}");
+    assert_eq!(verdict(&cpu), verdict(&gpu), "{gpu}");
+    assert!(!gpu.backend.contains("the GPU failed"), "{}", gpu.backend);
+    assert!(took.as_secs() < 60, "{took:?}");
 }

@@ -8,6 +8,8 @@ use std::process::Command;
 use tilegrad::spec::{load, SpecError};
 use tilegrad_reference::Data;
 
+mod stuck_scan;
+
 const KERNELS: &str = r#"import triton
 import triton.language as tl
 
@@ -450,62 +452,12 @@ fn deep_triton_expressions_exit_2_with_the_line() {
     cli_rejects(&p, "nested deeper than 20000 levels");
 }
 
-/// A row-wise cumulative sum and its backward, a reversed scan of column blocks in a `while`
-/// loop whose `start -= BLOCK` is missing: the loop never moves on, storing every trip.
-const SCAN: &str = r#"import triton
-import triton.language as tl
-
-@triton.jit
-def scan(X, Y, stride, n_cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    carry = 0.0
-    for start in tl.range(0, n_cols, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(X + row * stride + offs, mask=offs < n_cols, other=0.0)
-        tl.store(Y + row * stride + offs, tl.cumsum(x, axis=0) + carry, mask=offs < n_cols)
-        carry += tl.sum(x, axis=0)
-
-@triton.jit
-def scan_bwd_stuck(DY, DX, stride, n_cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    start = ((n_cols + BLOCK - 1) // BLOCK - 1) * BLOCK
-    carry = 0.0
-    while start >= 0:
-        offs = start + tl.arange(0, BLOCK)
-        dy = tl.load(DY + row * stride + offs, mask=offs < n_cols, other=0.0)
-        tl.store(DX + row * stride + offs, tl.cumsum(dy, axis=0, reverse=True) + carry, mask=offs < n_cols)
-        carry += tl.sum(dy, axis=0)
-"#;
-
-const SCAN_SPEC: &str = r#"
-[kernels]
-fwd = "k.py::scan"
-bwd = "k.py::scan_bwd_stuck"
-
-[inputs]
-x = { shape = [7, 250], init = "normal" }
-
-[forward]
-outputs = ["y"]
-steps = [
-  { alloc = "y", like = "x" },
-  { launch = "fwd", grid = [7], args = { X = "x", Y = "y", stride = "x.stride(0)", n_cols = 250, BLOCK = 32 } },
-]
-
-[backward]
-gradients = { x = "grad_x" }
-steps = [
-  { alloc = "grad_x", like = "x" },
-  { launch = "bwd", grid = [7], args = { DY = "grad_y", DX = "grad_x", stride = "x.stride(0)", n_cols = 250, BLOCK = 32 } },
-]
-"#;
-
 #[test]
 fn a_backward_loop_that_never_moves_on_fails_the_check_at_its_line_at_once() {
     // It ran to the 10^7-trip bound (over 5 minutes; 1.5 GB a program before stores that
     // repeat their elements replaced each other); now its first trip shows the condition's
     // only input, `start`, never changes.
-    let p = write("scan-stuck", SCAN_SPEC.as_bytes(), SCAN.as_bytes());
+    let p = write("scan-stuck", stuck_scan::SPEC.as_bytes(), stuck_scan::KERNELS.as_bytes());
     let t0 = std::time::Instant::now();
     let out = Command::new("sh")
         .arg("-c")
@@ -539,4 +491,35 @@ fn a_uint8_npy_input_is_refused_at_its_key_not_read_as_bool() {
         assert_eq!(code, 2, "{cmd}: {err}");
         assert!(err.contains("inputs.x.file") && err.contains("unsupported dtype `|u1` (uint8)"), "{cmd}: {err}");
     }
+}
+
+#[test]
+fn a_grid_past_the_program_limit_is_refused_by_every_command_naming_kernel_and_grid() {
+    let huge = variant("grid = [\"cdiv(n, 128)\"], args = { x_ptr", "grid = [2147483647], args = { x_ptr");
+    let p = write("grid", huge.as_bytes(), KERNELS.as_bytes());
+    let out = p.with_file_name("out");
+    for args in
+        [vec!["check"], vec!["gradcheck"], vec!["grad", "--out", out.to_str().unwrap()], vec!["run", "--out", out.to_str().unwrap()]]
+    {
+        let mut argv = args.clone();
+        argv.insert(1, p.to_str().unwrap());
+        let t = std::time::Instant::now();
+        let (code, err) = tilegrad(&argv);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        for expect in ["kernel `scale` on grid [2147483647, 1, 1]", "2147483647 programs", "--max-programs", "forward step 1"] {
+            assert!(err.contains(expect), "{args:?}: expected `{expect}` in: {err}");
+        }
+        assert!(t.elapsed().as_secs() < 20, "{args:?} refused at once");
+    }
+    // The limit is an option: a grid of 5,000 programs under a limit of 4,000, then of 5,000.
+    let p = write(
+        "grid-limit",
+        variant("grid = [\"cdiv(n, 128)\"], args = { x_ptr", "grid = [5000], args = { x_ptr").as_bytes(),
+        KERNELS.as_bytes(),
+    );
+    let (code, err) = tilegrad(&["check", p.to_str().unwrap(), "--max-programs", "4000"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("more than the 4000 a launch may run"), "{err}");
+    let (code, err) = tilegrad(&["check", p.to_str().unwrap(), "--max-programs", "5000"]);
+    assert_eq!(code, 0, "{err}");
 }

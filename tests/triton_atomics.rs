@@ -354,9 +354,37 @@ fn conversion_errors_point_at_the_source() {
         ("tl.atomic_cas(i_ptr, 0.0, 1)", 32, "`cmp` of `tl.atomic_cas` must have the pointer's element type i32, found f32"),
         ("tl.atomic_cas(i_ptr, 0, 4294967296)", 35, "`val` of `tl.atomic_cas` must have the pointer's element type i32, found i64"),
         (
-            "tl.atomic_cas(i_ptr + tl.arange(0, 4), 0, tl.zeros((4,), tl.float32))",
-            53,
+            "tl.atomic_cas(i_ptr + tl.arange(0, 4), tl.full((4,), 0, tl.int32), tl.zeros((4,), tl.float32))",
+            78,
             "`val` of `tl.atomic_cas` must have the pointer's element type i32, found f32[4]",
+        ),
+    ] {
+        let e = bad(&format!("    old = {call}\n"));
+        assert!(e.contains(&format!("k.py:6:{col}:")) && e.contains(found), "{call}: {e}");
+    }
+    // Nor does it broadcast them: `cmp` and `val` have the pointer's shape (a scalar beside a
+    // block of pointers, a block beside one pointer, a [1, 4] beside [4, 1]), refused at the
+    // operand.
+    for (call, col, found) in [
+        (
+            "tl.atomic_cas(i_ptr + tl.arange(0, 4), 0, tl.full((4,), 1, tl.int32))",
+            50,
+            "`cmp` of `tl.atomic_cas` must have the pointer's shape [4], found i32 ",
+        ),
+        (
+            "tl.atomic_cas(i_ptr + tl.arange(0, 4), tl.full((4,), 0, tl.int32), 1)",
+            78,
+            "`val` of `tl.atomic_cas` must have the pointer's shape [4], found i32 ",
+        ),
+        (
+            "tl.atomic_cas(i_ptr, tl.full((4,), 0, tl.int32), tl.full((4,), 1, tl.int32))",
+            32,
+            "`cmp` of `tl.atomic_cas` must have the pointer's shape [], found i32[4]",
+        ),
+        (
+            "tl.atomic_cas(i_ptr + tl.arange(0, 4)[:, None], tl.full((1, 4), 0, tl.int32), tl.full((4, 4), 1, tl.int32))",
+            59,
+            "`cmp` of `tl.atomic_cas` must have the pointer's shape [4, 1], found i32[1, 4]",
         ),
     ] {
         let e = bad(&format!("    old = {call}\n"));

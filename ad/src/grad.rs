@@ -235,7 +235,7 @@ pub fn vjp(
         if facts.needs_overlay || owners.is_some() { 1 } else { opts.batch_programs.unwrap_or((16384 / max_numel).clamp(1, 64)).max(1) }
             as u64;
     // Half the budget for the loop-body values of the batches in flight (one per thread).
-    let in_flight = rayon::current_num_threads().max(1) * batch as usize;
+    let in_flight = tilegrad_reference::working_threads() * batch as usize;
     let tape_budget = opts.tape_budget.min(opts.memory_budget / 2 / in_flight);
     let active = active_values(k);
     let needs = reverse_needs(k, &active);
@@ -479,7 +479,7 @@ fn run_chunk(
     use std::sync::{Arc, Condvar, Mutex};
     const HELD: &str = "no thread panics holding the lock";
     let batches = (end - start).div_ceil(batch) as usize;
-    let workers = rayon::current_num_threads().min(batches).max(1);
+    let workers = tilegrad_reference::working_threads().min(batches).max(1);
     let shares = workers.min(MAX_SHARES);
     // Share k of a gradient of n elements: elements n*k/shares up to n*(k+1)/shares.
     let mut split: Vec<Vec<(usize, &mut [f64])>> = (0..shares).map(|_| Vec::new()).collect();

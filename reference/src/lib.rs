@@ -16,8 +16,8 @@ mod tensor;
 
 pub use error::{ExecError, Race, RaceKind, Site};
 pub use exec::{
-    dot_f32, needs_order, release_buffers, round_tf32, sum_in_order, tune_allocator, NonFinite, ProgramRecord, Recorded, EXP2_POLY,
-    SUM_LANES, WHILE_LIMIT,
+    dot_f32, endless_while_message, long_for_message, needs_order, release_buffers, round_tf32, sum_in_order, tune_allocator,
+    working_threads, NonFinite, ProgramRecord, Recorded, EXP2_POLY, SUM_LANES, WHILE_LIMIT,
 };
 pub use launch::{written_tensors, Arg, Grid, Launch, LaunchSummary, Memory, Options, RaceMode, TensorId, Writers, POISON_ALL};
 pub use tensor::{

@@ -353,6 +353,11 @@ impl HostTensor {
         Arc::try_unwrap(self.data).ok()
     }
 
+    /// Whether no clone shares this tensor's storage.
+    pub fn is_unique(&self) -> bool {
+        Arc::strong_count(&self.data) == 1 && Arc::weak_count(&self.data) == 0
+    }
+
     /// Whether `other` is a clone sharing this tensor's storage (no element was written since).
     pub fn shares_storage(&self, other: &HostTensor) -> bool {
         Arc::ptr_eq(&self.data, &other.data)

@@ -327,6 +327,28 @@ fn dynamic_loop_and_max_iters_bound() {
 }
 
 #[test]
+fn a_for_loop_of_more_trips_than_the_limit_is_refused_before_its_first() {
+    // `for i in range(0, n)` with n past 10^7 and no `max_iters`: an error at once, not hours.
+    let mut b = KernelBuilder::new("long");
+    let out = b.ptr_param("out", DType::I64);
+    let n = b.scalar_param("n", DType::I64);
+    let (zero, one) = (b.i64(0), b.i64(1));
+    let r = b.for_range(zero, n, one, None, &[zero], |b, i, c| vec![b.add(c[0], i)]);
+    b.store(out, r[0], None);
+    let k = b.finish().unwrap();
+    let mut mem = Memory::new();
+    let ot = mem.add("out", HostTensor::zeros(DType::I64, &[1]));
+    let t = std::time::Instant::now();
+    let e = Launch::new(&k, 1).arg("out", ot).arg("n", 1i64 << 40).run(&mut mem).unwrap_err();
+    assert!(e.to_string().contains("op `for`") && e.to_string().contains("more than 10000000 trips"), "{e}");
+    assert!(e.to_string().contains(&tilegrad_reference::long_for_message()), "{e}");
+    assert!(t.elapsed().as_secs() < 5);
+    // A loop within it runs.
+    Launch::new(&k, 1).arg("out", ot).arg("n", 1000i64).run(&mut mem).unwrap();
+    assert_eq!(mem[ot].as_i64().unwrap()[0], 1000 * 999 / 2);
+}
+
+#[test]
 fn argument_errors_are_clear() {
     let k = scale_kernel(64);
     let mut mem = Memory::new();

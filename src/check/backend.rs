@@ -5,7 +5,7 @@
 use super::{Backend, CheckError};
 use std::sync::{Arc, Mutex, OnceLock};
 use tilegrad_gpu::{DeviceMemory, Gpu, GpuError, GpuOptions, RanOn};
-use tilegrad_reference::{Data, ExecError, Launch, LaunchSummary, Memory};
+use tilegrad_reference::{Data, ExecError, Grid, Launch, LaunchSummary, Memory};
 
 /// The process's GPU, created on first use (a CUDA context costs a fraction of a second).
 fn gpu() -> Result<Arc<Gpu>, String> {
@@ -22,10 +22,17 @@ pub struct Executor {
     ordered_vjp: bool,
     /// Bytes a VJP kernel's launch may take ([`Executor::vjp_memory`]).
     vjp_memory: Option<u64>,
+    /// Programs a launch may run ([`Executor::max_programs`]).
+    max_programs: u64,
     /// Why `--backend auto` runs on the CPU.
     fallback: Option<String>,
     log: Mutex<Log>,
 }
+
+/// The programs a launch may run unless raised ([`Executor::max_programs`]): at a microsecond
+/// a program at the least, about a minute of work; a grid larger than this is likelier a typo
+/// or a size in elements where one in blocks was meant.
+pub const DEFAULT_MAX_PROGRAMS: u64 = 1 << 26;
 
 #[derive(Default)]
 struct Log {
@@ -39,7 +46,15 @@ struct Log {
 impl Executor {
     /// The reference interpreter only.
     pub fn cpu() -> Executor {
-        Executor { gpu: None, compare: false, ordered_vjp: false, vjp_memory: None, fallback: None, log: Mutex::default() }
+        Executor {
+            gpu: None,
+            compare: false,
+            ordered_vjp: false,
+            vjp_memory: None,
+            max_programs: DEFAULT_MAX_PROGRAMS,
+            fallback: None,
+            log: Mutex::default(),
+        }
     }
 
     /// The executor of a backend choice: `Gpu` fails when no GPU is usable, `Auto` then uses the
@@ -58,7 +73,15 @@ impl Executor {
             },
             Backend::Gpu | Backend::Compare => Some(gpu().map_err(|e| CheckError::Unsupported(format!("--backend gpu: {e}")))?),
         };
-        Ok(Executor { gpu, compare: backend == Backend::Compare, ordered_vjp: false, vjp_memory: None, fallback, log: Mutex::default() })
+        Ok(Executor {
+            gpu,
+            compare: backend == Backend::Compare,
+            ordered_vjp: false,
+            vjp_memory: None,
+            max_programs: DEFAULT_MAX_PROGRAMS,
+            fallback,
+            log: Mutex::default(),
+        })
     }
 
     /// VJP kernels add their float atomics in program order on the GPU too, as the reference
@@ -111,6 +134,30 @@ impl Executor {
     pub fn vjp_memory(mut self, bytes: Option<u64>) -> Executor {
         self.vjp_memory = bytes;
         self
+    }
+
+    /// Launches may run at most `programs` programs each (default [`DEFAULT_MAX_PROGRAMS`]).
+    pub fn max_programs(mut self, programs: u64) -> Executor {
+        self.max_programs = programs;
+        self
+    }
+
+    /// Refuses a launch of `kernel` on `grid` with more programs than
+    /// [`Executor::max_programs`] allows, saying how long it would take at the least.
+    pub fn check_grid(&self, kernel: &str, grid: Grid) -> Result<(), String> {
+        let programs = grid.programs();
+        if programs <= self.max_programs {
+            return Ok(());
+        }
+        let threads = rayon::current_num_threads().max(1) as u64;
+        let secs = programs / threads / 1_000_000;
+        Err(format!(
+            "kernel `{kernel}` on grid {:?}: {programs} programs, more than the {} a launch may run (at a microsecond a \
+             program on {threads} threads, at least {}); raise the limit with `--max-programs` if the grid is meant",
+            grid.0,
+            self.max_programs,
+            duration(secs)
+        ))
     }
 
     /// Bytes a VJP kernel's launch may take where it runs (its tensors, shadows and tapes; see
@@ -364,11 +411,29 @@ fn first_difference(a: &Data, b: &Data, rounding: bool) -> Option<usize> {
     }
 }
 
+/// `secs` seconds in words, in the largest unit that keeps it above one.
+fn duration(secs: u64) -> String {
+    match secs {
+        s if s >= 7200 => format!("{} hours", s / 3600),
+        s if s >= 120 => format!("{} minutes", s / 60),
+        s => format!("{s} seconds"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use tilegrad_ir::{DType, KernelBuilder};
     use tilegrad_reference::HostTensor;
+
+    #[test]
+    fn a_grid_past_the_limit_is_refused_with_the_kernel_the_grid_and_the_least_time() {
+        let e = Executor::cpu().max_programs(1000);
+        assert!(e.check_grid("k", Grid([1000, 1, 1])).is_ok());
+        let m = e.check_grid("k", Grid([100, 20, 1])).unwrap_err();
+        assert!(m.contains("kernel `k` on grid [100, 20, 1]: 2000 programs, more than the 1000"), "{m}");
+        assert_eq!((duration(59), duration(7200), duration(600)), ("59 seconds".into(), "2 hours".into(), "10 minutes".into()));
+    }
 
     /// Two runs' memories: an f64 tensor (sums of about 1), an f32 one and an i64 one, the
     /// second run's f64 elements moved by `df` (element 2 a NaN where `nan`), its f32 ones by

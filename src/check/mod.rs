@@ -80,7 +80,7 @@ mod truth;
 pub mod verdict;
 pub mod vjp_in_place;
 
-pub use backend::Executor;
+pub use backend::{Executor, DEFAULT_MAX_PROGRAMS};
 pub use expr::{Expr, ExprError, Scalar};
 pub use ground::{evaluator_note, vjp_float};
 pub use html::page as html_page;
@@ -95,7 +95,7 @@ pub(crate) use steps::{can_accumulate, eval_shape as steps_eval_shape, item as s
 pub use steps::{Env, Init, ItemReduce, KernelLaunch, Reduction, Step};
 pub use tensor_expr::TensorExpr;
 pub use tilegrad_ad::Precision;
-pub use truth::{gradcheck, ground_truth, run_forward, run_forward_on, FdTrial, GradcheckReport, GroundTruth, Named};
+pub use truth::{gradcheck, ground_truth, run_forward, run_forward_on, run_forward_with, FdTrial, GradcheckReport, GroundTruth, Named};
 
 use std::collections::HashMap;
 use steps::{Mode, StepError, Trace};
@@ -309,6 +309,9 @@ pub struct CheckOptions {
     /// without `other` (read as 0, as Triton's GPU backends read them), or programs that
     /// conflict on an element with an outcome that does not depend on their order.
     pub strict: bool,
+    /// Programs a launch may run: a larger grid is refused before it runs, naming the kernel
+    /// and the grid (default [`backend::DEFAULT_MAX_PROGRAMS`]).
+    pub max_programs: u64,
 }
 
 /// How the ground truth of launches is computed.
@@ -327,6 +330,14 @@ pub enum Ground {
 }
 
 impl CheckOptions {
+    /// The executor these options ask for.
+    pub(crate) fn executor(&self) -> Result<backend::Executor, CheckError> {
+        Ok(backend::Executor::new(self.backend)?
+            .deterministic(self.deterministic)
+            .vjp_memory(self.vjp_memory)
+            .max_programs(self.max_programs))
+    }
+
     /// The executor of VJP kernels where the ground truth is computed by them.
     fn kernels_ground<'e>(&self, exec: &'e backend::Executor) -> Option<&'e backend::Executor> {
         (self.ground == Ground::Kernels).then_some(exec)
@@ -348,6 +359,7 @@ impl Default for CheckOptions {
             deterministic: false,
             vjp_memory: None,
             strict: false,
+            max_programs: backend::DEFAULT_MAX_PROGRAMS,
         }
     }
 }
@@ -392,7 +404,7 @@ pub fn check_backward_with(
         && (bwd_tf32 || fwd_tf32 || inputs.tensors.iter().any(|t| is_narrow(input_dtype(t))) || computes_narrow(fwd, bwd));
     progress("inputs and forward", 0, opts.trials);
     let start = std::time::Instant::now();
-    let exec = backend::Executor::new(opts.backend)?.deterministic(opts.deterministic).vjp_memory(opts.vjp_memory);
+    let exec = opts.executor()?;
     let ahead = if exec.on_gpu() { kernels_ahead(fwd, bwd, opts, inputs) } else { Vec::new() };
     exec.precompile(&ahead.iter().map(|(k, v, p)| (k, *v, *p)).collect::<Vec<_>>());
     drop(ahead);
@@ -482,23 +494,9 @@ pub fn check_backward_with(
     let mut explained = Vec::new();
     for trial in 0..opts.trials {
         progress("ground truth", trial, opts.trials);
+        let mut rng_at = rng.clone();
         let drawn = tm.time("cotangents", || truth::draw_cotangents(&mut rng, env_n, fwd))?;
-        let mut cot: HashMap<String, Vec<f64>> = HashMap::new();
-        let mut as_tensors: Vec<(String, HostTensor)> = Vec::new();
-        for (o, c, h) in drawn {
-            cot.insert(o.clone(), c);
-            as_tensors.push((o, h));
-        }
-        // The backward's environment: the forward's tensors and the cotangents `grad_<output>`
-        // (sharing their storage until the backward writes them).
-        let backward_env = || -> Result<Env, CheckError> {
-            let mut env = env_n.clone();
-            for (o, h) in &as_tensors {
-                env.add(&format!("grad_{o}"), h.clone()).map_err(CheckError::Spec)?;
-            }
-            Ok(env)
-        };
-        let mut env_b = tm.time("backward", backward_env)?;
+        let mut cot: HashMap<String, Vec<f64>> = drawn.into_iter().map(|(o, c, _)| (o, c)).collect();
         let cot_rms = rms(cot.values().flatten().copied());
         let replays = match (opts.precision, &replay_envs.0) {
             (Precision::F64, Some(env)) => {
@@ -514,6 +512,24 @@ pub fn check_backward_with(
         let mut ground_notes = Vec::new();
         let by = opts.kernels_ground(&exec);
         let truth = tm.time("ground truth", || ground::reverse(&fwd.steps, &p.records, truth_env, cot, &gopts, by, &mut ground_notes))?;
+        if trial + 1 == opts.trials {
+            // Only the ground truth reads the forward's records: the last one is done.
+            p.records = Default::default();
+        }
+        // The cotangents in the outputs' dtypes, drawn again from the same stream: made after
+        // the replays and the ground truth, so that their f64 tensors and these are not held at
+        // once.
+        let as_tensors = tm.time("cotangents", || truth::draw_cotangent_tensors(&mut rng_at, env_n, fwd))?;
+        // The backward's environment: the forward's tensors and the cotangents `grad_<output>`
+        // (sharing their storage until the backward writes them).
+        let backward_env = || -> Result<Env, CheckError> {
+            let mut env = env_n.clone();
+            for (o, h) in &as_tensors {
+                env.add(&format!("grad_{o}"), h.clone()).map_err(CheckError::Spec)?;
+            }
+            Ok(env)
+        };
+        let mut env_b = tm.time("backward", backward_env)?;
         if trial == 0 {
             p.notes.extend(ground_notes);
         }

@@ -291,6 +291,34 @@ impl Step {
     }
 }
 
+/// The tensors of a launch of `kernel` with `args` whose contents before it no program reads:
+/// every parameter bound to them is only stored through (no load, no atomic), in a kernel
+/// without `while` loops (whose progress check compares stores with what they overwrite).
+fn unread_tensors(kernel: &Kernel, args: &[(String, Arg)]) -> Vec<TensorId> {
+    let mut whiles = false;
+    kernel.walk(&mut |_, d| whiles |= matches!(d.op, tilegrad_ir::Op::While { .. }));
+    if whiles {
+        return Vec::new();
+    }
+    let uses = tilegrad_ir::analysis::param_uses(kernel);
+    let bound =
+        |t: TensorId| kernel.params.iter().zip(&uses).filter(move |(p, _)| args.iter().any(|(n, a)| *n == p.name && *a == Arg::Tensor(t)));
+    let mut out: Vec<TensorId> = args.iter().filter_map(|(_, a)| if let Arg::Tensor(t) = a { Some(*t) } else { None }).collect();
+    out.retain(|&t| bound(t).all(|(_, u)| !u.loaded && !u.atomic));
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// What an f64 forward's record keeps of a tensor its launch never reads (see
+/// [`unread_tensors`]): the ground truth's reverse sweep reads none of its values, only its
+/// shape, so zeros of that shape stand for it (f32 for floats, as [`narrowed`] keeps an
+/// allocation's NaNs), which the system maps only when touched, instead of a copy.
+fn unread_placeholder(h: &HostTensor) -> HostTensor {
+    let dtype = if h.dtype().is_float() { DType::F32 } else { h.dtype() };
+    HostTensor::zeros(dtype, h.shape())
+}
+
 /// An f64 tensor whose every value is an f32 (the inputs as drawn, an `empty` allocation's NaN)
 /// as a narrower tensor: one of `share` holding the same values (sharing its storage), else a
 /// new f32 tensor, at half the bytes. The AD engine reads it back exactly (the records of an
@@ -634,10 +662,12 @@ pub(crate) fn run(
                     ),
                 };
                 let (grid, args) = resolve(kl, &kernel, env).map_err(spec)?;
+                exec.check_grid(&kernel.name, grid).map_err(spec)?;
                 if let Some(r) = records.as_deref_mut() {
                     let mut before = Memory::new();
                     let mut names = Vec::new();
                     let mut remap: Vec<(TensorId, TensorId)> = Vec::new();
+                    let unread = unread_tensors(&kernel, &args);
                     let args = args
                         .iter()
                         .map(|(n, a)| {
@@ -646,8 +676,12 @@ pub(crate) fn run(
                                     Some((_, m)) => *m,
                                     None => {
                                         let h = env.mem.get(*t);
-                                        let m =
-                                            before.add(env.mem.name(*t), if mode == Mode::F64 { narrowed(h, &r.share) } else { h.clone() });
+                                        let kept = match mode {
+                                            Mode::F64 if unread.contains(t) => unread_placeholder(h),
+                                            Mode::F64 => narrowed(h, &r.share),
+                                            _ => h.clone(),
+                                        };
+                                        let m = before.add(env.mem.name(*t), kept);
                                         remap.push((*t, m));
                                         names.push((m, env.mem.name(*t).to_string()));
                                         m
@@ -1127,6 +1161,32 @@ mod tests {
         let kept = narrowed(&inexact, std::slice::from_ref(&drawn));
         assert_eq!(kept.dtype(), DType::F64);
         assert!(kept.shares_storage(&inexact));
+    }
+
+    #[test]
+    fn f64_records_keep_only_the_shape_of_what_a_launch_never_reads() {
+        use tilegrad_ir::KernelBuilder;
+        // `y[i] = x[i]`, `w[i] += 1` (read and written), `z += x[i]` (atomic).
+        let mut b = KernelBuilder::new("k");
+        let (x, y, w, z) =
+            (b.ptr_param("x", DType::F64), b.ptr_param("y", DType::F64), b.ptr_param("w", DType::F64), b.ptr_param("z", DType::F64));
+        let offs = b.arange(0, 4);
+        let (px, py, pw) = (b.add(x, offs), b.add(y, offs), b.add(w, offs));
+        let v = b.load(px, None, None);
+        b.store(py, v, None);
+        let old = b.load(pw, None, None);
+        let one = b.f64(1.0);
+        let new = b.add(old, one);
+        b.store(pw, new, None);
+        let pz = b.broadcast_to(z, &[4]);
+        b.atomic_add(pz, v, None);
+        let k = b.finish().unwrap();
+        let args: Vec<(String, Arg)> =
+            ["x", "y", "w", "z"].iter().enumerate().map(|(i, n)| (n.to_string(), Arg::Tensor(TensorId(i as u32)))).collect();
+        assert_eq!(unread_tensors(&k, &args), vec![TensorId(1)], "only `y`");
+        let kept = unread_placeholder(&HostTensor::try_full(DType::F64, &[2, 4], f64::NAN).unwrap());
+        assert_eq!((kept.dtype(), kept.shape()), (DType::F32, &[2usize, 4][..]));
+        assert!(kept.to_f64_vec().iter().all(|&v| v == 0.0));
     }
 
     #[test]

@@ -40,8 +40,13 @@ pub fn run_forward(fwd: &Forward, inputs: &Inputs, seed: u64) -> Result<(Named, 
 
 /// [`run_forward`] on a backend; also says where the launches ran.
 pub fn run_forward_on(fwd: &Forward, inputs: &Inputs, seed: u64, backend: Backend) -> Result<(Named, Named, String), CheckError> {
-    let exec = Executor::new(backend)?;
-    let env0 = inputs.materialise(seed)?;
+    run_forward_with(fwd, inputs, &CheckOptions { seed, backend, ..CheckOptions::default() })
+}
+
+/// [`run_forward_on`] with the seed, backend and launch limits of `opts`.
+pub fn run_forward_with(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<(Named, Named, String), CheckError> {
+    let exec = opts.executor()?;
+    let env0 = inputs.materialise(opts.seed)?;
     let mut env = env0.clone();
     steps::run(&mut env, &fwd.steps, Mode::Native, None, None, None, &exec).map_err(forward_err(fwd))?;
     Ok((
@@ -184,43 +189,59 @@ pub(crate) fn draw_cotangents(rng: &mut StdRng, env: &Env, fwd: &Forward) -> Res
     fwd.outputs
         .iter()
         .map(|o| {
-            let t = env.tensor(o).ok_or_else(|| CheckError::Spec(format!("forward output `{o}` is not a tensor after the forward")))?;
-            let given = fwd.cotangents.iter().find(|(n, _)| n == o).map(|(_, c)| c);
-            if t.dtype().is_float() && !matches!(given, Some(super::Cotangent::Given(_))) {
-                // Drawn as inputs are, in parallel chunks and in the output's dtype.
-                let d = match given {
-                    Some(super::Cotangent::Random(d)) => *d,
-                    _ => inputs::Dist::Normal { mean: 0.0, std: 1.0 },
-                };
-                let h = inputs::draw_floats(t.dtype(), t.shape(), t.numel(), d, rng)
-                    .map_err(|e| CheckError::Spec(format!("cotangent of `{o}`: {e}")))?;
-                return Ok((o.clone(), h.to_f64_vec(), h));
-            }
-            let raw = match given {
-                None => inputs::normal(rng, t.numel()),
-                Some(super::Cotangent::Random(d)) => inputs::sample(d, rng, t.numel())
-                    .ok_or_else(|| CheckError::Spec(format!("cotangent of `{o}`: empty range in {d:?}")))?,
-                Some(super::Cotangent::Given(h)) => {
-                    if h.shape() != t.shape() {
-                        return Err(CheckError::Spec(format!(
-                            "cotangent of `{o}`: the given tensor has shape {:?}, the output {:?}",
-                            h.shape(),
-                            t.shape()
-                        )));
-                    }
-                    h.to_f64_vec()
-                }
-            };
-            let c: Vec<f64> = raw.into_iter().map(|x| tilegrad_reference::round_to(t.dtype(), x)).collect();
-            let h = HostTensor::from_f64_as(t.dtype(), t.shape(), &c);
-            Ok((o.clone(), c, h))
+            Ok(match draw_cotangent(rng, env, fwd, o)? {
+                (None, h) => (o.clone(), h.to_f64_vec(), h),
+                (Some(c), h) => (o.clone(), c, h),
+            })
         })
         .collect()
 }
 
+/// The tensors of [`draw_cotangents`] alone (the same values from the same `rng`), without
+/// their f64 copies.
+pub(crate) fn draw_cotangent_tensors(rng: &mut StdRng, env: &Env, fwd: &Forward) -> Result<Vec<(String, HostTensor)>, CheckError> {
+    fwd.outputs.iter().map(|o| Ok((o.clone(), draw_cotangent(rng, env, fwd, o)?.1))).collect()
+}
+
+/// The cotangent of output `o`, as a tensor of its dtype and, where already made, its values
+/// as f64 (`None`: the tensor's values).
+fn draw_cotangent(rng: &mut StdRng, env: &Env, fwd: &Forward, o: &str) -> Result<(Option<Vec<f64>>, HostTensor), CheckError> {
+    let t = env.tensor(o).ok_or_else(|| CheckError::Spec(format!("forward output `{o}` is not a tensor after the forward")))?;
+    let given = fwd.cotangents.iter().find(|(n, _)| n == o).map(|(_, c)| c);
+    if t.dtype().is_float() && !matches!(given, Some(super::Cotangent::Given(_))) {
+        // Drawn as inputs are, in parallel chunks and in the output's dtype.
+        let d = match given {
+            Some(super::Cotangent::Random(d)) => *d,
+            _ => inputs::Dist::Normal { mean: 0.0, std: 1.0 },
+        };
+        let h = inputs::draw_floats(t.dtype(), t.shape(), t.numel(), d, rng)
+            .map_err(|e| CheckError::Spec(format!("cotangent of `{o}`: {e}")))?;
+        return Ok((None, h));
+    }
+    let raw = match given {
+        None => inputs::normal(rng, t.numel()),
+        Some(super::Cotangent::Random(d)) => {
+            inputs::sample(d, rng, t.numel()).ok_or_else(|| CheckError::Spec(format!("cotangent of `{o}`: empty range in {d:?}")))?
+        }
+        Some(super::Cotangent::Given(h)) => {
+            if h.shape() != t.shape() {
+                return Err(CheckError::Spec(format!(
+                    "cotangent of `{o}`: the given tensor has shape {:?}, the output {:?}",
+                    h.shape(),
+                    t.shape()
+                )));
+            }
+            h.to_f64_vec()
+        }
+    };
+    let c: Vec<f64> = raw.into_iter().map(|x| tilegrad_reference::round_to(t.dtype(), x)).collect();
+    let h = HostTensor::from_f64_as(t.dtype(), t.shape(), &c);
+    Ok((Some(c), h))
+}
+
 /// The ground-truth gradients of `fwd` for a random cotangent drawn from `opts.seed`.
 pub fn ground_truth(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions) -> Result<GroundTruth, CheckError> {
-    let exec = Executor::new(opts.backend)?.deterministic(opts.deterministic).vjp_memory(opts.vjp_memory);
+    let exec = opts.executor()?;
     let mut p = prepare(fwd, inputs, opts, false, &exec)?;
     let drawn = draw_cotangents(&mut cotangent_rng(opts.seed), &p.native, fwd)?;
     let mut cot: HashMap<String, Vec<f64>> = HashMap::new();
@@ -310,7 +331,7 @@ impl fmt::Display for GradcheckReport {
 pub fn gradcheck(fwd: &Forward, inputs: &Inputs, opts: &CheckOptions, name: &str) -> Result<GradcheckReport, CheckError> {
     super::check_trials(opts.trials)?;
     let opts = CheckOptions { precision: Precision::F64, ..opts.clone() };
-    let exec = Executor::new(opts.backend)?.deterministic(opts.deterministic).vjp_memory(opts.vjp_memory);
+    let exec = opts.executor()?;
     let p = prepare(fwd, inputs, &opts, false, &exec)?;
     let mut rng = StdRng::seed_from_u64(opts.seed ^ 0x5851_f42d_4c95_7f2d);
     let cot: HashMap<String, Vec<f64>> = draw_cotangents(&mut rng, &p.truth, fwd)?.into_iter().map(|(o, c, _)| (o, c)).collect();

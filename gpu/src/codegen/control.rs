@@ -63,12 +63,17 @@ impl<'k> Gen<'k> {
         self.line(&format!(
             "const u64 tg_as{n} = tg_st{n} > 0 ? (u64)tg_st{n} : (u64)0 - (u64)tg_st{n}; const bool tg_pos{n} = tg_st{n} > 0 ? tg_hi{n} > tg_lo{n} : tg_lo{n} > tg_hi{n}; const u64 tg_span{n} = tg_st{n} > 0 ? (u64)tg_hi{n} - (u64)tg_lo{n} : (u64)tg_lo{n} - (u64)tg_hi{n}; const u64 tg_trips{n} = tg_pos{n} ? tg_span{n} / tg_as{n} + (tg_span{n} % tg_as{n} != 0) : 0;"
         ));
-        if let Some(m) = max_iters {
-            let f = self.fail(i, ERR_LOOP, "0", "0", &format!("tg_trips{n}"));
-            self.line(&format!("if (tg_trips{n} > {m}ULL && tid == 0) {f}"));
-            self.check(i);
-            self.flush();
-        }
+        // Past `max_iters`, or without it past the reference's limit: an error before any trip.
+        let (limit, f) = match max_iters {
+            Some(m) => (u64::from(m), self.fail(i, ERR_LOOP, "0", "0", &format!("tg_trips{n}"))),
+            None => {
+                let long = self.message(tilegrad_reference::long_for_message());
+                (tilegrad_reference::WHILE_LIMIT, self.fail(i, ERR_RUNTIME, "0", "0", &long.to_string()))
+            }
+        };
+        self.line(&format!("if (tg_trips{n} > {limit}ULL && tid == 0) {f}"));
+        self.check(i);
+        self.flush();
         self.line(&format!("if (tid == 0) atomicMax((unsigned long long*)(TG_TRIPS + {li}), (unsigned long long)tg_trips{n} + 1ULL);"));
         let iv_ty = self.dtype(d.args[0]);
         let params = k.block(body).params.clone();
@@ -132,11 +137,11 @@ impl<'k> Gen<'k> {
         }
         self.fence();
         let limit = max_iters.map_or(tilegrad_reference::WHILE_LIMIT, u64::from);
-        let endless = self.message(
-            "this `while` loop can never end: an iteration changed neither memory nor its carried values (a spin lock \
-             that no earlier program released? programs run in program order, so a program never waits on a later one)"
-                .into(),
-        );
+        // The reference's rule: a trip that leaves unchanged every carried value the condition
+        // depends on (and memory, where the condition reads it) is followed by the same trip
+        // forever.
+        let deps = tilegrad_ir::analysis::while_deps(k, i).expect("a `while` instruction");
+        let endless = self.message(tilegrad_reference::endless_while_message(deps.reads_memory));
         let unbounded = self.message(format!(
             "`while` loop ran more than {} iterations without ending (give it a `max_iters` bound if it is meant to)",
             tilegrad_reference::WHILE_LIMIT
@@ -167,7 +172,7 @@ impl<'k> Gen<'k> {
         self.line(&format!("if (tg_wt{n} > {limit}ULL && tid == 0) {fail}"));
         self.check(i);
         self.flush();
-        self.line(&format!("const u64 tg_ev{n} = tg_nev; int tg_changed{n} = 0;"));
+        self.line(&format!("const u64 tg_ev{n} = tg_nev; int tg_changed{n} = 0; (void)tg_ev{n};"));
         self.line("{");
         self.depth += 1;
         let bparams = k.block(body).params.clone();
@@ -176,13 +181,13 @@ impl<'k> Gen<'k> {
             self.copy(*p, *r);
         }
         let ys = self.block(body)?;
-        for (r, y) in d.results.iter().zip(ys) {
+        for ((r, y), &dep) in d.results.iter().zip(ys).zip(&deps.carried) {
             // Changed, with the reference's `==` (a NaN always counts as a change).
             let cmp = format!("if (!(v{}[j] == v{}[j])) tg_changed{n} = 1;", r.0, y.0);
-            if self.scalar(*r) {
-                self.line(&format!("{{ const int j = 0; {cmp} }}"));
-            } else {
-                self.each(*r, &cmp);
+            match (dep, self.scalar(*r)) {
+                (false, _) => {}
+                (true, true) => self.line(&format!("{{ const int j = 0; {cmp} }}")),
+                (true, false) => self.each(*r, &cmp),
             }
             self.copy(*r, y);
         }
@@ -190,7 +195,8 @@ impl<'k> Gen<'k> {
         self.depth -= 1;
         self.line("}");
         let f = self.fail(i, ERR_RUNTIME, "0", "0", &endless.to_string());
-        self.line(&format!("if (!__syncthreads_or(tg_changed{n}) && tg_nev == tg_ev{n} && tid == 0) {f}"));
+        let memory_same = if deps.reads_memory { format!(" && tg_nev == tg_ev{n}") } else { String::new() };
+        self.line(&format!("if (!__syncthreads_or(tg_changed{n}){memory_same} && tid == 0) {f}"));
         self.check(i);
         self.flush();
         self.depth -= 1;

@@ -926,3 +926,5 @@ fn multi_source_pointer(k: &Kernel, sources: &[Vec<bool>]) -> Option<Inst> {
 mod scratch_tests;
 #[cfg(test)]
 mod unroll_tests;
+#[cfg(test)]
+mod while_tests;

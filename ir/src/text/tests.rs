@@ -716,6 +716,19 @@ fn while_loops_and_atomics_round_trip_and_verify() {
         assert_eq!(e.diagnostics()[0].loc, Loc::new("b", 2, 3), "{e}");
         assert!(e.to_string().contains(what) && e.to_string().contains("atomic_"), "{e}");
     }
+    // A compare-and-swap whose `cmp` or value has another shape than its pointer (the text IR
+    // broadcasts nothing, and Triton's op takes one shape for all three).
+    for (line, what) in [
+        ("%o: i32 = atomic_cas %p, %t, %i", "`cmp` must be i32, found i32[4]"),
+        ("%o: i32[4] = atomic_cas %pt, %t, %i", "value must be i32[4], found i32"),
+        ("%o: i32[4] = atomic_cas %pt, %i, %t", "`cmp` must be i32[4], found i32"),
+    ] {
+        let bad =
+            format!("kernel k(%p: ptr<i32>, %i: i32) {{\n  %t: i32[4] = arange 0, 4\n  %pt: ptr<i32>[4] = broadcast %p\n  {line}\n}}\n");
+        let e = parse(&bad, "b").unwrap_err();
+        assert_eq!(e.diagnostics()[0].loc, Loc::new("b", 4, 3), "{e}");
+        assert!(e.to_string().contains(what) && e.to_string().contains("atomic_cas"), "{e}");
+    }
     let bad = "kernel k(%n: i32) {\n  %r: i32 = while iter_args(%a: i32 = %n) {\n    yield %a\n  } do (%b: i32) {\n    yield %b\n  }\n}\n";
     let e = parse(bad, "b").unwrap_err();
     assert!(e.to_string().contains("i1"), "{e}");

@@ -3,7 +3,8 @@
 //! `scope` are checked against the values Triton accepts; they order memory on the GPU, and the
 //! reference, which runs order-dependent launches one program after another, gives every value
 //! the same meaning. As in Triton, the value of the read-modify-writes is converted to the
-//! pointer's element type, while both operands of `atomic_cas` must already have it.
+//! pointer's element type, while both operands of `atomic_cas` must already have it, and the
+//! pointer's shape.
 
 use super::builtins::Args;
 use super::convert::Cx;
@@ -61,14 +62,26 @@ impl Cx<'_> {
         if cas {
             let c = arg(self, 1, "`cmp`")?;
             let v = arg(self, 2, "a value")?;
-            // Triton converts neither operand of a compare-and-swap: each must already have the
-            // pointer's element type (a Python int is i32, a float f32).
+            // Triton converts and broadcasts neither operand of a compare-and-swap: each must
+            // already have the pointer's element type (a Python int is i32, a float f32) and its
+            // shape (its op takes one shape for the pointer, `cmp`, `val` and the result).
             for (j, x, what) in [(1, c, "cmp"), (2, v, "val")] {
                 let t = self.b.ty(x);
+                let at = b[j].as_ref().map_or(o, |x| x.1);
                 if t.dtype() != Some(dt) {
                     return fail(
-                        b[j].as_ref().map_or(o, |x| x.1),
+                        at,
                         format!("`{what}` of `tl.atomic_cas` must have the pointer's element type {dt}, found {t} (Triton converts neither operand)"),
+                    );
+                }
+                if t.shape != pt.shape {
+                    return fail(
+                        at,
+                        format!(
+                            "`{what}` of `tl.atomic_cas` must have the pointer's shape {:?}, found {t} (Triton broadcasts neither \
+                             operand: give it that shape, e.g. with `tl.full`)",
+                            pt.shape
+                        ),
                     );
                 }
             }

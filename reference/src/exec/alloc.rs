@@ -41,3 +41,13 @@ pub fn tune() {
 /// Tunes the allocator for launches: nothing to do without glibc.
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub fn tune() {}
+
+/// The threads that work on a launch at once: rayon's, but no more than the cores the process
+/// may use. More threads than cores run no faster, and each holds the buffers of the program or
+/// batch it runs, so that memory would grow with the thread count (`RAYON_NUM_THREADS=64` on
+/// two cores) instead of with the cores.
+pub fn working_threads() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    rayon::current_num_threads().min(cores).max(1)
+}

@@ -105,7 +105,7 @@ impl FastBuf {
     }
 
     /// Takes ownership of a buffer's storage.
-    fn from_owned(d: Data) -> FastBuf {
+    pub fn from_owned(d: Data) -> FastBuf {
         // SAFETY (all arms): bool, i32, i64, f32 and f64 are plain bit patterns valid as the
         // atomic integer (or atomic bool) of their size, which has the same layout.
         unsafe {

@@ -7,6 +7,7 @@
 //! mode, lists them). Either way the results do not depend on the thread count.
 
 mod alloc;
+mod donate;
 mod fast;
 mod fastmath;
 mod offs;
@@ -17,12 +18,12 @@ mod record;
 mod scratch;
 mod tile;
 
-pub use alloc::tune as tune_allocator;
+pub use alloc::{tune as tune_allocator, working_threads};
 pub use fast::release_buffers;
 pub use fastmath::C as EXP2_POLY;
 pub use ops::{dot_f32, round_tf32, sum_in_order, SUM_LANES};
 pub use plan::needs_order;
-pub use program::WHILE_LIMIT;
+pub use program::{endless_message as endless_while_message, long_for_message, WHILE_LIMIT};
 pub use record::{NonFinite, ProgramRecord, Recorded};
 
 use crate::error::{ExecError, Race, RaceKind, Site};
@@ -72,8 +73,20 @@ impl Commit {
 }
 
 /// Runs a launch and commits the final contents of its written tensors to `mem`.
+/// Outputs that nothing else needs are written in place (see [`donate`]).
 pub(crate) fn execute(l: &Launch, bound: &[Bound], mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
-    let (summary, slot_ids, finals) = evaluate(l, bound, mem)?;
+    let plan = plan::Plan::new(l.kernel);
+    let mut donated = donate::take(l, bound, mem, &plan);
+    let (summary, slot_ids, finals) = match evaluate(l, bound, mem, &plan, &mut donated) {
+        Ok(Some(r)) => r,
+        other => {
+            donate::restore(mem, donated);
+            match other? {
+                Some(r) => r,
+                None => evaluate(l, bound, mem, &plan, &mut Vec::new())?.expect("nothing donated"),
+            }
+        }
+    };
     for (s, d) in finals.into_iter().enumerate() {
         if let Some(d) = d {
             let t = mem.get(slot_ids[s]);
@@ -90,21 +103,38 @@ pub(crate) fn execute(l: &Launch, bound: &[Bound], mem: &mut Memory) -> Result<L
 /// Runs a launch with every check of [`execute`] and discards the final contents (recycling
 /// their buffers): `mem` is only read.
 pub(crate) fn check(l: &Launch, bound: &[Bound], mem: &Memory) -> Result<LaunchSummary, ExecError> {
-    let (summary, _, finals) = evaluate(l, bound, mem)?;
+    let plan = plan::Plan::new(l.kernel);
+    let (summary, _, finals) = evaluate(l, bound, mem, &plan, &mut Vec::new())?.expect("nothing donated");
     for d in finals.into_iter().flatten() {
         fast::recycle(d);
     }
     Ok(summary)
 }
 
-/// Runs a launch: its summary, its slots' tensors and the final contents of the written ones.
-fn evaluate(l: &Launch, bound: &[Bound], mem: &Memory) -> Result<(LaunchSummary, Vec<TensorId>, Finals), ExecError> {
+/// Runs a launch: its summary, its slots' tensors and the final contents of the written ones;
+/// `None` when the fast path failed on buffers `donated` to it (they hold partial writes: the
+/// caller puts the tensors back and runs it again with none).
+fn evaluate(
+    l: &Launch,
+    bound: &[Bound],
+    mem: &Memory,
+    plan: &plan::Plan,
+    donated: &mut [donate::Donated],
+) -> Result<Option<Evaluated>, ExecError> {
     alloc::tune();
-    let k = l.kernel;
-    let plan = plan::Plan::new(k);
-    let (shared, slot_ids) = build_shared(l, bound, mem, &plan);
+    let (shared, slot_ids) = build_shared(l, bound, mem, plan);
     let ordered = plan.ordered;
-    let fast = if !ordered && !l.options.exact && l.options.races == RaceMode::Error { run_fast(l, &shared)? } else { None };
+    let fast = if !ordered && !l.options.exact && l.options.races == RaceMode::Error {
+        let mut own: Vec<Option<Data>> =
+            slot_ids.iter().map(|t| donated.iter_mut().find(|d| d.tensor == *t).and_then(|d| d.data.take())).collect();
+        let r = run_fast(l, &shared, &mut own)?;
+        if r.is_none() && !donated.is_empty() {
+            return Ok(None);
+        }
+        r
+    } else {
+        None
+    };
     let (mut summary, finals) = match fast {
         Some(r) => r,
         None if ordered => run_ordered(l, &shared)?,
@@ -114,10 +144,11 @@ fn evaluate(l: &Launch, bound: &[Bound], mem: &Memory) -> Result<(LaunchSummary,
         w.tensor = slot_ids[w.tensor.0 as usize];
     }
     drop(shared);
-    Ok((summary, slot_ids, finals))
+    Ok(Some((summary, slot_ids, finals)))
 }
 
 type Finals = Vec<Option<Data>>;
+type Evaluated = (LaunchSummary, Vec<TensorId>, Finals);
 
 /// What every program of launch `l` shares, and the tensor of each slot.
 fn build_shared<'a>(l: &Launch<'a>, bound: &[Bound], mem: &'a Memory, plan: &'a plan::Plan) -> (Shared<'a>, Vec<TensorId>) {
@@ -222,8 +253,14 @@ fn run_programs(
     let mut start = range.start;
     while start < total {
         let end = (start + chunk).min(total);
-        let outs: Vec<Result<ProgramOut, ExecError>> =
-            (start..end).into_par_iter().map(|p| Program::new(shared, l.grid.pid(p)).run(fast)).collect();
+        // At most a few pieces a working thread, so that no more programs run at once than
+        // there are cores to run them (see `working_threads`), whatever rayon's thread count.
+        let min_len = ((end - start) as usize).div_ceil(8 * working_threads());
+        let outs: Vec<Result<ProgramOut, ExecError>> = (0..(end - start) as usize)
+            .into_par_iter()
+            .with_min_len(min_len)
+            .map(|i| Program::new(shared, l.grid.pid(start + i as u64)).run(fast))
+            .collect();
         for (off, out) in outs.into_iter().enumerate() {
             let out = out?;
             summary.elements_loaded += out.loaded;
@@ -243,16 +280,19 @@ fn run_programs(
 /// The fast path: stores go straight to the outputs; ownership is checked afterwards, in
 /// parallel over element ranges. Returns `None` when anything conflicts (a race, or a program
 /// mixing stores and atomics on one tensor): the exact path then decides, deterministically.
-fn run_fast(l: &Launch, shared: &Shared) -> Result<Option<(LaunchSummary, Finals)>, ExecError> {
+/// `own[s]`: slot `s`'s storage, given to be written in place.
+fn run_fast(l: &Launch, shared: &Shared, own: &mut [Option<Data>]) -> Result<Option<(LaunchSummary, Finals)>, ExecError> {
     let (bufs, stale): (Vec<Option<fast::FastBuf>>, Vec<bool>) = shared
         .slots
         .iter()
-        .map(|s| match s.written {
-            true => {
+        .zip(own.iter_mut())
+        .map(|(s, own)| match (s.written, own.take()) {
+            (true, Some(d)) => (Some(fast::FastBuf::from_owned(d)), false),
+            (true, None) => {
                 let (b, stale) = fast::FastBuf::for_output(s.initial);
                 (Some(b), stale)
             }
-            false => (None, false),
+            (false, _) => (None, false),
         })
         .unzip();
     let mut outs: Vec<FlatLog> = shared.slots.iter().map(|_| FlatLog::default()).collect();

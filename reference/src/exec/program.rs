@@ -583,10 +583,10 @@ impl<'a> Program<'a> {
         let (lo128, hi128, st128) = (lo as i128, hi as i128, step as i128);
         let span = if step > 0 { hi128 - lo128 } else { lo128 - hi128 };
         let trips = if span <= 0 { 0 } else { ((span + st128.abs() - 1) / st128.abs()) as u64 };
-        if let Some(m) = max_iters {
-            if trips > m as u64 {
-                return Err(ExecError::LoopBound { site: Box::new(self.site(i)), trips, max_iters: m });
-            }
+        match max_iters {
+            Some(m) if trips > m as u64 => return Err(ExecError::LoopBound { site: Box::new(self.site(i)), trips, max_iters: m }),
+            None if trips > WHILE_LIMIT => return Err(self.runtime(i, long_for_message())),
+            _ => {}
         }
         match self.trips.iter_mut().find(|(j, _)| *j == i) {
             Some((_, t)) => *t = (*t).max(trips),
@@ -1039,7 +1039,16 @@ fn apply(m: &mut HashMap<i64, u64>, dtype: DType, initial: &Data, e: &Event) {
 }
 
 /// Why a `while` loop can never end, by whether its condition reads memory.
-fn endless_message(reads_memory: bool) -> String {
+/// The error of a `for` loop without `max_iters` whose bounds give more than [`WHILE_LIMIT`]
+/// trips (a bound in elements where one in blocks was meant, an overflowed size): refused before
+/// its first trip, on every backend, instead of running for hours.
+pub fn long_for_message() -> String {
+    format!("this `for` loop's bounds give more than {WHILE_LIMIT} trips (give it a `max_iters` bound if it is meant to)")
+}
+
+/// The error of a `while` loop found never ending (see [`Program::run_while`]): one text for the
+/// reference and every backend.
+pub fn endless_message(reads_memory: bool) -> String {
     if reads_memory {
         "this `while` loop can never end: an iteration changed neither memory nor the carried values its condition depends \
          on (a spin lock that no earlier program released? programs run in program order, so a program never waits on a \

@@ -368,8 +368,8 @@ struct PyExecutor(Executor, bool);
 #[pymethods]
 impl PyExecutor {
     #[new]
-    #[pyo3(signature = (backend, ground="auto"))]
-    fn new(backend: &str, ground: &str) -> PyResult<PyExecutor> {
+    #[pyo3(signature = (backend, ground="auto", max_programs=None))]
+    fn new(backend: &str, ground: &str, max_programs: Option<u64>) -> PyResult<PyExecutor> {
         // "auto": on the GPU the ground truth is each launch's VJP kernel, on the CPU the evaluator.
         let kernels = match ground {
             "evaluator" => Some(false),
@@ -384,7 +384,7 @@ impl PyExecutor {
             "compare" => Backend::Compare,
             other => return Err(usage(format!("backend `{other}`: expected \"cpu\", \"gpu\", \"auto\" or \"compare\""))),
         };
-        let e = Executor::new(b).map_err(usage)?;
+        let e = Executor::new(b).map_err(usage)?.max_programs(max_programs.unwrap_or(tilegrad::check::DEFAULT_MAX_PROGRAMS));
         let kernels = kernels.unwrap_or_else(|| e.on_gpu());
         Ok(PyExecutor(e, kernels))
     }
@@ -435,6 +435,8 @@ fn launch(
     let call = Call::new(kernel, grid, ptr_args, &scalars, mems, promote)?;
     let cpu = Executor::cpu();
     let exec = executor.map_or(&cpu, |e| &e.0);
+    // An absurd grid is refused before it runs, as the CLI refuses it.
+    exec.check_grid(&call.kernel.name, call.grid).map_err(usage)?;
     if let (Some(p), false, true) = (pass, promote, exec.on_gpu()) {
         // The check will launch the f64 forms next (and a forward's VJP kernel): their compiles
         // overlap this launch and the host work after it.

@@ -264,3 +264,18 @@ def test_a_refused_vjp_kernel_gives_the_evaluator_truth_with_a_note():
     assert not evaluator.notes
     broken = tilegrad.check_backward(_cumsum, lambda x, gy: (gy.cumsum(1),), [x], ground="kernels")
     assert not broken.passed, str(broken)
+
+
+def test_an_absurd_grid_is_refused_before_it_runs_as_the_cli_refuses_it():
+    x = torch.randn(64)
+    y = torch.empty_like(x)
+    with pytest.raises(tilegrad.UsageError, match=r"kernel `square` on grid \[2147483647, 1, 1\].*max_programs="):
+        with tilegrad.intercept():
+            K.square[(2**31 - 1,)](x, y, x.numel(), BLOCK=64)
+    # The limit is the caller's to set: 1000 programs refused under 999, run under 1000.
+    with pytest.raises(tilegrad.UsageError, match="1000 programs"):
+        with tilegrad.intercept(max_programs=999):
+            K.square[(1000,)](x, y, x.numel(), BLOCK=64)
+    with tilegrad.intercept(max_programs=1000):
+        K.square[(1000,)](x, y, x.numel(), BLOCK=64)
+    torch.testing.assert_close(y, x * x)

@@ -53,6 +53,7 @@ def check_backward(
     ground: str = "auto",
     strict: bool = False,
     wrt: Any = None,
+    max_programs: int | None = None,
 ) -> Report:
     """Checks `backward` against the ground-truth gradient of `forward` on `inputs`.
 
@@ -83,7 +84,8 @@ def check_backward(
     CUDA tensors, in place), `"evaluator"` (the CPU evaluator), or `"auto"` (the default: VJP
     kernels where the launches run on the GPU, else the evaluator). A launch whose VJP kernel is
     refused gets its ground truth from the evaluator, with a note. `report.backend` says where
-    the launches ran.
+    the launches ran. A launch of more programs than `max_programs` (default 2^26, as the CLI's
+    `--max-programs`) is refused before it runs (`UsageError` naming the kernel and the grid).
 
     The check runs torch with one intra-op thread (restored after): its many small host ops
     otherwise contend with the engine's threads for the cores.
@@ -94,7 +96,7 @@ def check_backward(
     """
     inputs = list(inputs)
     opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=name, allow_non_finite=allow_non_finite, autotune=autotune, strict=strict)
-    with using_backend(backend, ground), one_torch_thread(inputs):
+    with using_backend(backend, ground, max_programs), one_torch_thread(inputs):
         if _has_torch_tensor(inputs):
             from ._check import check_backward as torch_check
 
@@ -106,7 +108,7 @@ def check_backward(
         return numpy_check(forward, backward, inputs, **opts)
 
 
-def check_function(fn: type, *args: Any, backend: str = "cpu", ground: str = "auto", **kwargs: Any) -> Report:
+def check_function(fn: type, *args: Any, backend: str = "cpu", ground: str = "auto", max_programs: int | None = None, **kwargs: Any) -> Report:
     """Checks the backward of a `torch.autograd.Function` subclass, called as `fn.apply(*args,
     **kwargs)` would call it. Options as for `check_backward` (`seed`, `trials`, `precision`,
     `rtol`, `atol`, `allow_non_finite`, `autotune`, `strict`, `wrt`); every other keyword argument
@@ -120,7 +122,7 @@ def check_function(fn: type, *args: Any, backend: str = "cpu", ground: str = "au
     validated as torch validates them. The ground truth differentiates `fn.forward` itself."""
     from ._check import check_function as f
 
-    with using_backend(backend, ground), one_torch_thread(list(args) + list(kwargs.values())):
+    with using_backend(backend, ground, max_programs), one_torch_thread(list(args) + list(kwargs.values())):
         return f(fn, *args, **kwargs)
 
 
@@ -151,7 +153,7 @@ def autograd(fn: Callable[..., Any], *, precision: str = "f64") -> Callable[...,
 
 
 @contextlib.contextmanager
-def intercept(*, poison: bool = False, backend: str = "cpu"):
+def intercept(*, poison: bool = False, backend: str = "cpu", max_programs: int | None = None):
     """Runs every Triton launch of the block on tilegrad's engine (the CPU reference, or
     `backend="gpu"`/`"auto"` as in `check_backward`), in place on the tensors' memory, with its
     diagnostics (out of bounds, races, loop bounds) raised as `LaunchError`. Yields the executor:
@@ -160,7 +162,7 @@ def intercept(*, poison: bool = False, backend: str = "cpu"):
     def run(call: LaunchCall) -> None:
         call.run(poison=poison)
 
-    with using_backend(backend) as executor, intercepting(run):
+    with using_backend(backend, max_programs=max_programs) as executor, intercepting(run):
         yield executor
 
 
@@ -177,11 +179,20 @@ def use_autotune_config(index: int):
         _intercept.autotune_config = prev
 
 
-def vjp(fn: Callable[..., Any], inputs: Any, cotangents: Any, *, precision: str = "f64", backend: str = "cpu", ground: str = "auto") -> list[Any]:
+def vjp(
+    fn: Callable[..., Any],
+    inputs: Any,
+    cotangents: Any,
+    *,
+    precision: str = "f64",
+    backend: str = "cpu",
+    ground: str = "auto",
+    max_programs: int | None = None,
+) -> list[Any]:
     """The ground-truth gradient of `fn(*inputs)` along `cotangents` (one per output), one entry per
     input (None for non-float inputs); works on numpy arrays without torch (kernel launches only).
     `backend` and `ground` as for `check_backward`."""
-    with using_backend(backend, ground), one_torch_thread():
+    with using_backend(backend, ground, max_programs), one_torch_thread():
         return _vjp(fn, list(inputs), cotangents, precision)
 
 

@@ -131,7 +131,7 @@ def current_executor() -> Any:
 
 
 @contextlib.contextmanager
-def using_backend(backend: str, ground: str = "auto"):
+def using_backend(backend: str, ground: str = "auto", max_programs: int | None = None):
     """Runs the launches of this thread on `backend` ("cpu", "gpu", "auto", or "compare", which
     runs each on both and records differences) while the block runs; yields the executor, whose
     `describe()` says where they ran. "gpu" raises `UsageError` saying why when no GPU is usable.
@@ -139,7 +139,7 @@ def using_backend(backend: str, ground: str = "auto"):
     `--ground kernels`); `"evaluator"`: the CPU evaluator computes them; `"auto"` (the default):
     VJP kernels where the launches run on the GPU, else the evaluator."""
     prev = current_executor()
-    _state.executor = _native.Executor(backend, ground)
+    _state.executor = _native.Executor(backend, ground, max_programs)
     try:
         yield _state.executor
     finally:

@@ -153,7 +153,7 @@ impl Executor {
         let secs = programs / threads / 1_000_000;
         Err(format!(
             "kernel `{kernel}` on grid {:?}: {programs} programs, more than the {} a launch may run (at a microsecond a \
-             program on {threads} threads, at least {}); raise the limit with `--max-programs` if the grid is meant",
+             program on {threads} threads, at least {}); raise the limit with `--max-programs` (`max_programs=` in Python) if the grid is meant",
             grid.0,
             self.max_programs,
             duration(secs)

@@ -14,7 +14,8 @@
 //! written under `target/bench-whole/`).
 //! `cargo bench --bench whole` runs the sizes; `-- --scale K` multiplies the leading size
 //! by K (e.g. 4, where memory allows, or 0.05 for a quick look); `-- --only NAME` picks examples.
-//! The CLI binary is `target/release/tilegrad` (built first: `cargo build --release`).
+//! The CLI binary is `release/tilegrad` under cargo's target directory (`CARGO_TARGET_DIR`, else
+//! `target/`), built first: `cargo build --release`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -70,8 +71,10 @@ fn write_spec(c: &Case, scale: f64, dir: &Path) -> PathBuf {
 
 /// Runs the CLI; returns wall seconds and peak RSS in bytes (read from /proc while it runs).
 fn cli(args: &[&str]) -> (f64, u64) {
-    let bin = root().join("target/release/tilegrad");
-    assert!(bin.exists(), "build the CLI first: cargo build --release");
+    // Where cargo put it: `CARGO_TARGET_DIR` when set, else the repository's `target/`.
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
+    let bin = target.join("release/tilegrad");
+    assert!(bin.exists(), "build the CLI first: cargo build --release ({} is missing)", bin.display());
     let t = Instant::now();
     let mut child = Command::new(&bin).args(args).stdout(std::process::Stdio::null()).spawn().expect("spawn");
     let status_path = format!("/proc/{}/status", child.id());

@@ -66,8 +66,8 @@ class _Launch(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *gouts):  # type: ignore[override]
         call: LaunchCall = ctx.call
-        # Where the forward ran in place, the VJP runs on the device too (the VJP kernel in
-        # place with `ground="kernels"`): nothing goes through the host.
+        # Where the forward ran in place, the VJP takes device buffers too: a VJP kernel runs on
+        # them in place; the evaluator's host copies are the engine's.
         where = ctx.initial[0].device if ctx.in_place else torch.device("cpu")
         flats = [f.to(where) for f in ctx.initial]
         written = sorted(call.written)

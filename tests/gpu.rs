@@ -567,3 +567,107 @@ fn a_stuck_while_loop_fails_on_the_gpu_as_on_the_cpu() {
     assert!(!gpu.backend.contains("the GPU failed"), "{}", gpu.backend);
     assert!(took.as_secs() < 60, "{took:?}");
 }
+
+/// A GPU, or `None` (the test then says so and checks nothing).
+fn a_gpu() -> Option<tilegrad_gpu::Gpu> {
+    match tilegrad_gpu::usable().and_then(|()| tilegrad_gpu::Gpu::new().map_err(|e| e.to_string())) {
+        Ok(g) => Some(g),
+        Err(why) => {
+            eprintln!("skipped: no usable GPU ({why})");
+            None
+        }
+    }
+}
+
+/// A device copy of f64 values (the buffer keeps it alive).
+fn on_device(gpu: &tilegrad_gpu::Gpu, v: &[f64]) -> tilegrad_gpu::DeviceBuffer {
+    let b = gpu.alloc_zeroed(v.len() * 8).unwrap();
+    let t = tilegrad_gpu::DeviceTensor { name: "v".into(), dtype: DType::F64, numel: v.len(), addr: b.addr() };
+    gpu.upload_tensor(&t, &tilegrad_reference::HostTensor::from_f64(&[v.len()], v.to_vec())).unwrap();
+    b
+}
+
+/// The device's normal draws are the host's bit for bit, as f64 and rounded to f32, whatever
+/// the length (odd ones end in half a Box-Muller pair) and the key.
+#[test]
+fn device_draws_are_the_host_draws_bit_for_bit() {
+    let Some(gpu) = a_gpu() else { return };
+    for (n, key) in [(1usize, 0u64), (7, 5), (1000, u64::MAX), (3_000_001, 42)] {
+        let host = tilegrad::check::standard_normal(n, key);
+        for f32 in [false, true] {
+            let width = if f32 { 4 } else { 8 };
+            let b = gpu.alloc_zeroed(n * width).unwrap();
+            gpu.draw_normal(b.addr(), n, key, 0.0, 1.0, f32).unwrap();
+            let dtype = if f32 { DType::F32 } else { DType::F64 };
+            let t = tilegrad_gpu::DeviceTensor { name: "draw".into(), dtype, numel: n, addr: b.addr() };
+            let got = gpu.download_tensor(&t).unwrap().to_f64_vec();
+            let want: Vec<f64> = host.iter().map(|&x| if f32 { f64::from(x as f32) } else { x }).collect();
+            let differ = got.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(differ, None, "n {n}, key {key}, f32 {f32}: element {differ:?}");
+        }
+    }
+}
+
+/// Comparisons on the device give the host's reports: counts, maxima, the worst element and
+/// the error map exactly, the norms to the order of their sums; passing and failing, with NaN
+/// and infinite elements, with and without a replay and a computation in the kernels' dtypes.
+#[test]
+fn device_comparisons_are_the_host_comparisons() {
+    use tilegrad::check::device_compare::{compare_on_device, Compared, Naming};
+    use tilegrad::check::{compare_by, verdict, Tolerance};
+    let Some(gpu) = a_gpu() else { return };
+    let n = 300_007;
+    let shape = [n / 7, 7];
+    let e = tilegrad::check::standard_normal(n, 1);
+    let noise = tilegrad::check::standard_normal(n, 2);
+    let near: Vec<f64> = e.iter().zip(&noise).map(|(a, z)| a + 1e-7 * z).collect();
+    let mut wrong = near.clone();
+    for i in (0..n).step_by(997) {
+        wrong[i] += 0.5;
+    }
+    let mut poisoned = near.clone();
+    poisoned[12_345] = f64::NAN;
+    poisoned[200_000] = f64::INFINITY;
+    let r64: Vec<f64> = e.iter().zip(&noise).map(|(a, z)| a + 1e-13 * z).collect();
+    let noisy: Vec<f64> = e.iter().zip(&noise).map(|(a, z)| a - 3e-3 * z).collect();
+    let (de, dr, dn) = (on_device(&gpu, &e), on_device(&gpu, &r64), on_device(&gpu, &noisy));
+    for (label, got, dtype, replay, with_noisy) in [
+        ("f32 near, replay", &near, DType::F32, true, false),
+        ("f32 wrong, replay", &wrong, DType::F32, true, false),
+        ("f32 poisoned, plain", &poisoned, DType::F32, false, false),
+        ("bf16 wrong, replay and noisy", &wrong, DType::BF16, true, true),
+        ("f64 near, plain", &near, DType::F64, false, false),
+    ] {
+        let tol = Tolerance::for_dtype(dtype, false);
+        let dg = on_device(&gpu, got);
+        let at = |i: usize| got[i];
+        let nz = with_noisy.then_some(&noisy[..]);
+        let floor = if replay {
+            verdict::elementwise_scale(if with_noisy { &e } else { &r64 }, nz, &at, dtype == DType::F32, tol.atol)
+        } else {
+            0.0
+        };
+        let (host, host_worst) = compare_by("c", "t", dtype, &shape, tol, &e, at, 0, floor);
+        let c =
+            Compared { n, expected: de.addr(), got: dg.addr(), replay: replay.then(|| dr.addr()), noisy: with_noisy.then(|| dn.addr()) };
+        let naming = Naming { name: "c", tensor: "t", dtype, shape: &shape, trial: 0 };
+        let dev = compare_on_device(&gpu, c, naming, tol, false).unwrap();
+        let r = &dev.report;
+        assert_eq!((r.passed, r.over_tolerance, r.nan, r.inf), (host.passed, host.over_tolerance, host.nan, host.inf), "{label}");
+        assert_eq!(dev.worst, host_worst, "{label}");
+        assert_eq!(format!("{:?}", r.worst), format!("{:?}", host.worst), "{label}");
+        assert_eq!(r.error_map, host.error_map, "{label}");
+        let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
+        assert!(same(r.max_abs_err, host.max_abs_err) && same(r.max_rel_err, host.max_rel_err), "{label}");
+        assert!(
+            same(r.normwise_rel_err, host.normwise_rel_err) || r.normwise_rel_err.is_nan() && host.normwise_rel_err.is_nan(),
+            "{label}"
+        );
+        if replay {
+            let judged = verdict::Replayed { truth: &e, got: &at, r64: &r64, r32: nz, r32_of: &e, cot_rms: 1.0 }.judge(dtype, false);
+            let (f, q) = dev.norms.expect("norms with a replay").judge(n, 1.0, dtype, false);
+            assert!(same(f.error, judged.0.error) && same(q.units, judged.1.units), "{label}: {f:?} {q:?} against {judged:?}");
+            assert_eq!((f.passed, q.passed), (judged.0.passed, judged.1.passed), "{label}");
+        }
+    }
+}

@@ -304,10 +304,11 @@ const SLICE_MISSES: &[(&str, &str)] = &[
     // decide how many trips made the value) but ranks an integer bound below the many float
     // lines of the softmax recomputation that every trip runs.
     ("attn_bwd_causal_broken_diagonal", "a loop bound ranks below the float lines of every trip"),
-    // `<` for `<=` in the causal mask: every element, wrong or right, passes through the mask's
-    // comparison, and its outcome over the lanes a slice follows does not tell them apart, so the
-    // line ranks with the shared lines of the softmax recomputation.
-    ("attn_bwd_causal_broken_strict", "a mask comparison every element passes ranks with the shared lines"),
+    // `p * dp` for `p * (dp - delta)`: the worst element is in the first query row, where the
+    // causal mask leaves one key (the true gradient is 0 there); the mask's comparisons, false for
+    // every wrong lane the slice follows and for few right ones, outrank the line that dropped
+    // the term.
+    ("attn_bwd_causal_broken_no_delta", "the worst element is where the mask leaves one key: the mask's lines outrank the dropped term"),
 ];
 
 /// For a wrong or NaN gradient, the worst element's data-flow slice names the variant's `# BUG:`
@@ -493,9 +494,9 @@ fn cancellation_at_a_divergences_minimum_passes() {
     let r = check_backward(&s.forward, s.backward.as_ref().unwrap(), &inputs, &CheckOptions::default()).unwrap();
     assert!(r.passed, "{r}");
     assert!(r.forward[0].max_abs_err < 1e-6 && r.gradients.iter().all(|g| g.formula.as_ref().is_some_and(|f| f.passed)), "{r}");
-    // The loss is 1e-9 against an exact 0: relative error far over any rtol, within f32's
-    // rounding of the terms summed.
-    assert!(r.forward[0].normwise_rel_err > 1.0 && r.forward[0].rounding.as_ref().is_some_and(|ro| ro.passed), "{r}");
+    // The loss in f32 (0, or of the order of 1e-9) against f64's 1e-18 or so: a relative error
+    // of 1 or more, far over any rtol, within f32's rounding of the terms summed.
+    assert!(r.forward[0].normwise_rel_err >= 1.0 && r.forward[0].rounding.as_ref().is_some_and(|ro| ro.passed), "{r}");
 }
 
 #[test]

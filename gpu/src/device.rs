@@ -82,6 +82,8 @@ pub struct Gpu {
     modules: Mutex<HashMap<u128, (Arc<Compiled>, bool)>>,
     /// Compiles ahead of launches.
     ahead: Arc<Ahead>,
+    /// Loaded modules of fixed CUDA C (draws, summaries) by source hash.
+    utilities: Mutex<HashMap<u128, Arc<CudaModule>>>,
     /// Whether kernels for small launches compile quickly ([`Target`]; on unless
     /// `TILEGRAD_GPU_QUICK=0`).
     quick: bool,
@@ -177,7 +179,7 @@ impl Gpu {
             Ok(Cuda { ctx, stream })
         });
         let quick = std::env::var("TILEGRAD_GPU_QUICK").map_or(true, |v| v != "0");
-        Ok(Gpu { cuda, name, arch, sms, modules: Mutex::new(HashMap::new()), ahead: Arc::default(), quick })
+        Ok(Gpu { cuda, name, arch, sms, modules: Mutex::new(HashMap::new()), ahead: Arc::default(), utilities: Mutex::default(), quick })
     }
 
     /// Whether kernels for small launches compile quickly ([`Target`]; on by default, off with
@@ -337,6 +339,37 @@ impl Gpu {
         }
         self.ahead.expect(now.iter().chain(&later).map(|j| j.key));
         (now, later)
+    }
+
+    /// The device's streaming multiprocessors.
+    pub(crate) fn sms(&self) -> u32 {
+        self.sms
+    }
+
+    /// Function `name` of fixed CUDA C `source` (not generated from a kernel: draws and
+    /// summaries), compiled once with the generated kernels' options (the disk cache keeps it)
+    /// and loaded once.
+    pub(crate) fn utility(&self, source: &str, name: &str) -> Result<CudaFunction, GpuError> {
+        let target = self.target(false);
+        let key = source_key(&target, source);
+        let known = self.utilities.lock().expect("utility modules").get(&key).cloned();
+        let module = match known {
+            Some(m) => m,
+            None => {
+                let image = match cache_file(key).and_then(|f| std::fs::read(f).ok()) {
+                    Some(image) => image,
+                    None => {
+                        let image = nvrtc_cubin(source, &target).map_err(|log| GpuError::Compile { kernel: name.to_string(), log })?;
+                        write_cache(key, &image);
+                        image
+                    }
+                };
+                let m = self.cuda()?.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image)).map_err(driver)?;
+                self.utilities.lock().expect("utility modules").insert(key, m.clone());
+                m
+            }
+        };
+        module.load_function(name).map_err(driver)
     }
 
     /// Compiles generated code (or takes its machine code from the disk cache, or from

@@ -26,10 +26,13 @@
 pub mod codegen;
 mod compile;
 mod device;
+pub mod draw;
 mod in_place;
+mod summary;
 
 pub use device::{compile_generated, compile_only, nvrtc_present, usable, Gpu};
 pub use in_place::{device_bytes, Backup, DeviceBuffer, DeviceMemory, DeviceTensor};
+pub use summary::{Spread, Tallied, TallyRule};
 
 use tilegrad_ir::Loc;
 use tilegrad_reference::{ExecError, LaunchSummary};

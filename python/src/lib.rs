@@ -16,8 +16,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
 use std::sync::Arc;
 use tilegrad::check::{
-    calibration, compare as compare_tensors, compare_by, unravel, verdict, Backend, Blame, BlameSite, Executor, Failure, Finding, Init,
-    RecordedLaunch, RecordedPass, RecordedTensor, Report, TensorReport, Tolerance,
+    calibration, compare as compare_tensors, compare_by,
+    device_compare::{compare_on_device, Compared, Naming},
+    unravel, verdict, Backend, Blame, BlameSite, Executor, Failure, Finding, Formula, Init, RecordedLaunch, RecordedPass, RecordedTensor,
+    Report, Rounding, TensorReport, Tolerance,
 };
 use tilegrad_ad::{GradOptions, Precision, VjpKernel};
 use tilegrad_ir::analysis::param_uses;
@@ -880,11 +882,14 @@ impl Comparison {
 /// in the kernels' own dtypes, same layout), the comparison is also calibrated as the CLI's is
 /// for f16/bf16 gradients and f32 ones through a tf32 `dot`: the normwise error must be within
 /// the limit that noise sets. `replay_f32_storage`: the replay kept its tensors in f32 between
-/// launches (see `verdict::FORMULA_LIMIT_F32_STORAGE`).
+/// launches (see `verdict::FORMULA_LIMIT_F32_STORAGE`). With `device` (the GPU `executor`'s),
+/// every address is device memory (CUDA tensors) and the figures are reduced there; only they
+/// come to the host (and every element where some are over tolerance).
 #[pyfunction]
-#[pyo3(signature = (name, tensor, dtype_name, shape, expected, got, trial, rtol=None, atol=None, tf32=false, noisy=None, replay=None, cot_rms=1.0, replay_f32_storage=false))]
+#[pyo3(signature = (name, tensor, dtype_name, shape, expected, got, trial, rtol=None, atol=None, tf32=false, noisy=None, replay=None, cot_rms=1.0, replay_f32_storage=false, device=false, executor=None))]
 #[allow(clippy::too_many_arguments)]
 fn compare(
+    py: Python<'_>,
     name: &str,
     tensor: &str,
     dtype_name: &str,
@@ -899,10 +904,52 @@ fn compare(
     replay: Option<usize>,
     cot_rms: f64,
     replay_f32_storage: bool,
+    device: bool,
+    executor: Option<PyRef<'_, PyExecutor>>,
 ) -> PyResult<Comparison> {
     let d = dtype(dtype_name).map_err(usage)?;
     let def = Tolerance::for_dtype(d, tf32);
     let tol = Tolerance { rtol: rtol.unwrap_or(def.rtol), atol: atol.unwrap_or(def.atol) };
+    let n: usize = shape.iter().product();
+    let (mut report, mut worst, judged) = if device {
+        let gpu = executor.as_ref().and_then(|e| e.0.gpu()).ok_or_else(|| usage("a comparison on the device needs the GPU executor"))?;
+        let c =
+            Compared { n, expected: expected as u64, got: got as u64, replay: replay.map(|a| a as u64), noisy: noisy.map(|a| a as u64) };
+        let at = Naming { name, tensor, dtype: d, shape: &shape, trial };
+        let r = py.allow_threads(|| compare_on_device(gpu, c, at, tol, tf32)).map_err(usage)?;
+        (r.report, r.worst, r.norms.map(|m| m.judge(n, cot_rms, d, tf32)))
+    } else {
+        compare_on_host(name, tensor, d, &shape, tol, (expected, got, noisy, replay), trial, tf32, cot_rms)?
+    };
+    if let Some((mut formula, rounding)) = judged {
+        if replay_f32_storage {
+            formula = formula.against(verdict::FORMULA_LIMIT_F32_STORAGE);
+        }
+        let badness = verdict::apply(&mut report, (formula, rounding), rtol.is_some() || atol.is_some());
+        if let Some(w) = worst.as_mut() {
+            w.1 = w.1.max(badness);
+        }
+    }
+    Ok(Comparison { report, worst })
+}
+
+/// A comparison's report, its worst element and, with a replay, its verdicts.
+type Judged = (TensorReport, Option<(usize, f64)>, Option<(Formula, Rounding)>);
+
+/// A comparison over host buffers (see [`compare`]): the report, its worst element and, with a
+/// replay, the verdicts; without one, a given `noisy` calibrates the report.
+#[allow(clippy::too_many_arguments)]
+fn compare_on_host(
+    name: &str,
+    tensor: &str,
+    d: DType,
+    shape: &[usize],
+    tol: Tolerance,
+    (expected, got, noisy, replay): (usize, usize, Option<usize>, Option<usize>),
+    trial: usize,
+    tf32: bool,
+    cot_rms: f64,
+) -> PyResult<Judged> {
     let n = shape.iter().product();
     // SAFETY: the Python side keeps the buffers alive and unchanged during the call.
     let slice = |addr: usize| unsafe { f64_slice(addr, n) }.map_err(usage);
@@ -920,19 +967,11 @@ fn compare(
             Some(n) => verdict::elementwise_scale(e, Some(n), &got, false, tol.atol),
             None => verdict::elementwise_scale(r64, None, &got, f32_pass, tol.atol),
         };
-        let (mut report, mut worst) = compare_by(name, tensor, d, &shape, tol, e, got, trial, floor);
+        let (report, worst) = compare_by(name, tensor, d, shape, tol, e, got, trial, floor);
         let judged = verdict::Replayed { truth: e, got: &got, r64, r32: noisy, r32_of: e, cot_rms };
-        let (mut formula, rounding) = judged.judge(d, tf32);
-        if replay_f32_storage {
-            formula = formula.against(verdict::FORMULA_LIMIT_F32_STORAGE);
-        }
-        let badness = verdict::apply(&mut report, (formula, rounding), rtol.is_some() || atol.is_some());
-        if let Some(w) = worst.as_mut() {
-            w.1 = w.1.max(badness);
-        }
-        return Ok(Comparison { report, worst });
+        return Ok((report, worst, Some(judged.judge(d, tf32))));
     }
-    let (mut report, mut worst) = compare_tensors(name, tensor, d, &shape, tol, e, g, trial);
+    let (mut report, mut worst) = compare_tensors(name, tensor, d, shape, tol, e, g, trial);
     if let Some(noisy) = noisy {
         let c = calibration(d, tf32, e, noisy, g);
         report.passed &= c.margin >= 1.0;
@@ -943,13 +982,31 @@ fn compare(
         }
         report.calibration = Some(c);
     }
-    Ok(Comparison { report, worst })
+    Ok((report, worst, None))
 }
 
-/// Fills the contiguous f64 buffer at `addr` with `n` standard normal values keyed by `seed`
-/// alone (drawn in parallel chunks, as the CLI draws its inputs).
+/// Fills the buffer at `addr` with `n` standard normal values keyed by `seed` alone
+/// (`tilegrad_gpu::draw::normal_at`), as f64. With `device` (the GPU `executor`'s), `addr` is
+/// device memory and the values are drawn there, the same bit for bit, as f64 or, where `f32`,
+/// rounded to f32.
 #[pyfunction]
-fn standard_normal(py: Python<'_>, addr: usize, n: usize, seed: u64) -> PyResult<()> {
+#[pyo3(signature = (addr, n, seed, *, f32=false, device=false, executor=None))]
+fn standard_normal(
+    py: Python<'_>,
+    addr: usize,
+    n: usize,
+    seed: u64,
+    f32: bool,
+    device: bool,
+    executor: Option<PyRef<'_, PyExecutor>>,
+) -> PyResult<()> {
+    if device {
+        let gpu = executor.as_ref().and_then(|e| e.0.gpu()).ok_or_else(|| usage("drawing on the device needs the GPU executor"))?;
+        return py.allow_threads(|| gpu.draw_normal(addr as u64, n, seed, 0.0, 1.0, f32)).map_err(usage);
+    }
+    if f32 {
+        return Err(usage("host draws are f64 (round them to f32 after)"));
+    }
     // SAFETY: the caller's buffer holds `n` f64 values and nothing else uses it meanwhile
     // (memory.rs's contract).
     let out = unsafe { memory::f64_slice_mut(addr, n) }.map_err(usage)?;

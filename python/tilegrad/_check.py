@@ -172,6 +172,22 @@ def _f64_cpu(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float64).contiguous()
 
 
+def _compared_on_device(*ts: torch.Tensor | None) -> bool:
+    """Whether a comparison of `ts` runs on the device: launches go to the GPU and every tensor
+    given is a CUDA tensor (only the comparison's figures then come to the host)."""
+    ex = current_executor()
+    return ex is not None and ex.on_gpu and all(t is None or t.is_cuda for t in ts)
+
+
+def _f64_for(t: torch.Tensor, device: bool) -> torch.Tensor:
+    """`t` as contiguous f64 where the comparison reads it: on its device, else on the host."""
+    return t.detach().to(torch.float64).contiguous() if device else _f64_cpu(t)
+
+
+def _device_kw(device: bool) -> dict[str, Any]:
+    return {"device": True, "executor": current_executor()} if device else {}
+
+
 def _clone(x: Any) -> Any:
     return x.detach().clone() if isinstance(x, torch.Tensor) else x
 
@@ -267,8 +283,9 @@ def run_check(
             continue
         if not allow_non_finite:
             _finite(outs_t[i], f"the ground truth's forward output `{out_names[i]}`", "the forward is not finite on these inputs")
-        exp, got = _f64_cpu(outs_t[i]), _f64_cpu(o)  # kept alive while the engine reads them
-        c = _native.compare(out_names[i], out_names[i], _dt(o), list(o.shape), *_ptrs(exp, got), 0, rtol, atol, tf32[0])
+        dev = _compared_on_device(outs_t[i], o)
+        exp, got = _f64_for(outs_t[i], dev), _f64_for(o, dev)  # kept alive while the engine reads them
+        c = _native.compare(out_names[i], out_names[i], _dt(o), list(o.shape), *_ptrs(exp, got), 0, rtol, atol, tf32[0], **_device_kw(dev))
         forward_cmp.append(c)
 
     calibrate = rtol is None and atol is None and not native
@@ -329,8 +346,6 @@ def run_check(
             if not isinstance(g, torch.Tensor):
                 failure = (len(bwd.records), "gradients", f"gradient of `{input_names[i]}` is a {type(g).__name__}, not a tensor", trial)
                 break
-            exp = _f64_cpu(truth[i]) if i in truth else torch.zeros(x.shape, dtype=torch.float64)
-            got = _f64_cpu(g)
             noisy = None
             # Where gradients compute in f16/bf16 or through a tf32 `dot`: the ground truth in the
             # kernels' dtypes, the error a computation of the same quantity in those dtypes has
@@ -340,12 +355,19 @@ def run_check(
                     noise = _Truth(forward, inputs, diff, True, notes)
                 if noise_grads[0] != trial:
                     noise_grads = (trial, noise.grads(cots_n, out_idx))
-                noisy = _f64_cpu(noise_grads[1][i]) if i in noise_grads[1] else torch.zeros(x.shape, dtype=torch.float64)
+                noisy = noise_grads[1].get(i, torch.zeros(x.shape, dtype=torch.float64, device=x.device))
             r64 = _replayed(replay, i, x)
+            exp = truth.get(i, torch.zeros(x.shape, dtype=torch.float64, device=x.device))
+            # On the device where every tensor compared is there (the calibrated tolerance
+            # without a replay compares on the host).
+            dev = _compared_on_device(exp, g, noisy, r64) and (r64 is not None or noisy is None)
+            exp, got = _f64_for(exp, dev), _f64_for(g, dev)
+            noisy = None if noisy is None else _f64_for(noisy, dev)
+            r64 = None if r64 is None else _f64_for(r64, dev)
             c = _native.compare(
                 input_names[i], gname, _dt(g), list(x.shape), *_ptrs(exp, got), trial, rtol, atol, tf32b or tf32[0],
                 None if noisy is None else noisy.data_ptr(), None if r64 is None else r64.data_ptr(), cot_rms,
-                replay_f32_storage=replay is not None and replay[1],
+                replay_f32_storage=replay is not None and replay[1], **_device_kw(dev),
             )
             if i not in best or c.badness > best[i].badness:
                 blame.pop(i, None)
@@ -366,12 +388,17 @@ def run_check(
 
 
 def _cotangent(o: torch.Tensor, seed: int, trial: int, i: int) -> torch.Tensor:
-    """A standard normal cotangent for output `i` of trial `trial`, keyed by the seed alone
-    (drawn by the engine in parallel), in the output's dtype and on its device."""
+    """A standard normal cotangent for output `i` of trial `trial`, keyed by the seed alone, in
+    the output's dtype and on its device: drawn by the engine, on the device where launches run
+    on the GPU (the same values as on the host)."""
+    key = ((seed ^ _COT_SEED_MIX) * 0x100000001B3 + trial * 0x9E3779B1 + i) & 0xFFFFFFFFFFFFFFFF
+    if _compared_on_device(o):
+        wide = torch.float32 if o.dtype == torch.float32 else torch.float64
+        c = torch.empty(o.shape, dtype=wide, device=o.device)
+        _native.standard_normal(c.data_ptr(), c.numel(), key, f32=wide == torch.float32, device=True, executor=current_executor())
+        return c.to(o.dtype)
     c = torch.empty(o.shape, dtype=torch.float64, pin_memory=o.is_cuda)
-    key = (seed ^ _COT_SEED_MIX) * 0x100000001B3 + trial * 0x9E3779B1 + i
-    _native.standard_normal(c.data_ptr(), c.numel(), key & 0xFFFFFFFFFFFFFFFF)
-    # On CUDA: copied from page-locked memory, rounded to the output's dtype on the device.
+    _native.standard_normal(c.data_ptr(), c.numel(), key)
     return c.to(o.device).to(o.dtype)
 
 
@@ -426,19 +453,18 @@ def _replay(backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: S
 
 
 def _replayed(replay: tuple[tuple, bool] | None, i: int, x: torch.Tensor) -> torch.Tensor | None:
-    """Input `i`'s gradient in the replay as contiguous f64 on the host, where it has one."""
+    """Input `i`'s gradient in the replay, where it has one (zeros for None)."""
     if replay is None or i >= len(replay[0]):
         return None
     g = replay[0][i]
     if g is None:
-        return torch.zeros(x.shape, dtype=torch.float64)
+        return torch.zeros(x.shape, dtype=torch.float64, device=x.device)
     if not isinstance(g, torch.Tensor):
         return None
     try:
-        g = conform(g, x.double(), i, "the replay")
+        return conform(g, x.double(), i, "the replay")
     except GradientError:
         return None
-    return _f64_cpu(g)
 
 
 def _rms(ts: list[torch.Tensor]) -> float:

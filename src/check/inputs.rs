@@ -4,8 +4,6 @@
 use super::expr::Scalar;
 use super::steps::Env;
 use super::CheckError;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use tilegrad_ir::DType;
 use tilegrad_reference::{Data, HostTensor};
 
@@ -180,19 +178,20 @@ impl Inputs {
             }
             let t = match &it.source {
                 Source::Given(t) => t.clone(),
-                Source::Random { dtype, shape, dist } => {
-                    let mut r = StdRng::seed_from_u64(seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64 * 0x9e37_79b9 + 1));
-                    draw(*dtype, shape, *dist, &mut r).map_err(|m| CheckError::Spec(format!("input `{}`: {m}", it.name)))?
-                }
-                Source::Slices { dtype, shape, axis, parts } => {
-                    let mut r = StdRng::seed_from_u64(seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64 * 0x9e37_79b9 + 1));
-                    draw_slices(*dtype, shape, *axis, parts, &mut r).map_err(|m| CheckError::Spec(format!("input `{}`: {m}", it.name)))?
-                }
+                Source::Random { dtype, shape, dist } => draw(*dtype, shape, *dist, &mut input_keys(seed, i))
+                    .map_err(|m| CheckError::Spec(format!("input `{}`: {m}", it.name)))?,
+                Source::Slices { dtype, shape, axis, parts } => draw_slices(*dtype, shape, *axis, parts, &mut input_keys(seed, i))
+                    .map_err(|m| CheckError::Spec(format!("input `{}`: {m}", it.name)))?,
             };
             env.add(&it.name, t).map_err(CheckError::Spec)?;
         }
         Ok(env)
     }
+}
+
+/// The keys of input tensor `i` of a check of `seed`.
+fn input_keys(seed: u64, i: usize) -> Keys {
+    Keys::new(seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64 * 0x9e37_79b9 + 1))
 }
 
 /// 2^63, exactly.
@@ -264,19 +263,45 @@ fn int_tensor(dtype: DType, shape: &[usize], v: Vec<i64>) -> Result<HostTensor, 
     HostTensor::new(dtype, shape, data).map_err(|e| e.to_string())
 }
 
+/// The keys of a check's draws, in the order it draws tensors: each tensor (each slice of a
+/// sliced one) takes the next key, and element `i` of its draw is a function of that key and
+/// `i` alone ([`tilegrad_gpu::draw`]): the same values whatever the number of threads, and on
+/// the device.
+#[derive(Clone, Debug)]
+pub(crate) struct Keys(u64);
+
+impl Keys {
+    /// The keys of stream `seed`.
+    pub(crate) fn new(seed: u64) -> Keys {
+        Keys(seed)
+    }
+
+    /// The next key (SplitMix64).
+    pub(crate) fn next_key(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
 /// A tensor of `dtype` and `shape` drawn from `dist`: integer tensors exactly (never through a
 /// float), each value checked against the dtype's range; float tensors rounded to the dtype.
-fn draw(dtype: DType, shape: &[usize], dist: Dist, r: &mut StdRng) -> Result<HostTensor, String> {
+fn draw(dtype: DType, shape: &[usize], dist: Dist, keys: &mut Keys) -> Result<HostTensor, String> {
     let n = tilegrad_reference::check_alloc(dtype, shape).map_err(|e| e.to_string())?;
     let ints = check_dist(dtype, dist)?;
     if !dtype.is_float() {
         let v: Vec<i64> = match (dist, ints) {
-            (Dist::RandInt { lo, hi }, _) => (0..n).map(|_| r.gen_range(lo..hi)).collect(),
+            (Dist::RandInt { lo, hi }, _) => {
+                let key = keys.next_key();
+                (0..n).map(|i| int_at(key, i, lo, hi)).collect()
+            }
             (_, Some((lo, _))) => vec![lo; n],
             // A ramp: every value an integer of the dtype (exact below 2^53).
             _ => {
                 let (min, max) = int_range(dtype);
-                let v = sample(&dist, r, n).ok_or_else(|| format!("empty range in {dist:?}"))?;
+                let v = sample(&dist, keys, n).ok_or_else(|| format!("empty range in {dist:?}"))?;
                 v.into_iter()
                     .map(|x| {
                         let ok = x.fract() == 0.0 && x.abs() <= 9_007_199_254_740_992.0 && x >= min as f64 && x <= max as f64;
@@ -291,60 +316,43 @@ fn draw(dtype: DType, shape: &[usize], dist: Dist, r: &mut StdRng) -> Result<Hos
         };
         return int_tensor(dtype, shape, v);
     }
-    draw_floats(dtype, shape, n, dist, r)
+    draw_floats(dtype, shape, n, dist, keys)
 }
 
-/// Elements per independently seeded chunk of a float tensor. A tensor of at most this many
-/// elements is one chunk drawn from the tensor's own generator; chunk `k > 0` of a larger one
-/// from a generator keyed by the tensor's generator and `k`. The draw depends on the seed only,
-/// not on the number of threads drawing the chunks.
+/// Elements a thread draws at a time.
 const CHUNK: usize = 1 << 20;
 
-/// A float tensor drawn from `dist` chunk by chunk, chunks in parallel, each rounded to `dtype`
-/// as it is drawn (no f64 copy of the whole tensor).
-pub(crate) fn draw_floats(dtype: DType, shape: &[usize], n: usize, dist: Dist, r: &mut StdRng) -> Result<HostTensor, String> {
+/// A float tensor drawn from `dist` with the next key, chunks in parallel, each element rounded
+/// to `dtype` as it is drawn (no f64 copy of the whole tensor).
+pub(crate) fn draw_floats(dtype: DType, shape: &[usize], n: usize, dist: Dist, keys: &mut Keys) -> Result<HostTensor, String> {
     let data = match dtype {
         DType::F64 => {
             let mut v = vec![0.0f64; n];
-            draw_into(&mut v, dist, r, |x| x)?;
+            draw_into(&mut v, dist, keys.next_key(), |x| x)?;
             Data::F64(v)
         }
         _ => {
             let mut v = vec![0.0f32; n];
-            draw_into(&mut v, dist, r, |x| tilegrad_reference::round_to(dtype, x) as f32)?;
+            draw_into(&mut v, dist, keys.next_key(), |x| tilegrad_reference::round_to(dtype, x) as f32)?;
             Data::F32(v)
         }
     };
     HostTensor::new(dtype, shape, data).map_err(|e| e.to_string())
 }
 
-/// Fills `out` with values of `dist` (each through `conv`), in chunks of [`CHUNK`] drawn in
-/// parallel past one chunk; `r` goes on as [`draw_floats`] says.
-fn draw_into<T: Send>(out: &mut [T], dist: Dist, r: &mut StdRng, conv: impl Fn(f64) -> T + Sync) -> Result<(), String> {
-    let n = out.len();
-    if n <= CHUNK {
-        // One chunk: from the generator itself, which goes on (slices of one tensor draw in turn).
-        let v = sample(&dist, r, n).ok_or_else(|| format!("empty range in {dist:?}"))?;
-        out.iter_mut().zip(v).for_each(|(o, x)| *o = conv(x));
-        return Ok(());
-    }
-    if sample(&dist, &mut r.clone(), 0).is_none() {
+/// Fills `out` with the values of `dist` under `key` (each through `conv`), in chunks of
+/// [`CHUNK`] on as many threads as there are cores.
+fn draw_into<T: Send>(out: &mut [T], dist: Dist, key: u64, conv: impl Fn(f64) -> T + Sync) -> Result<(), String> {
+    if !nonempty(&dist) {
         return Err(format!("empty range in {dist:?}"));
     }
-    let key: u64 = r.clone().gen();
-    // What draws next from `r` (a following slice) starts from a fresh key, not where chunk 0 did.
-    let next = StdRng::seed_from_u64(key.rotate_left(29) ^ 0x5851_f42d_4c95_7f2d);
-    let first = r.clone();
-    let fill = |k: usize, c: &mut [T]| {
-        let v = if k == 0 {
-            sample(&dist, &mut first.clone(), c.len())
-        } else {
-            let mut rk = StdRng::seed_from_u64(key ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-            sample(&dist, &mut rk, c.len())
-        };
-        c.iter_mut().zip(v.expect("checked non-empty above")).for_each(|(o, x)| *o = conv(x));
-    };
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(n.div_ceil(CHUNK)).max(1);
+    let fill = |k: usize, c: &mut [T]| c.iter_mut().enumerate().for_each(|(j, o)| *o = conv(value_at(&dist, key, k * CHUNK + j)));
+    let chunks = out.len().div_ceil(CHUNK);
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(chunks).max(1);
+    if threads == 1 {
+        out.chunks_mut(CHUNK).enumerate().for_each(|(k, c)| fill(k, c));
+        return Ok(());
+    }
     std::thread::scope(|sc| {
         let mut per: Vec<Vec<(usize, &mut [T])>> = (0..threads).map(|_| Vec::new()).collect();
         for (k, c) in out.chunks_mut(CHUNK).enumerate() {
@@ -355,12 +363,12 @@ fn draw_into<T: Send>(out: &mut [T], dist: Dist, r: &mut StdRng, conv: impl Fn(f
             sc.spawn(move || mine.into_iter().for_each(|(k, c)| fill(k, c)));
         }
     });
-    *r = next;
     Ok(())
 }
 
-/// `n` standard normal f64 values keyed by `seed` alone (chunks drawn in parallel, the same
-/// values whatever the number of threads): the Python package's cotangents.
+/// `n` standard normal f64 values keyed by `seed` alone (element `i` is
+/// [`tilegrad_gpu::draw::normal_at`]`(seed, i)`, which the device draws too): the Python
+/// package's cotangents.
 pub fn standard_normal(n: usize, seed: u64) -> Vec<f64> {
     let mut v = vec![0.0; n];
     standard_normal_into(&mut v, seed);
@@ -369,12 +377,12 @@ pub fn standard_normal(n: usize, seed: u64) -> Vec<f64> {
 
 /// [`standard_normal`] into `out` (its length is `n`).
 pub fn standard_normal_into(out: &mut [f64], seed: u64) {
-    draw_into(out, Dist::default(), &mut StdRng::seed_from_u64(seed), |x| x).expect("the standard normal is not empty");
+    draw_into(out, Dist::default(), seed, |x| x).expect("the standard normal is not empty");
 }
 
 /// A tensor whose consecutive slices along `axis` are drawn from their own distributions (each
-/// slice from the same generator, in order).
-fn draw_slices(dtype: DType, shape: &[usize], axis: usize, parts: &[(usize, Dist)], r: &mut StdRng) -> Result<HostTensor, String> {
+/// slice with the next key, in order).
+fn draw_slices(dtype: DType, shape: &[usize], axis: usize, parts: &[(usize, Dist)], keys: &mut Keys) -> Result<HostTensor, String> {
     let n = tilegrad_reference::check_alloc(dtype, shape).map_err(|e| e.to_string())?;
     if axis >= shape.len() || parts.iter().map(|p| p.0).sum::<usize>() != shape[axis] {
         return Err(format!(
@@ -389,7 +397,7 @@ fn draw_slices(dtype: DType, shape: &[usize], axis: usize, parts: &[(usize, Dist
         .map(|&(len, dist)| {
             let mut sh = shape.to_vec();
             sh[axis] = len;
-            draw(dtype, &sh, dist, r)
+            draw(dtype, &sh, dist, keys)
         })
         .collect::<Result<_, _>>()?;
     // Row-major interleaving: for each outer index, each slice's `len * inner` elements in turn.
@@ -416,76 +424,101 @@ fn draw_slices(dtype: DType, shape: &[usize], axis: usize, parts: &[(usize, Dist
     HostTensor::new(dtype, shape, data).map_err(|e| e.to_string())
 }
 
-/// `n` values of `dist` in row-major order, as floats; `None` when the distribution is empty
-/// (or its bounds are not finite).
-pub(crate) fn sample(dist: &Dist, r: &mut StdRng, n: usize) -> Option<Vec<f64>> {
-    Some(match *dist {
-        Dist::Normal { mean, std } => normal(r, n).into_iter().map(|x| mean + std * x).collect(),
-        Dist::Uniform { lo, hi } if lo < hi && (hi - lo).is_finite() => (0..n).map(|_| r.gen_range(lo..hi)).collect(),
-        // The width overflows (e.g. uniform(-1e308, 1e308)): a convex combination of the bounds
-        // stays finite; rounding up to `hi` is pulled back below it.
-        Dist::Uniform { lo, hi } if lo < hi && lo.is_finite() && hi.is_finite() => (0..n)
-            .map(|_| {
-                let u: f64 = r.gen();
-                let x = lo * (1.0 - u) + hi * u;
-                if x < hi {
-                    x.max(lo)
-                } else {
-                    lo
-                }
-            })
-            .collect(),
-        Dist::RandInt { lo, hi } if lo < hi => (0..n).map(|_| r.gen_range(lo..hi) as f64).collect(),
-        Dist::Constant(c) => vec![c; n],
-        Dist::ConstInt(c) => vec![c as f64; n],
-        Dist::Arange { start, step } => (0..n).map(|i| start + step * i as f64).collect(),
-        Dist::ArangeMod { start, step, modulus } if modulus != 0.0 && modulus.is_finite() => {
-            (0..n).map(|i| (start + step * i as f64).rem_euclid(modulus)).collect()
-        }
-        Dist::Uniform { .. } | Dist::RandInt { .. } | Dist::ArangeMod { .. } => return None,
-    })
+/// Whether `dist` has values (finite bounds, a non-empty range, a modulus).
+fn nonempty(dist: &Dist) -> bool {
+    match *dist {
+        Dist::Uniform { lo, hi } => lo < hi && lo.is_finite() && hi.is_finite(),
+        Dist::RandInt { lo, hi } => lo < hi,
+        Dist::ArangeMod { modulus, .. } => modulus != 0.0 && modulus.is_finite(),
+        Dist::Normal { .. } | Dist::Constant(_) | Dist::ConstInt(_) | Dist::Arange { .. } => true,
+    }
 }
 
-/// `n` standard normal samples (Box-Muller on the generator's uniforms).
-pub(crate) fn normal(r: &mut StdRng, n: usize) -> Vec<f64> {
-    let mut out = Vec::with_capacity(n + 1);
-    while out.len() < n {
-        let u1: f64 = 1.0 - r.gen::<f64>(); // (0, 1]
-        let u2: f64 = r.gen();
-        let rad = (-2.0 * u1.ln()).sqrt();
-        let (s, c) = (std::f64::consts::TAU * u2).sin_cos();
-        out.push(rad * c);
-        out.push(rad * s);
+/// Integer `i` of a draw uniform on `[lo, hi)` under `key` (`lo < hi`).
+fn int_at(key: u64, i: usize, lo: i64, hi: i64) -> i64 {
+    let range = (i128::from(hi) - i128::from(lo)) as u128;
+    let off = (u128::from(tilegrad_gpu::draw::bits_at(key, i as u64)) * range) >> 64;
+    lo.wrapping_add(off as i64)
+}
+
+/// Element `i` of `dist` under `key`, as a float (`dist` [`nonempty`]).
+fn value_at(dist: &Dist, key: u64, i: usize) -> f64 {
+    use tilegrad_gpu::draw::{normal_at, uniform_at};
+    match *dist {
+        Dist::Normal { mean, std } => mean + std * normal_at(key, i as u64),
+        // Where the width overflows (uniform(-1e308, 1e308)), a convex combination of the
+        // bounds stays finite; rounding up to `hi` is pulled back to `lo`.
+        Dist::Uniform { lo, hi } => {
+            let u = uniform_at(key, i as u64);
+            let x = if (hi - lo).is_finite() { lo + (hi - lo) * u } else { lo * (1.0 - u) + hi * u };
+            if x < hi {
+                x.max(lo)
+            } else {
+                lo
+            }
+        }
+        Dist::RandInt { lo, hi } => int_at(key, i, lo, hi) as f64,
+        Dist::Constant(c) => c,
+        Dist::ConstInt(c) => c as f64,
+        Dist::Arange { start, step } => start + step * i as f64,
+        Dist::ArangeMod { start, step, modulus } => (start + step * i as f64).rem_euclid(modulus),
     }
-    out.truncate(n);
-    out
+}
+
+/// `n` values of `dist` under the next key, in row-major order, as floats; `None` when the
+/// distribution is empty (or its bounds are not finite).
+pub(crate) fn sample(dist: &Dist, keys: &mut Keys, n: usize) -> Option<Vec<f64>> {
+    let mut v = vec![0.0; n];
+    draw_into(&mut v, *dist, keys.next_key(), |x| x).ok()?;
+    Some(v)
+}
+
+/// `n` standard normal samples under the next key.
+pub(crate) fn normal(keys: &mut Keys, n: usize) -> Vec<f64> {
+    sample(&Dist::default(), keys, n).expect("the standard normal is not empty")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Large draws are chunks of their own generators filled in parallel: the f32 tensor is the
-    /// f64 draw rounded element by element, chunks differ from one another, and the values are a
-    /// standard normal's.
+    /// A draw is the same whatever the chunk or thread that draws an element: the f32 tensor
+    /// is the f64 draw rounded element by element, a short draw is the long one's beginning,
+    /// and the values are a standard normal's.
     #[test]
-    fn large_draws_fill_their_chunks_alike_in_every_dtype() {
+    fn large_draws_are_their_elements_drawn_one_by_one_in_every_dtype() {
         let n = 3 * CHUNK + 12_345;
         let v = standard_normal(n, 42);
-        let f32s = draw_floats(DType::F32, &[n], n, Dist::default(), &mut StdRng::seed_from_u64(42)).unwrap();
-        let Data::F32(w) = f32s.data() else { panic!("f32 data") };
-        assert!(v.iter().zip(w).all(|(&a, &b)| a as f32 == b));
-        let mut into = vec![0.0; n];
-        standard_normal_into(&mut into, 42);
-        assert!(v.iter().zip(&into).all(|(a, b)| a.to_bits() == b.to_bits()));
-        assert_ne!(v[..64], v[CHUNK..CHUNK + 64]);
+        let f32s = draw_floats(DType::F32, &[n], n, Dist::default(), &mut Keys::new(7)).unwrap();
+        let f64s = draw_floats(DType::F64, &[n], n, Dist::default(), &mut Keys::new(7)).unwrap();
+        let (Data::F32(w), Data::F64(x)) = (f32s.data(), f64s.data()) else { panic!("float data") };
+        assert!(x.iter().zip(w).all(|(&a, &b)| a as f32 == b));
+        for i in [0, 1, CHUNK - 1, CHUNK, 2 * CHUNK + 7, n - 1] {
+            assert_eq!(v[i].to_bits(), tilegrad_gpu::draw::normal_at(42, i as u64).to_bits());
+        }
         assert_ne!(standard_normal(n, 43)[..64], v[..64]);
         let mean = v.iter().sum::<f64>() / n as f64;
         let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n as f64;
         assert!(mean.abs() < 5e-3 && (var - 1.0).abs() < 5e-3, "mean {mean}, variance {var}");
-        // The first chunk of a large draw is the small draw's beginning from the same generator
-        // state.
         let small = standard_normal(1000, 42);
         assert!(small.iter().zip(&v).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
+    /// Uniform and integer draws stay in their ranges and cover them; keys in sequence differ.
+    #[test]
+    fn uniform_and_integer_draws_cover_their_ranges() {
+        let mut keys = Keys::new(3);
+        let u = sample(&Dist::Uniform { lo: -2.0, hi: 3.0 }, &mut keys, 100_000).unwrap();
+        assert!(u.iter().all(|&x| (-2.0..3.0).contains(&x)));
+        assert!(u.iter().any(|&x| x < -1.99) && u.iter().any(|&x| x > 2.99));
+        let k = sample(&Dist::RandInt { lo: -3, hi: 4 }, &mut keys, 100_000).unwrap();
+        for v in -3..4 {
+            let c = k.iter().filter(|&&x| x == v as f64).count();
+            assert!((13_000..15_600).contains(&c), "{v}: {c}");
+        }
+        let wide = sample(&Dist::Uniform { lo: -1e308, hi: 1e308 }, &mut keys, 1000).unwrap();
+        assert!(wide.iter().all(|x| x.is_finite()) && wide.iter().any(|&x| x > 1e307));
+        assert!(sample(&Dist::Uniform { lo: 1.0, hi: 1.0 }, &mut keys, 3).is_none());
+        assert_ne!(Keys::new(1).next_key(), Keys::new(2).next_key());
     }
 }

@@ -62,6 +62,7 @@
 pub(crate) mod backend;
 mod blame;
 pub mod chunked;
+pub mod device_compare;
 pub mod error_map;
 pub mod expr;
 mod findings;

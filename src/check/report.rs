@@ -876,22 +876,52 @@ pub fn compare_by(
     terms: f64,
 ) -> (TensorReport, Option<(usize, f64)>) {
     let n = expected.len();
-    let scale = chunked::max(n, |i| if expected[i].is_finite() { expected[i].abs() } else { 0.0 }).max(terms);
+    let (scale, floor) = scale_and_floor(chunked::max(n, |i| if expected[i].is_finite() { expected[i].abs() } else { 0.0 }), terms, tol);
+    let tally = chunked::fold(n, |r| Tally::of(r, expected, &got, tol, scale, floor), Tally::then).unwrap_or_default();
+    let values = tally.worst.map(|(i, _)| (expected[i], got(i)));
+    tallied(Head { name, tensor, dtype, shape, tol, trial }, tally, values, || {
+        error_map_of(shape, expected, &got, |e, g| judge(e, g, tol, scale))
+    })
+}
+
+/// The scale `atol` is relative to (the largest finite expected value, at least `terms`; 1 where
+/// both are 0) and the least denominator of relative errors.
+pub(crate) fn scale_and_floor(max_expected: f64, terms: f64, tol: Tolerance) -> (f64, f64) {
+    let scale = max_expected.max(terms);
     let scale = if scale > 0.0 { scale } else { 1.0 };
-    let floor = if tol.rtol > 0.0 { tol.atol / tol.rtol * scale } else { 0.0 };
-    let Tally { max_abs, max_rel, num, den, over, nan, inf, worst, poison } =
-        chunked::fold(n, |r| Tally::of(r, expected, &got, tol, scale, floor), Tally::then).unwrap_or_default();
+    (scale, if tol.rtol > 0.0 { tol.atol / tol.rtol * scale } else { 0.0 })
+}
+
+/// What names a compared tensor in its report.
+pub(crate) struct Head<'a> {
+    pub name: &'a str,
+    pub tensor: &'a str,
+    pub dtype: DType,
+    pub shape: &'a [usize],
+    pub tol: Tolerance,
+    pub trial: usize,
+}
+
+/// The report of a comparison from its [`Tally`]: `values` are the expected and checked values
+/// of the worst element, and `error_map` maps the elements where some are over tolerance.
+pub(crate) fn tallied(
+    h: Head,
+    tally: Tally,
+    values: Option<(f64, f64)>,
+    error_map: impl FnOnce() -> ErrorMap,
+) -> (TensorReport, Option<(usize, f64)>) {
+    let Tally { max_abs, max_rel, num, den, over, nan, inf, worst, poison } = tally;
     let (mut max_abs, mut max_rel) = (max_abs, max_rel);
     let mut normwise = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
     if let Some(p) = poison {
         (max_abs, max_rel, normwise) = (p, p, p);
     }
     let report = TensorReport {
-        name: name.to_string(),
-        tensor: tensor.to_string(),
-        dtype: dtype.to_string(),
-        shape: shape.to_vec(),
-        tolerance: tol,
+        name: h.name.to_string(),
+        tensor: h.tensor.to_string(),
+        dtype: h.dtype.to_string(),
+        shape: h.shape.to_vec(),
+        tolerance: h.tol,
         max_abs_err: max_abs,
         max_rel_err: max_rel,
         normwise_rel_err: normwise,
@@ -901,9 +931,9 @@ pub fn compare_by(
         calibration: None,
         formula: None,
         rounding: None,
-        worst: worst.map(|(i, _)| Worst { index: unravel(i, shape), expected: expected[i], got: got(i), blame: None }),
-        error_map: (over > 0).then(|| error_map_of(shape, expected, &got, |e, g| judge(e, g, tol, scale))),
-        trial,
+        worst: worst.zip(values).map(|((i, _), (expected, got))| Worst { index: unravel(i, h.shape), expected, got, blame: None }),
+        error_map: (over > 0).then(error_map),
+        trial: h.trial,
         passed: over == 0,
     };
     (report, worst)
@@ -911,19 +941,19 @@ pub fn compare_by(
 
 /// A comparison's figures over a run of elements ([`compare_by`]).
 #[derive(Default)]
-struct Tally {
-    max_abs: f64,
-    max_rel: f64,
-    num: f64,
-    den: f64,
-    over: usize,
-    nan: usize,
-    inf: usize,
+pub(crate) struct Tally {
+    pub max_abs: f64,
+    pub max_rel: f64,
+    pub num: f64,
+    pub den: f64,
+    pub over: usize,
+    pub nan: usize,
+    pub inf: usize,
     /// The first element of the largest ratio to its tolerance.
-    worst: Option<(usize, f64)>,
+    pub worst: Option<(usize, f64)>,
     /// A mismatch involving a non-finite value makes every metric NaN (a NaN on either side) or
     /// infinite, never a small number computed over the finite elements alone.
-    poison: Option<f64>,
+    pub poison: Option<f64>,
 }
 
 impl Tally {
@@ -993,7 +1023,7 @@ pub fn judge(e: f64, g: f64, tol: Tolerance, scale: f64) -> Judged {
 
 /// The [`ErrorMap`] of a comparison ([`judge`] on each element); a tensor whose shape does not
 /// hold the values is mapped as 1-D.
-fn error_map_of(shape: &[usize], expected: &[f64], got: &impl Fn(usize) -> f64, judge: impl Fn(f64, f64) -> Judged) -> ErrorMap {
+pub(crate) fn error_map_of(shape: &[usize], expected: &[f64], got: &impl Fn(usize) -> f64, judge: impl Fn(f64, f64) -> Judged) -> ErrorMap {
     let flat = [expected.len()];
     let shape = if shape.iter().product::<usize>() == expected.len() { shape } else { &flat };
     ErrorMap::build(shape, |i| judge(expected[i], got(i)), |i| (expected[i], got(i)))

@@ -110,19 +110,45 @@ impl Replayed<'_> {
 
     /// Both verdicts for a tensor of dtype `d`.
     pub fn judge(&self, d: DType, tf32: bool) -> (Formula, Rounding) {
-        let n = self.truth.len();
         let u = unit_roundoff(d, tf32);
-        let truth_norm = dist(self.truth, |i| self.truth[i], |_| 0.0);
-        let formula_scale = truth_norm.max(self.cot_rms * (n as f64).sqrt());
-        let f_err = dist(self.truth, |i| self.r64[i], |i| self.truth[i]);
-        let formula = Formula {
-            error: f_err / formula_scale.max(f64::MIN_POSITIVE),
-            limit: FORMULA_LIMIT,
-            passed: f_err <= FORMULA_LIMIT * formula_scale,
+        let norms = Norms {
+            truth: dist(self.truth, |i| self.truth[i], |_| 0.0),
+            formula: dist(self.truth, |i| self.r64[i], |i| self.truth[i]),
+            rounding: dist(self.truth, |i| self.truth[i], self.got),
+            gap: self.gap(u),
         };
-        let r_err = dist(self.truth, |i| self.truth[i], self.got);
-        let unit = u * truth_norm + self.gap(u);
-        let units = if r_err == 0.0 { 0.0 } else { r_err / unit.max(f64::MIN_POSITIVE) };
+        norms.judge(self.truth.len(), self.cot_rms, d, tf32)
+    }
+}
+
+/// The norms the verdicts compare (each over the elements where the truth is finite): of the
+/// truth, of the replay's distance to it (formula), of the pass's distance to it (rounding),
+/// and the gap between the f32 and f64 replays (0 where not finite or not measured).
+#[derive(Clone, Copy, Debug)]
+pub struct Norms {
+    /// `||truth||`.
+    pub truth: f64,
+    /// `||r64 - truth||`.
+    pub formula: f64,
+    /// `||truth - got||`.
+    pub rounding: f64,
+    /// `||r32_of - r32||`.
+    pub gap: f64,
+}
+
+impl Norms {
+    /// Both verdicts for a tensor of `n` elements of dtype `d`, whose cotangents have this
+    /// root-mean-square per element.
+    pub fn judge(&self, n: usize, cot_rms: f64, d: DType, tf32: bool) -> (Formula, Rounding) {
+        let u = unit_roundoff(d, tf32);
+        let formula_scale = self.truth.max(cot_rms * (n as f64).sqrt());
+        let formula = Formula {
+            error: self.formula / formula_scale.max(f64::MIN_POSITIVE),
+            limit: FORMULA_LIMIT,
+            passed: self.formula <= FORMULA_LIMIT * formula_scale,
+        };
+        let unit = u * self.truth + self.gap;
+        let units = if self.rounding == 0.0 { 0.0 } else { self.rounding / unit.max(f64::MIN_POSITIVE) };
         let budget = rounding_budget(d, tf32);
         let of = if tf32 && d == DType::F32 { "tf32".to_string() } else { d.to_string() };
         (formula, Rounding { units, budget, of, passed: units <= budget })
@@ -162,6 +188,11 @@ pub fn elementwise_scale(r64: &[f64], r32: Option<&[f64]>, got: &(dyn Fn(usize) 
         None if f32_pass => chunked::max(n, |i| (r64[i] - got(i)).abs()),
         None => 0.0,
     };
+    scale_of_gap(gap, atol)
+}
+
+/// [`elementwise_scale`] of the largest gap between the f32 and f64 replays.
+pub fn scale_of_gap(gap: f64, atol: f64) -> f64 {
     if gap.is_finite() && atol > 0.0 {
         GAP_FACTOR * gap / atol
     } else {

@@ -99,7 +99,7 @@ pub const CASES: &[Case] = &[
     ("_activation_bwd_broken_slope", "activation", "bwd", Wrong { input: "x", line: 49 }, "expression: blamed on the store"),
     ("_activation_bwd_broken_gelu", "activation_gelu_bf16", "bwd", Wrong { input: "x", line: 71 }, "expression: blamed on the store"),
     ("_activation_bwd_broken_half", "activation_gelu_bf16", "bwd", Wrong { input: "x", line: 94 }, "expression: blamed on the store"),
-    ("_rope_backward_broken_sign", "rope", "bwd", Wrong { input: "q", line: 76 }, "helper call: blamed on the store of the second half"),
+    ("_rope_backward_broken_sign", "rope", "bwd", Wrong { input: "q", line: 75 }, "helper call: blamed on the store of the half the worst element is in"),
     ("_kl_div_bwd_kernel_broken_scale", "kl_div", "bwd", Wrong { input: "y", line: 101 }, "reduction scale: blamed on the store of grad_y"),
     ("_kl_div_bwd_kernel_broken_log_target", "kl_div_log_target", "bwd", Wrong { input: "gt", line: 148 }, "expression: blamed on the store of grad_gt"),
     ("_jsd_bwd_kernel_broken_beta", "jsd", "bwd", Wrong { input: "x", line: 101 }, "expression: blamed on the store of grad_x"),

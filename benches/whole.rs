@@ -16,6 +16,13 @@
 //! by K (e.g. 4, where memory allows, or 0.05 for a quick look); `-- --only NAME` picks examples.
 //! The CLI binary is `release/tilegrad` under cargo's target directory (`CARGO_TARGET_DIR`, else
 //! `target/`), built first: `cargo build --release`.
+//!
+//! `-- --backend gpu` measures the GPU check instead, at the sizes of [`GPU_CASES`]: `check
+//! --backend gpu --ground kernels --trials 1` cold (an empty kernel cache of its own, NVRTC's
+//! cache off), then warm, beside `check --backend cpu --trials 1` on the same host, each as one
+//! process; it prints the wall times, the ratio of the CPU's to the warm GPU's, and both checks'
+//! phases (`--timings`). The kernels' own time in Triton is the Python bench's
+//! (`python/bench/cuda_check.py`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -39,6 +46,23 @@ const CASES: &[Case] = &[
     Case { name: "atomic_sum", spec: "atomic_sum.toml", sizes: &[("N", 16_000_000.0)] },
 ];
 
+/// The GPU check's sizes: the examples at training sizes.
+const GPU_CASES: &[Case] = &[
+    Case { name: "weighted_sum", spec: "weighted_sum.toml", sizes: &[("ROWS", 65536.0), ("D", 1024.0)] },
+    Case { name: "softmax", spec: "softmax.toml", sizes: &[("ROWS", 16384.0), ("COLS", 4096.0), ("BLOCK_ROWS", 1.0)] },
+    Case { name: "layer_norm", spec: "layer_norm.toml", sizes: &[("ROWS", 16384.0), ("COLS", 4096.0)] },
+    Case {
+        name: "matmul",
+        spec: "matmul.toml",
+        sizes: &[("M", 2048.0), ("N", 2048.0), ("K", 2048.0), ("BLOCK_M", 64.0), ("BLOCK_N", 64.0)],
+    },
+    Case {
+        name: "attention",
+        spec: "flash_attention_causal.toml",
+        sizes: &[("HEADS", 16.0), ("N_CTX", 8192.0), ("HEAD_DIM", 64.0), ("SM_SCALE", 0.125)],
+    },
+];
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -51,7 +75,8 @@ fn write_spec(c: &Case, scale: f64, dir: &Path) -> PathBuf {
     let consts = t.get_mut("constants").and_then(|v| v.as_table_mut()).expect("[constants]");
     for (i, (k, v)) in c.sizes.iter().enumerate() {
         let v = if i == 0 { (v * scale).round().max(1.0) } else { *v };
-        consts.insert(k.to_string(), toml::Value::Integer(v as i64));
+        let v = if v.fract() == 0.0 { toml::Value::Integer(v as i64) } else { toml::Value::Float(v) };
+        consts.insert(k.to_string(), v);
     }
     let abs = |v: &mut toml::Value| {
         if let toml::Value::String(r) = v {
@@ -69,12 +94,18 @@ fn write_spec(c: &Case, scale: f64, dir: &Path) -> PathBuf {
     p
 }
 
-/// Runs the CLI; returns wall seconds and peak RSS in bytes (read from /proc while it runs).
-fn cli(args: &[&str]) -> (f64, u64) {
-    // Where cargo put it: `CARGO_TARGET_DIR` when set, else the repository's `target/`.
+/// The CLI binary: `release/tilegrad` under `CARGO_TARGET_DIR` when set, else the repository's
+/// `target/`.
+fn binary() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
     let bin = target.join("release/tilegrad");
     assert!(bin.exists(), "build the CLI first: cargo build --release ({} is missing)", bin.display());
+    bin
+}
+
+/// Runs the CLI; returns wall seconds and peak RSS in bytes (read from /proc while it runs).
+fn cli(args: &[&str]) -> (f64, u64) {
+    let bin = binary();
     let t = Instant::now();
     let mut child = Command::new(&bin).args(args).stdout(std::process::Stdio::null()).spawn().expect("spawn");
     let status_path = format!("/proc/{}/status", child.id());
@@ -111,10 +142,68 @@ fn tensor_bytes(inputs: &tilegrad::check::Named, outputs: &tilegrad::check::Name
     ins + outs + grads
 }
 
+/// A `check --timings` run: wall seconds and its phases (name, seconds).
+fn timed_check(spec: &str, backend: &str, env: &[(&str, &Path)], cold: bool) -> (f64, Vec<(String, f64)>) {
+    let mut cmd = Command::new(binary());
+    cmd.args(["check", spec, "--backend", backend, "--trials", "1", "--timings"]);
+    if backend == "gpu" {
+        cmd.args(["--ground", "kernels"]);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    if cold {
+        cmd.env("CUDA_CACHE_DISABLE", "1");
+    }
+    let t = Instant::now();
+    let out = cmd.output().expect("spawn");
+    let wall = t.elapsed().as_secs_f64();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() || out.status.code() == Some(1), "tilegrad check {spec} --backend {backend}: {text}");
+    let phases = text
+        .lines()
+        .skip_while(|l| l.trim() != "timings")
+        .skip(1)
+        .filter_map(|l| {
+            let (name, rest) = l.trim().rsplit_once(" s")?.0.rsplit_once(' ')?;
+            Some((name.trim().to_string(), rest.trim().parse().ok()?))
+        })
+        .collect();
+    (wall, phases)
+}
+
+/// `--backend gpu`: each case cold, warm and on the CPU, with the phases of the warm GPU check
+/// and of the CPU's.
+fn gpu_bench(only: &[String], scale: f64, specs: &Path) {
+    println!("{:<13} {:>9} {:>9} {:>9} {:>9}", "example", "cold s", "warm s", "cpu s", "cpu/warm");
+    let mut splits = Vec::new();
+    for c in GPU_CASES.iter().filter(|c| only.is_empty() || only.iter().any(|o| c.name.contains(o.as_str()))) {
+        let path = write_spec(c, scale, specs);
+        let p = path.to_str().expect("utf-8 path");
+        let cache = specs.join(format!("cache-{}", c.name));
+        let _ = std::fs::remove_dir_all(&cache);
+        let env = [("TILEGRAD_CACHE_DIR", cache.as_path())];
+        let (cold, _) = timed_check(p, "gpu", &env, true);
+        let (warm, gpu_phases) = timed_check(p, "gpu", &env, false);
+        let (cpu, cpu_phases) = timed_check(p, "cpu", &[], false);
+        println!("{:<13} {cold:>9.2} {warm:>9.2} {cpu:>9.2} {:>9.2}", c.name, cpu / warm);
+        splits.push((c.name, gpu_phases, cpu_phases));
+        let _ = std::fs::remove_dir_all(&cache);
+    }
+    for (name, gpu, cpu) in splits {
+        println!("\n{name}: phases, warm GPU / CPU (s)");
+        for (phase, g) in &gpu {
+            let c = cpu.iter().find(|(p, _)| p == phase).map_or("-".to_string(), |(_, s)| format!("{s:.3}"));
+            println!("  {phase:<44} {g:>8.3} {c:>8}");
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut scale = 1.0;
     let mut only: Vec<String> = Vec::new();
+    let mut backend = "cpu".to_string();
     let mut i = 0;
     while i < args.len() {
         match args[i].as_str() {
@@ -126,6 +215,10 @@ fn main() {
                 only.push(args[i + 1].clone());
                 i += 1;
             }
+            "--backend" => {
+                backend = args[i + 1].clone();
+                i += 1;
+            }
             _ => {} // `--bench` from cargo
         }
         i += 1;
@@ -133,6 +226,12 @@ fn main() {
     let out = root().join("target/bench-whole/out");
     let specs = root().join("target/bench-whole");
     std::fs::create_dir_all(&out).expect("output folder");
+    if backend == "gpu" {
+        gpu_bench(&only, scale, &specs);
+        let _ = std::fs::remove_dir_all(&specs);
+        return;
+    }
+    assert_eq!(backend, "cpu", "--backend cpu or gpu");
     println!(
         "{:<13} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>8} {:>8} {:>10} {:>10} {:>6}",
         "example",

@@ -656,7 +656,8 @@ fn device_comparisons_are_the_host_comparisons() {
         assert_eq!((r.passed, r.over_tolerance, r.nan, r.inf), (host.passed, host.over_tolerance, host.nan, host.inf), "{label}");
         assert_eq!(dev.worst, host_worst, "{label}");
         assert_eq!(format!("{:?}", r.worst), format!("{:?}", host.worst), "{label}");
-        assert_eq!(r.error_map, host.error_map, "{label}");
+        // As text: a NaN element makes the maps unequal as values.
+        assert_eq!(format!("{:?}", r.error_map), format!("{:?}", host.error_map), "{label}");
         let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
         assert!(same(r.max_abs_err, host.max_abs_err) && same(r.max_rel_err, host.max_rel_err), "{label}");
         assert!(

@@ -133,24 +133,32 @@ fn compile_on_threads(jobs: &[Job]) -> Vec<Option<Vec<u8>>> {
 static RUNNING: Mutex<usize> = Mutex::new(0);
 static RUNNING_DONE: Condvar = Condvar::new();
 
+/// Waits until no compile runs in the background, at most `limit`. A process must not exit
+/// while one runs; where a host program tears the process down before the C library's
+/// `atexit` handlers (the Python interpreter's finalization releases the CUDA libraries torch
+/// loaded), it calls this first (the Python package does, from its own `atexit`).
+pub fn wait_for_background_compiles(limit: std::time::Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    let Ok(mut n) = RUNNING.lock() else { return };
+    while *n > 0 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        n = match RUNNING_DONE.wait_timeout(n, left) {
+            Ok((n, _)) => n,
+            Err(_) => return,
+        };
+    }
+}
+
 /// Makes the process wait, when it exits, for the compiles [`RUNNING`] counts (at most a
 /// minute): registered once, with the C library's `atexit`.
 fn wait_at_exit() {
     #[cfg(unix)]
     {
         extern "C" fn wait() {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-            let Ok(mut n) = RUNNING.lock() else { return };
-            while *n > 0 {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    return;
-                }
-                n = match RUNNING_DONE.wait_timeout(n, left) {
-                    Ok((n, _)) => n,
-                    Err(_) => return,
-                };
-            }
+            wait_for_background_compiles(std::time::Duration::from_secs(60));
         }
         extern "C" {
             fn atexit(f: extern "C" fn()) -> std::os::raw::c_int;

@@ -45,14 +45,24 @@ pub fn bits_at(key: u64, i: u64) -> u64 {
 }
 
 /// Element `i` standard normal: elements `2p` and `2p + 1` are the cosine and sine halves of one
-/// Box-Muller pair.
+/// Box-Muller pair ([`normal_pair`]).
 pub fn normal_at(key: u64, i: u64) -> f64 {
-    let (a, b) = philox(key, i >> 1);
+    let (c, s) = normal_pair(key, i >> 1);
+    if i & 1 == 0 {
+        c
+    } else {
+        s
+    }
+}
+
+/// Standard normal elements `2p` and `2p + 1`.
+pub fn normal_pair(key: u64, p: u64) -> (f64, f64) {
+    let (a, b) = philox(key, p);
     // (0, 1], exactly: 1 - j 2^-53.
     let u1 = 1.0 - (a >> 11) as f64 * ULP53;
     let rad = (-2.0 * ln(u1)).sqrt();
     let (s, c) = sincos_turns(b >> 11);
-    rad * if i & 1 == 0 { c } else { s }
+    (rad * c, rad * s)
 }
 
 /// `ln 2` in two parts: the high part's last 21 bits are zero, so that `e * LN2_HI` is exact.

@@ -116,7 +116,8 @@ extern "C" __global__ void tg_tally(const double* e, const double* g, u64 n, dou
     double tol0 = __dmul_rn(atol, scale);
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         double ei = e[i], gi = g[i];
-        nan += isnan(gi); inf += isinf(gi);
+        // isnan and isinf return some nonzero value, not 1.
+        nan += isnan(gi) ? 1 : 0; inf += isinf(gi) ? 1 : 0;
         bool nonfinite = !isfinite(ei) ? !((isnan(gi) && isnan(ei)) || gi == ei) : !isfinite(gi);
         double d = fabs(__dsub_rn(gi, ei));
         double ratio = nonfinite ? __longlong_as_double(0x7ff0000000000000LL)
@@ -126,7 +127,7 @@ extern "C" __global__ void tg_tally(const double* e, const double* g, u64 n, dou
             mabs = fmax(mabs, d); mrel = fmax(mrel, __ddiv_rn(d, fmax(fabs(ei), floor_)));
             num = __dadd_rn(num, __dmul_rn(d, d)); den = __dadd_rn(den, __dmul_rn(ei, ei));
         }
-        over += ratio > 1.0;
+        over += ratio > 1.0 ? 1 : 0;
         if (ratio > wr) { wr = ratio; wi = i; }
     }
     int t = threadIdx.x;

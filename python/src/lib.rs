@@ -985,6 +985,14 @@ fn compare_on_host(
     Ok((report, worst, None))
 }
 
+/// Waits (at most a minute) for the GPU backend's compiles in the background: a process that
+/// exits while NVRTC compiles on another thread crashes in its teardown. Registered with
+/// Python's `atexit`, which runs before the interpreter releases the CUDA libraries.
+#[pyfunction]
+fn wait_for_compiles(py: Python<'_>) {
+    py.allow_threads(|| tilegrad_gpu::wait_for_background_compiles(std::time::Duration::from_secs(60)));
+}
+
 /// Fills the buffer at `addr` with `n` standard normal values keyed by `seed` alone
 /// (`tilegrad_gpu::draw::normal_at`), as f64. With `device` (the GPU `executor`'s), `addr` is
 /// device memory and the values are drawn there, the same bit for bit, as f64 or, where `f32`,
@@ -1128,6 +1136,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compare, m)?)?;
     m.add_function(wrap_pyfunction!(unravel_index, m)?)?;
     m.add_function(wrap_pyfunction!(standard_normal, m)?)?;
+    m.add_function(wrap_pyfunction!(wait_for_compiles, m)?)?;
     m.add_function(wrap_pyfunction!(make_report, m)?)?;
     Ok(())
 }

@@ -106,6 +106,29 @@ def test_check_function_on_cuda_tensors_gives_the_host_verdicts(dtype):
     assert "FAIL" in str(bad)
 
 
+def test_cotangents_and_comparisons_on_the_device_are_the_host_ones(no_host_copies):
+    from tilegrad import _check
+    from tilegrad._intercept import using_backend
+
+    o = torch.empty(1001, 37, device="cuda")
+    with using_backend("gpu"):
+        dev = [_check._cotangent(o.to(dt), 7, 1, 2) for dt in (torch.float32, torch.float64)]
+    host = [_check._cotangent(o.cpu().to(dt), 7, 1, 2) for dt in (torch.float32, torch.float64)]
+    for a, b in zip(dev, host):
+        assert a.is_cuda and a.dtype == b.dtype and torch.equal(a.cpu(), b)
+        assert 0.9 < float(b.double().std()) < 1.1
+    # A failing check's figures: computed on the device, the host's.
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    x = torch.randn(67, 300, device="cuda", generator=gen)
+    w = torch.rand(300, device="cuda", generator=gen) + 0.5
+    bad_gpu = tilegrad.check_function(L.RMSNormScaledDW, x, w, backend="gpu", seed=5).to_dict()["gradients"]
+    bad_cpu = tilegrad.check_function(L.RMSNormScaledDW, x.cpu(), w.cpu(), backend="cpu", seed=5).to_dict()["gradients"]
+    for g, c in zip(bad_gpu, bad_cpu):
+        assert (g["passed"], g["over_tolerance"], g["nan"], g["inf"]) == (c["passed"], c["over_tolerance"], c["nan"], c["inf"]), (g, c)
+        assert g["normwise_rel_err"] == pytest.approx(c["normwise_rel_err"], rel=1e-5), (g, c)
+    assert not bad_gpu[1]["passed"] and bad_gpu[1]["error_map"] is not None
+
+
 @triton.jit
 def _row_rms_scale(X, W, OUT, n_cols, BLOCK: tl.constexpr):
     # Two loops over a row's column blocks (the VJP kernel tapes them): sum of squares, then scale.

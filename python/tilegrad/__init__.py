@@ -11,6 +11,7 @@ kernels on the CPU engine, on torch tensors or numpy arrays.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 from typing import Any, Callable
 
@@ -18,6 +19,10 @@ from . import _native
 from ._intercept import LaunchCall, intercepting, using_backend
 from ._report import NonFiniteError, Report
 from ._threads import one_torch_thread
+
+# The process must not exit while the GPU backend compiles kernels in the background: wait for
+# them before the interpreter's finalization releases the CUDA libraries.
+atexit.register(_native.wait_for_compiles)
 
 __all__ = [
     "Report",

@@ -346,7 +346,17 @@ fn draw_into<T: Send>(out: &mut [T], dist: Dist, key: u64, conv: impl Fn(f64) ->
     if !nonempty(&dist) {
         return Err(format!("empty range in {dist:?}"));
     }
-    let fill = |k: usize, c: &mut [T]| c.iter_mut().enumerate().for_each(|(j, o)| *o = conv(value_at(&dist, key, k * CHUNK + j)));
+    let fill = |k: usize, c: &mut [T]| match dist {
+        // Both halves of each Box-Muller pair (chunks start at even elements).
+        Dist::Normal { mean, std } => c.chunks_mut(2).enumerate().for_each(|(j, o)| {
+            let (a, b) = tilegrad_gpu::draw::normal_pair(key, (k * CHUNK / 2 + j) as u64);
+            o[0] = conv(mean + std * a);
+            if let Some(o1) = o.get_mut(1) {
+                *o1 = conv(mean + std * b);
+            }
+        }),
+        _ => c.iter_mut().enumerate().for_each(|(j, o)| *o = conv(value_at(&dist, key, k * CHUNK + j))),
+    };
     let chunks = out.len().div_ceil(CHUNK);
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(chunks).max(1);
     if threads == 1 {

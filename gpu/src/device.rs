@@ -346,6 +346,19 @@ impl Gpu {
         self.sms
     }
 
+    /// Compiles the fixed CUDA C of draws and summaries in the background (a check's first
+    /// draw or comparison waits for it), where not compiled before.
+    pub fn precompile_utilities(&self) {
+        let target = self.target(false);
+        let jobs: Vec<Job> = [crate::summary::SOURCE.to_string(), crate::draw::cuda_source()]
+            .into_iter()
+            .map(|source| Job { key: source_key(&target, &source), source, target: target.clone() })
+            .filter(|j| !self.available(j.key) && !self.utilities.lock().expect("utility modules").contains_key(&j.key))
+            .collect();
+        self.ahead.expect(jobs.iter().map(|j| j.key));
+        self.ahead.compile_in_background(jobs);
+    }
+
     /// Function `name` of fixed CUDA C `source` (not generated from a kernel: draws and
     /// summaries), compiled once with the generated kernels' options (the disk cache keeps it)
     /// and loaded once.
@@ -356,7 +369,9 @@ impl Gpu {
         let module = match known {
             Some(m) => m,
             None => {
-                let image = match cache_file(key).and_then(|f| std::fs::read(f).ok()) {
+                // Compiled ahead (waiting while it compiles), kept in memory or on disk.
+                let image = self.ahead.take(key).or_else(|| cache_file(key).and_then(|f| std::fs::read(f).ok()));
+                let image = match image {
                     Some(image) => image,
                     None => {
                         let image = nvrtc_cubin(source, &target).map_err(|log| GpuError::Compile { kernel: name.to_string(), log })?;

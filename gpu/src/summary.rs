@@ -75,7 +75,7 @@ pub struct TallyRule {
     pub floor: f64,
 }
 
-const SOURCE: &str = r#"
+pub(crate) const SOURCE: &str = r#"
 typedef unsigned long long u64;
 #define TG_T 256
 __device__ double tg_sq(double a, double b) { double d = __dsub_rn(a, b); return __dmul_rn(d, d); }

@@ -387,6 +387,11 @@ impl PyExecutor {
             other => return Err(usage(format!("backend `{other}`: expected \"cpu\", \"gpu\", \"auto\" or \"compare\""))),
         };
         let e = Executor::new(b).map_err(usage)?.max_programs(max_programs.unwrap_or(tilegrad::check::DEFAULT_MAX_PROGRAMS));
+        if let Some(g) = e.gpu() {
+            // The cotangents' draws and the comparisons' kernels, while the check's first
+            // launches run.
+            g.precompile_utilities();
+        }
         let kernels = kernels.unwrap_or_else(|| e.on_gpu());
         Ok(PyExecutor(e, kernels))
     }

@@ -70,6 +70,7 @@ mod html;
 mod inputs;
 pub mod notes;
 mod padding;
+mod recompute;
 mod recorded;
 mod report;
 mod slice;

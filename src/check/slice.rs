@@ -1146,14 +1146,16 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
 
     let pidv = pid;
     let padded = super::padding::padding_into_sums(k, &rec, |r| w.lanes[r.index()].is_some());
+    let apart = super::recompute::disagreements(k, &rec, &tl.args);
     for a in by_line {
         let Some((_, main)) = a.main else { continue };
         let d = k.inst(main);
         let constant = a.constant && a.role == Role::Value;
         let pad = padded.iter().find(|p| k.inst(p.op).loc.line == a.loc.line && k.inst(p.op).loc.file == a.loc.file);
+        let dis = apart.iter().find(|x| k.inst(x.op).loc.line == a.loc.line && k.inst(x.op).loc.file == a.loc.file);
         let class = if a.origin || a.overwrite || pad.is_some() {
             0
-        } else if a.role == Role::Mask && masky || constant {
+        } else if a.role == Role::Mask && masky || constant || dis.is_some() {
             1
         } else if a.role == Role::Value && a.compute {
             if a.compute_shared && !a.mixed {
@@ -1200,6 +1202,8 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
                 "lane {lane:?} is masked off at the load on line {load}, yet here it is {}, not 0, and the sum on line {sum} adds it",
                 fmt_val(p.value)
             ));
+        } else if let Some(x) = dis {
+            note = Some(x.note.clone());
         } else if a.origin && note.is_none() {
             note = Some("first non-finite value".into());
         } else if constant && note.is_none() {

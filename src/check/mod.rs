@@ -77,6 +77,7 @@ mod slice;
 mod spectrum;
 mod steps;
 pub mod tensor_expr;
+mod transforms;
 mod truth;
 pub mod verdict;
 pub mod vjp_in_place;

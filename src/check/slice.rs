@@ -907,7 +907,7 @@ fn computes(g: &Graph, d: &tilegrad_ir::InstData) -> bool {
 }
 
 /// A value as reports show it: integers plainly, others with five significant digits.
-fn fmt_val(x: f64) -> String {
+pub(crate) fn fmt_val(x: f64) -> String {
     if x == x.trunc() && x.abs() < 1e9 {
         format!("{x}")
     } else if (1e-3..1e5).contains(&x.abs()) {
@@ -1146,7 +1146,8 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
 
     let pidv = pid;
     let padded = super::padding::padding_into_sums(k, &rec, |r| w.lanes[r.index()].is_some());
-    let apart = super::recompute::disagreements(k, &rec, &tl.args);
+    let mut apart = super::recompute::disagreements(k, &rec, &tl.args);
+    apart.extend(untransformed(t, tl));
     for a in by_line {
         let Some((_, main)) = a.main else { continue };
         let d = k.inst(main);
@@ -1245,6 +1246,18 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
         walk_launch(&sub, launch + 1, reruns, files, lines, out);
     }
     Some(())
+}
+
+/// The loads of a backward launch `tl` of an input that the forward transforms by a constant
+/// op and this launch uses as loaded ([`super::transforms`]).
+fn untransformed(t: &Target, tl: &TracedLaunch) -> Vec<super::recompute::Disagreement> {
+    let fwd = t.trace.forward_steps;
+    if tl.step < fwd {
+        return Vec::new();
+    }
+    let theirs: Vec<_> = t.trace.launches.iter().filter(|l| l.step < fwd).map(|l| (&*l.kernel, &l.args[..])).collect();
+    let found = super::transforms::untransformed_loads(&theirs, (&tl.kernel, &tl.args), &t.env.mem);
+    found.into_iter().map(|(op, note)| super::recompute::Disagreement { op, note }).collect()
 }
 
 /// A program run again: the step of its launch, its linear id, and the store whose element it

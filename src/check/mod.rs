@@ -66,6 +66,7 @@ pub mod error_map;
 pub mod expr;
 mod findings;
 mod ground;
+mod helpers;
 mod html;
 mod inputs;
 pub mod notes;

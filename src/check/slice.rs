@@ -291,12 +291,16 @@ fn odd_counts(lines: &mut [Ranked]) {
 struct Files(HashMap<String, Option<Vec<String>>>);
 
 impl Files {
-    fn line(&mut self, file: &str, line: u32) -> String {
-        let text = self
-            .0
+    /// The lines of `file`, where it can be read.
+    fn text(&mut self, file: &str) -> Option<&[String]> {
+        self.0
             .entry(file.to_string())
-            .or_insert_with(|| std::fs::read_to_string(file).ok().map(|s| s.lines().map(String::from).collect()));
-        let Some(l) = text.as_ref().and_then(|t| t.get((line as usize).wrapping_sub(1))) else { return String::new() };
+            .or_insert_with(|| std::fs::read_to_string(file).ok().map(|s| s.lines().map(String::from).collect()))
+            .as_deref()
+    }
+
+    fn line(&mut self, file: &str, line: u32) -> String {
+        let Some(l) = self.text(file).and_then(|t| t.get((line as usize).wrapping_sub(1))) else { return String::new() };
         let l = l.trim();
         if l.chars().count() > 100 {
             format!("{}...", l.chars().take(97).collect::<String>())
@@ -1145,6 +1149,7 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
     }
 
     let pidv = pid;
+    let start = lines.len();
     let padded = super::padding::padding_into_sums(k, &rec, |r| w.lanes[r.index()].is_some());
     let mut apart = super::recompute::disagreements(k, &rec, &tl.args);
     apart.extend(untransformed(t, tl));
@@ -1241,11 +1246,42 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
         });
     }
 
+    calls_with_helpers(k, files, &mut lines[start..]);
     for (s, name, e, p, inst) in sub_targets {
         let sub = Target { trace: t.trace, env: t.env, step: s, tensor: &name, element: e, program: p, inst, expected: None, got: t.got };
         walk_launch(&sub, launch + 1, reruns, files, lines, out);
     }
     Some(())
+}
+
+/// Ranks the line of kernel `k` that calls a helper with the helper's best line among `lines`
+/// (those of one launch of `k`): the helper's lines serve its every call, the arguments are
+/// this call's own ([`super::helpers`]).
+fn calls_with_helpers(k: &Kernel, files: &mut Files, lines: &mut [Ranked]) {
+    use super::helpers::{call_line, enclosing_def, extent};
+    let kfile = k.loc.file.clone();
+    let Some(span) = files.text(&kfile).and_then(|s| extent(s, k.loc.line)) else { return };
+    let mut best: HashMap<u32, (u8, u32, String)> = HashMap::new();
+    let mut order: Vec<usize> = (0..lines.len()).collect();
+    order.sort_by_key(|&i| (lines[i].class, lines[i].depth));
+    for i in order {
+        let (file, line) = lines[i].key.clone();
+        if *file == *kfile && (span.0..=span.1).contains(&line) {
+            continue;
+        }
+        let Some((name, _)) = files.text(&file).and_then(|s| enclosing_def(s, line)) else { continue };
+        let Some(call) = files.text(&kfile).and_then(|s| call_line(s, span, &name)) else { continue };
+        let at = format!("{}:{line}", std::path::Path::new(&*file).file_name().map_or(String::new(), |f| f.to_string_lossy().into_owned()));
+        best.entry(call).or_insert((lines[i].class, lines[i].depth, format!("calls `{name}`, whose line {at} is on the slice: a helper's lines serve its every call, its arguments here are this call's own")));
+    }
+    for r in lines.iter_mut() {
+        let Some((class, depth, note)) = best.get(&r.key.1).filter(|_| *r.key.0 == *kfile) else { continue };
+        r.class = r.class.min(*class);
+        r.depth = r.depth.min(*depth);
+        if r.line.note.is_none() {
+            r.line.note = Some(note.clone());
+        }
+    }
 }
 
 /// The loads of a backward launch `tl` of an input that the forward transforms by a constant

@@ -293,11 +293,7 @@ fn every_broken_variant_fails_and_the_report_points_at_it() {
 
 /// Variants whose `# BUG:` line the data-flow slice does not reach within its shown lines, and
 /// why.
-const SLICE_MISSES: &[(&str, &str)] = &[
-    // The bug is an `if` on a string constexpr, folded at conversion: the branch it should have
-    // taken leaves no op in the kernel, so no value of the element passes through its line.
-    ("liger_cross_entropy_bwd_kernel_broken_reduction", "a constexpr branch folded away leaves no op on its line"),
-];
+const SLICE_MISSES: &[(&str, &str)] = &[];
 
 /// For a wrong or NaN gradient, the worst element's data-flow slice names the variant's `# BUG:`
 /// line (with its source text) among at most a dozen lines.

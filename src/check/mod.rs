@@ -65,6 +65,7 @@ pub mod chunked;
 pub mod error_map;
 pub mod expr;
 mod findings;
+mod folded;
 mod ground;
 mod helpers;
 mod html;

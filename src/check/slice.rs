@@ -204,6 +204,7 @@ pub(crate) fn explain(t: &Target, evidence: Option<&Evidence>, mut reruns: Rerun
     if let Some(f) = evidence.and_then(|e| e.factor) {
         scaling_first(&mut lines, f);
     }
+    rank_as_named(&mut lines, evidence.and_then(|e| e.factor));
     // Rank: evidence, then class, then earlier launches after the blamed one, then distance
     // from the store.
     let key = |a: &Ranked| (a.class, a.launch, a.depth, a.order);
@@ -266,6 +267,10 @@ struct Ranked {
     scales: bool,
     /// The line divides by one whole number for the whole program (a mean's count), this one.
     count: Option<f64>,
+    /// A line with no op of its own (a branch folded away), ranked as the line it names where
+    /// its branch would scale what that line reads by this factor, the inverse of the one the
+    /// wrong elements share; otherwise not listed.
+    like: Option<(LineKey, f64)>,
 }
 
 /// Where the lines of a slice that divide by a count (a mean's) mostly divide by one, the
@@ -1243,15 +1248,78 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
             store: main == t.inst && launch == 0,
             scales: a.scales || a.role == Role::Value && a.float && d.results.first().is_some_and(|&r| one_float(&g, r)),
             count: a.count,
+            like: None,
         });
     }
 
     calls_with_helpers(k, files, &mut lines[start..]);
+    let folded = folded_branches(k, &tl.args, files, &lines[start..]);
+    lines.extend(folded);
     for (s, name, e, p, inst) in sub_targets {
         let sub = Target { trace: t.trace, env: t.env, step: s, tensor: &name, element: e, program: p, inst, expected: None, got: t.got };
         walk_launch(&sub, launch + 1, reruns, files, lines, out);
     }
     Some(())
+}
+
+/// Lines of kernel `k` with no op of their own whose branch was folded away at conversion and
+/// would scale by one number (`args` gives a scalar argument's) a name that a line of `lines`
+/// (those of one launch of `k`) reads, after the branch: each names the first such line
+/// ([`super::folded`]), for [`rank_as_named`] to rank.
+fn folded_branches(k: &Kernel, args: &[(String, Arg)], files: &mut Files, lines: &[Ranked]) -> Vec<Ranked> {
+    let kfile = k.loc.file.clone();
+    let mut with_ops: Vec<u32> = Vec::new();
+    k.walk(&mut |_, d| {
+        if d.loc.file == kfile {
+            with_ops.push(d.loc.line);
+        }
+    });
+    let Some(src) = files.text(&kfile).map(<[String]>::to_vec) else { return Vec::new() };
+    let Some(span) = super::helpers::extent(&src, k.loc.line) else { return Vec::new() };
+    let number = |x: &str| {
+        let scalar = args.iter().find_map(|(n, a)| match a {
+            Arg::Scalar(l) if n == x => Some(l.as_f64()),
+            _ => None,
+        });
+        scalar.or_else(|| x.parse().ok())
+    };
+    let mut out: Vec<Ranked> = Vec::new();
+    for f in super::folded::folded_branches(&src, span, |l| with_ops.contains(&l)) {
+        for (name, at) in &f.names {
+            let Some(scale) = super::folded::scale_of(&src[*at as usize - 1], name, number) else { continue };
+            let reader = |r: &&Ranked| *r.key.0 == *kfile && r.key.1 > f.end && super::folded::reads(&src[r.key.1 as usize - 1], name);
+            let Some(user) = lines.iter().filter(reader).min_by_key(|r| (r.class, r.depth, r.order)) else { continue };
+            let text = &src[f.cond as usize - 1];
+            let col = text.len() - text.trim_start().len() + 1;
+            let mut line = user.line.clone();
+            (line.loc, line.op, line.role, line.value) = (format!("{kfile}:{}:{col}", f.cond), "if".into(), "mask".into(), None);
+            line.source = files.line(&kfile, f.cond);
+            line.note = Some(format!(
+                "its branch, decided at conversion, left no op: line {at} would scale `{name}` by {}, which line {} reads, and undo the factor every wrong element is off by",
+                fmt_factor(scale),
+                user.key.1
+            ));
+            let like = Some((user.key.clone(), scale));
+            out.push(Ranked { line, key: (kfile.clone(), f.cond), store: false, scales: false, count: None, like, ..*user });
+        }
+    }
+    out
+}
+
+/// Lines with no op of their own whose branch would undo the factor the wrong elements share
+/// (`factor`) take the evidence of the line they name and come first; the others are dropped.
+fn rank_as_named(lines: &mut Vec<Ranked>, factor: Option<f64>) {
+    let undoes = |s: f64| factor.is_some_and(|f| (s * f - 1.0).abs() <= 1e-3);
+    lines.retain(|r| r.like.as_ref().is_none_or(|(_, s)| undoes(*s)));
+    for i in 0..lines.len() {
+        let Some((key, _)) = lines[i].like.clone() else { continue };
+        let Some(j) = lines.iter().position(|r| r.key == key && r.launch == lines[i].launch && r.like.is_none()) else { continue };
+        let (score, reason, depth) = (lines[j].line.score, lines[j].line.reason.clone(), lines[j].depth);
+        let r = &mut lines[i];
+        r.line.score = score;
+        r.line.reason = reason.map(|x| format!("as line {}, which reads what its branch would scale: {x}", key.1));
+        (r.class, r.depth) = (0, depth);
+    }
 }
 
 /// Ranks the line of kernel `k` that calls a helper with the helper's best line among `lines`
@@ -1627,7 +1695,7 @@ def sums(X, Y, n, BLOCK: tl.constexpr):
             score: None,
             reason: None,
         };
-        Ranked { line, key: ("k.py".into(), 1), class: 3, launch: 0, depth: 1, order: 0, store: false, scales: false, count }
+        Ranked { line, key: ("k.py".into(), 1), class: 3, launch: 0, depth: 1, order: 0, store: false, scales: false, count, like: None }
     }
 
     #[test]
@@ -1641,6 +1709,30 @@ def sums(X, Y, n, BLOCK: tl.constexpr):
         let mut lines: Vec<Ranked> = [Some(300.0), Some(256.0)].into_iter().map(ranked).collect();
         odd_counts(&mut lines);
         assert!(lines.iter().all(|r| r.class == 3 && r.line.note.is_none()));
+    }
+
+    #[test]
+    fn a_folded_branch_comes_first_only_where_it_undoes_the_shared_factor() {
+        let named = |scale: f64| {
+            let mut user = ranked(None);
+            user.line.score = Some(0.8);
+            user.line.reason = Some("feeds 4 of 4 wrong elements".into());
+            let mut f = ranked(None);
+            (f.key, f.like) = (("k.py".into(), 7), Some((user.key.clone(), scale)));
+            vec![user, f]
+        };
+        let mut lines = named(0.025);
+        rank_as_named(&mut lines, Some(40.0));
+        assert_eq!((lines.len(), lines[1].class, lines[1].line.score), (2, 0, Some(0.8)));
+        assert_eq!(
+            lines[1].line.reason.as_deref(),
+            Some("as line 1, which reads what its branch would scale: feeds 4 of 4 wrong elements")
+        );
+        for (scale, factor) in [(0.5, Some(40.0)), (0.025, None)] {
+            let mut lines = named(scale);
+            rank_as_named(&mut lines, factor);
+            assert_eq!(lines.len(), 1, "a branch that would not undo the factor is not listed");
+        }
     }
 
     #[test]

@@ -1164,9 +1164,9 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
         let constant = a.constant && a.role == Role::Value;
         let pad = padded.iter().find(|p| k.inst(p.op).loc.line == a.loc.line && k.inst(p.op).loc.file == a.loc.file);
         let dis = apart.iter().find(|x| k.inst(x.op).loc.line == a.loc.line && k.inst(x.op).loc.file == a.loc.file);
-        let class = if a.origin || a.overwrite || pad.is_some() {
+        let class = if a.origin || a.overwrite || pad.is_some() || dis.is_some() {
             0
-        } else if a.role == Role::Mask && masky || constant || dis.is_some() {
+        } else if a.role == Role::Mask && masky || constant {
             1
         } else if a.role == Role::Value && a.compute {
             if a.compute_shared && !a.mixed {

@@ -1736,6 +1736,28 @@ def sums(X, Y, n, BLOCK: tl.constexpr):
     }
 
     #[test]
+    fn the_line_calling_a_helper_ranks_with_the_helper_s_line() {
+        let src = "@triton.jit\ndef turn(x, s):\n    return x * s\n\n\n@triton.jit\ndef k(X, Y):\n    x = tl.load(X)\n    y = turn(x, 2.0)\n    tl.store(Y, y)\n";
+        let path = std::env::temp_dir().join(format!("tilegrad_helper_call_{}.py", std::process::id()));
+        std::fs::write(&path, src).expect("a temporary file");
+        let file = path.to_string_lossy().into_owned();
+        let opts = ConvertOptions { pointer_dtypes: vec![("X".into(), DType::F32), ("Y".into(), DType::F32)], ..ConvertOptions::default() };
+        let k = convert(src, &file, "k", &opts).expect("the test kernel converts");
+        let at = |line: u32, class: u8, depth: u32| {
+            let mut r = ranked(None);
+            (r.key, r.class, r.depth) = ((file.as_str().into(), line), class, depth);
+            r
+        };
+        // The helper's line (3) computes, the call (9) and the load (8) move values.
+        let mut lines = vec![at(3, 2, 1), at(8, 4, 3), at(9, 4, 2)];
+        calls_with_helpers(&k, &mut Files::default(), &mut lines);
+        let _ = std::fs::remove_file(&path);
+        let ranks: Vec<(u8, u32)> = lines.iter().map(|r| (r.class, r.depth)).collect();
+        assert_eq!(ranks, vec![(2, 1), (4, 3), (2, 1)]);
+        assert!(lines[2].line.note.as_deref().is_some_and(|n| n.starts_with("calls `turn`, whose line")), "{:?}", lines[2].line.note);
+    }
+
+    #[test]
     fn a_factor_reads_as_a_ratio() {
         assert_eq!(fmt_factor(7.99999), "8");
         assert_eq!(fmt_factor(2.0 / 3.0), "0.6667");

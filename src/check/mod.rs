@@ -70,6 +70,7 @@ mod ground;
 mod helpers;
 mod html;
 mod inputs;
+mod kernel_facts;
 pub mod notes;
 mod padding;
 mod recompute;

@@ -35,10 +35,11 @@ pub(super) fn folded_branches(k: &Kernel, args: &[(String, Arg)], files: &mut Fi
     let mut out: Vec<Ranked> = Vec::new();
     for f in super::folded::folded_branches(&src, span, |l| with_ops.contains(&l)) {
         for (name, at) in &f.names {
-            let Some(scale) = super::folded::scale_of(&src[*at as usize - 1], name, number) else { continue };
-            let reader = |r: &&Ranked| *r.key.0 == *kfile && r.key.1 > f.end && super::folded::reads(&src[r.key.1 as usize - 1], name);
+            let source = |l: u32| src.get((l as usize).wrapping_sub(1)).map_or("", String::as_str);
+            let Some(scale) = super::folded::scale_of(source(*at), name, number) else { continue };
+            let reader = |r: &&Ranked| *r.key.0 == *kfile && r.key.1 > f.end && super::folded::reads(source(r.key.1), name);
             let Some(user) = lines.iter().filter(reader).min_by_key(|r| (r.class, r.depth, r.order)) else { continue };
-            let text = &src[f.cond as usize - 1];
+            let text = source(f.cond);
             let col = text.len() - text.trim_start().len() + 1;
             let mut line = user.line.clone();
             (line.loc, line.op, line.role, line.value) = (format!("{kfile}:{}:{col}", f.cond), "if".into(), "mask".into(), None);

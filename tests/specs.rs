@@ -294,16 +294,6 @@ fn every_broken_variant_fails_and_the_report_points_at_it() {
 /// Variants whose `# BUG:` line the data-flow slice does not reach within its shown lines, and
 /// why.
 const SLICE_MISSES: &[(&str, &str)] = &[
-    // The tile-local mask makes every lane pass the condition, so the `where` selects one way
-    // only and ranks with the many lines of the softmax recomputation shared by dq, dk and dv.
-    ("attn_bwd_broken_key_mask", "a mask that masks nothing ranks with the shared lines"),
-    // The bug is an `if` on a string constexpr, folded at conversion: the branch it should have
-    // taken leaves no op in the kernel, so no value of the element passes through its line.
-    ("liger_cross_entropy_bwd_kernel_broken_reduction", "a constexpr branch folded away leaves no op on its line"),
-    // The bug is the bound of the loop that accumulates dq: the slice reaches it (the bounds
-    // decide how many trips made the value) but ranks an integer bound below the many float
-    // lines of the softmax recomputation that every trip runs.
-    ("attn_bwd_causal_broken_diagonal", "a loop bound ranks below the float lines of every trip"),
     // `p * dp` for `p * (dp - delta)`: the worst element is in the first query row, where the
     // causal mask leaves one key (the true gradient is 0 there); the mask's comparisons, false for
     // every wrong lane the slice follows and for few right ones, outrank the line that dropped

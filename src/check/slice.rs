@@ -204,6 +204,7 @@ pub(crate) fn explain(t: &Target, evidence: Option<&Evidence>, mut reruns: Rerun
     if let Some(f) = evidence.and_then(|e| e.factor) {
         scaling_first(&mut lines, f);
     }
+    super::kernel_facts::rank_as_named(&mut lines, evidence.and_then(|e| e.factor));
     // Rank: evidence, then class, then earlier launches after the blamed one, then distance
     // from the store.
     let key = |a: &Ranked| (a.class, a.launch, a.depth, a.order);
@@ -247,25 +248,29 @@ fn scaling_first(lines: &mut [Ranked], factor: f64) {
 }
 
 /// A ratio to four decimals, without trailing zeros (`8`, `0.6667`).
-fn fmt_factor(x: f64) -> String {
+pub(super) fn fmt_factor(x: f64) -> String {
     let s = format!("{x:.4}");
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// A line with its ranking keys.
-struct Ranked {
-    line: SliceLine,
-    key: LineKey,
-    class: u8,
-    launch: usize,
-    depth: u32,
-    order: usize,
+pub(super) struct Ranked {
+    pub(super) line: SliceLine,
+    pub(super) key: LineKey,
+    pub(super) class: u8,
+    pub(super) launch: usize,
+    pub(super) depth: u32,
+    pub(super) order: usize,
     /// The line of the blamed store: always shown.
-    store: bool,
+    pub(super) store: bool,
     /// The line computes one float for the whole program, or multiplies or divides by one.
-    scales: bool,
+    pub(super) scales: bool,
     /// The line divides by one whole number for the whole program (a mean's count), this one.
-    count: Option<f64>,
+    pub(super) count: Option<f64>,
+    /// A line with no op of its own (a branch folded away), ranked as the line it names where
+    /// its branch would scale what that line reads by this factor, the inverse of the one the
+    /// wrong elements share; otherwise not listed.
+    pub(super) like: Option<(LineKey, f64)>,
 }
 
 /// Where the lines of a slice that divide by a count (a mean's) mostly divide by one, the
@@ -288,15 +293,19 @@ fn odd_counts(lines: &mut [Ranked]) {
 
 /// Source files, read once.
 #[derive(Default)]
-struct Files(HashMap<String, Option<Vec<String>>>);
+pub(super) struct Files(HashMap<String, Option<Vec<String>>>);
 
 impl Files {
-    fn line(&mut self, file: &str, line: u32) -> String {
-        let text = self
-            .0
+    /// The lines of `file`, where it can be read.
+    pub(super) fn text(&mut self, file: &str) -> Option<&[String]> {
+        self.0
             .entry(file.to_string())
-            .or_insert_with(|| std::fs::read_to_string(file).ok().map(|s| s.lines().map(String::from).collect()));
-        let Some(l) = text.as_ref().and_then(|t| t.get((line as usize).wrapping_sub(1))) else { return String::new() };
+            .or_insert_with(|| std::fs::read_to_string(file).ok().map(|s| s.lines().map(String::from).collect()))
+            .as_deref()
+    }
+
+    pub(super) fn line(&mut self, file: &str, line: u32) -> String {
+        let Some(l) = self.text(file).and_then(|t| t.get((line as usize).wrapping_sub(1))) else { return String::new() };
         let l = l.trim();
         if l.chars().count() > 100 {
             format!("{}...", l.chars().take(97).collect::<String>())
@@ -907,7 +916,7 @@ fn computes(g: &Graph, d: &tilegrad_ir::InstData) -> bool {
 }
 
 /// A value as reports show it: integers plainly, others with five significant digits.
-fn fmt_val(x: f64) -> String {
+pub(crate) fn fmt_val(x: f64) -> String {
     if x == x.trunc() && x.abs() < 1e9 {
         format!("{x}")
     } else if (1e-3..1e5).contains(&x.abs()) {
@@ -1145,13 +1154,17 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
     }
 
     let pidv = pid;
+    let start = lines.len();
     let padded = super::padding::padding_into_sums(k, &rec, |r| w.lanes[r.index()].is_some());
+    let mut apart = super::recompute::disagreements(k, &rec, &tl.args);
+    apart.extend(super::kernel_facts::untransformed(t, tl));
     for a in by_line {
         let Some((_, main)) = a.main else { continue };
         let d = k.inst(main);
         let constant = a.constant && a.role == Role::Value;
         let pad = padded.iter().find(|p| k.inst(p.op).loc.line == a.loc.line && k.inst(p.op).loc.file == a.loc.file);
-        let class = if a.origin || a.overwrite || pad.is_some() {
+        let dis = apart.iter().find(|x| k.inst(x.op).loc.line == a.loc.line && k.inst(x.op).loc.file == a.loc.file);
+        let class = if a.origin || a.overwrite || pad.is_some() || dis.is_some() {
             0
         } else if a.role == Role::Mask && masky || constant {
             1
@@ -1200,6 +1213,8 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
                 "lane {lane:?} is masked off at the load on line {load}, yet here it is {}, not 0, and the sum on line {sum} adds it",
                 fmt_val(p.value)
             ));
+        } else if let Some(x) = dis {
+            note = Some(x.note.clone());
         } else if a.origin && note.is_none() {
             note = Some("first non-finite value".into());
         } else if constant && note.is_none() {
@@ -1233,9 +1248,13 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
             store: main == t.inst && launch == 0,
             scales: a.scales || a.role == Role::Value && a.float && d.results.first().is_some_and(|&r| one_float(&g, r)),
             count: a.count,
+            like: None,
         });
     }
 
+    super::kernel_facts::calls_with_helpers(k, files, &mut lines[start..]);
+    let folded = super::kernel_facts::folded_branches(k, &tl.args, files, &lines[start..]);
+    lines.extend(folded);
     for (s, name, e, p, inst) in sub_targets {
         let sub = Target { trace: t.trace, env: t.env, step: s, tensor: &name, element: e, program: p, inst, expected: None, got: t.got };
         walk_launch(&sub, launch + 1, reruns, files, lines, out);
@@ -1574,7 +1593,7 @@ def sums(X, Y, n, BLOCK: tl.constexpr):
             score: None,
             reason: None,
         };
-        Ranked { line, key: ("k.py".into(), 1), class: 3, launch: 0, depth: 1, order: 0, store: false, scales: false, count }
+        Ranked { line, key: ("k.py".into(), 1), class: 3, launch: 0, depth: 1, order: 0, store: false, scales: false, count, like: None }
     }
 
     #[test]

@@ -59,6 +59,7 @@ def check_backward(
     strict: bool = False,
     wrt: Any = None,
     max_programs: int | None = None,
+    cotangents: Any = None,
 ) -> Report:
     """Checks `backward` against the ground-truth gradient of `forward` on `inputs`.
 
@@ -92,6 +93,13 @@ def check_backward(
     the launches ran. A launch of more programs than `max_programs` (default 2^26, as the CLI's
     `--max-programs`) is refused before it runs (`UsageError` naming the kernel and the grid).
 
+    `cotangents` (torch tensors: one per output of the forward, or a tensor for a single output)
+    is the first trial's cotangent instead of a random one (a cotangent training actually passed:
+    the report's trial 0), the other trials drawing theirs; None for an output gives it zeros, as
+    torch materializes a missing gradient. A dense one keeps its strides (a transposed cotangent
+    reaches the backward transposed); a broadcast one (`y.sum()` gives one) arrives as a dense
+    copy.
+
     The check runs torch with one intra-op thread (restored after): its many small host ops
     otherwise contend with the engine's threads for the cores.
 
@@ -105,9 +113,11 @@ def check_backward(
         if _has_torch_tensor(inputs):
             from ._check import check_backward as torch_check
 
-            return torch_check(forward, backward, inputs, wrt=wrt, **opts)
+            return torch_check(forward, backward, inputs, wrt=wrt, cotangents=cotangents, **opts)
         if wrt is not None:
             raise UsageError("`wrt` needs torch tensors; numpy checks differentiate every float array")
+        if cotangents is not None:
+            raise UsageError("`cotangents` needs torch tensors; numpy checks draw theirs")
         from ._numpy_check import check_backward as numpy_check
 
         return numpy_check(forward, backward, inputs, **opts)
@@ -116,8 +126,8 @@ def check_backward(
 def check_function(fn: type, *args: Any, backend: str = "cpu", ground: str = "auto", max_programs: int | None = None, **kwargs: Any) -> Report:
     """Checks the backward of a `torch.autograd.Function` subclass, called as `fn.apply(*args,
     **kwargs)` would call it. Options as for `check_backward` (`seed`, `trials`, `precision`,
-    `rtol`, `atol`, `allow_non_finite`, `autotune`, `strict`, `wrt`); every other keyword argument
-    goes to `fn`.
+    `rtol`, `atol`, `allow_non_finite`, `autotune`, `strict`, `wrt`, `cotangents`); every other
+    keyword argument goes to `fn`.
 
     The differentiated inputs (as for `check_backward`) require grad inside `forward`; `fn.apply`
     runs under grad mode, then its backward through torch's autograd engine with a random

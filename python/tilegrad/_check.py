@@ -28,7 +28,7 @@ from . import _native
 from ._intercept import LaunchCall, _is_descriptor, current_executor, intercepting
 from ._modes import PoisonEmpty, PromoteFloats
 from ._configs import each_config
-from ._functions import GradientError, apply_under_test, conform, inlining, refuse_opaque, requiring_grad
+from ._functions import GradientError, apply_under_test, checking, conform, inlining, refuse_opaque, requiring_grad
 from ._report import Report, non_finite
 from . import _blame as _blame_mod
 
@@ -220,6 +220,7 @@ def _blame(c: Any, worst: int, values: tuple[float, float], again: Callable[[], 
         c.set_blame([], [_native.Site.never_written(f"grad ({desc})", list(idx), 1, "NaN")])
 
 
+@checking()
 def run_check(
     name: str,
     input_names: Sequence[str],
@@ -245,7 +246,8 @@ def run_check(
     torch takes it; otherwise a None gradient means the input is not differentiable and is not
     compared). `who` names the backward in torch's messages; `nondiff_outputs(outs)`: outputs
     that get no cotangent (marked non-differentiable). `cotangents`: the first trial's
-    cotangents, one per output (`given_cotangents`), instead of random ones."""
+    cotangents, one per output (`given_cotangents`), instead of random ones. The `apply` calls
+    the check makes are its own (`checking`): `watch` leaves them alone."""
     if trials < 1:
         raise ValueError("at least one cotangent trial is needed")
     if precision not in ("f64", "native"):

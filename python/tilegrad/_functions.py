@@ -35,6 +35,22 @@ class GradientError(Exception):
     """The gradients a backward returned are ones PyTorch rejects (the message is torch's)."""
 
 
+@contextlib.contextmanager
+def checking():
+    """Marks the block as a check running in this thread: the `apply` calls it makes are the
+    checker's own, which `watch` leaves alone."""
+    _state.checks = getattr(_state, "checks", 0) + 1
+    try:
+        yield
+    finally:
+        _state.checks -= 1
+
+
+def in_check() -> bool:
+    """Whether a check is running in this thread (`checking`)."""
+    return bool(getattr(_state, "checks", 0))
+
+
 def is_internal(cls: type) -> bool:
     """A Function of tilegrad's own (a launch of the ground truth): applied as it is."""
     return bool(getattr(cls, "_tilegrad_internal", False))

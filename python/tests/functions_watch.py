@@ -87,6 +87,16 @@ class ScaleForContiguous(Scale):
         return dy.shape[1], 1
 
 
+class ScaleDrawingSeed(Scale):
+    """Draws from torch's generator in its forward, as a fused dropout draws its seed (here for
+    a dropout of probability 0)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.seed = int(torch.randint(0, 2**31 - 1, ()))
+        return Scale.forward(ctx, x, w)
+
+
 @triton.jit
 def exp_in_place(X, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

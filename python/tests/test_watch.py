@@ -5,6 +5,7 @@ Functions, budgets and skips, no double checks, `Function.apply` restored, train
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pathlib
 import warnings
@@ -152,12 +153,16 @@ def test_a_check_that_cannot_run_is_reported_and_training_goes_on():
     x, w = leaf(4, 6), leaf(6)
     with torch.no_grad():
         x[0, 0] = float("inf")
-    with quiet() as watch:
-        step(F.Scale, x, w, loss=lambda y: y[1:].sum())
+    with quiet(on_fail="warn") as watch:
+        with pytest.warns(tilegrad.WatchWarning, match="Scale at test_watch.py:.*: the check could not run: NonFiniteError"):
+            step(F.Scale, x, w, loss=lambda y: y[1:].sum())
     (call,) = watch.reports
     assert call.status == "error" and call.error.startswith("NonFiniteError: input `x` is inf")
     assert "the check could not run: NonFiniteError" in watch.summary()
-    assert x.grad is not None
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    with quiet(on_fail="raise"):
+        with pytest.raises(tilegrad.NonFiniteError):
+            step(F.Scale, x, w, loss=lambda y: y[1:].sum())
 
 
 # -- the cotangent training passes --------------------------------------------------------------
@@ -213,6 +218,7 @@ def test_an_in_place_function_is_checked_on_the_input_it_received():
 def test_max_elements_skips_larger_calls_with_a_note():
     with quiet(max_elements=30) as watch:
         step(F.Scale, leaf(8, 6), leaf(6))  # 54 elements
+        assert watch.summary().splitlines()[0] == "tilegrad.watch: 1 Function launching Triton kernels, 0 of 1 call checked"
         step(F.Scale, leaf(4, 6), leaf(6))  # 30
     assert [c.shapes for c in watch.reports] == [[[4, 6], [6]]]
     assert "Scale: 1 call not checked: inputs over max_elements=30" in watch.summary()
@@ -338,6 +344,16 @@ def train(watched: bool) -> list[torch.Tensor]:
         watch.close()
         assert [(c.function, c.status) for c in watch.reports] == [("RMSNorm", "pass"), ("CrossEntropy", "pass")] * 2, watch.summary()
     return [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_check_leaves_torchs_random_state_as_it_was():
+    def draws(watched: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        with quiet() if watched else contextlib.nullcontext():
+            step(F.ScaleDrawingSeed, leaf(4, 6), leaf(6))  # the check runs the forward again
+        return torch.rand(4)
+
+    assert torch.equal(draws(False), draws(True))
 
 
 def test_training_is_identical_with_and_without_watch():

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import _native
 from ._intercept import LaunchCall, intercepting, using_backend
 from ._report import NonFiniteError, Report
 from ._threads import one_torch_thread
 from ._watch_report import WatchedCall, WatchWarning
+
+if TYPE_CHECKING:
+    from ._watch import Watch
 
 # The process must not exit while the GPU backend compiles kernels in the background: wait for
 # them before the interpreter's finalization releases the CUDA libraries.
@@ -211,7 +214,7 @@ def watch(
     seed: int = 0,
     strict: bool = False,
     file: Any = None,
-) -> Any:
+) -> Watch:
     """Checks the backward of every `torch.autograd.Function` whose forward launches Triton
     kernels (yours, or a library's) on a real training step, with the tensors it received and
     the cotangent autograd passes to its backward.

@@ -64,7 +64,7 @@ def summary(records: list[WatchedCall], stats: list[FunctionStats], calls: int) 
     failed = [r for r in done if r.status != "pass"]
     total = sum(s.calls for s in launching)
     head = f"tilegrad.watch: {len(launching)} Function{_s(len(launching))} launching Triton kernels, {len(done)} of {total} call{_s(total)} checked"
-    head += f": {len(failed)} not passing\n" if failed else ", all passing\n"
+    head += f": {len(failed)} not passing\n" if failed else ", all passing\n" if done else "\n"
     lines = [head]
     if records:
         lines.append(_table(records))

@@ -124,6 +124,16 @@ def test_functions_that_launch_no_kernel_are_not_watched():
     assert watch.summary() == "tilegrad.watch: no Function launching Triton kernels was called\n"
 
 
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_under_checkpointing_the_function_inside_is_checked_not_torchs(reentrant):
+    x, w = leaf(4, 6), leaf(6)
+    with quiet(calls=3) as watch:
+        with tilegrad.intercept():
+            y = torch.utils.checkpoint.checkpoint(lambda a, b: F.ScaleForOnes.apply(a, b), x, w, use_reentrant=reentrant)
+            (y * y).sum().backward()
+    assert [(c.function, c.status) for c in watch.reports] == [("ScaleForOnes", "FAIL")]
+
+
 # -- on_fail ------------------------------------------------------------------------------------
 
 

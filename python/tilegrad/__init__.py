@@ -216,8 +216,8 @@ def watch(
     file: Any = None,
 ) -> Watch:
     """Checks the backward of every `torch.autograd.Function` whose forward launches Triton
-    kernels (yours, or a library's) on a real training step, with the tensors it received and
-    the cotangent autograd passes to its backward.
+    kernels (yours, or a library's; not torch's own) on a real training step, with the tensors
+    it received and the cotangent autograd passes to its backward.
 
     `with tilegrad.watch() as w: ...` watches the calls made in this thread inside the block;
     `w = tilegrad.watch(model)` those made by `model`'s forward (in any thread) until

@@ -298,9 +298,15 @@ def _current() -> Watch | None:
 
 def _apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     w = _current()
-    if w is None or is_internal(cls):
+    if w is None or is_internal(cls) or _torchs(cls):
         return _original_apply.__get__(None, cls)(*args, **kwargs)
     return w._call(cls, args, kwargs)
+
+
+def _torchs(cls: type) -> bool:
+    """A Function of torch itself (checkpointing, distributed): its kernels are those of the
+    Functions it applies, which are watched; its inputs are not copied to find that out."""
+    return cls.__module__ == "torch" or cls.__module__.startswith("torch.")
 
 
 def _install() -> None:

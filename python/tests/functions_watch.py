@@ -1,13 +1,16 @@
 """Autograd Functions for the tests of given cotangents and in-place Functions
 (test_function_rules.py) and of `tilegrad.watch` (test_watch.py): a column scale whose
 backward is right, and variants right only for some cotangents (ones; contiguous ones); an
-in-place exp that records the inputs its forward saw; a Function of torch code alone."""
+in-place exp that records the inputs its forward saw; a Function of torch code alone; a
+doubling whose autotuned backward is right in its first config only."""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+import kernels_surface as KS
 
 
 @triton.jit
@@ -153,3 +156,22 @@ class ExpInPlaceForgetsExp(ExpInPlace):
     @staticmethod
     def backward(ctx, dy):
         return dy.clone()
+
+
+class DoubleAutotuned(torch.autograd.Function):
+    """`2 * x` (1-D); its backward kernel is autotuned and unmasked: right where its BLOCK (128,
+    then 256) divides the length."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.empty_like(x)
+        KS.scale[(triton.cdiv(x.numel(), 128),)](x, y, x.numel(), 2.0, BLOCK=128)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        dy = dy.contiguous()
+        dx = torch.empty_like(dy)
+        n = dy.numel()
+        KS.scale_bwd_unmasked[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](dy, dx, n, 2.0)
+        return dx

@@ -27,10 +27,11 @@ def leaf(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=g).requires_grad_(True)
 
 
-def step(fn: type, x: torch.Tensor, w: torch.Tensor, loss=lambda y: (y * y).sum()) -> None:
-    """One forward and backward of `fn`, its launches on the engine."""
+def step(fn: type, x: torch.Tensor, w: torch.Tensor | None, loss=lambda y: (y * y).sum()) -> None:
+    """One forward and backward of `fn` (on `x` alone where `w` is None), its launches on the
+    engine."""
     with tilegrad.intercept():
-        loss(fn.apply(x, w)).backward()
+        loss(fn.apply(x) if w is None else fn.apply(x, w)).backward()
 
 
 def line_of(text: str) -> int:
@@ -220,6 +221,18 @@ def test_an_in_place_function_is_checked_on_the_input_it_received():
     assert len(F.ExpInPlace.seen) > 1 and all(torch.equal(s, received) for s in F.ExpInPlace.seen[1:])
     assert torch.equal(received, x.detach())
     assert torch.allclose(x.grad, x.detach().exp())
+
+
+def test_autotuned_kernels_are_checked_on_the_config_training_used():
+    x = leaf(384)  # 128 divides it, 256 does not
+    with quiet() as first:
+        step(F.DoubleAutotuned, x, None, loss=lambda y: (y * y).sum())
+    assert first.reports[0].status == "pass"
+    with quiet() as second, tilegrad.use_autotune_config(1):
+        with pytest.raises(tilegrad.LaunchError, match="out-of-bounds"):
+            step(F.DoubleAutotuned, x, None, loss=lambda y: (y * y).sum())  # the real backward
+    assert second.reports[0].status == "FAIL"
+    assert "out-of-bounds access to `gy_ptr`" in second.reports[0].report.summary()
 
 
 # -- budgets ------------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ class _Planned:
     kwargs: dict[str, Any]
     record: WatchedCall
     rows: tuple[int, int] | None  # (kept, of): the check's inputs are the first `kept` of `of` rows
+    autotune: int  # the `@triton.autotune` config its launches use where tilegrad runs them
     hook: Any = None
 
 
@@ -191,7 +192,7 @@ class Watch:
         described = [(list(x.shape), _dtype(x)) for x in _tensors(args, kwargs)]
         record = WatchedCall(cls.__name__, site, path, [s for s, _ in described], [d for _, d in described], 0, rows=None if rows is None else rows[2])
         copies = tuple(_copy(x) for x in args), {k: _copy(v) for k, v in kwargs.items()}
-        return _Planned(cls, stats, *copies, record, None if rows is None else rows[:2])
+        return _Planned(cls, stats, *copies, record, None if rows is None else rows[:2], _intercept.autotune_config)
 
     def _settle(self, stats: FunctionStats, wants: bool, plan: _Planned | _Skip | None, out: Any, own: int) -> None:
         """After the real `apply`: whether the Function launches kernels, and the call's check
@@ -243,7 +244,7 @@ class Watch:
         error = None
         try:
             with _kept_rng(tensors), torch.enable_grad(), _intercept.using_backend(backend), one_torch_thread(tensors):
-                opts = dict(trials=1 + self.trials, seed=self.seed, strict=self.strict, cotangents=cots)
+                opts = dict(trials=1 + self.trials, seed=self.seed, strict=self.strict, cotangents=cots, autotune=plan.autotune)
                 record.report = check_call(plan.cls, plan.args, plan.kwargs, **opts)
         except Exception as e:  # noqa: BLE001 - a check that cannot run must not stop training
             record.error, error = f"{type(e).__name__}: {e}", e

@@ -282,6 +282,8 @@ def test_rows_checks_row_independent_functions_on_their_first_rows():
         (dict(max_elements=0), "max_elements must be an int of at least 1"),
         (dict(time_budget=0), "time_budget: seconds, a number above 0"),
         (dict(file="out.txt"), "file: a text stream with `write`"),
+        (dict(seed=-1), "seed must be an int of at least 0"),
+        (dict(strict="yes"), "strict: True or False"),
     ],
 )
 def test_bad_options_raise_clearly(options, error):

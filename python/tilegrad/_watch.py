@@ -82,6 +82,9 @@ class Watch:
         file: TextIO | None = None,
     ) -> None:
         _validate(model, calls, trials, on_fail, max_elements, time_budget, rows, row_independent, file)
+        _count("seed", seed, 0)
+        if not isinstance(strict, bool):
+            raise TypeError(f"strict: True or False, not {strict!r}")
         self.model = model
         self.calls, self.trials, self.on_fail, self.seed, self.strict = calls, trials, on_fail, seed, strict
         self.max_elements, self.time_budget, self.rows = max_elements, time_budget, rows

@@ -268,6 +268,9 @@ def test_rows_checks_row_independent_functions_on_their_first_rows():
     with quiet(rows=2, row_independent=lambda cls: cls is F.Scale) as other:
         step(F.ScaleForContiguous, x, w)
     assert other.reports[0].rows is None and other.reports[0].shapes == [[8, 6], [6]]
+    with quiet(rows=2, row_independent=F.Scale, max_elements=20) as cut:  # 54 elements, 18 once cut
+        step(F.Scale, x, w)
+    assert cut.reports[0].shapes == [[2, 6], [6]] and cut.reports[0].status == "pass"
 
 
 @pytest.mark.parametrize(

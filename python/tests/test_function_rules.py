@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
 import functions_liger_style as L  # noqa: E402
+import functions_watch as FW  # noqa: E402
 import kernels as K  # noqa: E402
 import tilegrad  # noqa: E402
 
@@ -316,3 +317,25 @@ def test_needs_input_grad_follows_what_is_differentiated(wrt, expect_w, monkeypa
     report = tilegrad.check_function(Scale, rand(333), rand(333, seed=4), wrt=wrt)
     assert report.passed, str(report)
     assert [g["name"] for g in report.to_dict()["gradients"]] == (["x", "w"] if expect_w else ["x"])
+
+
+def test_given_cotangents_are_the_first_trial_layout_included():
+    """`cotangents=`: the first trial's cotangent, as a training step passed it (a transposed
+    one reaches the backward transposed); the others random."""
+    x, w = rand(4, 6), rand(6, seed=2)
+    dy = torch.randn(6, 4).t()
+    assert not tilegrad.check_function(FW.ScaleForContiguous, x, w, cotangents=[dy], trials=1).passed
+    assert tilegrad.check_function(FW.Scale, x, w, cotangents=dy, trials=1).passed
+    with pytest.raises(ValueError, match=r"cotangents: the one of output `out` has shape \[6, 4\], the output \[4, 6\]"):
+        tilegrad.check_function(FW.Scale, x, w, cotangents=[dy.t().contiguous()])
+    with pytest.raises(ValueError, match="cotangents: 2 given for 1 outputs"):
+        tilegrad.check_function(FW.Scale, x, w, cotangents=[dy, dy])
+
+
+def test_an_in_place_function_is_differentiated_at_the_input_it_got():
+    """A forward that writes its input and marks it dirty returns that tensor as its output:
+    the gradient is the input's as it was given, not the output's."""
+    x = rand(3, 5)
+    assert tilegrad.check_function(FW.ExpInPlace, x).passed
+    report = tilegrad.check_function(FW.ExpInPlaceForgetsExp, x)
+    assert report.summary().startswith("tilegrad: grad_x of ExpInPlaceForgetsExp FAILS"), report.summary()

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import _native
 from ._intercept import LaunchCall, intercepting, using_backend
 from ._report import NonFiniteError, Report
 from ._threads import one_torch_thread
+from ._watch_report import WatchedCall, WatchWarning
+
+if TYPE_CHECKING:
+    from ._watch import Watch
 
 # The process must not exit while the GPU backend compiles kernels in the background: wait for
 # them before the interpreter's finalization releases the CUDA libraries.
@@ -35,6 +39,9 @@ __all__ = [
     "intercept",
     "use_autotune_config",
     "vjp",
+    "watch",
+    "WatchedCall",
+    "WatchWarning",
 ]
 
 UsageError = _native.UsageError
@@ -59,6 +66,7 @@ def check_backward(
     strict: bool = False,
     wrt: Any = None,
     max_programs: int | None = None,
+    cotangents: Any = None,
 ) -> Report:
     """Checks `backward` against the ground-truth gradient of `forward` on `inputs`.
 
@@ -92,6 +100,13 @@ def check_backward(
     the launches ran. A launch of more programs than `max_programs` (default 2^26, as the CLI's
     `--max-programs`) is refused before it runs (`UsageError` naming the kernel and the grid).
 
+    `cotangents` (torch tensors: one per output of the forward, or a tensor for a single output)
+    is the first trial's cotangent instead of a random one (a cotangent training actually passed:
+    the report's trial 0), the other trials drawing theirs; None for an output gives it zeros, as
+    torch materializes a missing gradient. A dense one keeps its strides (a transposed cotangent
+    reaches the backward transposed); a broadcast one (`y.sum()` gives one) arrives as a dense
+    copy.
+
     The check runs torch with one intra-op thread (restored after): its many small host ops
     otherwise contend with the engine's threads for the cores.
 
@@ -105,9 +120,11 @@ def check_backward(
         if _has_torch_tensor(inputs):
             from ._check import check_backward as torch_check
 
-            return torch_check(forward, backward, inputs, wrt=wrt, **opts)
+            return torch_check(forward, backward, inputs, wrt=wrt, cotangents=cotangents, **opts)
         if wrt is not None:
             raise UsageError("`wrt` needs torch tensors; numpy checks differentiate every float array")
+        if cotangents is not None:
+            raise UsageError("`cotangents` needs torch tensors; numpy checks draw theirs")
         from ._numpy_check import check_backward as numpy_check
 
         return numpy_check(forward, backward, inputs, **opts)
@@ -116,8 +133,8 @@ def check_backward(
 def check_function(fn: type, *args: Any, backend: str = "cpu", ground: str = "auto", max_programs: int | None = None, **kwargs: Any) -> Report:
     """Checks the backward of a `torch.autograd.Function` subclass, called as `fn.apply(*args,
     **kwargs)` would call it. Options as for `check_backward` (`seed`, `trials`, `precision`,
-    `rtol`, `atol`, `allow_non_finite`, `autotune`, `strict`, `wrt`); every other keyword argument
-    goes to `fn`.
+    `rtol`, `atol`, `allow_non_finite`, `autotune`, `strict`, `wrt`, `cotangents`); every other
+    keyword argument goes to `fn`.
 
     The differentiated inputs (as for `check_backward`) require grad inside `forward`; `fn.apply`
     runs under grad mode, then its backward through torch's autograd engine with a random
@@ -182,6 +199,72 @@ def use_autotune_config(index: int):
         yield
     finally:
         _intercept.autotune_config = prev
+
+
+def watch(
+    model: Any = None,
+    *,
+    calls: int = 1,
+    trials: int = 1,
+    on_fail: str = "warn",
+    max_elements: int | None = None,
+    time_budget: float | None = None,
+    rows: int | None = None,
+    row_independent: Any = None,
+    seed: int = 0,
+    strict: bool = False,
+    file: Any = None,
+) -> Watch:
+    """Checks the backward of every `torch.autograd.Function` whose forward launches Triton
+    kernels (yours, or a library's; not torch's own) on a real training step, with the tensors
+    it received and the cotangent autograd passes to its backward.
+
+    `with tilegrad.watch() as w: ...` watches the calls made in this thread inside the block;
+    `w = tilegrad.watch(model)` those made by `model`'s forward (in any thread) until
+    `w.close()` (or `w.remove()`; `with tilegrad.watch(model): ...` closes at the block's end).
+    A Function's first `calls` calls that launch kernels and take part in a backward are checked
+    (the launches of a Function applied inside another's forward are the inner one's). Its
+    inputs are copied before its forward runs; when autograd reaches its backward, the check
+    (as `check_function`) runs on the copies with that cotangent as trial 0, then `trials`
+    random ones (`seed`), on the GPU backend where the inputs are CUDA tensors, else the CPU's.
+    Training is unchanged: the real forward and backward run as they would, on their tensors,
+    and torch's random state is restored after each check. Watches do not nest their checks:
+    a call goes to the innermost watch active in its thread, and the checker's own calls are
+    not watched.
+
+    `on_fail`: on a failing check (or one that could not run), `"raise"` raises from the
+    backward (`AssertionError` whose first line is the verdict, as `Report.assert_passes`),
+    `"warn"` (the default) warns (`WatchWarning`), `"log"` only records. The summary (a row per
+    check: Function, call site, call number, input shapes and dtypes, the reports' formula and
+    rounding figures, verdict; then failures and the calls not checked, with why) is printed to
+    `file` (stderr by default) when the watch ends, and is `w.summary()`; `w.reports` has a
+    `WatchedCall` per check, with its `Report`.
+
+    Cost: `max_elements` skips (with a note) a call whose tensor inputs have more elements in
+    all; `time_budget` (seconds) skips a Function's further calls once its checks took longer in
+    total; `rows=N` with `row_independent` (Function classes, or a predicate on a class) checks
+    those Functions on the first N entries of dimension 0 of the tensor inputs whose first
+    dimension is that of the first tensor input (their cotangents cut alike), said in the summary.
+    `strict` as for `check_backward`.
+
+    `Fn.apply` is wrapped while a watch is active: a reference to it taken earlier (`f =
+    Fn.apply` at import) is not seen. On CPU tensors, kernel launches need tilegrad's engine to
+    run at all: train inside `tilegrad.intercept()`."""
+    from ._watch import Watch
+
+    return Watch(
+        model,
+        calls=calls,
+        trials=trials,
+        on_fail=on_fail,
+        max_elements=max_elements,
+        time_budget=time_budget,
+        rows=rows,
+        row_independent=row_independent,
+        seed=seed,
+        strict=strict,
+        file=file,
+    )
 
 
 def vjp(

@@ -28,7 +28,7 @@ from . import _native
 from ._intercept import LaunchCall, _is_descriptor, current_executor, intercepting
 from ._modes import PoisonEmpty, PromoteFloats
 from ._configs import each_config
-from ._functions import GradientError, apply_under_test, conform, inlining, refuse_opaque, requiring_grad
+from ._functions import GradientError, apply_under_test, checking, conform, inlining, refuse_opaque, requiring_grad
 from ._report import Report, non_finite
 from . import _blame as _blame_mod
 
@@ -220,6 +220,7 @@ def _blame(c: Any, worst: int, values: tuple[float, float], again: Callable[[], 
         c.set_blame([], [_native.Site.never_written(f"grad ({desc})", list(idx), 1, "NaN")])
 
 
+@checking()
 def run_check(
     name: str,
     input_names: Sequence[str],
@@ -238,12 +239,15 @@ def run_check(
     explicit: bool,
     who: str,
     nondiff_outputs: Callable[[tuple], set[int]] | None = None,
+    cotangents: Sequence[Any] | None = None,
 ) -> Report:
     """Checks `backward` against the ground truth of `forward` on `inputs`, differentiating the
     inputs `diff` (`explicit`: the caller asked for them, so a None gradient is a zero one, as
     torch takes it; otherwise a None gradient means the input is not differentiable and is not
     compared). `who` names the backward in torch's messages; `nondiff_outputs(outs)`: outputs
-    that get no cotangent (marked non-differentiable)."""
+    that get no cotangent (marked non-differentiable). `cotangents`: the first trial's
+    cotangents, one per output (`given_cotangents`), instead of random ones. The `apply` calls
+    the check makes are its own (`checking`): `watch` leaves them alone."""
     if trials < 1:
         raise ValueError("at least one cotangent trial is needed")
     if precision not in ("f64", "native"):
@@ -296,13 +300,12 @@ def run_check(
     best: dict[int, Any] = {}
     blame: dict[int, tuple] = {}  # what explaining each gradient's worst element needs
     failure = None
+    given = None if cotangents is None else given_cotangents(cotangents, outs_n, out_idx, out_names)
     for trial in range(trials):
-        cots_n = []
-        for i, o in enumerate(outs_n):
-            if i in out_idx:
-                cots_n.append(_cotangent(o, seed, trial, i))
-            else:
-                cots_n.append(None)
+        if trial == 0 and given is not None:
+            cots_n = given
+        else:
+            cots_n = [_cotangent(o, seed, trial, i) if i in out_idx else None for i, o in enumerate(outs_n)]
         # Ground truth for this cotangent.
         truth = truth_f.grads(cots_n, out_idx)
         if not allow_non_finite:
@@ -385,6 +388,30 @@ def run_check(
     skipped = [] if failure is not None else [(input_names[i], list(inputs[i].shape), _dt(inputs[i]), "no gradient (None)") for i in diff if i not in best]
     rep = _native.make_report(name, seed, trials, precision, forward_cmp, grads_cmp, failure, current_executor(), notes, strict, skipped)
     return Report(rep)
+
+
+def given_cotangents(cots: Sequence[Any], outs: tuple, out_idx: list[int], names: list[str]) -> list[Any]:
+    """The cotangents a caller gives for the outputs `outs` (a tensor for a single output, else
+    one entry per output), as the backward gets them: one per differentiable float output (an
+    output given None gets zeros, as torch materializes a missing gradient), None for the others.
+    Each keeps its layout (strides), in the output's dtype and on its device. ValueError where
+    the count or a shape does not match the outputs."""
+    cots = [cots] if isinstance(cots, torch.Tensor) else list(cots)
+    if len(cots) != len(outs):
+        raise ValueError(f"cotangents: {len(cots)} given for {len(outs)} outputs of the forward")
+    picked: list[Any] = []
+    for i, (o, c) in enumerate(zip(outs, cots)):
+        if i not in out_idx:
+            picked.append(None)
+        elif c is None:
+            picked.append(torch.zeros_like(o))
+        elif not isinstance(c, torch.Tensor):
+            raise ValueError(f"cotangents: the one of output `{names[i]}` is a {type(c).__name__}, not a tensor")
+        elif c.shape != o.shape:
+            raise ValueError(f"cotangents: the one of output `{names[i]}` has shape {list(c.shape)}, the output {list(o.shape)}")
+        else:
+            picked.append(c.detach() if (c.dtype, c.device) == (o.dtype, o.device) else c.detach().to(o.device, o.dtype))
+    return picked
 
 
 def _cotangent(o: torch.Tensor, seed: int, trial: int, i: int) -> torch.Tensor:
@@ -586,11 +613,14 @@ def check_backward(
     autotune: int | str = 0,
     strict: bool = False,
     wrt: Sequence[int | str] | int | str | None = None,
+    cotangents: Sequence[Any] | None = None,
 ) -> Report:
     inputs = list(inputs)
     names = _param_names(forward, len(inputs))
     diff, explicit = differentiated(inputs, names, wrt)
-    opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, allow_non_finite=allow_non_finite, strict=strict)
+    opts = dict(
+        seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, allow_non_finite=allow_non_finite, strict=strict, cotangents=cotangents
+    )
     return each_config(
         autotune,
         name or getattr(forward, "__name__", "check"),
@@ -620,12 +650,35 @@ def check_function(
     autotune: int | str = 0,
     strict: bool = False,
     wrt: Sequence[int | str] | int | str | None = None,
+    cotangents: Sequence[Any] | None = None,
     **kwargs: Any,
 ) -> Report:
-    names, inputs, call = _bind_function(fn, args, kwargs)
+    opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, allow_non_finite=allow_non_finite, strict=strict, cotangents=cotangents)
+    return check_call(fn, args, kwargs, autotune=autotune, wrt=wrt, **opts)
+
+
+def check_call(
+    fn: type,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    *,
+    seed: int = 0,
+    trials: int = 2,
+    precision: str = "f64",
+    rtol: float | None = None,
+    atol: float | None = None,
+    allow_non_finite: bool = False,
+    autotune: int | str = 0,
+    strict: bool = False,
+    wrt: Sequence[int | str] | int | str | None = None,
+    cotangents: Sequence[Any] | None = None,
+) -> Report:
+    """`check_function(fn, *args, **kwargs)` with the check's options apart from `fn`'s keyword
+    arguments (which may then have any name)."""
+    opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, allow_non_finite=allow_non_finite, strict=strict, cotangents=cotangents)
+    names, inputs, call = _bind_function(fn, tuple(args), kwargs)
     diff, explicit = differentiated(inputs, names, wrt)
     backward = apply_under_test(fn, call, _forward_natively)
-    opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, allow_non_finite=allow_non_finite, strict=strict)
     return each_config(
         autotune,
         fn.__name__,

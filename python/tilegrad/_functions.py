@@ -35,6 +35,22 @@ class GradientError(Exception):
     """The gradients a backward returned are ones PyTorch rejects (the message is torch's)."""
 
 
+@contextlib.contextmanager
+def checking():
+    """Marks the block as a check running in this thread: the `apply` calls it makes are the
+    checker's own, which `watch` leaves alone."""
+    _state.checks = getattr(_state, "checks", 0) + 1
+    try:
+        yield
+    finally:
+        _state.checks -= 1
+
+
+def in_check() -> bool:
+    """Whether a check is running in this thread (`checking`)."""
+    return bool(getattr(_state, "checks", 0))
+
+
 def is_internal(cls: type) -> bool:
     """A Function of tilegrad's own (a launch of the ground truth): applied as it is."""
     return bool(getattr(cls, "_tilegrad_internal", False))
@@ -167,8 +183,16 @@ def refuse_opaque(outs: Sequence[Any]) -> None:
 def requiring_grad(ins: Sequence[Any], diff: Sequence[int]) -> list[Any]:
     """`ins` as training gives them to a Function: the differentiated ones require grad (and are
     not leaves, as activations are not: in-place writes are allowed)."""
+    return with_leaves(ins, diff)[0]
+
+
+def with_leaves(ins: Sequence[Any], diff: Sequence[int]) -> tuple[list[Any], dict[int, torch.Tensor]]:
+    """`requiring_grad(ins, diff)`, and the leaf each differentiated input is a copy of: the
+    gradient is taken with respect to it, since a Function working in place (`mark_dirty`) turns
+    the input it got into its output."""
+    leaves = {i: ins[i].detach().requires_grad_(True) for i in diff}
     with torch.enable_grad():
-        return [x.detach().requires_grad_(True).clone() if i in diff else x for i, x in enumerate(ins)]
+        return [leaves[i].clone() if i in diff else x for i, x in enumerate(ins)], leaves
 
 
 def apply_under_test(
@@ -180,14 +204,14 @@ def apply_under_test(
     gradient per input, None where none."""
 
     def backward(ins: list[Any], cots: list[Any], diff: Sequence[int]) -> list[Any]:
-        xs = requiring_grad(ins, diff)
+        xs, leaves = with_leaves(ins, diff)
         with torch.enable_grad():
             outs = run_forward(lambda: apply(xs))
         outs = outs if isinstance(outs, tuple) else (outs,)
         pairs = [(o, c) for o, c in zip(outs, cots) if isinstance(o, torch.Tensor) and o.requires_grad and c is not None]
         _carry_context(fn, [o for o, _ in pairs])
         try:
-            gs = torch.autograd.grad([o for o, _ in pairs], [xs[i] for i in diff], [c for _, c in pairs], allow_unused=True)
+            gs = torch.autograd.grad([o for o, _ in pairs], [leaves[i] for i in diff], [c for _, c in pairs], allow_unused=True)
         except RuntimeError as e:
             if any(m in str(e) for m in _TORCH_REJECTS):
                 raise GradientError(str(e)) from e

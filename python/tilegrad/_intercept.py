@@ -125,6 +125,13 @@ def _handler() -> Callable[[LaunchCall], Any] | None:
     return getattr(_state, "handler", None)
 
 
+def launches() -> int:
+    """How many Triton launches this thread has made since `install()`: every `JITFunction.run`
+    that is not a warmup, whether a handler ran it or Triton did (`watch` tells by it which
+    Functions launch kernels)."""
+    return getattr(_state, "launches", 0)
+
+
 def current_executor() -> Any:
     """The `_native.Executor` launches in this thread run on (None: the CPU reference)."""
     return getattr(_state, "executor", None)
@@ -391,6 +398,8 @@ def install() -> None:
     _original["autotune"] = autotuner.Autotuner.run
 
     def jit_run(self, *args, grid, warmup, **kwargs):
+        if not warmup:
+            _state.launches = launches() + 1
         h = _handler()
         if h is None:
             return _original["jit"](self, *args, grid=grid, warmup=warmup, **kwargs)

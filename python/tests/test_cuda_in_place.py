@@ -106,6 +106,18 @@ def test_check_function_on_cuda_tensors_gives_the_host_verdicts(dtype):
     assert "FAIL" in str(bad)
 
 
+def test_a_float_input_not_differentiated_keeps_the_ground_truth_on_the_device(no_host_copies):
+    # `w` is not differentiated: the ground truth's launches read it promoted to f64 too, so
+    # that they run in place (it went through host copies, 100 times slower at training sizes).
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    x = torch.randn(67, 300, device="cuda", generator=gen)
+    w = torch.rand(300, device="cuda", generator=gen) + 0.5
+    r = tilegrad.check_function(L.RMSNorm, x, w, backend="gpu", wrt=[0])
+    assert r.passed and [g["name"] for g in r.to_dict()["gradients"]] == ["X"], str(r)
+    bad = tilegrad.check_function(L.RMSNormNoMean, x, w, backend="gpu", wrt=[0])
+    assert not bad.passed, str(bad)
+
+
 def test_cotangents_and_comparisons_on_the_device_are_the_host_ones(no_host_copies):
     from tilegrad import _check
     from tilegrad._intercept import using_backend

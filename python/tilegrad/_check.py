@@ -516,6 +516,11 @@ class _Truth:
             if i in diff:
                 self.leaves[i] = x.detach().to(x.dtype if native else torch.float64).requires_grad_(True)
                 ins.append(self.leaves[i].clone())
+            elif not native and isinstance(x, torch.Tensor) and x.is_floating_point():
+                # Every float in f64, as the CLI's ground truth has it (the same values): a launch
+                # that reads a float input the check does not differentiate (RoPE's tables) then
+                # still runs in place on the device.
+                ins.append(x.detach().to(torch.float64, copy=True))
             else:
                 ins.append(_clone(x))
         # Custom Functions in the forward are differentiated through their forward.

@@ -350,7 +350,7 @@ impl Gpu {
     /// draw or comparison waits for it), where not compiled before.
     pub fn precompile_utilities(&self) {
         let target = self.target(false);
-        let jobs: Vec<Job> = [crate::summary::SOURCE.to_string(), crate::draw::cuda_source()]
+        let jobs: Vec<Job> = [crate::summary::SOURCE.to_string(), crate::draw::cuda_source(), crate::runs::SOURCE.to_string()]
             .into_iter()
             .map(|source| Job { key: source_key(&target, &source), source, target: target.clone() })
             .filter(|j| !self.available(j.key) && !self.utilities.lock().expect("utility modules").contains_key(&j.key))
@@ -850,7 +850,12 @@ impl Gpu {
         if p.writers {
             for (t, sl) in &p.slots {
                 if let (true, Some(m)) = (sl.stored || sl.atomic, &sl.marks) {
-                    summary.writers.push(writers_of(s, *t, sl.numel, m, p.wide)?);
+                    let marks = (m.w.as_ref(), m.a.as_ref(), m.wi.as_ref(), m.ak.as_ref());
+                    let w = match self.writer_runs(*t, sl.numel, marks, p.wide)? {
+                        Some(w) => w,
+                        None => writers_of(s, *t, sl.numel, m, p.wide)?,
+                    };
+                    summary.writers.push(w);
                 }
             }
         }

@@ -226,6 +226,37 @@ impl crate::Gpu {
         out
     }
 
+    /// A device allocation holding `h`'s elements as the device stores them (its dtype's
+    /// bytes), freed when dropped, and its description under `name`.
+    pub fn upload_new(&self, name: &str, h: &HostTensor) -> Result<(DeviceTensor, DeviceBuffer), GpuError> {
+        let b = self.alloc_zeroed(h.numel() * device_bytes(h.dtype()))?;
+        let t = DeviceTensor { name: name.to_string(), dtype: h.dtype(), numel: h.numel(), addr: b.addr() };
+        self.upload_tensor(&t, h)?;
+        Ok((t, b))
+    }
+
+    /// A device allocation holding the f64 values `v`, freed when dropped.
+    pub fn upload_f64(&self, v: &[f64]) -> Result<DeviceBuffer, GpuError> {
+        let b = self.alloc_zeroed(v.len() * 8)?;
+        if !v.is_empty() {
+            self.bind()?;
+            // SAFETY: the buffer holds `v.len()` f64 values; the copy is synchronous.
+            unsafe { cudarc::driver::result::memcpy_htod_sync(b.addr(), v) }.map_err(driver)?;
+        }
+        Ok(b)
+    }
+
+    /// The `n` f64 values at device address `addr`.
+    pub fn download_f64(&self, addr: u64, n: usize) -> Result<Vec<f64>, GpuError> {
+        let mut v = vec![0.0f64; n];
+        if n > 0 {
+            self.bind()?;
+            // SAFETY: the caller's buffer holds `n` f64 values; the copy is synchronous.
+            unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut v[..], addr) }.map_err(driver)?;
+        }
+        Ok(v)
+    }
+
     /// A zeroed device allocation of `bytes` (at least one), freed when dropped.
     pub fn alloc_zeroed(&self, bytes: usize) -> Result<DeviceBuffer, GpuError> {
         let s = &self.cuda()?.stream;

@@ -28,6 +28,7 @@ mod compile;
 mod device;
 pub mod draw;
 mod in_place;
+mod runs;
 mod summary;
 
 pub use compile::wait_for_background_compiles;

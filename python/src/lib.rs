@@ -652,7 +652,7 @@ fn device_vjp(
         use tilegrad::check::vjp_in_place::{vjp_in_place, vjp_kernel};
         match vjp_kernel(vjp.launch, &dm, vjp.precision) {
             Ok(vk) => {
-                if vjp_in_place(exec, vjp.launch, &vk, &dm, &at(inputs), &at(outputs))? {
+                if vjp_in_place(exec, vjp.launch, &vk, &dm, (&at(inputs), &at(outputs)), None)? {
                     return Ok(Ok(None));
                 }
             }

@@ -248,7 +248,7 @@ impl Writers {
 
     /// From runs `(first element, program, instruction)` in element order, over `len` elements
     /// (runs of one writer next to each other are merged).
-    pub(crate) fn from_runs(tensor: TensorId, len: usize, runs: impl IntoIterator<Item = (usize, u32, u32)>) -> Writers {
+    pub fn from_runs(tensor: TensorId, len: usize, runs: impl IntoIterator<Item = (usize, u32, u32)>) -> Writers {
         let mut out: Vec<(usize, u32, u32)> = Vec::new();
         for (e, p, i) in runs {
             let i = if p == Writers::NONE { Writers::NONE } else { i };

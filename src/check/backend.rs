@@ -102,6 +102,11 @@ impl Executor {
         self.gpu.is_some()
     }
 
+    /// Whether every launch runs on the reference too, to compare ([`Backend::Compare`]).
+    pub fn comparing(&self) -> bool {
+        self.compare
+    }
+
     /// Compiles ahead, in parallel, kernels about to be launched on the GPU (nothing on the
     /// CPU): `(kernel, whether it is a VJP kernel, programs of its largest launch)` (VJP kernels
     /// run with float atomics in the hardware's order, see [`Executor::run_vjp`]; the programs,

@@ -232,6 +232,13 @@ fn launch_vjp(
         Err(refused @ AdError::Unsupported { .. }) => Ok(LaunchVjp { inputs: evaluator()?, note: Some(evaluator_note(&refused, what)) }),
         Err(e) => Err(format!("--ground kernels: {e}")),
         Ok(vk) => {
+            // On the GPU (unless every launch is compared with the reference's), the VJP kernel
+            // runs on device copies of the launch's tensors.
+            if exec.on_gpu() && !exec.comparing() {
+                if let Some(g) = super::vjp_in_place::vjp_through_device(exec, &launch, &vk, &r.before, (inputs, outputs), &r.max_trips)? {
+                    return Ok(LaunchVjp { inputs: g, note: None });
+                }
+            }
             let mut run = |l: &Launch, m: &mut tilegrad_reference::Memory| exec.run_vjp(l, m).map(|_| ()).map_err(AdError::from);
             let bounds = TapeBounds { max_trips: &r.max_trips, memory: exec.vjp_launch_memory(opts.memory_budget as u64) };
             let g = gradient_by_kernel(&vk, &launch, &r.before, inputs, outputs, bounds, &mut run).map_err(|e| e.to_string())?;

@@ -5,11 +5,12 @@
 
 use super::backend::Executor;
 use super::ground::vjp_float;
+use std::collections::BTreeMap;
 use tilegrad_ad::vjp_kernel::{Part, PlanInput, TapeBounds, VjpKernel, VjpPlan};
 use tilegrad_ad::{AdError, GradOptions, Precision};
 use tilegrad_gpu::{device_bytes, DeviceBuffer, DeviceMemory, DeviceTensor, Gpu};
-use tilegrad_ir::DType;
-use tilegrad_reference::{Launch, TensorId};
+use tilegrad_ir::{DType, Inst};
+use tilegrad_reference::{Launch, Memory, TensorId};
 
 /// A contiguous f64 buffer in device memory: a tensor's cotangent, by the launch's tensor.
 pub type Cotangent = (TensorId, u64);
@@ -28,13 +29,15 @@ pub fn vjp_kernel(launch: &Launch, mem: &DeviceMemory, precision: Precision) -> 
 /// `Ok(false)` where it cannot run in place and the caller must go through the host: the VJP
 /// kernel computes in f32 (native precision on a kernel without f64 values) or takes a tensor
 /// in another dtype than the one it is stored in (an f32 storage of an f64 ground truth).
+/// `trips`: each loop's largest trip count in the forward, where known (else a forward run on
+/// `mem`, rewound, counts them).
 pub fn vjp_in_place(
     exec: &Executor,
     launch: &Launch,
     vk: &VjpKernel,
     mem: &DeviceMemory,
-    inputs: &[Cotangent],
-    outputs: &[Cotangent],
+    (inputs, outputs): (&[Cotangent], &[Cotangent]),
+    trips: Option<&BTreeMap<Inst, u64>>,
 ) -> Result<bool, String> {
     let Some(gpu) = exec.gpu() else {
         return Err("device memory is used in place by the GPU backend only".into());
@@ -43,10 +46,12 @@ pub fn vjp_in_place(
         return Ok(false);
     }
     // Tapes of loops without `max_iters` are sized by the forward's trip counts.
-    let max_trips = if vk.tapes.iter().any(|t| t.max_iters.is_none()) {
-        gpu.run_and_rewind(launch, mem, tilegrad_gpu::GpuOptions::default()).map_err(|e| e.to_string())?.summary.max_trips
-    } else {
-        Default::default()
+    let max_trips = match trips {
+        Some(t) => t.clone(),
+        None if vk.tapes.iter().any(|t| t.max_iters.is_none()) => {
+            gpu.run_and_rewind(launch, mem, tilegrad_gpu::GpuOptions::default()).map_err(|e| e.to_string())?.summary.max_trips
+        }
+        None => Default::default(),
     };
     let tensors: Vec<PlanInput> =
         mem.tensors().iter().map(|t| PlanInput { name: t.name.clone(), dtype: t.dtype, shape: vec![t.numel] }).collect();
@@ -63,6 +68,50 @@ pub fn vjp_in_place(
         gpu.copy_on_device(dst, vjp_mem.get(sh).addr, mem.get(t).numel * 8).map_err(|e| e.to_string())?;
     }
     Ok(true)
+}
+
+/// [`vjp_in_place`] of a launch recorded over host memory (the CLI's ground truth on the GPU):
+/// `before`'s tensors and the `outputs`' cotangents are copied to the device, the VJP kernel's
+/// shadows and tapes are made there, and only the `inputs`' cotangents come back (the host
+/// path moves every shadow and tape both ways). `Ok(None)` where it cannot run in place.
+pub(crate) fn vjp_through_device(
+    exec: &Executor,
+    launch: &Launch,
+    vk: &VjpKernel,
+    before: &Memory,
+    (inputs, outputs): (&[TensorId], &[(TensorId, Vec<f64>)]),
+    trips: &BTreeMap<Inst, u64>,
+) -> Result<Option<Vec<Vec<f64>>>, String> {
+    let Some(gpu) = exec.gpu() else { return Ok(None) };
+    if vk.float != DType::F64 {
+        return Ok(None);
+    }
+    let err = |e: tilegrad_gpu::GpuError| e.to_string();
+    let mut keep = Vec::new();
+    let mut tensors = Vec::new();
+    for i in 0..before.len() {
+        let id = TensorId(i as u32);
+        let (t, b) = gpu.upload_new(before.name(id), before.get(id)).map_err(err)?;
+        tensors.push(t);
+        keep.push(b);
+    }
+    let mem = DeviceMemory::new(tensors).map_err(err)?;
+    let mut outs = Vec::new();
+    for (t, v) in outputs {
+        let b = gpu.upload_f64(v).map_err(err)?;
+        outs.push((*t, b.addr()));
+        keep.push(b);
+    }
+    let mut ins = Vec::new();
+    for &t in inputs {
+        let b = gpu.alloc_zeroed(mem.get(t).numel * 8).map_err(err)?;
+        ins.push((t, b.addr()));
+        keep.push(b);
+    }
+    if !vjp_in_place(exec, launch, vk, &mem, (&ins, &outs), Some(trips))? {
+        return Ok(None);
+    }
+    ins.iter().map(|&(t, addr)| gpu.download_f64(addr, mem.get(t).numel).map_err(err)).collect::<Result<_, _>>().map(Some)
 }
 
 /// The device memory of `plan`'s launches: `mem`'s tensors themselves, shadows seeded with the

@@ -658,8 +658,10 @@ def check_function(
     cotangents: Sequence[Any] | None = None,
     **kwargs: Any,
 ) -> Report:
-    opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, allow_non_finite=allow_non_finite, strict=strict, cotangents=cotangents)
-    return check_call(fn, args, kwargs, autotune=autotune, wrt=wrt, **opts)
+    return check_call(
+        fn, args, kwargs, seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, allow_non_finite=allow_non_finite,
+        autotune=autotune, strict=strict, wrt=wrt, cotangents=cotangents,
+    )
 
 
 def check_call(

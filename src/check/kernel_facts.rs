@@ -117,27 +117,9 @@ pub(super) fn untransformed(t: &Target, tl: &TracedLaunch) -> Vec<super::recompu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::slice::SliceLine;
+    use crate::check::slice::tests::ranked;
     use tilegrad_ir::triton::{convert, ConvertOptions};
     use tilegrad_ir::DType;
-
-    fn ranked(count: Option<f64>) -> Ranked {
-        let line = SliceLine {
-            loc: "k.py:1:1".into(),
-            kernel: "k".into(),
-            step: 0,
-            forward: false,
-            program: [0; 3],
-            op: "div".into(),
-            role: "value".into(),
-            value: None,
-            source: String::new(),
-            note: None,
-            score: None,
-            reason: None,
-        };
-        Ranked { line, key: ("k.py".into(), 1), class: 3, launch: 0, depth: 1, order: 0, store: false, scales: false, count, like: None }
-    }
 
     #[test]
     fn a_folded_branch_comes_first_only_where_it_undoes_the_shared_factor() {

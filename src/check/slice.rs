@@ -1536,7 +1536,7 @@ fn def_src(g: &Graph, v: Value, files: &mut Files) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
     use tilegrad_ir::DType;
@@ -1578,7 +1578,8 @@ def sums(X, Y, n, BLOCK: tl.constexpr):
         assert!(seen.contains(&("mul", true)), "{seen:?}");
     }
 
-    fn ranked(count: Option<f64>) -> Ranked {
+    /// A ranked line of a division at `k.py:1` with `count` (tests of the ranking rules).
+    pub(crate) fn ranked(count: Option<f64>) -> Ranked {
         let line = SliceLine {
             loc: "k.py:1:1".into(),
             kernel: "k".into(),

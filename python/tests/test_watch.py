@@ -96,6 +96,21 @@ def test_a_model_handle_watches_its_forwards_until_closed():
     assert "ScaleForOnes" in watch.file.getvalue() and "FAIL" in watch.file.getvalue()
 
 
+def test_apply_is_restored_whatever_order_watches_and_inlining_end_in():
+    # The ground truth's inlining and a watch share one wrapper of `apply`: a watch closed while
+    # an inlining is active (another thread's check) leaves nothing installed once both end.
+    from tilegrad._functions import inlining
+
+    model = Model()
+    watch = quiet(model)
+    ctx = inlining()
+    ctx.__enter__()
+    watch.close()
+    assert torch.autograd.Function.__dict__["apply"] is not APPLY
+    ctx.__exit__(None, None, None)
+    assert torch.autograd.Function.__dict__["apply"] is APPLY
+
+
 def test_a_model_handle_as_a_context_and_remove():
     model = Model()
     with quiet(model) as watch:

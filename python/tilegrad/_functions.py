@@ -29,6 +29,10 @@ _state = threading.local()
 _lock = threading.Lock()
 _users = 0
 _original_apply: Any = None
+# `watch`'s handler of `apply` calls outside the ground truth's inlining, while a watch is
+# active (`watching`): one wrapper of `Function.apply` serves both, so that neither can leave the
+# other's wrapper installed.
+_outer: Callable[[type, tuple, dict], Any] | None = None
 
 
 class GradientError(Exception):
@@ -117,10 +121,30 @@ def _uninstall() -> None:
             torch.autograd.Function.apply = _original_apply  # type: ignore[method-assign]
 
 
+def watching(handler: Callable[[type, tuple, dict], Any] | None) -> None:
+    """Installs `handler` of `apply` calls (`watch`'s; `apply_original` runs a call as torch
+    would), or with None removes it."""
+    global _outer
+    if handler is not None:
+        _install()
+        _outer = handler
+    elif _outer is not None:
+        _outer = None
+        _uninstall()
+
+
+def apply_original(cls: type, args: tuple, kwargs: dict) -> Any:
+    """`cls.apply(*args, **kwargs)` as torch runs it."""
+    return _original_apply.__get__(None, cls)(*args, **kwargs)
+
+
 def _apply(cls: type, *args: Any, **kwargs: Any) -> Any:
-    if not getattr(_state, "active", False) or is_internal(cls):
-        return _original_apply.__get__(None, cls)(*args, **kwargs)
-    return _inline(cls, args, kwargs)
+    if is_internal(cls):
+        return apply_original(cls, args, kwargs)
+    if getattr(_state, "active", False):
+        return _inline(cls, args, kwargs)
+    handler = _outer
+    return apply_original(cls, args, kwargs) if handler is None else handler(cls, args, kwargs)
 
 
 def _forward_args(cls: type, args: tuple, kwargs: dict, skip: int) -> list[Any]:

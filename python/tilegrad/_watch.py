@@ -1,7 +1,8 @@
 """`tilegrad.watch`: the kernels of a model checked on a real training step.
 
-While a watch is active, `torch.autograd.Function.apply` is wrapped (`_apply`). A call of a
-Function whose forward launches Triton kernels (counted by the interception of
+While a watch is active, `torch.autograd.Function.apply` is wrapped (by the one wrapper of
+`_functions`, with `_apply` as its handler: `_functions.watching`). A call of a Function whose
+forward launches Triton kernels (counted by the interception of
 `JITFunction.run`, `_intercept.launches`; the launches of Functions it applies inside are theirs)
 has its inputs copied before the real `apply` runs (its forward may write them in place). A
 pre-hook on its node in the autograd graph receives the cotangents autograd passes to its
@@ -29,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, TextIO
 import torch
 
 from . import _intercept
-from ._functions import in_check, is_internal
+from ._functions import apply_original, in_check, watching
 from ._watch_report import FunctionStats, WatchedCall, WatchWarning, summary
 
 ON_FAIL = ("raise", "warn", "log")
@@ -37,7 +38,6 @@ ON_FAIL = ("raise", "warn", "log")
 _local = threading.local()
 _lock = threading.Lock()
 _users = 0
-_original_apply: Any = None
 # Frames of these folders are not the call site of an `apply`: the user's code calls into them.
 _LIBRARY_DIRS = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 
@@ -174,7 +174,7 @@ class Watch:
             stats = self._stats.setdefault(cls, FunctionStats(cls.__name__))
         wants = torch.is_grad_enabled() and _requires_grad(args, kwargs)
         plan = self._plan(cls, stats, args, kwargs) if wants and stats.launches is not False else None
-        out, own = _counting_launches(lambda: _original_apply.__get__(None, cls)(*args, **kwargs))
+        out, own = _counting_launches(lambda: apply_original(cls, args, kwargs))
         self._settle(stats, wants, plan, out, own)
         return out
 
@@ -300,10 +300,11 @@ def _current() -> Watch | None:
     return stack[-1] if stack else None
 
 
-def _apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+def _apply(cls: type, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The handler of `apply` calls while a watch is active (`_functions.watching`)."""
     w = _current()
-    if w is None or is_internal(cls) or _torchs(cls):
-        return _original_apply.__get__(None, cls)(*args, **kwargs)
+    if w is None or _torchs(cls):
+        return apply_original(cls, args, kwargs)
     return w._call(cls, args, kwargs)
 
 
@@ -314,12 +315,11 @@ def _torchs(cls: type) -> bool:
 
 
 def _install() -> None:
-    global _users, _original_apply
+    global _users
     _intercept.install()  # launches are counted from here on
     with _lock:
         if _users == 0:
-            _original_apply = torch.autograd.Function.__dict__["apply"]
-            torch.autograd.Function.apply = classmethod(_apply)  # type: ignore[method-assign, assignment]
+            watching(_apply)
         _users += 1
 
 
@@ -328,7 +328,7 @@ def _uninstall() -> None:
     with _lock:
         _users -= 1
         if _users == 0:
-            torch.autograd.Function.apply = _original_apply  # type: ignore[method-assign]
+            watching(None)
 
 
 def _counting_launches(run: Callable[[], Any]) -> tuple[Any, int]:

@@ -143,11 +143,16 @@ fn tensor_bytes(inputs: &tilegrad::check::Named, outputs: &tilegrad::check::Name
 }
 
 /// A `check --timings` run: wall seconds and its phases (name, seconds).
+/// `backend` is `cpu`, `gpu`, or `gpu-host-copies` (`--backend gpu --host-copies`).
 fn timed_check(spec: &str, backend: &str, env: &[(&str, &Path)], cold: bool) -> (f64, Vec<(String, f64)>) {
     let mut cmd = Command::new(binary());
-    cmd.args(["check", spec, "--backend", backend, "--trials", "1", "--timings"]);
-    if backend == "gpu" {
+    let on = if backend == "cpu" { "cpu" } else { "gpu" };
+    cmd.args(["check", spec, "--backend", on, "--trials", "1", "--timings"]);
+    if on == "gpu" {
         cmd.args(["--ground", "kernels"]);
+    }
+    if backend == "gpu-host-copies" {
+        cmd.arg("--host-copies");
     }
     for (k, v) in env {
         cmd.env(k, v);
@@ -172,10 +177,10 @@ fn timed_check(spec: &str, backend: &str, env: &[(&str, &Path)], cold: bool) -> 
     (wall, phases)
 }
 
-/// `--backend gpu`: each case cold, warm and on the CPU, with the phases of the warm GPU check
-/// and of the CPU's.
+/// `--backend gpu`: each case cold, warm, warm through host copies (`--host-copies`) and on the
+/// CPU, with the phases of the warm GPU check and of the CPU's.
 fn gpu_bench(only: &[String], scale: f64, specs: &Path) {
-    println!("{:<13} {:>9} {:>9} {:>9} {:>9}", "example", "cold s", "warm s", "cpu s", "cpu/warm");
+    println!("{:<13} {:>9} {:>9} {:>9} {:>9} {:>9}", "example", "cold s", "warm s", "copies s", "cpu s", "cpu/warm");
     let mut splits = Vec::new();
     for c in GPU_CASES.iter().filter(|c| only.is_empty() || only.iter().any(|o| c.name.contains(o.as_str()))) {
         let path = write_spec(c, scale, specs);
@@ -185,8 +190,9 @@ fn gpu_bench(only: &[String], scale: f64, specs: &Path) {
         let env = [("TILEGRAD_CACHE_DIR", cache.as_path())];
         let (cold, _) = timed_check(p, "gpu", &env, true);
         let (warm, gpu_phases) = timed_check(p, "gpu", &env, false);
+        let (copies, _) = timed_check(p, "gpu-host-copies", &env, false);
         let (cpu, cpu_phases) = timed_check(p, "cpu", &[], false);
-        println!("{:<13} {cold:>9.2} {warm:>9.2} {cpu:>9.2} {:>9.2}", c.name, cpu / warm);
+        println!("{:<13} {cold:>9.2} {warm:>9.2} {copies:>9.2} {cpu:>9.2} {:>9.2}", c.name, cpu / warm);
         splits.push((c.name, gpu_phases, cpu_phases));
         let _ = std::fs::remove_dir_all(&cache);
     }

@@ -86,6 +86,11 @@ struct SpecArgs {
     /// turns); otherwise the GPU's order of float atomics varies the f64 sums by ~1e-16.
     #[arg(long)]
     deterministic: bool,
+    /// With `--ground kernels --backend gpu`: every launch's tensors cross to the device and
+    /// back, instead of the check keeping its tensors on the device (slower; the way a failing
+    /// check runs anyway, for its blame).
+    #[arg(long)]
+    host_copies: bool,
     /// With `--ground kernels`: MiB a VJP kernel's launch may take (tensors, shadows and its
     /// loops' tapes), its programs running in batches whose tapes fit (default: 80% of the
     /// GPU's free memory; on the CPU 4 GiB, at most a quarter of the memory left).
@@ -152,6 +157,7 @@ impl SpecArgs {
             };
         }
         o.deterministic |= self.deterministic;
+        o.device_resident &= !self.host_copies;
         if let Some(m) = self.vjp_memory {
             o.vjp_memory = Some(m.saturating_mul(1 << 20));
         }
@@ -297,7 +303,11 @@ enum Command {
 fn main() -> ExitCode {
     tilegrad_reference::tune_allocator();
     let cli = Cli::parse();
-    match run(cli) {
+    let ran = run(cli);
+    // Compiles ahead that the check did not wait for end first: the C library's exit handlers
+    // may unload NVRTC under a compile still running.
+    tilegrad_gpu::wait_for_background_compiles(Duration::from_secs(60));
+    match ran {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {

@@ -648,8 +648,14 @@ fn device_comparisons_are_the_host_comparisons() {
             0.0
         };
         let (host, host_worst) = compare_by("c", "t", dtype, &shape, tol, &e, at, 0, floor);
-        let c =
-            Compared { n, expected: de.addr(), got: dg.addr(), replay: replay.then(|| dr.addr()), noisy: with_noisy.then(|| dn.addr()) };
+        let c = Compared {
+            n,
+            expected: de.addr(),
+            got: dg.addr(),
+            replay: replay.then(|| dr.addr()),
+            noisy: with_noisy.then(|| dn.addr()),
+            terms: None,
+        };
         let naming = Naming { name: "c", tensor: "t", dtype, shape: &shape, trial: 0 };
         let dev = compare_on_device(&gpu, c, naming, tol, false).unwrap();
         let r = &dev.report;
@@ -671,4 +677,93 @@ fn device_comparisons_are_the_host_comparisons() {
             assert_eq!((f.passed, q.passed), (judged.0.passed, judged.1.passed), "{label}");
         }
     }
+}
+
+/// A check that keeps its tensors on the device (`device_resident`, the default) gives the
+/// report of the same check through host copies (`--host-copies`), on every example spec and
+/// broken variant with the ground truth by VJP kernels, over two trials: the same verdicts,
+/// failures, notes and errors, and the same figures within 1e-6 relatively (the VJP kernels'
+/// f64 atomics add in the device's order, and the device adds its sums in another order).
+/// Checks it leaves to the host (a failing one, host steps, narrow dtypes) give the host's
+/// report by construction; the examples that pass must mostly stay on the device.
+#[test]
+fn checks_kept_on_the_device_give_the_host_copies_reports() {
+    use tilegrad::check::Ground;
+    if let Err(why) = tilegrad_gpu::usable() {
+        eprintln!("skipped: no usable GPU ({why})");
+        return;
+    }
+    let specs = all_specs();
+    let stayed = std::sync::atomic::AtomicUsize::new(0);
+    let failures = all(&specs, |(label, s)| {
+        let bwd = s.backward.as_ref().ok_or_else(|| format!("{label}: no backward"))?;
+        let opts = CheckOptions { trials: 2, backend: Backend::Gpu, ground: Ground::Kernels, ..s.options.clone() };
+        let dev = check_backward(&s.forward, bwd, &s.inputs, &opts);
+        let aside = dev.as_ref().ok().and_then(|r| r.timings.phases.iter().find(|(p, _)| p.contains("stepped aside")).cloned());
+        if let Some((why, _)) = aside {
+            // Then the report is the one through host copies.
+            println!("{label}: {} ({why})", dev.map_or_else(|e| e.to_string(), |r| verdict(&r)));
+            return Ok(());
+        }
+        let host = check_backward(&s.forward, bwd, &s.inputs, &CheckOptions { device_resident: false, ..opts.clone() });
+        let (host, dev) = match (host, dev) {
+            (Ok(h), Ok(d)) => (h, d),
+            (Err(h), Err(d)) if h.to_string() == d.to_string() => return Ok(()),
+            (h, d) => return Err(format!("{label}: host {:?}\n  device {:?}", h.map(|r| verdict(&r)), d.map(|r| verdict(&r)))),
+        };
+        if !dev.backend.contains("tensors kept on the device") {
+            println!("{label}: {} (through host copies: host steps or narrow dtypes)", verdict(&dev));
+            return Ok(());
+        }
+        stayed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let same = same_reports(&host, &dev).map_err(|e| format!("{label}: {e}"));
+        println!("{label}: {} (on the device{})", verdict(&dev), if same.is_err() { ", DIFFERS" } else { "" });
+        same
+    });
+    let stayed = stayed.into_inner();
+    println!("{stayed} of {} checks stayed on the device", specs.len());
+    assert!(failures.is_empty(), "{} of {} checks:\n{}", failures.len(), specs.len(), failures.join("\n\n"));
+    assert!(stayed >= 20, "only {stayed} checks stayed on the device");
+}
+
+/// Two reports of one check agree: verdicts, failure, notes, and every compared tensor's
+/// figures within 1e-6 relatively.
+fn same_reports(a: &Report, b: &Report) -> Result<(), String> {
+    if verdict(a) != verdict(b) {
+        return Err(format!("verdicts differ: {} / {}", verdict(a), verdict(b)));
+    }
+    let notes = |r: &Report| r.notes.iter().map(|n| n.message.clone()).collect::<Vec<_>>();
+    if notes(a) != notes(b) {
+        return Err(format!("notes differ: {:?} / {:?}", notes(a), notes(b)));
+    }
+    let close = |x: f64, y: f64| x == y || (x - y).abs() <= 1e-6 * x.abs().max(y.abs()) || (x.is_nan() && y.is_nan());
+    let tensors = |r: &Report| r.forward.iter().chain(&r.gradients).cloned().collect::<Vec<_>>();
+    let (ta, tb) = (tensors(a), tensors(b));
+    if ta.len() != tb.len() {
+        return Err(format!("{} tensors compared / {}", ta.len(), tb.len()));
+    }
+    for (x, y) in ta.iter().zip(&tb) {
+        let same = x.tensor == y.tensor
+            && x.passed == y.passed
+            && x.over_tolerance == y.over_tolerance
+            && x.nan == y.nan
+            && x.inf == y.inf
+            && close(x.max_abs_err, y.max_abs_err)
+            && close(x.max_rel_err, y.max_rel_err)
+            && close(x.normwise_rel_err, y.normwise_rel_err)
+            && match (&x.formula, &y.formula) {
+                (Some(f), Some(g)) => f.passed == g.passed && (close(f.error, g.error) || f.error.max(g.error) < 1e-12),
+                (None, None) => true,
+                _ => false,
+            }
+            && match (&x.rounding, &y.rounding) {
+                (Some(f), Some(g)) => f.passed == g.passed && close(f.units, g.units),
+                (None, None) => true,
+                _ => false,
+            };
+        if !same {
+            return Err(format!("`{}` differs:\n  host   {x:?}\n  device {y:?}", x.tensor));
+        }
+    }
+    Ok(())
 }

@@ -346,15 +346,20 @@ impl Gpu {
         self.sms
     }
 
-    /// Compiles the fixed CUDA C of draws and summaries in the background (a check's first
-    /// draw or comparison waits for it), where not compiled before.
-    pub fn precompile_utilities(&self) {
+    /// Compiles the fixed CUDA C of draws, conversions and summaries in the background (a
+    /// check's first draw or comparison waits for it), where not compiled before; with `traced`,
+    /// also the reading of writers off the marks of a traced launch.
+    pub fn precompile_utilities(&self, traced: bool) {
         let target = self.target(false);
-        let jobs: Vec<Job> = [crate::summary::SOURCE.to_string(), crate::draw::cuda_source(), crate::runs::SOURCE.to_string()]
+        let mut sources = vec![crate::summary::SOURCE.to_string(), crate::draw::cuda_source(), crate::convert::SOURCE.to_string()];
+        if traced {
+            sources.push(crate::runs::SOURCE.to_string());
+        }
+        let jobs: Vec<Job> = sources
             .into_iter()
-            .map(|source| Job { key: source_key(&target, &source), source, target: target.clone() })
-            .filter(|j| !self.available(j.key) && !self.utilities.lock().expect("utility modules").contains_key(&j.key))
-            .collect();
+        .map(|source| Job { key: source_key(&target, &source), source, target: target.clone() })
+        .filter(|j| !self.available(j.key) && !self.utilities.lock().expect("utility modules").contains_key(&j.key))
+        .collect();
         self.ahead.expect(jobs.iter().map(|j| j.key));
         self.ahead.compile_in_background(jobs);
     }
@@ -512,6 +517,13 @@ impl Gpu {
         let programs = range.end - range.start;
         let fits = |cap: u64| -> Result<bool, GpuError> { Ok(LOG_WORDS as u64 * 8 * cap <= self.free_memory()? / 4) };
         let short = |cap: u64| opts.exact_order || cap.saturating_mul(programs) <= ORDERED_LOG_WORK;
+        // Atomics outside loops tell the work ahead: too long for the programs' turns, the
+        // device's order without a run in program order first.
+        if let (true, true, Some(per)) = (c.gen.float_atomics, opts.ordered_atomics, c.gen.log_per_program) {
+            if !short(per) {
+                return Ok(Ran::LogsTooLong(per));
+            }
+        }
         let mut cap = LOG_CAP;
         let hint = c.log_hint.load(Relaxed);
         if c.gen.float_atomics && opts.ordered_atomics && hint > LOG_CAP {

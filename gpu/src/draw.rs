@@ -132,7 +132,9 @@ fn cuda_horner(c: &[f64], z: &str) -> String {
 
 /// The device form of the draws: `tg_philox`, `tg_uniform_at`, `tg_normal_at`, and the kernel
 /// `tg_draw_normal(double* or float* out, n, key, mean, std, f32)`, which writes
-/// `mean + std * normal_at(key, i)` for `i < n` as f64, or rounded to f32 where `f32` is set.
+/// `mean + std * normal_at(key, i)` for `i < n` as f64, or rounded to f32 where `f32` is set,
+/// and `tg_draw_uniform(out, n, key, lo, hi, f32)`, the uniform values on `[lo, hi)` of the
+/// host's inputs (`lo + (hi - lo) * uniform_at(key, i)`, kept in range).
 pub fn cuda_source() -> String {
     let (sc, cc) = sin_cos_coefficients();
     format!(
@@ -196,6 +198,15 @@ extern "C" __global__ void tg_draw_normal(void* out, u64 n, u64 key, double mean
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {{
         double v = __dadd_rn(mean, __dmul_rn(sd, tg_normal_at(key, i)));
         if (f32) ((float*)out)[i] = __double2float_rn(v); else ((double*)out)[i] = v;
+    }}
+}}
+extern "C" __global__ void tg_draw_uniform(void* out, u64 n, u64 key, double lo, double hi, int f32) {{
+    double w = __dsub_rn(hi, lo);
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {{
+        double u = tg_uniform_at(key, i);
+        double x = isfinite(w) ? __dadd_rn(lo, __dmul_rn(w, u)) : __dadd_rn(__dmul_rn(lo, __dsub_rn(1.0, u)), __dmul_rn(hi, u));
+        x = x < hi ? fmax(x, lo) : lo;
+        if (f32) ((float*)out)[i] = __double2float_rn(x); else ((double*)out)[i] = x;
     }}
 }}
 "#,

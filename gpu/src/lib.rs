@@ -25,6 +25,7 @@
 
 pub mod codegen;
 mod compile;
+mod convert;
 mod device;
 pub mod draw;
 mod in_place;

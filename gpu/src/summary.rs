@@ -234,10 +234,22 @@ impl Gpu {
     /// Fills the device buffer at `addr` with `n` values `mean + sd * normal_at(key, i)` (see
     /// [`crate::draw`]), as f64 or, where `f32`, rounded to f32; complete when it returns.
     pub fn draw_normal(&self, addr: u64, n: usize, key: u64, mean: f64, sd: f64, f32: bool) -> Result<(), GpuError> {
+        self.draw("tg_draw_normal", addr, n, key, (mean, sd), f32)
+    }
+
+    /// Fills the device buffer at `addr` with `n` values uniform on `[lo, hi)` keyed by `key`
+    /// (see [`crate::draw::cuda_source`]), as f64 or, where `f32`, rounded to f32; complete when
+    /// it returns.
+    pub fn draw_uniform(&self, addr: u64, n: usize, key: u64, lo: f64, hi: f64, f32: bool) -> Result<(), GpuError> {
+        self.draw("tg_draw_uniform", addr, n, key, (lo, hi), f32)
+    }
+
+    /// Runs draw kernel `name` with its two parameters.
+    fn draw(&self, name: &str, addr: u64, n: usize, key: u64, (mean, sd): (f64, f64), f32: bool) -> Result<(), GpuError> {
         if n == 0 {
             return Ok(());
         }
-        let f = self.utility(&crate::draw::cuda_source(), "tg_draw_normal")?;
+        let f = self.utility(&crate::draw::cuda_source(), name)?;
         let s = &self.cuda()?.stream;
         let blocks = self.summary_blocks(n.div_ceil(2));
         let (n64, f32) = (n as u64, i32::from(f32));

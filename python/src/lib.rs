@@ -390,7 +390,7 @@ impl PyExecutor {
         if let Some(g) = e.gpu() {
             // The cotangents' draws and the comparisons' kernels, while the check's first
             // launches run.
-            g.precompile_utilities();
+            g.precompile_utilities(true);
         }
         let kernels = kernels.unwrap_or_else(|| e.on_gpu());
         Ok(PyExecutor(e, kernels))
@@ -918,8 +918,14 @@ fn compare(
     let n: usize = shape.iter().product();
     let (mut report, mut worst, judged) = if device {
         let gpu = executor.as_ref().and_then(|e| e.0.gpu()).ok_or_else(|| usage("a comparison on the device needs the GPU executor"))?;
-        let c =
-            Compared { n, expected: expected as u64, got: got as u64, replay: replay.map(|a| a as u64), noisy: noisy.map(|a| a as u64) };
+        let c = Compared {
+            n,
+            expected: expected as u64,
+            got: got as u64,
+            replay: replay.map(|a| a as u64),
+            noisy: noisy.map(|a| a as u64),
+            terms: None,
+        };
         let at = Naming { name, tensor, dtype: d, shape: &shape, trial };
         let r = py.allow_threads(|| compare_on_device(gpu, c, at, tol, tf32)).map_err(usage)?;
         (r.report, r.worst, r.norms.map(|m| m.judge(n, cot_rms, d, tf32)))

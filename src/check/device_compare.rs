@@ -23,6 +23,9 @@ pub struct Compared {
     pub replay: Option<u64>,
     /// The ground truth computed in the kernels' dtypes (with a replay only).
     pub noisy: Option<u64>,
+    /// Without a replay: the least scale `atol` is relative to, as an earlier trial's replay
+    /// measured it ([`DeviceComparison::terms`]; a check replays its first trial only).
+    pub terms: Option<f64>,
 }
 
 /// A comparison's report, its worst element (index, how far over its tolerance) and, with a
@@ -34,6 +37,8 @@ pub struct DeviceComparison {
     pub worst: Option<(usize, f64)>,
     /// The verdicts' norms, where a replay was given.
     pub norms: Option<Norms>,
+    /// The least scale `atol` was relative to ([`verdict::elementwise_scale`]).
+    pub terms: f64,
 }
 
 /// What names the tensor in its report.
@@ -65,7 +70,8 @@ pub fn compare_on_device(gpu: &Gpu, c: Compared, at: Naming, tol: Tolerance, tf3
     let terms = match (c.replay, c.noisy) {
         (Some(_), Some(_)) => verdict::scale_of_gap(spread.gap_noisy, tol.atol),
         (Some(_), None) if f32_pass => verdict::scale_of_gap(spread.gap_got, tol.atol),
-        _ => 0.0,
+        (Some(_), None) => 0.0,
+        (None, _) => c.terms.unwrap_or(0.0),
     };
     let (scale, floor) = report::scale_and_floor(spread.max_expected, terms, tol);
     let rule = TallyRule { atol: tol.atol, rtol: tol.rtol, scale, floor };
@@ -101,7 +107,7 @@ pub fn compare_on_device(gpu: &Gpu, c: Compared, at: Naming, tol: Tolerance, tf3
     });
     fetched?;
     let norms = c.replay.map(|_| norms_of(&spread, c.noisy.is_some(), verdict::unit_roundoff(at.dtype, tf32)));
-    Ok(DeviceComparison { report, worst, norms })
+    Ok(DeviceComparison { report, worst, norms, terms })
 }
 
 /// The verdicts' norms from the device's sums ([`verdict::Replayed::judge`]'s): the gap is the

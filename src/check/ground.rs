@@ -68,7 +68,8 @@ pub(crate) fn reverse(
                 // launch: only of tensors whose earlier contents matter (not one allocated just
                 // before, whose cotangent its allocation would drop).
                 let outputs: Vec<_> = floats.iter().filter_map(|(t, n)| cot.remove(n).map(|c| (*t, c))).collect();
-                let wanted: Vec<_> = floats.iter().filter(|(_, n)| contents_matter(steps, records, i, n)).collect();
+                let touches = |j: usize, n: &str| records.launches.iter().any(|r| r.step == j && r.names.iter().any(|(_, m)| m == n));
+                let wanted: Vec<_> = floats.iter().filter(|(_, n)| contents_matter(steps, i, n, &touches)).collect();
                 let inputs: Vec<_> = wanted.iter().map(|(t, _)| *t).collect();
                 let by = match kernels {
                     // The evaluator where programs stored the same value to one element (its
@@ -284,13 +285,15 @@ fn wrap(text: &str, width: usize) -> String {
 /// Whether the contents of tensor `name` before step `i` can have a cotangent that reaches
 /// anything: not when the step that last touched it was its allocation (whose cotangent the
 /// allocation drops), conservatively yes otherwise.
-fn contents_matter(steps: &[Step], records: &Records, i: usize, name: &str) -> bool {
+///
+/// `launch_touches(j, name)`: whether the launch of step `j` took tensor `name`.
+pub(crate) fn contents_matter(steps: &[Step], i: usize, name: &str, launch_touches: &dyn Fn(usize, &str) -> bool) -> bool {
     for (j, step) in steps[..i].iter().enumerate().rev() {
         match step {
             Step::Alloc { name: a, .. } if a == name => return false,
             Step::Alloc { .. } => {}
             Step::Launch(_) => {
-                if records.launches.iter().any(|r| r.step == j && r.names.iter().any(|(_, n)| n == name)) {
+                if launch_touches(j, name) {
                     return true;
                 }
             }

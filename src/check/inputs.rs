@@ -176,16 +176,46 @@ impl Inputs {
             if env.constants.iter().any(|(c, _)| *c == it.name) {
                 return Err(CheckError::Spec(format!("`{}` is both a constant and a tensor", it.name)));
             }
-            let t = match &it.source {
-                Source::Given(t) => t.clone(),
-                Source::Random { dtype, shape, dist } => draw(*dtype, shape, *dist, &mut input_keys(seed, i))
-                    .map_err(|m| CheckError::Spec(format!("input `{}`: {m}", it.name)))?,
-                Source::Slices { dtype, shape, axis, parts } => draw_slices(*dtype, shape, *axis, parts, &mut input_keys(seed, i))
-                    .map_err(|m| CheckError::Spec(format!("input `{}`: {m}", it.name)))?,
-            };
-            env.add(&it.name, t).map_err(CheckError::Spec)?;
+            env.add(&it.name, self.tensor_at(i, seed)?).map_err(CheckError::Spec)?;
         }
         Ok(env)
+    }
+
+    /// Input tensor `i` of a check of `seed`, as [`Inputs::materialise`] makes it.
+    pub(crate) fn tensor_at(&self, i: usize, seed: u64) -> Result<HostTensor, CheckError> {
+        let it = &self.tensors[i];
+        match &it.source {
+            Source::Given(t) => Ok(t.clone()),
+            Source::Random { dtype, shape, dist } => draw(*dtype, shape, *dist, &mut input_keys(seed, i)),
+            Source::Slices { dtype, shape, axis, parts } => draw_slices(*dtype, shape, *axis, parts, &mut input_keys(seed, i)),
+        }
+        .map_err(|m| CheckError::Spec(format!("input `{}`: {m}", it.name)))
+    }
+
+    /// Where input tensor `i` is drawn in f32 or f64 from a normal or a uniform distribution
+    /// (the device's draws), the key and the distribution that draw it as
+    /// [`Inputs::materialise`] does (element `j` is [`value_at`]`(dist, key, j)`, rounded to the
+    /// dtype).
+    pub(crate) fn device_draw(&self, i: usize, seed: u64) -> Option<(u64, Dist)> {
+        match self.tensors[i].source {
+            Source::Random { dtype: DType::F32 | DType::F64, dist: d @ (Dist::Normal { .. } | Dist::Uniform { .. }), .. }
+                if nonempty(&d) =>
+            {
+                Some((input_keys(seed, i).next_key(), d))
+            }
+            _ => None,
+        }
+    }
+
+    /// The error [`Inputs::materialise`] gives before drawing, if any (a constant defined
+    /// twice, a name both a constant and a tensor, a plan too large for memory).
+    pub(crate) fn check_names(&self) -> Result<(), CheckError> {
+        for (i, (n, _)) in self.constants.iter().enumerate() {
+            if self.constants[..i].iter().any(|(m, _)| m == n) || self.tensors.iter().any(|t| t.name == *n) {
+                return Err(CheckError::Spec(format!("constant `{n}` is defined twice, or is also a tensor")));
+            }
+        }
+        self.check_planned_memory()
     }
 }
 

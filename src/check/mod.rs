@@ -77,6 +77,7 @@ mod padding;
 mod recompute;
 mod recorded;
 mod report;
+mod resident;
 mod slice;
 mod spectrum;
 mod steps;
@@ -106,6 +107,7 @@ pub use truth::{gradcheck, ground_truth, run_forward, run_forward_on, run_forwar
 use std::collections::HashMap;
 use steps::{Mode, StepError, Trace};
 use tilegrad_ad::GradOptions;
+use tilegrad_ir::passes::promote_floats;
 use tilegrad_ir::{DType, DotPrecision, Op};
 use tilegrad_reference::HostTensor;
 
@@ -318,6 +320,11 @@ pub struct CheckOptions {
     /// Programs a launch may run: a larger grid is refused before it runs, naming the kernel
     /// and the grid (default [`backend::DEFAULT_MAX_PROGRAMS`]).
     pub max_programs: u64,
+    /// On the GPU with [`Ground::Kernels`], keep the check's tensors on the device where it can
+    /// (default; see the `resident` module): only figures come to the host, and a check that
+    /// fails, or needs what only the host computes, runs again through host copies. Off: every
+    /// launch's tensors cross to the device and back.
+    pub device_resident: bool,
 }
 
 /// How the ground truth of launches is computed.
@@ -366,6 +373,7 @@ impl Default for CheckOptions {
             vjp_memory: None,
             strict: false,
             max_programs: backend::DEFAULT_MAX_PROGRAMS,
+            device_resident: true,
         }
     }
 }
@@ -411,10 +419,23 @@ pub fn check_backward_with(
     progress("inputs and forward", 0, opts.trials);
     let start = std::time::Instant::now();
     let exec = opts.executor()?;
-    let ahead = if exec.on_gpu() { kernels_ahead(fwd, bwd, opts, inputs) } else { Vec::new() };
+    let on_device = resident::eligible(fwd, bwd, opts, &exec, replay32);
+    if let (true, Some(g)) = (on_device, exec.gpu()) {
+        // Its draws, conversions and comparisons, beside the kernels.
+        g.precompile_utilities(false);
+    }
+    let ahead = if exec.on_gpu() { kernels_ahead(fwd, bwd, opts, inputs, on_device) } else { Vec::new() };
     exec.precompile(&ahead.iter().map(|(k, v, p)| (k, *v, *p)).collect::<Vec<_>>());
     drop(ahead);
-    let compiled_ahead = start.elapsed().as_secs_f64();
+    let mut before = Timings::default();
+    if exec.on_gpu() {
+        before.phases.push(("GPU context and kernels compiled ahead".into(), start.elapsed().as_secs_f64()));
+    }
+    if on_device {
+        if let Some(r) = resident::check((fwd, bwd, inputs), opts, &exec, name, &mut before, progress) {
+            return Ok(r);
+        }
+    }
     let mut p = match truth::prepare(fwd, inputs, opts, replay32, &exec) {
         Err(CheckError::ForwardDefect { step, what, error }) => {
             let mut r = Report::new(name.into(), opts.seed, opts.trials, precision_name(opts), Vec::new(), Vec::new(), None);
@@ -427,9 +448,7 @@ pub fn check_backward_with(
         p => p?,
     };
     let mut tm = std::mem::take(&mut p.timings);
-    if exec.on_gpu() {
-        tm.phases.insert(0, ("GPU context and kernels compiled ahead".into(), compiled_ahead));
-    }
+    tm.phases.splice(0..0, before.phases);
     // The inputs as drawn are not needed past here, only their shapes: free them early.
     let input_shape: HashMap<String, Vec<usize>> =
         p.drawn.names.iter().map(|(n, id)| (n.clone(), p.drawn.mem.get(*id).shape().to_vec())).collect();
@@ -703,44 +722,68 @@ pub fn check_backward_with(
         }
         progress("trial done", trial + 1, opts.trials);
     }
-    // A later trial's table carries the first trial's verdicts.
-    let gradients: Vec<TensorReport> = gradients
-        .into_iter()
-        .zip(first)
-        .filter_map(|(g, v)| {
-            let (mut r, _) = g?;
-            if let (None, Some((f, ro, _))) = (&r.formula, v) {
-                verdict::apply(&mut r, (f, ro), opts.tolerance.is_some());
-            }
-            Some(r)
-        })
-        .collect();
-    let passed = failure.is_none() && forward.iter().all(|r| r.passed) && gradients.iter().all(|r| r.passed);
-    let mut all = Vec::new();
-    all.extend(forward.iter().filter_map(|r| findings::of_tensor("forward", r)));
-    all.extend(findings);
-    all.extend(gradients.iter().filter_map(|r| findings::of_tensor("backward", r)));
-    let report = Report {
-        schema_version: report::SCHEMA_VERSION,
-        name: name.to_string(),
-        passed,
-        seed: opts.seed,
-        trials: opts.trials,
-        precision: precision_name(opts),
-        forward,
-        gradients,
-        gradients_provisional: provisional,
-        failure,
-        forward_failure: None,
-        findings: all,
-        notes: Vec::new(),
-        strict: false,
-        explained,
-        timings: tm,
-        backend: exec.describe(),
-        backend_mismatches: exec.mismatches(),
-    };
-    Ok(report.with_notes(std::mem::take(&mut p.notes), opts.strict))
+    let found = Found { forward, gradients, first, failure, findings, provisional, explained };
+    Ok(found.report(name, opts, tm, &exec, std::mem::take(&mut p.notes)))
+}
+
+/// What a check found, before its report is made.
+pub(crate) struct Found {
+    /// The forward's outputs and saved tensors compared.
+    forward: Vec<TensorReport>,
+    /// Each gradient's report of its worst trial, and how bad that was.
+    gradients: Vec<Option<(TensorReport, f64)>>,
+    /// The first trial's verdicts and elementwise scale, per gradient.
+    first: Vec<Option<(report::Formula, report::Rounding, f64)>>,
+    failure: Option<Failure>,
+    findings: Vec<Finding>,
+    provisional: bool,
+    explained: Vec<Explained>,
+}
+
+impl Found {
+    /// The report of check `name`.
+    fn report(self, name: &str, opts: &CheckOptions, tm: Timings, exec: &Executor, notes: Vec<Finding>) -> Report {
+        // A later trial's table carries the first trial's verdicts.
+        let gradients: Vec<TensorReport> = self
+            .gradients
+            .into_iter()
+            .zip(self.first)
+            .filter_map(|(g, v)| {
+                let (mut r, _) = g?;
+                if let (None, Some((f, ro, _))) = (&r.formula, v) {
+                    verdict::apply(&mut r, (f, ro), opts.tolerance.is_some());
+                }
+                Some(r)
+            })
+            .collect();
+        let forward = self.forward;
+        let passed = self.failure.is_none() && forward.iter().all(|r| r.passed) && gradients.iter().all(|r| r.passed);
+        let mut all = Vec::new();
+        all.extend(forward.iter().filter_map(|r| findings::of_tensor("forward", r)));
+        all.extend(self.findings);
+        all.extend(gradients.iter().filter_map(|r| findings::of_tensor("backward", r)));
+        let report = Report {
+            schema_version: report::SCHEMA_VERSION,
+            name: name.to_string(),
+            passed,
+            seed: opts.seed,
+            trials: opts.trials,
+            precision: precision_name(opts),
+            forward,
+            gradients,
+            gradients_provisional: self.provisional,
+            failure: self.failure,
+            forward_failure: None,
+            findings: all,
+            notes: Vec::new(),
+            strict: false,
+            explained: self.explained,
+            timings: tm,
+            backend: exec.describe(),
+            backend_mismatches: exec.mismatches(),
+        };
+        report.with_notes(notes, opts.strict)
+    }
 }
 
 /// The report's name of [`CheckOptions::precision`].
@@ -999,7 +1042,17 @@ fn explain_elements(
 /// [`Ground::Kernels`], the forward launches' VJP kernels as the ground truth most likely builds
 /// them (its records keep the tensors whose values are all f32s as f32: inputs and fresh
 /// allocations; a guess that misses costs one compile, on a core of its own).
-fn kernels_ahead(fwd: &Forward, bwd: &Backward, opts: &CheckOptions, inputs: &Inputs) -> Vec<(tilegrad_ir::Kernel, bool, u64)> {
+///
+/// `resident`: the check keeps its tensors on the device ([`resident`]), where the ground
+/// truth's tensors are f64 (on the host, its records hold f64 tensors of f32 values as f32).
+/// The backward's kernels promoted to f64 are its replay's.
+fn kernels_ahead(
+    fwd: &Forward,
+    bwd: &Backward,
+    opts: &CheckOptions,
+    inputs: &Inputs,
+    resident: bool,
+) -> Vec<(tilegrad_ir::Kernel, bool, u64)> {
     let f64_truth = opts.precision == Precision::F64;
     let launched = |steps: &[Step]| -> Vec<(std::sync::Arc<tilegrad_ir::Kernel>, u64)> {
         steps
@@ -1008,10 +1061,14 @@ fn kernels_ahead(fwd: &Forward, bwd: &Backward, opts: &CheckOptions, inputs: &In
             .collect()
     };
     let mut out: Vec<_> = launched(&bwd.steps).iter().map(|(k, p)| ((**k).clone(), false, *p)).collect();
+    if f64_truth {
+        let replayed = launched(&bwd.steps).into_iter().filter_map(|(k, p)| Some((promote_floats(&k, DType::F64).ok()?, false, p)));
+        out.extend(replayed.collect::<Vec<_>>());
+    }
     for (k, programs) in launched(&fwd.steps) {
         out.push(((*k).clone(), false, programs));
         let truth = if f64_truth {
-            match tilegrad_ir::passes::promote_floats(&k, DType::F64) {
+            match promote_floats(&k, DType::F64) {
                 Ok(t) => t,
                 Err(_) => continue,
             }
@@ -1024,6 +1081,7 @@ fn kernels_ahead(fwd: &Forward, bwd: &Backward, opts: &CheckOptions, inputs: &In
                 _ => None,
             };
             let stored = |name: &str, d: DType| match declared(name) {
+                _ if resident => d,
                 Some(DType::F64) | None => d,
                 Some(_) if f64_truth => DType::F32,
                 Some(o) => o,
@@ -1060,6 +1118,11 @@ fn programs_ahead(kl: &KernelLaunch, inputs: &Inputs) -> u64 {
 
 /// Differentiable inputs are float inputs; outputs and saved tensors are consistent.
 fn validate_forward(fwd: &Forward, env: &Env) -> Result<(), CheckError> {
+    validate_forward_by(fwd, &|n| env.tensor(n).map(HostTensor::dtype))
+}
+
+/// [`validate_forward`] against the inputs' dtypes by name (`None`: not an input).
+fn validate_forward_by(fwd: &Forward, dtype_of: &dyn Fn(&str) -> Option<DType>) -> Result<(), CheckError> {
     if fwd.outputs.is_empty() {
         return Err(CheckError::Spec("the forward names no outputs".into()));
     }
@@ -1067,16 +1130,16 @@ fn validate_forward(fwd: &Forward, env: &Env) -> Result<(), CheckError> {
         return Err(CheckError::Spec("the forward names no differentiable inputs".into()));
     }
     for d in &fwd.differentiable {
-        let t = env.tensor(d).ok_or_else(|| CheckError::Spec(format!("differentiable input `{d}` is not an input")))?;
-        if !t.dtype().is_float() {
-            return Err(CheckError::Spec(format!("differentiable input `{d}` is {}, not a float tensor", t.dtype())));
+        let t = dtype_of(d).ok_or_else(|| CheckError::Spec(format!("differentiable input `{d}` is not an input")))?;
+        if !t.is_float() {
+            return Err(CheckError::Spec(format!("differentiable input `{d}` is {t}, not a float tensor")));
         }
     }
     if let Some(o) = fwd.saved.iter().find(|s| fwd.outputs.contains(s)) {
         return Err(CheckError::Spec(format!("`{o}` is both an output and saved: an output is saved for the backward anyway")));
     }
     for o in &fwd.outputs {
-        if env.id(&format!("grad_{o}")).is_some() {
+        if dtype_of(&format!("grad_{o}")).is_some() {
             return Err(CheckError::Spec(format!("input `grad_{o}` clashes with the cotangent of output `{o}`")));
         }
     }

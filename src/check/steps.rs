@@ -456,7 +456,7 @@ impl Mode {
     }
 
     /// `d` as this mode holds it.
-    fn dtype(self, d: DType) -> DType {
+    pub(crate) fn dtype(self, d: DType) -> DType {
         match self.float() {
             Some(f) if d.is_float() => f,
             _ => d,
@@ -615,7 +615,7 @@ impl StepError {
 pub(crate) use tilegrad_reference::written_tensors;
 
 /// Whether a kernel has loads whose masked-off lanes the backend fills (see [`notes`]).
-fn has_unfilled_loads(k: &Kernel) -> bool {
+pub(crate) fn has_unfilled_loads(k: &Kernel) -> bool {
     !tilegrad_ir::analysis::unfilled_loads(k).is_empty()
 }
 
@@ -959,7 +959,22 @@ pub(crate) fn eval_shape(shape: &[Expr], scope: &dyn Scope) -> Result<Vec<usize>
 
 /// Evaluates a launch's grid and arguments: tensors by name, scalars converted to the
 /// parameter's dtype.
-fn resolve(kl: &KernelLaunch, kernel: &Kernel, env: &Env) -> Result<(Grid, Vec<(String, Arg)>), String> {
+/// Named tensors and constants a launch's arguments are resolved against: a host
+/// environment, or one whose tensors live on the device.
+pub(crate) trait Bindings: Scope {
+    /// The tensor bound to `name`, if any.
+    fn tensor_id(&self, name: &str) -> Option<TensorId>;
+}
+
+impl Bindings for Env {
+    fn tensor_id(&self, name: &str) -> Option<TensorId> {
+        self.id(name)
+    }
+}
+
+/// The grid and arguments of launch `kl` of `kernel` (the launch's kernel, possibly promoted)
+/// in `env`.
+pub(crate) fn resolve<E: Bindings>(kl: &KernelLaunch, kernel: &Kernel, env: &E) -> Result<(Grid, Vec<(String, Arg)>), String> {
     if kl.grid.is_empty() || kl.grid.len() > 3 {
         return Err(format!("a grid has 1 to 3 axes, got {}", kl.grid.len()));
     }
@@ -974,7 +989,7 @@ fn resolve(kl: &KernelLaunch, kernel: &Kernel, env: &Env) -> Result<(Grid, Vec<(
             let known: Vec<&str> = kernel.params.iter().map(|p| p.name.as_str()).collect();
             return Err(format!("kernel `{}` has no parameter `{name}` (parameters: {})", kernel.name, known.join(", ")));
         };
-        let a = match (&p.kind, e.as_name().and_then(|n| env.id(n))) {
+        let a = match (&p.kind, e.as_name().and_then(|n| env.tensor_id(n))) {
             (ParamKind::Ptr(_), Some(t)) => Arg::Tensor(t),
             (ParamKind::Ptr(d), None) => return Err(format!("parameter `{name}` is a pointer to {d}: `{e}` names no tensor")),
             (_, Some(_)) => return Err(format!("parameter `{name}` is a scalar, `{e}` is a tensor")),

@@ -69,6 +69,9 @@ pub struct Generated {
     pub messages: Vec<String>,
     /// Some `atomic_add` on floats: their contributions are applied in program order.
     pub float_atomics: bool,
+    /// The float atomics a program logs at most, where none is in a loop (the lanes of each):
+    /// with the programs, what adding them in program order costs, known before a run.
+    pub log_per_program: Option<u64>,
     /// The instruction and error kind of each failure site, by number from 1 (an error record
     /// names its site).
     pub sites: Vec<(Inst, u64)>,
@@ -231,6 +234,8 @@ pub fn generate_unrolling(
         messages: Vec::new(),
         scratch: 0,
         float_atomics: false,
+        log_per_program: Some(0),
+        loop_depth: 0,
         ordered: flavor.ordered,
         marks: flavor.marks,
         upper: false,
@@ -265,6 +270,7 @@ pub fn generate_unrolling(
         loops: g.loops,
         messages: g.messages,
         float_atomics: g.float_atomics,
+        log_per_program: g.log_per_program,
         sites: g.sites,
     })
 }
@@ -281,6 +287,10 @@ struct Gen<'k> {
     messages: Vec<String>,
     scratch: usize,
     float_atomics: bool,
+    /// See [`Generated::log_per_program`].
+    log_per_program: Option<u64>,
+    /// Loops the code being emitted is in.
+    loop_depth: usize,
     /// Float atomics in program order (see [`generate_ordered`]).
     ordered: bool,
     /// Race marks can be kept (see [`Flavor::marks`]).

@@ -1,0 +1,349 @@
+//! A check whose tensors stay on the device: on the GPU backend with the ground truth by VJP
+//! kernels, a forward of allocations and launches and a backward of those and sums over an axis
+//! run from inputs drawn on the device to figures reduced there, and only the figures come to
+//! the host.
+//!
+//! Each step computes what the host's check computes, the same way: inputs drawn by the same
+//! counter-based generator (the same bits), the same launches in place, the f64 ground truth by
+//! the same VJP kernels, the backward's replay in f64, and comparisons reduced on the device by
+//! the host's rules ([`super::device_compare`]). What this path does not compute itself it leaves
+//! to the host's check, which then runs from the start: a failing comparison (its blame reads
+//! elements), a spec the host must explain (an error), a forward that is not finite, a launch
+//! the evaluator must differentiate, host steps, narrow dtypes (their f32 replay), inputs or
+//! cotangents the device does not draw, elements asked about. A passing check's report is the
+//! host's, figure for figure, but for sums added in another order.
+
+mod env;
+mod pass;
+mod sweep;
+
+use super::backend::Executor;
+use super::device_compare::{compare_on_device, Compared, Naming};
+use super::report::{Finding, Timings, Tolerance};
+use super::steps::Mode;
+use super::{verdict, Backward, CheckOptions, Cotangent, Dist, Forward, Found, Ground, Inputs, Report};
+use env::{dev, Aside, DeviceEnv};
+use std::collections::HashMap;
+use tilegrad_ad::Precision;
+use tilegrad_gpu::{DeviceBuffer, Gpu};
+use tilegrad_ir::DType;
+
+/// Whether a check can keep its tensors on the device: on the GPU (not compared launch by launch
+/// with the reference), the ground truth by VJP kernels in f64, allocations and launches only
+/// (and sums in the backward),
+/// no replay in f32 (`replay32`: narrow dtypes or tf32), cotangents drawn from normal
+/// distributions, and nothing that asks for elements or for non-finite values.
+pub(crate) fn eligible(fwd: &Forward, bwd: &Backward, opts: &CheckOptions, exec: &Executor, replay32: bool) -> bool {
+    let normal_cotangents = fwd.cotangents.iter().all(|(_, c)| matches!(c, Cotangent::Random(Dist::Normal { .. })));
+    opts.device_resident
+        && exec.on_gpu()
+        && !exec.comparing()
+        && opts.ground == Ground::Kernels
+        && opts.precision == Precision::F64
+        && !replay32
+        && opts.blame_elements.is_empty()
+        && !opts.allow_non_finite
+        && normal_cotangents
+        && pass::on_device(&fwd.steps, false)
+        && pass::on_device(&bwd.steps, true)
+}
+
+/// The check on the device, or `None` where it leaves the check to the host (see the module's
+/// documentation); `timings` then gets the time it took, and why it stepped aside.
+pub(crate) fn check(
+    (fwd, bwd, inputs): (&Forward, &Backward, &Inputs),
+    opts: &CheckOptions,
+    exec: &Executor,
+    name: &str,
+    timings: &mut Timings,
+    progress: &mut dyn FnMut(&str, usize, usize),
+) -> Option<Report> {
+    let start = std::time::Instant::now();
+    let mut tm = timings.clone();
+    let mut notes = Vec::new();
+    match (Check { fwd, bwd, inputs, opts, exec }).run(&mut tm, &mut notes, progress) {
+        Ok(found) => {
+            let mut r = found.report(name, opts, tm, exec, notes);
+            r.backend.push_str("; its tensors kept on the device");
+            Some(r)
+        }
+        Err(why) => {
+            timings.phases.push((format!("on the device, until it stepped aside ({})", short(&why)), start.elapsed().as_secs_f64()));
+            None
+        }
+    }
+}
+
+/// A reason in a few words (its first line, at most 120 characters).
+fn short(why: &str) -> String {
+    why.lines().next().unwrap_or("").chars().take(120).collect()
+}
+
+/// One check's description and options.
+struct Check<'a> {
+    fwd: &'a Forward,
+    bwd: &'a Backward,
+    inputs: &'a Inputs,
+    opts: &'a CheckOptions,
+    exec: &'a Executor,
+}
+
+/// The forward as both passes left it, and the ground truth's launches.
+struct Forwards {
+    /// The forward in the kernels' dtypes.
+    native: DeviceEnv,
+    /// The forward promoted to f64.
+    truth: DeviceEnv,
+    ran: Vec<pass::Ran>,
+    vks: HashMap<usize, tilegrad_ad::VjpKernel>,
+}
+
+impl Check<'_> {
+    fn gpu(&self) -> Result<&Gpu, Aside> {
+        self.exec.gpu().ok_or_else(|| "no GPU".to_string())
+    }
+
+    /// Every phase of the check; any reason to leave it to the host is an `Err`.
+    fn run(&self, tm: &mut Timings, notes: &mut Vec<Finding>, progress: &mut dyn FnMut(&str, usize, usize)) -> Result<Found, Aside> {
+        progress("inputs and forward", 0, self.opts.trials);
+        let f = self.forwards(tm, notes)?;
+        let forward = tm.time("comparison", || self.compare_forward(&f))?;
+        let mut found = Found {
+            forward,
+            gradients: vec![None; self.bwd.gradients.len()],
+            first: vec![None; self.bwd.gradients.len()],
+            failure: None,
+            findings: Vec::new(),
+            provisional: false,
+            explained: Vec::new(),
+        };
+        let mut keys = super::truth::cotangent_rng(self.opts.seed);
+        for trial in 0..self.opts.trials {
+            self.trial(&f, trial, &mut keys, &mut found, tm, notes, progress)?;
+            progress("trial done", trial + 1, self.opts.trials);
+        }
+        Ok(found)
+    }
+
+    /// The inputs drawn, and the forward run in the kernels' dtypes and in f64.
+    fn forwards(&self, tm: &mut Timings, notes: &mut Vec<Finding>) -> Result<Forwards, Aside> {
+        let gpu = self.gpu()?;
+        let mut native = tm.time("inputs", || self.draw_inputs(gpu))?;
+        let mut truth = tm.time("forward of the ground truth", || native.copy(gpu, Some(DType::F64)))?;
+        tm.time("forward in the kernels' dtypes", || {
+            pass::run(&mut native, &self.fwd.steps, Mode::Native, false, Some(("forward", notes)), self.exec)
+        })?;
+        let (ran, vks) = tm.time("forward of the ground truth", || -> Result<_, Aside> {
+            let ran = pass::run(&mut truth, &self.fwd.steps, Mode::F64, true, None, self.exec)?;
+            let vks = sweep::vjp_kernels(&ran, &truth, self.exec)?;
+            Ok((ran, vks))
+        })?;
+        Ok(Forwards { native, truth, ran, vks })
+    }
+
+    /// The inputs: normal and uniform draws in f32 and f64 on the device, any other drawn on
+    /// the host and copied there.
+    fn draw_inputs(&self, gpu: &Gpu) -> Result<DeviceEnv, Aside> {
+        let (inputs, seed) = (self.inputs, self.opts.seed);
+        inputs.check_names().map_err(|e| e.to_string())?;
+        let mut env = DeviceEnv::with_constants(inputs.constants.clone());
+        for (i, it) in inputs.tensors.iter().enumerate() {
+            match (inputs.device_draw(i, seed), &it.source) {
+                (Some((key, dist)), super::Source::Random { dtype, shape, .. }) => {
+                    let t = env.add_zeroed(gpu, &it.name, *dtype, shape)?;
+                    let f32 = *dtype == DType::F32;
+                    match dist {
+                        Dist::Normal { mean, std } => gpu.draw_normal(t.addr, t.numel, key, mean, std, f32),
+                        Dist::Uniform { lo, hi } => gpu.draw_uniform(t.addr, t.numel, key, lo, hi, f32),
+                        _ => return Err("a draw the device does not make".into()),
+                    }
+                    .map_err(dev)?;
+                }
+                _ => {
+                    let h = inputs.tensor_at(i, seed).map_err(|e| e.to_string())?;
+                    if h.dtype().is_float() && (0..h.numel()).any(|j| !h.get_f64(j).is_finite()) {
+                        return Err(format!("input `{}` is not finite", it.name));
+                    }
+                    env.add_host(gpu, &it.name, &h)?;
+                }
+            }
+        }
+        super::validate_forward_by(self.fwd, &|n| env.get(n).map(|t| t.dtype)).map_err(|e| e.to_string())?;
+        Ok(env)
+    }
+
+    /// The forward's outputs and saved tensors compared with the ground truth's, as the host
+    /// compares them.
+    fn compare_forward(&self, f: &Forwards) -> Result<Vec<super::TensorReport>, Aside> {
+        let gpu = self.gpu()?;
+        let tf32 = super::uses_tf32(&self.fwd.steps);
+        let mut out = Vec::new();
+        for o in self.fwd.outputs.iter().chain(&self.fwd.saved) {
+            let (t, e) = (f.native.get(o).ok_or("not a tensor")?, f.truth.get(o).ok_or("not a tensor")?);
+            if !t.dtype.is_float() {
+                return Err(format!("forward tensor `{o}` is {}", t.dtype));
+            }
+            if !finite(gpu, e.addr, e.numel)? {
+                return Err(format!("the ground truth's `{o}` is not finite"));
+            }
+            let got = f.native.as_f64(gpu, o)?;
+            let tol = self.opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(t.dtype, tf32));
+            let c = Compared { n: t.numel, expected: e.addr, got: got.addr(), replay: Some(e.addr), noisy: None, terms: None };
+            let shape = f.native.shape_of(o).ok_or("no shape")?;
+            let at = Naming { name: o, tensor: o, dtype: t.dtype, shape, trial: 0 };
+            let mut r = compare_on_device(gpu, c, at, tol, tf32).map_err(|e| e.to_string())?;
+            let norms = r.norms.ok_or("no norms")?;
+            verdict::apply(&mut r.report, norms.judge(t.numel, 1.0, t.dtype, tf32), self.opts.tolerance.is_some());
+            if !r.report.passed {
+                return Err(format!("forward output `{o}` differs from the ground truth's"));
+            }
+            out.push(r.report);
+        }
+        Ok(out)
+    }
+
+    /// One trial: cotangents drawn, the backward's replay in f64 (the first trial), the ground
+    /// truth, the backward, and the gradients compared.
+    #[allow(clippy::too_many_arguments)]
+    fn trial(
+        &self,
+        f: &Forwards,
+        trial: usize,
+        keys: &mut super::inputs::Keys,
+        found: &mut Found,
+        tm: &mut Timings,
+        notes: &mut Vec<Finding>,
+        progress: &mut dyn FnMut(&str, usize, usize),
+    ) -> Result<(), Aside> {
+        let gpu = self.gpu()?;
+        progress("ground truth", trial, self.opts.trials);
+        // The backward's environment: the forward's tensors (a copy: the backward may write
+        // them) and the cotangents, drawn into it in the outputs' dtypes.
+        let mut env_b = tm.time("backward", || f.native.copy(gpu, None))?;
+        let (cot, cot_rms) = tm.time("cotangents", || self.draw_cotangents(gpu, &mut env_b, keys))?;
+        let replays = match trial {
+            0 => Some(tm.time("replay of the backward in f64 (formula)", || self.replay(f, &cot))?),
+            _ => None,
+        };
+        let truth = tm.time("ground truth", || -> Result<_, Aside> {
+            let env = f.truth.copy(gpu, None)?;
+            sweep::reverse(&self.fwd.steps, &f.ran, &f.vks, &env, cot, self.exec)
+        })?;
+        progress("backward", trial, self.opts.trials);
+        let noted = (trial == 0).then_some(("backward", &mut *notes));
+        tm.time("backward", || pass::run(&mut env_b, &self.bwd.steps, Mode::Native, false, noted, self.exec))?;
+        progress("comparison", trial, self.opts.trials);
+        let t_cmp = std::time::Instant::now();
+        let compared = self.compare_gradients(f, &env_b, &truth, replays.as_ref(), cot_rms, trial, found);
+        tm.add("comparison", t_cmp.elapsed().as_secs_f64());
+        compared
+    }
+
+    /// Each output's cotangent, drawn as the host draws it into tensor `grad_<output>` of
+    /// `env_b` (the output's dtype), and as f64 values for the ground truth; with the
+    /// cotangents' root-mean-square.
+    fn draw_cotangents(
+        &self,
+        gpu: &Gpu,
+        env_b: &mut DeviceEnv,
+        keys: &mut super::inputs::Keys,
+    ) -> Result<(HashMap<String, DeviceBuffer>, f64), Aside> {
+        let mut cot = HashMap::new();
+        let (mut sq, mut n) = (0.0, 0usize);
+        for o in &self.fwd.outputs {
+            let (dtype, shape) = (env_b.get(o).ok_or("no output")?.dtype, env_b.shape_of(o).ok_or("no output")?.to_vec());
+            let (mean, std) = match self.fwd.cotangents.iter().find(|(n, _)| n == o).map(|(_, c)| c) {
+                None => (0.0, 1.0),
+                Some(Cotangent::Random(Dist::Normal { mean, std })) => (*mean, *std),
+                Some(_) => return Err(format!("the cotangent of `{o}` is not drawn on the device")),
+            };
+            if !matches!(dtype, DType::F32 | DType::F64) {
+                return Err(format!("output `{o}` is {dtype}"));
+            }
+            let t = env_b.add_zeroed(gpu, &format!("grad_{o}"), dtype, &shape)?;
+            gpu.draw_normal(t.addr, t.numel, keys.next_key(), mean, std, dtype == DType::F32).map_err(dev)?;
+            let c = env_b.as_f64(gpu, &t.name)?;
+            sq += gpu.spread(c.addr(), c.addr(), None, None, t.numel).map_err(dev)?.truth_sq;
+            n += t.numel;
+            cot.insert(o.clone(), c);
+        }
+        let rms = if n == 0 || sq == 0.0 { 1.0 } else { (sq / n as f64).sqrt() };
+        Ok((cot, rms))
+    }
+
+    /// The backward run with every float in f64 on the f64 forward, with the f64 cotangents:
+    /// its gradient tensors.
+    fn replay(&self, f: &Forwards, cot: &HashMap<String, DeviceBuffer>) -> Result<DeviceEnv, Aside> {
+        let gpu = self.gpu()?;
+        let mut env = f.truth.copy(gpu, None)?;
+        for o in &self.fwd.outputs {
+            let shape = env.shape_of(o).ok_or("no output")?.to_vec();
+            let t = env.add_zeroed(gpu, &format!("grad_{o}"), DType::F64, &shape)?;
+            gpu.copy_on_device(t.addr, cot[o].addr(), t.numel * 8).map_err(dev)?;
+        }
+        pass::run(&mut env, &self.bwd.steps, Mode::F64, false, None, self.exec)?;
+        Ok(env)
+    }
+
+    /// Each gradient compared with the ground truth's (and its replay, the first trial), as the
+    /// host compares them; a failing one steps aside (its blame reads elements).
+    #[allow(clippy::too_many_arguments)]
+    fn compare_gradients(
+        &self,
+        f: &Forwards,
+        env_b: &DeviceEnv,
+        truth: &HashMap<String, DeviceBuffer>,
+        replays: Option<&DeviceEnv>,
+        cot_rms: f64,
+        trial: usize,
+        found: &mut Found,
+    ) -> Result<(), Aside> {
+        let gpu = self.gpu()?;
+        let tf32 = super::uses_tf32(&self.bwd.steps) || super::uses_tf32(&self.fwd.steps);
+        for (gi, (input, gname)) in self.bwd.gradients.iter().enumerate() {
+            let g = env_b.get(gname).ok_or_else(|| format!("no gradient `{gname}`"))?;
+            let shape = f.native.shape_of(input).ok_or("no input")?;
+            let written = self.bwd.steps.iter().any(|s| super::step_writes(s, gname)) || super::defined_by(&self.bwd.steps, gname);
+            if env_b.shape_of(gname) != Some(shape) || !written {
+                return Err(format!("gradient `{gname}`: its shape, or no step writes it"));
+            }
+            let expected = match truth.get(input) {
+                Some(b) => b.addr(),
+                None => return Err(format!("no ground truth for `{input}`")),
+            };
+            if !finite(gpu, expected, g.numel)? {
+                return Err(format!("the ground-truth gradient of `{input}` is not finite"));
+            }
+            let got = env_b.as_f64(gpu, gname)?;
+            let replay = match replays {
+                Some(r) => Some(r.get(gname).filter(|t| t.numel == g.numel && t.dtype == DType::F64).ok_or("no replay")?.addr),
+                None => None,
+            };
+            let terms = found.first[gi].as_ref().map(|(.., terms)| *terms);
+            let tol = self.opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(g.dtype, tf32));
+            let c = Compared { n: g.numel, expected, got: got.addr(), replay, noisy: None, terms };
+            let at = Naming { name: input, tensor: gname, dtype: g.dtype, shape, trial };
+            let mut r = compare_on_device(gpu, c, at, tol, tf32).map_err(|e| e.to_string())?;
+            let mut badness = r.worst.map_or(0.0, |(_, ratio)| ratio);
+            if let Some(norms) = r.norms {
+                let (fo, ro) = norms.judge(g.numel, cot_rms, g.dtype, tf32);
+                found.first[gi] = Some((fo.clone(), ro.clone(), r.terms));
+                badness = badness.max(verdict::apply(&mut r.report, (fo, ro), self.opts.tolerance.is_some()));
+            }
+            if !r.report.passed {
+                return Err(format!("gradient `{gname}` fails"));
+            }
+            if found.gradients[gi].as_ref().is_none_or(|(_, b)| badness > *b) {
+                found.gradients[gi] = Some((r.report, badness));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether the `n` f64 values at `addr` are all finite.
+fn finite(gpu: &Gpu, addr: u64, n: usize) -> Result<bool, Aside> {
+    let rule = tilegrad_gpu::TallyRule { atol: 0.0, rtol: 0.0, scale: 1.0, floor: 0.0 };
+    let t = gpu.tally(addr, addr, n, rule).map_err(dev)?;
+    Ok(t.nan == 0 && t.inf == 0)
+}

@@ -293,13 +293,7 @@ fn every_broken_variant_fails_and_the_report_points_at_it() {
 
 /// Variants whose `# BUG:` line the data-flow slice does not reach within its shown lines, and
 /// why.
-const SLICE_MISSES: &[(&str, &str)] = &[
-    // `p * dp` for `p * (dp - delta)`: the worst element is in the first query row, where the
-    // causal mask leaves one key (the true gradient is 0 there); the mask's comparisons, false for
-    // every wrong lane the slice follows and for few right ones, outrank the line that dropped
-    // the term.
-    ("attn_bwd_causal_broken_no_delta", "the worst element is where the mask leaves one key: the mask's lines outrank the dropped term"),
-];
+const SLICE_MISSES: &[(&str, &str)] = &[];
 
 /// For a wrong or NaN gradient, the worst element's data-flow slice names the variant's `# BUG:`
 /// line (with its source text) among at most a dozen lines.

@@ -50,7 +50,7 @@ pub(super) fn folded_branches(k: &Kernel, args: &[(String, Arg)], files: &mut Fi
                 user.key.1
             ));
             let like = Some((user.key.clone(), scale));
-            out.push(Ranked { line, key: (kfile.clone(), f.cond), store: false, scales: false, count: None, like, ..*user });
+            out.push(Ranked { line, key: (kfile.clone(), f.cond), store: false, scales: false, term: false, count: None, like, ..*user });
         }
     }
     out

@@ -280,6 +280,21 @@ fn scalar_arg(k: &Kernel, v: Value, args: &[(String, Arg)]) -> Option<f64> {
     })
 }
 
+/// Trips the `for` loop `i` made in the program `rec` recorded, where its bounds are known (as
+/// recorded, or scalar arguments of the launch) and its step is positive.
+pub(super) fn loop_trips(k: &Kernel, rec: &ProgramRecord, args: &[(String, Arg)], i: Inst) -> Option<f64> {
+    let d = k.inst(i);
+    if !matches!(d.op, Op::For { .. }) || d.args.len() < 3 {
+        return None;
+    }
+    let num = |v: Value| match recorded(rec, v) {
+        Some(r @ Recorded::Num { .. }) => Some(r.at(0)),
+        _ => scalar_arg(k, v, args),
+    };
+    let b = (num(d.args[0])?, num(d.args[1])?, num(d.args[2])?);
+    (b.2 > 0.0).then(|| trips(b))
+}
+
 /// Trips of a loop from `lo` to `hi` by `step` (> 0).
 fn trips((lo, hi, step): (f64, f64, f64)) -> f64 {
     ((hi - lo) / step).ceil().max(0.0)

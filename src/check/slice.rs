@@ -194,15 +194,20 @@ pub(crate) fn explain(t: &Target, evidence: Option<&Evidence>, mut reruns: Rerun
     let home = (t.trace.pass_step(t.step), t.step < t.trace.forward_steps, kernel);
     let mut out = Slice { lines: Vec::new(), omitted: 0, nonfinite: None, decided_by: Vec::new(), home };
     reruns.budget = usize::MAX;
-    walk_launch(t, 0, &mut reruns, &mut files, &mut lines, &mut out)?;
+    // The worst element alone may look masked wrongly (a true value of zero at a boundary);
+    // masks come first only where the tensor's wrong elements mostly look so too.
+    let masks_suspect = evidence.and_then(|e| e.masked).unwrap_or(true);
+    walk_launch(t, 0, masks_suspect, &mut reruns, &mut files, &mut lines, &mut out)?;
     for r in &mut lines {
         if let Some((score, reason)) = evidence.and_then(|e| e.judge(&r.key)) {
             (r.line.score, r.line.reason) = (Some(score), Some(reason));
         }
     }
     odd_counts(&mut lines);
-    if let Some(f) = evidence.and_then(|e| e.factor) {
-        scaling_first(&mut lines, f);
+    if let Some(e) = evidence {
+        if let Some(f) = e.factor {
+            scaling_first(&mut lines, f, !e.term);
+        }
     }
     super::kernel_facts::rank_as_named(&mut lines, evidence.and_then(|e| e.factor));
     // Rank: evidence, then class, then earlier launches after the blamed one, then distance
@@ -237,12 +242,23 @@ pub(crate) fn explain(t: &Target, evidence: Option<&Evidence>, mut reruns: Rerun
 /// Where every wrong element is `factor` times its expected value, a factor is missing or
 /// wrong on a line that scales the whole result: the store, the lines computing one float for
 /// the whole program (a scale, a loaded scalar) and those multiplying or dividing by one (or by
-/// a constant) come first among lines of equal evidence.
-fn scaling_first(lines: &mut [Ranked], factor: f64) {
-    for r in lines.iter_mut().filter(|r| r.launch == 0 && (r.store || r.scales)) {
+/// a constant) come first among lines of equal evidence. Where the right elements of the same
+/// programs are not off by it (`whole` false), the factor scales a term that dominates the wrong
+/// elements only: the lines scaling a term of the stored value come first, not the store and the
+/// floats it is proportional to.
+fn scaling_first(lines: &mut [Ranked], factor: f64, whole: bool) {
+    let f = fmt_factor(factor);
+    for r in lines.iter_mut().filter(|r| r.launch == 0) {
+        let note = match whole {
+            true if r.store || r.scales => format!("every wrong element is {f} times its expected value"),
+            false if r.term => {
+                format!("every wrong element is {f} times its expected value, but the right ones of their programs are not: a factor on a term?")
+            }
+            _ => continue,
+        };
         r.class = r.class.min(1);
         if r.line.note.is_none() {
-            r.line.note = Some(format!("every wrong element is {} times its expected value", fmt_factor(factor)));
+            r.line.note = Some(note);
         }
     }
 }
@@ -265,6 +281,9 @@ pub(super) struct Ranked {
     pub(super) store: bool,
     /// The line computes one float for the whole program, or multiplies or divides by one.
     pub(super) scales: bool,
+    /// The line scales a term of the stored value, not all of it: it multiplies or divides by
+    /// one float, or computes one, where the stored value is not proportional to the result.
+    pub(super) term: bool,
     /// The line divides by one whole number for the whole program (a mean's count), this one.
     pub(super) count: Option<f64>,
     /// A line with no op of its own (a branch folded away), ranked as the line it names where
@@ -886,6 +905,31 @@ fn one_float(g: &Graph, v: Value) -> bool {
     }
 }
 
+/// Per value: whether what `store` stores is proportional to it (a factor on it is a factor on
+/// the stored value): the stored value, and through products, quotients, negations, casts and
+/// reshapes, their operands.
+fn proportional(g: &Graph, store: Inst) -> Vec<bool> {
+    use tilegrad_ir::{BinaryOp, UnaryOp};
+    let k = g.k;
+    let mut out = vec![false; k.values.len()];
+    let mut stack: Vec<Value> = k.inst(store).args.get(1).copied().into_iter().collect();
+    while let Some(v) = stack.pop() {
+        if std::mem::replace(&mut out[v.index()], true) {
+            continue;
+        }
+        let Def::Inst(i, _) = g.def[v.index()] else { continue };
+        let d = k.inst(i);
+        match d.op {
+            Op::Binary(BinaryOp::Mul | BinaryOp::Div) => stack.extend(d.args.iter().copied()),
+            Op::Unary(UnaryOp::Neg) | Op::Cast | Op::Broadcast | Op::ExpandDims { .. } | Op::Reshape | Op::Permute { .. } => {
+                stack.push(d.args[0])
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 /// Whether `d` multiplies or divides by one float for the whole program (a constant, a scale).
 fn scales_by_one(g: &Graph, d: &tilegrad_ir::InstData) -> bool {
     use tilegrad_ir::BinaryOp;
@@ -929,7 +973,16 @@ pub(crate) fn fmt_val(x: f64) -> String {
 
 /// Re-runs the program of `t`, walks its slice and appends its lines (and those of the earlier
 /// launches it reads from) to `lines`; `launch` counts launches followed.
-fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files, lines: &mut Vec<Ranked>, out: &mut Slice) -> Option<()> {
+/// `masks_suspect`: whether masks may come first where the element looks masked wrongly.
+fn walk_launch(
+    t: &Target,
+    launch: usize,
+    masks_suspect: bool,
+    reruns: &mut Reruns,
+    files: &mut Files,
+    lines: &mut Vec<Ranked>,
+    out: &mut Slice,
+) -> Option<()> {
     let tl = t.trace.launches.iter().find(|l| l.step == t.step)?;
     let k: &Kernel = &tl.kernel;
     let (rec, lane) = reruns.record(t, tl)?;
@@ -1043,6 +1096,8 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
         overwrite: bool,
         /// An op on the line multiplies or divides by one float for the whole program.
         scales: bool,
+        /// ... and the stored value is not proportional to its result.
+        term: bool,
         /// The count an op on the line divides by, where it divides by one whole number.
         count: Option<f64>,
         /// A `where` on the line selects both ways among the lanes used: a mask that shaped
@@ -1057,6 +1112,7 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
     let mut by_line: Vec<Acc> = Vec::new();
     let overwritten = overwritten_carries(&g, &w);
     let inits = loop_inits(k);
+    let whole = proportional(&g, t.inst);
     let add = |i: Inst, role: Role, depth: u32, by_line: &mut Vec<Acc>| {
         let d = k.inst(i);
         if !listed(k, d) {
@@ -1079,6 +1135,7 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
                     origin: false,
                     overwrite: false,
                     scales: false,
+                    term: false,
                     count: None,
                     mixed: false,
                     constant: true,
@@ -1100,7 +1157,9 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
         a.float |= role == Role::Value && float;
         a.origin |= origin == Some(i);
         a.overwrite |= overwritten.contains(&i);
-        a.scales |= role == Role::Value && scales_by_one(&g, d);
+        let scaling = role == Role::Value && scales_by_one(&g, d);
+        a.scales |= scaling;
+        a.term |= scaling && d.results.first().is_some_and(|r| !whole[r.index()]);
         if role == Role::Value {
             a.count = a.count.or_else(|| divisor_count(&g, &rec, d));
         }
@@ -1166,7 +1225,7 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
         let dis = apart.iter().find(|x| k.inst(x.op).loc.line == a.loc.line && k.inst(x.op).loc.file == a.loc.file);
         let class = if a.origin || a.overwrite || pad.is_some() || dis.is_some() {
             0
-        } else if a.role == Role::Mask && masky || constant {
+        } else if a.role == Role::Mask && masky && masks_suspect || constant {
             1
         } else if a.role == Role::Value && a.compute {
             if a.compute_shared && !a.mixed {
@@ -1247,6 +1306,7 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
             order: a.order,
             store: main == t.inst && launch == 0,
             scales: a.scales || a.role == Role::Value && a.float && d.results.first().is_some_and(|&r| one_float(&g, r)),
+            term: a.term || a.role == Role::Value && a.float && d.results.first().is_some_and(|&r| one_float(&g, r) && !whole[r.index()]),
             count: a.count,
             like: None,
         });
@@ -1257,7 +1317,7 @@ fn walk_launch(t: &Target, launch: usize, reruns: &mut Reruns, files: &mut Files
     lines.extend(folded);
     for (s, name, e, p, inst) in sub_targets {
         let sub = Target { trace: t.trace, env: t.env, step: s, tensor: &name, element: e, program: p, inst, expected: None, got: t.got };
-        walk_launch(&sub, launch + 1, reruns, files, lines, out);
+        walk_launch(&sub, launch + 1, masks_suspect, reruns, files, lines, out);
     }
     Some(())
 }
@@ -1462,7 +1522,8 @@ pub(crate) fn element_flow(t: &Target, reruns: &mut Reruns, launch: usize, seen:
     let (rec, lane) = reruns.record(t, tl)?;
     let g = Graph::new(k);
     let w = Walk::from_store(&g, &rec, t.inst, lane, EVIDENCE_LANES);
-    k.walk(&mut |_, d| {
+    let repeated = repeated(&g, &rec, &tl.args, t.inst);
+    k.walk(&mut |i, d| {
         let Some(&r) = d.results.iter().find(|r| w.lanes[r.index()].is_some()) else { return };
         if !listed(k, d) {
             return;
@@ -1475,8 +1536,10 @@ pub(crate) fn element_flow(t: &Target, reruns: &mut Reruns, launch: usize, seen:
             let at: Vec<Option<bool>> = w.lanes[r.index()].iter().flatten().map(|&l| w.cond_at(r, l)).collect();
             let o = match (at.contains(&Some(true)), at.contains(&Some(false))) {
                 (true, _) => Outcome::True,
-                (false, true) => Outcome::False,
-                (false, false) => return,
+                // The record holds a loop body's last trip: false there says nothing of the
+                // trips before, which may have let something in.
+                (false, true) if !repeated[i.index()] => Outcome::False,
+                _ => return,
             };
             if !seen.conditions.contains(&(key.clone(), o)) {
                 seen.conditions.push((key, o));
@@ -1501,6 +1564,39 @@ pub(crate) fn element_flow(t: &Target, reruns: &mut Reruns, launch: usize, seen:
         element_flow(&sub, reruns, launch + 1, seen);
     }
     Some(())
+}
+
+/// Per instruction: whether a loop around it, but not around `store`, made more than one trip in
+/// the program `rec` recorded (or an unknown number: a `while`, bounds not recorded). What the
+/// record holds of it is then the last trip's value only, where what reached the store came
+/// from every trip. (A loop around the store too is recorded at the trip that stored.)
+fn repeated(g: &Graph, rec: &ProgramRecord, args: &[(String, Arg)], store: Inst) -> Vec<bool> {
+    let k = g.k;
+    let mut loops: HashMap<Inst, bool> = HashMap::new();
+    let mut at = g.parent[store.index()];
+    while let Some(o) = at {
+        loops.insert(o, false);
+        at = g.parent[o.index()];
+    }
+    let mut several = |o: Inst| {
+        *loops.entry(o).or_insert_with(|| match k.inst(o).op {
+            Op::For { .. } => super::recompute::loop_trips(k, rec, args, o).is_none_or(|n| n > 1.0),
+            Op::While { .. } => true,
+            _ => false,
+        })
+    };
+    (0..k.insts.len())
+        .map(|i| {
+            let mut at = g.parent[i];
+            while let Some(o) = at {
+                if several(o) {
+                    return true;
+                }
+                at = g.parent[o.index()];
+            }
+            false
+        })
+        .collect()
 }
 
 /// Whether an op stands for its line in a slice: loops and branches do not (their bodies' ops
@@ -1594,7 +1690,19 @@ def sums(X, Y, n, BLOCK: tl.constexpr):
             score: None,
             reason: None,
         };
-        Ranked { line, key: ("k.py".into(), 1), class: 3, launch: 0, depth: 1, order: 0, store: false, scales: false, count, like: None }
+        Ranked {
+            line,
+            key: ("k.py".into(), 1),
+            class: 3,
+            launch: 0,
+            depth: 1,
+            order: 0,
+            store: false,
+            scales: false,
+            term: false,
+            count,
+            like: None,
+        }
     }
 
     #[test]
@@ -1608,6 +1716,90 @@ def sums(X, Y, n, BLOCK: tl.constexpr):
         let mut lines: Vec<Ranked> = [Some(300.0), Some(256.0)].into_iter().map(ranked).collect();
         odd_counts(&mut lines);
         assert!(lines.iter().all(|r| r.class == 3 && r.line.note.is_none()));
+    }
+
+    /// The program of [`kernel`] over `n` elements of `X` (one trip per 4), recorded.
+    fn recorded(k: &Kernel, n: i64) -> (ProgramRecord, Vec<(String, Arg)>) {
+        use tilegrad_reference::{HostTensor, Memory};
+        let mut mem = Memory::new();
+        mem.add("x", HostTensor::zeros(DType::F16, &[8]));
+        mem.add("y", HostTensor::zeros(DType::F32, &[4]));
+        let l = Launch::new(k, Grid([1, 1, 1])).arg("X", TensorId(0)).arg("Y", TensorId(1)).arg("n", n);
+        let rec = l.record_program(&mem, [0, 0, 0], None).expect("the program runs");
+        (rec, vec![("n".to_string(), Arg::Scalar(tilegrad_ir::Lit::Int(n)))])
+    }
+
+    /// Whether [`repeated`] marks the load's mask (in the loop) and the store (after it).
+    fn marked(k: &Kernel, rec: &ProgramRecord, args: &[(String, Arg)]) -> (bool, bool) {
+        let g = Graph::new(k);
+        let mut store = None;
+        k.walk(&mut |i, d| {
+            if matches!(d.op, Op::Store { .. }) {
+                store = Some(i);
+            }
+        });
+        let store = store.expect("the kernel stores");
+        let r = repeated(&g, rec, args, store);
+        let mut mask = None;
+        k.walk(&mut |i, d| {
+            if matches!(d.op, Op::Cmp(_)) {
+                mask = Some(i);
+            }
+        });
+        (r[mask.expect("the load's mask").index()], r[store.index()])
+    }
+
+    #[test]
+    fn a_condition_in_a_loop_of_several_trips_holds_only_its_last_trip() {
+        let k = kernel();
+        let (rec, args) = recorded(&k, 8);
+        assert_eq!(marked(&k, &rec, &args), (true, false), "two trips: the mask's record is the last trip's");
+        let (rec, args) = recorded(&k, 4);
+        assert_eq!(marked(&k, &rec, &args), (false, false), "one trip: the record is the whole story");
+    }
+
+    #[test]
+    fn what_the_store_is_proportional_to() {
+        let src = "
+@triton.jit
+def terms(X, Y, s):
+    x = tl.load(X)
+    t = x * s
+    tl.store(Y, (t + x) * s)
+";
+        let opts = ConvertOptions { pointer_dtypes: vec![("X".into(), DType::F32), ("Y".into(), DType::F32)], ..ConvertOptions::default() };
+        let k = convert(src, "t.py", "terms", &opts).expect("the test kernel converts");
+        let g = Graph::new(&k);
+        let mut store = None;
+        let mut muls = Vec::new();
+        k.walk(&mut |i, d| match d.op {
+            Op::Store { .. } => store = Some(i),
+            Op::Binary(tilegrad_ir::BinaryOp::Mul) => muls.push((d.loc.line, d.results[0])),
+            _ => {}
+        });
+        let whole = proportional(&g, store.expect("the kernel stores"));
+        let by_line: Vec<(u32, bool)> = muls.iter().map(|&(l, r)| (l, whole[r.index()])).collect();
+        assert_eq!(by_line, vec![(5, false), (6, true)], "`x * s` is a term of what is stored, `(t + x) * s` all of it");
+    }
+
+    #[test]
+    fn a_factor_on_a_term_puts_the_lines_scaling_a_term_first_not_the_store() {
+        let mut lines: Vec<Ranked> = (0..3).map(|_| ranked(None)).collect();
+        lines[0].store = true;
+        (lines[1].scales, lines[1].term) = (true, false);
+        (lines[2].scales, lines[2].term) = (true, true);
+        scaling_first(&mut lines, 0.5, true);
+        assert_eq!(lines.iter().map(|r| r.class).collect::<Vec<_>>(), vec![1, 1, 1]);
+        let mut lines: Vec<Ranked> = (0..3).map(|_| ranked(None)).collect();
+        lines[0].store = true;
+        (lines[1].scales, lines[1].term) = (true, false);
+        (lines[2].scales, lines[2].term) = (true, true);
+        scaling_first(&mut lines, 0.5, false);
+        assert_eq!(lines.iter().map(|r| r.class).collect::<Vec<_>>(), vec![3, 3, 1]);
+        assert_eq!(
+            lines[2].line.note.as_deref(),
+            Some("every wrong element is 0.5 times its expected value, but the right ones of their programs are not: a factor on a term?")
+        );
     }
 
     #[test]

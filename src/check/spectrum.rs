@@ -38,6 +38,14 @@ pub(crate) struct Sample {
     /// The one ratio of checked to expected value that the wrong elements share, where they
     /// share one (a factor missing or wrong on a line that scales the whole result).
     pub factor: Option<f64>,
+    /// Whether the wrong elements mostly look masked wrongly (zero expected and a value written,
+    /// or the reverse), where known ([`mostly_masked`]): the worst element may look so alone, at
+    /// a boundary where the true value happens to be zero.
+    pub masked: Option<bool>,
+    /// Per right element (as `right`), where the wrong ones share a factor: whether it is nearer
+    /// that factor times its expected value than its expected value (scaled as the wrong ones
+    /// are, though within the tolerance). `None` where its expected value is zero or not finite.
+    pub scaled: Vec<Option<bool>>,
 }
 
 impl Sample {
@@ -45,19 +53,25 @@ impl Sample {
     /// neighbouring elements of each kind, spread evenly over the tensor (neighbours are mostly
     /// written by one program, which is then run again once for all of them); deterministic, the
     /// element `worst` first among the wrong ones.
+    #[cfg(test)]
     pub fn of(n: usize, worst: usize, wrong: impl Fn(usize) -> bool) -> Sample {
-        let flags: Vec<bool> = (0..n).map(wrong).collect();
+        Sample::of_flags(&(0..n).map(wrong).collect::<Vec<bool>>(), worst)
+    }
+
+    /// [`Sample::of`] the elements whose flag is set.
+    fn of_flags(flags: &[bool], worst: usize) -> Sample {
+        let n = flags.len();
         let bad = flags.iter().filter(|&&b| b).count();
-        let mut w = clusters(&flags, true, bad);
+        let mut w = clusters(flags, true, bad);
         w.retain(|&i| i != worst);
         w.insert(0, worst);
         w.truncate(SAMPLE);
-        Sample { wrong: w, right: clusters(&flags, false, n - bad), factor: None }
+        Sample { wrong: w, right: clusters(flags, false, n - bad), factor: None, masked: None, scaled: Vec::new() }
     }
 
     /// A sample of a tensor found right: up to [`SAMPLE`] elements spread evenly over it.
     pub fn all_right(n: usize) -> Sample {
-        Sample { wrong: Vec::new(), right: clusters(&vec![false; n], false, n), factor: None }
+        Sample { wrong: Vec::new(), right: clusters(&vec![false; n], false, n), factor: None, masked: None, scaled: Vec::new() }
     }
 
     /// The sample of a compared tensor, judged as the report judges it (`terms`: the scale of
@@ -78,10 +92,35 @@ impl Sample {
             }
         };
         let threshold = if worst.1 > 1.0 { 1.0 } else { worst.1 / 2.0 };
-        let mut s = Sample::of(expected.len(), worst.0, |i| ratio(i) > threshold);
+        let flags: Vec<bool> = (0..expected.len()).map(|i| ratio(i) > threshold).collect();
+        let mut s = Sample::of_flags(&flags, worst.0);
+        s.masked = mostly_masked(&flags, |i| (expected[i], got(i)));
         s.factor = common_factor(s.wrong.iter().map(|&i| (expected[i], got(i))));
+        if let Some(f) = s.factor {
+            s.scaled = s.right.iter().map(|&i| nearer_scaled(expected[i], got(i), f)).collect();
+        }
         s
     }
+}
+
+/// Wrong elements read to judge whether they look masked wrongly, at most.
+const MASKED_READS: usize = 4096;
+
+/// Whether at least half of the wrong elements (those flagged; `pair`: an element's expected
+/// and checked value) look masked wrongly: one of the two is zero and the other is not. `None`
+/// for none. Judged over every wrong element, or [`MASKED_READS`] of them evenly spaced, not
+/// over the sample: its runs of neighbours may all fall where the tensor's structure repeats
+/// (the first row of each head, where a causal mask leaves one key).
+fn mostly_masked(flags: &[bool], pair: impl Fn(usize) -> (f64, f64)) -> Option<bool> {
+    let wrong = flags.iter().filter(|&&f| f).count();
+    let stride = wrong.div_ceil(MASKED_READS).max(1);
+    let (mut read, mut masked) = (0usize, 0usize);
+    for (i, _) in flags.iter().enumerate().filter(|(_, &f)| f).step_by(stride) {
+        let (e, g) = pair(i);
+        read += 1;
+        masked += usize::from((e == 0.0) != (g == 0.0));
+    }
+    (read > 0).then_some(masked * 2 >= read)
 }
 
 /// The ratio `got / expected` that at least nine in ten of the pairs `(expected, got)` (of the
@@ -97,6 +136,27 @@ fn common_factor(pairs: impl Iterator<Item = (f64, f64)>) -> Option<f64> {
     let median = r[r.len() / 2];
     let close = r.iter().filter(|x| (*x - median).abs() <= 1e-3 * median.abs()).count();
     (close * 10 >= r.len() * 9 && (median - 1.0).abs() > 1e-3 && median.abs() > 1e-3).then_some(median)
+}
+
+/// Whether `got` is nearer `factor * expected` than `expected`; `None` where `expected` is zero
+/// or either is not finite.
+fn nearer_scaled(expected: f64, got: f64, factor: f64) -> Option<bool> {
+    (expected != 0.0 && expected.is_finite() && got.is_finite()).then(|| (got - factor * expected).abs() < (got - expected).abs())
+}
+
+/// Whether the factor the wrong elements share scales all that their programs store, judged by
+/// the right elements of the same programs (`right`: whether each is scaled as the wrong ones
+/// are, see [`Sample::scaled`]): `false` where at least [`SEPARATED`] of them, and half of
+/// those known, are not (under a factor on the whole, only those whose error rounding hides
+/// could be). A factor on the stored value or on one float of the program scales
+/// every element it writes; one on a term scales the elements that term dominates.
+fn scales_whole(right: impl Iterator<Item = bool>) -> bool {
+    let (mut n, mut not) = (0usize, 0usize);
+    for scaled in right {
+        n += 1;
+        not += usize::from(!scaled);
+    }
+    !(not >= SEPARATED && not * 2 >= n)
 }
 
 /// [`CLUSTERS`] runs of [`SAMPLE`] / [`CLUSTERS`] consecutive items of the `count` elements
@@ -116,6 +176,11 @@ fn clusters(flags: &[bool], kind: bool, count: usize) -> Vec<usize> {
 pub(crate) struct Evidence {
     /// The ratio the wrong elements share ([`Sample::factor`]).
     pub factor: Option<f64>,
+    /// Whether the wrong elements mostly look masked wrongly ([`Sample::masked`]).
+    pub masked: Option<bool>,
+    /// Whether the factor, if any, scales a term of what the wrong elements' programs store, not
+    /// all of it ([`scales_whole`]); `false` where the right elements tell nothing.
+    pub term: bool,
     wrong: usize,
     right: usize,
     lines: HashMap<LineKey, [usize; 2]>,
@@ -129,7 +194,13 @@ impl Evidence {
     /// `None` when no wrong element's slice could be recorded. The programs run again are
     /// returned, for the slice of the worst element to use.
     pub fn gather(trace: &Trace, env: &Env, name: &str, samples: &[(String, Sample)]) -> (Option<Evidence>, Reruns) {
-        let mut ev = Evidence { factor: samples.iter().find(|(t, _)| t == name).and_then(|(_, s)| s.factor), ..Evidence::default() };
+        let mine = samples.iter().find(|(t, _)| t == name).map(|(_, s)| s);
+        let mut ev = Evidence {
+            factor: mine.and_then(|s| s.factor),
+            masked: mine.and_then(|s| s.masked),
+            term: mine.is_some_and(|s| !whole_of(trace, env, name, s)),
+            ..Evidence::default()
+        };
         let mut reruns = Reruns::with_budget(0);
         let own = samples.iter().filter(|(t, _)| t == name).map(|(t, s)| (t, &s.wrong));
         let right = samples.iter().filter(|(t, s)| t == name || s.wrong.is_empty()).map(|(t, s)| (t, &s.right));
@@ -205,6 +276,20 @@ fn separates(right: usize, through: usize) -> bool {
     right == 0 || through - right >= SEPARATED && right * 2 <= through
 }
 
+/// [`scales_whole`] over the right elements of `sample` (of tensor `name`) that a program
+/// writing a sampled wrong element wrote.
+fn whole_of(trace: &Trace, env: &Env, name: &str, sample: &Sample) -> bool {
+    if sample.scaled.is_empty() {
+        return true;
+    }
+    let programs: Vec<(usize, u32)> = targets(trace, env, name, &sample.wrong).iter().map(|t| (t.step, t.program)).collect();
+    let known: Vec<usize> = sample.right.iter().zip(&sample.scaled).filter(|(_, s)| s.is_some()).map(|(&e, _)| e).collect();
+    let scaled = |e: usize| sample.right.iter().position(|&r| r == e).and_then(|i| sample.scaled[i]).unwrap_or(true);
+    let beside = targets(trace, env, name, &known).into_iter().filter(|t| programs.contains(&(t.step, t.program))).map(|t| t.element);
+    let v: Vec<bool> = beside.map(scaled).collect();
+    scales_whole(v.into_iter())
+}
+
 /// What blame re-runs for elements `elems` of `tensor`: the store of the launch that wrote each
 /// last (an element several programs added to has no one program to re-run).
 fn targets<'a>(trace: &'a Trace, env: &'a Env, tensor: &'a str, elems: &[usize]) -> Vec<Target<'a>> {
@@ -275,6 +360,40 @@ mod tests {
         assert_eq!(common_factor(pairs(&[1.0; 6]).into_iter()), None);
         assert_eq!(common_factor(pairs(&[0.0; 6]).into_iter()), None);
         assert_eq!(common_factor(pairs(&[8.0; 3]).into_iter()), None, "too few");
+    }
+
+    #[test]
+    fn whether_the_wrong_elements_look_masked_counts_every_one_of_them() {
+        let tol = Tolerance { rtol: 1e-3, atol: 0.0 };
+        // Every element is wrong; where the sample's four runs fall (as on the first row of each
+        // of four heads), the elements expect 0 and get 1, the other 208 are off by a half.
+        let at_runs = |i: usize| [0, 77, 154, 232].iter().any(|&s| (s..s + 8).contains(&i));
+        let e: Vec<f64> = (0..240).map(|i| if at_runs(i) { 0.0 } else { 1.0 + i as f64 }).collect();
+        let got = |i: usize| if at_runs(i) { 1.0 } else { e[i] * 1.5 };
+        let s = Sample::compared(&e, got, tol, 0.0, (0, f64::INFINITY));
+        assert!(s.wrong.iter().all(|&i| at_runs(i)), "{s:?}: the sample alone looks masked");
+        assert_eq!(s.masked, Some(false));
+        let pairs = [(0.0, 1.0), (2.0, 0.0), (1.0, 2.0), (0.0, 0.0)];
+        assert_eq!(mostly_masked(&[true, true, true, false], |i| pairs[i]), Some(true));
+        assert_eq!(mostly_masked(&[false, false, true, true], |i| pairs[i]), Some(false));
+        assert_eq!(mostly_masked(&[false; 4], |i| pairs[i]), None);
+        // Evenly spaced reads of many wrong elements, a quarter of them masked.
+        let many = vec![true; 4 * MASKED_READS + 8];
+        let quarter = |i: usize| if i % 4 == 0 { (0.0, 1.0) } else { (1.0, 2.0) };
+        assert_eq!(mostly_masked(&many, quarter), Some(false));
+    }
+
+    #[test]
+    fn right_elements_not_off_by_the_shared_factor_put_it_on_a_term() {
+        assert_eq!(nearer_scaled(1.0, 0.51, 0.5), Some(true));
+        assert_eq!(nearer_scaled(1.0, 1.01, 0.5), Some(false));
+        assert_eq!(nearer_scaled(0.0, 0.0, 0.5), None);
+        let sides = |scaled: usize, not: usize| std::iter::repeat_n(true, scaled).chain(std::iter::repeat_n(false, not));
+        assert!(scales_whole(sides(8, 0)), "every right element is scaled too");
+        assert!(scales_whole(sides(0, 0)), "no right element tells");
+        assert!(scales_whole(sides(0, 3)), "too few are not scaled");
+        assert!(!scales_whole(sides(6, 10)), "most are not scaled: a term");
+        assert!(scales_whole(sides(12, 4)), "most are scaled: the whole, some hidden by rounding");
     }
 
     #[test]

@@ -357,9 +357,9 @@ impl Gpu {
         }
         let jobs: Vec<Job> = sources
             .into_iter()
-        .map(|source| Job { key: source_key(&target, &source), source, target: target.clone() })
-        .filter(|j| !self.available(j.key) && !self.utilities.lock().expect("utility modules").contains_key(&j.key))
-        .collect();
+            .map(|source| Job { key: source_key(&target, &source), source, target: target.clone() })
+            .filter(|j| !self.available(j.key) && !self.utilities.lock().expect("utility modules").contains_key(&j.key))
+            .collect();
         self.ahead.expect(jobs.iter().map(|j| j.key));
         self.ahead.compile_in_background(jobs);
     }

@@ -473,7 +473,7 @@ fn launch(
         let none = Memory::new();
         let noted = match (noting, &ran.device) {
             (Some((pass, step, what)), Some((mem, backup))) if !keep => {
-                tilegrad::check::notes::of_launch_in_place(&l, mem, backup.as_ref(), &ran.summary, exec, pass, step, what)?
+                tilegrad::check::notes::of_launch_in_place(&l, (mem, backup.as_ref()), &ran.summary, exec, (pass, step, what), &|_| None)?
             }
             (Some((pass, step, what)), _) => {
                 let (before, after) = (ran.before.as_ref().unwrap_or(&none), ran.after.as_ref().unwrap_or(&none));

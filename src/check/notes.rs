@@ -13,7 +13,7 @@ use super::backend::Executor;
 use super::report::{unravel, Finding, FindingKind, Location};
 use tilegrad_gpu::{Backup, DeviceMemory};
 use tilegrad_ir::{Inst, Kernel};
-use tilegrad_reference::{Arg, Grid, Launch, LaunchSummary, Memory, Options, Race, Site, TensorId, POISON_ALL};
+use tilegrad_reference::{Arg, Grid, HostTensor, Launch, LaunchSummary, Memory, Options, Race, Site, TensorId, POISON_ALL};
 
 /// The notes of one launch that ran from `before` to `after` with `summary` (for front ends
 /// that run launches themselves, as the Python package does): masked-off lanes its results
@@ -120,17 +120,16 @@ fn masked_lanes_by(
 /// tensors), as [`of_launch`] gives them: `before` holds what the launch writes as it was before
 /// it ran ([`tilegrad_gpu::Gpu::back_up`], taken where the kernel has loads without `other`;
 /// `None` otherwise). The poisoned runs go on the device from those contents, only the tensors
-/// the launch writes come to the host, and the launch's own results are put back.
-#[allow(clippy::too_many_arguments)]
+/// the launch writes come to the host, and the launch's own results are put back. `at` is the
+/// pass, the step and what it is; `shape_of` gives a tensor's shape where known (an element is
+/// named by its flat index otherwise).
 pub fn of_launch_in_place(
     launch: &Launch,
-    mem: &DeviceMemory,
-    before: Option<&Backup>,
+    (mem, before): (&DeviceMemory, Option<&Backup>),
     summary: &LaunchSummary,
     exec: &Executor,
-    pass: &'static str,
-    step: usize,
-    what: &str,
+    (pass, step, what): (&'static str, usize, &str),
+    shape_of: &dyn Fn(TensorId) -> Option<Vec<usize>>,
 ) -> Result<Vec<Finding>, String> {
     let at = At { pass, step, what };
     let mut out = Vec::new();
@@ -138,7 +137,13 @@ pub fn of_launch_in_place(
     if let (Some(before), Some(gpu), false) = (before, exec.gpu(), loads.is_empty()) {
         let err = |e: tilegrad_gpu::GpuError| e.to_string();
         let written = super::steps::written_tensors(launch.kernel(), launch.args());
-        let after = gpu.download_written(launch, mem).map_err(err)?;
+        let mut after = gpu.download_written(launch, mem).map_err(err)?;
+        for &t in &written {
+            let h = after.get(t);
+            if let Some(shaped) = shape_of(t).and_then(|sh| HostTensor::new(h.dtype(), &sh, h.data().clone()).ok()) {
+                *after.get_mut(t) = shaped;
+            }
+        }
         let results = gpu.back_up(launch, mem).map_err(err)?;
         let mut differs = |mask: u64| -> Option<Difference> {
             let l = poisoned(launch.kernel(), launch.grid(), launch.args(), launch.get_options(), mask);

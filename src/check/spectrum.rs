@@ -268,7 +268,7 @@ impl Evidence {
 }
 
 /// Whether an outcome that `right` of the `through` right elements through its line hold (and
-/// the wrong ones too) tells the wrong ones apart: none holds it, or few do (a quarter at most)
+/// the wrong ones too) tells the wrong ones apart: none holds it, or at most half do
 /// while at least [`SEPARATED`] hold another. (With a few right elements, which lanes of a row a
 /// slice follows decides the outcome of a mask over it as much as the bug does; where half the
 /// right ones share it, the condition is what every element passes, not what the wrong share.)

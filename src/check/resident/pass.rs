@@ -108,7 +108,8 @@ fn launch(
     let summary = exec.run_in_place(&l, &mem).map_err(dev)?;
     if let Some((pass, list)) = noted {
         let b = before.as_ref().filter(|_| lanes);
-        list.extend(notes::of_launch_in_place(&l, &mem, b, &summary, exec, pass, i, &step.describe())?);
+        let shape_of = |t: TensorId| env.shape_of(env.name_of(t)).map(<[usize]>::to_vec);
+        list.extend(notes::of_launch_in_place(&l, (&mem, b), &summary, exec, (pass, i, &step.describe()), &shape_of)?);
     }
     Ok(match before {
         Some(b) if keep => Some((summary.max_trips, summary.same_value_races > 0, b)),

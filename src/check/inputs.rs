@@ -522,6 +522,30 @@ pub(crate) fn normal(keys: &mut Keys, n: usize) -> Vec<f64> {
 mod tests {
     use super::*;
 
+    /// The device's draws take the key and distribution [`Inputs::device_draw`] gives: element
+    /// `j` of the tensor [`Inputs::materialise`] draws is [`value_at`] of them, rounded to the
+    /// dtype, for normal and uniform inputs in f32 and f64 (of odd lengths); other inputs have
+    /// none.
+    #[test]
+    fn device_draws_are_keyed_as_the_host_draws() {
+        let inputs = Inputs::new()
+            .random("a", DType::F32, &[7, 13], Dist::Normal { mean: 0.5, std: 2.0 })
+            .random("b", DType::F64, &[1001], Dist::Uniform { lo: -1.0, hi: 3.0 })
+            .random("c", DType::F32, &[33], Dist::Uniform { lo: 0.5, hi: 1.5 })
+            .random("d", DType::I32, &[5], Dist::RandInt { lo: 0, hi: 9 })
+            .random("e", DType::F32, &[9], Dist::Constant(2.0));
+        let env = inputs.materialise(11).unwrap();
+        for (i, name) in ["a", "b", "c"].iter().enumerate() {
+            let (key, dist) = inputs.device_draw(i, 11).unwrap();
+            let h = env.tensor(name).unwrap();
+            for j in 0..h.numel() {
+                let want = tilegrad_reference::round_to(h.dtype(), value_at(&dist, key, j));
+                assert_eq!(h.get_f64(j).to_bits(), want.to_bits(), "`{name}`[{j}]");
+            }
+        }
+        assert!(inputs.device_draw(3, 11).is_none() && inputs.device_draw(4, 11).is_none());
+    }
+
     /// A draw is the same whatever the chunk or thread that draws an element: the f32 tensor
     /// is the f64 draw rounded element by element, a short draw is the long one's beginning,
     /// and the values are a standard normal's.

@@ -412,10 +412,7 @@ pub fn check_backward_with(
     validate_backward(fwd, bwd)?;
     let bwd_tf32 = uses_tf32(&bwd.steps);
     let fwd_tf32 = uses_tf32(&fwd.steps);
-    // A replay in f32 measures the size of what roundings act on, where the passes compute in
-    // narrower floats than f32 (else the pass as written is that replay).
-    let replay32 = opts.precision == Precision::F64
-        && (bwd_tf32 || fwd_tf32 || inputs.tensors.iter().any(|t| is_narrow(input_dtype(t))) || computes_narrow(fwd, bwd));
+    let replay32 = replays_in_f32(fwd, bwd, inputs, opts);
     progress("inputs and forward", 0, opts.trials);
     let start = std::time::Instant::now();
     let exec = opts.executor()?;
@@ -784,6 +781,14 @@ impl Found {
         };
         report.with_notes(notes, opts.strict)
     }
+}
+
+/// Whether a check replays its passes in f32 too: a replay in f32 measures the size of what
+/// roundings act on, where the passes compute in narrower floats than f32 (else the pass as
+/// written is that replay).
+fn replays_in_f32(fwd: &Forward, bwd: &Backward, inputs: &Inputs, opts: &CheckOptions) -> bool {
+    let narrow = inputs.tensors.iter().any(|t| is_narrow(input_dtype(t))) || computes_narrow(fwd, bwd);
+    opts.precision == Precision::F64 && (uses_tf32(&bwd.steps) || uses_tf32(&fwd.steps) || narrow)
 }
 
 /// The report's name of [`CheckOptions::precision`].

@@ -933,6 +933,8 @@ fn multi_source_pointer(k: &Kernel, sources: &[Vec<bool>]) -> Option<Inst> {
 }
 
 #[cfg(test)]
+mod atomic_log_tests;
+#[cfg(test)]
 mod scratch_tests;
 #[cfg(test)]
 mod unroll_tests;

@@ -34,10 +34,13 @@ use tilegrad_ir::DType;
 /// no replay in f32 (`replay32`: narrow dtypes or tf32), cotangents drawn from normal
 /// distributions, and nothing that asks for elements or for non-finite values.
 pub(crate) fn eligible(fwd: &Forward, bwd: &Backward, opts: &CheckOptions, exec: &Executor, replay32: bool) -> bool {
+    exec.on_gpu() && !exec.comparing() && spec_eligible(fwd, bwd, opts, replay32)
+}
+
+/// [`eligible`] but for the executor.
+fn spec_eligible(fwd: &Forward, bwd: &Backward, opts: &CheckOptions, replay32: bool) -> bool {
     let normal_cotangents = fwd.cotangents.iter().all(|(_, c)| matches!(c, Cotangent::Random(Dist::Normal { .. })));
     opts.device_resident
-        && exec.on_gpu()
-        && !exec.comparing()
         && opts.ground == Ground::Kernels
         && opts.precision == Precision::F64
         && !replay32
@@ -346,4 +349,35 @@ fn finite(gpu: &Gpu, addr: u64, n: usize) -> Result<bool, Aside> {
     let rule = tilegrad_gpu::TallyRule { atol: 0.0, rtol: 0.0, scale: 1.0, floor: 0.0 };
     let t = gpu.tally(addr, addr, n, rule).map_err(dev)?;
     Ok(t.nan == 0 && t.inf == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spec_eligible;
+    use crate::check::{replays_in_f32, CheckOptions, Ground};
+
+    /// Which example specs a GPU check keeps on the device: those of allocations and launches
+    /// (a backward's sums too) in f32 and f64 with the ground truth by VJP kernels, not those
+    /// with host steps in the forward, narrow dtypes, or the evaluator's ground truth, or with
+    /// the option off.
+    #[test]
+    fn checks_of_launches_in_f32_stay_on_the_device_and_others_do_not() {
+        let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let on = |file: &str, tweak: &dyn Fn(CheckOptions) -> CheckOptions| {
+            let s = crate::spec::load(&examples.join(file)).unwrap();
+            let opts = tweak(CheckOptions { ground: Ground::Kernels, ..s.options.clone() });
+            let bwd = s.backward.as_ref().unwrap();
+            spec_eligible(&s.forward, bwd, &opts, replays_in_f32(&s.forward, bwd, &s.inputs, &opts))
+        };
+        let same = |o: CheckOptions| o;
+        for f in ["softmax.toml", "weighted_sum.toml", "layer_norm.toml", "matmul.toml", "flash_attention_causal.toml"] {
+            assert!(on(f, &same), "{f}");
+        }
+        for f in ["cross_entropy_mean.toml", "rms_norm_f16.toml", "smooth_ce_bf16.toml"] {
+            assert!(!on(f, &same), "{f}");
+        }
+        assert!(!on("softmax.toml", &|o| CheckOptions { ground: Ground::Evaluator, ..o }));
+        assert!(!on("softmax.toml", &|o| CheckOptions { device_resident: false, ..o }));
+        assert!(!on("softmax.toml", &|o| CheckOptions { blame_elements: vec![("x".into(), vec![0, 0])], ..o }));
+    }
 }

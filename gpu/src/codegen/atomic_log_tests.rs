@@ -1,0 +1,42 @@
+//! The float atomics a program logs, known before a run where none is in a loop: what decides
+//! ahead of a launch that program order would take too long (see `Gpu::run_compiled`).
+
+use super::*;
+use tilegrad_ir::triton::{convert, ConvertOptions};
+
+/// Two float `atomic_add`s of a row of `BLOCK` outside loops (one under a branch); one inside a
+/// loop.
+const KERNELS: &str = r#"
+import triton
+import triton.language as tl
+
+@triton.jit
+def rows(x_ptr, gw_ptr, gb_ptr, n, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + tl.program_id(0) * n + cols, mask=cols < n, other=0.0)
+    tl.atomic_add(gw_ptr + cols, x * x, mask=cols < n)
+    if tl.program_id(0) > 0:
+        tl.atomic_add(gb_ptr + cols, x, mask=cols < n)
+
+@triton.jit
+def looped(x_ptr, gw_ptr, n, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    for r in range(0, 4):
+        x = tl.load(x_ptr + r * n + cols, mask=cols < n, other=0.0)
+        tl.atomic_add(gw_ptr + cols, x, mask=cols < n)
+"#;
+
+fn generated(name: &str) -> Generated {
+    let k = convert(KERNELS, "atomics.py", name, &ConvertOptions::with_constexprs(&[("BLOCK", 128)])).unwrap();
+    generate_ordered(&k, true).unwrap()
+}
+
+#[test]
+fn float_atomics_outside_loops_are_counted_ahead_and_those_in_loops_are_not() {
+    let rows = generated("rows");
+    assert!(rows.float_atomics);
+    assert_eq!(rows.log_per_program, Some(256));
+    let looped = generated("looped");
+    assert!(looped.float_atomics);
+    assert_eq!(looped.log_per_program, None);
+}

@@ -22,6 +22,12 @@ const LOG_CAP: u64 = 1 << 15;
 /// the device's order.
 const ORDERED_LOG_WORK: u64 = 1 << 22;
 
+/// Whether `programs` programs of generated code add float atomics outside loops, known too many
+/// to add in program order ([`ORDERED_LOG_WORK`]).
+fn ordered_too_long(gen: &Generated, programs: u64) -> bool {
+    gen.float_atomics && gen.log_per_program.is_some_and(|per| per.saturating_mul(programs) > ORDERED_LOG_WORK)
+}
+
 /// How a run on the device went.
 enum Ran {
     /// It ran: its summary (the written tensors are in the memory).
@@ -302,14 +308,15 @@ impl Gpu {
     /// a check's first launches find them compiled: NVRTC takes a fraction of a second for each
     /// (without its own cache, up to a second). The first form of each is compiled now, on
     /// threads: quickly for a kernel whose launches will be small ([`Gpu::small`]; `programs`
-    /// is an estimate of its largest). For one whose launches will be larger, the other form
-    /// (for fewer blocks, used where the first spills) compiles in the background. Those
-    /// compiled before (in memory or on disk) are skipped; a kernel that fails to compile is
-    /// left to its launch, which reports the error.
+    /// is an estimate of its largest). The other form of a large kernel (for fewer blocks, used
+    /// where the first spills) is left to the first launch that finds the first form spilling,
+    /// which starts it in the background (see `Gpu::compiled`): compiled ahead for every large
+    /// kernel, those a process never used made its exit wait for them (2.4 s of a 5.5 s cold
+    /// softmax check). Those compiled before (in memory or on disk) are skipped; a kernel that
+    /// fails to compile is left to its launch, which reports the error.
     pub fn precompile(&self, kernels: &[(&Kernel, Flavor, u64)]) {
-        let (now, later) = self.compile_jobs(kernels);
+        let (now, _other_forms) = self.compile_jobs(kernels);
         self.ahead.compile(&now);
-        self.ahead.compile_in_background(later);
     }
 
     /// [`Gpu::precompile`] with every form compiled in the background: for kernels a caller
@@ -327,6 +334,16 @@ impl Gpu {
         let mut later: Vec<Job> = Vec::new();
         for (k, flavor, programs) in kernels {
             let Ok((first, alt)) = forms(k, *flavor) else { continue };
+            // A plain launch whose float atomics are known too many for program order runs
+            // in the device's order (see `Gpu::run_compiled`): that form is the one it takes.
+            let unordered = Flavor { ordered: false, ..*flavor };
+            let (first, alt) = match flavor.marks && *programs != u64::MAX && ordered_too_long(&first, *programs) {
+                true => match forms(k, unordered) {
+                    Ok(f) => f,
+                    Err(_) => continue,
+                },
+                false => (first, alt),
+            };
             let first_target = self.first_target(&first.source, *programs);
             let alt = alt.filter(|_| !self.small(*programs)).map(|a| (a, self.target(false)));
             for (j, (gen, target)) in std::iter::once((first, first_target)).chain(alt).enumerate() {
@@ -519,10 +536,8 @@ impl Gpu {
         let short = |cap: u64| opts.exact_order || cap.saturating_mul(programs) <= ORDERED_LOG_WORK;
         // Atomics outside loops tell the work ahead: too long for the programs' turns, the
         // device's order without a run in program order first.
-        if let (true, true, Some(per)) = (c.gen.float_atomics, opts.ordered_atomics, c.gen.log_per_program) {
-            if !short(per) {
-                return Ok(Ran::LogsTooLong(per));
-            }
+        if opts.ordered_atomics && !opts.exact_order && ordered_too_long(&c.gen, programs) {
+            return Ok(Ran::LogsTooLong(c.gen.log_per_program.unwrap_or(0)));
         }
         let mut cap = LOG_CAP;
         let hint = c.log_hint.load(Relaxed);

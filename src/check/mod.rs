@@ -13,12 +13,18 @@
 //! The forward runs twice: in the kernels' own dtypes (what the backward sees) and promoted to
 //! f64 (the ground truth; [`CheckOptions::precision`]). For each of [`CheckOptions::trials`]
 //! random cotangents the ground truth's reverse sweep ([`tilegrad_ad::vjp`] per launch) gives the
-//! true gradients, and the backward runs on the reference interpreter with its allocations
-//! poisoned (NaN) and masked loads without `other` reading NaN, recording who wrote every element.
+//! true gradients, and the backward runs with its `empty` allocations poisoned (NaN) and the
+//! masked-off lanes of loads without `other` read as 0, as Triton's GPU backends read them (a
+//! launch whose results depend on them gets a note), recording who wrote every element.
 //! The [`Report`] compares them element by element and blames the worst element on the program
 //! and store that wrote it. What goes wrong inside the backward (out of bounds, race, loop bound,
 //! NaN, unwritten element, wrong value) is a verdict in the report; what is wrong with the forward
 //! or the check's description is a [`CheckError`].
+//!
+//! The check runs through host tensors (the `host` module: on the reference, or on the GPU with
+//! each launch's tensors crossing to the device and back) or, on the GPU with the ground truth by
+//! VJP kernels, with its tensors kept on the device (the `resident` module), which leaves a check
+//! it cannot finish there (a failing one among them) to the first.
 //!
 //! ```
 //! use tilegrad::check::{check_backward, Backward, CheckOptions, Forward, Inputs, KernelLaunch, Step};

@@ -639,7 +639,6 @@ pub(crate) fn run(
         }
     }
     for (i, step) in steps.iter().enumerate() {
-        let fail = |error| StepFailure { step: i, error };
         let spec = |m: String| StepFailure { step: i, error: StepError::Spec(m) };
         let scope: &Env = env;
         match step {
@@ -653,107 +652,16 @@ pub(crate) fn run(
                     tr.tensors.push((name.clone(), Origin::Alloc { step: i, init: *init }, Vec::new()));
                 }
             }
-            Step::Launch(kl) => {
-                let kernel = match mode {
-                    Mode::Native | Mode::ResolvingRaces | Mode::Exact => kl.kernel.clone(),
-                    Mode::F64 | Mode::F32 => Arc::new(
-                        tilegrad_ir::passes::promote_floats(&kl.kernel, mode.dtype(DType::F64))
-                            .map_err(|e| fail(StepError::Exec(Box::new(e.into()))))?,
-                    ),
-                };
-                let (grid, args) = resolve(kl, &kernel, env).map_err(spec)?;
-                exec.check_grid(&kernel.name, grid).map_err(spec)?;
-                if let Some(r) = records.as_deref_mut() {
-                    let mut before = Memory::new();
-                    let mut names = Vec::new();
-                    let mut remap: Vec<(TensorId, TensorId)> = Vec::new();
-                    let unread = unread_tensors(&kernel, &args);
-                    let args = args
-                        .iter()
-                        .map(|(n, a)| {
-                            let a = match a {
-                                Arg::Tensor(t) => Arg::Tensor(match remap.iter().find(|(o, _)| o == t) {
-                                    Some((_, m)) => *m,
-                                    None => {
-                                        let h = env.mem.get(*t);
-                                        let kept = match mode {
-                                            Mode::F64 if unread.contains(t) => unread_placeholder(h),
-                                            Mode::F64 => narrowed(h, &r.share),
-                                            _ => h.clone(),
-                                        };
-                                        let m = before.add(env.mem.name(*t), kept);
-                                        remap.push((*t, m));
-                                        names.push((m, env.mem.name(*t).to_string()));
-                                        m
-                                    }
-                                }),
-                                s => *s,
-                            };
-                            (n.clone(), a)
-                        })
-                        .collect();
-                    r.launches.push(LaunchRecord {
-                        step: i,
-                        kernel: kernel.clone(),
-                        grid,
-                        args,
-                        before,
-                        names,
-                        max_trips: Default::default(),
-                        same_value: false,
-                    });
-                }
-                let opts = Options {
-                    record_writers: trace.is_some(),
-                    exact: mode == Mode::Exact,
-                    races: if mode == Mode::ResolvingRaces { RaceMode::Warn } else { RaceMode::Error },
-                    ..Options::default()
-                };
-                let mut launch = Launch::new(&kernel, grid).options(opts.clone());
-                for (n, a) in &args {
-                    launch = launch.arg(n, *a);
-                }
-                if let Some(tr) = trace.as_deref_mut() {
-                    // The tensors it may write, as they are now: blame re-runs one program later.
-                    let before = written_tensors(&kernel, &args).into_iter().map(|t| (t, Snapshot::of(env.mem.get(t)))).collect();
-                    tr.launches.push(TracedLaunch {
-                        step: i,
-                        kernel: kernel.clone(),
-                        grid,
-                        args: args.clone(),
-                        options: opts.clone(),
-                        before,
-                    });
-                }
-                let before = notes.as_ref().is_some_and(|_| has_unfilled_loads(&kernel)).then(|| env.mem.clone());
-                let summary = exec.run(&launch, &mut env.mem).map_err(|e| match e {
-                    ExecError::Invalid(_) | ExecError::Argument { .. } | ExecError::Grid { .. } | ExecError::BadTensor { .. } => {
-                        spec(e.to_string())
-                    }
-                    e => fail(StepError::Exec(Box::new(e))),
-                })?;
-                if let Some((pass, list)) = notes.as_mut() {
-                    let at = notes::At { pass, step: i, what: &step.describe() };
-                    if let Some(before) = &before {
-                        list.extend(notes::masked_lanes(&kernel, grid, &args, &opts, before, &env.mem, exec, at));
-                    }
-                    list.extend(notes::same_value(&summary, at));
-                }
-                if let Some(r) = records.as_deref_mut() {
-                    if let Some(last) = r.launches.last_mut().filter(|l| l.step == i) {
-                        last.max_trips = summary.max_trips.clone();
-                        last.same_value = summary.same_value_races > 0;
-                    }
-                }
-                if let Some(tr) = trace.as_deref_mut() {
-                    for w in summary.writers {
-                        let name = env.mem.name(w.tensor).to_string();
-                        if let Some(t) = tr.tensors.iter_mut().find(|(n, ..)| *n == name) {
-                            t.2.push((i, kl.kernel.clone(), grid, w));
-                        }
-                    }
-                }
-            }
+            Step::Launch(kl) => run_launch(
+                env,
+                kl,
+                (i, step),
+                mode,
+                records.as_deref_mut(),
+                trace.as_deref_mut(),
+                notes.as_mut().map(|(p, l)| (*p, &mut **l)),
+                exec,
+            )?,
             Step::Sum { src, axis, dst } => {
                 let t = env.tensor(src).ok_or_else(|| spec(env.need(src).unwrap_err()))?;
                 let shape = t.shape().to_vec();
@@ -957,8 +865,121 @@ pub(crate) fn eval_shape(shape: &[Expr], scope: &dyn Scope) -> Result<Vec<usize>
     Ok(dims)
 }
 
-/// Evaluates a launch's grid and arguments: tensors by name, scalars converted to the
-/// parameter's dtype.
+/// Runs launch step `i` (`kl`; `step` describes it) on `env` in `mode`: where asked, records it
+/// for the ground truth's reverse sweep, traces who wrote what, and notes what it relies on.
+#[allow(clippy::too_many_arguments)]
+fn run_launch(
+    env: &mut Env,
+    kl: &KernelLaunch,
+    (i, step): (usize, &Step),
+    mode: Mode,
+    mut records: Option<&mut Records>,
+    mut trace: Option<&mut Trace>,
+    mut notes: Option<(&'static str, &mut Vec<Finding>)>,
+    exec: &super::backend::Executor,
+) -> Result<(), StepFailure> {
+    let fail = |error| StepFailure { step: i, error };
+    let spec = |m: String| StepFailure { step: i, error: StepError::Spec(m) };
+    let kernel = match mode {
+        Mode::Native | Mode::ResolvingRaces | Mode::Exact => kl.kernel.clone(),
+        Mode::F64 | Mode::F32 => Arc::new(
+            tilegrad_ir::passes::promote_floats(&kl.kernel, mode.dtype(DType::F64))
+                .map_err(|e| fail(StepError::Exec(Box::new(e.into()))))?,
+        ),
+    };
+    let (grid, args) = resolve(kl, &kernel, env).map_err(spec)?;
+    exec.check_grid(&kernel.name, grid).map_err(spec)?;
+    if let Some(r) = records.as_deref_mut() {
+        record_launch(r, env, i, (&kernel, grid, &args), mode);
+    }
+    let opts = Options {
+        record_writers: trace.is_some(),
+        exact: mode == Mode::Exact,
+        races: if mode == Mode::ResolvingRaces { RaceMode::Warn } else { RaceMode::Error },
+        ..Options::default()
+    };
+    let mut launch = Launch::new(&kernel, grid).options(opts.clone());
+    for (n, a) in &args {
+        launch = launch.arg(n, *a);
+    }
+    if let Some(tr) = trace.as_deref_mut() {
+        // The tensors it may write, as they are now: blame re-runs one program later.
+        let before = written_tensors(&kernel, &args).into_iter().map(|t| (t, Snapshot::of(env.mem.get(t)))).collect();
+        tr.launches.push(TracedLaunch { step: i, kernel: kernel.clone(), grid, args: args.clone(), options: opts.clone(), before });
+    }
+    let before = notes.as_ref().is_some_and(|_| has_unfilled_loads(&kernel)).then(|| env.mem.clone());
+    let summary = exec.run(&launch, &mut env.mem).map_err(|e| match e {
+        ExecError::Invalid(_) | ExecError::Argument { .. } | ExecError::Grid { .. } | ExecError::BadTensor { .. } => spec(e.to_string()),
+        e => fail(StepError::Exec(Box::new(e))),
+    })?;
+    if let Some((pass, list)) = notes.as_mut() {
+        let at = notes::At { pass, step: i, what: &step.describe() };
+        if let Some(before) = &before {
+            list.extend(notes::masked_lanes(&kernel, grid, &args, &opts, before, &env.mem, exec, at));
+        }
+        list.extend(notes::same_value(&summary, at));
+    }
+    if let Some(r) = records {
+        if let Some(last) = r.launches.last_mut().filter(|l| l.step == i) {
+            last.max_trips = summary.max_trips.clone();
+            last.same_value = summary.same_value_races > 0;
+        }
+    }
+    if let Some(tr) = trace {
+        for w in summary.writers {
+            let name = env.mem.name(w.tensor).to_string();
+            if let Some(t) = tr.tensors.iter_mut().find(|(n, ..)| *n == name) {
+                t.2.push((i, kl.kernel.clone(), grid, w));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Records launch step `i` of `kernel` on `grid` with `args` for the ground truth's reverse
+/// sweep: its tensors as they are before it runs (an f64 pass keeps f64 tensors of f32 values as
+/// f32, and tensors the kernel never reads as placeholders).
+fn record_launch(r: &mut Records, env: &Env, i: usize, (kernel, grid, args): (&Arc<Kernel>, Grid, &[(String, Arg)]), mode: Mode) {
+    let mut before = Memory::new();
+    let mut names = Vec::new();
+    let mut remap: Vec<(TensorId, TensorId)> = Vec::new();
+    let unread = unread_tensors(kernel, args);
+    let args = args
+        .iter()
+        .map(|(n, a)| {
+            let a = match a {
+                Arg::Tensor(t) => Arg::Tensor(match remap.iter().find(|(o, _)| o == t) {
+                    Some((_, m)) => *m,
+                    None => {
+                        let h = env.mem.get(*t);
+                        let kept = match mode {
+                            Mode::F64 if unread.contains(t) => unread_placeholder(h),
+                            Mode::F64 => narrowed(h, &r.share),
+                            _ => h.clone(),
+                        };
+                        let m = before.add(env.mem.name(*t), kept);
+                        remap.push((*t, m));
+                        names.push((m, env.mem.name(*t).to_string()));
+                        m
+                    }
+                }),
+                s => *s,
+            };
+            (n.clone(), a)
+        })
+        .collect();
+    r.launches.push(LaunchRecord {
+        step: i,
+        kernel: kernel.clone(),
+        grid,
+        args,
+        before,
+        names,
+        max_trips: Default::default(),
+        same_value: false,
+    });
+}
+
 /// Named tensors and constants a launch's arguments are resolved against: a host
 /// environment, or one whose tensors live on the device.
 pub(crate) trait Bindings: Scope {
@@ -972,8 +993,8 @@ impl Bindings for Env {
     }
 }
 
-/// The grid and arguments of launch `kl` of `kernel` (the launch's kernel, possibly promoted)
-/// in `env`.
+/// Evaluates a launch's grid and arguments in `env`: tensors by name, scalars converted to the
+/// parameter's dtype (`kernel`: the launch's kernel, possibly promoted).
 pub(crate) fn resolve<E: Bindings>(kl: &KernelLaunch, kernel: &Kernel, env: &E) -> Result<(Grid, Vec<(String, Arg)>), String> {
     if kl.grid.is_empty() || kl.grid.len() > 3 {
         return Err(format!("a grid has 1 to 3 axes, got {}", kl.grid.len()));

@@ -51,7 +51,7 @@ impl Gpu {
         }
         let f = self.utility(SOURCE, "tg_widen_f32")?;
         let s = &self.cuda()?.stream;
-        let blocks = (n as u64).div_ceil(u64::from(THREADS) * 4).clamp(1, u64::from(self.sms()) * 8) as u32;
+        let blocks = self.summary_blocks(n);
         let n64 = n as u64;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: `src` holds `n` f32 values and `dst` room for `n` f64 values, by the caller's

@@ -154,7 +154,7 @@ extern "C" __global__ void tg_tally(const double* e, const double* g, u64 n, dou
 impl Gpu {
     /// Blocks of a summary over `n` elements: enough to fill the device, each thread taking a
     /// few elements.
-    fn summary_blocks(&self, n: usize) -> u32 {
+    pub(crate) fn summary_blocks(&self, n: usize) -> u32 {
         (n as u64).div_ceil(u64::from(THREADS) * 4).clamp(1, u64::from(self.sms()) * 8) as u32
     }
 

@@ -767,3 +767,82 @@ fn same_reports(a: &Report, b: &Report) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// An f64 `dot` of 64x64 tiles (67 KB of scratch a block, doubled) and a row sum: its scratch
+/// in dynamic shared memory (where the device lets a block have that much) and in global
+/// memory gives the reference's results bit for bit, over 5 programs of a 300x64 by 64x70
+/// product (partial tiles masked).
+#[test]
+fn scratch_in_dynamic_shared_and_in_global_memory_gives_the_reference_results() {
+    const DOT: &str = r#"
+import triton
+import triton.language as tl
+
+@triton.jit
+def mm(a_ptr, b_ptr, c_ptr, s_ptr, M, N, BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rk = tl.arange(0, BK)
+    rn = tl.arange(0, BN)
+    a = tl.load(a_ptr + rm[:, None] * BK + rk[None, :], mask=rm[:, None] < M, other=0.0)
+    b = tl.load(b_ptr + rk[:, None] * N + rn[None, :], mask=rn[None, :] < N, other=0.0)
+    c = tl.dot(a, b)
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], c, mask=(rm[:, None] < M) & (rn[None, :] < N))
+    tl.store(s_ptr + rm, tl.sum(c * c, axis=1), mask=rm < M)
+"#;
+    use tilegrad_gpu::codegen::{generate, set_dynamic_shared_limit, ScratchIn};
+    use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
+    use tilegrad_reference::{HostTensor, Launch, Memory};
+    let Some(gpu) = a_gpu() else { return };
+    let constexprs = [("BM", 64), ("BK", 64), ("BN", 64)].iter().map(|(n, v)| (n.to_string(), ConstValue::Int(*v))).collect();
+    let ptrs = ["a_ptr", "b_ptr", "c_ptr", "s_ptr"].iter().map(|n| (n.to_string(), DType::F64)).collect();
+    let k = convert(DOT, "mm.py", "mm", &ConvertOptions { constexprs, pointer_dtypes: ptrs, ..ConvertOptions::default() }).unwrap();
+    let (m, n) = (300usize, 70usize);
+    let mut r = 0x9e3779b97f4a7c15u64;
+    let mut draw = |len: usize| -> Vec<f64> {
+        (0..len)
+            .map(|_| {
+                r ^= r << 13;
+                r ^= r >> 7;
+                r ^= r << 17;
+                (r >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+            })
+            .collect()
+    };
+    let mut mem = Memory::new();
+    let a = mem.add("a", HostTensor::from_f64(&[m * 64], draw(m * 64)));
+    let b = mem.add("b", HostTensor::from_f64(&[64 * n], draw(64 * n)));
+    let c = mem.add("c", HostTensor::from_f64(&[m * n], vec![0.0; m * n]));
+    let s = mem.add("s", HostTensor::from_f64(&[m], vec![0.0; m]));
+    let launch = Launch::new(&k, m.div_ceil(64))
+        .arg("a_ptr", a)
+        .arg("b_ptr", b)
+        .arg("c_ptr", c)
+        .arg("s_ptr", s)
+        .arg("M", m as i64)
+        .arg("N", n as i64);
+    let mut want = mem.clone();
+    launch.run(&mut want).unwrap();
+    // The device's own limits (set by `Gpu::new`), then none: scratch in global memory. (A
+    // test beside this one starting a `Gpu` sets the device's limits again: this one then
+    // runs the shared form twice, which must agree all the same.)
+    for limits in [true, false] {
+        if !limits {
+            set_dynamic_shared_limit(0, 0);
+        }
+        let g = generate(&k).unwrap();
+        assert!(g.scratch_bytes > 96 * 1024, "{} bytes of scratch", g.scratch_bytes);
+        let place = g.scratch_in;
+        if !limits {
+            assert_eq!(place, ScratchIn::Global);
+        }
+        eprintln!("scratch of {} bytes in {place:?}", g.scratch_bytes);
+        let mut got = mem.clone();
+        gpu.run(&launch, &mut got, tilegrad_gpu::GpuOptions::default()).unwrap();
+        for t in [c, s] {
+            let (w, g) = (want[t].as_f64().unwrap(), got[t].as_f64().unwrap());
+            let differ = w.iter().zip(g).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+            assert_eq!(differ, 0, "scratch in {place:?}: {differ} elements differ from the reference's");
+        }
+    }
+    drop(tilegrad_gpu::Gpu::new().unwrap());
+}

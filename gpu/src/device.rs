@@ -3,7 +3,8 @@
 //! device found into the reference's errors.
 
 use crate::codegen::{
-    self, Flavor, Generated, ARG_WORDS, ERR_LOOP, ERR_OOB, ERR_RUNTIME, ERR_WORDS, FLAG_LOG_FULL, HEADER_WORDS, LOG_WORDS, PTR_WORDS,
+    self, Flavor, Generated, ScratchIn, ARG_WORDS, ERR_LOOP, ERR_OOB, ERR_RUNTIME, ERR_WORDS, FLAG_LOG_FULL, HEADER_WORDS, LOG_WORDS,
+    PTR_WORDS,
 };
 use crate::compile::{cache_file, nvrtc, nvrtc_cubin, source_key, write_cache, Ahead, Job, Target};
 use crate::in_place::{Backup, DeviceMemory};
@@ -22,10 +23,11 @@ const LOG_CAP: u64 = 1 << 15;
 /// the device's order.
 const ORDERED_LOG_WORK: u64 = 1 << 22;
 
-/// Whether `programs` programs of generated code add float atomics outside loops, known too many
-/// to add in program order ([`ORDERED_LOG_WORK`]).
+/// Whether `programs` programs of generated code add float atomics known, before a run, too
+/// many to add in program order ([`ORDERED_LOG_WORK`]; each loop's body counted once:
+/// [`Generated::log_per_program`]).
 fn ordered_too_long(gen: &Generated, programs: u64) -> bool {
-    gen.float_atomics && gen.log_per_program.is_some_and(|per| per.saturating_mul(programs) > ORDERED_LOG_WORK)
+    gen.float_atomics && gen.log_per_program.saturating_mul(programs) > ORDERED_LOG_WORK
 }
 
 /// How a run on the device went.
@@ -176,6 +178,11 @@ impl Gpu {
         let arch = (attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?);
         let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let name = device::get_name(dev).map_err(driver)?;
+        // Scratch past static shared memory goes to dynamic shared memory where a block may
+        // opt in to it (less a margin for the entry's own static shared words).
+        let opt_in = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).unwrap_or(0).max(0) as usize;
+        let per_sm = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR).unwrap_or(0).max(0) as usize;
+        codegen::set_dynamic_shared_limit(opt_in.saturating_sub(1024), per_sm);
         let cuda = Started::spawn(|| {
             let ctx = CudaContext::new(0).map_err(|e| format!("cannot create a CUDA context: {e}"))?;
             // One stream, synchronised by hand: no per-buffer events.
@@ -250,13 +257,13 @@ impl Gpu {
     /// A small launch ([`Gpu::small`]) takes the kernel's fully optimised form where that is
     /// compiled already, else its quick form ([`Target`]).
     ///
-    /// A kernel whose blocks spill registers to local memory at 64 registers a thread is
-    /// compiled again for half as many blocks an SM (up to 128 registers), and that form is
-    /// used when it spills less. No launch waits for that form while it compiles in the
-    /// background ([`Gpu::precompile`]): it runs the first (a big kernel's compile takes
-    /// seconds, more than its spills cost a launch), and later launches take the other. Where
-    /// that form is neither compiled nor compiling, a launch of more `programs` than SMs starts
-    /// its compile in the background; a smaller one leaves it.
+    /// A kernel whose blocks spill registers to local memory has a form for half as many
+    /// blocks an SM (twice the registers), used where it is compiled and spills less. Only
+    /// [`Gpu::precompile_in_background`] compiles it, for a process that launches the kernel
+    /// again later (the Python package). No launch waits for it while it compiles (it runs
+    /// the first; later launches take the other), and none starts its compile: a process
+    /// would wait at its exit for a form it may never run (a CLI check of the causal
+    /// attention, 5 s).
     fn compiled(&self, k: &Kernel, flavor: Flavor, programs: u64) -> Result<Arc<Compiled>, GpuError> {
         let (first, alt) = forms(k, flavor)?;
         let target = self.first_target(&first.source, programs);
@@ -287,12 +294,10 @@ impl Gpu {
             let alt_key = source_key(&full, &alt.source);
             let compiling = self.ahead.compiling(alt_key);
             let compiled = cache_file(alt_key).is_some_and(|f| f.exists()) || self.ahead.has(alt_key);
-            if compiling || !compiled {
-                if !compiling && !small {
-                    self.ahead.expect([alt_key]);
-                    self.ahead.compile_in_background(vec![Job { key: alt_key, source: alt.source, target: full.clone() }]);
-                }
+            if compiling {
                 provisional = true;
+            } else if !compiled {
+                // Compiled only where asked for ahead (`Gpu::precompile_in_background`).
             } else if let Ok(alt) = self.load(k, alt, &full) {
                 // The other form is an optimisation: if it fails to load, the first serves.
                 if spill(&alt) < spill(&c) {
@@ -315,29 +320,32 @@ impl Gpu {
     /// softmax check). Those compiled before (in memory or on disk) are skipped; a kernel that
     /// fails to compile is left to its launch, which reports the error.
     pub fn precompile(&self, kernels: &[(&Kernel, Flavor, u64)]) {
-        let (now, _other_forms) = self.compile_jobs(kernels);
+        let (now, _) = self.compile_jobs(kernels, false);
         self.ahead.compile(&now);
     }
 
-    /// [`Gpu::precompile`] with every form compiled in the background: for kernels a caller
-    /// will launch later (the f64 forms and VJP kernels of a launch the Python package has just
-    /// seen), so that their compiles overlap what runs before. A launch of one waits for it.
-    pub fn precompile_in_background(&self, kernels: &[(&Kernel, Flavor, u64)]) {
-        let (mut now, later) = self.compile_jobs(kernels);
-        now.extend(later);
+    /// [`Gpu::precompile`] in the background: for kernels a caller will launch later (the
+    /// VJP kernels of a CLI check, which run last; the f64 forms and VJP kernels of a launch
+    /// the Python package has just seen), so that their compiles overlap what runs before. A
+    /// launch of one waits for it. With `other_forms`, the forms for fewer blocks an SM of
+    /// large launches compile too, in a batch of their own (see `Gpu::compiled`).
+    pub fn precompile_in_background(&self, kernels: &[(&Kernel, Flavor, u64)], other_forms: bool) {
+        let (now, later) = self.compile_jobs(kernels, other_forms);
         self.ahead.compile_in_background(now);
+        self.ahead.compile_in_background(later);
     }
 
-    /// The compiles [`Gpu::precompile`] runs: the first forms, then the others.
-    fn compile_jobs(&self, kernels: &[(&Kernel, Flavor, u64)]) -> (Vec<Job>, Vec<Job>) {
+    /// The compiles [`Gpu::precompile`] runs: the first forms, and with `other_forms` the
+    /// others; each marked as compiling.
+    fn compile_jobs(&self, kernels: &[(&Kernel, Flavor, u64)], other_forms: bool) -> (Vec<Job>, Vec<Job>) {
         let mut now: Vec<Job> = Vec::new();
         let mut later: Vec<Job> = Vec::new();
         for (k, flavor, programs) in kernels {
             let Ok((first, alt)) = forms(k, *flavor) else { continue };
-            // A plain launch whose float atomics are known too many for program order runs
-            // in the device's order (see `Gpu::run_compiled`): that form is the one it takes.
+            // A launch whose float atomics are known too many for program order runs in the
+            // device's order (see `Gpu::known_too_long`): that form is the one it takes.
             let unordered = Flavor { ordered: false, ..*flavor };
-            let (first, alt) = match flavor.marks && *programs != u64::MAX && ordered_too_long(&first, *programs) {
+            let (first, alt) = match flavor.ordered && *programs != u64::MAX && ordered_too_long(&first, *programs) {
                 true => match forms(k, unordered) {
                     Ok(f) => f,
                     Err(_) => continue,
@@ -345,7 +353,7 @@ impl Gpu {
                 false => (first, alt),
             };
             let first_target = self.first_target(&first.source, *programs);
-            let alt = alt.filter(|_| !self.small(*programs)).map(|a| (a, self.target(false)));
+            let alt = alt.filter(|_| other_forms && !self.small(*programs)).map(|a| (a, self.target(false)));
             for (j, (gen, target)) in std::iter::once((first, first_target)).chain(alt).enumerate() {
                 let key = source_key(&target, &gen.source);
                 let listed = now.iter().chain(&later).any(|t| t.key == key);
@@ -413,9 +421,10 @@ impl Gpu {
     /// [`Gpu::precompile`]) and loads it.
     fn load(&self, k: &Kernel, gen: Generated, target: &Target) -> Result<Compiled, GpuError> {
         let key = source_key(target, &gen.source);
-        let cached = cache_file(key).and_then(|f| std::fs::read(f).ok());
-        let ahead = || self.ahead.take(key);
-        let image = match cached.or_else(ahead) {
+        // Compiled ahead (waiting while it compiles in the background), then kept in memory or
+        // written to the disk cache.
+        let image = self.ahead.take(key).or_else(|| cache_file(key).and_then(|f| std::fs::read(f).ok()));
+        let image = match image {
             Some(image) => image,
             None => {
                 let image = nvrtc_cubin(&gen.source, target).map_err(|log| GpuError::Compile { kernel: k.name.clone(), log })?;
@@ -426,6 +435,10 @@ impl Gpu {
         let ptx = cudarc::nvrtc::Ptx::from_binary(image);
         let module = self.cuda()?.ctx.load_module(ptx).map_err(driver)?;
         let main = module.load_function(codegen::ENTRY).map_err(driver)?;
+        if gen.scratch_in == ScratchIn::DynamicShared {
+            use cudarc::driver::sys::CUfunction_attribute as F;
+            main.set_attribute(F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, gen.scratch_bytes as i32).map_err(driver)?;
+        }
         let races = module.load_function("tg_races").map_err(driver)?;
         Ok(Compiled { gen, main, races, _module: module, log_hint: std::sync::atomic::AtomicU64::new(LOG_CAP) })
     }
@@ -437,7 +450,8 @@ impl Gpu {
         let f = &c.main;
         let regs = f.num_regs().map_err(driver)?;
         let local = f.local_size_bytes().map_err(driver)?;
-        let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(c.gen.threads, 0, None).map_err(driver)?;
+        let smem = if c.gen.scratch_in == ScratchIn::DynamicShared { c.gen.scratch_bytes } else { 0 };
+        let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(c.gen.threads, smem, None).map_err(driver)?;
         Ok(format!(
             "{} threads, {regs} registers, {local} B local per thread, {} B scratch, {per_sm} blocks/SM",
             c.gen.threads, c.gen.scratch_bytes
@@ -472,12 +486,20 @@ impl Gpu {
             return self.settle(launch, place, why);
         }
         let programs = launch.program_range().end - launch.program_range().start;
-        let c = self.compiled(k, opts.flavor(launch), programs)?;
         if let Place::Device { mem, backup } = place {
             *backup = Some(self.back_up(launch, mem)?);
         }
         let conflict = "the device found a conflict between programs, which the reference reports exactly";
-        match self.run_compiled(&c, launch, place, opts)? {
+        // Atomics known too many ahead go to the device's order without their form in program
+        // order compiled or run (its compile took 1.4 s of a cold layer-norm check).
+        let ran = match self.known_too_long(k, opts, launch, programs)? {
+            Some(n) => Ran::LogsTooLong(n),
+            None => {
+                let c = self.compiled(k, opts.flavor(launch), programs)?;
+                self.run_compiled(&c, launch, place, opts)?
+            }
+        };
+        match ran {
             Ran::Done(summary) => Ok(Outcome { summary, ran_on: RanOn::Gpu }),
             Ran::Conflict => self.settle(launch, place, conflict),
             Ran::LogsTooLong(n) => {
@@ -488,13 +510,25 @@ impl Gpu {
                 self.rewind(place)?;
                 match self.run_compiled(&c, launch, place, unordered)? {
                     Ran::Done(summary) => {
-                        let why = format!("a program adds up to {n} floats atomically, too many to add in program order");
+                        let why = format!("a program adds {n} floats atomically or more, too many to add in program order");
                         Ok(Outcome { summary, ran_on: RanOn::GpuDeviceOrder(why) })
                     }
                     Ran::Conflict | Ran::LogsTooLong(_) => self.settle(launch, place, conflict),
                 }
             }
         }
+    }
+
+    /// The float atomics a program of `launch` logs, where known before a run too many to add
+    /// in program order (see [`ordered_too_long`]): none where the launch adds in the device's
+    /// order anyway, or in program order whatever it costs ([`GpuOptions::exact_order`]).
+    fn known_too_long(&self, k: &Kernel, opts: GpuOptions, launch: &Launch, programs: u64) -> Result<Option<u64>, GpuError> {
+        let flavor = opts.flavor(launch);
+        if !flavor.ordered || opts.exact_order {
+            return Ok(None);
+        }
+        let (first, _) = first_form(k, flavor)?;
+        Ok(ordered_too_long(&first, programs).then_some(first.log_per_program))
     }
 
     /// Runs a launch the device cannot settle on the reference, from the memory it started
@@ -534,11 +568,6 @@ impl Gpu {
         let programs = range.end - range.start;
         let fits = |cap: u64| -> Result<bool, GpuError> { Ok(LOG_WORDS as u64 * 8 * cap <= self.free_memory()? / 4) };
         let short = |cap: u64| opts.exact_order || cap.saturating_mul(programs) <= ORDERED_LOG_WORK;
-        // Atomics outside loops tell the work ahead: too long for the programs' turns, the
-        // device's order without a run in program order first.
-        if opts.ordered_atomics && !opts.exact_order && ordered_too_long(&c.gen, programs) {
-            return Ok(Ran::LogsTooLong(c.gen.log_per_program.unwrap_or(0)));
-        }
         let mut cap = LOG_CAP;
         let hint = c.log_hint.load(Relaxed);
         if c.gen.float_atomics && opts.ordered_atomics && hint > LOG_CAP {
@@ -680,8 +709,8 @@ impl Gpu {
         }
         // Blocks: as many as fit at once, taking programs from a counter.
         let nt = c.gen.threads;
-        let smem = 0usize;
-        let global_scratch = c.gen.scratch_bytes > codegen::SHARED_SCRATCH;
+        let smem = if c.gen.scratch_in == ScratchIn::DynamicShared { c.gen.scratch_bytes } else { 0 };
+        let global_scratch = c.gen.scratch_in == ScratchIn::Global;
         let per_sm = c.main.occupancy_max_active_blocks_per_multiprocessor(nt, smem, None).map_err(driver)?.max(1);
         let mut blocks = (self.sms as u64 * per_sm as u64).min(range.end - range.start).max(1);
         if c.gen.float_atomics {

@@ -104,6 +104,6 @@ impl KernelVariants {
         let vjp = if forward { tilegrad_ad::vjp_kernel_as(&f64_form, &|_: &str, d: DType| d, DType::F64).ok() } else { None };
         let mut kernels = vec![(&*f64_form, false, programs)];
         kernels.extend(vjp.as_ref().map(|vk| (&vk.kernel, true, programs)));
-        exec.precompile_in_background(&kernels);
+        exec.precompile_in_background(&kernels, true);
     }
 }

@@ -118,10 +118,12 @@ impl Executor {
     }
 
     /// [`Executor::precompile`] in the background: for kernels launched later, while other work
-    /// runs (a launch of one waits for its compile).
-    pub fn precompile_in_background(&self, kernels: &[(&tilegrad_ir::Kernel, bool, u64)]) {
+    /// runs (a launch of one waits for its compile); with `other_forms`, also the forms for
+    /// fewer blocks an SM of large launches, for a process that launches them again
+    /// ([`tilegrad_gpu::Gpu::precompile_in_background`]).
+    pub fn precompile_in_background(&self, kernels: &[(&tilegrad_ir::Kernel, bool, u64)], other_forms: bool) {
         if let Some(g) = &self.gpu {
-            g.precompile_in_background(&self.flavored(kernels));
+            g.precompile_in_background(&self.flavored(kernels), other_forms);
         }
     }
 

@@ -1,5 +1,6 @@
-//! The float atomics a program logs, known before a run where none is in a loop: what decides
-//! ahead of a launch that program order would take too long (see `Gpu::run_compiled`).
+//! The float atomics a program logs at least, known before a run (each loop's body counted
+//! once): what decides ahead of a launch that program order would take too long (see
+//! `Gpu::run_place`).
 
 use super::*;
 use tilegrad_ir::triton::{convert, ConvertOptions};
@@ -32,11 +33,11 @@ fn generated(name: &str) -> Generated {
 }
 
 #[test]
-fn float_atomics_outside_loops_are_counted_ahead_and_those_in_loops_are_not() {
+fn float_atomics_are_counted_ahead_with_each_loop_body_once() {
     let rows = generated("rows");
     assert!(rows.float_atomics);
-    assert_eq!(rows.log_per_program, Some(256));
+    assert_eq!(rows.log_per_program, 256);
     let looped = generated("looped");
     assert!(looped.float_atomics);
-    assert_eq!(looped.log_per_program, None);
+    assert_eq!(looped.log_per_program, 128);
 }

@@ -96,10 +96,7 @@ impl<'k> Gen<'k> {
             self.parity = Some(parity.clone());
         }
         let (before, start) = (self.toggles, self.out.len());
-        self.loop_depth += 1;
-        let ys = self.block(body);
-        self.loop_depth -= 1;
-        let ys = ys?;
+        let ys = self.block(body)?;
         for (r, y) in d.results.iter().zip(ys) {
             self.copy(*r, y);
         }
@@ -160,10 +157,7 @@ impl<'k> Gen<'k> {
             self.declare(*p);
             self.copy(*p, *r);
         }
-        self.loop_depth += 1;
-        let c = self.block(cond);
-        self.loop_depth -= 1;
-        let c = c?;
+        let c = self.block(cond)?;
         // The loop may end here: scratch the condition read is fenced.
         self.fence();
         self.line(&format!("tg_go{n} = v{}[0];", c[0].0));
@@ -186,10 +180,7 @@ impl<'k> Gen<'k> {
             self.declare(*p);
             self.copy(*p, *r);
         }
-        self.loop_depth += 1;
-        let ys = self.block(body);
-        self.loop_depth -= 1;
-        let ys = ys?;
+        let ys = self.block(body)?;
         for ((r, y), &dep) in d.results.iter().zip(ys).zip(&deps.carried) {
             // Changed, with the reference's `==` (a NaN always counts as a change).
             let cmp = format!("if (!(v{}[j] == v{}[j])) tg_changed{n} = 1;", r.0, y.0);

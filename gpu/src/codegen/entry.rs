@@ -23,11 +23,17 @@ impl<'k> Gen<'k> {
              \x20   u64 tg_cl = 0, tg_cs = 0, tg_ca = 0;\n",
         );
         let _ = writeln!(src, "#define TG_HALF {}", self.scratch);
-        if 2 * self.scratch <= SHARED_SCRATCH {
+        match ScratchIn::of(2 * self.scratch) {
             // Small scratch in shared memory (a static size, so loads from it are `ld.shared`).
-            let _ = writeln!(src, "    __shared__ __align__(16) unsigned char scr[{}]; (void)scr;", (2 * self.scratch).max(16));
-        } else {
-            let _ = writeln!(src, "#define scr ((unsigned char*)A.w[9] + (u64)blockIdx.x * A.w[10])");
+            ScratchIn::Shared => {
+                let _ = writeln!(src, "    __shared__ __align__(16) unsigned char scr[{}]; (void)scr;", (2 * self.scratch).max(16));
+            }
+            ScratchIn::DynamicShared => {
+                let _ = writeln!(src, "    extern __shared__ __align__(16) unsigned char scr[]; (void)scr;");
+            }
+            ScratchIn::Global => {
+                let _ = writeln!(src, "#define scr ((unsigned char*)A.w[9] + (u64)blockIdx.x * A.w[10])");
+            }
         }
         for (j, p) in k.params.iter().enumerate() {
             match &p.kind {

@@ -228,7 +228,7 @@ impl<'k> Gen<'k> {
                 // Floats: logged, then added in program order when the program ends.
                 self.float_atomics = true;
                 let per = self.numel(p).max(1) as u64;
-                self.log_per_program = self.log_per_program.filter(|_| self.loop_depth == 0).map(|s| s + per);
+                self.log_per_program += per;
                 let bits = if dt == DType::F64 { format!("(u64)__double_as_longlong({x})") } else { format!("(u64)__float_as_uint({x})") };
                 let n = self.numel(p).max(1);
                 self.line(&format!("const u32 tg_base{} = tg_alen; tg_alen += {n};", i.0));

@@ -63,15 +63,19 @@ pub struct Generated {
     pub min_blocks: u32,
     /// Scratch bytes one block needs.
     pub scratch_bytes: usize,
+    /// Where they are.
+    pub scratch_in: ScratchIn,
     /// Loops by index in the trip counters: their instructions.
     pub loops: Vec<Inst>,
     /// Runtime error messages by id.
     pub messages: Vec<String>,
     /// Some `atomic_add` on floats: their contributions are applied in program order.
     pub float_atomics: bool,
-    /// The float atomics a program logs at most, where none is in a loop (the lanes of each):
-    /// with the programs, what adding them in program order costs, known before a run.
-    pub log_per_program: Option<u64>,
+    /// The float atomics a program logs (the lanes of each) with each branch taken and each
+    /// loop's body run once: with the programs, what adding them in program order costs at
+    /// least, known before a run, where every loop runs. A loop of more trips logs more, which
+    /// a run in program order finds.
+    pub log_per_program: u64,
     /// The instruction and error kind of each failure site, by number from 1 (an error record
     /// names its site).
     pub sites: Vec<(Inst, u64)>,
@@ -114,8 +118,58 @@ pub fn unrolled_registers() -> usize {
     std::env::var("TILEGRAD_GPU_UNROLL").ok().and_then(|v| v.parse().ok()).unwrap_or(UNROLLED_REGISTERS)
 }
 
-/// Scratch up to this many bytes is a block's shared memory; more is global memory.
+/// Scratch up to this many bytes is a block's static shared memory; more is dynamic shared
+/// memory, up to what the device lets a block opt in to ([`set_dynamic_shared_limit`]), and
+/// past that global memory.
 pub const SHARED_SCRATCH: usize = 48 * 1024;
+
+/// The most dynamic shared memory a block of generated code may take: 0 (none) until
+/// [`set_dynamic_shared_limit`] sets it (the GPU backend does, from its device).
+static DYNAMIC_SHARED_LIMIT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The shared memory of an SM, which bounds the blocks of such kernels an SM runs at once.
+static SHARED_PER_SM: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Lets kernels generated from now on keep scratch of up to `per_block` bytes in dynamic
+/// shared memory (the device's opt-in limit a block), rather than in global memory, and ask
+/// the compiler for no more blocks an SM than `per_sm` bytes of shared memory hold (their
+/// registers then go further). On an H200 the f64 forms of the causal attention's kernels (66
+/// KB of scratch a block) ran their `dot`s through global memory before. The generated source
+/// says where its scratch is, so that the disk cache tells the forms apart.
+pub fn set_dynamic_shared_limit(per_block: usize, per_sm: usize) {
+    DYNAMIC_SHARED_LIMIT.store(per_block, std::sync::atomic::Ordering::Relaxed);
+    SHARED_PER_SM.store(per_sm, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Blocks an SM whose `bytes` of dynamic shared memory (and 1 KB the driver reserves for each)
+/// fit at once.
+fn blocks_sharing_an_sm(bytes: usize) -> usize {
+    (SHARED_PER_SM.load(std::sync::atomic::Ordering::Relaxed) / (bytes + 1024)).max(1)
+}
+
+/// Where a block's scratch is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScratchIn {
+    /// Static shared memory (up to [`SHARED_SCRATCH`]).
+    Shared,
+    /// Dynamic shared memory: a launch asks for [`Generated::scratch_bytes`] of it.
+    DynamicShared,
+    /// Global memory, [`Generated::scratch_bytes`] a block, allocated by the launch.
+    Global,
+}
+
+impl ScratchIn {
+    /// Where `bytes` of scratch a block go.
+    fn of(bytes: usize) -> ScratchIn {
+        if bytes <= SHARED_SCRATCH {
+            ScratchIn::Shared
+        } else if bytes <= DYNAMIC_SHARED_LIMIT.load(std::sync::atomic::Ordering::Relaxed) {
+            ScratchIn::DynamicShared
+        } else {
+            ScratchIn::Global
+        }
+    }
+}
 
 /// What a compiled form of a kernel can do beyond computing its results.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -234,8 +288,7 @@ pub fn generate_unrolling(
         messages: Vec::new(),
         scratch: 0,
         float_atomics: false,
-        log_per_program: Some(0),
-        loop_depth: 0,
+        log_per_program: 0,
         ordered: flavor.ordered,
         marks: flavor.marks,
         upper: false,
@@ -252,6 +305,9 @@ pub fn generate_unrolling(
     g.check_pointers()?;
     g.block(k.body)?;
     g.flush();
+    if ScratchIn::of(2 * g.scratch) == ScratchIn::DynamicShared {
+        g.min_blocks = g.min_blocks.min(blocks_sharing_an_sm(2 * g.scratch));
+    }
     let body = std::mem::take(&mut g.out);
     let mut src = String::new();
     let poly = tilegrad_reference::EXP2_POLY;
@@ -267,6 +323,7 @@ pub fn generate_unrolling(
         threads: threads as u32,
         min_blocks: g.min_blocks as u32,
         scratch_bytes: 2 * g.scratch,
+        scratch_in: ScratchIn::of(2 * g.scratch),
         loops: g.loops,
         messages: g.messages,
         float_atomics: g.float_atomics,
@@ -288,9 +345,7 @@ struct Gen<'k> {
     scratch: usize,
     float_atomics: bool,
     /// See [`Generated::log_per_program`].
-    log_per_program: Option<u64>,
-    /// Loops the code being emitted is in.
-    loop_depth: usize,
+    log_per_program: u64,
     /// Float atomics in program order (see [`generate_ordered`]).
     ordered: bool,
     /// Race marks can be kept (see [`Flavor::marks`]).

@@ -6,7 +6,9 @@ forward + backward on the GPU and (with `--cpu`) the same check on CPU tensors.
 For each library-style Function (python/tests/functions_liger_style.py's RMS norm; with
 `--liger`, Liger-Kernel's RMSNorm, LayerNorm and SwiGLU Functions where the package imports)
 and size: the Function's own forward + backward (median of 10, CUDA events), the first check
-(kernels converted and compiled) and the second, with `backend="gpu"`, 2 trials. `--profile`
+(kernels converted and compiled) and the second, with `backend="gpu"`, 2 trials, and how far
+the process's resident memory rose above where it started during the second (sampled every
+millisecond from /proc/self/statm), beside the bytes of one gradient tensor. `--profile`
 prints where the second check's time goes (cProfile, by own time).
 """
 
@@ -16,7 +18,9 @@ import argparse
 import cProfile
 import pathlib
 import pstats
+import os
 import sys
+import threading
 import time
 
 import torch
@@ -66,12 +70,40 @@ def native_seconds(fn, args) -> float:
     return sorted(times[1:])[5]
 
 
-def timed_check(fn, args, backend: str) -> tuple[float, object]:
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class RssPeak:
+    """The most the resident memory rose above its level at `__enter__`, sampled every ms."""
+
+    def __enter__(self):
+        self.base = self.peak = _resident_bytes()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self):
+        while not self.done.wait(0.001):
+            self.peak = max(self.peak, _resident_bytes())
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+        self.peak = max(self.peak, _resident_bytes())
+        self.rise = self.peak - self.base
+
+
+def timed_check(fn, args, backend: str) -> tuple[float, object, int]:
     torch.cuda.synchronize()
-    t = time.perf_counter()
-    r = tilegrad.check_function(fn, *args, backend=backend, trials=2)
-    torch.cuda.synchronize()
-    return time.perf_counter() - t, r
+    with RssPeak() as rss:
+        t = time.perf_counter()
+        r = tilegrad.check_function(fn, *args, backend=backend, trials=2)
+        torch.cuda.synchronize()
+        took = time.perf_counter() - t
+    return took, r, rss.rise
 
 
 def main() -> None:
@@ -82,8 +114,8 @@ def main() -> None:
     ap.add_argument("--liger", action="store_true")
     a = ap.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| Function | size | own fwd+bwd | check gpu, first | second | ratio to own | check cpu | verdict |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| Function | size | own fwd+bwd | check gpu, first | second | ratio to own | host RSS rise, second / one gradient | check cpu | verdict |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, fn, make in functions(a.liger):
         for size in a.sizes.split(","):
             rows, cols = (int(v) for v in size.split("x"))
@@ -91,8 +123,9 @@ def main() -> None:
             x = torch.randn(rows, cols, device="cuda", generator=gen)
             args = make(x)
             own = native_seconds(fn, args)
-            first, _ = timed_check(fn, args, "gpu")
-            second, r = timed_check(fn, args, "gpu")
+            first, _, _ = timed_check(fn, args, "gpu")
+            second, r, rise = timed_check(fn, args, "gpu")
+            grad = x.numel() * x.element_size()
             cpu = ""
             if a.cpu:
                 host = [v.cpu() if isinstance(v, torch.Tensor) else v for v in args]
@@ -100,7 +133,11 @@ def main() -> None:
                 tilegrad.check_function(fn, *host, backend="cpu", trials=2)
                 cpu = f"{time.perf_counter() - t:.2f} s"
             verdict = "PASS" if r.passed else "FAIL"
-            print(f"| {name} | {size} | {own * 1e3:.2f} ms | {first:.2f} s | {second:.2f} s | {second / own:.0f}x | {cpu} | {verdict} |")
+            mib = 1 << 20
+            print(
+                f"| {name} | {size} | {own * 1e3:.2f} ms | {first:.2f} s | {second:.2f} s | {second / own:.0f}x "
+                f"| {rise / mib:.0f} / {grad / mib:.0f} MiB | {cpu} | {verdict} |"
+            )
             if a.profile:
                 p = cProfile.Profile()
                 p.enable()

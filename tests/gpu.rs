@@ -846,3 +846,44 @@ def mm(a_ptr, b_ptr, c_ptr, s_ptr, M, N, BM: tl.constexpr, BK: tl.constexpr, BN:
     }
     drop(tilegrad_gpu::Gpu::new().unwrap());
 }
+
+/// The device's conversions between float dtypes are the host's bit for bit: widening exact,
+/// narrowing to f32 rounded to nearest, to f16 and bf16 through f32 (ties, subnormals, overflow
+/// to infinity, signed zeros), and the NaN fill of an `empty` allocation is NaN in every float
+/// dtype.
+#[test]
+fn device_conversions_are_the_host_conversions() {
+    use tilegrad_reference::{round_to, HostTensor};
+    let Some(gpu) = a_gpu() else { return };
+    let mut v: Vec<f64> = vec![0.0, -0.0, 1.0, -1.5, 65504.0, 65520.0, 65519.99, 1e6, -1e6, 3.4e38, 3.39e38, 1e-39, -1e-40];
+    v.extend([6.0e-8, 5.96e-8, 2.98e-8, 2.99e-8, 6.1e-5, 6.09e-5, 1.0 + 1.0 / 1024.0 + 1.0 / 2048.0, 1.0 + 1.0 / 256.0]);
+    v.extend([f64::INFINITY, f64::NEG_INFINITY, 1.0 + f64::EPSILON, 1.0 + 2f64.powi(-24), 1.0 + 2f64.powi(-24) + 2f64.powi(-40)]);
+    let mut r = 0x2545f4914f6cdd1du64;
+    for _ in 0..20000 {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        let m = (r >> 11) as f64 / (1u64 << 53) as f64 - 0.5;
+        v.push(m * 2f64.powi((r % 200) as i32 - 150));
+    }
+    let floats = [DType::F16, DType::BF16, DType::F32, DType::F64];
+    for from in floats {
+        let h = HostTensor::from_f64_as(from, &[v.len()], &v);
+        let (src, _keep) = gpu.upload_new("src", &h).unwrap();
+        for to in floats {
+            let dst = gpu.alloc_zeroed(v.len() * tilegrad_gpu::device_bytes(to)).unwrap();
+            gpu.convert(src.addr, from, dst.addr(), to, v.len()).unwrap();
+            let t = tilegrad_gpu::DeviceTensor { name: "dst".into(), dtype: to, numel: v.len(), addr: dst.addr() };
+            let got = gpu.download_tensor(&t).unwrap();
+            let bad = (0..v.len()).find(|&i| got.get_f64(i).to_bits() != round_to(to, h.get_f64(i)).to_bits());
+            assert!(bad.is_none(), "{from} to {to}: {:?} became {:?}", bad.map(|i| h.get_f64(i)), bad.map(|i| got.get_f64(i)));
+        }
+    }
+    for d in floats {
+        let b = gpu.alloc_zeroed(7 * tilegrad_gpu::device_bytes(d)).unwrap();
+        gpu.fill_nan(b.addr(), d, 7).unwrap();
+        let t = tilegrad_gpu::DeviceTensor { name: "nan".into(), dtype: d, numel: 7, addr: b.addr() };
+        let got = gpu.download_tensor(&t).unwrap();
+        assert!((0..7).all(|i| got.get_f64(i).is_nan()), "{d}");
+    }
+}

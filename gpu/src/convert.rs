@@ -1,6 +1,8 @@
 //! Conversions between device tensors for checks whose tensors stay on the device: a tensor
-//! widened to f64 (what comparisons and the ground truth read) and an allocation filled with
-//! NaN (an `empty` allocation, as the reference poisons one).
+//! converted between float dtypes as the host converts it (widened to f64 for comparisons and
+//! the ground truth, to f32 for the replay that measures roundings, a drawn cotangent rounded
+//! to f16 or bf16), a sum over one axis, and an allocation filled with NaN (an `empty`
+//! allocation, as the reference poisons one).
 
 use crate::device::driver;
 use crate::{Gpu, GpuError};
@@ -10,13 +12,33 @@ use tilegrad_ir::DType;
 /// Threads a block of the conversion kernel.
 const THREADS: u32 = 256;
 
-/// f32 values widened to f64 (exactly), and a sum over one axis as the host sums it: each
-/// result from 0 adding the axis' elements in order in f64 (rounded alone: the CUDA C is
-/// compiled without contraction), then rounded once to the result's dtype. Grid-stride loops.
-pub(crate) const SOURCE: &str = r#"
-typedef unsigned long long u64;
-extern "C" __global__ void tg_widen_f32(const float* src, double* dst, u64 n) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) dst[i] = (double)src[i];
+/// The kernels after the generated kernels' prelude (its f16/bf16 rounding and storage bits):
+/// `tg_convert` reads values of one float dtype (0 f16, 1 bf16: 16-bit storage; 2 f32; 3 f64)
+/// exactly as f64 and writes them in another as the host's `round_to` does: f64 as is, f32
+/// rounded to nearest, f16 and bf16 through f32 (`half`'s rounding of that f32, to nearest
+/// even); and `tg_sum_axis`, a sum over one axis as the host sums it: each result from 0 adding
+/// the axis' elements in order in f64 (rounded alone: the CUDA C is compiled without
+/// contraction), then rounded once to the result's dtype. Grid-stride loops.
+const KERNELS: &str = r#"
+__device__ __forceinline__ double tg_read(const void* p, int k, u64 i) {
+    switch (k) {
+        case 0: return (double)tg_h2f(((const u16*)p)[i]);
+        case 1: return (double)tg_bf2f(((const u16*)p)[i]);
+        case 2: return (double)((const float*)p)[i];
+        default: return ((const double*)p)[i];
+    }
+}
+__device__ __forceinline__ void tg_write(void* p, int k, u64 i, double x) {
+    const float f = __double2float_rn(x);
+    switch (k) {
+        case 0: ((u16*)p)[i] = tg_f2h(tg_f16((double)f)); break;
+        case 1: ((u16*)p)[i] = tg_f2bf(tg_bf16((double)f)); break;
+        case 2: ((float*)p)[i] = f; break;
+        default: ((double*)p)[i] = x;
+    }
+}
+extern "C" __global__ void tg_convert(const void* src, int sk, void* dst, int dk, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) tg_write(dst, dk, i, tg_read(src, sk, i));
 }
 extern "C" __global__ void tg_sum_axis(const void* src, void* dst, int f64, u64 outer, u64 n, u64 inner) {
     u64 total = outer * inner;
@@ -32,37 +54,61 @@ extern "C" __global__ void tg_sum_axis(const void* src, void* dst, int f64, u64 
 }
 "#;
 
+/// The CUDA C of the conversions: the prelude, then [`KERNELS`].
+pub(crate) fn source() -> &'static str {
+    static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SOURCE.get_or_init(|| crate::codegen::prelude() + KERNELS)
+}
+
+/// The kind `tg_convert` reads or writes `d` as.
+fn kind(d: DType) -> Option<i32> {
+    match d {
+        DType::F16 => Some(0),
+        DType::BF16 => Some(1),
+        DType::F32 => Some(2),
+        DType::F64 => Some(3),
+        _ => None,
+    }
+}
+
 /// The bits an `empty` float allocation is filled with, in 32-bit words: `0x7ff80000` is a NaN
 /// as an f32 and, twice, as an f64.
 const NAN_WORD: u32 = 0x7ff8_0000;
 
 impl Gpu {
     /// Writes the `n` values of `dtype` at device address `src` as f64 values at `dst` (both
-    /// valid for them): f32 widened exactly, f64 copied. Other dtypes are an error. Complete
-    /// when it returns.
+    /// valid for them), exactly. Complete when it returns.
     pub fn widen_to_f64(&self, src: u64, dtype: DType, dst: u64, n: usize) -> Result<(), GpuError> {
-        match dtype {
-            DType::F64 => return self.copy_on_device(dst, src, n * 8),
-            DType::F32 => {}
-            d => return Err(GpuError::Driver(format!("widening {d} to f64 on the device: only f32 and f64 are widened there"))),
+        self.convert(src, dtype, dst, DType::F64, n)
+    }
+
+    /// Writes the `n` float values of `from` at device address `src` as values of `to` at
+    /// `dst` (both valid for them), as the host's `round_to` converts them (see [`KERNELS`]);
+    /// the same dtype is copied. Integer dtypes are an error. Complete when it returns.
+    pub fn convert(&self, src: u64, from: DType, dst: u64, to: DType, n: usize) -> Result<(), GpuError> {
+        let (Some(sk), Some(dk)) = (kind(from), kind(to)) else {
+            return Err(GpuError::Driver(format!("converting {from} to {to} on the device: only float dtypes are converted there")));
+        };
+        if from == to {
+            return self.copy_on_device(dst, src, n * crate::device_bytes(from));
         }
         if n == 0 {
             return Ok(());
         }
-        let f = self.utility(SOURCE, "tg_widen_f32")?;
+        let f = self.utility(source(), "tg_convert")?;
         let s = &self.cuda()?.stream;
         let blocks = self.summary_blocks(n);
         let n64 = n as u64;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: `src` holds `n` f32 values and `dst` room for `n` f64 values, by the caller's
-        // word.
-        unsafe { s.launch_builder(&f).arg(&src).arg(&dst).arg(&n64).launch(cfg) }.map_err(driver)?;
+        // SAFETY: `src` holds `n` values of `from` and `dst` room for `n` values of `to`, by the
+        // caller's word.
+        unsafe { s.launch_builder(&f).arg(&src).arg(&sk).arg(&dst).arg(&dk).arg(&n64).launch(cfg) }.map_err(driver)?;
         s.synchronize().map_err(driver)
     }
 
     /// Sums the `outer x n x inner` values of `dtype` (f32 or f64) at `src` over their middle
     /// axis into the `outer x inner` values of `dtype` at `dst`, as the host's `sum` step does
-    /// (see [`SOURCE`]). Complete when it returns.
+    /// (see [`KERNELS`]). Complete when it returns.
     #[allow(clippy::too_many_arguments)]
     pub fn sum_axis(&self, src: u64, dtype: DType, dst: u64, outer: usize, n: usize, inner: usize) -> Result<(), GpuError> {
         if !matches!(dtype, DType::F32 | DType::F64) {
@@ -72,7 +118,7 @@ impl Gpu {
         if total == 0 {
             return Ok(());
         }
-        let f = self.utility(SOURCE, "tg_sum_axis")?;
+        let f = self.utility(source(), "tg_sum_axis")?;
         let s = &self.cuda()?.stream;
         let blocks = total.div_ceil(u64::from(THREADS)).clamp(1, u64::from(self.sms()) * 8) as u32;
         let (f64, outer, n, inner) = (i32::from(dtype == DType::F64), outer as u64, n as u64, inner as u64);
@@ -83,22 +129,30 @@ impl Gpu {
         s.synchronize().map_err(driver)
     }
 
-    /// Fills the `n` values of `dtype` at device address `addr` with NaN (f32 and f64 only).
-    /// Complete when it returns.
+    /// Fills the `n` values of `dtype` at device address `addr` with NaN (the float dtypes: f16
+    /// and bf16 with their quiet NaN, as the host stores an f32 NaN in them). Complete when it
+    /// returns.
     pub fn fill_nan(&self, addr: u64, dtype: DType, n: usize) -> Result<(), GpuError> {
-        let words = match dtype {
-            DType::F32 => n,
-            DType::F64 => 2 * n,
-            d => return Err(GpuError::Driver(format!("filling {d} with NaN on the device: only f32 and f64 are filled there"))),
+        let (word, half) = match dtype {
+            DType::F32 => (n, None),
+            DType::F64 => (2 * n, None),
+            DType::F16 => (n, Some(0x7e00u16)),
+            DType::BF16 => (n, Some(0x7fc0u16)),
+            d => return Err(GpuError::Driver(format!("filling {d} with NaN on the device: only floats are filled there"))),
         };
-        if words == 0 {
+        if word == 0 {
             return Ok(());
         }
         self.bind()?;
         let s = &self.cuda()?.stream;
         // SAFETY: `addr` holds `n` values of `dtype` by the caller's word; the fill is ordered on
         // the stream and waited for.
-        let r = unsafe { cudarc::driver::sys::cuMemsetD32Async(addr, NAN_WORD, words, s.cu_stream()) };
+        let r = unsafe {
+            match half {
+                Some(h) => cudarc::driver::sys::cuMemsetD16Async(addr, h, word, s.cu_stream()),
+                None => cudarc::driver::sys::cuMemsetD32Async(addr, NAN_WORD, word, s.cu_stream()),
+            }
+        };
         r.result().map_err(driver)?;
         s.synchronize().map_err(driver)
     }
@@ -112,5 +166,8 @@ mod tests {
     fn the_fill_word_is_a_nan_as_f32_and_twice_as_f64() {
         assert!(f32::from_bits(NAN_WORD).is_nan());
         assert!(f64::from_bits((u64::from(NAN_WORD) << 32) | u64::from(NAN_WORD)).is_nan());
+        // The host's f32 NaN stored as f16 and bf16.
+        assert_eq!(half::f16::from_f32(f32::NAN).to_bits(), 0x7e00);
+        assert_eq!(half::bf16::from_f32(f32::NAN).to_bits(), 0x7fc0);
     }
 }

@@ -376,7 +376,7 @@ impl Gpu {
     /// also the reading of writers off the marks of a traced launch.
     pub fn precompile_utilities(&self, traced: bool) {
         let target = self.target(false);
-        let mut sources = vec![crate::summary::SOURCE.to_string(), crate::draw::cuda_source(), crate::convert::SOURCE.to_string()];
+        let mut sources = vec![crate::summary::SOURCE.to_string(), crate::draw::cuda_source(), crate::convert::source().to_string()];
         if traced {
             sources.push(crate::runs::SOURCE.to_string());
         }

@@ -192,17 +192,17 @@ impl Inputs {
         .map_err(|m| CheckError::Spec(format!("input `{}`: {m}", it.name)))
     }
 
-    /// Where input tensor `i` is drawn in f32 or f64 from a normal or a uniform distribution
+    /// Where input tensor `i` is drawn in a float dtype from a normal or a uniform distribution
     /// (the device's draws), the key and the distribution that draw it as
     /// [`Inputs::materialise`] does (element `j` is [`value_at`]`(dist, key, j)`, rounded to the
-    /// dtype).
+    /// dtype: f16 and bf16 through f32).
     pub(crate) fn device_draw(&self, i: usize, seed: u64) -> Option<(u64, Dist)> {
         match self.tensors[i].source {
-            Source::Random { dtype: DType::F32 | DType::F64, dist: d @ (Dist::Normal { .. } | Dist::Uniform { .. }), .. }
-                if nonempty(&d) =>
-            {
-                Some((input_keys(seed, i).next_key(), d))
-            }
+            Source::Random {
+                dtype: DType::F16 | DType::BF16 | DType::F32 | DType::F64,
+                dist: d @ (Dist::Normal { .. } | Dist::Uniform { .. }),
+                ..
+            } if nonempty(&d) => Some((input_keys(seed, i).next_key(), d)),
             _ => None,
         }
     }
@@ -533,9 +533,11 @@ mod tests {
             .random("b", DType::F64, &[1001], Dist::Uniform { lo: -1.0, hi: 3.0 })
             .random("c", DType::F32, &[33], Dist::Uniform { lo: 0.5, hi: 1.5 })
             .random("d", DType::I32, &[5], Dist::RandInt { lo: 0, hi: 9 })
-            .random("e", DType::F32, &[9], Dist::Constant(2.0));
+            .random("e", DType::F32, &[9], Dist::Constant(2.0))
+            .random("f", DType::BF16, &[77], Dist::Normal { mean: 0.0, std: 3.0 })
+            .random("g", DType::F16, &[40], Dist::Uniform { lo: -2.0, hi: 2.0 });
         let env = inputs.materialise(11).unwrap();
-        for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        for (i, name) in [(0, "a"), (1, "b"), (2, "c"), (5, "f"), (6, "g")] {
             let (key, dist) = inputs.device_draw(i, 11).unwrap();
             let h = env.tensor(name).unwrap();
             for j in 0..h.numel() {

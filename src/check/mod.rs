@@ -423,12 +423,12 @@ pub fn check_backward_with(
     progress("inputs and forward", 0, opts.trials);
     let start = std::time::Instant::now();
     let exec = opts.executor()?;
-    let on_device = resident::eligible(fwd, bwd, opts, &exec, replay32);
+    let on_device = resident::eligible(fwd, bwd, opts, &exec);
     if let (true, Some(g)) = (on_device, exec.gpu()) {
         // Its draws, conversions and comparisons, beside the kernels.
         g.precompile_utilities(false);
     }
-    let ahead = if exec.on_gpu() { kernels_ahead(fwd, bwd, opts, inputs, on_device) } else { Vec::new() };
+    let ahead = if exec.on_gpu() { kernels_ahead(fwd, bwd, opts, inputs, (on_device, replay32)) } else { Vec::new() };
     // VJP kernels run last and take longest to compile (the causal attention's 4.5 s): theirs
     // go on beside the forward and the backward.
     let (vjps, now): (Vec<_>, Vec<_>) = ahead.iter().map(|(k, v, p)| (k, *v, *p)).partition(|(_, vjp, _)| *vjp);
@@ -787,13 +787,14 @@ fn explain_elements(
 ///
 /// `resident`: the check keeps its tensors on the device ([`resident`]), where the ground
 /// truth's tensors are f64 (on the host, its records hold f64 tensors of f32 values as f32).
-/// The backward's kernels promoted to f64 are its replay's.
+/// The backward's kernels promoted to f64 are its replay's; with `replay32`, both passes'
+/// kernels promoted to f32 too.
 fn kernels_ahead(
     fwd: &Forward,
     bwd: &Backward,
     opts: &CheckOptions,
     inputs: &Inputs,
-    resident: bool,
+    (resident, replay32): (bool, bool),
 ) -> Vec<(tilegrad_ir::Kernel, bool, u64)> {
     let f64_truth = opts.precision == Precision::F64;
     let launched = |steps: &[Step]| -> Vec<(std::sync::Arc<tilegrad_ir::Kernel>, u64)> {
@@ -834,6 +835,12 @@ fn kernels_ahead(
         }
         if f64_truth {
             out.push((truth, false, programs));
+        }
+    }
+    if replay32 {
+        // The replays in f32 of both passes.
+        for (k, programs) in launched(&fwd.steps).into_iter().chain(launched(&bwd.steps)) {
+            out.extend(promote_floats(&k, DType::F32).ok().map(|k| (k, false, programs)));
         }
     }
     out

@@ -188,6 +188,19 @@ impl Default for Flavor {
     }
 }
 
+/// The helpers every generated kernel starts with (`prelude.cu`, with the reference's `exp2`
+/// coefficients): the reference's numerics, also for the device conversions of
+/// [`crate::Gpu::convert`].
+pub(crate) fn prelude() -> String {
+    let mut src = String::new();
+    let _ = writeln!(src, "#define TG_LOG2E {:?}", std::f64::consts::LOG2_E);
+    for (i, c) in tilegrad_reference::EXP2_POLY.iter().enumerate() {
+        let _ = writeln!(src, "#define TG_C{i} {c:?}");
+    }
+    src.push_str(include_str!("prelude.cu"));
+    src
+}
+
 /// Compiles a kernel (constexprs bound) to CUDA C: a thread per [`ELEMENTS_PER_THREAD`]
 /// elements of its largest tile (32 to [`DEFAULT_THREADS`] threads a block, more for tiles
 /// that would leave a thread over [`UNROLLED_REGISTERS`] registers a value), as many blocks an
@@ -309,13 +322,7 @@ pub fn generate_unrolling(
         g.min_blocks = g.min_blocks.min(blocks_sharing_an_sm(2 * g.scratch));
     }
     let body = std::mem::take(&mut g.out);
-    let mut src = String::new();
-    let poly = tilegrad_reference::EXP2_POLY;
-    let _ = writeln!(src, "#define TG_LOG2E {:?}", std::f64::consts::LOG2_E);
-    for (i, c) in poly.iter().enumerate() {
-        let _ = writeln!(src, "#define TG_C{i} {c:?}");
-    }
-    src.push_str(include_str!("prelude.cu"));
+    let mut src = prelude();
     let _ = writeln!(src, "struct TgArgs {{ u64 w[{ARG_WORDS}]; }};");
     g.emit_entry(&mut src, &body);
     Ok(Generated {

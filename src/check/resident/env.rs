@@ -115,8 +115,8 @@ impl DeviceEnv {
     }
 
     /// A copy of every tensor (the same ids and names), float tensors in `float` where given
-    /// (f32 widened to f64): what a pass that writes tensors of the forward runs on, or the f64
-    /// ground truth's inputs.
+    /// (converted as the host converts them): what a pass that writes tensors of the forward
+    /// runs on, or the inputs of the f64 ground truth and of the f32 replay.
     pub(crate) fn copy(&self, gpu: &Gpu, float: Option<DType>) -> Result<DeviceEnv, Aside> {
         let mut out = DeviceEnv::with_constants(self.constants.clone());
         for (name, id) in &self.names {
@@ -128,16 +128,14 @@ impl DeviceEnv {
             let t = out.add_zeroed(gpu, name, dtype, &h.shape)?;
             if dtype == h.t.dtype {
                 gpu.copy_on_device(t.addr, h.t.addr, h.t.bytes()).map_err(dev)?;
-            } else if dtype == DType::F64 {
-                gpu.widen_to_f64(h.t.addr, h.t.dtype, t.addr, t.numel).map_err(dev)?;
             } else {
-                return Err(format!("`{name}`: {} held as {dtype} on the device", h.t.dtype));
+                gpu.convert(h.t.addr, h.t.dtype, t.addr, dtype, t.numel).map_err(dev)?;
             }
         }
         Ok(out)
     }
 
-    /// Tensor `name` as f64 values in a new device buffer (copied, or widened from f32).
+    /// Tensor `name` as f64 values in a new device buffer (copied, or widened exactly).
     pub(crate) fn as_f64(&self, gpu: &Gpu, name: &str) -> Result<DeviceBuffer, Aside> {
         let t = self.get(name).ok_or_else(|| format!("no tensor `{name}`"))?;
         let b = gpu.alloc_zeroed(t.numel * 8).map_err(dev)?;

@@ -9,9 +9,12 @@
 //! the host's rules ([`super::device_compare`]). What this path does not compute itself it leaves
 //! to the host's check, which then runs from the start: a failing comparison (its blame reads
 //! elements), a spec the host must explain (an error), a forward that is not finite, a launch
-//! the evaluator must differentiate, host steps, narrow dtypes (their f32 replay), inputs or
-//! cotangents the device does not draw, elements asked about. A passing check's report is the
-//! host's, figure for figure, but for sums added in another order.
+//! the evaluator must differentiate, host steps (but for sums over an axis in f32 or f64 in the
+//! backward), tf32 `dot`s, inputs or cotangents the device does not draw, elements asked about. Where the
+//! passes compute in f16 or bf16, the forward and the backward's first trial are also
+//! replayed with every float in f32 on the device, as the host replays them (the size of what
+//! roundings act on). A passing check's report is the host's, figure for figure, but for sums
+//! added in another order.
 
 mod env;
 mod pass;
@@ -30,21 +33,23 @@ use tilegrad_ir::DType;
 
 /// Whether a check can keep its tensors on the device: on the GPU (not compared launch by launch
 /// with the reference), the ground truth by VJP kernels in f64, allocations and launches only
-/// (and sums in the backward),
-/// no replay in f32 (`replay32`: narrow dtypes or tf32), cotangents drawn from normal
-/// distributions, and nothing that asks for elements or for non-finite values.
-pub(crate) fn eligible(fwd: &Forward, bwd: &Backward, opts: &CheckOptions, exec: &Executor, replay32: bool) -> bool {
-    exec.on_gpu() && !exec.comparing() && spec_eligible(fwd, bwd, opts, replay32)
+/// (and sums in the backward), cotangents drawn from normal distributions, no tf32 `dot` (no
+/// example has one to hold this path to the host's), and nothing that asks for elements or for
+/// non-finite values. Narrow dtypes stay: their replays in f32 run on the device beside the f64
+/// ones.
+pub(crate) fn eligible(fwd: &Forward, bwd: &Backward, opts: &CheckOptions, exec: &Executor) -> bool {
+    exec.on_gpu() && !exec.comparing() && spec_eligible(fwd, bwd, opts)
 }
 
 /// [`eligible`] but for the executor.
-fn spec_eligible(fwd: &Forward, bwd: &Backward, opts: &CheckOptions, replay32: bool) -> bool {
+fn spec_eligible(fwd: &Forward, bwd: &Backward, opts: &CheckOptions) -> bool {
     let normal_cotangents = fwd.cotangents.iter().all(|(_, c)| matches!(c, Cotangent::Random(Dist::Normal { .. })));
     opts.device_resident
         && opts.ground == Ground::Kernels
         && opts.precision == Precision::F64
-        && !replay32
         && opts.blame_elements.is_empty()
+        && !super::uses_tf32(&fwd.steps)
+        && !super::uses_tf32(&bwd.steps)
         && !opts.allow_non_finite
         && normal_cotangents
         && pass::on_device(&fwd.steps, false)
@@ -64,7 +69,8 @@ pub(crate) fn check(
     let start = std::time::Instant::now();
     let mut tm = timings.clone();
     let mut notes = Vec::new();
-    match (Check { fwd, bwd, inputs, opts, exec }).run(&mut tm, &mut notes, progress) {
+    let replay32 = super::replays_in_f32(fwd, bwd, inputs, opts);
+    match (Check { fwd, bwd, inputs, opts, exec, replay32 }).run(&mut tm, &mut notes, progress) {
         Ok(found) => {
             let mut r = found.report(name, opts, tm, exec, notes);
             r.backend.push_str("; its tensors kept on the device");
@@ -89,6 +95,8 @@ struct Check<'a> {
     inputs: &'a Inputs,
     opts: &'a CheckOptions,
     exec: &'a Executor,
+    /// The passes are replayed in f32 too (narrow dtypes or tf32: `replays_in_f32`).
+    replay32: bool,
 }
 
 /// The forward as both passes left it, and the ground truth's launches.
@@ -97,6 +105,9 @@ struct Forwards {
     native: DeviceEnv,
     /// The forward promoted to f64.
     truth: DeviceEnv,
+    /// The forward with every float in f32, where the passes compute in narrower floats or
+    /// tf32 (the replay that measures roundings, as the host's `replay32`).
+    r32: Option<DeviceEnv>,
     ran: Vec<pass::Ran>,
     vks: HashMap<usize, tilegrad_ad::VjpKernel>,
 }
@@ -133,6 +144,14 @@ impl Check<'_> {
         let gpu = self.gpu()?;
         let mut native = tm.time("inputs", || self.draw_inputs(gpu))?;
         let mut truth = tm.time("forward of the ground truth", || native.copy(gpu, Some(DType::F64)))?;
+        let r32 = match self.replay32 {
+            true => Some(tm.time("replay in f32", || -> Result<_, Aside> {
+                let mut env = native.copy(gpu, Some(DType::F32))?;
+                pass::run(&mut env, &self.fwd.steps, Mode::F32, false, None, self.exec)?;
+                Ok(env)
+            })?),
+            false => None,
+        };
         tm.time("forward in the kernels' dtypes", || {
             pass::run(&mut native, &self.fwd.steps, Mode::Native, false, Some(("forward", notes)), self.exec)
         })?;
@@ -141,11 +160,11 @@ impl Check<'_> {
             let vks = sweep::vjp_kernels(&ran, &truth, self.exec)?;
             Ok((ran, vks))
         })?;
-        Ok(Forwards { native, truth, ran, vks })
+        Ok(Forwards { native, truth, r32, ran, vks })
     }
 
-    /// The inputs: normal and uniform draws in f32 and f64 on the device, any other drawn on
-    /// the host and copied there.
+    /// The inputs: normal and uniform draws in every float dtype on the device, any other drawn
+    /// on the host and copied there.
     fn draw_inputs(&self, gpu: &Gpu) -> Result<DeviceEnv, Aside> {
         let (inputs, seed) = (self.inputs, self.opts.seed);
         inputs.check_names().map_err(|e| e.to_string())?;
@@ -154,13 +173,20 @@ impl Check<'_> {
             match (inputs.device_draw(i, seed), &it.source) {
                 (Some((key, dist)), super::Source::Random { dtype, shape, .. }) => {
                     let t = env.add_zeroed(gpu, &it.name, *dtype, shape)?;
-                    let f32 = *dtype == DType::F32;
+                    // f16 and bf16 as the host draws them: in f32, then rounded.
+                    let narrow = matches!(dtype, DType::F16 | DType::BF16);
+                    let f32_draws = if narrow { Some(gpu.alloc_zeroed(t.numel * 4).map_err(dev)?) } else { None };
+                    let at = f32_draws.as_ref().map_or(t.addr, DeviceBuffer::addr);
+                    let f32 = *dtype != DType::F64;
                     match dist {
-                        Dist::Normal { mean, std } => gpu.draw_normal(t.addr, t.numel, key, mean, std, f32),
-                        Dist::Uniform { lo, hi } => gpu.draw_uniform(t.addr, t.numel, key, lo, hi, f32),
+                        Dist::Normal { mean, std } => gpu.draw_normal(at, t.numel, key, mean, std, f32),
+                        Dist::Uniform { lo, hi } => gpu.draw_uniform(at, t.numel, key, lo, hi, f32),
                         _ => return Err("a draw the device does not make".into()),
                     }
                     .map_err(dev)?;
+                    if narrow {
+                        gpu.convert(at, DType::F32, t.addr, *dtype, t.numel).map_err(dev)?;
+                    }
                 }
                 _ => {
                     let h = inputs.tensor_at(i, seed).map_err(|e| e.to_string())?;
@@ -190,8 +216,10 @@ impl Check<'_> {
                 return Err(format!("the ground truth's `{o}` is not finite"));
             }
             let got = f.native.as_f64(gpu, o)?;
+            let noisy = f.r32.as_ref().map(|r| r.as_f64(gpu, o)).transpose()?;
             let tol = self.opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(t.dtype, tf32));
-            let c = Compared { n: t.numel, expected: e.addr, got: got.addr(), replay: Some(e.addr), noisy: None, terms: None };
+            let noisy_at = noisy.as_ref().map(DeviceBuffer::addr);
+            let c = Compared { n: t.numel, expected: e.addr, got: got.addr(), replay: Some(e.addr), noisy: noisy_at, terms: None };
             let shape = f.native.shape_of(o).ok_or("no shape")?;
             let at = Naming { name: o, tensor: o, dtype: t.dtype, shape, trial: 0 };
             let mut r = compare_on_device(gpu, c, at, tol, tf32).map_err(|e| e.to_string())?;
@@ -225,7 +253,11 @@ impl Check<'_> {
         let mut env_b = tm.time("backward", || f.native.copy(gpu, None))?;
         let (cot, cot_rms) = tm.time("cotangents", || self.draw_cotangents(gpu, &mut env_b, keys))?;
         let replays = match trial {
-            0 => Some(tm.time("replay of the backward in f64 (formula)", || self.replay(f, &cot))?),
+            0 => Some(tm.time("replay of the backward in f64 (formula)", || self.replay(&f.truth, DType::F64, &cot))?),
+            _ => None,
+        };
+        let replays32 = match (&f.r32, trial) {
+            (Some(r32), 0) => Some(tm.time("replay of the backward in f32 (scale)", || self.replay(r32, DType::F32, &cot))?),
             _ => None,
         };
         let truth = tm.time("ground truth", || -> Result<_, Aside> {
@@ -237,7 +269,7 @@ impl Check<'_> {
         tm.time("backward", || pass::run(&mut env_b, &self.bwd.steps, Mode::Native, false, noted, self.exec))?;
         progress("comparison", trial, self.opts.trials);
         let t_cmp = std::time::Instant::now();
-        let compared = self.compare_gradients(f, &env_b, &truth, replays.as_ref(), cot_rms, trial, found);
+        let compared = self.compare_gradients(f, &env_b, &truth, (replays.as_ref(), replays32.as_ref()), cot_rms, trial, found);
         tm.add("comparison", t_cmp.elapsed().as_secs_f64());
         compared
     }
@@ -260,11 +292,19 @@ impl Check<'_> {
                 Some(Cotangent::Random(Dist::Normal { mean, std })) => (*mean, *std),
                 Some(_) => return Err(format!("the cotangent of `{o}` is not drawn on the device")),
             };
-            if !matches!(dtype, DType::F32 | DType::F64) {
+            if !dtype.is_float() {
                 return Err(format!("output `{o}` is {dtype}"));
             }
             let t = env_b.add_zeroed(gpu, &format!("grad_{o}"), dtype, &shape)?;
-            gpu.draw_normal(t.addr, t.numel, keys.next_key(), mean, std, dtype == DType::F32).map_err(dev)?;
+            let key = keys.next_key();
+            if matches!(dtype, DType::F16 | DType::BF16) {
+                // As the host draws them: in f32, then rounded.
+                let drawn = gpu.alloc_zeroed(t.numel * 4).map_err(dev)?;
+                gpu.draw_normal(drawn.addr(), t.numel, key, mean, std, true).map_err(dev)?;
+                gpu.convert(drawn.addr(), DType::F32, t.addr, dtype, t.numel).map_err(dev)?;
+            } else {
+                gpu.draw_normal(t.addr, t.numel, key, mean, std, dtype == DType::F32).map_err(dev)?;
+            }
             let c = env_b.as_f64(gpu, &t.name)?;
             sq += gpu.spread(c.addr(), c.addr(), None, None, t.numel).map_err(dev)?.truth_sq;
             n += t.numel;
@@ -274,17 +314,19 @@ impl Check<'_> {
         Ok((cot, rms))
     }
 
-    /// The backward run with every float in f64 on the f64 forward, with the f64 cotangents:
-    /// its gradient tensors.
-    fn replay(&self, f: &Forwards, cot: &HashMap<String, DeviceBuffer>) -> Result<DeviceEnv, Aside> {
+    /// The backward run with every float in `float` (f64, or f32) on the forward `forward` as
+    /// that precision computed it, with the f64 cotangents (rounded to f32 for an f32 replay,
+    /// as the host's): its gradient tensors.
+    fn replay(&self, forward: &DeviceEnv, float: DType, cot: &HashMap<String, DeviceBuffer>) -> Result<DeviceEnv, Aside> {
         let gpu = self.gpu()?;
-        let mut env = f.truth.copy(gpu, None)?;
+        let mut env = forward.copy(gpu, None)?;
         for o in &self.fwd.outputs {
             let shape = env.shape_of(o).ok_or("no output")?.to_vec();
-            let t = env.add_zeroed(gpu, &format!("grad_{o}"), DType::F64, &shape)?;
-            gpu.copy_on_device(t.addr, cot[o].addr(), t.numel * 8).map_err(dev)?;
+            let t = env.add_zeroed(gpu, &format!("grad_{o}"), float, &shape)?;
+            gpu.convert(cot[o].addr(), DType::F64, t.addr, float, t.numel).map_err(dev)?;
         }
-        pass::run(&mut env, &self.bwd.steps, Mode::F64, false, None, self.exec)?;
+        let mode = if float == DType::F64 { Mode::F64 } else { Mode::F32 };
+        pass::run(&mut env, &self.bwd.steps, mode, false, None, self.exec)?;
         Ok(env)
     }
 
@@ -296,7 +338,7 @@ impl Check<'_> {
         f: &Forwards,
         env_b: &DeviceEnv,
         truth: &HashMap<String, DeviceBuffer>,
-        replays: Option<&DeviceEnv>,
+        (replays, replays32): (Option<&DeviceEnv>, Option<&DeviceEnv>),
         cot_rms: f64,
         trial: usize,
         found: &mut Found,
@@ -322,9 +364,15 @@ impl Check<'_> {
                 Some(r) => Some(r.get(gname).filter(|t| t.numel == g.numel && t.dtype == DType::F64).ok_or("no replay")?.addr),
                 None => None,
             };
+            let noisy = match replays32 {
+                Some(r) if r.get(gname).is_some_and(|t| t.numel == g.numel) => Some(r.as_f64(gpu, gname)?),
+                Some(_) => return Err("no replay in f32".into()),
+                None => None,
+            };
             let terms = found.first[gi].as_ref().map(|(.., terms)| *terms);
             let tol = self.opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(g.dtype, tf32));
-            let c = Compared { n: g.numel, expected, got: got.addr(), replay, noisy: None, terms };
+            let noisy_at = noisy.as_ref().map(DeviceBuffer::addr);
+            let c = Compared { n: g.numel, expected, got: got.addr(), replay, noisy: noisy_at, terms };
             let at = Naming { name: input, tensor: gname, dtype: g.dtype, shape, trial };
             let mut r = compare_on_device(gpu, c, at, tol, tf32).map_err(|e| e.to_string())?;
             let mut badness = r.worst.map_or(0.0, |(_, ratio)| ratio);
@@ -354,28 +402,27 @@ fn finite(gpu: &Gpu, addr: u64, n: usize) -> Result<bool, Aside> {
 #[cfg(test)]
 mod tests {
     use super::spec_eligible;
-    use crate::check::{replays_in_f32, CheckOptions, Ground};
+    use crate::check::{CheckOptions, Ground};
 
     /// Which example specs a GPU check keeps on the device: those of allocations and launches
-    /// (a backward's sums too) in f32 and f64 with the ground truth by VJP kernels, not those
-    /// with host steps in the forward, narrow dtypes, or the evaluator's ground truth, or with
-    /// the option off.
+    /// (a backward's sums too), in any float dtype, with the ground truth by VJP kernels; not
+    /// those with host steps in the forward, or the evaluator's ground truth, or with the
+    /// option off.
     #[test]
-    fn checks_of_launches_in_f32_stay_on_the_device_and_others_do_not() {
+    fn checks_of_launches_stay_on_the_device_and_others_do_not() {
         let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
         let on = |file: &str, tweak: &dyn Fn(CheckOptions) -> CheckOptions| {
             let s = crate::spec::load(&examples.join(file)).unwrap();
             let opts = tweak(CheckOptions { ground: Ground::Kernels, ..s.options.clone() });
             let bwd = s.backward.as_ref().unwrap();
-            spec_eligible(&s.forward, bwd, &opts, replays_in_f32(&s.forward, bwd, &s.inputs, &opts))
+            spec_eligible(&s.forward, bwd, &opts)
         };
         let same = |o: CheckOptions| o;
-        for f in ["softmax.toml", "weighted_sum.toml", "layer_norm.toml", "matmul.toml", "flash_attention_causal.toml"] {
+        let launches = ["softmax.toml", "weighted_sum.toml", "layer_norm.toml", "matmul.toml", "flash_attention_causal.toml"];
+        for f in launches.iter().chain(&["rms_norm_f16.toml", "smooth_ce_bf16.toml"]) {
             assert!(on(f, &same), "{f}");
         }
-        for f in ["cross_entropy_mean.toml", "rms_norm_f16.toml", "smooth_ce_bf16.toml"] {
-            assert!(!on(f, &same), "{f}");
-        }
+        assert!(!on("cross_entropy_mean.toml", &same));
         assert!(!on("softmax.toml", &|o| CheckOptions { ground: Ground::Evaluator, ..o }));
         assert!(!on("softmax.toml", &|o| CheckOptions { device_resident: false, ..o }));
         assert!(!on("softmax.toml", &|o| CheckOptions { blame_elements: vec![("x".into(), vec![0, 0])], ..o }));

@@ -94,3 +94,28 @@ fn blocks_grow_before_loops_stop_being_unrolled() {
     assert_eq!(block_shape(32768, 16), (1024, 1, 8));
     assert_eq!(block_shape(32768, usize::MAX), (256, 4, usize::MAX));
 }
+
+/// Kernels without marks (VJP kernels, in f64) hold half the elements a thread that others do,
+/// in blocks of up to 512 threads with twice the registers each; tiles too large for that take
+/// the plain kernels' shape.
+#[test]
+fn vjp_kernels_take_twice_the_threads_with_twice_the_registers() {
+    let plain = Flavor { ordered: true, marks: true };
+    let vjp = Flavor { ordered: false, marks: false };
+    let at = |k: &Kernel, f: Flavor| {
+        let g = generate_flavor_unrolling(k, f, UNROLLED_REGISTERS).unwrap();
+        (g.threads, g.min_blocks)
+    };
+    // 32 x 64 = 2048 elements: 256 threads of 8, or 512 of 4 (one block an SM asked).
+    let k = softmax(32, 64);
+    assert_eq!(at(&k, plain), (256, 4));
+    assert_eq!(at(&k, vjp), (512, 1));
+    // 16 x 64 = 1024: 128 threads (6 blocks), or 256 (2 blocks).
+    let k = softmax(16, 64);
+    assert_eq!(at(&k, plain), (128, 6));
+    assert_eq!(at(&k, vjp), (256, 2));
+    // 8 x 4096: past what 512 threads hold within the limit, the plain shape (its blocks an
+    // SM depend on the shared memory another test may be setting: threads only).
+    let k = softmax(8, 4096);
+    assert_eq!(at(&k, vjp).0, at(&k, plain).0);
+}

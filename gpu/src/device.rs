@@ -450,8 +450,7 @@ impl Gpu {
         let f = &c.main;
         let regs = f.num_regs().map_err(driver)?;
         let local = f.local_size_bytes().map_err(driver)?;
-        let smem = if c.gen.scratch_in == ScratchIn::DynamicShared { c.gen.scratch_bytes } else { 0 };
-        let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(c.gen.threads, smem, None).map_err(driver)?;
+        let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(c.gen.threads, c.gen.dynamic_shared_bytes(), None).map_err(driver)?;
         Ok(format!(
             "{} threads, {regs} registers, {local} B local per thread, {} B scratch, {per_sm} blocks/SM",
             c.gen.threads, c.gen.scratch_bytes
@@ -709,7 +708,7 @@ impl Gpu {
         }
         // Blocks: as many as fit at once, taking programs from a counter.
         let nt = c.gen.threads;
-        let smem = if c.gen.scratch_in == ScratchIn::DynamicShared { c.gen.scratch_bytes } else { 0 };
+        let smem = c.gen.dynamic_shared_bytes();
         let global_scratch = c.gen.scratch_in == ScratchIn::Global;
         let per_sm = c.main.occupancy_max_active_blocks_per_multiprocessor(nt, smem, None).map_err(driver)?.max(1);
         let mut blocks = (self.sms as u64 * per_sm as u64).min(range.end - range.start).max(1);

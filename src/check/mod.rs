@@ -429,8 +429,8 @@ pub fn check_backward_with(
         g.precompile_utilities(false);
     }
     let ahead = if exec.on_gpu() { kernels_ahead(fwd, bwd, opts, inputs, (on_device, replay32)) } else { Vec::new() };
-    // VJP kernels run last and take longest to compile (the causal attention's 4.5 s): theirs
-    // go on beside the forward and the backward.
+    // VJP kernels run last and take longest to compile (the causal attention's, seconds):
+    // theirs go on beside the forward and the backward.
     let (vjps, now): (Vec<_>, Vec<_>) = ahead.iter().map(|(k, v, p)| (k, *v, *p)).partition(|(_, vjp, _)| *vjp);
     exec.precompile_in_background(&vjps, false);
     exec.precompile(&now);

@@ -81,6 +81,18 @@ pub struct Generated {
     pub sites: Vec<(Inst, u64)>,
 }
 
+impl Generated {
+    /// The dynamic shared memory a launch of it asks for: its scratch, where that is in
+    /// dynamic shared memory ([`ScratchIn::DynamicShared`]), else none.
+    pub fn dynamic_shared_bytes(&self) -> usize {
+        if self.scratch_in == ScratchIn::DynamicShared {
+            self.scratch_bytes
+        } else {
+            0
+        }
+    }
+}
+
 /// The name of the generated entry point.
 pub const ENTRY: &str = "tg_main";
 

@@ -95,7 +95,7 @@ struct Check<'a> {
     inputs: &'a Inputs,
     opts: &'a CheckOptions,
     exec: &'a Executor,
-    /// The passes are replayed in f32 too (narrow dtypes or tf32: `replays_in_f32`).
+    /// The passes are replayed in f32 too (f16 or bf16: `replays_in_f32`).
     replay32: bool,
 }
 
@@ -105,8 +105,8 @@ struct Forwards {
     native: DeviceEnv,
     /// The forward promoted to f64.
     truth: DeviceEnv,
-    /// The forward with every float in f32, where the passes compute in narrower floats or
-    /// tf32 (the replay that measures roundings, as the host's `replay32`).
+    /// The forward with every float in f32, where the passes compute in f16 or bf16 (the
+    /// replay that measures roundings, as the host's `replay32`).
     r32: Option<DeviceEnv>,
     ran: Vec<pass::Ran>,
     vks: HashMap<usize, tilegrad_ad::VjpKernel>,

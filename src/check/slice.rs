@@ -1784,16 +1784,18 @@ def terms(X, Y, s):
 
     #[test]
     fn a_factor_on_a_term_puts_the_lines_scaling_a_term_first_not_the_store() {
-        let mut lines: Vec<Ranked> = (0..3).map(|_| ranked(None)).collect();
-        lines[0].store = true;
-        (lines[1].scales, lines[1].term) = (true, false);
-        (lines[2].scales, lines[2].term) = (true, true);
+        // The store, a line scaling the stored value, and a line scaling a term.
+        let three = || {
+            let mut lines: Vec<Ranked> = (0..3).map(|_| ranked(None)).collect();
+            lines[0].store = true;
+            (lines[1].scales, lines[1].term) = (true, false);
+            (lines[2].scales, lines[2].term) = (true, true);
+            lines
+        };
+        let mut lines = three();
         scaling_first(&mut lines, 0.5, true);
         assert_eq!(lines.iter().map(|r| r.class).collect::<Vec<_>>(), vec![1, 1, 1]);
-        let mut lines: Vec<Ranked> = (0..3).map(|_| ranked(None)).collect();
-        lines[0].store = true;
-        (lines[1].scales, lines[1].term) = (true, false);
-        (lines[2].scales, lines[2].term) = (true, true);
+        let mut lines = three();
         scaling_first(&mut lines, 0.5, false);
         assert_eq!(lines.iter().map(|r| r.class).collect::<Vec<_>>(), vec![3, 3, 1]);
         assert_eq!(

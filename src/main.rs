@@ -51,6 +51,8 @@ enum BackendArg {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum GroundArg {
+    /// VJP kernels where launches run on the GPU, else the CPU evaluator.
+    Auto,
     /// The CPU evaluator.
     Evaluator,
     /// Each launch's VJP kernel, run on the backend.
@@ -72,26 +74,27 @@ struct SpecArgs {
     /// Random cotangent trials (default: the spec's, else 2).
     #[arg(long)]
     trials: Option<usize>,
-    /// Where launches run (the ground truth's reverse sweep runs on the CPU unless `--ground
-    /// kernels`).
+    /// Where launches run (the ground truth's reverse sweep too, with `--ground auto` or
+    /// `kernels`).
     #[arg(long, value_enum, default_value = "cpu")]
     backend: BackendArg,
     /// How the ground truth of launches is computed: by the CPU evaluator, or by each launch's
-    /// VJP kernel (a tile-IR kernel of its derivative) run on the backend; with `--precision
-    /// native`, VJP kernels compute in f32 (f64 for kernels with f64 values).
-    #[arg(long, value_enum, default_value = "evaluator")]
+    /// VJP kernel (a tile-IR kernel of its derivative) run on the backend; `auto`: VJP kernels
+    /// where launches run on the GPU, else the evaluator. With `--precision native`, VJP kernels
+    /// compute in f32 (f64 for kernels with f64 values).
+    #[arg(long, value_enum, default_value = "auto")]
     ground: GroundArg,
-    /// With `--ground kernels --backend gpu`: VJP kernels add in program order, as on the CPU,
+    /// With VJP kernels on the GPU (`--backend gpu`): they add in program order, as on the CPU,
     /// so that the ground truth is the same bit for bit on every run (slower: programs take
     /// turns); otherwise the GPU's order of float atomics varies the f64 sums by ~1e-16.
     #[arg(long)]
     deterministic: bool,
-    /// With `--ground kernels --backend gpu`: every launch's tensors cross to the device and
+    /// With VJP kernels on the GPU (`--backend gpu`): every launch's tensors cross to the device and
     /// back, instead of the check keeping its tensors on the device (slower; the way a failing
     /// check runs anyway, for its blame).
     #[arg(long)]
     host_copies: bool,
-    /// With `--ground kernels`: MiB a VJP kernel's launch may take (tensors, shadows and its
+    /// With VJP kernels: MiB a VJP kernel's launch may take (tensors, shadows and its
     /// loops' tapes), its programs running in batches whose tapes fit (default: 80% of the
     /// GPU's free memory; on the CPU 4 GiB, at most a quarter of the memory left).
     #[arg(long, value_name = "MIB")]
@@ -165,6 +168,7 @@ impl SpecArgs {
             o.max_programs = n;
         }
         o.ground = match self.ground {
+            GroundArg::Auto => Ground::Auto,
             GroundArg::Evaluator => Ground::Evaluator,
             GroundArg::Kernels => Ground::Kernels,
         };

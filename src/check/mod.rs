@@ -306,10 +306,11 @@ pub struct CheckOptions {
     /// Gradient elements to explain in the report whatever their error: (gradient tensor or its
     /// input's name, multi-index). Each gets blame and its data-flow slice ([`Report::explained`]).
     pub blame_elements: Vec<(String, Vec<usize>)>,
-    /// How the f64 ground truth is computed: by the CPU evaluator (default), or by each
-    /// launch's VJP kernel run on the backend ([`Ground::Kernels`]).
+    /// How the f64 ground truth is computed: by each launch's VJP kernel run on the backend
+    /// where launches run on the GPU, else by the CPU evaluator ([`Ground::Auto`], default); or
+    /// always one of them.
     pub ground: Ground,
-    /// With [`Ground::Kernels`] on the GPU: VJP kernels add in program order, as the reference
+    /// With the ground truth by VJP kernels on the GPU: they add in program order, as the reference
     /// does, so that the ground truth is the same bit for bit on every run and both backends
     /// (slower: programs take turns). Without it, the hardware's order of float atomics makes
     /// f64 sums differ by about 1e-16 from run to run.
@@ -327,7 +328,7 @@ pub struct CheckOptions {
     /// Programs a launch may run: a larger grid is refused before it runs, naming the kernel
     /// and the grid (default [`backend::DEFAULT_MAX_PROGRAMS`]).
     pub max_programs: u64,
-    /// On the GPU with [`Ground::Kernels`], keep the check's tensors on the device where it can
+    /// On the GPU with the ground truth by VJP kernels, keep the check's tensors on the device where it can
     /// (default; see the `resident` module): only figures come to the host, and a check that
     /// fails, or needs what only the host computes, runs again through host copies. Off: every
     /// launch's tensors cross to the device and back.
@@ -337,8 +338,11 @@ pub struct CheckOptions {
 /// How the ground truth of launches is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Ground {
-    /// The evaluator of `tilegrad-ad` on the CPU (authoritative).
+    /// [`Ground::Kernels`] where launches run on the GPU, else [`Ground::Evaluator`]: on the GPU
+    /// the ground truth runs where the launches do, on the CPU the evaluator is the faster.
     #[default]
+    Auto,
+    /// The evaluator of `tilegrad-ad` on the CPU (authoritative).
     Evaluator,
     /// Each launch's VJP kernel ([`tilegrad_ad::vjp_kernel`]), run on the check's backend: on
     /// the GPU with `--backend gpu`. Kernels it does not take yet (loops inside loops, loops
@@ -360,7 +364,17 @@ impl CheckOptions {
 
     /// The executor of VJP kernels where the ground truth is computed by them.
     fn kernels_ground<'e>(&self, exec: &'e backend::Executor) -> Option<&'e backend::Executor> {
-        (self.ground == Ground::Kernels).then_some(exec)
+        self.by_kernels(exec.on_gpu()).then_some(exec)
+    }
+
+    /// Whether launches' VJP kernels compute the ground truth, on a backend running launches on
+    /// the GPU or not.
+    pub(crate) fn by_kernels(&self, on_gpu: bool) -> bool {
+        match self.ground {
+            Ground::Auto => on_gpu,
+            Ground::Evaluator => false,
+            Ground::Kernels => true,
+        }
     }
 }
 
@@ -375,7 +389,7 @@ impl Default for CheckOptions {
             memory_budget: GradOptions::default().memory_budget,
             allow_non_finite: false,
             blame_elements: Vec::new(),
-            ground: Ground::Evaluator,
+            ground: Ground::Auto,
             deterministic: false,
             vjp_memory: None,
             strict: false,
@@ -818,7 +832,7 @@ fn kernels_ahead(
         } else {
             (*k).clone()
         };
-        if opts.ground == Ground::Kernels {
+        if opts.by_kernels(true) {
             let declared = |name: &str| match k.param(name).map(|p| p.kind.clone()) {
                 Some(tilegrad_ir::ParamKind::Ptr(d)) => Some(d),
                 _ => None,
@@ -964,5 +978,19 @@ mod tests {
         // A tensor the steps allocate, or an unknown constant: not told, taken as large.
         assert_eq!(at(&["y.shape[0]"]), u64::MAX);
         assert_eq!(at(&["cdiv(COLS, 4)"]), u64::MAX);
+    }
+
+    /// The default ground truth is the VJP kernels' where launches run on the GPU, the
+    /// evaluator's on the CPU; either, asked for, is that one on both.
+    #[test]
+    fn the_ground_truth_runs_where_the_launches_do_unless_asked_otherwise() {
+        let o = |ground| CheckOptions { ground, ..CheckOptions::default() };
+        assert_eq!(CheckOptions::default().ground, Ground::Auto);
+        assert_eq!([o(Ground::Auto).by_kernels(true), o(Ground::Auto).by_kernels(false)], [true, false]);
+        assert_eq!([o(Ground::Kernels).by_kernels(true), o(Ground::Kernels).by_kernels(false)], [true, true]);
+        assert_eq!([o(Ground::Evaluator).by_kernels(true), o(Ground::Evaluator).by_kernels(false)], [false, false]);
+        let cpu = o(Ground::Auto).executor().unwrap();
+        assert!(o(Ground::Auto).kernels_ground(&cpu).is_none());
+        assert!(o(Ground::Kernels).kernels_ground(&cpu).is_some());
     }
 }

@@ -24,7 +24,7 @@ use super::backend::Executor;
 use super::device_compare::{compare_on_device, Compared, Naming};
 use super::report::{Finding, Timings, Tolerance};
 use super::steps::Mode;
-use super::{verdict, Backward, CheckOptions, Cotangent, Dist, Forward, Found, Ground, Inputs, Report};
+use super::{verdict, Backward, CheckOptions, Cotangent, Dist, Forward, Found, Inputs, Report};
 use env::{dev, Aside, DeviceEnv};
 use std::collections::HashMap;
 use tilegrad_ad::Precision;
@@ -45,7 +45,7 @@ pub(crate) fn eligible(fwd: &Forward, bwd: &Backward, opts: &CheckOptions, exec:
 fn spec_eligible(fwd: &Forward, bwd: &Backward, opts: &CheckOptions) -> bool {
     let normal_cotangents = fwd.cotangents.iter().all(|(_, c)| matches!(c, Cotangent::Random(Dist::Normal { .. })));
     opts.device_resident
-        && opts.ground == Ground::Kernels
+        && opts.by_kernels(true)
         && opts.precision == Precision::F64
         && opts.blame_elements.is_empty()
         && !super::uses_tf32(&fwd.steps)

@@ -90,8 +90,7 @@ struct SpecArgs {
     #[arg(long)]
     deterministic: bool,
     /// With VJP kernels on the GPU (`--backend gpu`): every launch's tensors cross to the device and
-    /// back, instead of the check keeping its tensors on the device (slower; the way a failing
-    /// check runs anyway, for its blame).
+    /// back, instead of the check keeping its tensors on the device (slower).
     #[arg(long)]
     host_copies: bool,
     /// With VJP kernels: MiB a VJP kernel's launch may take (tensors, shadows and its

@@ -15,6 +15,9 @@
 //!
 //! Without a GPU the second test says so and checks nothing; the CPU verdicts themselves are
 //! tested by `tests/specs.rs`.
+//!
+//! `TILEGRAD_GPU_SPECS=A,B` runs the tests over every spec only on those whose label contains
+//! one of the given pieces (a shorter run on a GPU lent for minutes).
 
 use std::path::{Path, PathBuf};
 use tilegrad::check::{check_backward, Backend, CheckOptions, Report, Step};
@@ -39,6 +42,9 @@ fn all_specs() -> Vec<(String, Spec)> {
     for (variant, spec_name, key, ..) in CASES {
         let o = [KernelOverride { key: key.to_string(), reference: format!("::{variant}") }];
         out.push((variant.to_string(), spec::load_with(&examples().join(format!("{spec_name}.toml")), &o).unwrap()));
+    }
+    if let Ok(only) = std::env::var("TILEGRAD_GPU_SPECS") {
+        out.retain(|(label, _)| only.split(',').any(|piece| label.contains(piece)));
     }
     out
 }
@@ -631,19 +637,28 @@ fn device_comparisons_are_the_host_comparisons() {
     let r64: Vec<f64> = e.iter().zip(&noise).map(|(a, z)| a + 1e-13 * z).collect();
     let noisy: Vec<f64> = e.iter().zip(&noise).map(|(a, z)| a - 3e-3 * z).collect();
     let (de, dr, dn) = (on_device(&gpu, &e), on_device(&gpu, &r64), on_device(&gpu, &noisy));
-    for (label, got, dtype, replay, with_noisy) in [
-        ("f32 near, replay", &near, DType::F32, true, false),
-        ("f32 wrong, replay", &wrong, DType::F32, true, false),
-        ("f32 poisoned, plain", &poisoned, DType::F32, false, false),
-        ("bf16 wrong, replay and noisy", &wrong, DType::BF16, true, true),
-        ("f64 near, plain", &near, DType::F64, false, false),
+    // A wrong backward's replays: the f64 one as wrong as it, the f32 one 3e-3 off that.
+    let r64w: Vec<f64> = wrong.iter().zip(&noise).map(|(a, z)| a + 1e-13 * z).collect();
+    let noisyw: Vec<f64> = r64w.iter().zip(&noise).map(|(a, z)| a - 3e-3 * z).collect();
+    let (drw, dnw) = (on_device(&gpu, &r64w), on_device(&gpu, &noisyw));
+    // `of_replay`: the noisy tensor is the backward replayed in f32, its gap measured from the
+    // f64 replay (a check kept on the device); else the truth in the kernels' dtypes (Python's).
+    for (label, got, dtype, replay, with_noisy, of_replay) in [
+        ("f32 near, replay", &near, DType::F32, true, false, false),
+        ("f32 wrong, replay", &wrong, DType::F32, true, false, false),
+        ("f32 poisoned, plain", &poisoned, DType::F32, false, false, false),
+        ("bf16 wrong, replay and noisy", &wrong, DType::BF16, true, true, false),
+        ("bf16 wrong, replay and its f32 replay", &wrong, DType::BF16, true, true, true),
+        ("f64 near, plain", &near, DType::F64, false, false, false),
     ] {
+        let (r64, noisy, dr, dn) = if of_replay { (&r64w, &noisyw, &drw, &dnw) } else { (&r64, &noisy, &dr, &dn) };
+        let noisy_of = if of_replay { r64 } else { &e };
         let tol = Tolerance::for_dtype(dtype, false);
         let dg = on_device(&gpu, got);
         let at = |i: usize| got[i];
         let nz = with_noisy.then_some(&noisy[..]);
         let floor = if replay {
-            verdict::elementwise_scale(if with_noisy { &e } else { &r64 }, nz, &at, dtype == DType::F32, tol.atol)
+            verdict::elementwise_scale(if with_noisy { noisy_of } else { r64 }, nz, &at, dtype == DType::F32, tol.atol)
         } else {
             0.0
         };
@@ -654,6 +669,7 @@ fn device_comparisons_are_the_host_comparisons() {
             got: dg.addr(),
             replay: replay.then(|| dr.addr()),
             noisy: with_noisy.then(|| dn.addr()),
+            noisy_of_replay: of_replay,
             terms: None,
         };
         let naming = Naming { name: "c", tensor: "t", dtype, shape: &shape, trial: 0 };
@@ -671,7 +687,7 @@ fn device_comparisons_are_the_host_comparisons() {
             "{label}"
         );
         if replay {
-            let judged = verdict::Replayed { truth: &e, got: &at, r64: &r64, r32: nz, r32_of: &e, cot_rms: 1.0 }.judge(dtype, false);
+            let judged = verdict::Replayed { truth: &e, got: &at, r64, r32: nz, r32_of: noisy_of, cot_rms: 1.0 }.judge(dtype, false);
             let (f, q) = dev.norms.expect("norms with a replay").judge(n, 1.0, dtype, false);
             assert!(same(f.error, judged.0.error) && same(q.units, judged.1.units), "{label}: {f:?} {q:?} against {judged:?}");
             assert_eq!((f.passed, q.passed), (judged.0.passed, judged.1.passed), "{label}");
@@ -684,8 +700,9 @@ fn device_comparisons_are_the_host_comparisons() {
 /// broken variant with the ground truth by VJP kernels, over two trials: the same verdicts,
 /// failures, notes and errors, and the same figures within 1e-6 relatively (the VJP kernels'
 /// f64 atomics add in the device's order, and the device adds its sums in another order).
-/// Checks it leaves to the host (a failing one, host steps, narrow dtypes) give the host's
-/// report by construction; the examples that pass must mostly stay on the device.
+/// A failing gradient's worst element gets the same blame. Checks it leaves to the host (host
+/// steps, a failing forward, a backward that fails to run) give the host's report by
+/// construction; the examples must mostly stay on the device.
 #[test]
 fn checks_kept_on_the_device_give_the_host_copies_reports() {
     use tilegrad::check::Ground;
@@ -712,7 +729,7 @@ fn checks_kept_on_the_device_give_the_host_copies_reports() {
             (h, d) => return Err(format!("{label}: host {:?}\n  device {:?}", h.map(|r| verdict(&r)), d.map(|r| verdict(&r)))),
         };
         if !dev.backend.contains("tensors kept on the device") {
-            println!("{label}: {} (through host copies: host steps or narrow dtypes)", verdict(&dev));
+            println!("{label}: {} (through host copies)", verdict(&dev));
             return Ok(());
         }
         stayed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -764,8 +781,22 @@ fn same_reports(a: &Report, b: &Report) -> Result<(), String> {
         if !same {
             return Err(format!("`{}` differs:\n  host   {x:?}\n  device {y:?}", x.tensor));
         }
+        if blamed(x) != blamed(y) {
+            return Err(format!("`{}`: blame differs:\n  host   {:?}\n  device {:?}", x.tensor, blamed(x), blamed(y)));
+        }
     }
     Ok(())
+}
+
+/// A report's worst element and its blame (writers, and the slice's lines in their ranking), in
+/// words.
+fn blamed(r: &tilegrad::check::TensorReport) -> Option<String> {
+    let w = r.worst.as_ref()?;
+    let blame = w.blame.as_ref().map(|b| {
+        let lines: Vec<&str> = b.slice.as_ref().map_or(Vec::new(), |s| s.lines.iter().map(|l| l.loc.as_str()).collect());
+        format!("via {:?}, sites {:?}, lines {lines:?}", b.via, b.sites)
+    });
+    Some(format!("element {:?}: {blame:?}", w.index))
 }
 
 /// An f64 `dot` of 64x64 tiles (67 KB of scratch a block, doubled) and a row sum: its scratch

@@ -924,6 +924,7 @@ fn compare(
             got: got as u64,
             replay: replay.map(|a| a as u64),
             noisy: noisy.map(|a| a as u64),
+            noisy_of_replay: false,
             terms: None,
         };
         let at = Naming { name, tensor, dtype: d, shape: &shape, trial };

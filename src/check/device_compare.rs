@@ -21,8 +21,12 @@ pub struct Compared {
     pub got: u64,
     /// Its replay with every float in f64 (then the verdicts are judged too).
     pub replay: Option<u64>,
-    /// The ground truth computed in the kernels' dtypes (with a replay only).
+    /// The ground truth computed in the kernels' dtypes (with a replay only), or with
+    /// `noisy_of_replay` the replay computed in f32: its gap is then measured from the replay
+    /// (as the host's `Replayed::r32_of`), else from the truth.
     pub noisy: Option<u64>,
+    /// See `noisy`.
+    pub noisy_of_replay: bool,
     /// Without a replay: the least scale `atol` is relative to, as an earlier trial's replay
     /// measured it ([`DeviceComparison::terms`]; a check replays its first trial only).
     pub terms: Option<f64>,
@@ -39,6 +43,9 @@ pub struct DeviceComparison {
     pub norms: Option<Norms>,
     /// The least scale `atol` was relative to ([`verdict::elementwise_scale`]).
     pub terms: f64,
+    /// Both tensors on the host (expected, got), where the comparison fetched them: those
+    /// with elements over their tolerance, for the report's error map.
+    pub elements: Option<(Vec<f64>, Vec<f64>)>,
 }
 
 /// What names the tensor in its report.
@@ -65,7 +72,13 @@ pub fn compare_on_device(gpu: &Gpu, c: Compared, at: Naming, tol: Tolerance, tf3
     if c.noisy.is_some() && c.replay.is_none() {
         return Err(CheckError::Unsupported("the calibrated tolerance compares on the host".into()));
     }
-    let spread = gpu.spread(c.expected, c.got, c.replay, c.noisy, c.n).map_err(dev)?;
+    let mut spread = gpu.spread(c.expected, c.got, c.replay, c.noisy, c.n).map_err(dev)?;
+    if let (Some(r64), Some(noisy), true) = (c.replay, c.noisy, c.noisy_of_replay) {
+        // The gap between the replays (over elements where the replay is finite: the truth
+        // compared is finite everywhere).
+        let gap = gpu.spread(r64, r64, None, Some(noisy), c.n).map_err(dev)?;
+        (spread.gap_noisy, spread.noisy_sq) = (gap.gap_noisy, gap.noisy_sq);
+    }
     let f32_pass = at.dtype == DType::F32 && !tf32;
     let terms = match (c.replay, c.noisy) {
         (Some(_), Some(_)) => verdict::scale_of_gap(spread.gap_noisy, tol.atol),
@@ -93,21 +106,28 @@ pub fn compare_on_device(gpu: &Gpu, c: Compared, at: Naming, tol: Tolerance, tf3
         poison: t.poison,
     };
     // Only a failing comparison maps its elements: both tensors then come to the host.
-    let mut fetched = Ok(());
+    let mut fetched = Ok(None);
     let head = Head { name: at.name, tensor: at.tensor, dtype: at.dtype, shape: at.shape, tol, trial: at.trial };
-    let (report, worst) = report::tallied(head, tally, values, || {
-        let (e, g) = match (download(gpu, c.expected, c.n), download(gpu, c.got, c.n)) {
-            (Ok(e), Ok(g)) => (e, g),
-            (Err(err), _) | (_, Err(err)) => {
-                fetched = Err(dev(err));
-                (vec![0.0; c.n], vec![0.0; c.n])
-            }
-        };
-        report::error_map_of(at.shape, &e, &|i| g[i], |x, y| report::judge(x, y, tol, scale))
+    let (report, worst) = report::tallied(head, tally, values, || match fetch(gpu, &c) {
+        Ok((e, g)) => {
+            let map = report::error_map_of(at.shape, &e, &|i| g[i], |x, y| report::judge(x, y, tol, scale));
+            fetched = Ok(Some((e, g)));
+            map
+        }
+        Err(err) => {
+            fetched = Err(dev(err));
+            // Discarded: the comparison fails with the error.
+            report::error_map_of(&[0], &[], &|_| 0.0, |x, y| report::judge(x, y, tol, scale))
+        }
     });
-    fetched?;
+    let elements = fetched?;
     let norms = c.replay.map(|_| norms_of(&spread, c.noisy.is_some(), verdict::unit_roundoff(at.dtype, tf32)));
-    Ok(DeviceComparison { report, worst, norms, terms })
+    Ok(DeviceComparison { report, worst, norms, terms, elements })
+}
+
+/// Both tensors of a comparison on the host: (expected, got).
+pub(crate) fn fetch(gpu: &Gpu, c: &Compared) -> Result<(Vec<f64>, Vec<f64>), tilegrad_gpu::GpuError> {
+    Ok((gpu.download_f64(c.expected, c.n)?, gpu.download_f64(c.got, c.n)?))
 }
 
 /// The verdicts' norms from the device's sums ([`verdict::Replayed::judge`]'s): the gap is the
@@ -127,10 +147,4 @@ fn norms_of(s: &Spread, noisy: bool, u: f64) -> Norms {
         rounding: s.rounding_sq.sqrt(),
         gap: if gap.is_finite() { gap } else { 0.0 },
     }
-}
-
-/// `n` f64 values at device address `addr`, on the host.
-fn download(gpu: &Gpu, addr: u64, n: usize) -> Result<Vec<f64>, tilegrad_gpu::GpuError> {
-    let t = tilegrad_gpu::DeviceTensor { name: "compared".into(), dtype: DType::F64, numel: n, addr };
-    Ok(gpu.download_tensor(&t)?.to_f64_vec())
 }

@@ -329,8 +329,9 @@ pub struct CheckOptions {
     /// and the grid (default [`backend::DEFAULT_MAX_PROGRAMS`]).
     pub max_programs: u64,
     /// On the GPU with the ground truth by VJP kernels, keep the check's tensors on the device where it can
-    /// (default; see the `resident` module): only figures come to the host, and a check that
-    /// fails, or needs what only the host computes, runs again through host copies. Off: every
+    /// (default; see the `resident` module): only figures come to the host (and for a failing
+    /// gradient's blame, the passes run again traced and that gradient with its truth), and a
+    /// check that needs what only the host computes runs again through host copies. Off: every
     /// launch's tensors cross to the device and back.
     pub device_resident: bool,
 }

@@ -35,7 +35,7 @@ pub fn of_launch(
     let args: Vec<(String, Arg)> = launch.args().to_vec();
     let mut out: Vec<Finding> =
         masked_lanes(launch.kernel(), launch.grid(), &args, launch.get_options(), before, after, exec, at).into_iter().collect();
-    out.extend(same_value(summary, at));
+    out.extend(same_value(summary, at, &|_, _| None));
     out
 }
 
@@ -156,7 +156,12 @@ pub fn of_launch_in_place(
         out.extend(masked_lanes_by(launch.kernel(), loads, &after, at, &mut differs));
         gpu.restore(&results, mem).map_err(err)?;
     }
-    out.extend(same_value(summary, at));
+    // The device's tensors are flat: the element by its tensor's shape.
+    let index_of = |name: &str, offset: i64| -> Option<Vec<usize>> {
+        let i = mem.tensors().iter().position(|t| t.name == name)?;
+        Some(super::report::unravel(usize::try_from(offset).ok()?, &shape_of(TensorId(i as u32))?))
+    };
+    out.extend(same_value(summary, at, &index_of));
     Ok(out)
 }
 
@@ -230,11 +235,14 @@ fn site_location(s: &Site) -> Location {
 }
 
 /// The note of a launch's conflicts whose outcome does not depend on the order of programs.
-pub(crate) fn same_value(summary: &LaunchSummary, at: At) -> Option<Finding> {
+/// `index_of` (tensor, flat offset) gives the element's multi-index where the launch's run knew
+/// only flat tensors (a run on device memory), `None` to take the run's.
+pub(crate) fn same_value(summary: &LaunchSummary, at: At, index_of: &dyn Fn(&str, i64) -> Option<Vec<usize>>) -> Option<Finding> {
     let r: &Race = summary.same_value.first()?;
     let mut f = note(FindingKind::SameValueRace, at);
-    let element = format!("{:?}", r.index);
-    f.element = Some(r.index.iter().map(|&x| x as i64).collect());
+    let index = index_of(&r.tensor, r.offset).unwrap_or_else(|| r.index.clone());
+    let element = format!("{index:?}");
+    f.element = Some(index.iter().map(|&x| x as i64).collect());
     f.tensor = Some(r.tensor.clone());
     f.count = Some(summary.same_value_races as usize);
     for s in [&r.first, &r.second] {

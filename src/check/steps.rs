@@ -917,7 +917,7 @@ fn run_launch(
         if let Some(before) = &before {
             list.extend(notes::masked_lanes(&kernel, grid, &args, &opts, before, &env.mem, exec, at));
         }
-        list.extend(notes::same_value(&summary, at));
+        list.extend(notes::same_value(&summary, at, &|_, _| None));
     }
     if let Some(r) = records {
         if let Some(last) = r.launches.last_mut().filter(|l| l.step == i) {

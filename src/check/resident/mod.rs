@@ -6,23 +6,26 @@
 //! Each step computes what the host's check computes, the same way: inputs drawn by the same
 //! counter-based generator (the same bits), the same launches in place, the f64 ground truth by
 //! the same VJP kernels, the backward's replay in f64, and comparisons reduced on the device by
-//! the host's rules ([`super::device_compare`]). What this path does not compute itself it leaves
-//! to the host's check, which then runs from the start: a failing comparison (its blame reads
-//! elements), a spec the host must explain (an error), a forward that is not finite, a launch
+//! the host's rules ([`super::device_compare`]). A failing gradient's report is the device's too,
+//! and its blame runs the passes again on the host, traced ([`blamed`]). What this path does not
+//! compute itself it leaves to the host's check, which then runs from the start: a failing
+//! forward comparison, a spec the host must explain (an error), a forward that is not finite, a launch
 //! the evaluator must differentiate, host steps (but for sums over an axis in f32 or f64 in the
 //! backward), tf32 `dot`s, inputs or cotangents the device does not draw, elements asked about. Where the
 //! passes compute in f16 or bf16, the forward and the backward's first trial are also
 //! replayed with every float in f32 on the device, as the host replays them (the size of what
-//! roundings act on). A passing check's report is the host's, figure for figure, but for sums
-//! added in another order.
+//! roundings act on). A check's report is the host's, figure for figure, but for sums added in
+//! another order.
 
+mod blamed;
 mod env;
 mod pass;
 mod sweep;
 
 use super::backend::Executor;
-use super::device_compare::{compare_on_device, Compared, Naming};
+use super::device_compare::{compare_on_device, fetch, Compared, Naming};
 use super::report::{Finding, Timings, Tolerance};
+use super::spectrum::Sample;
 use super::steps::Mode;
 use super::{verdict, Backward, CheckOptions, Cotangent, Dist, Forward, Found, Inputs, Report};
 use env::{dev, Aside, DeviceEnv};
@@ -70,7 +73,7 @@ pub(crate) fn check(
     let mut tm = timings.clone();
     let mut notes = Vec::new();
     let replay32 = super::replays_in_f32(fwd, bwd, inputs, opts);
-    match (Check { fwd, bwd, inputs, opts, exec, replay32 }).run(&mut tm, &mut notes, progress) {
+    match (Check { fwd, bwd, inputs, opts, exec, replay32, traced: Default::default() }).run(&mut tm, &mut notes, progress) {
         Ok(found) => {
             let mut r = found.report(name, opts, tm, exec, notes);
             r.backend.push_str("; its tensors kept on the device");
@@ -88,6 +91,9 @@ fn short(why: &str) -> String {
     why.lines().next().unwrap_or("").chars().take(120).collect()
 }
 
+/// Each compared gradient's sample of wrong and right elements, by name (blame's evidence).
+type Samples = Vec<(String, Sample)>;
+
 /// One check's description and options.
 struct Check<'a> {
     fwd: &'a Forward,
@@ -97,6 +103,8 @@ struct Check<'a> {
     exec: &'a Executor,
     /// The passes are replayed in f32 too (f16 or bf16: `replays_in_f32`).
     replay32: bool,
+    /// The forward as the host traced it, once a failing gradient is blamed.
+    traced: std::cell::OnceCell<blamed::TracedForward>,
 }
 
 /// The forward as both passes left it, and the ground truth's launches.
@@ -219,7 +227,15 @@ impl Check<'_> {
             let noisy = f.r32.as_ref().map(|r| r.as_f64(gpu, o)).transpose()?;
             let tol = self.opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(t.dtype, tf32));
             let noisy_at = noisy.as_ref().map(DeviceBuffer::addr);
-            let c = Compared { n: t.numel, expected: e.addr, got: got.addr(), replay: Some(e.addr), noisy: noisy_at, terms: None };
+            let c = Compared {
+                n: t.numel,
+                expected: e.addr,
+                got: got.addr(),
+                replay: Some(e.addr),
+                noisy: noisy_at,
+                noisy_of_replay: false,
+                terms: None,
+            };
             let shape = f.native.shape_of(o).ok_or("no shape")?;
             let at = Naming { name: o, tensor: o, dtype: t.dtype, shape, trial: 0 };
             let mut r = compare_on_device(gpu, c, at, tol, tf32).map_err(|e| e.to_string())?;
@@ -251,6 +267,7 @@ impl Check<'_> {
         // The backward's environment: the forward's tensors (a copy: the backward may write
         // them) and the cotangents, drawn into it in the outputs' dtypes.
         let mut env_b = tm.time("backward", || f.native.copy(gpu, None))?;
+        let keys_at = keys.clone();
         let (cot, cot_rms) = tm.time("cotangents", || self.draw_cotangents(gpu, &mut env_b, keys))?;
         let replays = match trial {
             0 => Some(tm.time("replay of the backward in f64 (formula)", || self.replay(&f.truth, DType::F64, &cot))?),
@@ -271,7 +288,31 @@ impl Check<'_> {
         let t_cmp = std::time::Instant::now();
         let compared = self.compare_gradients(f, &env_b, &truth, (replays.as_ref(), replays32.as_ref()), cot_rms, trial, found);
         tm.add("comparison", t_cmp.elapsed().as_secs_f64());
-        compared
+        let (samples, to_blame) = compared?;
+        if to_blame.is_empty() {
+            return Ok(());
+        }
+        drop((env_b, truth, replays, replays32));
+        tm.time("blame", || self.blame(trial, keys_at, &samples, &to_blame, found))
+    }
+
+    /// `to_blame` (gradient, worst element) of trial `trial` blamed ([`blamed`]), the trial's
+    /// cotangents drawn from `keys`.
+    fn blame(
+        &self,
+        trial: usize,
+        mut keys: super::inputs::Keys,
+        samples: &[(String, Sample)],
+        to_blame: &[(usize, usize)],
+        found: &mut Found,
+    ) -> Result<(), Aside> {
+        if self.traced.get().is_none() {
+            let t = blamed::traced_forward(self.fwd, self.inputs, self.opts.seed, self.exec)?;
+            let _ = self.traced.set(t);
+        }
+        let f = self.traced.get().ok_or("no traced forward")?;
+        blamed::blame_trial((self.fwd, self.bwd), f, &mut keys, samples, to_blame, found, self.exec)
+            .map_err(|e| format!("blame of trial {trial}: {e}"))
     }
 
     /// Each output's cotangent, drawn as the host draws it into tensor `grad_<output>` of
@@ -331,7 +372,9 @@ impl Check<'_> {
     }
 
     /// Each gradient compared with the ground truth's (and its replay, the first trial), as the
-    /// host compares them; a failing one steps aside (its blame reads elements).
+    /// host compares them. Returns each gradient's sample of wrong and right elements (blame's
+    /// evidence: only a failing gradient and its truth come to the host for it), and the failing
+    /// gradients whose worst element is to be blamed (gradient, element).
     #[allow(clippy::too_many_arguments)]
     fn compare_gradients(
         &self,
@@ -342,9 +385,10 @@ impl Check<'_> {
         cot_rms: f64,
         trial: usize,
         found: &mut Found,
-    ) -> Result<(), Aside> {
+    ) -> Result<(Samples, Vec<(usize, usize)>), Aside> {
         let gpu = self.gpu()?;
         let tf32 = super::uses_tf32(&self.bwd.steps) || super::uses_tf32(&self.fwd.steps);
+        let (mut samples, mut to_blame) = (Vec::new(), Vec::new());
         for (gi, (input, gname)) in self.bwd.gradients.iter().enumerate() {
             let g = env_b.get(gname).ok_or_else(|| format!("no gradient `{gname}`"))?;
             let shape = f.native.shape_of(input).ok_or("no input")?;
@@ -372,7 +416,8 @@ impl Check<'_> {
             let terms = found.first[gi].as_ref().map(|(.., terms)| *terms);
             let tol = self.opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(g.dtype, tf32));
             let noisy_at = noisy.as_ref().map(DeviceBuffer::addr);
-            let c = Compared { n: g.numel, expected, got: got.addr(), replay, noisy: noisy_at, terms };
+            // The f32 replay's gap is measured from the f64 replay's, as the host measures it.
+            let c = Compared { n: g.numel, expected, got: got.addr(), replay, noisy: noisy_at, noisy_of_replay: true, terms };
             let at = Naming { name: input, tensor: gname, dtype: g.dtype, shape, trial };
             let mut r = compare_on_device(gpu, c, at, tol, tf32).map_err(|e| e.to_string())?;
             let mut badness = r.worst.map_or(0.0, |(_, ratio)| ratio);
@@ -381,14 +426,26 @@ impl Check<'_> {
                 found.first[gi] = Some((fo.clone(), ro.clone(), r.terms));
                 badness = badness.max(verdict::apply(&mut r.report, (fo, ro), self.opts.tolerance.is_some()));
             }
-            if !r.report.passed {
-                return Err(format!("gradient `{gname}` fails"));
-            }
+            // Which elements are wrong and which right, sampled: blame's evidence.
+            let sample = match r.worst.filter(|_| !r.report.passed) {
+                Some(w) => {
+                    let (exp, got) = match r.elements.take() {
+                        Some(e) => e,
+                        None => fetch(gpu, &c).map_err(dev)?,
+                    };
+                    Sample::compared(&exp, |i| got[i], tol, r.terms, w)
+                }
+                None => Sample::all_right(g.numel),
+            };
+            samples.push((gname.clone(), sample));
             if found.gradients[gi].as_ref().is_none_or(|(_, b)| badness > *b) {
+                if let (Some((w, _)), false) = (r.worst, r.report.passed) {
+                    to_blame.push((gi, w));
+                }
                 found.gradients[gi] = Some((r.report, badness));
             }
         }
-        Ok(())
+        Ok((samples, to_blame))
     }
 }
 

@@ -24,7 +24,8 @@
 //! N), no cache used
 //! (`CUDA_CACHE_DISABLE=1` turns NVRTC's own off). Besides the three above: the softmax with 4
 //! rows a program (16384-element tiles) and a layer norm of 8 rows of 4096 a program
-//! (`layer_norm_rows`), whose tiles are the largest the examples use at training sizes.
+//! (`layer_norm_rows`), whose tiles are the largest the examples use at training sizes, and the
+//! causal attention (16 heads x 8192 x 64, 32x16 tiles), whose VJP kernel's loop is the longest.
 
 use tilegrad_gpu::{Gpu, GpuOptions};
 use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
@@ -116,7 +117,36 @@ fn cases() -> Vec<Case> {
             floats: vec![("eps", 1e-5)],
             grid: [(sr / 8) as u32, 1, 1],
         },
+        attention_causal(),
     ]
+}
+
+/// The causal attention of `examples/flash_attention_causal.toml` at 16 heads x 8192 x 64.
+fn attention_causal() -> Case {
+    let (heads, ctx, d) = (16usize, 8192usize, 64usize);
+    let mut scalars = Vec::new();
+    for t in ["q", "k", "v", "o"] {
+        let [h, m, e] = [(ctx * d) as i64, d as i64, 1];
+        let names: [&'static str; 3] = match t {
+            "q" => ["stride_qh", "stride_qm", "stride_qd"],
+            "k" => ["stride_kh", "stride_kn", "stride_kd"],
+            "v" => ["stride_vh", "stride_vn", "stride_vd"],
+            _ => ["stride_oh", "stride_om", "stride_od"],
+        };
+        scalars.extend(names.into_iter().zip([h, m, e]));
+    }
+    scalars.push(("N_CTX", ctx as i64));
+    let shape = vec![heads, ctx, d];
+    Case {
+        name: "attention",
+        file: "flash_attention_causal.py",
+        kernel: "attn_fwd_causal",
+        constexprs: vec![("HEAD_DIM", d as i64), ("BLOCK_M", 32), ("BLOCK_N", 16)],
+        tensors: vec![("q_ptr", shape.clone()), ("k_ptr", shape.clone()), ("v_ptr", shape.clone()), ("o_ptr", shape)],
+        scalars,
+        floats: vec![("sm_scale", 0.125)],
+        grid: [(ctx / 32) as u32, heads as u32, 1],
+    }
 }
 
 /// The case's kernel, converted from its example's Triton source (float scalars as f32).

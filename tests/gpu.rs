@@ -740,7 +740,9 @@ fn checks_kept_on_the_device_give_the_host_copies_reports() {
     let stayed = stayed.into_inner();
     println!("{stayed} of {} checks stayed on the device", specs.len());
     assert!(failures.is_empty(), "{} of {} checks:\n{}", failures.len(), specs.len(), failures.join("\n\n"));
-    assert!(stayed >= 20, "only {stayed} checks stayed on the device");
+    // All of them: most stay (a run narrowed by `TILEGRAD_GPU_SPECS` may hold few).
+    let narrowed = std::env::var_os("TILEGRAD_GPU_SPECS").is_some();
+    assert!(narrowed || stayed >= 20, "only {stayed} checks stayed on the device");
 }
 
 /// Two reports of one check agree: verdicts, failure, notes, and every compared tensor's

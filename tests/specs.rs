@@ -103,6 +103,7 @@ fn every_example_spec_passes_check_and_gradcheck() {
         "fused_add_rms_norm",
         "log_softmax",
         "linear_act",
+        "linear_tf32",
         "layer_scale",
         "dyt",
         "batch_norm",

@@ -124,6 +124,7 @@ pub const CASES: &[Case] = &[
     ("_log_softmax_bwd_broken_exp", "log_softmax", "bwd", Wrong { input: "x", line: 51 }, "expression: blamed on the store"),
     ("_linear_act_bwd_da_broken_mask", "linear_act", "bwd_da", Oob(141), ""),
     ("_linear_act_bwd_db_broken_axis", "linear_act", "bwd_db", Wrong { input: "bias", line: 186 }, "reduction axis: blamed on the store of grad_bias"),
+    ("linear_tf32_bwd_dx_broken_acc", "linear_tf32", "bwd_dx", Wrong { input: "x", line: 59 }, "tf32 dots, accumulator overwritten: blamed on the store"),
     ("_layer_scale_bwd_broken_last", "layer_scale", "bwd", Unwritten { input: "gamma", tensor: "grad_gamma" }, "ticket condition: no program is the last, dgamma is never written"),
     ("_layer_scale_bwd_broken_dx", "layer_scale", "bwd", Wrong { input: "x", line: 110 }, ""),
     ("_dyt_bwd_broken_tanh_grad", "dyt", "bwd", Wrong { input: "x", line: 82 }, "expression: blamed on the store of grad_x"),

@@ -11,10 +11,10 @@
 //! compute itself it leaves to the host's check, which then runs from the start: a failing
 //! forward comparison, a spec the host must explain (an error), a forward that is not finite, a launch
 //! the evaluator must differentiate, host steps (but for sums over an axis in f32 or f64 in the
-//! backward), tf32 `dot`s, inputs or cotangents the device does not draw, elements asked about. Where the
-//! passes compute in f16 or bf16, the forward and the backward's first trial are also
-//! replayed with every float in f32 on the device, as the host replays them (the size of what
-//! roundings act on). A check's report is the host's, figure for figure, but for sums added in
+//! backward), inputs or cotangents the device does not draw, elements asked about. Where the
+//! passes compute in f16 or bf16, or `dot` in tf32, the forward and the backward's first trial
+//! are also replayed with every float in f32 on the device, as the host replays them (the size
+//! of what roundings act on). A check's report is the host's, figure for figure, but for sums added in
 //! another order.
 
 mod blamed;
@@ -36,10 +36,9 @@ use tilegrad_ir::DType;
 
 /// Whether a check can keep its tensors on the device: on the GPU (not compared launch by launch
 /// with the reference), the ground truth by VJP kernels in f64, allocations and launches only
-/// (and sums in the backward), cotangents drawn from normal distributions, no tf32 `dot` (no
-/// example has one to hold this path to the host's), and nothing that asks for elements or for
-/// non-finite values. Narrow dtypes stay: their replays in f32 run on the device beside the f64
-/// ones.
+/// (and sums in the backward), cotangents drawn from normal distributions, and nothing that asks
+/// for elements or for non-finite values. Narrow dtypes and tf32 `dot`s stay: their replays in
+/// f32 run on the device beside the f64 ones.
 pub(crate) fn eligible(fwd: &Forward, bwd: &Backward, opts: &CheckOptions, exec: &Executor) -> bool {
     exec.on_gpu() && !exec.comparing() && spec_eligible(fwd, bwd, opts)
 }
@@ -51,8 +50,6 @@ fn spec_eligible(fwd: &Forward, bwd: &Backward, opts: &CheckOptions) -> bool {
         && opts.by_kernels(true)
         && opts.precision == Precision::F64
         && opts.blame_elements.is_empty()
-        && !super::uses_tf32(&fwd.steps)
-        && !super::uses_tf32(&bwd.steps)
         && !opts.allow_non_finite
         && normal_cotangents
         && pass::on_device(&fwd.steps, false)
@@ -414,7 +411,8 @@ impl Check<'_> {
                 None => None,
             };
             let terms = found.first[gi].as_ref().map(|(.., terms)| *terms);
-            let tol = self.opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(g.dtype, tf32));
+            // The backward's own tf32 sets its tolerance; either pass's, its rounding's unit.
+            let tol = self.opts.tolerance.unwrap_or_else(|| Tolerance::for_dtype(g.dtype, super::uses_tf32(&self.bwd.steps)));
             let noisy_at = noisy.as_ref().map(DeviceBuffer::addr);
             // The f32 replay's gap is measured from the f64 replay's, as the host measures it.
             let c = Compared { n: g.numel, expected, got: got.addr(), replay, noisy: noisy_at, noisy_of_replay: true, terms };
@@ -462,7 +460,7 @@ mod tests {
     use crate::check::{CheckOptions, Ground};
 
     /// Which example specs a GPU check keeps on the device: those of allocations and launches
-    /// (a backward's sums too), in any float dtype, with the ground truth by VJP kernels; not
+    /// (a backward's sums too), in any float dtype, tf32 `dot`s too, with the ground truth by VJP kernels; not
     /// those with host steps in the forward, or the evaluator's ground truth, or with the
     /// option off.
     #[test]
@@ -476,7 +474,7 @@ mod tests {
         };
         let same = |o: CheckOptions| o;
         let launches = ["softmax.toml", "weighted_sum.toml", "layer_norm.toml", "matmul.toml", "flash_attention_causal.toml"];
-        for f in launches.iter().chain(&["rms_norm_f16.toml", "smooth_ce_bf16.toml"]) {
+        for f in launches.iter().chain(&["rms_norm_f16.toml", "smooth_ce_bf16.toml", "linear_tf32.toml"]) {
             assert!(on(f, &same), "{f}");
         }
         assert!(!on("cross_entropy_mean.toml", &same));

@@ -101,16 +101,7 @@ impl HostCheck<'_> {
         let kept_truth = if host_steps { Some(truth.clone()) } else { None };
         let replay_envs = (Some(lean(truth, &native, &self.bwd.steps)), f32.map(|e| lean(e, &native, &self.bwd.steps)));
         let f = Forwarded { native: &native, trace: &trace, truth_env: kept_truth.as_ref().unwrap_or(&native), input_shape: &input_shape };
-        let n = self.bwd.gradients.len();
-        let found = Found {
-            forward,
-            gradients: vec![None; n],
-            first: vec![None; n],
-            failure: None,
-            findings: Vec::new(),
-            provisional: false,
-            explained: Vec::new(),
-        };
+        let found = Found::new(forward, self.bwd.gradients.len());
         let mut st = Trials { found, rng: truth::cotangent_rng(self.opts.seed), replay_envs, records, notes };
         for trial in 0..self.opts.trials {
             if !self.trial(&f, &mut st, trial, &mut tm, progress)? {

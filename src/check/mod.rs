@@ -490,6 +490,19 @@ pub(crate) struct Found {
 }
 
 impl Found {
+    /// Nothing found yet about `gradients` gradients, the forward compared as `forward`.
+    fn new(forward: Vec<TensorReport>, gradients: usize) -> Found {
+        Found {
+            forward,
+            gradients: vec![None; gradients],
+            first: vec![None; gradients],
+            failure: None,
+            findings: Vec::new(),
+            provisional: false,
+            explained: Vec::new(),
+        }
+    }
+
     /// The report of check `name`.
     fn report(self, name: &str, opts: &CheckOptions, tm: Timings, exec: &Executor, notes: Vec<Finding>) -> Report {
         // A later trial's table carries the first trial's verdicts.

@@ -87,16 +87,7 @@ mod tests {
         let traced = traced_forward(&s.forward, &s.inputs, opts.seed, &exec).unwrap();
         let mut unblamed = host.gradients[g].clone();
         unblamed.worst.as_mut().unwrap().blame = None;
-        let n = bwd.gradients.len();
-        let mut found = Found {
-            forward: Vec::new(),
-            gradients: vec![None; n],
-            first: vec![None; n],
-            failure: None,
-            findings: Vec::new(),
-            provisional: false,
-            explained: Vec::new(),
-        };
+        let mut found = Found::new(Vec::new(), bwd.gradients.len());
         found.gradients[g] = Some((unblamed, 1.0));
         let shape = &host.gradients[g].shape;
         let flat = worst.index.iter().zip(shape).fold(0, |a, (i, d)| a * d + i);

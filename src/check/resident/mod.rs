@@ -6,16 +6,16 @@
 //! Each step computes what the host's check computes, the same way: inputs drawn by the same
 //! counter-based generator (the same bits), the same launches in place, the f64 ground truth by
 //! the same VJP kernels, the backward's replay in f64, and comparisons reduced on the device by
-//! the host's rules ([`super::device_compare`]). A failing gradient's report is the device's too,
-//! and its blame runs the passes again on the host, traced ([`blamed`]). What this path does not
-//! compute itself it leaves to the host's check, which then runs from the start: a failing
-//! forward comparison, a spec the host must explain (an error), a forward that is not finite, a launch
-//! the evaluator must differentiate, host steps (but for sums over an axis in f32 or f64 in the
-//! backward), inputs or cotangents the device does not draw, elements asked about. Where the
-//! passes compute in f16 or bf16, or `dot` in tf32, the forward and the backward's first trial
-//! are also replayed with every float in f32 on the device, as the host replays them (the size
-//! of what roundings act on). A check's report is the host's, figure for figure, but for sums added in
-//! another order.
+//! the host's rules ([`super::device_compare`]). A failing gradient's report is the device's
+//! too, and its blame runs the passes again on the host, traced ([`blamed`]). What this path
+//! does not compute itself it leaves to the host's check, which then runs from the start: a
+//! failing forward comparison, a spec the host must explain (an error), a forward that is not
+//! finite, a launch the evaluator must differentiate, host steps (but for sums over an axis in
+//! f32 or f64 in the backward), inputs or cotangents the device does not draw, elements asked
+//! about. Where the passes compute in f16 or bf16, or `dot` in tf32, the forward and the
+//! backward's first trial are also replayed with every float in f32 on the device, as the host
+//! replays them (the size of what roundings act on). A check's report is the host's, figure for
+//! figure, but for sums added in another order.
 
 mod blamed;
 mod env;
@@ -23,7 +23,7 @@ mod pass;
 mod sweep;
 
 use super::backend::Executor;
-use super::device_compare::{compare_on_device, fetch, Compared, Naming};
+use super::device_compare::{compare_on_device, fetch, Compared, DeviceComparison, Naming};
 use super::report::{Finding, Timings, Tolerance};
 use super::spectrum::Sample;
 use super::steps::Mode;
@@ -98,7 +98,7 @@ struct Check<'a> {
     inputs: &'a Inputs,
     opts: &'a CheckOptions,
     exec: &'a Executor,
-    /// The passes are replayed in f32 too (f16 or bf16: `replays_in_f32`).
+    /// The passes are replayed in f32 too (f16, bf16 or tf32: `replays_in_f32`).
     replay32: bool,
     /// The forward as the host traced it, once a failing gradient is blamed.
     traced: std::cell::OnceCell<blamed::TracedForward>,
@@ -127,15 +127,7 @@ impl Check<'_> {
         progress("inputs and forward", 0, self.opts.trials);
         let f = self.forwards(tm, notes)?;
         let forward = tm.time("comparison", || self.compare_forward(&f))?;
-        let mut found = Found {
-            forward,
-            gradients: vec![None; self.bwd.gradients.len()],
-            first: vec![None; self.bwd.gradients.len()],
-            failure: None,
-            findings: Vec::new(),
-            provisional: false,
-            explained: Vec::new(),
-        };
+        let mut found = Found::new(forward, self.bwd.gradients.len());
         let mut keys = super::truth::cotangent_rng(self.opts.seed);
         for trial in 0..self.opts.trials {
             self.trial(&f, trial, &mut keys, &mut found, tm, notes, progress)?;
@@ -424,18 +416,7 @@ impl Check<'_> {
                 found.first[gi] = Some((fo.clone(), ro.clone(), r.terms));
                 badness = badness.max(verdict::apply(&mut r.report, (fo, ro), self.opts.tolerance.is_some()));
             }
-            // Which elements are wrong and which right, sampled: blame's evidence.
-            let sample = match r.worst.filter(|_| !r.report.passed) {
-                Some(w) => {
-                    let (exp, got) = match r.elements.take() {
-                        Some(e) => e,
-                        None => fetch(gpu, &c).map_err(dev)?,
-                    };
-                    Sample::compared(&exp, |i| got[i], tol, r.terms, w)
-                }
-                None => Sample::all_right(g.numel),
-            };
-            samples.push((gname.clone(), sample));
+            samples.push((gname.clone(), sample(gpu, &mut r, &c, tol)?));
             if found.gradients[gi].as_ref().is_none_or(|(_, b)| badness > *b) {
                 if let (Some((w, _)), false) = (r.worst, r.report.passed) {
                     to_blame.push((gi, w));
@@ -445,6 +426,17 @@ impl Check<'_> {
         }
         Ok((samples, to_blame))
     }
+}
+
+/// Which elements of a comparison are wrong and which right, sampled (blame's evidence): only a
+/// failing one's two tensors come to the host for it, those its error map fetched if it did.
+fn sample(gpu: &Gpu, r: &mut DeviceComparison, c: &Compared, tol: Tolerance) -> Result<Sample, Aside> {
+    let Some(w) = r.worst.filter(|_| !r.report.passed) else { return Ok(Sample::all_right(c.n)) };
+    let (exp, got) = match r.elements.take() {
+        Some(e) => e,
+        None => fetch(gpu, c).map_err(dev)?,
+    };
+    Ok(Sample::compared(&exp, |i| got[i], tol, r.terms, w))
 }
 
 /// Whether the `n` f64 values at `addr` are all finite.
@@ -460,9 +452,9 @@ mod tests {
     use crate::check::{CheckOptions, Ground};
 
     /// Which example specs a GPU check keeps on the device: those of allocations and launches
-    /// (a backward's sums too), in any float dtype, tf32 `dot`s too, with the ground truth by VJP kernels; not
-    /// those with host steps in the forward, or the evaluator's ground truth, or with the
-    /// option off.
+    /// (a backward's sums too), in any float dtype, tf32 `dot`s too, with the ground truth by VJP
+    /// kernels; not those with host steps in the forward, or the evaluator's ground truth, or
+    /// with the option off.
     #[test]
     fn checks_of_launches_stay_on_the_device_and_others_do_not() {
         let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");

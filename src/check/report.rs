@@ -1023,7 +1023,12 @@ pub fn judge(e: f64, g: f64, tol: Tolerance, scale: f64) -> Judged {
 
 /// The [`ErrorMap`] of a comparison ([`judge`] on each element); a tensor whose shape does not
 /// hold the values is mapped as 1-D.
-pub(crate) fn error_map_of(shape: &[usize], expected: &[f64], got: &impl Fn(usize) -> f64, judge: impl Fn(f64, f64) -> Judged) -> ErrorMap {
+pub(crate) fn error_map_of(
+    shape: &[usize],
+    expected: &[f64],
+    got: &(impl Fn(usize) -> f64 + Sync),
+    judge: impl Fn(f64, f64) -> Judged + Sync,
+) -> ErrorMap {
     let flat = [expected.len()];
     let shape = if shape.iter().product::<usize>() == expected.len() { shape } else { &flat };
     ErrorMap::build(shape, |i| judge(expected[i], got(i)), |i| (expected[i], got(i)))

@@ -8,6 +8,7 @@
 //! the comparison of a `where`) is also scored by its outcome, so that one true for every wrong
 //! element and false for every right one scores 1 although both kinds pass through its line.
 
+use super::chunked;
 use super::report::Tolerance;
 use super::slice::{element_flow, LineKey, Outcome, Reruns, Seen, Target};
 use super::steps::{Env, Trace};
@@ -78,8 +79,10 @@ impl Sample {
     /// what was summed, see [`super::report::compare_by`]); `worst` is the worst element and its
     /// error over the tolerance. Where no element exceeds the tolerance (a formula that fails
     /// within it), the elements off by more than half the worst error are the wrong ones.
-    pub fn compared(expected: &[f64], got: impl Fn(usize) -> f64, tol: Tolerance, terms: f64, worst: (usize, f64)) -> Sample {
-        let scale = expected.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs())).max(terms);
+    pub fn compared(expected: &[f64], got: impl Fn(usize) -> f64 + Sync, tol: Tolerance, terms: f64, worst: (usize, f64)) -> Sample {
+        use rayon::prelude::*;
+        let n = expected.len();
+        let scale = chunked::max(n, |i| if expected[i].is_finite() { expected[i].abs() } else { 0.0 }).max(terms);
         let scale = if scale > 0.0 { scale } else { 1.0 };
         let ratio = |i: usize| {
             let (e, g) = (expected[i], got(i));
@@ -92,7 +95,8 @@ impl Sample {
             }
         };
         let threshold = if worst.1 > 1.0 { 1.0 } else { worst.1 / 2.0 };
-        let flags: Vec<bool> = (0..expected.len()).map(|i| ratio(i) > threshold).collect();
+        // Both passes over every element on rayon's threads (tens of millions at training sizes).
+        let flags: Vec<bool> = (0..n).into_par_iter().map(|i| ratio(i) > threshold).collect();
         let mut s = Sample::of_flags(&flags, worst.0);
         s.masked = mostly_masked(&flags, |i| (expected[i], got(i)));
         s.factor = common_factor(s.wrong.iter().map(|&i| (expected[i], got(i))));

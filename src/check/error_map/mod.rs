@@ -101,6 +101,46 @@ pub fn bins(n: usize, bins: usize) -> Vec<[usize; 2]> {
     (0..bins).map(|b| [start(b), start(b + 1)]).collect()
 }
 
+/// What a band of rows collects: [`Tally`]'s figures, with the slices and rows it hit listed
+/// (a band holds few of them) and its columns as flags.
+struct Band {
+    slices_hit: Vec<usize>,
+    rows_hit: Vec<usize>,
+    cols_hit: Vec<bool>,
+    over: Vec<usize>,
+    nan: Vec<bool>,
+    worst: Vec<Option<(f64, usize)>>,
+}
+
+impl Band {
+    fn new(cols: usize, cells: usize) -> Band {
+        Band {
+            slices_hit: Vec::new(),
+            rows_hit: Vec::new(),
+            cols_hit: vec![false; cols],
+            over: vec![0; cells],
+            nan: vec![false; cells],
+            worst: vec![None; cells],
+        }
+    }
+
+    /// Element `i` at `(s, r, c)` of cell `cell` is over tolerance (elements come in order).
+    fn add(&mut self, (s, r, c): (usize, usize, usize), cell: usize, i: usize, j: Judged) {
+        if self.slices_hit.last() != Some(&s) {
+            self.slices_hit.push(s);
+        }
+        if self.rows_hit.last() != Some(&r) {
+            self.rows_hit.push(r);
+        }
+        self.cols_hit[c] = true;
+        self.over[cell] += 1;
+        self.nan[cell] |= j.nan;
+        if self.worst[cell].is_none_or(|(w, _)| j.ratio > w) {
+            self.worst[cell] = Some((j.ratio, i));
+        }
+    }
+}
+
 /// What one pass over the elements collects.
 struct Tally {
     slices_hit: Vec<bool>,
@@ -124,38 +164,61 @@ impl Tally {
         }
     }
 
-    /// Element `i` at `(s, r, c)` of cell `cell` is over tolerance.
-    fn add(&mut self, (s, r, c): (usize, usize, usize), cell: usize, i: usize, j: Judged) {
-        self.slices_hit[s] = true;
-        self.rows_hit[r] = true;
-        self.cols_hit[c] = true;
-        self.over[cell] += 1;
-        self.nan[cell] |= j.nan;
-        if self.worst[cell].is_none_or(|(w, _)| j.ratio > w) {
-            self.worst[cell] = Some((j.ratio, i));
+    /// A band's tally, the bands merged in the elements' order (a cell's worst element is its
+    /// first of the largest ratio).
+    fn merge(&mut self, b: Band) {
+        for s in b.slices_hit {
+            self.slices_hit[s] = true;
+        }
+        for r in b.rows_hit {
+            self.rows_hit[r] = true;
+        }
+        for (hit, c) in self.cols_hit.iter_mut().zip(b.cols_hit) {
+            *hit |= c;
+        }
+        for (k, w) in b.worst.into_iter().enumerate() {
+            self.over[k] += b.over[k];
+            self.nan[k] |= b.nan[k];
+            if let Some((ratio, i)) = w {
+                if self.worst[k].is_none_or(|(m, _)| ratio > m) {
+                    self.worst[k] = Some((ratio, i));
+                }
+            }
         }
     }
 }
 
 impl ErrorMap {
     /// The map of a tensor of `shape` whose element `i` the comparison judged `judge(i)`;
-    /// `values(i)` is its `(expected, got)`. One pass over the elements.
-    pub fn build(shape: &[usize], judge: impl Fn(usize) -> Judged, values: impl Fn(usize) -> (f64, f64)) -> ErrorMap {
+    /// `values(i)` is its `(expected, got)`. One pass over the elements, in bands of whole rows
+    /// on rayon's threads (tens of millions of elements at training sizes), their tallies merged
+    /// in order: the map does not depend on the number of threads.
+    pub fn build(shape: &[usize], judge: impl Fn(usize) -> Judged + Sync, values: impl Fn(usize) -> (f64, f64)) -> ErrorMap {
+        use rayon::prelude::*;
         let (slices, rows, cols) = view(shape);
         let (nr, nc) = (rows.clamp(1, MAX_ROW_BINS), cols.clamp(1, MAX_COL_BINS));
-        let mut t = Tally::new(slices, rows, cols, nr * nc);
-        let mut i = 0;
-        for s in 0..slices {
-            for r in 0..rows {
+        // Bands of about `CHUNK` elements (one row at least), rows counted across slices.
+        let band = (super::chunked::CHUNK / cols.max(1)).max(1);
+        let all_rows = slices * rows;
+        let tally_band = |b: usize| {
+            let mut t = Band::new(cols, nr * nc);
+            for q in b * band..((b + 1) * band).min(all_rows) {
+                let (sl, r) = (q / rows, q % rows);
                 let br = bin_of(r, rows, nr);
                 for c in 0..cols {
+                    let i = q * cols + c;
                     let j = judge(i);
                     if j.ratio > 1.0 {
-                        t.add((s, r, c), br * nc + bin_of(c, cols, nc), i, j);
+                        t.add((sl, r, c), br * nc + bin_of(c, cols, nc), i, j);
                     }
-                    i += 1;
                 }
             }
+            t
+        };
+        let bands: Vec<Band> = (0..all_rows.div_ceil(band)).into_par_iter().map(tally_band).collect();
+        let mut t = Tally::new(slices, rows, cols, nr * nc);
+        for b in bands {
+            t.merge(b);
         }
         ErrorMap::from_tally(shape, t, (nr, nc), values)
     }

@@ -6,7 +6,7 @@ use tilegrad_ir::DType;
 
 /// The map of a tensor of `shape` whose elements at the multi-indices `bad` selects are over
 /// tolerance (NaN where `nan` selects).
-fn map_with(shape: &[usize], bad: impl Fn(&[usize]) -> bool, nan: impl Fn(&[usize]) -> bool) -> ErrorMap {
+fn map_with(shape: &[usize], bad: impl Fn(&[usize]) -> bool + Sync, nan: impl Fn(&[usize]) -> bool + Sync) -> ErrorMap {
     let judge = |i: usize| {
         let ix = unravel(i, shape);
         let (b, n) = (bad(&ix), nan(&ix));
@@ -26,7 +26,7 @@ fn map_with(shape: &[usize], bad: impl Fn(&[usize]) -> bool, nan: impl Fn(&[usiz
     ErrorMap::build(shape, judge, values)
 }
 
-fn map(shape: &[usize], bad: impl Fn(&[usize]) -> bool) -> ErrorMap {
+fn map(shape: &[usize], bad: impl Fn(&[usize]) -> bool + Sync) -> ErrorMap {
     map_with(shape, bad, |_| false)
 }
 
@@ -230,4 +230,50 @@ fn the_map_counts_what_the_comparison_counts() {
     assert_eq!(m.nan_cells.len(), nan_cells.len());
     let (ok, _) = compare("x", "grad_x", DType::F32, &[20, 30], Tolerance::for_dtype(DType::F32, false), &e, &e, 0);
     assert!(ok.error_map.is_none());
+}
+
+/// The map built in bands of rows on many threads is the one a single pass over the elements in
+/// order builds (counts, NaN cells, each cell's first worst element, the hit rows, columns and
+/// slices behind the summary), on shapes of many bands and of rows longer than a band.
+#[test]
+fn bands_of_rows_build_the_map_one_pass_in_order_builds() {
+    let cases: [&[usize]; 4] = [&[3, 700, 50], &[211, 997], &[2, 3, 70_001], &[150_001]];
+    for shape in cases {
+        let n: usize = shape.iter().product();
+        // Scattered wrong elements with repeated ratios (ties), a few NaNs, a wrong block.
+        let ratio = |i: usize| -> f64 {
+            let h = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+            if h % 97 == 0 || (n / 3..n / 3 + 500).contains(&i) {
+                1.0 + (h % 5) as f64
+            } else {
+                0.25
+            }
+        };
+        let judge = |i: usize| {
+            let nan = i % 40_009 == 7;
+            Judged { ratio: if nan { f64::INFINITY } else { ratio(i) }, nonfinite: nan, nan }
+        };
+        let values = |i: usize| (1.0, 1.0 + ratio(i));
+        let got = ErrorMap::build(shape, judge, values);
+        // The reference: one pass in order.
+        let (slices, rows, cols) = view(shape);
+        let (nr, nc) = (rows.clamp(1, MAX_ROW_BINS), cols.clamp(1, MAX_COL_BINS));
+        let mut t = Tally::new(slices, rows, cols, nr * nc);
+        for i in 0..n {
+            let j = judge(i);
+            if j.ratio > 1.0 {
+                let (s, r, c) = (i / (rows * cols), (i / cols) % rows, i % cols);
+                let cell = bin_of(r, rows, nr) * nc + bin_of(c, cols, nc);
+                (t.slices_hit[s], t.rows_hit[r], t.cols_hit[c]) = (true, true, true);
+                t.over[cell] += 1;
+                t.nan[cell] |= j.nan;
+                if t.worst[cell].is_none_or(|(w, _)| j.ratio > w) {
+                    t.worst[cell] = Some((j.ratio, i));
+                }
+            }
+        }
+        let want = ErrorMap::from_tally(shape, t, (nr, nc), values);
+        assert!(want.over > 0 && !want.nan_cells.is_empty(), "{shape:?}");
+        assert_eq!(got, want, "{shape:?}");
+    }
 }

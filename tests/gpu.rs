@@ -745,6 +745,60 @@ fn checks_kept_on_the_device_give_the_host_copies_reports() {
     assert!(narrowed || stayed >= 20, "only {stayed} checks stayed on the device");
 }
 
+/// Elements asked about (`--blame-element`) keep a check on the device, and are explained as
+/// through host copies: the same element, its true value within 1e-9, the same value checked,
+/// the same writers and lines.
+#[test]
+fn elements_asked_about_are_explained_alike_on_the_device() {
+    use tilegrad::check::Ground;
+    if let Err(why) = tilegrad_gpu::usable() {
+        eprintln!("skipped: no usable GPU ({why})");
+        return;
+    }
+    let specs: Vec<(String, Spec)> = all_specs()
+        .into_iter()
+        .filter(|(l, _)| ["softmax.toml", "layer_norm.toml", "linear_tf32.toml", "softmax_bwd_broken_axis"].contains(&l.as_str()))
+        .collect();
+    let failures = all(&specs, |(label, s)| {
+        let bwd = s.backward.as_ref().ok_or("no backward")?;
+        let gname = bwd.gradients[0].1.clone();
+        // Its middle element (the shape from a CPU check's report).
+        let cpu =
+            check_backward(&s.forward, bwd, &s.inputs, &CheckOptions { trials: 1, ..s.options.clone() }).map_err(|e| e.to_string())?;
+        let shape = cpu.gradients[0].shape.clone();
+        let index: Vec<usize> = shape.iter().map(|n| n / 2).collect();
+        let opts = CheckOptions {
+            trials: 2,
+            backend: Backend::Gpu,
+            ground: Ground::Kernels,
+            blame_elements: vec![(gname.clone(), index)],
+            ..s.options.clone()
+        };
+        let dev = check_backward(&s.forward, bwd, &s.inputs, &opts).map_err(|e| format!("{label}: {e}"))?;
+        let host =
+            check_backward(&s.forward, bwd, &s.inputs, &CheckOptions { device_resident: false, ..opts }).map_err(|e| e.to_string())?;
+        if !dev.backend.contains("tensors kept on the device") {
+            return Err(format!("{label}: not kept on the device ({})", dev.backend));
+        }
+        let (d, h) = (&dev.explained, &host.explained);
+        let same = d.len() == 1
+            && h.len() == 1
+            && d[0].tensor == h[0].tensor
+            && d[0].trial == h[0].trial
+            && d[0].element.index == h[0].element.index
+            && (d[0].element.expected - h[0].element.expected).abs() <= 1e-9 * h[0].element.expected.abs().max(1.0)
+            && d[0].element.got == h[0].element.got
+            && blamed_element(&d[0].element) == blamed_element(&h[0].element);
+        println!("{label}: {} explained{}", d.len(), if same { "" } else { ", DIFFERS" });
+        if same {
+            Ok(())
+        } else {
+            Err(format!("{label}:\n  host   {h:?}\n  device {d:?}"))
+        }
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
 /// Two reports of one check agree: verdicts, failure, notes, and every compared tensor's
 /// figures within 1e-6 relatively.
 fn same_reports(a: &Report, b: &Report) -> Result<(), String> {
@@ -793,12 +847,16 @@ fn same_reports(a: &Report, b: &Report) -> Result<(), String> {
 /// A report's worst element and its blame (writers, and the slice's lines in their ranking), in
 /// words.
 fn blamed(r: &tilegrad::check::TensorReport) -> Option<String> {
-    let w = r.worst.as_ref()?;
+    r.worst.as_ref().map(blamed_element)
+}
+
+/// An element and its blame, in words.
+fn blamed_element(w: &tilegrad::check::Worst) -> String {
     let blame = w.blame.as_ref().map(|b| {
         let lines: Vec<&str> = b.slice.as_ref().map_or(Vec::new(), |s| s.lines.iter().map(|l| l.loc.as_str()).collect());
         format!("via {:?}, sites {:?}, lines {lines:?}", b.via, b.sites)
     });
-    Some(format!("element {:?}: {blame:?}", w.index))
+    format!("element {:?}: {blame:?}", w.index)
 }
 
 /// An f64 `dot` of 64x64 tiles (67 KB of scratch a block, doubled) and a row sum: its scratch

@@ -235,7 +235,8 @@ impl HostCheck<'_> {
             }
             let (env_t, trace_t) = traced.as_ref().expect("made above");
             let trace_t = &trace_t.after_forward(f.trace, self.fwd.steps.len(), &self.fwd.outputs);
-            st.found.explained = explain_elements(opts, self.bwd, env_t, trace_t, &t.truth, trial)?;
+            let expected = |input: &str, e: usize| Ok(t.truth.get(input).map_or(0.0, |v| v[e]));
+            st.found.explained = explain_elements(opts, self.bwd, (env_t, trace_t), &expected, trial)?;
         }
         Ok(true)
     }

@@ -777,13 +777,13 @@ pub fn calibration(d: DType, tf32: bool, truth: &[f64], noisy: &[f64], got: &[f6
     report::Calibration { noise, limit, error: err, margin }
 }
 
-/// Blame for the gradient elements [`CheckOptions::blame_elements`] asks about.
+/// Blame for the gradient elements [`CheckOptions::blame_elements`] asks about;
+/// `expected(input, e)`: the true gradient of `input` at flat element `e`.
 fn explain_elements(
     opts: &CheckOptions,
     bwd: &Backward,
-    env: &Env,
-    trace: &Trace,
-    truth: &HashMap<String, Vec<f64>>,
+    (env, trace): (&Env, &Trace),
+    expected: &dyn Fn(&str, usize) -> Result<f64, CheckError>,
     trial: usize,
 ) -> Result<Vec<report::Explained>, CheckError> {
     let mut out = Vec::new();
@@ -798,7 +798,7 @@ fn explain_elements(
             return Err(CheckError::Spec(format!("element {index:?} is outside `{gname}`, of shape {shape:?}")));
         }
         let e = index.iter().zip(shape).fold(0usize, |acc, (i, n)| acc * n + i);
-        let expected = truth.get(input).map_or(0.0, |t| t[e]);
+        let expected = expected(input, e)?;
         let got = g.get_f64(e);
         let blame = Some(blame::blame(trace, env, &bwd.steps, gname, e, Some((expected, got)), &[]));
         out.push(report::Explained { tensor: gname.clone(), trial, element: Worst { index: index.clone(), expected, got, blame } });

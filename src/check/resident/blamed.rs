@@ -1,16 +1,18 @@
-//! Blame of a failing gradient in a check kept on the device. Which program and store wrote the
-//! worst element, and through which lines, is what the host's traced passes tell: each launch's
-//! writers, and its tensors as they were before it ran (the slice reruns one program on the
-//! reference). So the forward and the failing trial's backward run again, traced, from the
-//! inputs and cotangents as the host draws them (the device's bits), through host copies. The
-//! report's figures stay the device's; of the compared tensors, only a failing gradient and its
-//! ground truth come to the host (the sample of wrong and right elements that ranks the lines).
+//! Blame of a failing gradient, or of the elements asked about, in a check kept on the device.
+//! Which program and store wrote an element, and through which lines, is what the host's traced
+//! passes tell: each launch's writers, and its tensors as they were before it ran (the slice
+//! reruns one program on the reference). So the forward and the trial's backward run again,
+//! traced, from the inputs and cotangents as the host draws them (the device's bits), through
+//! host copies. The report's figures stay the device's; of the compared tensors, only a failing
+//! gradient and its ground truth come to the host (the sample of wrong and right elements that
+//! ranks the lines), and of an element asked about, its true value.
 
 use super::env::Aside;
 use crate::check::backend::Executor;
+use crate::check::report::Explained;
 use crate::check::spectrum::Sample;
 use crate::check::steps::{self, Env, Mode, Trace};
-use crate::check::{blame, inputs::Keys, truth, Backward, Forward, Found, Inputs};
+use crate::check::{blame, explain_elements, inputs::Keys, truth, Backward, CheckError, CheckOptions, Forward, Found, Inputs};
 
 /// The forward as the host traced it: after it ran, and who wrote what.
 pub(super) struct TracedForward {
@@ -28,18 +30,21 @@ pub(super) fn traced_forward(fwd: &Forward, inputs: &Inputs, seed: u64, exec: &E
     Ok(TracedForward { native, trace })
 }
 
-/// A trial's failing gradients, blamed: `to_blame` (gradient, worst element) of gradients whose
-/// reports in `found` are this trial's, with the trial's cotangents drawn from `keys` (the stream
-/// as the trial began) and `samples` of every gradient the trial compared.
-pub(super) fn blame_trial(
+/// A trial's backward as the host traced it: after it ran, and who wrote what (the forward's
+/// launches before its own).
+pub(super) struct TracedBackward {
+    env: Env,
+    trace: Trace,
+}
+
+/// The backward run again, traced, on the forward `f` with the trial's cotangents drawn from
+/// `keys` (the stream as the trial began).
+pub(super) fn traced_backward(
     (fwd, bwd): (&Forward, &Backward),
     f: &TracedForward,
     keys: &mut Keys,
-    samples: &[(String, Sample)],
-    to_blame: &[(usize, usize)],
-    found: &mut Found,
     exec: &Executor,
-) -> Result<(), Aside> {
+) -> Result<TracedBackward, Aside> {
     let mut env = f.native.clone();
     for (o, h) in truth::draw_cotangent_tensors(keys, &f.native, fwd).map_err(|e| e.to_string())? {
         env.add(&format!("grad_{o}"), h)?;
@@ -48,16 +53,34 @@ pub(super) fn blame_trial(
     steps::run(&mut env, &bwd.steps, Mode::Native, None, Some(&mut t), None, exec).map_err(|f| {
         format!("the backward ran, then failed when run again to record its writers (is it deterministic?): {}", f.error.message())
     })?;
-    let trace = t.after_forward(&f.trace, fwd.steps.len(), &fwd.outputs);
-    for &(gi, w) in to_blame {
-        let gname = &bwd.gradients[gi].1;
-        if let Some(worst) = found.gradients[gi].as_mut().and_then(|(r, _)| r.worst.as_mut()) {
-            let values = Some((worst.expected, worst.got));
-            worst.blame = Some(blame::blame(&trace, &env, &bwd.steps, gname, w, values, samples));
+    tilegrad_reference::release_buffers();
+    Ok(TracedBackward { trace: t.after_forward(&f.trace, fwd.steps.len(), &fwd.outputs), env })
+}
+
+impl TracedBackward {
+    /// Blames `to_blame` (gradient, worst element) of gradients whose reports in `found` are
+    /// the traced trial's, with `samples` of every gradient that trial compared.
+    pub(super) fn blame(&self, bwd: &Backward, samples: &[(String, Sample)], to_blame: &[(usize, usize)], found: &mut Found) {
+        for &(gi, w) in to_blame {
+            let gname = &bwd.gradients[gi].1;
+            if let Some(worst) = found.gradients[gi].as_mut().and_then(|(r, _)| r.worst.as_mut()) {
+                let values = Some((worst.expected, worst.got));
+                worst.blame = Some(blame::blame(&self.trace, &self.env, &bwd.steps, gname, w, values, samples));
+            }
         }
     }
-    tilegrad_reference::release_buffers();
-    Ok(())
+
+    /// The elements [`crate::check::CheckOptions::blame_elements`] asks about, explained;
+    /// `expected(input, e)`: the true gradient of `input` at flat element `e`.
+    pub(super) fn explain(
+        &self,
+        opts: &CheckOptions,
+        bwd: &Backward,
+        expected: &dyn Fn(&str, usize) -> Result<f64, CheckError>,
+        trial: usize,
+    ) -> Result<Vec<Explained>, CheckError> {
+        explain_elements(opts, bwd, (&self.env, &self.trace), expected, trial)
+    }
 }
 
 #[cfg(test)]
@@ -93,7 +116,8 @@ mod tests {
         let flat = worst.index.iter().zip(shape).fold(0, |a, (i, d)| a * d + i);
         let samples = vec![(bwd.gradients[g].1.clone(), Sample::all_right(shape.iter().product()))];
         let mut keys = truth::cotangent_rng(opts.seed);
-        blame_trial((&s.forward, bwd), &traced, &mut keys, &samples, &[(g, flat)], &mut found, &exec).unwrap();
+        let tb = traced_backward((&s.forward, bwd), &traced, &mut keys, &exec).unwrap();
+        tb.blame(bwd, &samples, &[(g, flat)], &mut found);
         let blamed = found.gradients[g].as_ref().and_then(|(r, _)| r.worst.as_ref()?.blame.clone()).expect("blamed");
         assert_eq!(blamed.sites, sites);
         assert!(blamed.slice.is_some_and(|s| !s.lines.is_empty()));

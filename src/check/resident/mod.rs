@@ -11,11 +11,11 @@
 //! does not compute itself it leaves to the host's check, which then runs from the start: a
 //! failing forward comparison, a spec the host must explain (an error), a forward that is not
 //! finite, a launch the evaluator must differentiate, host steps (but for sums over an axis in
-//! f32 or f64 in the backward), inputs or cotangents the device does not draw, elements asked
-//! about. Where the passes compute in f16 or bf16, or `dot` in tf32, the forward and the
-//! backward's first trial are also replayed with every float in f32 on the device, as the host
-//! replays them (the size of what roundings act on). A check's report is the host's, figure for
-//! figure, but for sums added in another order.
+//! f32 or f64 in the backward), inputs or cotangents the device does not draw. Elements asked
+//! about are explained from the same traced passes. Where the passes compute in f16 or bf16, or
+//! `dot` in tf32, the forward and the backward's first trial are also replayed with every float
+//! in f32 on the device, as the host replays them (the size of what roundings act on). A check's
+//! report is the host's, figure for figure, but for sums added in another order.
 
 mod blamed;
 mod env;
@@ -27,7 +27,7 @@ use super::device_compare::{compare_on_device, fetch, Compared, DeviceComparison
 use super::report::{Finding, Timings, Tolerance};
 use super::spectrum::Sample;
 use super::steps::Mode;
-use super::{verdict, Backward, CheckOptions, Cotangent, Dist, Forward, Found, Inputs, Report};
+use super::{verdict, Backward, CheckError, CheckOptions, Cotangent, Dist, Forward, Found, Inputs, Report};
 use env::{dev, Aside, DeviceEnv};
 use std::collections::HashMap;
 use tilegrad_ad::Precision;
@@ -36,9 +36,9 @@ use tilegrad_ir::DType;
 
 /// Whether a check can keep its tensors on the device: on the GPU (not compared launch by launch
 /// with the reference), the ground truth by VJP kernels in f64, allocations and launches only
-/// (and sums in the backward), cotangents drawn from normal distributions, and nothing that asks
-/// for elements or for non-finite values. Narrow dtypes and tf32 `dot`s stay: their replays in
-/// f32 run on the device beside the f64 ones.
+/// (and sums in the backward), cotangents drawn from normal distributions, and non-finite values
+/// not allowed. Narrow dtypes and tf32 `dot`s stay (their replays in f32 run on the device beside
+/// the f64 ones), as do elements asked about (explained from passes traced on the host).
 pub(crate) fn eligible(fwd: &Forward, bwd: &Backward, opts: &CheckOptions, exec: &Executor) -> bool {
     exec.on_gpu() && !exec.comparing() && spec_eligible(fwd, bwd, opts)
 }
@@ -49,7 +49,6 @@ fn spec_eligible(fwd: &Forward, bwd: &Backward, opts: &CheckOptions) -> bool {
     opts.device_resident
         && opts.by_kernels(true)
         && opts.precision == Precision::F64
-        && opts.blame_elements.is_empty()
         && !opts.allow_non_finite
         && normal_cotangents
         && pass::on_device(&fwd.steps, false)
@@ -278,30 +277,35 @@ impl Check<'_> {
         let compared = self.compare_gradients(f, &env_b, &truth, (replays.as_ref(), replays32.as_ref()), cot_rms, trial, found);
         tm.add("comparison", t_cmp.elapsed().as_secs_f64());
         let (samples, to_blame) = compared?;
-        if to_blame.is_empty() {
+        let explain = trial + 1 == self.opts.trials && !self.opts.blame_elements.is_empty();
+        if to_blame.is_empty() && !explain {
             return Ok(());
         }
-        drop((env_b, truth, replays, replays32));
-        tm.time("blame", || self.blame(trial, keys_at, &samples, &to_blame, found))
+        drop((env_b, replays, replays32));
+        tm.time("blame", || -> Result<(), Aside> {
+            let tb = self.traced_backward(keys_at).map_err(|e| format!("blame of trial {trial}: {e}"))?;
+            tb.blame(self.bwd, &samples, &to_blame, found);
+            if explain {
+                // Of the truth, only the elements asked about come to the host.
+                let expected = |input: &str, e: usize| match truth.get(input) {
+                    Some(b) => gpu.read_f64(b.addr(), e).map_err(|err| CheckError::Unsupported(err.to_string())),
+                    None => Ok(0.0),
+                };
+                found.explained = tb.explain(self.opts, self.bwd, &expected, trial).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })
     }
 
-    /// `to_blame` (gradient, worst element) of trial `trial` blamed ([`blamed`]), the trial's
-    /// cotangents drawn from `keys`.
-    fn blame(
-        &self,
-        trial: usize,
-        mut keys: super::inputs::Keys,
-        samples: &[(String, Sample)],
-        to_blame: &[(usize, usize)],
-        found: &mut Found,
-    ) -> Result<(), Aside> {
+    /// The trial's backward run again on the host, traced ([`blamed`]), the trial's cotangents
+    /// drawn from `keys`; the forward traced once for every trial.
+    fn traced_backward(&self, mut keys: super::inputs::Keys) -> Result<blamed::TracedBackward, Aside> {
         if self.traced.get().is_none() {
             let t = blamed::traced_forward(self.fwd, self.inputs, self.opts.seed, self.exec)?;
             let _ = self.traced.set(t);
         }
         let f = self.traced.get().ok_or("no traced forward")?;
-        blamed::blame_trial((self.fwd, self.bwd), f, &mut keys, samples, to_blame, found, self.exec)
-            .map_err(|e| format!("blame of trial {trial}: {e}"))
+        blamed::traced_backward((self.fwd, self.bwd), f, &mut keys, self.exec)
     }
 
     /// Each output's cotangent, drawn as the host draws it into tensor `grad_<output>` of
@@ -472,6 +476,6 @@ mod tests {
         assert!(!on("cross_entropy_mean.toml", &same));
         assert!(!on("softmax.toml", &|o| CheckOptions { ground: Ground::Evaluator, ..o }));
         assert!(!on("softmax.toml", &|o| CheckOptions { device_resident: false, ..o }));
-        assert!(!on("softmax.toml", &|o| CheckOptions { blame_elements: vec![("x".into(), vec![0, 0])], ..o }));
+        assert!(on("softmax.toml", &|o| CheckOptions { blame_elements: vec![("x".into(), vec![0, 0])], ..o }));
     }
 }

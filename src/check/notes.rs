@@ -276,3 +276,27 @@ pub(crate) fn same_value(summary: &LaunchSummary, at: At, index_of: &dyn Fn(&str
 fn note(kind: FindingKind, at: At) -> Finding {
     Finding { step: Some(at.step), ..Finding::new(kind, at.pass) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tilegrad_ir::Loc;
+    use tilegrad_reference::{Race, RaceKind, Site};
+
+    /// A same-value note names its element by the tensor's shape where the run knew only a flat
+    /// tensor (device memory), and as the run named it otherwise.
+    #[test]
+    fn a_same_value_note_names_the_element_by_its_tensors_shape() {
+        let site = |p: u32| Site { kernel: "k".into(), op: "store", loc: Loc::new("k.py", 7, 5), pid: [p, 0, 0] };
+        let race =
+            Race { kind: RaceKind::WriteWrite, tensor: "grad_x".into(), offset: 4000, index: vec![4000], first: site(0), second: site(1) };
+        let summary = LaunchSummary { same_value: vec![race], same_value_races: 3, ..LaunchSummary::default() };
+        let at = At { pass: "backward", step: 1, what: "launch" };
+        let shaped = |name: &str, offset: i64| (name == "grad_x").then(|| crate::check::report::unravel(offset as usize, &[10, 1000]));
+        let f = same_value(&summary, at, &shaped).expect("a note");
+        assert_eq!(f.element, Some(vec![4, 0]));
+        assert!(f.message.contains("`grad_x`[4, 0]"), "{}", f.message);
+        let f = same_value(&summary, at, &|_, _| None).expect("a note");
+        assert_eq!(f.element, Some(vec![4000]));
+    }
+}

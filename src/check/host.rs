@@ -65,9 +65,6 @@ type Replayed = Option<HashMap<String, HostTensor>>;
 /// wrote what.
 type Ran = (Env, Option<(Env, Trace)>);
 
-/// Each compared gradient's sample of wrong and right elements, by name.
-type Samples = Vec<(String, spectrum::Sample)>;
-
 /// A trial's ground truth and what it is compared with.
 struct Truths {
     /// The true gradients, by input.
@@ -218,13 +215,7 @@ impl HostCheck<'_> {
             let (env_t, trace_t) = traced.as_ref().expect("made above");
             // Blame follows what the backward read from the forward's launches into them.
             let trace_t = &tm.time("blame", || trace_t.after_forward(f.trace, self.fwd.steps.len(), &self.fwd.outputs));
-            for (gi, w) in to_blame {
-                let gname = &self.bwd.gradients[gi].1;
-                if let Some(worst) = st.found.gradients[gi].as_mut().and_then(|(r, _)| r.worst.as_mut()) {
-                    let values = Some((worst.expected, worst.got));
-                    worst.blame = Some(tm.time("blame", || blame::blame(trace_t, env_t, &self.bwd.steps, gname, w, values, &samples)));
-                }
-            }
+            tm.time("blame", || st.found.blame_worst(self.bwd, (env_t, trace_t), &to_blame, &samples));
         }
         if st.found.failure.is_some() {
             return Ok(false);
@@ -364,7 +355,7 @@ impl HostCheck<'_> {
         env_b: &Env,
         t: &Truths,
         tm: &mut Timings,
-    ) -> Result<(Samples, Vec<(usize, usize)>), CheckError> {
+    ) -> Result<(spectrum::Samples, Vec<(usize, usize)>), CheckError> {
         let (fwd, bwd, opts) = (self.fwd, self.bwd, self.opts);
         let (mut samples, mut to_blame) = (Vec::new(), Vec::new());
         for (gi, (input, gname)) in bwd.gradients.iter().enumerate() {

@@ -490,6 +490,19 @@ pub(crate) struct Found {
 }
 
 impl Found {
+    /// Blames the worst element of each of `to_blame` (gradient, worst element), whose reports
+    /// are those of the backward `bwd` that ran on `env` as `trace` tells, with `samples` of
+    /// every gradient that trial compared.
+    fn blame_worst(&mut self, bwd: &Backward, (env, trace): (&Env, &Trace), to_blame: &[(usize, usize)], samples: &spectrum::Samples) {
+        for &(gi, w) in to_blame {
+            let gname = &bwd.gradients[gi].1;
+            if let Some(worst) = self.gradients[gi].as_mut().and_then(|(r, _)| r.worst.as_mut()) {
+                let values = Some((worst.expected, worst.got));
+                worst.blame = Some(blame::blame(trace, env, &bwd.steps, gname, w, values, samples));
+            }
+        }
+    }
+
     /// Nothing found yet about `gradients` gradients, the forward compared as `forward`.
     fn new(forward: Vec<TensorReport>, gradients: usize) -> Found {
         Found {

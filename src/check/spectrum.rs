@@ -15,6 +15,9 @@ use super::steps::{Env, Trace};
 use std::collections::HashMap;
 use tilegrad_reference::Writers;
 
+/// Each compared gradient's sample of wrong and right elements, by name (blame's evidence).
+pub(crate) type Samples = Vec<(String, Sample)>;
+
 /// Elements of each kind sampled, at most.
 pub(crate) const SAMPLE: usize = 32;
 /// Programs run again to record the slices of each kind of the sample (wrong, right), at most:

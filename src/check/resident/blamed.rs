@@ -10,9 +10,9 @@
 use super::env::Aside;
 use crate::check::backend::Executor;
 use crate::check::report::Explained;
-use crate::check::spectrum::Sample;
+use crate::check::spectrum::Samples;
 use crate::check::steps::{self, Env, Mode, Trace};
-use crate::check::{blame, explain_elements, inputs::Keys, truth, Backward, CheckError, CheckOptions, Forward, Found, Inputs};
+use crate::check::{explain_elements, inputs::Keys, truth, Backward, CheckError, CheckOptions, Forward, Found, Inputs};
 
 /// The forward as the host traced it: after it ran, and who wrote what.
 pub(super) struct TracedForward {
@@ -60,14 +60,8 @@ pub(super) fn traced_backward(
 impl TracedBackward {
     /// Blames `to_blame` (gradient, worst element) of gradients whose reports in `found` are
     /// the traced trial's, with `samples` of every gradient that trial compared.
-    pub(super) fn blame(&self, bwd: &Backward, samples: &[(String, Sample)], to_blame: &[(usize, usize)], found: &mut Found) {
-        for &(gi, w) in to_blame {
-            let gname = &bwd.gradients[gi].1;
-            if let Some(worst) = found.gradients[gi].as_mut().and_then(|(r, _)| r.worst.as_mut()) {
-                let values = Some((worst.expected, worst.got));
-                worst.blame = Some(blame::blame(&self.trace, &self.env, &bwd.steps, gname, w, values, samples));
-            }
-        }
+    pub(super) fn blame(&self, bwd: &Backward, samples: &Samples, to_blame: &[(usize, usize)], found: &mut Found) {
+        found.blame_worst(bwd, (&self.env, &self.trace), to_blame, samples);
     }
 
     /// The elements [`crate::check::CheckOptions::blame_elements`] asks about, explained;
@@ -86,6 +80,7 @@ impl TracedBackward {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::spectrum::Sample;
     use crate::check::{check_backward, CheckOptions};
     use crate::spec::{load_with, KernelOverride};
 

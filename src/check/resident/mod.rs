@@ -25,7 +25,7 @@ mod sweep;
 use super::backend::Executor;
 use super::device_compare::{compare_on_device, fetch, Compared, DeviceComparison, Naming};
 use super::report::{Finding, Timings, Tolerance};
-use super::spectrum::Sample;
+use super::spectrum::{Sample, Samples};
 use super::steps::Mode;
 use super::{verdict, Backward, CheckError, CheckOptions, Cotangent, Dist, Forward, Found, Inputs, Report};
 use env::{dev, Aside, DeviceEnv};
@@ -86,9 +86,6 @@ pub(crate) fn check(
 fn short(why: &str) -> String {
     why.lines().next().unwrap_or("").chars().take(120).collect()
 }
-
-/// Each compared gradient's sample of wrong and right elements, by name (blame's evidence).
-type Samples = Vec<(String, Sample)>;
 
 /// One check's description and options.
 struct Check<'a> {

@@ -136,8 +136,9 @@ impl Gpu {
         let (word, half) = match dtype {
             DType::F32 => (n, None),
             DType::F64 => (2 * n, None),
-            DType::F16 => (n, Some(0x7e00u16)),
-            DType::BF16 => (n, Some(0x7fc0u16)),
+            // The host's f32 NaN stored as f16 and bf16.
+            DType::F16 => (n, Some(half::f16::from_f32(f32::NAN).to_bits())),
+            DType::BF16 => (n, Some(half::bf16::from_f32(f32::NAN).to_bits())),
             d => return Err(GpuError::Driver(format!("filling {d} with NaN on the device: only floats are filled there"))),
         };
         if word == 0 {
@@ -166,7 +167,7 @@ mod tests {
     fn the_fill_word_is_a_nan_as_f32_and_twice_as_f64() {
         assert!(f32::from_bits(NAN_WORD).is_nan());
         assert!(f64::from_bits((u64::from(NAN_WORD) << 32) | u64::from(NAN_WORD)).is_nan());
-        // The host's f32 NaN stored as f16 and bf16.
+        // The host's f32 NaN stored as f16 and bf16: quiet NaNs.
         assert_eq!(half::f16::from_f32(f32::NAN).to_bits(), 0x7e00);
         assert_eq!(half::bf16::from_f32(f32::NAN).to_bits(), 0x7fc0);
     }

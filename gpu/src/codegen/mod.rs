@@ -351,8 +351,9 @@ pub fn generate_unrolling(
     g.check_pointers()?;
     g.block(k.body)?;
     g.flush();
-    if ScratchIn::of(2 * g.scratch) == ScratchIn::DynamicShared {
-        g.min_blocks = g.min_blocks.min(blocks_sharing_an_sm(2 * g.scratch));
+    let (scratch_bytes, scratch_in) = (2 * g.scratch, ScratchIn::of(2 * g.scratch));
+    if scratch_in == ScratchIn::DynamicShared {
+        g.min_blocks = g.min_blocks.min(blocks_sharing_an_sm(scratch_bytes));
     }
     let body = std::mem::take(&mut g.out);
     let mut src = prelude();
@@ -362,8 +363,8 @@ pub fn generate_unrolling(
         source: src,
         threads: threads as u32,
         min_blocks: g.min_blocks as u32,
-        scratch_bytes: 2 * g.scratch,
-        scratch_in: ScratchIn::of(2 * g.scratch),
+        scratch_bytes,
+        scratch_in,
         loops: g.loops,
         messages: g.messages,
         float_atomics: g.float_atomics,

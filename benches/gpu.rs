@@ -26,6 +26,9 @@
 //! rows a program (16384-element tiles) and a layer norm of 8 rows of 4096 a program
 //! (`layer_norm_rows`), whose tiles are the largest the examples use at training sizes, and the
 //! causal attention (16 heads x 8192 x 64, 32x16 tiles), whose VJP kernel's loop is the longest.
+//!
+//! `--source DIR [--unroll N,...]` writes the CUDA C of those kernels to `DIR` instead (no GPU
+//! needed), for reading what NVRTC is given or timing it with other options.
 
 use tilegrad_gpu::{Gpu, GpuOptions};
 use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
@@ -182,6 +185,7 @@ fn main() {
     let mut grad = false;
     let mut f32_grad = false;
     let mut compile = false;
+    let mut source: Option<std::path::PathBuf> = None;
     let mut jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut unroll = vec![tilegrad_gpu::codegen::UNROLLED_REGISTERS];
     let mut i = 1;
@@ -199,6 +203,10 @@ fn main() {
             "--grad" => grad = true,
             "--f32" => f32_grad = true,
             "--compile" => compile = true,
+            "--source" => {
+                source = Some(args[i + 1].clone().into());
+                i += 1;
+            }
             "--jobs" => {
                 jobs = args[i + 1].parse().expect("--jobs N");
                 i += 1;
@@ -214,6 +222,10 @@ fn main() {
             _ => {}
         }
         i += 1;
+    }
+    if let Some(dir) = source {
+        write_sources(&dir, &unroll, only.as_deref());
+        return;
     }
     let gpu = match Gpu::new() {
         Ok(g) => g,
@@ -377,18 +389,43 @@ fn time_gradient(
     );
 }
 
+/// The kernels `--compile` times, for the forward and the f64 VJP kernel of each case: name,
+/// form, kernel, flavour.
+fn compiled_kernels(only: Option<&str>) -> Vec<(&'static str, &'static str, tilegrad_ir::Kernel, tilegrad_gpu::codegen::Flavor)> {
+    use tilegrad_gpu::codegen::Flavor;
+    let mut out = Vec::new();
+    for c in cases().into_iter().filter(|c| only.is_none_or(|o| o == c.name)) {
+        let k = kernel_of(&c);
+        let vk = tilegrad_ad::vjp_kernel(&k).unwrap_or_else(|e| panic!("{}: {e}", c.name)).kernel;
+        out.push((c.name, "forward", k, Flavor { ordered: true, marks: true }));
+        out.push((c.name, "vjp f64", vk, Flavor { ordered: false, marks: false }));
+    }
+    out
+}
+
+/// `--source DIR`: the CUDA C of each kernel `--compile` times, written to `DIR/NAME.FORM.UNROLL.cu`
+/// (no GPU needed), to read what NVRTC is given.
+fn write_sources(dir: &std::path::Path, unroll: &[usize], only: Option<&str>) {
+    std::fs::create_dir_all(dir).expect("--source DIR");
+    for (name, what, k, flavor) in compiled_kernels(only) {
+        for &n in unroll {
+            let g = tilegrad_gpu::codegen::generate_flavor_unrolling(&k, flavor, n).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let file = dir.join(format!("{name}.{}.{n}.cu", what.replace(' ', "_")));
+            std::fs::write(&file, &g.source).expect("writable --source DIR");
+            println!("{} ({} threads, {} B)", file.display(), g.threads, g.source.len());
+        }
+    }
+}
+
 /// The `--compile` table: NVRTC's seconds for each case's forward and f64 VJP kernel with loops
 /// over up to each of `unroll` registers unrolled fully, compiled side by side on `threads`
 /// threads (`--jobs N`; by default as many as the host has cores; 1 times each alone).
 fn compile_times(gpu: &Gpu, unroll: &[usize], only: Option<&str>, threads: usize) {
-    use tilegrad_gpu::codegen::{generate_flavor_unrolling, Flavor};
+    use tilegrad_gpu::codegen::generate_flavor_unrolling;
     let mut jobs = Vec::new();
-    for c in cases().into_iter().filter(|c| only.is_none_or(|o| o == c.name)) {
-        let k = kernel_of(&c);
-        let vk = tilegrad_ad::vjp_kernel(&k).unwrap_or_else(|e| panic!("{}: {e}", c.name)).kernel;
+    for (name, what, k, flavor) in compiled_kernels(only) {
         for &n in unroll {
-            jobs.push((c.name, "forward", k.clone(), Flavor { ordered: true, marks: true }, n));
-            jobs.push((c.name, "vjp f64", vk.clone(), Flavor { ordered: false, marks: false }, n));
+            jobs.push((name, what, k.clone(), flavor, n));
         }
     }
     // The slowest first, so that the side-by-side compiles end together.

@@ -90,8 +90,7 @@ impl<'k> Gen<'k> {
         } else {
             let (r, n, nt) = (self.regs(p), self.numel(p), self.nt);
             let guard = if r * nt == n { String::new() } else { format!("if (e < {n}) ") };
-            let u = self.unroll(r);
-            self.line(&format!("{u}for (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {guard}{{ {test} }} }}"));
+            self.line(&self.registers(r, &format!("{{ const int e = tid + j * {nt}; {guard}{{ {test} }} }}")));
         }
         self.line("if (tg_bad) {");
     }

@@ -125,6 +125,16 @@ pub const VJP_ELEMENTS_PER_THREAD: usize = 4;
 /// code as before. `TILEGRAD_GPU_UNROLL=N` sets it.
 pub const UNROLLED_REGISTERS: usize = 16;
 
+/// Registers up to which a loop unrolled fully is written out as straight-line code, one block
+/// a register (`{ const int j = 2; ... }`), rather than as a loop for NVRTC to unroll: the
+/// same machine code, but NVVM's loop passes over hundreds of small loops were most of its
+/// time. Measured on an H100 with NVRTC's `--time` (`docs/benchmarks.md`): the causal
+/// attention's f64 VJP kernel, about 650 loops of 1 to 4 registers, took 4.0-4.3 s (NVVM
+/// 2.9-3.2 s) as loops and 2.2-2.3 s (NVVM 1.0-1.2 s) written out; writing out loops of up to
+/// 8 or 16 registers as well gave the examples' kernels no more (12 kernels: 35.5 s as loops,
+/// 28.5 s up to 4, 29.3 s up to 8, 31.2 s up to 16, two rounds each).
+pub const STRAIGHT_REGISTERS: usize = 4;
+
 /// Registers a loop past [`UNROLLED_REGISTERS`] handles an iteration.
 pub const PARTIAL_UNROLL: usize = 4;
 
@@ -488,6 +498,17 @@ impl<'k> Gen<'k> {
         }
     }
 
+    /// `body` (a statement or a block, reading the register index `j`) for each of `count`
+    /// registers of a thread: written out one block a register where it would be unrolled
+    /// fully (see [`STRAIGHT_REGISTERS`]), else a loop with its `#pragma` ([`Gen::unroll`]).
+    fn registers(&self, count: usize, body: &str) -> String {
+        if count <= self.unrolled.min(STRAIGHT_REGISTERS) {
+            (0..count).map(|j| format!("{{ const int j = {j}; {body} }}")).collect::<Vec<_>>().join("\n")
+        } else {
+            format!("{}for (int j = 0; j < {count}; ++j) {body}", self.unroll(count))
+        }
+    }
+
     /// `for each element e of out (held by this thread as register j): body`. For scalars the
     /// body runs once, in every thread, with `j = 0` and `e = 0`.
     fn each(&mut self, out: Value, body: &str) {
@@ -497,16 +518,13 @@ impl<'k> Gen<'k> {
             let (r, n, nt) = (self.regs(out), self.numel(out), self.nt);
             // Registers past the tile's end are set too: a register some path leaves unset
             // would be carried around loops, and held, by the compiler.
-            let u = self.unroll(r);
-            if r * nt == n {
-                self.line(&format!("{u}for (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {{ {body} }} }}"));
+            let each = if r * nt == n {
+                format!("{{ const int e = tid + j * {nt}; {{ {body} }} }}")
             } else {
                 let t = ctype(self.dtype(out));
-                self.line(&format!(
-                    "{u}for (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; if (e < {n}) {{ {body} }} else v{}[j] = ({t})0; }}",
-                    out.0
-                ));
-            }
+                format!("{{ const int e = tid + j * {nt}; if (e < {n}) {{ {body} }} else v{}[j] = ({t})0; }}", out.0)
+            };
+            self.line(&self.registers(r, &each));
         }
     }
 
@@ -517,8 +535,7 @@ impl<'k> Gen<'k> {
         } else {
             let (r, n, nt) = (self.regs(v), self.numel(v), self.nt);
             let guard = if r * nt == n { String::new() } else { format!("if (e < {n}) ") };
-            let u = self.unroll(r);
-            self.line(&format!("{u}for (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {guard}{{ {body} }} }}"));
+            self.line(&self.registers(r, &format!("{{ const int e = tid + j * {nt}; {guard}{{ {body} }} }}")));
         }
     }
 
@@ -575,11 +592,8 @@ impl<'k> Gen<'k> {
         } else {
             let (r, n, nt) = (self.regs(v), self.numel(v), self.nt);
             let guard = if r * nt == n { String::new() } else { format!("if (e < {n}) ") };
-            let u = self.unroll(r);
-            self.line(&format!(
-                "{u}for (int j = 0; j < {r}; ++j) {{ const int e = tid + j * {nt}; {guard}(({t}*)(sb + {at}))[e] = v{}[j]; }}",
-                v.0
-            ));
+            let each = format!("{{ const int e = tid + j * {nt}; {guard}(({t}*)(sb + {at}))[e] = v{}[j]; }}", v.0);
+            self.line(&self.registers(r, &each));
         }
     }
 
@@ -633,8 +647,7 @@ impl<'k> Gen<'k> {
     /// Copies value `from` into `to` (same type).
     fn copy(&mut self, to: Value, from: Value) {
         let r = self.regs(to);
-        let u = self.unroll(r);
-        self.line(&format!("{u}for (int j = 0; j < {r}; ++j) v{}[j] = v{}[j];", to.0, from.0));
+        self.line(&self.registers(r, &format!("v{}[j] = v{}[j];", to.0, from.0)));
     }
 
     fn inst(&mut self, i: Inst) -> Result<(), GpuError> {

@@ -270,8 +270,7 @@ impl<'k> Gen<'k> {
         self.line(&format!("{t} s[{regs}];"));
         let guard = if regs * nt == numel { String::new() } else { format!("if (e < {numel}) ") };
         let otherwise = if regs * nt == numel { String::new() } else { format!(" else s[j] = ({t})0;") };
-        let u = self.unroll(regs);
-        self.line(&format!("{u}for (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; {guard}s[j] = {cv};{otherwise} }}"));
+        self.line(&self.registers(regs, &format!("{{ const int e = tid + j * {nt}; {guard}s[j] = {cv};{otherwise} }}")));
         if strip {
             let (wide, w) = match acc {
                 DType::F32 if regs % 4 == 0 => ("float4", 4),
@@ -295,11 +294,11 @@ impl<'k> Gen<'k> {
                 regs / w
             ));
         } else {
-            let uj = self.unroll(regs);
-            self.line(&format!(
-                "for (int q = 0; q < {kk}; ++q) {{ {hoist}\n{uj}for (int j = 0; j < {regs}; ++j) {{ const int e = tid + j * {nt}; if (e < {numel}) s[j] = {}; }} }}",
+            let each = format!(
+                "{{ const int e = tid + j * {nt}; if (e < {numel}) s[j] = {}; }}",
                 step("s[j]", &format!("(({t}*)sb)[(e / {n}) * {kk} + q]"), &bq)
-            ));
+            );
+            self.line(&format!("for (int q = 0; q < {kk}; ++q) {{ {hoist}\n{} }}", self.registers(regs, &each)));
         }
         let body = format!("v{}[j] = {};", r.0, narrow(rd, "s[j]"));
         self.each(r, &body);

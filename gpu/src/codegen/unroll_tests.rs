@@ -41,10 +41,30 @@ fn register_loops(source: &str) -> Vec<(usize, bool)> {
     out
 }
 
-/// Loop bodies NVRTC emits for a source's loops over registers: the trip count of each loop
-/// unrolled fully, [`PARTIAL_UNROLL`] of each other.
+/// Bodies NVRTC emits for a source's registers: one for each register written out
+/// (`{ const int j = 3; ...`), the trip count of each loop unrolled fully, [`PARTIAL_UNROLL`] of
+/// each other.
 fn unrolled_bodies(source: &str) -> usize {
-    register_loops(source).iter().map(|&(n, full)| if full { n } else { n.min(PARTIAL_UNROLL) }).sum()
+    let written_out = source.matches("{ const int j = ").count();
+    written_out + register_loops(source).iter().map(|&(n, full)| if full { n } else { n.min(PARTIAL_UNROLL) }).sum::<usize>()
+}
+
+#[test]
+fn registers_within_the_limit_are_written_out_and_past_it_looped() {
+    // 1 x 1024 in a VJP kernel's 256 threads: 4 registers a value, written out one block each.
+    let vjp = Flavor { ordered: false, marks: false };
+    let g = generate_flavor_unrolling(&softmax(1, 1024), vjp, UNROLLED_REGISTERS).unwrap();
+    assert_eq!(g.threads, 256);
+    assert!(!g.source.contains("for (int j = 0;"), "a loop over registers left");
+    for j in 0..STRAIGHT_REGISTERS {
+        assert!(g.source.contains(&format!("{{ const int j = {j}; {{ const int e = tid + j * 256;")), "register {j}");
+    }
+    assert!(!g.source.contains(&format!("{{ const int j = {STRAIGHT_REGISTERS};")));
+    // 1 x 4096: 16 registers a value, a loop unrolled fully (its row index, of one register,
+    // written out).
+    let g = generate_flavor_unrolling(&softmax(1, 4096), Flavor::default(), UNROLLED_REGISTERS).unwrap();
+    assert!(g.source.contains("#pragma unroll\nfor (int j = 0; j < 16; ++j)"));
+    assert!(!g.source.contains("{ const int j = 4;"));
 }
 
 #[test]

@@ -95,6 +95,7 @@ impl<'k> Gen<'k> {
         if innermost {
             self.parity = Some(parity.clone());
         }
+        self.write_merged();
         let (before, start) = (self.toggles, self.out.len());
         let ys = self.block(body)?;
         for (r, y) in d.results.iter().zip(ys) {
@@ -104,6 +105,7 @@ impl<'k> Gen<'k> {
         let odd = (self.toggles - before) % 2 == 1;
         let flips = innermost && odd;
         let bit = if flips { format!("(int)(tg_t{n} & 1)") } else { "0".to_string() };
+        self.write_merged();
         let text = self.out.split_off(start).replace(&parity, &bit);
         self.out.push_str(&text);
         // One scratch op whose reads after its last barrier are apart from its writes before

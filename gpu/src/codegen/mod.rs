@@ -19,6 +19,7 @@ mod ctypes;
 mod entry;
 mod hoist;
 mod memory;
+mod merge;
 mod scratch_ops;
 mod sink;
 
@@ -357,10 +358,12 @@ pub fn generate_unrolling(
         parity: None,
         defs,
         unrolled,
+        merged: None,
     };
     g.check_pointers()?;
     g.block(k.body)?;
     g.flush();
+    g.write_merged();
     let (scratch_bytes, scratch_in) = (2 * g.scratch, ScratchIn::of(2 * g.scratch));
     if scratch_in == ScratchIn::DynamicShared {
         g.min_blocks = g.min_blocks.min(blocks_sharing_an_sm(scratch_bytes));
@@ -424,17 +427,11 @@ struct Gen<'k> {
     resident: std::collections::HashMap<u32, String>,
     /// Loops over up to this many registers are unrolled fully ([`UNROLLED_REGISTERS`]).
     unrolled: usize,
+    /// The loop over registers being merged ([`merge`]).
+    merged: Option<merge::Merged>,
 }
 
 impl<'k> Gen<'k> {
-    fn line(&mut self, s: &str) {
-        for _ in 0..self.depth {
-            self.out.push_str("    ");
-        }
-        self.out.push_str(s);
-        self.out.push('\n');
-    }
-
     fn unsupported(&self, i: Inst, why: &str) -> GpuError {
         let d = self.k.inst(i);
         GpuError::Unsupported { kernel: self.k.name.clone(), op: d.op.mnemonic(), loc: d.loc.clone(), why: why.to_string() }
@@ -485,7 +482,7 @@ impl<'k> Gen<'k> {
 
     fn declare(&mut self, v: Value) {
         let s = format!("{} v{}[{}];", ctype(self.dtype(v)), v.0, self.regs(v));
-        self.line(&s);
+        self.line_before(&s);
     }
 
     /// The `#pragma` of a loop over `count` registers of a thread (see [`UNROLLED_REGISTERS`]),
@@ -515,17 +512,34 @@ impl<'k> Gen<'k> {
         if self.scalar(out) {
             self.line(&format!("{{ const int j = 0; const int e = 0; (void)j; (void)e; {body} }}"));
         } else {
-            let (r, n, nt) = (self.regs(out), self.numel(out), self.nt);
-            // Registers past the tile's end are set too: a register some path leaves unset
-            // would be carried around loops, and held, by the compiler.
-            let each = if r * nt == n {
-                format!("{{ const int e = tid + j * {nt}; {{ {body} }} }}")
-            } else {
-                let t = ctype(self.dtype(out));
-                format!("{{ const int e = tid + j * {nt}; if (e < {n}) {{ {body} }} else v{}[j] = ({t})0; }}", out.0)
-            };
+            let (r, each) = self.each_register(out, body);
             self.line(&self.registers(r, &each));
         }
+    }
+
+    /// [`Gen::each`] for a body that only computes in registers (no memory, no scratch, no
+    /// failure): its loop may merge with the loops beside it ([`merge`]).
+    fn each_pure(&mut self, out: Value, body: &str) {
+        if self.scalar(out) {
+            return self.each(out, body);
+        }
+        let (r, each) = self.each_register(out, body);
+        self.merge_registers(r, out, &each);
+    }
+
+    /// A tile's registers a thread, and the block computing register `j` of it: `body` at its
+    /// element `e`.
+    fn each_register(&self, out: Value, body: &str) -> (usize, String) {
+        let (r, n, nt) = (self.regs(out), self.numel(out), self.nt);
+        // Registers past the tile's end are set too: a register some path leaves unset would
+        // be carried around loops, and held, by the compiler.
+        let each = if r * nt == n {
+            format!("{{ const int e = tid + j * {nt}; {{ {body} }} }}")
+        } else {
+            let t = ctype(self.dtype(out));
+            format!("{{ const int e = tid + j * {nt}; if (e < {n}) {{ {body} }} else v{}[j] = ({t})0; }}", out.0)
+        };
+        (r, each)
     }
 
     /// Like [`Gen::each`] over the elements of `v` (a tile), without a result.
@@ -647,7 +661,7 @@ impl<'k> Gen<'k> {
     /// Copies value `from` into `to` (same type).
     fn copy(&mut self, to: Value, from: Value) {
         let r = self.regs(to);
-        self.line(&self.registers(r, &format!("v{}[j] = v{}[j];", to.0, from.0)));
+        self.merge_registers(r, to, &format!("{{ v{}[j] = v{}[j]; }}", to.0, from.0));
     }
 
     fn inst(&mut self, i: Inst) -> Result<(), GpuError> {
@@ -655,7 +669,7 @@ impl<'k> Gen<'k> {
         let d = k.inst(i);
         let a = &d.args;
         let loc = &d.loc;
-        self.line(&format!("// {} {}", d.op.mnemonic(), loc));
+        self.line_before(&format!("// {} {}", d.op.mnemonic(), loc));
         match &d.op {
             Op::ProgramId { axis } => {
                 let r = d.results[0];
@@ -676,22 +690,22 @@ impl<'k> Gen<'k> {
             Op::Arange { start, .. } => {
                 let r = d.results[0];
                 self.declare(r);
-                self.each(r, &format!("v{}[j] = (int)({} + e);", r.0, start));
+                self.each_pure(r, &format!("v{}[j] = (int)({} + e);", r.0, start));
             }
             Op::Broadcast => {
                 let (r, x) = (d.results[0], a[0]);
                 self.declare(r);
                 if self.scalar(x) {
-                    self.each(r, &format!("v{}[j] = v{}[0];", r.0, x.0));
+                    self.each_pure(r, &format!("v{}[j] = v{}[0];", r.0, x.0));
                 } else if let (1, Some(ex)) = (self.numel(x), self.expr_at(x, "0", &mut { Self::RECOMPUTE_OPS })) {
                     // One element to all: computed once.
                     self.line(&format!("{{ const {} tg_one = {ex};", ctype(self.dtype(x))));
-                    self.each(r, &format!("v{}[j] = tg_one;", r.0));
+                    self.each_pure(r, &format!("v{}[j] = tg_one;", r.0));
                     self.line("}");
                 } else if let Some(ex) =
                     self.expr_at(x, &broadcast_source(&k.ty(r).shape, &k.ty(x).shape, "e"), &mut { Self::RECOMPUTE_OPS })
                 {
-                    self.each(r, &format!("v{}[j] = {ex};", r.0));
+                    self.each_pure(r, &format!("v{}[j] = {ex};", r.0));
                 } else {
                     let (rs, xs) = (k.ty(r).shape.clone(), k.ty(x).shape.clone());
                     let xst = strides(&xs);
@@ -711,7 +725,7 @@ impl<'k> Gen<'k> {
                 let (r, x) = (d.results[0], a[0]);
                 self.declare(r);
                 if self.scalar(x) && !self.scalar(r) {
-                    self.each(r, &format!("v{}[j] = v{}[0];", r.0, x.0));
+                    self.each_pure(r, &format!("v{}[j] = v{}[0];", r.0, x.0));
                 } else if !self.scalar(x) && self.scalar(r) {
                     // A one-element tile becomes a scalar every thread holds.
                     match self.expr_at(x, "0", &mut { Self::RECOMPUTE_OPS }) {
@@ -727,7 +741,7 @@ impl<'k> Gen<'k> {
                 self.declare(r);
                 let src = permute_source(&k.ty(r).shape, &k.ty(x).shape, perm, "e");
                 if let Some(ex) = self.expr_at(x, &src, &mut { Self::RECOMPUTE_OPS }) {
-                    self.each(r, &format!("v{}[j] = {ex};", r.0));
+                    self.each_pure(r, &format!("v{}[j] = {ex};", r.0));
                     return Ok(());
                 }
                 let rs = k.ty(r).shape.clone();
@@ -747,7 +761,7 @@ impl<'k> Gen<'k> {
                     Some(e) => e,
                     None => return Err(self.unsupported(i, &format!("`{}` is not defined on {dt}", u.name()))),
                 };
-                self.each(r, &format!("v{}[j] = {};", r.0, e));
+                self.each_pure(r, &format!("v{}[j] = {};", r.0, e));
             }
             Op::Binary(b) => {
                 let (r, x, y) = (d.results[0], a[0], a[1]);
@@ -771,25 +785,25 @@ impl<'k> Gen<'k> {
                         Some(e) => e,
                         None => return Err(self.unsupported(i, &format!("`{}` is not defined on {dt}", b.name()))),
                     };
-                    self.each(r, &format!("v{}[j] = {};", r.0, e));
+                    self.each_pure(r, &format!("v{}[j] = {};", r.0, e));
                 }
             }
             Op::Cmp(c) => {
                 let (r, x, y) = (d.results[0], a[0], a[1]);
                 self.declare(r);
                 let op = cmp_op(*c);
-                self.each(r, &format!("v{}[j] = (v{}[j] {op} v{}[j]);", r.0, x.0, y.0));
+                self.each_pure(r, &format!("v{}[j] = (v{}[j] {op} v{}[j]);", r.0, x.0, y.0));
             }
             Op::Where => {
                 let (r, c, x, y) = (d.results[0], a[0], a[1], a[2]);
                 self.declare(r);
-                self.each(r, &format!("v{}[j] = v{}[j] ? v{}[j] : v{}[j];", r.0, c.0, x.0, y.0));
+                self.each_pure(r, &format!("v{}[j] = v{}[j] ? v{}[j] : v{}[j];", r.0, c.0, x.0, y.0));
             }
             Op::Cast => {
                 let (r, x) = (d.results[0], a[0]);
                 self.declare(r);
                 let e = convert(self.dtype(x), self.dtype(r), &format!("v{}[j]", x.0));
-                self.each(r, &format!("v{}[j] = {e};", r.0));
+                self.each_pure(r, &format!("v{}[j] = {e};", r.0));
             }
             Op::Reduce { kind, axis, .. } => self.reduce(i, *kind, *axis as usize)?,
             Op::Cumsum { axis, reverse } => self.cumsum(i, *axis as usize, *reverse)?,
@@ -797,7 +811,7 @@ impl<'k> Gen<'k> {
             Op::AddPtr => {
                 let (r, p, o) = (d.results[0], a[0], a[1]);
                 self.declare(r);
-                self.each(r, &format!("v{}[j] = tg_add64(v{}[j], (i64)v{}[j]);", r.0, p.0, o.0));
+                self.each_pure(r, &format!("v{}[j] = tg_add64(v{}[j], (i64)v{}[j]);", r.0, p.0, o.0));
             }
             Op::Load { mask, other } => self.load(i, *mask, *other),
             Op::Store { mask } => self.store(i, *mask),

@@ -24,8 +24,9 @@ fn softmax(rows: i64, cols: i64) -> Kernel {
     convert(SOFTMAX, "softmax.py", "rows_softmax", &ConvertOptions { constexprs, ..ConvertOptions::default() }).unwrap()
 }
 
-/// The loops over registers of a generated source: (trip count, unrolled fully).
-fn register_loops(source: &str) -> Vec<(usize, bool)> {
+/// The loops over registers of a generated source: (trip count, unrolled fully, ops merged in
+/// it).
+fn register_loops(source: &str) -> Vec<(usize, bool, usize)> {
     let mut out = Vec::new();
     let mut rest = source;
     while let Some(at) = rest.find("#pragma unroll") {
@@ -35,18 +36,20 @@ fn register_loops(source: &str) -> Vec<(usize, bool)> {
         let cond = after.split(';').nth(1).unwrap();
         let Some(n) = cond.split('<').nth(1).and_then(|n| n.trim().parse::<usize>().ok()) else { continue };
         if after.starts_with("for (int j ") || after.starts_with("for (int jw ") || after.starts_with("for (int o ") {
-            out.push((n, pragma.trim().is_empty()));
+            let line = after.lines().next().unwrap_or("");
+            out.push((n, pragma.trim().is_empty(), line.matches("{ const int e = ").count().max(1)));
         }
     }
     out
 }
 
-/// Bodies NVRTC emits for a source's registers: one for each register written out
-/// (`{ const int j = 3; ...`), the trip count of each loop unrolled fully, [`PARTIAL_UNROLL`] of
-/// each other.
+/// Op bodies NVRTC emits for a source's registers: one for each register written out
+/// (`{ const int j = 3; ...`), and for each op of a loop the trip count where it is unrolled
+/// fully, [`PARTIAL_UNROLL`] otherwise.
 fn unrolled_bodies(source: &str) -> usize {
     let written_out = source.matches("{ const int j = ").count();
-    written_out + register_loops(source).iter().map(|&(n, full)| if full { n } else { n.min(PARTIAL_UNROLL) }).sum::<usize>()
+    let looped: usize = register_loops(source).iter().map(|&(n, full, ops)| ops * if full { n } else { n.min(PARTIAL_UNROLL) }).sum();
+    written_out + looped
 }
 
 #[test]
@@ -73,8 +76,8 @@ fn loops_over_more_registers_than_the_limit_are_unrolled_a_few_at_a_time() {
     let g = generate_flavor_unrolling(&softmax(8, 4096), Flavor::default(), UNROLLED_REGISTERS).unwrap();
     assert_eq!(g.threads, 1024);
     let loops = register_loops(&g.source);
-    assert!(loops.iter().any(|&(n, full)| n == 32 && !full), "{loops:?}");
-    assert!(loops.iter().all(|&(n, full)| !full || n <= UNROLLED_REGISTERS / 2), "{loops:?}");
+    assert!(loops.iter().any(|&(n, full, _)| n == 32 && !full), "{loops:?}");
+    assert!(loops.iter().all(|&(n, full, _)| !full || n <= UNROLLED_REGISTERS / 2), "{loops:?}");
     assert!(g.source.contains(&format!("#pragma unroll {PARTIAL_UNROLL}\nfor (int j = 0; j < 32; ++j)")));
 }
 

@@ -92,7 +92,11 @@ def check_backward(
     `"all"` to check each config in turn (the first failing report, named by its config, else the
     last). `backend`: where the kernel launches run, as the CLI's `--backend`: `"cpu"` (the
     reference interpreter), `"gpu"` (a CUDA GPU, same results and diagnostics; `UsageError` when
-    none is usable) or `"auto"`. `ground`: how the ground truth's VJP of each launch is computed:
+    none is usable), `"auto"`, or `"triton"` (CUDA tensors: each launch of the forward and of
+    the backward runs on Triton itself, the code that ships, after tilegrad's GPU backend ran it
+    from the same memory for its notes and errors; the gradients compared are Triton's, and
+    where a launch's results differ from tilegrad's reading beyond rounding the report says so,
+    `report.triton_differences`, a failure only where `strict`; the ground truth is tilegrad's). `ground`: how the ground truth's VJP of each launch is computed:
     `"kernels"` (the CLI's `--ground kernels`: the launch's VJP kernel, run on the backend; on
     CUDA tensors, in place), `"evaluator"` (the CPU evaluator), or `"auto"` (the default: VJP
     kernels where the launches run on the GPU, else the evaluator). A launch whose VJP kernel is
@@ -116,11 +120,13 @@ def check_backward(
     """
     inputs = list(inputs)
     opts = dict(seed=seed, trials=trials, precision=precision, rtol=rtol, atol=atol, name=name, allow_non_finite=allow_non_finite, autotune=autotune, strict=strict)
-    with using_backend(backend, ground, max_programs), one_torch_thread(inputs):
+    with using_backend(backend, ground, max_programs, checks=True), one_torch_thread(inputs):
         if _has_torch_tensor(inputs):
             from ._check import check_backward as torch_check
 
             return torch_check(forward, backward, inputs, wrt=wrt, cotangents=cotangents, **opts)
+        if backend == "triton":
+            raise UsageError('backend="triton" runs the launches on Triton itself: it needs CUDA torch tensors')
         if wrt is not None:
             raise UsageError("`wrt` needs torch tensors; numpy checks differentiate every float array")
         if cotangents is not None:
@@ -144,7 +150,7 @@ def check_function(fn: type, *args: Any, backend: str = "cpu", ground: str = "au
     validated as torch validates them. The ground truth differentiates `fn.forward` itself."""
     from ._check import check_function as f
 
-    with using_backend(backend, ground, max_programs), one_torch_thread(list(args) + list(kwargs.values())):
+    with using_backend(backend, ground, max_programs, checks=True), one_torch_thread(list(args) + list(kwargs.values())):
         return f(fn, *args, **kwargs)
 
 

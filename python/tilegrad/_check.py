@@ -25,11 +25,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import _native
-from ._intercept import LaunchCall, _is_descriptor, current_executor, intercepting
+from ._intercept import LaunchCall, _is_descriptor, current_executor, intercepting, runs_on_triton
 from ._modes import PoisonEmpty, PromoteFloats
 from ._configs import each_config
 from ._functions import GradientError, apply_under_test, checking, conform, inlining, refuse_opaque, requiring_grad
 from ._report import Report, non_finite
+from ._triton_backend import require_cuda, run_both
 from . import _blame as _blame_mod
 
 _COT_SEED_MIX = 0x9E3779B97F4A7C15
@@ -134,16 +135,22 @@ class _Backward:
     order is the one reported, as in the CLI), noted where `notes` is a list, and with who wrote
     every element recorded where `record` (for blame: a passing check records nothing)."""
 
-    def __init__(self, notes: list[Any] | None = None, record: bool = False) -> None:
+    def __init__(self, notes: list[Any] | None = None, record: bool = False, triton: list[dict] | None = None) -> None:
         self.records: list[tuple[int, LaunchCall, Any]] = []
         self.failure: tuple[int, str, str] | None = None
         self.notes = notes
         self.record = record
+        # `backend="triton"`: where each launch, run on tilegrad's backend first, differs on Triton.
+        self.triton = triton
 
     def __call__(self, call: LaunchCall) -> None:
         step = len(self.records)
+
+        def ours() -> Any:
+            return call.run(record=self.record, exact=True, notes=None if self.notes is None else ("backward", step))
+
         try:
-            rec = call.run(record=self.record, exact=True, notes=None if self.notes is None else ("backward", step))
+            rec = ours() if self.triton is None else run_both(call, ours, f"backward step {step}", self.triton)
         except _native.LaunchError as e:
             self.failure = (step, call.describe(), str(e))
             raise _Stop() from e
@@ -259,9 +266,19 @@ def run_check(
     tf32 = [False]
     notes: list[Any] = []
     fwd_steps = [0]
+    # `backend="triton"`: each launch also runs on Triton, whose results stay (`_triton_backend`).
+    triton: list[dict] | None = [] if runs_on_triton() else None
+    if triton is not None:
+        require_cuda(list(inputs))
 
     def run_native(call: LaunchCall) -> None:
-        notes.extend(call.run(notes=("forward", fwd_steps[0])).notes())
+        step = fwd_steps[0]
+
+        def ours() -> Any:
+            return call.run(notes=("forward", step))
+
+        rec = ours() if triton is None else run_both(call, ours, f"forward step {step}", triton)
+        notes.extend(rec.notes())
         fwd_steps[0] += 1
         tf32[0] |= call.kernel.uses_tf32()
 
@@ -312,7 +329,7 @@ def run_check(
             for i, g in truth.items():
                 _finite(g, f"the ground-truth gradient of `{input_names[i]}` (trial {trial})", "the forward is not differentiable to a finite value on these inputs")
         # The backward under test.
-        bwd = _Backward(notes if trial == 0 else None)
+        bwd = _Backward(notes if trial == 0 else None, triton=triton)
         poison = PoisonEmpty()
         grads = None
         try:
@@ -387,7 +404,7 @@ def run_check(
     # Inputs the backward gave None in every trial: not differentiable by its word.
     skipped = [] if failure is not None else [(input_names[i], list(inputs[i].shape), _dt(inputs[i]), "no gradient (None)") for i in diff if i not in best]
     rep = _native.make_report(name, seed, trials, precision, forward_cmp, grads_cmp, failure, current_executor(), notes, strict, skipped)
-    return Report(rep)
+    return Report(rep, triton=triton, strict=strict)
 
 
 def given_cotangents(cots: Sequence[Any], outs: tuple, out_idx: list[int], names: list[str]) -> list[Any]:

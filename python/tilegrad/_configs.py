@@ -27,7 +27,7 @@ def each_config(autotune: int | str, name: str, run: Callable[[str], Report]) ->
             _intercept.autotune_config = k
             report = run(name)
             if _intercept.autotune_seen > 1:
-                report = Report(report._native.renamed(f"{name} [autotune config {k}]"))
+                report = report.renamed(f"{name} [autotune config {k}]")
             if not report.passed or k + 1 >= _intercept.autotune_seen:
                 return report
             k += 1

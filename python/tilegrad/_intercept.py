@@ -59,6 +59,8 @@ class LaunchCall:
     storages: Storages
     written: set[int]  # indices of storages the kernel writes
     args: dict[str, Any]  # the bound arguments, by parameter name
+    # Runs the launch on Triton itself, as the user's code called it (`backend="triton"`).
+    on_triton: Callable[[], Any] | None = None
 
     def describe(self) -> str:
         g = ", ".join(str(x) for x in self.grid)
@@ -138,19 +140,30 @@ def current_executor() -> Any:
 
 
 @contextlib.contextmanager
-def using_backend(backend: str, ground: str = "auto", max_programs: int | None = None):
-    """Runs the launches of this thread on `backend` ("cpu", "gpu", "auto", or "compare", which
-    runs each on both and records differences) while the block runs; yields the executor, whose
+def using_backend(backend: str, ground: str = "auto", max_programs: int | None = None, *, checks: bool = False):
+    """Runs the launches of this thread on `backend` ("cpu", "gpu", "auto", "compare", which
+    runs each on both and records differences, or "triton": the GPU, each launch also run on
+    Triton itself, see `runs_on_triton`) while the block runs; yields the executor, whose
     `describe()` says where they ran. "gpu" raises `UsageError` saying why when no GPU is usable.
     `ground="kernels"`: the ground truth's VJPs run there too, as VJP kernels (the CLI's
     `--ground kernels`); `"evaluator"`: the CPU evaluator computes them; `"auto"` (the default):
     VJP kernels where the launches run on the GPU, else the evaluator."""
-    prev = current_executor()
-    _state.executor = _native.Executor(backend, ground, max_programs)
+    if backend == "triton" and not checks:
+        raise _native.UsageError('backend="triton" is for checks (check_backward, check_function): elsewhere launches run on Triton without tilegrad')
+    prev = current_executor(), runs_on_triton()
+    _state.executor = _native.Executor("gpu" if backend == "triton" else backend, ground, max_programs)
+    _state.triton = backend == "triton"
     try:
         yield _state.executor
     finally:
-        _state.executor = prev
+        _state.executor, _state.triton = prev
+
+
+def runs_on_triton() -> bool:
+    """Whether this thread's checks run the user's launches on Triton itself (`backend="triton"`):
+    tilegrad's own GPU backend then runs each beside it, for the ground truth and to cross-check
+    its reading of the kernel (`_triton_backend`)."""
+    return getattr(_state, "triton", False)
 
 
 def thread_state() -> tuple[Any, Any]:
@@ -405,7 +418,9 @@ def install() -> None:
             return _original["jit"](self, *args, grid=grid, warmup=warmup, **kwargs)
         if warmup:
             return None
-        return h(bind(self, args, kwargs, grid))
+        call = bind(self, args, kwargs, grid)
+        call.on_triton = lambda: _original["jit"](self, *args, grid=grid, warmup=False, **kwargs)
+        return h(call)
 
     def autotune_run(self, *args, **kwargs):
         if _handler() is None:

@@ -29,12 +29,23 @@ class Report:
     ran cleanly; `str(report)` is the CLI's table; `to_dict()` the CLI's `--json` data.
     """
 
-    def __init__(self, native: Any) -> None:
+    def __init__(self, native: Any, triton: list[dict] | None = None, strict: bool = False) -> None:
         self._native = native
+        self._triton = triton
+        self._strict = strict
 
     @property
     def passed(self) -> bool:
-        return self._native.passed
+        return self._native.passed and not (self._strict and self._triton)
+
+    @property
+    def triton_differences(self) -> list[dict] | None:
+        """With `backend="triton"`: the launches whose results on Triton differ from tilegrad's
+        reading of the kernel beyond rounding (`_triton_backend`), each with `where`, `launch`,
+        `tensor`, `elements` (of `of`), the first such `element` (flat) and its `triton` and
+        `tilegrad` values: findings about the semantics, failures only where the check was
+        strict. None for other backends."""
+        return self._triton
 
     @property
     def notes(self) -> list[dict]:
@@ -43,11 +54,19 @@ class Report:
         JSON's `notes`: not failures unless the check was strict."""
         return self.to_dict().get("notes", [])
 
+    def renamed(self, name: str) -> "Report":
+        """The same report under another name."""
+        return Report(self._native.renamed(name), self._triton, self._strict)
+
     def to_dict(self) -> dict:
-        return json.loads(self._native.to_json())
+        d = json.loads(self._native.to_json())
+        if self._triton is not None:
+            d["triton_differences"] = self._triton
+            d["passed"] = self.passed
+        return d
 
     def to_json(self) -> str:
-        return self._native.to_json()
+        return json.dumps(self.to_dict()) if self._triton is not None else self._native.to_json()
 
     def error_map(self, name: str | None = None) -> Any:
         """Where the elements over tolerance are, per failing tensor, as the JSON's `error_map`:
@@ -96,7 +115,18 @@ class Report:
         return self.passed
 
     def __str__(self) -> str:
-        return str(self._native)
+        text = str(self._native)
+        if self._triton is None:
+            return text
+        from ._triton_backend import describe
+
+        text = text.replace("\nbackend: ", "\nbackend: triton; each launch also run by tilegrad on ", 1)
+        if not self._triton:
+            return text.rstrip("\n") + "\nTriton: every launch also ran on Triton; its results agree with tilegrad's reading within rounding.\n"
+        lines = [f"Triton: {len(self._triton)} launch result(s) differ from tilegrad's reading of the kernel beyond rounding"]
+        lines.append("(a finding about the semantics: the ground truth is tilegrad's reading" + ("; strict: a failure)" if self._strict else ")"))
+        lines += ["  " + describe(d) for d in self._triton]
+        return text.rstrip("\n") + "\n" + "\n".join(lines) + "\n"
 
     def __repr__(self) -> str:
         return f"<tilegrad.Report {'PASS' if self.passed else 'FAIL'}>"

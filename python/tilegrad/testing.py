@@ -88,9 +88,10 @@ if pytest is not None:
         group = parser.getgroup("tilegrad", "tilegrad gradient checks (the `tilegrad` fixture)")
         group.addoption(
             "--tilegrad-backend",
-            choices=("cpu", "gpu", "auto"),
+            choices=("cpu", "gpu", "auto", "triton"),
             default="cpu",
-            help="where the `tilegrad` fixture's checks run their kernel launches: cpu (the reference, default), gpu or auto",
+            help="where the `tilegrad` fixture's checks run their kernel launches: cpu (the reference, default), gpu, auto, "
+            "or triton (Triton itself, cross-checked against tilegrad's GPU backend)",
         )
         group.addoption("--tilegrad-seed", type=int, default=0, help="the seed of the `tilegrad` fixture's random cotangents (default 0)")
 

@@ -112,21 +112,20 @@ pub(crate) struct Job {
     pub(crate) target: Target,
 }
 
-/// Compiles `jobs` on up to as many threads as the host has cores.
-fn compile_on_threads(jobs: &[Job]) -> Vec<Option<Vec<u8>>> {
+/// Compiles `jobs` on up to as many threads as the host has cores, handing each image (or
+/// `None` where NVRTC failed) to `done` with its job's index as soon as it is compiled.
+fn compile_on_threads(jobs: &[Job], done: &(dyn Fn(usize, Option<Vec<u8>>) + Sync)) {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len());
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let out: Vec<Mutex<Option<Vec<u8>>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(job) = jobs.get(i) else { break };
-                *out[i].lock().expect("compiled image") = nvrtc_cubin(&job.source, &job.target).ok();
+                done(i, nvrtc_cubin(&job.source, &job.target).ok());
             });
         }
     });
-    out.into_iter().map(|m| m.into_inner().expect("compiled image")).collect()
 }
 
 /// Background compiles still running (see [`wait_at_exit`]).
@@ -186,21 +185,22 @@ impl Ahead {
         self.pending.lock().expect("compiling ahead").extend(keys);
     }
 
-    /// Compiles `todo` side by side: each image to the disk cache, or kept.
+    /// Compiles `todo` side by side: each image to the disk cache, or kept, and available (to a
+    /// launch waiting for it) as soon as it is compiled, not when the last of `todo` is.
     pub(crate) fn compile(&self, todo: &[Job]) {
         if todo.is_empty() {
             return;
         }
-        let images = compile_on_threads(todo);
-        for (job, image) in todo.iter().zip(images) {
+        compile_on_threads(todo, &|i, image| {
+            let key = todo[i].key;
             if let Some(image) = image {
-                if !write_cache(job.key, &image) {
-                    self.images.lock().expect("compiled ahead").insert(job.key, image);
+                if !write_cache(key, &image) {
+                    self.images.lock().expect("compiled ahead").insert(key, image);
                 }
             }
-            self.pending.lock().expect("compiling ahead").remove(&job.key);
-        }
-        self.done.notify_all();
+            self.pending.lock().expect("compiling ahead").remove(&key);
+            self.done.notify_all();
+        });
     }
 
     /// [`Ahead::compile`] on a thread of its own. The process's exit waits for it

@@ -444,15 +444,17 @@ pub fn check_backward_with(
         g.precompile_utilities(false);
     }
     let ahead = if exec.on_gpu() { kernels_ahead(fwd, bwd, opts, inputs, (on_device, replay32)) } else { Vec::new() };
-    // VJP kernels run last and take longest to compile (the causal attention's, seconds):
-    // theirs go on beside the forward and the backward.
+    // Every kernel compiles in the background, each launch waiting for its own: the forward
+    // runs once its kernels are compiled, while the backward's compile beside it, and the VJP
+    // kernels (run last, and the longest to compile: the causal attention's, seconds) in a
+    // batch of their own.
     let (vjps, now): (Vec<_>, Vec<_>) = ahead.iter().map(|(k, v, p)| (k, *v, *p)).partition(|(_, vjp, _)| *vjp);
+    exec.precompile_in_background(&now, false);
     exec.precompile_in_background(&vjps, false);
-    exec.precompile(&now);
     drop(ahead);
     let mut before = Timings::default();
     if exec.on_gpu() {
-        before.phases.push(("GPU context and kernels compiled ahead".into(), start.elapsed().as_secs_f64()));
+        before.phases.push(("GPU context and kernels set to compile".into(), start.elapsed().as_secs_f64()));
     }
     if on_device {
         if let Some(r) = resident::check((fwd, bwd, inputs), opts, &exec, name, &mut before, progress) {

@@ -93,6 +93,55 @@ impl KernelBuilder {
         }
     }
 
+    /// How many instructions the current block holds so far: a mark for
+    /// [`KernelBuilder::move_after`].
+    pub fn block_len(&self) -> usize {
+        let cur = *self.stack.last().expect("builder block stack is never empty");
+        self.k.blocks[cur.index()].insts.len()
+    }
+
+    /// Moves the current block's instructions from position `from` (a [`KernelBuilder::block_len`]
+    /// mark) to its end so that they come right after instruction `after` of the same block, and
+    /// makes every use of `old[n]` a use of `new[n]`: a pass that built, at the end of a kernel,
+    /// a copy of a loop computing the same values (the VJP kernels' tape loops) puts it in the
+    /// loop's place, leaving the loop unused. `old` must be values defined by `after` (every use
+    /// of them comes after it). Moves nothing and returns false where `after` is not in the
+    /// current block, or where the moved instructions use a value defined between `after` and
+    /// them.
+    pub fn move_after(&mut self, from: usize, after: crate::kernel::Inst, old: &[Value], new: &[Value]) -> bool {
+        let cur = *self.stack.last().expect("builder block stack is never empty");
+        let list = &self.k.blocks[cur.index()].insts;
+        let Some(at) = list.iter().position(|&i| i == after) else { return false };
+        if at >= from || from > list.len() {
+            return false;
+        }
+        // Values defined between `after` and the moved instructions.
+        let between: std::collections::HashSet<Value> = list[at + 1..from].iter().flat_map(|&i| self.k.inst(i).results.clone()).collect();
+        let moved: Vec<crate::kernel::Inst> = list[from..].to_vec();
+        let mut uses_between = false;
+        let mut visit = |d: &InstData| uses_between |= d.args.iter().any(|a| between.contains(a));
+        for &i in &moved {
+            visit(self.k.inst(i));
+            for b in self.k.inst(i).op.blocks() {
+                self.k.walk_block(b, &mut |_, d| visit(d));
+            }
+        }
+        if uses_between {
+            return false;
+        }
+        let list = &mut self.k.blocks[cur.index()].insts;
+        list.truncate(from);
+        list.splice(at + 1..at + 1, moved);
+        for d in &mut self.k.insts {
+            for a in d.args.iter_mut() {
+                if let Some(n) = old.iter().position(|o| o == a) {
+                    *a = new[n];
+                }
+            }
+        }
+        true
+    }
+
     /// Verifies and returns the kernel, or every error found.
     pub fn finish(mut self) -> Result<Kernel, IrError> {
         if !self.errors.is_empty() {
@@ -1248,4 +1297,42 @@ reduce_methods! {
     argmax => Argmax,
     /// `tl.argmin(x, axis, keep_dims)`.
     argmin => Argmin,
+}
+
+#[cfg(test)]
+mod move_tests {
+    use super::*;
+
+    /// A loop, a use of its result, then at the end a copy of the loop: the copy moves to the
+    /// loop's place and takes the use; a copy that uses a value made after the loop stays.
+    #[test]
+    fn a_copy_of_a_loop_moves_to_its_place_unless_it_uses_what_follows_it() {
+        for uses_later in [false, true] {
+            let mut b = KernelBuilder::new("k");
+            let (out, n) = (b.ptr_param("out", DType::F32), b.scalar_param("n", DType::I32));
+            let (lo, one) = (b.i32(0), b.i32(1));
+            let zero = b.f32(0.0);
+            let looped = |b: &mut KernelBuilder, init: Value| b.for_range(lo, n, one, None, &[init], |b, _, c| vec![b.add(c[0], c[0])]);
+            let first = looped(&mut b, zero);
+            let the_loop = *b.k.blocks[b.k.body.index()].insts.last().unwrap();
+            let later = b.f32(2.0);
+            let used = b.mul(first[0], later);
+            b.store(out, used, None);
+            let from = b.block_len();
+            let init = if uses_later { later } else { zero };
+            let copy = looped(&mut b, init);
+            assert_eq!(b.move_after(from, the_loop, &first, &copy), !uses_later);
+            let k = b.finish().unwrap();
+            let body = &k.block(k.body).insts;
+            let mul = body.iter().position(|&i| matches!(k.inst(i).op, Op::Binary(BinaryOp::Mul))).unwrap();
+            let loops: Vec<usize> =
+                body.iter().enumerate().filter(|(_, &i)| matches!(k.inst(i).op, Op::For { .. })).map(|(p, _)| p).collect();
+            // The product reads the copy's result where it moved (the second loop, now before it).
+            let uses = k.inst(body[mul]).args[0];
+            let copy_at = if uses_later { loops[1] } else { loops[0] + 1 };
+            assert_eq!(loops.len(), 2);
+            assert_eq!(uses == k.inst(body[copy_at]).results[0], !uses_later);
+            assert!(uses_later || copy_at < mul);
+        }
+    }
 }

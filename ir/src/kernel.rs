@@ -205,7 +205,7 @@ impl Kernel {
         self.walk_block(self.body, f);
     }
 
-    fn walk_block(&self, b: Block, f: &mut impl FnMut(Inst, &InstData)) {
+    pub(crate) fn walk_block(&self, b: Block, f: &mut impl FnMut(Inst, &InstData)) {
         for &i in &self.block(b).insts {
             let d = self.inst(i);
             f(i, d);

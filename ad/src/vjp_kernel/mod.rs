@@ -30,8 +30,10 @@
 //! start of each trip are kept on a *tape*: where the reverse sweep reaches the loop, a copy of
 //! the loop runs again (its stores and atomics left out: they happened) and writes them to the
 //! tape parameter `tg_tape<n>` (i64 where every kept value is an integer, f32 in f32 kernels
-//! where that is exact, else f64: [`LoopTape`]; a trip's scalars in one store); the reverse
-//! loop reads them back (a trip ahead, so that the trip's loads need not wait for them),
+//! where that is exact, else f64: [`LoopTape`]; a trip's scalars in one store). A loop that
+//! stores nothing, in the kernel's body, runs once: that copy moves to the loop's place and
+//! takes the uses of its results ([`tilegrad_ir::KernelBuilder::move_after`]), leaving the
+//! forward's loop to dead-code removal. The reverse loop reads them back (a trip ahead, so that the trip's loads need not wait for them),
 //! recomputes the trip's body from them, and runs the body's rules, carrying the cotangents of
 //! the carried values and of the values from outside the loop that the body uses. The copy's loads read
 //! memory as the forward left it, so a loop may not load a tensor the kernel writes (refused).

@@ -767,3 +767,79 @@ fn while_loops_agree() {
         12,
     );
 }
+
+/// The top-level loops of a VJP kernel.
+fn top_level_loops(vk: &VjpKernel) -> usize {
+    let k = &vk.kernel;
+    k.block(k.body).insts.iter().filter(|&&i| matches!(k.inst(i).op, Op::For { .. } | Op::While { .. })).count()
+}
+
+/// A loop whose results the reverse of what follows it needs (`acc * m`): the copy that writes
+/// the tape takes the forward loop's place and its uses, so that the loop runs once before the
+/// reverse loop, not twice; a loop that stores keeps its own run (the copy leaves stores out).
+/// Both agree with the evaluator.
+#[test]
+fn the_tape_loop_takes_the_place_of_a_loop_that_stores_nothing() {
+    const R: i64 = 4;
+    const D: i64 = 8;
+    let build = |store_inside: bool| {
+        let mut b = KernelBuilder::new("scaled_sums");
+        let (x, out, side) = (b.ptr_param("x", DType::F32), b.ptr_param("out", DType::F32), b.ptr_param("side", DType::F32));
+        let (rows, d) = (b.scalar_param("rows", DType::I32), b.scalar_param("d", DType::I32));
+        let pid = b.program_id(0);
+        let rt = b.i32(R as i32);
+        let r0 = b.mul(pid, rt);
+        let ar = b.arange(0, R);
+        let r = b.add(r0, ar);
+        let rm = b.lt(r, rows);
+        let acc0 = b.zeros(&[R as usize], DType::F32);
+        let m0 = b.full(&[R as usize], 1.0, DType::F32);
+        let (lo, dt, one) = (b.i32(0), b.i32(D as i32), b.i32(1));
+        let hi = b.cdiv(d, dt);
+        let res = b.for_range(lo, hi, one, None, &[acc0, m0], |b, kt, c| {
+            let dt = b.i32(D as i32);
+            let c0 = b.mul(kt, dt);
+            let ac = b.arange(0, D);
+            let cols = b.add(c0, ac);
+            let cm = b.lt(cols, d);
+            let (r2, c2) = (b.expand_dims(r, 1), b.expand_dims(cols, 0));
+            let o = b.mul(r2, d);
+            let o = b.add(o, c2);
+            let (m1, m2) = (b.expand_dims(rm, 1), b.expand_dims(cm, 0));
+            let m = b.and(m1, m2);
+            let px = b.add(x, o);
+            let z = b.f32(0.0);
+            let xv = b.load(px, Some(m), Some(z));
+            let s = b.sum(xv, Some(1), false);
+            let sq = b.mul(xv, xv);
+            let q = b.sum(sq, Some(1), false);
+            let half = b.f32(0.5);
+            let q = b.mul(q, half);
+            let q = b.add(q, c[1]);
+            if store_inside {
+                let ps = b.add(side, r);
+                b.store(ps, s, Some(rm));
+            }
+            vec![b.add(c[0], s), q]
+        });
+        // The reverse of the product needs both results.
+        let v = b.mul(res[0], res[1]);
+        let po = b.add(out, r);
+        b.store(po, v, Some(rm));
+        b.finish().unwrap()
+    };
+    let (rows_n, d_n) = (9usize, 21usize);
+    for (store_inside, loops) in [(false, 2), (true, 3)] {
+        let k = build(store_inside);
+        let vk = vjp_kernel(&k).unwrap();
+        assert_eq!(top_level_loops(&vk), loops, "store inside: {store_inside}");
+        agree(
+            &k,
+            rows_n.div_ceil(R as usize),
+            &[t("x", rows_n * d_n, true, false), t("out", rows_n, false, true), t("side", rows_n, false, store_inside)],
+            &[("rows", rows_n as i32), ("d", d_n as i32)],
+            DType::F32,
+            11,
+        );
+    }
+}

@@ -92,6 +92,27 @@ def test_triton_runs_from_the_memory_tilegrad_ran_from_and_its_results_stay():
     assert "backward step 3" in tb.describe(d) and "Triton -1.0, tilegrad 2.0" in tb.describe(d)
 
 
+def test_a_difference_is_a_finding_and_under_strict_a_failure():
+    from tilegrad._report import Report
+
+    class Native:
+        passed = True
+
+        def to_json(self):
+            return '{"name": "f", "passed": true, "gradients": [], "forward": []}'
+
+        def __str__(self):
+            return "check `f`: PASS\nbackend: gpu: a GPU\n"
+
+    d = {"where": "forward step 0", "launch": "launch `k`[1, 1, 1]", "tensor": "y", "elements": 3, "of": 8, "element": 2, "triton": 1.0, "tilegrad": 0.0, "rule": "r"}
+    lenient, strict = Report(Native(), [d], False), Report(Native(), [d], True)
+    assert lenient.passed and not strict.passed and lenient.triton_differences == [d]
+    assert "backend: triton; each launch also run by tilegrad on gpu" in str(lenient) and "`y` differs at 3 of 8" in str(lenient)
+    assert strict.to_dict()["passed"] is False and strict.to_dict()["triton_differences"] == [d]
+    assert "FAILS (strict)" in strict.summary() and "forward step 0" in strict.summary()
+    assert Report(Native()).triton_differences is None and "triton_differences" not in Report(Native()).to_dict()
+
+
 def test_triton_is_a_backend_for_checks_only():
     with pytest.raises(tilegrad.UsageError, match="is for checks"):
         with tilegrad.intercept(backend="triton"):

@@ -102,6 +102,10 @@ class Report:
         """The verdict in one line: `tilegrad: grad_w of MyFunction FAILS: 300/300 over tolerance,
         worst [187]: expected 1.25, got 2.5 (written at rms_norm.py:41, kernel `rms_norm_bwd`)`;
         the first line of a failing check's `AssertionError`."""
+        if self._native.passed and not self.passed and self._triton:
+            from ._triton_backend import describe
+
+            return f"tilegrad: {self.to_dict()['name']} FAILS (strict): Triton differs from tilegrad's reading: {describe(self._triton[0])}"
         return summary(self.to_dict())
 
     def assert_passes(self) -> None:

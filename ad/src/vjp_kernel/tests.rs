@@ -377,6 +377,25 @@ fn in_place_loads_after_stores_and_atomic_adds_agree() {
 
 /// Rows of `x` [rows, d] weighted by `w` [d] and summed, over tiles of d in a loop (the
 /// weighted sum), plus the running maximum of each row carried too.
+/// Trip `kt` of a loop over a row block's columns, `dc` at a time: the `[rows, dc]` chunk of
+/// row-major `x` (`d` columns) at rows `r` (valid where `rm`), masked (0 outside), its mask, its
+/// columns and their mask.
+fn row_chunk(b: &mut KernelBuilder, x: Value, (r, rm): (Value, Value), kt: Value, d: Value, dc: i64) -> (Value, Value, Value, Value) {
+    let dt = b.i32(dc as i32);
+    let c0 = b.mul(kt, dt);
+    let ac = b.arange(0, dc);
+    let cols = b.add(c0, ac);
+    let cm = b.lt(cols, d);
+    let (r2, c2) = (b.expand_dims(r, 1), b.expand_dims(cols, 0));
+    let o = b.mul(r2, d);
+    let o = b.add(o, c2);
+    let (m1, m2) = (b.expand_dims(rm, 1), b.expand_dims(cm, 0));
+    let m = b.and(m1, m2);
+    let px = b.add(x, o);
+    let z = b.f32(0.0);
+    (b.load(px, Some(m), Some(z)), m, cols, cm)
+}
+
 #[test]
 fn loops_agree() {
     const R: i64 = 4;
@@ -398,19 +417,8 @@ fn loops_agree() {
     let hi = b.cdiv(d, dt);
     let one = b.i32(1);
     let res = b.for_range(lo, hi, one, None, &[acc0, mx0], |b, kt, c| {
-        let dt = b.i32(D as i32);
-        let c0 = b.mul(kt, dt);
-        let ac = b.arange(0, D);
-        let cols = b.add(c0, ac);
-        let cm = b.lt(cols, d);
-        let (r2, c2) = (b.expand_dims(r, 1), b.expand_dims(cols, 0));
-        let o = b.mul(r2, d);
-        let o = b.add(o, c2);
-        let (m1, m2) = (b.expand_dims(rm, 1), b.expand_dims(cm, 0));
-        let m = b.and(m1, m2);
-        let px = b.add(x, o);
+        let (xv, m, cols, cm) = row_chunk(b, x, (r, rm), kt, d, D);
         let z = b.f32(0.0);
-        let xv = b.load(px, Some(m), Some(z));
         let pw = b.add(w, cols);
         let wv = b.load(pw, Some(cm), Some(z));
         let wv = b.expand_dims(wv, 0);
@@ -797,19 +805,7 @@ fn the_tape_loop_takes_the_place_of_a_loop_that_stores_nothing() {
         let (lo, dt, one) = (b.i32(0), b.i32(D as i32), b.i32(1));
         let hi = b.cdiv(d, dt);
         let res = b.for_range(lo, hi, one, None, &[acc0, m0], |b, kt, c| {
-            let dt = b.i32(D as i32);
-            let c0 = b.mul(kt, dt);
-            let ac = b.arange(0, D);
-            let cols = b.add(c0, ac);
-            let cm = b.lt(cols, d);
-            let (r2, c2) = (b.expand_dims(r, 1), b.expand_dims(cols, 0));
-            let o = b.mul(r2, d);
-            let o = b.add(o, c2);
-            let (m1, m2) = (b.expand_dims(rm, 1), b.expand_dims(cm, 0));
-            let m = b.and(m1, m2);
-            let px = b.add(x, o);
-            let z = b.f32(0.0);
-            let xv = b.load(px, Some(m), Some(z));
+            let (xv, _, _, _) = row_chunk(b, x, (r, rm), kt, d, D);
             let s = b.sum(xv, Some(1), false);
             let sq = b.mul(xv, xv);
             let q = b.sum(sq, Some(1), false);

@@ -100,10 +100,16 @@ const BLOCK: i64 = 64;
 
 /// Program `pid`'s lanes `pid * BLOCK + 0..BLOCK` and the mask of those below `n`.
 fn block_lanes(b: &mut KernelBuilder, n: Value) -> (Value, Value) {
+    lanes_of(b, n, BLOCK)
+}
+
+/// Program `pid`'s lanes `pid * size + 0..size` (a block of rows, of elements) and the mask of
+/// those below `n`.
+fn lanes_of(b: &mut KernelBuilder, n: Value, size: i64) -> (Value, Value) {
     let pid = b.program_id(0);
-    let bs = b.i32(BLOCK as i32);
+    let bs = b.i32(size as i32);
     let start = b.mul(pid, bs);
-    let r = b.arange(0, BLOCK);
+    let r = b.arange(0, size);
     let offs = b.add(start, r);
     let m = b.lt(offs, n);
     (offs, m)
@@ -403,12 +409,7 @@ fn loops_agree() {
     let mut b = KernelBuilder::new("weighted_rows");
     let (x, w, out) = (b.ptr_param("x", DType::F32), b.ptr_param("w", DType::F32), b.ptr_param("out", DType::F32));
     let (rows, d) = (b.scalar_param("rows", DType::I32), b.scalar_param("d", DType::I32));
-    let pid = b.program_id(0);
-    let rt = b.i32(R as i32);
-    let r0 = b.mul(pid, rt);
-    let ar = b.arange(0, R);
-    let r = b.add(r0, ar);
-    let rm = b.lt(r, rows);
+    let (r, rm) = lanes_of(&mut b, rows, R);
     let acc0 = b.zeros(&[R as usize], DType::F32);
     let mx0 = b.full(&[R as usize], -1e30f32, DType::F32);
     // A value from outside the loop that every trip uses: w[0] scales the products.
@@ -463,12 +464,7 @@ fn offsets_carried_by_a_loop_are_kept_on_an_integer_tape() {
     let mut b = KernelBuilder::new("advancing_offsets");
     let (x, w, out) = (b.ptr_param("x", DType::F32), b.ptr_param("w", DType::F32), b.ptr_param("out", DType::F32));
     let (rows, d) = (b.scalar_param("rows", DType::I32), b.scalar_param("d", DType::I32));
-    let pid = b.program_id(0);
-    let rt = b.i32(R as i32);
-    let r0 = b.mul(pid, rt);
-    let ar = b.arange(0, R);
-    let r = b.add(r0, ar);
-    let rm = b.lt(r, rows);
+    let (r, rm) = lanes_of(&mut b, rows, R);
     let acc0 = b.zeros(&[R as usize], DType::F32);
     let (zero, one, dt) = (b.i32(0), b.i32(1), b.i32(D as i32));
     let hi = b.cdiv(d, dt);
@@ -794,12 +790,7 @@ fn the_tape_loop_takes_the_place_of_a_loop_that_stores_nothing() {
         let mut b = KernelBuilder::new("scaled_sums");
         let (x, out, side) = (b.ptr_param("x", DType::F32), b.ptr_param("out", DType::F32), b.ptr_param("side", DType::F32));
         let (rows, d) = (b.scalar_param("rows", DType::I32), b.scalar_param("d", DType::I32));
-        let pid = b.program_id(0);
-        let rt = b.i32(R as i32);
-        let r0 = b.mul(pid, rt);
-        let ar = b.arange(0, R);
-        let r = b.add(r0, ar);
-        let rm = b.lt(r, rows);
+        let (r, rm) = lanes_of(&mut b, rows, R);
         let acc0 = b.zeros(&[R as usize], DType::F32);
         let m0 = b.full(&[R as usize], 1.0, DType::F32);
         let (lo, dt, one) = (b.i32(0), b.i32(D as i32), b.i32(1));

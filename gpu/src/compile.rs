@@ -105,16 +105,42 @@ pub(crate) fn nvrtc_cubin(source: &str, target: &Target) -> Result<Vec<u8>, Stri
     out
 }
 
-/// A compile to do: the source, its target, and its cache key ([`source_key`]).
+/// A compile to do: the source, its target, its cache key ([`source_key`]) and what it is, in
+/// words, for the compile log ([`Compile`]).
 pub(crate) struct Job {
     pub(crate) key: u128,
     pub(crate) source: String,
     pub(crate) target: Target,
+    pub(crate) what: String,
+}
+
+/// One NVRTC compile of this process, for `--timings`: what was compiled, when it started and
+/// ended, and how long launches waited for it (a launch whose kernel is still compiling in the
+/// background waits; one compiled in line waits for all of it).
+#[derive(Clone, Debug)]
+pub struct Compile {
+    /// The kernel (its name and form), or the fixed CUDA C (draws, summaries, conversions).
+    pub what: String,
+    /// When NVRTC started on it.
+    pub started: std::time::Instant,
+    /// When it ended.
+    pub ended: std::time::Instant,
+    /// How long launches (or draws and summaries) waited for it.
+    pub waited: std::time::Duration,
+}
+
+/// Runs NVRTC on `job`, writing down the compile in `log` (by cache key).
+fn logged(job: &Job, log: &Mutex<Vec<(u128, Compile)>>) -> Option<Vec<u8>> {
+    let started = std::time::Instant::now();
+    let image = nvrtc_cubin(&job.source, &job.target).ok();
+    let c = Compile { what: job.what.clone(), started, ended: std::time::Instant::now(), waited: Default::default() };
+    log.lock().expect("compile log").push((job.key, c));
+    image
 }
 
 /// Compiles `jobs` on up to as many threads as the host has cores, handing each image (or
 /// `None` where NVRTC failed) to `done` with its job's index as soon as it is compiled.
-fn compile_on_threads(jobs: &[Job], done: &(dyn Fn(usize, Option<Vec<u8>>) + Sync)) {
+fn compile_on_threads(jobs: &[Job], log: &Mutex<Vec<(u128, Compile)>>, done: &(dyn Fn(usize, Option<Vec<u8>>) + Sync)) {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len());
     let next = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
@@ -122,7 +148,7 @@ fn compile_on_threads(jobs: &[Job], done: &(dyn Fn(usize, Option<Vec<u8>>) + Syn
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(job) = jobs.get(i) else { break };
-                done(i, nvrtc_cubin(&job.source, &job.target).ok());
+                done(i, logged(job, log));
             });
         }
     });
@@ -177,6 +203,8 @@ pub(crate) struct Ahead {
     images: Mutex<HashMap<u128, Vec<u8>>>,
     pending: Mutex<std::collections::HashSet<u128>>,
     done: Condvar,
+    /// Every compile of this device's kernels, by cache key, in the order they ended.
+    log: Mutex<Vec<(u128, Compile)>>,
 }
 
 impl Ahead {
@@ -191,7 +219,7 @@ impl Ahead {
         if todo.is_empty() {
             return;
         }
-        compile_on_threads(todo, &|i, image| {
+        compile_on_threads(todo, &self.log, &|i, image| {
             let key = todo[i].key;
             if let Some(image) = image {
                 if !write_cache(key, &image) {
@@ -237,14 +265,40 @@ impl Ahead {
         self.images.lock().expect("compiled ahead").contains_key(&key)
     }
 
-    /// The image of `key` compiled ahead, waiting while it compiles in the background.
+    /// The image of `key` compiled ahead, waiting while it compiles in the background (the
+    /// wait written down in the compile log).
     pub(crate) fn take(&self, key: u128) -> Option<Vec<u8>> {
+        let start = std::time::Instant::now();
         let mut pending = self.pending.lock().expect("compiling ahead");
+        let waits = pending.contains(&key);
         while pending.contains(&key) {
             pending = self.done.wait(pending).expect("compiling ahead");
         }
         drop(pending);
+        if waits {
+            let mut log = self.log.lock().expect("compile log");
+            if let Some((_, c)) = log.iter_mut().rev().find(|(k, _)| *k == key) {
+                c.waited += start.elapsed();
+            }
+        }
         self.images.lock().expect("compiled ahead").remove(&key)
+    }
+
+    /// Compiles `job` now, on this thread (no compile ahead had it): the image, or NVRTC's log.
+    /// The caller waits for all of it.
+    pub(crate) fn compile_now(&self, job: &Job) -> Result<Vec<u8>, String> {
+        let started = std::time::Instant::now();
+        let image = nvrtc_cubin(&job.source, &job.target);
+        let ended = std::time::Instant::now();
+        let c = Compile { what: job.what.clone(), started, ended, waited: ended - started };
+        self.log.lock().expect("compile log").push((job.key, c));
+        image
+    }
+
+    /// The compiles that started at or after `since`, in the order they ended.
+    pub(crate) fn compiles_since(&self, since: std::time::Instant) -> Vec<Compile> {
+        let log = self.log.lock().expect("compile log");
+        log.iter().filter(|(_, c)| c.started >= since).map(|(_, c)| c.clone()).collect()
     }
 }
 

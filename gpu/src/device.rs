@@ -6,7 +6,7 @@ use crate::codegen::{
     self, Flavor, Generated, ScratchIn, ARG_WORDS, ERR_LOOP, ERR_OOB, ERR_RUNTIME, ERR_WORDS, FLAG_LOG_FULL, HEADER_WORDS, LOG_WORDS,
     PTR_WORDS,
 };
-use crate::compile::{cache_file, nvrtc, nvrtc_cubin, source_key, write_cache, Ahead, Job, Target};
+use crate::compile::{cache_file, nvrtc, nvrtc_cubin, source_key, write_cache, Ahead, Compile, Job, Target};
 use crate::in_place::{Backup, DeviceMemory};
 use crate::{GpuError, GpuOptions, Outcome, RanOn};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -95,6 +95,18 @@ pub struct Gpu {
     /// Whether kernels for small launches compile quickly ([`Target`]; on unless
     /// `TILEGRAD_GPU_QUICK=0`).
     quick: bool,
+}
+
+/// A kernel's compile in words, for the compile log: its name, "in f64" where a tensor it takes
+/// is f64 (the ground truth's forms), and which form.
+fn compile_what(k: &Kernel, other_form: bool, quick: bool) -> String {
+    let f64 = k.params.iter().any(|p| p.kind == ParamKind::Ptr(DType::F64));
+    let form = match (other_form, quick) {
+        (true, _) => ", form for fewer blocks an SM",
+        (false, true) => ", compiled quickly",
+        (false, false) => "",
+    };
+    format!("{}{}{form}", k.name, if f64 { " in f64" } else { "" })
 }
 
 /// A device's context and the one stream launches go to.
@@ -358,12 +370,19 @@ impl Gpu {
                 let key = source_key(&target, &gen.source);
                 let listed = now.iter().chain(&later).any(|t| t.key == key);
                 if !self.available(key) && !listed {
-                    if j == 0 { &mut now } else { &mut later }.push(Job { key, source: gen.source, target });
+                    let what = compile_what(k, j == 1, target.quick);
+                    if j == 0 { &mut now } else { &mut later }.push(Job { key, source: gen.source, target, what });
                 }
             }
         }
         self.ahead.expect(now.iter().chain(&later).map(|j| j.key));
         (now, later)
+    }
+
+    /// This device's NVRTC compiles that started at or after `since`, in the order they ended
+    /// (for `--timings`).
+    pub fn compiles_since(&self, since: std::time::Instant) -> Vec<Compile> {
+        self.ahead.compiles_since(since)
     }
 
     /// The device's streaming multiprocessors.
@@ -376,13 +395,17 @@ impl Gpu {
     /// also the reading of writers off the marks of a traced launch.
     pub fn precompile_utilities(&self, traced: bool) {
         let target = self.target(false);
-        let mut sources = vec![crate::summary::SOURCE.to_string(), crate::draw::cuda_source(), crate::convert::source().to_string()];
+        let mut sources = vec![
+            (crate::summary::SOURCE.to_string(), "summaries"),
+            (crate::draw::cuda_source(), "draws"),
+            (crate::convert::source().to_string(), "conversions"),
+        ];
         if traced {
-            sources.push(crate::runs::SOURCE.to_string());
+            sources.push((crate::runs::SOURCE.to_string(), "writers off the marks"));
         }
         let jobs: Vec<Job> = sources
             .into_iter()
-            .map(|source| Job { key: source_key(&target, &source), source, target: target.clone() })
+            .map(|(source, what)| Job { key: source_key(&target, &source), source, target: target.clone(), what: what.into() })
             .filter(|j| !self.available(j.key) && !self.utilities.lock().expect("utility modules").contains_key(&j.key))
             .collect();
         self.ahead.expect(jobs.iter().map(|j| j.key));
@@ -404,7 +427,8 @@ impl Gpu {
                 let image = match image {
                     Some(image) => image,
                     None => {
-                        let image = nvrtc_cubin(source, &target).map_err(|log| GpuError::Compile { kernel: name.to_string(), log })?;
+                        let job = Job { key, source: source.to_string(), target: target.clone(), what: name.to_string() };
+                        let image = self.ahead.compile_now(&job).map_err(|log| GpuError::Compile { kernel: name.to_string(), log })?;
                         write_cache(key, &image);
                         image
                     }
@@ -427,7 +451,8 @@ impl Gpu {
         let image = match image {
             Some(image) => image,
             None => {
-                let image = nvrtc_cubin(&gen.source, target).map_err(|log| GpuError::Compile { kernel: k.name.clone(), log })?;
+                let job = Job { key, source: gen.source.clone(), target: target.clone(), what: compile_what(k, false, target.quick) };
+                let image = self.ahead.compile_now(&job).map_err(|log| GpuError::Compile { kernel: k.name.clone(), log })?;
                 write_cache(key, &image);
                 image
             }
@@ -1250,6 +1275,57 @@ mod tests {
         let quick = nvrtc_cubin(&codegen::generate(&k).unwrap().source, &Target { quick: true, ..sm90 }).unwrap();
         assert_eq!(&quick[..4], b"\x7fELF");
         assert_ne!(quick, image, "a quick compile gives other machine code");
+    }
+
+    /// The compile log has each compile, named, with the time a caller waited for it: a wait
+    /// for a background compile, or all of a compile in line.
+    #[test]
+    fn the_compile_log_tells_what_compiled_and_how_long_it_was_waited_for() {
+        if !nvrtc_present() {
+            eprintln!("skipped: NVRTC is not installed");
+            return;
+        }
+        let k = tilegrad_ir::text::parse_kernel(include_str!("../../examples/vector_add.tgir"), "vector_add.tgir").unwrap();
+        // A source of its own (a comment), so that no cache has it.
+        let source = format!("// {:?}\n{}", std::time::SystemTime::now(), codegen::generate(&k).unwrap().source);
+        let target = Target { sm: "sm_90".into(), quick: false };
+        let job = |what: &str, target: &Target| Job {
+            key: source_key(target, &source),
+            source: source.clone(),
+            target: target.clone(),
+            what: what.into(),
+        };
+        let ahead = Arc::new(Ahead::default());
+        let start = std::time::Instant::now();
+        let background = job("vector_add", &target);
+        let key = background.key;
+        ahead.expect([key]);
+        ahead.compile_in_background(vec![background]);
+        ahead.take(key);
+        let quick = Target { quick: true, ..target.clone() };
+        ahead.compile_now(&job("vector_add, compiled quickly", &quick)).unwrap();
+        let log = ahead.compiles_since(start);
+        let what: Vec<&str> = log.iter().map(|c| c.what.as_str()).collect();
+        assert_eq!(what, ["vector_add", "vector_add, compiled quickly"]);
+        let (bg, now) = (&log[0], &log[1]);
+        assert!(bg.waited > std::time::Duration::ZERO && bg.waited <= start.elapsed(), "{bg:?}");
+        assert_eq!(now.waited, now.ended - now.started, "a compile in line is waited for whole");
+        assert!(bg.ended <= now.started);
+        assert!(ahead.compiles_since(std::time::Instant::now()).is_empty());
+    }
+
+    #[test]
+    fn a_compile_is_named_by_its_kernel_its_floats_and_its_form() {
+        let k = tilegrad_ir::text::parse_kernel(include_str!("../../examples/vector_add.tgir"), "vector_add.tgir").unwrap();
+        let mut wide = k.clone();
+        for p in &mut wide.params {
+            if let ParamKind::Ptr(d) = &mut p.kind {
+                *d = DType::F64;
+            }
+        }
+        assert_eq!(compile_what(&k, false, false), "vector_add");
+        assert_eq!(compile_what(&k, false, true), "vector_add, compiled quickly");
+        assert_eq!(compile_what(&wide, true, false), "vector_add in f64, form for fewer blocks an SM");
     }
 
     /// A quick compile differs from a full one only in how hard NVRTC optimises (the numerics

@@ -102,8 +102,8 @@ pub(crate) use inputs::check_dist;
 pub use inputs::{standard_normal, standard_normal_into, Dist, InputTensor, Inputs, Source};
 pub use recorded::{RecordedLaunch, RecordedPass, RecordedTensor};
 pub use report::{
-    compare, compare_by, judge, unravel, Blame, BlameSite, Calibration, ErrorMap, Explained, Failure, Finding, FindingKind, Formula,
-    Location, Report, Rounding, Slice, SliceLine, TensorReport, Timings, Tolerance, Worst, SCHEMA_VERSION,
+    compare, compare_by, judge, unravel, Blame, BlameSite, Calibration, CompileTime, ErrorMap, Explained, Failure, Finding, FindingKind,
+    Formula, Location, Report, Rounding, Slice, SliceLine, TensorReport, Timings, Tolerance, Worst, SCHEMA_VERSION,
 };
 pub(crate) use steps::{can_accumulate, eval_shape as steps_eval_shape, item as step_item, pieces as step_pieces, split_axis};
 pub use steps::{Env, Init, ItemReduce, KernelLaunch, Reduction, Step};
@@ -432,13 +432,28 @@ pub fn check_backward_with(
 ) -> Result<Report, CheckError> {
     check_trials(opts.trials)?;
     validate_backward(fwd, bwd)?;
-    let bwd_tf32 = uses_tf32(&bwd.steps);
-    let fwd_tf32 = uses_tf32(&fwd.steps);
-    let replay32 = replays_in_f32(fwd, bwd, inputs, opts);
     progress("inputs and forward", 0, opts.trials);
     let start = std::time::Instant::now();
     let exec = opts.executor()?;
-    let on_device = resident::eligible(fwd, bwd, opts, &exec);
+    let mut r = check_on((fwd, bwd, inputs), opts, &exec, (name, start), progress)?;
+    if let Some(g) = exec.gpu() {
+        r.timings.compiles = g.compiles_since(start).iter().map(|c| report::CompileTime::of(c, start)).collect();
+    }
+    Ok(r)
+}
+
+/// [`check_backward_with`] on `exec`, started at `start`.
+fn check_on(
+    (fwd, bwd, inputs): (&Forward, &Backward, &Inputs),
+    opts: &CheckOptions,
+    exec: &Executor,
+    (name, start): (&str, std::time::Instant),
+    progress: &mut dyn FnMut(&str, usize, usize),
+) -> Result<Report, CheckError> {
+    let bwd_tf32 = uses_tf32(&bwd.steps);
+    let fwd_tf32 = uses_tf32(&fwd.steps);
+    let replay32 = replays_in_f32(fwd, bwd, inputs, opts);
+    let on_device = resident::eligible(fwd, bwd, opts, exec);
     if let (true, Some(g)) = (on_device, exec.gpu()) {
         // Its draws, conversions and comparisons, beside the kernels.
         g.precompile_utilities(false);
@@ -457,11 +472,11 @@ pub fn check_backward_with(
         before.phases.push(("GPU context and kernels set to compile".into(), start.elapsed().as_secs_f64()));
     }
     if on_device {
-        if let Some(r) = resident::check((fwd, bwd, inputs), opts, &exec, name, &mut before, progress) {
+        if let Some(r) = resident::check((fwd, bwd, inputs), opts, exec, name, &mut before, progress) {
             return Ok(r);
         }
     }
-    let mut p = match truth::prepare(fwd, inputs, opts, replay32, &exec) {
+    let mut p = match truth::prepare(fwd, inputs, opts, replay32, exec) {
         Err(CheckError::ForwardDefect { step, what, error }) => {
             let mut r = Report::new(name.into(), opts.seed, opts.trials, precision_name(opts), Vec::new(), Vec::new(), None);
             r.findings.push(findings::of_error(&error, "forward", step, 0));
@@ -474,7 +489,7 @@ pub fn check_backward_with(
     };
     let mut tm = std::mem::take(&mut p.timings);
     tm.phases.splice(0..0, before.phases);
-    host::HostCheck { fwd, bwd, inputs, opts, exec: &exec, fwd_tf32, bwd_tf32 }.run(p, tm, name, progress)
+    host::HostCheck { fwd, bwd, inputs, opts, exec, fwd_tf32, bwd_tf32 }.run(p, tm, name, progress)
 }
 
 /// What a check found, before its report is made.

@@ -34,7 +34,8 @@
 //! `gradients_provisional` (the gradient table comes from a backward run again with its races
 //! resolved in program order, after the race failed the check), `failure` (why the backward could
 //! not run: a [`Failure`]), `timings` (seconds per phase: `phases`, an array of
-//! `[name, seconds]`) and `findings`: one [`Finding`] per reason the check failed, each with a
+//! `[name, seconds]`; on the GPU backend, `compiles`: NVRTC's compiles, each with `what`,
+//! `seconds`, `ended` and `waited`, see [`CompileTime`]) and `findings`: one [`Finding`] per reason the check failed, each with a
 //! `kind` (see [`FindingKind`]: `wrong_value`, `non_finite`, `never_written`, `race`,
 //! `out_of_bounds`, `loop_bound`, `runtime_error`, `shape_mismatch`), the pass (`forward` or
 //! `backward`), the tensor, the element's multi-index, the program ids and the source locations
@@ -501,6 +502,35 @@ pub struct Report {
 pub struct Timings {
     /// `(phase, seconds)`.
     pub phases: Vec<(String, f64)>,
+    /// NVRTC's compiles on the GPU backend, in the order they ended: they run in the background,
+    /// beside the phases, whose seconds include only the waits for them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub compiles: Vec<CompileTime>,
+}
+
+/// One NVRTC compile of a check (see [`Timings::compiles`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CompileTime {
+    /// The kernel, "in f64" for the ground truth's forms, or the fixed CUDA C compiled.
+    pub what: String,
+    /// Seconds NVRTC took.
+    pub seconds: f64,
+    /// When it ended, in seconds from the check's start.
+    pub ended: f64,
+    /// Seconds the check waited for it.
+    pub waited: f64,
+}
+
+impl CompileTime {
+    /// `c`, in seconds from `start`.
+    pub fn of(c: &tilegrad_gpu::Compile, start: std::time::Instant) -> CompileTime {
+        CompileTime {
+            what: c.what.clone(),
+            seconds: (c.ended - c.started).as_secs_f64(),
+            ended: (c.ended.saturating_duration_since(start)).as_secs_f64(),
+            waited: c.waited.as_secs_f64(),
+        }
+    }
 }
 
 impl Timings {
@@ -533,7 +563,14 @@ impl fmt::Display for Timings {
         for (p, s) in &self.phases {
             writeln!(f, "  {p:<40} {s:>9.3} s {:>5.1}%", if total > 0.0 { 100.0 * s / total } else { 0.0 })?;
         }
-        writeln!(f, "  {:<40} {total:>9.3} s", "total")
+        writeln!(f, "  {:<40} {total:>9.3} s", "total")?;
+        if !self.compiles.is_empty() {
+            writeln!(f, "NVRTC compiles, beside the phases          seconds  ended at    waited")?;
+            for c in &self.compiles {
+                writeln!(f, "  {:<40} {:>7.3} s {:>7.3} s {:>7.3} s", c.what, c.seconds, c.ended, c.waited)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1051,6 +1088,25 @@ mod tests {
 
     fn run(expected: &[f64], got: &[f64]) -> TensorReport {
         compare("x", "grad_x", DType::F32, &[expected.len()], Tolerance::for_dtype(DType::F32, false), expected, got, 0).0
+    }
+
+    #[test]
+    fn compiles_are_listed_beside_the_phases_and_not_in_their_total() {
+        let mut t = Timings::default();
+        t.add("forward", 0.25);
+        t.add("backward", 0.5);
+        assert!(!t.to_string().contains("NVRTC"));
+        assert!(!serde_json::to_string(&t).unwrap().contains("compiles"));
+        t.compiles.push(CompileTime { what: "layer_norm_fwd in f64".into(), seconds: 1.25, ended: 1.5, waited: 0.375 });
+        let text = t.to_string();
+        let line = text.lines().find(|l| l.contains("layer_norm_fwd in f64")).unwrap();
+        let figures: Vec<&str> = line.split_whitespace().filter(|w| w.parse::<f64>().is_ok()).collect();
+        assert_eq!(figures, ["1.250", "1.500", "0.375"]);
+        assert!(text.contains("total") && text.contains("0.750 s"), "{text}");
+        assert_eq!(t.total(), 0.75);
+        let json: serde_json::Value = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
+        assert_eq!(json["compiles"][0]["waited"], 0.375);
+        assert_eq!(json["compiles"][0]["what"], "layer_norm_fwd in f64");
     }
 
     #[test]

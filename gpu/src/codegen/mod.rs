@@ -139,6 +139,21 @@ pub const STRAIGHT_REGISTERS: usize = 4;
 /// Registers a loop past [`UNROLLED_REGISTERS`] handles an iteration.
 pub const PARTIAL_UNROLL: usize = 4;
 
+/// [`PARTIAL_UNROLL`] of a kernel that takes an f64 tensor: the ground truth's forms (VJP
+/// kernels, forwards and backward replays promoted to f64), which a cold check waits for the
+/// compiles of and which run once. Measured on an H200 (`docs/benchmarks.md`), an iteration a
+/// register against 4: the layer norm's f64 VJP kernel 0.94 s in NVRTC against 1.46 s, 15.3 ms
+/// against 14.0; the 4-row softmax's 0.75 s against 1.52 s, 12.3 ms against 11.1.
+pub const PARTIAL_UNROLL_F64: usize = 1;
+
+/// Registers a loop past the full-unroll limit of kernel `k` handles an iteration.
+fn partial_unroll(k: &Kernel) -> usize {
+    match k.params.iter().any(|p| p.kind == tilegrad_ir::ParamKind::Ptr(DType::F64)) {
+        true => PARTIAL_UNROLL_F64,
+        false => PARTIAL_UNROLL,
+    }
+}
+
 /// [`UNROLLED_REGISTERS`], or `TILEGRAD_GPU_UNROLL` where set to a number.
 pub fn unrolled_registers() -> usize {
     std::env::var("TILEGRAD_GPU_UNROLL").ok().and_then(|v| v.parse().ok()).unwrap_or(UNROLLED_REGISTERS)
@@ -358,6 +373,7 @@ pub fn generate_unrolling(
         parity: None,
         defs,
         unrolled,
+        partial: partial_unroll(k),
         merged: None,
     };
     g.check_pointers()?;
@@ -427,6 +443,8 @@ struct Gen<'k> {
     resident: std::collections::HashMap<u32, String>,
     /// Loops over up to this many registers are unrolled fully ([`UNROLLED_REGISTERS`]).
     unrolled: usize,
+    /// Registers a longer loop handles an iteration ([`partial_unroll`]).
+    partial: usize,
     /// The loop over registers being merged ([`merge`]).
     merged: Option<merge::Merged>,
 }
@@ -491,7 +509,7 @@ impl<'k> Gen<'k> {
         if count <= self.unrolled {
             "#pragma unroll\n".to_string()
         } else {
-            format!("#pragma unroll {PARTIAL_UNROLL}\n")
+            format!("#pragma unroll {}\n", self.partial)
         }
     }
 

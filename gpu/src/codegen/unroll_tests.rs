@@ -45,7 +45,7 @@ fn register_loops(source: &str) -> Vec<(usize, bool, usize)> {
 
 /// Op bodies NVRTC emits for a source's registers: one for each register written out
 /// (`{ const int j = 3; ...`), and for each op of a loop the trip count where it is unrolled
-/// fully, [`PARTIAL_UNROLL`] otherwise.
+/// fully, [`PARTIAL_UNROLL`] otherwise (the kernels here are f32).
 fn unrolled_bodies(source: &str) -> usize {
     let written_out = source.matches("{ const int j = ").count();
     let looped: usize = register_loops(source).iter().map(|&(n, full, ops)| ops * if full { n } else { n.min(PARTIAL_UNROLL) }).sum();
@@ -79,6 +79,13 @@ fn loops_over_more_registers_than_the_limit_are_unrolled_a_few_at_a_time() {
     assert!(loops.iter().any(|&(n, full, _)| n == 32 && !full), "{loops:?}");
     assert!(loops.iter().all(|&(n, full, _)| !full || n <= UNROLLED_REGISTERS / 2), "{loops:?}");
     assert!(g.source.contains(&format!("#pragma unroll {PARTIAL_UNROLL}\nfor (int j = 0; j < 32; ++j)")));
+    // Its f64 form (the ground truth's) loops an iteration a register, and only there.
+    let wide = tilegrad_ir::passes::promote_floats(&softmax(8, 4096), DType::F64).unwrap();
+    let g64 = generate_flavor_unrolling(&wide, Flavor::default(), UNROLLED_REGISTERS).unwrap();
+    assert!(g64.source.contains(&format!("#pragma unroll {PARTIAL_UNROLL_F64}\nfor (int j = 0; j < 32; ++j)")));
+    assert!(!g64.source.contains(&format!("#pragma unroll {PARTIAL_UNROLL}\n")));
+    let full = |s: &str| register_loops(s).iter().filter(|l| l.1).map(|l| l.0).collect::<Vec<_>>();
+    assert_eq!(full(&g64.source), full(&g.source), "the loops unrolled fully are the same");
 }
 
 #[test]

@@ -65,11 +65,10 @@ fn against_the_evaluator(tol: f64, opts: impl Fn(CheckOptions) -> CheckOptions +
     alone
 }
 
-/// Example specs with a launch VJP kernels refuse, with the reason: a loop that loads what the
-/// kernel wrote in an earlier trip (the chunked cumsum reads its previous chunk's output back),
-/// which VJP kernels recompute from memory as the forward left it. The evaluator differentiates
-/// that launch.
-const BY_EVALUATOR: &[&str] = &["chunk_cumsum.toml"];
+/// Example specs with a launch VJP kernels refuse, with the reason: a persistent kernel, whose
+/// programs walk their rows in a loop and each row's columns in a loop inside it (VJP kernels
+/// do not take loops inside loops yet). The evaluator differentiates that launch.
+const BY_EVALUATOR: &[&str] = &["row_norm_persistent.toml"];
 
 #[test]
 fn vjp_kernels_give_the_evaluators_ground_truth_on_every_example() {
@@ -113,14 +112,14 @@ fn batched_vjp_launches_give_the_same_ground_truth_bit_for_bit() {
     }
 }
 
-/// A check with `--ground kernels` whose forward has a launch VJP kernels refuse (the chunked
-/// cumsum loads, in its loop, what it stored in an earlier trip): that launch's ground truth
-/// comes from the evaluator, with a note naming the refused load; the verdicts are those of
-/// `--ground evaluator`: the correct backward passes, its broken variants fail alike.
+/// A check with `--ground kernels` whose forward has a launch VJP kernels refuse (the
+/// persistent kernel's loops inside a loop): that launch's ground truth comes from the
+/// evaluator, with a note naming the refused loop; the verdicts are those of `--ground
+/// evaluator`: the correct backward passes, its broken variants fail alike.
 #[test]
 fn a_refused_launch_is_differentiated_by_the_evaluator_with_a_note() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/chunk_cumsum.toml");
-    for variant in [None, Some("chunk_cumsum_bwd_broken_guard"), Some("chunk_cumsum_bwd_broken_carry")] {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/row_norm_persistent.toml");
+    for variant in [None, Some("row_norm_persistent_bwd_broken_no_norm"), Some("row_norm_persistent_bwd_broken_first_chunk")] {
         let o: Vec<spec::KernelOverride> =
             variant.iter().map(|v| spec::KernelOverride { key: "bwd".into(), reference: format!("::{v}") }).collect();
         let sp = spec::load_with(&path, &o).unwrap();
@@ -135,7 +134,7 @@ fn a_refused_launch_is_differentiated_by_the_evaluator_with_a_note() {
         assert!(evaluator.notes.iter().all(|n| n.kind != FindingKind::GroundByEvaluator), "{evaluator}");
         let [n] = &kernels.notes[..] else { panic!("{variant:?}: one note expected:\n{kernels}") };
         assert_eq!((n.kind, n.pass, n.step), (FindingKind::GroundByEvaluator, "forward", Some(1)), "{n:?}");
-        assert_eq!((n.locations[0].op.as_str(), n.locations[0].line), ("load", 19), "{n:?}");
+        assert_eq!((n.locations[0].op.as_str(), n.locations[0].line), ("for", 16), "{n:?}");
         let text = kernels.to_string();
         assert!(text.contains("notes on the ground truth (not failures)") && text.contains("ground truth by the evaluator"), "{text}");
         // Strict checks fail on what kernels rely on, not on how the truth was computed.

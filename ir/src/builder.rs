@@ -142,6 +142,28 @@ impl KernelBuilder {
         true
     }
 
+    /// Emits instructions with `f` into block `blk` of the kernel being continued, right after
+    /// its instruction `after` (at the block's start where `None`), rather than at the end of
+    /// the current block: a pass that instruments a kernel built before (the VJP kernels'
+    /// tapes of loaded values) adds to its loops this way. Where `after` is not in `blk`, they
+    /// go before the block's closing `yield` (or at its end).
+    pub fn insert_into<R>(&mut self, blk: Block, after: Option<crate::kernel::Inst>, f: impl FnOnce(&mut KernelBuilder) -> R) -> R {
+        let len = self.k.blocks[blk.index()].insts.len();
+        self.stack.push(blk);
+        let r = f(self);
+        self.stack.pop();
+        let list = &self.k.blocks[blk.index()].insts;
+        let closing = list[..len].last().is_some_and(|&i| matches!(self.k.inst(i).op, Op::Yield));
+        let at = match after {
+            None => 0,
+            Some(a) => list[..len].iter().position(|&i| i == a).map_or(if closing { len - 1 } else { len }, |p| p + 1),
+        };
+        let list = &mut self.k.blocks[blk.index()].insts;
+        let new = list.split_off(len);
+        list.splice(at..at, new);
+        r
+    }
+
     /// Verifies and returns the kernel, or every error found.
     pub fn finish(mut self) -> Result<Kernel, IrError> {
         if !self.errors.is_empty() {
@@ -1334,5 +1356,38 @@ mod move_tests {
             assert_eq!(uses == k.inst(body[copy_at]).results[0], !uses_later);
             assert!(uses_later || copy_at < mul);
         }
+    }
+
+    /// Instructions inserted into a loop's body after one of its instructions, and at the
+    /// kernel's start, land there, and the kernel verifies (a value made at the start is used
+    /// in the loop).
+    #[test]
+    fn instructions_inserted_into_a_built_block_land_where_asked() {
+        let mut b = KernelBuilder::new("k");
+        let (x, out, n) = (b.ptr_param("x", DType::F32), b.ptr_param("out", DType::F32), b.scalar_param("n", DType::I32));
+        let (lo, one) = (b.i32(0), b.i32(1));
+        b.for_range(lo, n, one, None, &[], |b, i, _| {
+            let p = b.add(x, i);
+            let v = b.load(p, None, None);
+            let q = b.add(out, i);
+            b.store(q, v, None);
+            vec![]
+        });
+        let k = b.k.clone();
+        let the_loop = *k.block(k.body).insts.last().unwrap();
+        let Op::For { body, .. } = k.inst(the_loop).op else { panic!("a loop") };
+        let load = *k.block(body).insts.iter().find(|&&i| matches!(k.inst(i).op, Op::Load { .. })).unwrap();
+        let two = b.insert_into(k.body, None, |b| b.f32(2.0));
+        b.insert_into(body, Some(load), |b| {
+            let v = b.k.inst(load).results[0];
+            let w = b.mul(v, two);
+            b.store(out, w, None);
+        });
+        let k = b.finish().unwrap();
+        assert!(matches!(k.inst(k.block(k.body).insts[0]).op, Op::Const { .. }), "the constant opens the body");
+        let ops: Vec<&str> = k.block(body).insts.iter().map(|&i| k.inst(i).op.mnemonic()).collect();
+        let at = ops.iter().position(|&o| o == "load").unwrap();
+        assert_eq!(&ops[at..at + 3], ["load", "mul", "store"], "{ops:?}");
+        assert_eq!(ops.last(), Some(&"yield"));
     }
 }

@@ -242,7 +242,8 @@ def test_blame_falls_back_to_a_run_with_the_launches_writers_recorded(monkeypatc
 
 def _cumsum(x):
     # The example's chunked cumsum: each chunk adds the running total, read back from the previous
-    # chunk's last output (a load, in a loop, of what the loop stored: VJP kernels refuse it).
+    # chunk's last output (a load, in a loop's branch, of what the loop stored: the forward keeps
+    # its values on a tape for the VJP kernel).
     from launchers import load
 
     y = torch.empty_like(x)
@@ -254,15 +255,36 @@ def _cumsum_bwd(x, gy):
     return (gy.flip(1).cumsum(1).flip(1),)
 
 
-def test_a_refused_vjp_kernel_gives_the_evaluator_truth_with_a_note():
+def test_a_load_of_what_a_loop_stored_is_differentiated_by_its_vjp_kernel():
     x = torch.randn(5, 77)
     kernels = tilegrad.check_backward(_cumsum, _cumsum_bwd, [x], ground="kernels")
     evaluator = tilegrad.check_backward(_cumsum, _cumsum_bwd, [x], ground="evaluator")
     assert kernels.passed and evaluator.passed, f"{kernels}\n{evaluator}"
-    assert [n["kind"] for n in kernels.notes] == ["ground_by_evaluator"], kernels.notes
-    assert "ground truth by the evaluator" in str(kernels) and "`load`" in kernels.notes[0]["message"], kernels.notes
-    assert not evaluator.notes
+    assert not kernels.notes and not evaluator.notes, kernels.notes
     broken = tilegrad.check_backward(_cumsum, lambda x, gy: (gy.cumsum(1),), [x], ground="kernels")
+    assert not broken.passed, str(broken)
+
+
+def _row_norm(x):
+    # A persistent kernel: 4 programs walk the rows, and each row's column chunks in a loop inside
+    # (VJP kernels do not take loops inside loops yet).
+    from launchers import load
+
+    norm = torch.empty(x.shape[0], dtype=x.dtype)
+    load("row_norm_persistent").row_norm_persistent_fwd[(4,)](x, norm, x.shape[0], x.shape[1], NUM_PROGS=4, BLOCK=32)
+    return norm
+
+
+def test_a_refused_vjp_kernel_gives_the_evaluator_truth_with_a_note():
+    x = torch.randn(9, 77)
+    right = lambda x, g: (x * (g / x.norm(dim=1))[:, None],)  # noqa: E731
+    kernels = tilegrad.check_backward(_row_norm, right, [x], ground="kernels")
+    evaluator = tilegrad.check_backward(_row_norm, right, [x], ground="evaluator")
+    assert kernels.passed and evaluator.passed, f"{kernels}\n{evaluator}"
+    assert [n["kind"] for n in kernels.notes] == ["ground_by_evaluator"], kernels.notes
+    assert "ground truth by the evaluator" in str(kernels) and "`for`" in kernels.notes[0]["message"], kernels.notes
+    assert not evaluator.notes
+    broken = tilegrad.check_backward(_row_norm, lambda x, g: (x * g[:, None],), [x], ground="kernels")
     assert not broken.passed, str(broken)
 
 

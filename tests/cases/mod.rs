@@ -148,8 +148,7 @@ pub const CASES: &[Case] = &[
     // past its row (for the last row, past the tensor).
     ("chunk_cumsum_bwd_broken_guard", "chunk_cumsum", "bwd", Oob(33), ""),
     // The total carried in from the next chunk read one element too far: a wrong value, blamed
-    // on the store (with `--ground kernels` the forward's launch is differentiated by the
-    // evaluator, with a note: `tests/vjp_kernels.rs`).
+    // on the store.
     ("chunk_cumsum_bwd_broken_carry", "chunk_cumsum", "bwd", Wrong { input: "x", line: 47 }, "a wrong element read back: blamed on the store"),
     // The bug is in the first of two backward launches: the second writes the wrong elements
     // from the buffer the first wrote.
@@ -157,4 +156,8 @@ pub const CASES: &[Case] = &[
     // The bug is in the forward, which leaves the gradient in a buffer that the backward scales.
     ("cross_entropy_fwd_grad_kernel_broken_precedence", "cross_entropy_fused", "fwd", Downstream { input: "x", kernel: "element_mul_kernel", file: "cross_entropy_fused_bwd.py", line: 16 }, "a forward launch: blamed on the backward's in-place store"),
     ("chunk_cumsum_bwd_broken_last_guard", "chunk_cumsum", "bwd", Wrong { input: "x", line: 60 }, "a guard in the loop: blamed on the store"),
+    // A persistent kernel (loops inside a loop; with `--ground kernels` the forward's launch is
+    // differentiated by the evaluator, with a note: `tests/vjp_kernels.rs`).
+    ("row_norm_persistent_bwd_broken_no_norm", "row_norm_persistent", "bwd", Wrong { input: "x", line: 46 }, "a scale: blamed on the store"),
+    ("row_norm_persistent_bwd_broken_first_chunk", "row_norm_persistent", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "loop start: each row's first chunk is never written"),
 ];

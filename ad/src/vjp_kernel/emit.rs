@@ -2,6 +2,7 @@
 //! reverse loop) and branches; memory adjoints through shadows.
 
 use super::refuse::unsupported;
+use super::taped::LoadSlot;
 use super::{LoopCheckpoints, LoopTape};
 use crate::AdError;
 use std::cell::RefCell;
@@ -79,6 +80,15 @@ fn has_effects(k: &Kernel, blk: tilegrad_ir::Block) -> bool {
     })
 }
 
+/// Whether a block (with its nested blocks) loads: a cotangent of what it yields may then
+/// reach memory through a load's adjoint.
+fn has_loads(k: &Kernel, blk: tilegrad_ir::Block) -> bool {
+    k.block(blk).insts.iter().any(|&i| {
+        let op = &k.inst(i).op;
+        matches!(op, Op::Load { .. }) || op.blocks().into_iter().any(|b| has_loads(k, b))
+    })
+}
+
 /// The emitter, for one scope (the kernel's body, or a reverse trip of a loop): the promoted
 /// forward (to read types from), the builder, the shadow of each forward pointer value, the
 /// adjoint of each forward float value reached so far, and the value that stands for each
@@ -92,6 +102,9 @@ pub(super) struct Emit<'k, 'b> {
     pub(super) tapes: &'k Tapes,
     /// The dtype of the arithmetic, cotangents and shadows (f64, or f32).
     pub(super) fl: DType,
+    /// The trip (i32) of the loop whose body this scope recomputes, where it is one: the slot
+    /// its taped loads read back ([`super::taped`]).
+    pub(super) trip: Option<Value>,
 }
 
 /// The loops' tapes, as the sweep adds them, and the name of the scalar parameter that takes
@@ -101,6 +114,8 @@ pub(super) struct Tapes {
     pub(super) first: String,
     /// Loops keep checkpoints and recompute segments (see [`LoopTape::checkpoints`]).
     pub(super) checkpoints: bool,
+    /// The loads whose values the forward keeps on a tape, and where ([`super::taped`]).
+    pub(super) loads: RefCell<HashMap<Inst, LoadSlot>>,
 }
 
 /// A trip's slot on a tape, from its index (the index itself, or its place in a segment).
@@ -109,15 +124,15 @@ type SlotOf<'a> = dyn Fn(&mut KernelBuilder, Value) -> Value + 'a;
 /// Where a tape keeps carried values: a trip's slots start at `base + t * per_trip` (i64
 /// scalars) in `tape`, carried value `j` at `at[j]` within them.
 #[derive(Clone, Copy)]
-struct Slots<'a> {
-    tape: Value,
-    base: Value,
-    per_trip: Value,
-    at: &'a [usize],
+pub(super) struct Slots<'a> {
+    pub(super) tape: Value,
+    pub(super) base: Value,
+    pub(super) per_trip: Value,
+    pub(super) at: &'a [usize],
 }
 
 /// Pointers to the slots of trip `t` (i32 scalar) of each of `carried` (forward values of `k`).
-fn trip_slots(b: &mut KernelBuilder, k: &Kernel, sl: Slots<'_>, t: Value, carried: &[Value]) -> Vec<Value> {
+pub(super) fn trip_slots(b: &mut KernelBuilder, k: &Kernel, sl: Slots<'_>, t: Value, carried: &[Value]) -> Vec<Value> {
     let t64 = b.cast(t, DType::I64);
     let off = b.mul(t64, sl.per_trip);
     let slot = b.add(sl.base, off);
@@ -137,6 +152,18 @@ fn trip_slots(b: &mut KernelBuilder, k: &Kernel, sl: Slots<'_>, t: Value, carrie
             b.add(p, r)
         })
         .collect()
+}
+
+/// The program's index in the grid, as an i64 scalar.
+pub(super) fn program_index(b: &mut KernelBuilder) -> Value {
+    let (p0, p1, p2) = (b.program_id(0), b.program_id(1), b.program_id(2));
+    let (n0, n1) = (b.num_programs(0), b.num_programs(1));
+    let (p0, p1, p2, n0, n1) =
+        (b.cast(p0, DType::I64), b.cast(p1, DType::I64), b.cast(p2, DType::I64), b.cast(n0, DType::I64), b.cast(n1, DType::I64));
+    let t = b.mul(p2, n1);
+    let t = b.add(t, p1);
+    let t = b.mul(t, n0);
+    b.add(t, p0)
 }
 
 /// A constant of the arithmetic's dtype.
@@ -249,15 +276,29 @@ impl Emit<'_, '_> {
     fn recompute(&mut self, i: Inst) {
         let d = self.k.inst(i).clone();
         self.b.set_loc(Some(d.loc.clone()));
+        let slot = self.tapes.loads.borrow().get(&i).copied();
+        if let Some(slot) = slot {
+            // A taped load: its value in this trip, as the forward's loop kept it.
+            let t = self.trip.expect("a taped load is recomputed in a trip of its loop");
+            let r = d.results[0];
+            let p =
+                trip_slots(self.b, self.k, Slots { tape: slot.tape, base: slot.base, per_trip: slot.per_trip, at: &[slot.at] }, t, &[r])[0];
+            let v = self.b.load(p, None, None);
+            let dt = self.k.ty(r).dtype().expect("a taped load is of floats");
+            let v = if dt == self.fl { v } else { self.b.cast(v, dt) };
+            self.map.insert(r, v);
+            return;
+        }
         let args: Vec<Value> = d.args.iter().map(|&a| self.v(a)).collect();
-        let (k, tapes, fl) = (self.k, self.tapes, self.fl);
+        let (k, tapes, fl, trip) = (self.k, self.tapes, self.fl, self.trip);
         let block = |b: &mut KernelBuilder,
                      blk: tilegrad_ir::Block,
                      params: &[Value],
                      shadow: HashMap<Value, Value>,
-                     map: HashMap<Value, Value>|
+                     map: HashMap<Value, Value>,
+                     trip: Option<Value>|
          -> Vec<Value> {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl, trip };
             let bd = k.block(blk);
             for (&f, &v) in bd.params.iter().zip(params) {
                 e.map.insert(f, v);
@@ -272,18 +313,25 @@ impl Emit<'_, '_> {
             Op::Store { .. } | Op::AtomicAdd { .. } | Op::Yield => return,
             Op::For { body, max_iters } => {
                 let (shadow, map) = (self.shadow.clone(), self.map.clone());
+                let taped = self.tapes.loads.borrow().keys().any(|&j| super::taped::holding(k, *body, j).is_some());
                 self.b.for_range(args[0], args[1], args[2], *max_iters, &args[3..], |b, iv, cs| {
                     let params: Vec<Value> = std::iter::once(iv).chain(cs.iter().copied()).collect();
-                    block(b, *body, &params, shadow, map)
+                    let trip = taped.then(|| super::taped::trip_of(b, iv, args[0], args[2]));
+                    block(b, *body, &params, shadow, map, trip)
                 })
             }
             Op::While { cond, body, max_iters } => {
                 let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
-                self.b.while_loop(*max_iters, &args, |b, cs| block(b, *cond, cs, s1, m1)[0], |b, cs| block(b, *body, cs, s2, m2))
+                self.b.while_loop(
+                    *max_iters,
+                    &args,
+                    |b, cs| block(b, *cond, cs, s1, m1, None)[0],
+                    |b, cs| block(b, *body, cs, s2, m2, None),
+                )
             }
             Op::If { then_block, else_block } => {
                 let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
-                self.b.if_else(args[0], |b| block(b, *then_block, &[], s1, m1), |b| block(b, *else_block, &[], s2, m2))
+                self.b.if_else(args[0], |b| block(b, *then_block, &[], s1, m1, trip), |b| block(b, *else_block, &[], s2, m2, trip))
             }
             _ => {
                 let tys = d.results.iter().map(|&r| self.k.ty(r).clone()).collect();
@@ -311,13 +359,17 @@ impl Emit<'_, '_> {
             }
         }
         let res_adj: Vec<Option<Value>> = d.results.iter().map(|r| self.adj.get(r).copied()).collect();
-        if outer.is_empty() && !has_effects(k, then_block) && !has_effects(k, else_block) {
+        // Nothing to do where no cotangent leaves the branch: no float from outside it, no
+        // memory adjoint of its own (stores, atomics), and no load that a cotangent of what it
+        // yields reaches.
+        let loads_reached = res_adj.iter().any(Option::is_some) && (has_loads(k, then_block) || has_loads(k, else_block));
+        if outer.is_empty() && !loads_reached && !has_effects(k, then_block) && !has_effects(k, else_block) {
             return Ok(());
         }
         let err: RefCell<Option<AdError>> = RefCell::new(None);
-        let (tapes, fl) = (self.tapes, self.fl);
+        let (tapes, fl, trip) = (self.tapes, self.fl, self.trip);
         let side = |b: &mut KernelBuilder, blk: tilegrad_ir::Block, shadow: HashMap<Value, Value>, map: HashMap<Value, Value>| {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl, trip };
             e.b.set_loc(Some(d.loc.clone()));
             let bd = k.block(blk);
             for &j in &bd.insts {
@@ -360,15 +412,7 @@ impl Emit<'_, '_> {
 
     /// The program's index in the grid, as an i64 scalar.
     fn program_index(&mut self) -> Value {
-        let b = &mut *self.b;
-        let (p0, p1, p2) = (b.program_id(0), b.program_id(1), b.program_id(2));
-        let (n0, n1) = (b.num_programs(0), b.num_programs(1));
-        let (p0, p1, p2, n0, n1) =
-            (b.cast(p0, DType::I64), b.cast(p1, DType::I64), b.cast(p2, DType::I64), b.cast(n0, DType::I64), b.cast(n1, DType::I64));
-        let t = b.mul(p2, n1);
-        let t = b.add(t, p1);
-        let t = b.mul(t, n0);
-        b.add(t, p0)
+        program_index(self.b)
     }
 
     /// Emits the reverse of loop `i` (`for` or `while`): the copy that writes the tape and
@@ -485,9 +529,9 @@ impl Emit<'_, '_> {
         // a segment), or with checkpoints, where `slot_of` is `None`, every carried value of a
         // segment's first trip to its checkpoint.
         let copy = |b: &mut KernelBuilder, iv: Option<Value>, cs: &[Value], shadow, map, slot_of: Option<&SlotOf<'_>>| {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
-            e.b.set_loc(Some(d.loc.clone()));
             let t = cs[cs.len() - 1];
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl, trip: Some(t) };
+            e.b.set_loc(Some(d.loc.clone()));
             match (slot_of, &ck) {
                 (Some(slot_of), _) => {
                     let at_t = slot_of(e.b, t);
@@ -578,7 +622,7 @@ impl Emit<'_, '_> {
                     max_iters,
                     &init_c,
                     |b, cs| {
-                        let mut e = Emit { k, b, shadow: s1, adj: HashMap::new(), map: m1, tapes, fl };
+                        let mut e = Emit { k, b, shadow: s1, adj: HashMap::new(), map: m1, tapes, fl, trip: None };
                         for (&p, &v) in cblk.params.iter().zip(cs) {
                             e.map.insert(p, v);
                         }
@@ -647,7 +691,7 @@ impl Emit<'_, '_> {
         // see `reverse_steps`), carrying the cotangents.
         let first_err = RefCell::new(None);
         let rev = |b: &mut KernelBuilder, t: Value, kept: &[Value], cs: &[Value], shadow, map| {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl };
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl, trip: Some(t) };
             e.b.set_loc(Some(d.loc.clone()));
             for (&c, &v) in taped.iter().zip(kept) {
                 let dt = k.ty(c).dtype().expect("carried numbers");

@@ -35,8 +35,12 @@
 //! takes the uses of its results ([`tilegrad_ir::KernelBuilder::move_after`]), leaving the
 //! forward's loop to dead-code removal. The reverse loop reads them back (a trip ahead, so that the trip's loads need not wait for them),
 //! recomputes the trip's body from them, and runs the body's rules, carrying the cotangents of
-//! the carried values and of the values from outside the loop that the body uses. The copy's loads read
-//! memory as the forward left it, so a loop may not load a tensor the kernel writes (refused).
+//! the carried values and of the values from outside the loop that the body uses. The copy's
+//! and the reverse trips' loads read memory as the forward left it at its end; where a `for`
+//! loop loads a tensor the kernel writes (in its body or its branches: a gradient written in
+//! place over the logits, a rotation in place, a running total read back), the forward's loop
+//! keeps each such load's values on a tape of their own, and every recomputation reads them
+//! back from there ([`taped`]).
 //!
 //! The rules follow the evaluator's conventions (see [`crate::rules::vjp`]): symbolic zeros (a
 //! zero cotangent or a zero partial contributes zero, even beside an infinite or NaN factor),
@@ -54,12 +58,14 @@
 //! memory: about `sqrt(trips * checkpoint / kept a trip)`), and the reverse, segment by segment from the last, restores a checkpoint, runs the segment's
 //! trips again writing their tape, and reverses them.
 //!
-//! Not yet: loops inside loops, pointers carried by loops; they are refused with the op and its
+//! Not yet: loops inside loops, pointers carried by loops, and loads of a tensor the kernel
+//! writes in a branch outside loops or in a `while` loop; they are refused with the op and its
 //! location.
 
 mod emit;
 mod launch;
 mod refuse;
+mod taped;
 #[cfg(test)]
 mod tests;
 
@@ -213,7 +219,7 @@ fn build(k: &Kernel, keep: Option<&StoredDtype<'_>>, fl: DType, checkpoints: boo
         Some(stored) => promote_floats_keeping_tensors_as(k, fl, stored)?,
         None => (promote_floats(k, fl)?, Vec::new()),
     };
-    refuse_unsupported(&p)?;
+    let taped_loads = refuse_unsupported(&p)?;
     let forward: Vec<Inst> = p.block(p.body).insts.clone();
     let params = p.params.clone();
     let mut b = KernelBuilder::resume(p.clone());
@@ -221,8 +227,10 @@ fn build(k: &Kernel, keep: Option<&StoredDtype<'_>>, fl: DType, checkpoints: boo
     while params.iter().any(|q| q.name == first) {
         first.insert_str(0, "tg_");
     }
-    let tapes = Tapes { list: RefCell::new(Vec::new()), first, checkpoints };
-    let mut e = Emit { k: &p, b: &mut b, shadow: HashMap::new(), adj: HashMap::new(), map: HashMap::new(), tapes: &tapes, fl };
+    let tapes = Tapes { list: RefCell::new(Vec::new()), first, checkpoints, loads: RefCell::new(HashMap::new()) };
+    let slots = taped::instrument(&mut b, &p, &taped_loads, &tapes, fl);
+    tapes.loads.replace(slots);
+    let mut e = Emit { k: &p, b: &mut b, shadow: HashMap::new(), adj: HashMap::new(), map: HashMap::new(), tapes: &tapes, fl, trip: None };
 
     // Shadow parameters, named apart from every parameter.
     let mut shadows = Vec::new();

@@ -10,8 +10,11 @@ pub(super) fn unsupported(k: &Kernel, d: &InstData, message: &str) -> AdError {
 }
 
 /// Refuses what has no VJP kernel yet (see the module docs), from the parameters each pointer
-/// value may point into ([`pointer_sources`]) and the parameters some op writes.
-pub(super) fn refuse_unsupported(k: &Kernel) -> Result<(), AdError> {
+/// value may point into ([`pointer_sources`]) and the parameters some op writes. The loads
+/// whose values the kernel keeps on a tape instead of reading them again, each with its loop
+/// (`(loop, load)`): float loads in a `for` loop's body (directly or in its branches) that read
+/// a tensor the kernel writes.
+pub(super) fn refuse_unsupported(k: &Kernel) -> Result<Vec<(Inst, Inst)>, AdError> {
     let sources = pointer_sources(k);
     let mut written = vec![false; k.params.len()];
     let mut refused = None;
@@ -51,36 +54,55 @@ pub(super) fn refuse_unsupported(k: &Kernel) -> Result<(), AdError> {
         }
     });
     // A load in a loop or a branch must read what the forward left (the reverse sweep
-    // recomputes them after it).
-    fn loads_in(k: &Kernel, blk: tilegrad_ir::Block, nested: bool, out: &mut Vec<Inst>) {
-        for &i in &k.block(blk).insts {
-            let d = k.inst(i);
-            if nested && matches!(d.op, Op::Load { .. }) {
-                out.push(i);
-            }
-            for b in d.op.blocks() {
-                loads_in(k, b, true, out);
-            }
-        }
-    }
+    // recomputes them after it), unless it reads through a tape: one in a `for` loop's body
+    // (directly or in its branches) keeps each trip's value there ([`super::taped`]).
     let mut nested_loads = Vec::new();
-    loads_in(k, k.body, false, &mut nested_loads);
-    for i in nested_loads {
+    loads_in(k, k.body, None, &mut nested_loads);
+    let mut taped = Vec::new();
+    for (i, in_for) in nested_loads {
         let d = k.inst(i);
         let from = &sources[d.args[0].index()];
         let reads_written = !from.contains(&true) || from.iter().zip(&written).any(|(&f, &w)| f && w);
-        if reads_written && refused.is_none() {
-            refused = Some(unsupported(
-                k,
-                d,
-                "this load in a loop or branch reads a tensor the kernel writes: VJP kernels recompute loops and \
-                 branches from memory as the forward left it, so they do not take it yet; the CPU evaluator \
-                 differentiates this kernel",
-            ));
+        let float = k.ty(d.results[0]).dtype().is_some_and(|t| t.is_float());
+        match (reads_written, in_for) {
+            (false, _) => {}
+            (true, Some(l)) if float => taped.push((l, i)),
+            (true, _) if refused.is_none() => {
+                refused = Some(unsupported(
+                    k,
+                    d,
+                    "this load reads a tensor the kernel writes, in a branch outside loops or in a `while` loop \
+                     (or reads integers): VJP kernels recompute those from memory as the forward left it, and keep \
+                     loaded values only for float loads in a `for` loop's body; the CPU evaluator differentiates \
+                     this kernel",
+                ));
+            }
+            _ => {}
         }
     }
     match refused {
         Some(e) => Err(e),
-        None => Ok(()),
+        None => Ok(taped),
+    }
+}
+
+/// The loads in blocks nested in `blk` (not those of the kernel's body), each with the `for`
+/// loop whose body holds it, directly or in branches, where one does.
+fn loads_in(k: &Kernel, blk: tilegrad_ir::Block, in_for: Option<Inst>, out: &mut Vec<(Inst, Option<Inst>)>) {
+    let nested = blk != k.body;
+    for &i in &k.block(blk).insts {
+        let d = k.inst(i);
+        if nested && matches!(d.op, Op::Load { .. }) {
+            out.push((i, in_for));
+        }
+        for b in d.op.blocks() {
+            let within = match d.op {
+                Op::For { body, .. } if body == b => Some(i),
+                // A branch's sides are in the same trip.
+                Op::If { .. } => in_for,
+                _ => None,
+            };
+            loads_in(k, b, within, out);
+        }
     }
 }

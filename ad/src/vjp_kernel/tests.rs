@@ -652,20 +652,36 @@ fn branches_agree_with_loops_inside() {
 
 #[test]
 fn what_is_not_supported_yet_is_refused_with_its_location() {
-    // A loop that loads what the kernel stores.
-    let mut b = KernelBuilder::new("reads_its_writes");
-    let x = b.ptr_param("x", DType::F64);
-    let (lo, hi, st) = (b.i32(0), b.i32(4), b.i32(1));
-    let z = b.f64(0.0);
-    let res = b.for_range(lo, hi, st, None, &[z], |b, i, carried| {
-        let p = b.add(x, i);
-        let v = b.load(p, None, None);
-        vec![b.add(carried[0], v)]
-    });
-    b.store(x, res[0], None);
-    let k = b.finish().unwrap();
-    let e = vjp_kernel(&k).unwrap_err().to_string();
-    assert!(e.contains("reads a tensor the kernel writes") && e.contains("vjp_kernel/tests.rs"), "{e}");
+    // A branch outside loops, and a `while` loop, that load what the kernel stores.
+    for in_while in [false, true] {
+        let mut b = KernelBuilder::new("reads_its_writes");
+        let x = b.ptr_param("x", DType::F64);
+        let z = b.f64(0.0);
+        let got = if in_while {
+            b.while_loop(
+                Some(8),
+                &[z],
+                |b, c| {
+                    let one = b.f64(1.0);
+                    b.lt(c[0], one)
+                },
+                |b, c| {
+                    let v = b.load(x, None, None);
+                    let v = b.exp(v);
+                    vec![b.add(c[0], v)]
+                },
+            )
+        } else {
+            let pid = b.program_id(0);
+            let zi = b.i32(0);
+            let first = b.eq(pid, zi);
+            b.if_else(first, |b| vec![b.load(x, None, None)], |b| vec![b.f64(0.5)])
+        };
+        b.store(x, got[0], None);
+        let k = b.finish().unwrap();
+        let e = vjp_kernel(&k).unwrap_err().to_string();
+        assert!(e.contains("reads a tensor the kernel writes") && e.contains("vjp_kernel/tests.rs"), "{e}");
+    }
     // A loop inside a loop.
     let mut b = KernelBuilder::new("nested");
     let x = b.ptr_param("x", DType::F64);
@@ -684,6 +700,224 @@ fn what_is_not_supported_yet_is_refused_with_its_location() {
     let k = b.finish().unwrap();
     let e = vjp_kernel(&k).unwrap_err().to_string();
     assert!(e.contains("loops inside loops") && e.contains("op `for`"), "{e}");
+}
+
+/// A gradient written in place over the logits it comes from, as fused cross-entropy kernels
+/// write it: a first loop reads a row's logits for its maximum and sum of exponentials, a
+/// second reads them again and overwrites them with `softmax - onehot`, all under an early
+/// return for ignored rows (the loops inside a branch). Both loops load a tensor the kernel
+/// writes: their values come back from the forward's tapes.
+#[test]
+fn loops_that_load_what_the_kernel_overwrites_agree() {
+    const C: i64 = 16;
+    let mut b = KernelBuilder::new("ce_in_place");
+    let (x, y, loss) = (b.ptr_param("x", DType::F64), b.ptr_param("y", DType::I32), b.ptr_param("loss", DType::F64));
+    let d = b.scalar_param("d", DType::I32);
+    let row = b.program_id(0);
+    let base = b.mul(row, d);
+    let py = b.add(y, row);
+    let label = b.load(py, None, None);
+    let ignore = b.i32(-1);
+    let skip = b.eq(label, ignore);
+    let zi = b.i32(0);
+    let lab = b.maximum(label, zi);
+    let at = b.add(base, lab);
+    let pxy = b.add(x, at);
+    let xy = b.load(pxy, None, None);
+    let chunk = |b: &mut KernelBuilder, t: Value| {
+        let ct = b.i32(C as i32);
+        let c0 = b.mul(t, ct);
+        let ar = b.arange(0, C);
+        let cols = b.add(c0, ar);
+        let m = b.lt(cols, d);
+        let o = b.add(base, cols);
+        (cols, m, b.add(x, o))
+    };
+    let out = b.if_else(
+        skip,
+        |b| vec![b.f64(0.0)],
+        |b| {
+            let (lo, one, ct) = (b.i32(0), b.i32(1), b.i32(C as i32));
+            let hi = b.cdiv(d, ct);
+            let (ninf, z) = (b.f64(f64::NEG_INFINITY), b.f64(0.0));
+            let md = b.for_range(lo, hi, one, None, &[ninf, z], |b, t, c| {
+                let (_, m, p) = chunk(b, t);
+                let ninf = b.f64(f64::NEG_INFINITY);
+                let v = b.load(p, Some(m), Some(ninf));
+                let mx = b.max(v, None, false);
+                let m_new = b.maximum(c[0], mx);
+                let shift = b.sub(c[0], m_new);
+                let scale = b.exp(shift);
+                let dd = b.mul(c[1], scale);
+                let sh = b.sub(v, m_new);
+                let e = b.exp(sh);
+                let s = b.sum(e, None, false);
+                vec![m_new, b.add(dd, s)]
+            });
+            b.for_range(lo, hi, one, None, &[], |b, t, _| {
+                let (cols, m, p) = chunk(b, t);
+                let z = b.f64(0.0);
+                let v = b.load(p, Some(m), Some(z));
+                let sh = b.sub(v, md[0]);
+                let e = b.exp(sh);
+                let prob = b.div(e, md[1]);
+                let hit = b.eq(cols, label);
+                let onef = b.f64(1.0);
+                let zf = b.f64(0.0);
+                let onehot = b.where_(hit, onef, zf);
+                let g = b.sub(prob, onehot);
+                b.store(p, g, Some(m));
+                vec![]
+            });
+            let lse = b.log(md[1]);
+            let lse = b.add(lse, md[0]);
+            vec![b.sub(lse, xy)]
+        },
+    );
+    let pl = b.add(loss, row);
+    b.store(pl, out[0], None);
+    let k = b.finish().unwrap();
+    let vk = vjp_kernel(&k).unwrap();
+    assert_eq!(vk.tapes.iter().filter(|t| t.per_trip == C as usize).count(), 2, "a tape of loaded values a loop");
+    let (rows, dn) = (7usize, 45usize);
+    let mut rng = StdRng::seed_from_u64(21);
+    let mut mem = Memory::new();
+    let xs: Vec<f64> = (0..rows * dn).map(|_| rng.gen_range(-2.0..2.0)).collect();
+    let xt = mem.add("x", HostTensor::from_f64(&[rows * dn], xs));
+    let labels: Vec<i32> = (0..rows).map(|r| if r == 3 { -1 } else { rng.gen_range(0..dn as i32) }).collect();
+    let yt = mem.add("y", HostTensor::from_i32(&[rows], labels));
+    let lt = mem.add("loss", HostTensor::zeros(DType::F64, &[rows]));
+    let launch = Launch::new(&k, rows).arg("x", xt).arg("y", yt).arg("loss", lt).arg("d", dn as i32);
+    // Cotangents of the losses and of the gradient left in `x`.
+    let cl: Vec<f64> = (0..rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let cx: Vec<f64> = (0..rows * dn).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let got = same_gradients(&launch, &mem, &[xt], &[(lt, cl), (xt, cx.clone())]);
+    // The ignored row's logits are left as they were: their cotangent passes through (within
+    // f32's rounding: the last run computes in f32).
+    for (g, c) in got[0][3 * dn..4 * dn].iter().zip(&cx[3 * dn..4 * dn]) {
+        assert!((g - c).abs() <= 1e-7 * c.abs().max(1.0), "{g} against {c}");
+    }
+}
+
+/// Loads of what the kernel writes in a loop's branch (a chunked running total read back from
+/// the previous chunk's output with `load(...) if c > 0 else 0.`), and in place in a loop over
+/// heads (a rotation of pairs, each read and overwritten in its trip).
+#[test]
+fn in_place_loops_and_loads_in_their_branches_agree() {
+    const BT: i64 = 16;
+    let mut b = KernelBuilder::new("chunked_total");
+    let (x, y) = (b.ptr_param("x", DType::F64), b.ptr_param("y", DType::F64));
+    let t_len = b.scalar_param("t", DType::I32);
+    let row = b.program_id(0);
+    let base = b.mul(row, t_len);
+    let (lo, one, bt) = (b.i32(0), b.i32(1), b.i32(BT as i32));
+    let hi = b.cdiv(t_len, bt);
+    b.for_range(lo, hi, one, None, &[], |b, c, _| {
+        let bt = b.i32(BT as i32);
+        let c0 = b.mul(c, bt);
+        let ar = b.arange(0, BT);
+        let offs = b.add(c0, ar);
+        let m = b.lt(offs, t_len);
+        let o = b.add(base, offs);
+        let px = b.add(x, o);
+        let z = b.f64(0.0);
+        let v = b.load(px, Some(m), Some(z));
+        let zi = b.i32(0);
+        let later = b.gt(c, zi);
+        let prev = b.if_else(
+            later,
+            |b| {
+                let at = b.add(base, c0);
+                let minus = b.i32(-1);
+                let at = b.add(at, minus);
+                let p = b.add(y, at);
+                let back = b.load(p, None, None);
+                // Not linear, so that the value read back matters.
+                vec![b.tanh(back)]
+            },
+            |b| vec![b.f64(0.0)],
+        );
+        let run = b.cumsum(v, 0, false);
+        let tot = b.add(run, prev[0]);
+        let py = b.add(y, o);
+        b.store(py, tot, Some(m));
+        vec![]
+    });
+    let k = b.finish().unwrap();
+    agree(&k, 5, &[t("x", 5 * 70, true, false), t("y", 5 * 70, false, true)], &[("t", 70)], DType::F64, 4);
+
+    let mut b = KernelBuilder::new("rotate_heads");
+    let (q, cs, sn) = (b.ptr_param("q", DType::F64), b.ptr_param("cos", DType::F64), b.ptr_param("sin", DType::F64));
+    let heads = b.scalar_param("heads", DType::I32);
+    const HALF: i64 = 8;
+    let row = b.program_id(0);
+    let ar = b.arange(0, HALF);
+    let pc = b.add(cs, ar);
+    let c = b.load(pc, None, None);
+    let ps = b.add(sn, ar);
+    let s = b.load(ps, None, None);
+    let (lo, one) = (b.i32(0), b.i32(1));
+    b.for_range(lo, heads, one, None, &[], |b, h, _| {
+        let w = b.i32(2 * HALF as i32);
+        let rh = b.mul(row, heads);
+        let rh = b.add(rh, h);
+        let start = b.mul(rh, w);
+        let o1 = b.add(start, ar);
+        let half = b.i32(HALF as i32);
+        let o2 = b.add(o1, half);
+        let (p1, p2) = (b.add(q, o1), b.add(q, o2));
+        let q1 = b.load(p1, None, None);
+        let q2 = b.load(p2, None, None);
+        let a = b.mul(q1, c);
+        let bb = b.mul(q2, s);
+        let r1 = b.sub(a, bb);
+        let a = b.mul(q2, c);
+        let bb = b.mul(q1, s);
+        let r2 = b.add(a, bb);
+        // Not linear in q either.
+        let r2 = b.mul(r2, q1);
+        b.store(p1, r1, None);
+        b.store(p2, r2, None);
+        vec![]
+    });
+    let k = b.finish().unwrap();
+    let n = 3 * 5 * 2 * HALF as usize;
+    agree(
+        &k,
+        3,
+        &[t("q", n, true, true), t("cos", HALF as usize, true, false), t("sin", HALF as usize, true, false)],
+        &[("heads", 5)],
+        DType::F64,
+        5,
+    );
+}
+
+/// A value loaded in a branch from a tensor the kernel only reads (`load(...) if c else 0.`):
+/// the cotangent of what the branch yields reaches the load's tensor.
+#[test]
+fn a_load_in_a_branch_gets_the_cotangent_of_what_the_branch_yields() {
+    let mut b = KernelBuilder::new("picked");
+    let (x, out) = (b.ptr_param("x", DType::F64), b.ptr_param("out", DType::F64));
+    let n = b.scalar_param("n", DType::I32);
+    let pid = b.program_id(0);
+    let two = b.i32(2);
+    let r = b.rem(pid, two);
+    let zi = b.i32(0);
+    let even = b.eq(r, zi);
+    let (offs, m) = block_lanes(&mut b, n);
+    let got = b.if_else(
+        even,
+        |b| {
+            let p = b.add(x, offs);
+            let z = b.f64(0.0);
+            vec![b.load(p, Some(m), Some(z))]
+        },
+        |b| vec![b.full(&[BLOCK as usize], 0.25, DType::F64)],
+    );
+    let po = b.add(out, offs);
+    b.store(po, got[0], Some(m));
+    let k = b.finish().unwrap();
+    agree(&k, 5, &[t("x", 300, true, false), t("out", 300, false, true)], &[("n", 300)], DType::F64, 6);
 }
 
 /// `while` loops: one whose condition reads a float carried value (c -> 2c + c^2 until it

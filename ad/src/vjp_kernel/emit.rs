@@ -279,7 +279,11 @@ impl Emit<'_, '_> {
         let slot = self.tapes.loads.borrow().get(&i).copied();
         if let Some(slot) = slot {
             // A taped load: its value in this trip, as the forward's loop kept it.
-            let t = self.trip.expect("a taped load is recomputed in a trip of its loop");
+            let t = match (slot.in_loop, self.trip) {
+                (true, Some(t)) => t,
+                (true, None) => unreachable!("a taped load of a loop is recomputed in a trip of it"),
+                (false, _) => self.b.i32(0),
+            };
             let r = d.results[0];
             let p =
                 trip_slots(self.b, self.k, Slots { tape: slot.tape, base: slot.base, per_trip: slot.per_trip, at: &[slot.at] }, t, &[r])[0];

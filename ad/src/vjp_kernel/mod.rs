@@ -40,7 +40,7 @@
 //! loop loads a tensor the kernel writes (in its body or its branches: a gradient written in
 //! place over the logits, a rotation in place, a running total read back), the forward's loop
 //! keeps each such load's values on a tape of their own, and every recomputation reads them
-//! back from there ([`taped`]).
+//! back from there ([`taped`]); so does a branch outside loops, in one slot a program.
 //!
 //! The rules follow the evaluator's conventions (see [`crate::rules::vjp`]): symbolic zeros (a
 //! zero cotangent or a zero partial contributes zero, even beside an infinite or NaN factor),
@@ -59,8 +59,7 @@
 //! trips again writing their tape, and reverses them.
 //!
 //! Not yet: loops inside loops, pointers carried by loops, and loads of a tensor the kernel
-//! writes in a branch outside loops or in a `while` loop; they are refused with the op and its
-//! location.
+//! writes in a `while` loop; they are refused with the op and its location.
 
 mod emit;
 mod launch;

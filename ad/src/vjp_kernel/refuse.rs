@@ -12,9 +12,9 @@ pub(super) fn unsupported(k: &Kernel, d: &InstData, message: &str) -> AdError {
 /// Refuses what has no VJP kernel yet (see the module docs), from the parameters each pointer
 /// value may point into ([`pointer_sources`]) and the parameters some op writes. The loads
 /// whose values the kernel keeps on a tape instead of reading them again, each with its loop
-/// (`(loop, load)`): float loads in a `for` loop's body (directly or in its branches) that read
-/// a tensor the kernel writes.
-pub(super) fn refuse_unsupported(k: &Kernel) -> Result<Vec<(Inst, Inst)>, AdError> {
+/// (`(loop, load)`; `None` for a branch outside loops): float loads in a `for` loop's body
+/// (directly or in its branches) or in a branch that read a tensor the kernel writes.
+pub(super) fn refuse_unsupported(k: &Kernel) -> Result<Vec<(Option<Inst>, Inst)>, AdError> {
     let sources = pointer_sources(k);
     let mut written = vec![false; k.params.len()];
     let mut refused = None;
@@ -54,27 +54,28 @@ pub(super) fn refuse_unsupported(k: &Kernel) -> Result<Vec<(Inst, Inst)>, AdErro
         }
     });
     // A load in a loop or a branch must read what the forward left (the reverse sweep
-    // recomputes them after it), unless it reads through a tape: one in a `for` loop's body
-    // (directly or in its branches) keeps each trip's value there ([`super::taped`]).
+    // recomputes them after it), unless it reads through a tape: one in a `for` loop's body, or
+    // in a branch outside loops (directly or in nested branches), keeps its value there
+    // ([`super::taped`]).
     let mut nested_loads = Vec::new();
-    loads_in(k, k.body, None, &mut nested_loads);
+    loads_in(k, k.body, Within::Body, &mut nested_loads);
     let mut taped = Vec::new();
-    for (i, in_for) in nested_loads {
+    for (i, within) in nested_loads {
         let d = k.inst(i);
         let from = &sources[d.args[0].index()];
         let reads_written = !from.contains(&true) || from.iter().zip(&written).any(|(&f, &w)| f && w);
         let float = k.ty(d.results[0]).dtype().is_some_and(|t| t.is_float());
-        match (reads_written, in_for) {
+        match (reads_written, within) {
             (false, _) => {}
-            (true, Some(l)) if float => taped.push((l, i)),
+            (true, Within::For(l)) if float => taped.push((Some(l), i)),
+            (true, Within::Branch) if float => taped.push((None, i)),
             (true, _) if refused.is_none() => {
                 refused = Some(unsupported(
                     k,
                     d,
-                    "this load reads a tensor the kernel writes, in a branch outside loops or in a `while` loop \
-                     (or reads integers): VJP kernels recompute those from memory as the forward left it, and keep \
-                     loaded values only for float loads in a `for` loop's body; the CPU evaluator differentiates \
-                     this kernel",
+                    "this load reads a tensor the kernel writes, in a `while` loop (or reads integers): VJP kernels \
+                     recompute it from memory as the forward left it, and keep loaded values only for float loads \
+                     in `for` loops and branches; the CPU evaluator differentiates this kernel",
                 ));
             }
             _ => {}
@@ -86,23 +87,32 @@ pub(super) fn refuse_unsupported(k: &Kernel) -> Result<Vec<(Inst, Inst)>, AdErro
     }
 }
 
-/// The loads in blocks nested in `blk` (not those of the kernel's body), each with the `for`
-/// loop whose body holds it, directly or in branches, where one does.
-fn loads_in(k: &Kernel, blk: tilegrad_ir::Block, in_for: Option<Inst>, out: &mut Vec<(Inst, Option<Inst>)>) {
-    let nested = blk != k.body;
+/// Where a load is: in the kernel's body, in a branch outside loops, in a `for` loop (its body or
+/// a branch in it), or in a `while` loop.
+#[derive(Clone, Copy)]
+enum Within {
+    Body,
+    Branch,
+    For(Inst),
+    While,
+}
+
+/// The loads in blocks nested in `blk` (not those of the kernel's body), each with where it is.
+fn loads_in(k: &Kernel, blk: tilegrad_ir::Block, within: Within, out: &mut Vec<(Inst, Within)>) {
     for &i in &k.block(blk).insts {
         let d = k.inst(i);
-        if nested && matches!(d.op, Op::Load { .. }) {
-            out.push((i, in_for));
+        if !matches!(within, Within::Body) && matches!(d.op, Op::Load { .. }) {
+            out.push((i, within));
         }
         for b in d.op.blocks() {
-            let within = match d.op {
-                Op::For { body, .. } if body == b => Some(i),
+            let inner = match (&d.op, within) {
+                (Op::For { .. }, _) => Within::For(i),
+                (Op::While { .. }, _) => Within::While,
                 // A branch's sides are in the same trip.
-                Op::If { .. } => in_for,
-                _ => None,
+                (_, Within::Body) => Within::Branch,
+                (_, w) => w,
             };
-            loads_in(k, b, within, out);
+            loads_in(k, b, inner, out);
         }
     }
 }

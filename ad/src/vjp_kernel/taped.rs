@@ -6,7 +6,9 @@
 //! branch of it), trip by trip, on a
 //! tape of its own (a [`LoopTape`] of the arithmetic's dtype), and every recomputation of the
 //! load (the copy that writes the carried values' tape, the reverse trips, a branch's
-//! recomputation of the loop) reads it back from there.
+//! recomputation of the loop) reads it back from there. A branch outside loops that loads such a
+//! tensor (the label's logit read after an early return for ignored rows) keeps its values the
+//! same way, in one slot a program.
 
 use super::emit::{program_index, trip_slots, Slots, Tapes};
 use super::LoopTape;
@@ -14,32 +16,48 @@ use std::collections::HashMap;
 use tilegrad_ir::{Block, DType, Inst, Kernel, KernelBuilder, Op, Value};
 
 /// Where a load's values are kept: the tape, the first slot of the program's batch place
-/// (`base`, i64: defined at the kernel's start), a trip's slots (`per_trip`, i64) and the
-/// load's place within a trip's slots (`at`).
+/// (`base`, i64: defined at the kernel's start), a trip's slots (`per_trip`, i64), the load's
+/// place within a trip's slots (`at`), and whether it is in a loop.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct LoadSlot {
     pub(super) tape: Value,
     pub(super) base: Value,
     pub(super) per_trip: Value,
     pub(super) at: usize,
+    /// In a loop (a slot a trip), or in a branch outside loops (one slot).
+    pub(super) in_loop: bool,
 }
 
 /// Instruments the forward in `b` (a continuation of the promoted kernel `k`): after each of
-/// `loads` (`(loop, load)`, from [`super::refuse::refuse_unsupported`]) a store of its value,
-/// in `fl`, to its loop's tape at the trip's slot; the tapes go to `tapes.list`. Returns where
-/// each load's values are.
-pub(super) fn instrument(b: &mut KernelBuilder, k: &Kernel, loads: &[(Inst, Inst)], tapes: &Tapes, fl: DType) -> HashMap<Inst, LoadSlot> {
+/// `loads` (`(loop, load)`, from [`super::refuse::refuse_unsupported`]; no loop for a load in a
+/// branch outside loops) a store of its value, in `fl`, to its loop's tape at the trip's slot
+/// (the branches' tape has one slot a program); the tapes go to `tapes.list`. Returns where each
+/// load's values are.
+pub(super) fn instrument(
+    b: &mut KernelBuilder,
+    k: &Kernel,
+    loads: &[(Option<Inst>, Inst)],
+    tapes: &Tapes,
+    fl: DType,
+) -> HashMap<Inst, LoadSlot> {
     let mut out = HashMap::new();
-    let mut loops: Vec<Inst> = Vec::new();
+    let mut loops: Vec<Option<Inst>> = Vec::new();
     for &(l, _) in loads {
         if !loops.contains(&l) {
             loops.push(l);
         }
     }
     for l in loops {
-        let d = k.inst(l).clone();
-        let Op::For { body, max_iters } = d.op else { continue };
         let mine: Vec<Inst> = loads.iter().filter(|(m, _)| *m == l).map(|&(_, i)| i).collect();
+        // A loop's trip, from its induction variable; a branch outside loops runs once, in the
+        // one slot its tape has a program.
+        let (max_iters, trip, loc) = match l.map(|l| k.inst(l)) {
+            Some(d) => match d.op {
+                Op::For { body, max_iters } => (max_iters, Some((k.block(body).params[0], d.args[0], d.args[2])), d.loc.clone()),
+                _ => continue,
+            },
+            None => (Some(1), None, k.inst(mine[0]).loc.clone()),
+        };
         let mut at = Vec::new();
         let mut per_trip = 0usize;
         for &i in &mine {
@@ -60,11 +78,11 @@ pub(super) fn instrument(b: &mut KernelBuilder, k: &Kernel, loads: &[(Inst, Inst
             per_trip,
             dtype: fl,
             max_iters,
-            inst: l,
-            loc: d.loc.clone(),
+            inst: l.unwrap_or(mine[0]),
+            loc,
             checkpoints: None,
         });
-        // The program's first slot, at the kernel's start: it holds wherever the loop is.
+        // The program's first slot, at the kernel's start: it holds wherever the load is.
         let (base, per) = b.insert_into(k.body, None, |b| {
             let pix = program_index(b);
             let pix = b.sub(pix, first);
@@ -72,23 +90,34 @@ pub(super) fn instrument(b: &mut KernelBuilder, k: &Kernel, loads: &[(Inst, Inst
             let base = b.mul(pix, cap);
             (b.mul(base, per), per)
         });
-        let (lo, step) = (d.args[0], d.args[2]);
-        let iv = k.block(body).params[0];
         for (&i, &a) in mine.iter().zip(&at) {
             let v = k.inst(i).results[0];
+            let Some(blk) = l.and_then(|l| op_blocks(k, l)).and_then(|body| holding(k, body, i)).or_else(|| holding(k, k.body, i)) else {
+                continue;
+            };
             b.set_loc(Some(k.inst(i).loc.clone()));
-            let Some(blk) = holding(k, body, i) else { continue };
             b.insert_into(blk, Some(i), |b| {
-                let t = trip_of(b, iv, lo, step);
+                let t = match trip {
+                    Some((iv, lo, step)) => trip_of(b, iv, lo, step),
+                    None => b.i32(0),
+                };
                 let p = trip_slots(b, k, Slots { tape, base, per_trip: per, at: &[a] }, t, &[v])[0];
                 let w = if k.ty(v).dtype() == Some(fl) { v } else { b.cast(v, fl) };
                 b.store(p, w, None);
             });
-            out.insert(i, LoadSlot { tape, base, per_trip: per, at: a });
+            out.insert(i, LoadSlot { tape, base, per_trip: per, at: a, in_loop: l.is_some() });
         }
     }
     b.set_loc(None);
     out
+}
+
+/// The body of loop `l`.
+fn op_blocks(k: &Kernel, l: Inst) -> Option<Block> {
+    match k.inst(l).op {
+        Op::For { body, .. } => Some(body),
+        _ => None,
+    }
 }
 
 /// The block, `blk` or one nested in it, that holds instruction `i`.

@@ -652,10 +652,11 @@ fn branches_agree_with_loops_inside() {
 
 #[test]
 fn what_is_not_supported_yet_is_refused_with_its_location() {
-    // A branch outside loops, and a `while` loop, that load what the kernel stores.
+    // A `while` loop that loads what the kernel stores, and a branch that loads integers the
+    // kernel stores.
     for in_while in [false, true] {
         let mut b = KernelBuilder::new("reads_its_writes");
-        let x = b.ptr_param("x", DType::F64);
+        let x = b.ptr_param("x", if in_while { DType::F64 } else { DType::I32 });
         let z = b.f64(0.0);
         let got = if in_while {
             b.while_loop(
@@ -675,7 +676,7 @@ fn what_is_not_supported_yet_is_refused_with_its_location() {
             let pid = b.program_id(0);
             let zi = b.i32(0);
             let first = b.eq(pid, zi);
-            b.if_else(first, |b| vec![b.load(x, None, None)], |b| vec![b.f64(0.5)])
+            b.if_else(first, |b| vec![b.load(x, None, None)], |b| vec![b.i32(5)])
         };
         b.store(x, got[0], None);
         let k = b.finish().unwrap();
@@ -703,10 +704,10 @@ fn what_is_not_supported_yet_is_refused_with_its_location() {
 }
 
 /// A gradient written in place over the logits it comes from, as fused cross-entropy kernels
-/// write it: a first loop reads a row's logits for its maximum and sum of exponentials, a
-/// second reads them again and overwrites them with `softmax - onehot`, all under an early
-/// return for ignored rows (the loops inside a branch). Both loops load a tensor the kernel
-/// writes: their values come back from the forward's tapes.
+/// write it: after an early return for ignored rows (the rest in a branch), the label's logit
+/// is read, a first loop reads a row's logits for its maximum and sum of exponentials, and a
+/// second reads them again and overwrites them with `softmax - onehot`. The three load a
+/// tensor the kernel writes: their values come back from the forward's tapes.
 #[test]
 fn loops_that_load_what_the_kernel_overwrites_agree() {
     const C: i64 = 16;
@@ -719,11 +720,6 @@ fn loops_that_load_what_the_kernel_overwrites_agree() {
     let label = b.load(py, None, None);
     let ignore = b.i32(-1);
     let skip = b.eq(label, ignore);
-    let zi = b.i32(0);
-    let lab = b.maximum(label, zi);
-    let at = b.add(base, lab);
-    let pxy = b.add(x, at);
-    let xy = b.load(pxy, None, None);
     let chunk = |b: &mut KernelBuilder, t: Value| {
         let ct = b.i32(C as i32);
         let c0 = b.mul(t, ct);
@@ -737,6 +733,10 @@ fn loops_that_load_what_the_kernel_overwrites_agree() {
         skip,
         |b| vec![b.f64(0.0)],
         |b| {
+            // The label's logit, read after the early return and before the loops overwrite it.
+            let at = b.add(base, label);
+            let pxy = b.add(x, at);
+            let xy = b.load(pxy, None, None);
             let (lo, one, ct) = (b.i32(0), b.i32(1), b.i32(C as i32));
             let hi = b.cdiv(d, ct);
             let (ninf, z) = (b.f64(f64::NEG_INFINITY), b.f64(0.0));
@@ -771,6 +771,8 @@ fn loops_that_load_what_the_kernel_overwrites_agree() {
             });
             let lse = b.log(md[1]);
             let lse = b.add(lse, md[0]);
+            // Not linear in the label's logit, so that its value read back matters.
+            let xy = b.tanh(xy);
             vec![b.sub(lse, xy)]
         },
     );
@@ -779,6 +781,7 @@ fn loops_that_load_what_the_kernel_overwrites_agree() {
     let k = b.finish().unwrap();
     let vk = vjp_kernel(&k).unwrap();
     assert_eq!(vk.tapes.iter().filter(|t| t.per_trip == C as usize).count(), 2, "a tape of loaded values a loop");
+    assert!(vk.tapes.iter().any(|t| t.per_trip == 1 && t.max_iters == Some(1)), "the branch's tape of one slot");
     let (rows, dn) = (7usize, 45usize);
     let mut rng = StdRng::seed_from_u64(21);
     let mut mem = Memory::new();

@@ -57,7 +57,7 @@ pub fn vjp_in_place(
         mem.tensors().iter().map(|t| PlanInput { name: t.name.clone(), dtype: t.dtype, shape: vec![t.numel] }).collect();
     let bounds = TapeBounds { max_trips: &max_trips, memory: exec.vjp_launch_memory(GradOptions::default().memory_budget as u64) };
     let plan = VjpPlan::new(vk, launch, &tensors, bounds).map_err(|e| e.to_string())?;
-    let Some((vjp_mem, _buffers)) = plan_memory(gpu, &plan, mem, outputs)? else {
+    let Some((vjp_mem, _buffers)) = plan_memory(gpu, &plan, (mem, &rewritten(launch)), outputs)? else {
         return Ok(false);
     };
     for bl in plan.batches() {
@@ -114,13 +114,32 @@ pub(crate) fn vjp_through_device(
     ins.iter().map(|&(t, addr)| gpu.download_f64(addr, mem.get(t).numel).map_err(err)).collect::<Result<_, _>>().map(Some)
 }
 
-/// The device memory of `plan`'s launches: `mem`'s tensors themselves, shadows seeded with the
+/// The tensors `launch` both reads and writes (stores or adds atomically into): its VJP kernel
+/// recomputes the forward, stores included, so it runs on a copy of each, leaving `mem` as the
+/// forward found it for the next VJP over it (a later cotangent trial's). A tensor the launch
+/// only writes is written again with the same values, and nothing reads what it held.
+fn rewritten(launch: &Launch) -> Vec<TensorId> {
+    let k = launch.kernel();
+    let uses = tilegrad_ir::analysis::param_uses(k);
+    k.params
+        .iter()
+        .zip(&uses)
+        .filter(|(_, u)| u.loaded && (u.stored || u.atomic))
+        .filter_map(|(p, _)| match launch.args().iter().find(|(n, _)| *n == p.name) {
+            Some((_, tilegrad_reference::Arg::Tensor(t))) => Some(*t),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The device memory of `plan`'s launches: `mem`'s tensors themselves (a copy of those in
+/// `copied`: see [`rewritten`]), shadows seeded with the
 /// `outputs`' cotangents (else zeros) and tapes, both allocated here (the buffers must outlive
 /// the launches). `None` where the VJP kernel takes a tensor in another dtype than `mem`'s.
 fn plan_memory(
     gpu: &Gpu,
     plan: &VjpPlan,
-    mem: &DeviceMemory,
+    (mem, copied): (&DeviceMemory, &[TensorId]),
     outputs: &[Cotangent],
 ) -> Result<Option<(DeviceMemory, Vec<DeviceBuffer>)>, String> {
     let err = |e: tilegrad_gpu::GpuError| e.to_string();
@@ -133,7 +152,16 @@ fn plan_memory(
                 if dtype != d.dtype {
                     return Ok(None);
                 }
-                (dtype, d.numel, d.addr)
+                if copied.contains(&of) {
+                    let bytes = d.numel * device_bytes(dtype);
+                    let b = gpu.alloc_zeroed(bytes).map_err(err)?;
+                    gpu.copy_on_device(b.addr(), d.addr, bytes).map_err(err)?;
+                    let addr = b.addr();
+                    buffers.push(b);
+                    (dtype, d.numel, addr)
+                } else {
+                    (dtype, d.numel, d.addr)
+                }
             }
             Part::Shadow { of, dtype } => {
                 let numel = mem.get(of).numel;
@@ -155,4 +183,34 @@ fn plan_memory(
         tensors.push(DeviceTensor { name: name.clone(), dtype, numel, addr });
     }
     Ok(Some((DeviceMemory::new(tensors).map_err(err)?, buffers)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tilegrad_ir::KernelBuilder;
+    use tilegrad_reference::HostTensor;
+
+    /// Of a launch that reads and overwrites `x` (a gradient over its logits), only writes `y`,
+    /// only reads `z` and adds atomically into `w` after reading it, the VJP runs on copies of `x`
+    /// and `w`.
+    #[test]
+    fn tensors_read_and_written_are_copied_for_the_vjp() {
+        let mut b = KernelBuilder::new("k");
+        let (x, y, z, w) =
+            (b.ptr_param("x", DType::F32), b.ptr_param("y", DType::F32), b.ptr_param("z", DType::F32), b.ptr_param("w", DType::F32));
+        let r = b.arange(0, 4);
+        let (px, py, pz, pw) = (b.add(x, r), b.add(y, r), b.add(z, r), b.add(w, r));
+        let (vx, vz, vw) = (b.load(px, None, None), b.load(pz, None, None), b.load(pw, None, None));
+        let g = b.mul(vx, vz);
+        b.store(px, g, None);
+        b.store(py, vz, None);
+        b.atomic_add(pw, vw, None);
+        let k = b.finish().unwrap();
+        let mut mem = Memory::new();
+        let ids: Vec<TensorId> =
+            ["x", "y", "z", "w"].iter().map(|n| mem.add(n, HostTensor::from_f64_as(DType::F32, &[4], &[0.5, 1.5, -2.0, 3.0]))).collect();
+        let launch = Launch::new(&k, 1).arg("x", ids[0]).arg("y", ids[1]).arg("z", ids[2]).arg("w", ids[3]);
+        assert_eq!(rewritten(&launch), [ids[0], ids[3]]);
+    }
 }

@@ -621,7 +621,11 @@ impl Vjp<'_> {
         let mut note = None;
         if let Some(exec) = self.kernels {
             let float = tilegrad::check::vjp_float(self.launch.kernel(), self.precision);
-            match tilegrad_ad::vjp_kernel_for(self.launch, mem, float) {
+            let vk = match exec.refuses_vjp_kernel(self.launch) {
+                Some(refused) => Err(refused),
+                None => tilegrad_ad::vjp_kernel_for(self.launch, mem, float),
+            };
+            match vk {
                 Ok(vk) => return vjp_by_kernel(exec, &vk, self.launch, mem, ins, outs).map(|g| (g, None)),
                 Err(refused @ tilegrad_ad::AdError::Unsupported { .. }) => {
                     note = Some(tilegrad::check::evaluator_note(&refused, self.what))
@@ -650,7 +654,7 @@ fn device_vjp(
     let at = |v: &[(usize, usize)]| v.iter().map(|&(m, a)| (TensorId(m as u32), a as u64)).collect::<Vec<_>>();
     if let Some(exec) = vjp.kernels {
         use tilegrad::check::vjp_in_place::{vjp_in_place, vjp_kernel};
-        match vjp_kernel(vjp.launch, &dm, vjp.precision) {
+        match vjp_kernel(exec, vjp.launch, &dm, vjp.precision) {
             Ok(vk) => {
                 if vjp_in_place(exec, vjp.launch, &vk, &dm, (&at(inputs), &at(outputs)), None)? {
                     return Ok(Ok(None));

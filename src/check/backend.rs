@@ -92,6 +92,27 @@ impl Executor {
         self
     }
 
+    /// Why `launch`'s VJP kernel cannot run here, where it cannot: on the GPU in program order
+    /// (`--deterministic`) a program keeps its float adds in a log until its turn, so a VJP
+    /// kernel would miss its own adds into the cotangent of what its launch loads after storing
+    /// it ([`loads_after_own_writes`]): the reverse adds the load's cotangent, then reads it back
+    /// at the store. The
+    /// evaluator differentiates such a launch instead (see [`super::ground`]).
+    pub fn refuses_vjp_kernel(&self, launch: &Launch) -> Option<tilegrad_ad::AdError> {
+        if !(self.on_gpu() && self.ordered_vjp && loads_after_own_writes(launch.kernel())) {
+            return None;
+        }
+        let k = launch.kernel();
+        Some(tilegrad_ad::AdError::Unsupported {
+            kernel: k.name.clone(),
+            op: "kernel".into(),
+            loc: k.loc.clone(),
+            message: "it reads a tensor it writes, and with `--deterministic` the GPU adds a program's cotangents in \
+                      its turn, after the program would read them back"
+                .into(),
+        })
+    }
+
     /// The GPU launches go to, if any.
     pub fn gpu(&self) -> Option<&Gpu> {
         self.gpu.as_deref()
@@ -498,5 +519,95 @@ mod tests {
         let opts = tilegrad_reference::Options { scratch: vec!["n".into()], ..Default::default() };
         let taped = Launch::new(&k2, 1).arg("d_x", x).arg("n", n).options(opts);
         assert_eq!(differ(&taped, &ok(), &ok(), &a, &b, true), None);
+    }
+}
+
+/// Whether kernel `k` may load, in a program, from a tensor it stored or added into before in
+/// that program (in instruction order; in a loop, a trip after another).
+pub(crate) fn loads_after_own_writes(k: &tilegrad_ir::Kernel) -> bool {
+    use tilegrad_ir::Op;
+    fn walk(k: &tilegrad_ir::Kernel, blk: tilegrad_ir::Block, src: &[Vec<bool>], written: &mut Vec<bool>) -> bool {
+        for &i in &k.block(blk).insts {
+            let d = k.inst(i);
+            match &d.op {
+                Op::Load { .. } => {
+                    if src[d.args[0].index()].iter().zip(written.iter()).any(|(&s, &w)| s && w) {
+                        return true;
+                    }
+                }
+                Op::Store { .. } | Op::AtomicAdd { .. } | Op::AtomicRmw { .. } | Op::AtomicCas => {
+                    for (w, &s) in written.iter_mut().zip(&src[d.args[0].index()]) {
+                        *w |= s;
+                    }
+                }
+                Op::If { then_block, else_block } => {
+                    let mut other = written.clone();
+                    if walk(k, *then_block, src, written) || walk(k, *else_block, src, &mut other) {
+                        return true;
+                    }
+                    for (w, o) in written.iter_mut().zip(other) {
+                        *w |= o;
+                    }
+                }
+                // Twice: a later trip after an earlier one.
+                op => {
+                    for _ in 0..2 {
+                        for b in op.blocks() {
+                            if walk(k, b, src, written) {
+                                return true;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        false
+    }
+    let src = tilegrad_ir::analysis::pointer_sources(k);
+    let mut written = vec![false; k.params.len()];
+    walk(k, k.body, &src, &mut written)
+}
+
+#[cfg(test)]
+mod order_tests {
+    use super::loads_after_own_writes;
+    use tilegrad_ir::{DType, KernelBuilder};
+
+    /// Loads after the program's own stores: in order, or in a later trip of a loop; a load
+    /// before the store (an in-place rotation) is not one.
+    #[test]
+    fn loads_after_a_programs_own_writes_are_found_in_order_and_across_trips() {
+        let build = |store_first: bool, looped: bool| {
+            let mut b = KernelBuilder::new("k");
+            let (x, y) = (b.ptr_param("x", DType::F32), b.ptr_param("y", DType::F32));
+            let body = |b: &mut KernelBuilder| {
+                let r = b.arange(0, 4);
+                let p = b.add(x, r);
+                let q = b.add(y, r);
+                let z = b.load(q, None, None);
+                if store_first {
+                    b.store(p, z, None);
+                    let v = b.load(p, None, None);
+                    b.store(q, v, None);
+                } else {
+                    let v = b.load(p, None, None);
+                    let w = b.add(v, z);
+                    b.store(p, w, None);
+                }
+            };
+            if looped {
+                let (lo, hi, one) = (b.i32(0), b.i32(3), b.i32(1));
+                b.for_range(lo, hi, one, None, &[], |b, _, _| {
+                    body(b);
+                    vec![]
+                });
+            } else {
+                body(&mut b);
+            }
+            b.finish().unwrap()
+        };
+        assert!(!loads_after_own_writes(&build(false, false)), "a load, then a store in place");
+        assert!(loads_after_own_writes(&build(true, false)), "a store, then a load of it");
+        assert!(loads_after_own_writes(&build(false, true)), "a later trip loads what an earlier one stored");
     }
 }

@@ -46,7 +46,11 @@ pub(crate) fn reverse(
     if let Some(exec) = kernels {
         for r in records.launches.iter().filter(|r| !r.same_value) {
             let launch = record_launch(r);
-            vks.insert(r.step, vjp_kernel_for(&launch, &r.before, vjp_float(&r.kernel, opts.precision)));
+            let vk = match exec.refuses_vjp_kernel(&launch) {
+                Some(refused) => Err(refused),
+                None => vjp_kernel_for(&launch, &r.before, vjp_float(&r.kernel, opts.precision)),
+            };
+            vks.insert(r.step, vk);
         }
         let programs: HashMap<usize, u64> = records.launches.iter().map(|r| (r.step, r.grid.programs())).collect();
         let ahead: Vec<_> = vks.iter().filter_map(|(step, v)| Some((&v.as_ref().ok()?.kernel, true, programs[step]))).collect();

@@ -15,9 +15,13 @@ use tilegrad_reference::{Launch, Memory, TensorId};
 /// A contiguous f64 buffer in device memory: a tensor's cotangent, by the launch's tensor.
 pub type Cotangent = (TensorId, u64);
 
-/// The VJP kernel of `launch` over `mem` at `precision` ([`tilegrad_ad::vjp_kernel_for`]):
-/// `Err` with the refusal where it has none (the evaluator then gives the ground truth).
-pub fn vjp_kernel(launch: &Launch, mem: &DeviceMemory, precision: Precision) -> Result<VjpKernel, AdError> {
+/// The VJP kernel of `launch` over `mem` at `precision` ([`tilegrad_ad::vjp_kernel_for`]) to run
+/// on `exec`: `Err` with the refusal where it has none (the evaluator then gives the ground
+/// truth; see [`Executor::refuses_vjp_kernel`]).
+pub fn vjp_kernel(exec: &Executor, launch: &Launch, mem: &DeviceMemory, precision: Precision) -> Result<VjpKernel, AdError> {
+    if let Some(refused) = exec.refuses_vjp_kernel(launch) {
+        return Err(refused);
+    }
     tilegrad_ad::vjp_kernel_for(launch, mem.layout(), vjp_float(launch.kernel(), precision))
 }
 
@@ -118,7 +122,7 @@ pub(crate) fn vjp_through_device(
 /// recomputes the forward, stores included, so it runs on a copy of each, leaving `mem` as the
 /// forward found it for the next VJP over it (a later cotangent trial's). A tensor the launch
 /// only writes is written again with the same values, and nothing reads what it held.
-fn rewritten(launch: &Launch) -> Vec<TensorId> {
+pub(crate) fn rewritten(launch: &Launch) -> Vec<TensorId> {
     let k = launch.kernel();
     let uses = tilegrad_ir::analysis::param_uses(k);
     k.params

@@ -23,7 +23,7 @@ pub(crate) fn vjp_kernels(ran: &[Ran], env: &DeviceEnv, exec: &Executor) -> Resu
         if r.same_value {
             return Err(format!("forward step {}: programs stored the same value to one element", r.step));
         }
-        let vk = vjp_kernel(&r.launch(), &mem, Precision::F64).map_err(|e| format!("forward step {}: {e}", r.step))?;
+        let vk = vjp_kernel(exec, &r.launch(), &mem, Precision::F64).map_err(|e| format!("forward step {}: {e}", r.step))?;
         out.insert(r.step, vk);
     }
     let ahead: Vec<_> = ran.iter().map(|r| (&out[&r.step].kernel, true, r.grid.programs())).collect();

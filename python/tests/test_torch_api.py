@@ -266,8 +266,7 @@ def test_a_load_of_what_a_loop_stored_is_differentiated_by_its_vjp_kernel():
 
 
 def _row_norm(x):
-    # A persistent kernel: 4 programs walk the rows, and each row's column chunks in a loop inside
-    # (VJP kernels do not take loops inside loops yet).
+    # A persistent kernel: 4 programs walk the rows, and each row's column chunks in a loop inside.
     from launchers import load
 
     norm = torch.empty(x.shape[0], dtype=x.dtype)
@@ -275,16 +274,34 @@ def _row_norm(x):
     return norm
 
 
-def test_a_refused_vjp_kernel_gives_the_evaluator_truth_with_a_note():
+def test_loops_inside_a_loop_are_differentiated_by_their_vjp_kernel():
     x = torch.randn(9, 77)
     right = lambda x, g: (x * (g / x.norm(dim=1))[:, None],)  # noqa: E731
     kernels = tilegrad.check_backward(_row_norm, right, [x], ground="kernels")
-    evaluator = tilegrad.check_backward(_row_norm, right, [x], ground="evaluator")
+    assert kernels.passed and not kernels.notes, f"{kernels}"
+    broken = tilegrad.check_backward(_row_norm, lambda x, g: (x * g[:, None],), [x], ground="kernels")
+    assert not broken.passed, str(broken)
+
+
+def _row_sq_sum(x):
+    # Its loop advances a pointer (`p += BLOCK`): VJP kernels do not take that yet.
+    from launchers import load
+
+    y = torch.empty(x.shape[0], dtype=x.dtype)
+    load("row_sq_sum").row_sq_sum_fwd[(x.shape[0],)](x, y, x.shape[1], BLOCK=32)
+    return y
+
+
+def test_a_refused_vjp_kernel_gives_the_evaluator_truth_with_a_note():
+    x = torch.randn(9, 77)
+    right = lambda x, g: (2 * x * g[:, None],)  # noqa: E731
+    kernels = tilegrad.check_backward(_row_sq_sum, right, [x], ground="kernels")
+    evaluator = tilegrad.check_backward(_row_sq_sum, right, [x], ground="evaluator")
     assert kernels.passed and evaluator.passed, f"{kernels}\n{evaluator}"
     assert [n["kind"] for n in kernels.notes] == ["ground_by_evaluator"], kernels.notes
     assert "ground truth by the evaluator" in str(kernels) and "`for`" in kernels.notes[0]["message"], kernels.notes
     assert not evaluator.notes
-    broken = tilegrad.check_backward(_row_norm, lambda x, g: (x * g[:, None],), [x], ground="kernels")
+    broken = tilegrad.check_backward(_row_sq_sum, lambda x, g: (x * g[:, None],), [x], ground="kernels")
     assert not broken.passed, str(broken)
 
 

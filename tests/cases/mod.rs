@@ -156,8 +156,11 @@ pub const CASES: &[Case] = &[
     // The bug is in the forward, which leaves the gradient in a buffer that the backward scales.
     ("cross_entropy_fwd_grad_kernel_broken_precedence", "cross_entropy_fused", "fwd", Downstream { input: "x", kernel: "element_mul_kernel", file: "cross_entropy_fused_bwd.py", line: 16 }, "a forward launch: blamed on the backward's in-place store"),
     ("chunk_cumsum_bwd_broken_last_guard", "chunk_cumsum", "bwd", Wrong { input: "x", line: 60 }, "a guard in the loop: blamed on the store"),
-    // A persistent kernel (loops inside a loop; with `--ground kernels` the forward's launch is
-    // differentiated by the evaluator, with a note: `tests/vjp_kernels.rs`).
+    // A persistent kernel (loops inside a loop).
     ("row_norm_persistent_bwd_broken_no_norm", "row_norm_persistent", "bwd", Wrong { input: "x", line: 46 }, "a scale: blamed on the store"),
     ("row_norm_persistent_bwd_broken_first_chunk", "row_norm_persistent", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "loop start: each row's first chunk is never written"),
+    // A forward that advances a pointer in its loop (with `--ground kernels` its launch is
+    // differentiated by the evaluator, with a note: `tests/vjp_kernels.rs`).
+    ("row_sq_sum_bwd_broken_factor", "row_sq_sum", "bwd", Wrong { input: "x", line: 44 }, ""),
+    ("row_sq_sum_bwd_broken_last_chunk", "row_sq_sum", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "loop bound: each row's last chunk is never written"),
 ];

@@ -58,8 +58,12 @@
 //! memory: about `sqrt(trips * checkpoint / kept a trip)`), and the reverse, segment by segment from the last, restores a checkpoint, runs the segment's
 //! trips again writing their tape, and reverses them.
 //!
-//! Not yet: loops inside loops, pointers carried by loops, and loads of a tensor the kernel
-//! writes in a `while` loop; they are refused with the op and its location.
+//! A loop inside a loop is reversed inside each reverse trip of the outer one: the trip
+//! recomputes its body, the inner loop included, then the inner loop's copy writes its tape
+//! (the same slots for every outer trip) and its reverse loop runs.
+//!
+//! Not yet: pointers carried by loops, and loads of a tensor the kernel writes in a `while`
+//! loop or a loop inside a loop; they are refused with the op and its location.
 
 mod emit;
 mod launch;

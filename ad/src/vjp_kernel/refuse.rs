@@ -26,26 +26,13 @@ pub(super) fn refuse_unsupported(k: &Kernel) -> Result<Vec<(Option<Inst>, Inst)>
         }
     });
     // Refusals: what has no VJP kernel yet.
-    fn has_loop(k: &Kernel, blk: tilegrad_ir::Block) -> bool {
-        k.block(blk).insts.iter().any(|&i| {
-            let op = &k.inst(i).op;
-            matches!(op, Op::For { .. } | Op::While { .. }) || op.blocks().into_iter().any(|b| has_loop(k, b))
-        })
-    }
     k.walk(&mut |_, d| {
         if refused.is_some() {
             return;
         }
         let why = match &d.op {
-            Op::For { body, .. } | Op::While { body, .. } => {
-                let b = k.block(*body);
-                if b.params.iter().any(|&v| k.ty(v).is_ptr()) {
-                    Some("VJP kernels do not take loops that carry pointers yet (carry offsets instead); the CPU evaluator differentiates this kernel")
-                } else if d.op.blocks().into_iter().any(|b| has_loop(k, b)) {
-                    Some("VJP kernels do not take loops inside loops yet; the CPU evaluator differentiates this kernel")
-                } else {
-                    None
-                }
+            Op::For { body, .. } | Op::While { body, .. } if k.block(*body).params.iter().any(|&v| k.ty(v).is_ptr()) => {
+                Some("VJP kernels do not take loops that carry pointers yet (carry offsets instead); the CPU evaluator differentiates this kernel")
             }
             _ => None,
         };
@@ -73,9 +60,10 @@ pub(super) fn refuse_unsupported(k: &Kernel) -> Result<Vec<(Option<Inst>, Inst)>
                 refused = Some(unsupported(
                     k,
                     d,
-                    "this load reads a tensor the kernel writes, in a `while` loop (or reads integers): VJP kernels \
-                     recompute it from memory as the forward left it, and keep loaded values only for float loads \
-                     in `for` loops and branches; the CPU evaluator differentiates this kernel",
+                    "this load reads a tensor the kernel writes, in a `while` loop or a loop inside a loop (or reads \
+                     integers): VJP kernels recompute it from memory as the forward left it, and keep loaded values \
+                     only for float loads in `for` loops (not nested) and branches; the CPU evaluator differentiates \
+                     this kernel",
                 ));
             }
             _ => {}
@@ -87,14 +75,15 @@ pub(super) fn refuse_unsupported(k: &Kernel) -> Result<Vec<(Option<Inst>, Inst)>
     }
 }
 
-/// Where a load is: in the kernel's body, in a branch outside loops, in a `for` loop (its body or
-/// a branch in it), or in a `while` loop.
+/// Where a load is: in the kernel's body, in a branch outside loops, in a `for` loop outside
+/// loops (its body or a branch in it), or in a `while` loop or a loop inside a loop (whose trips
+/// a tape of one loop's trips cannot tell apart).
 #[derive(Clone, Copy)]
 enum Within {
     Body,
     Branch,
     For(Inst),
-    While,
+    Other,
 }
 
 /// The loads in blocks nested in `blk` (not those of the kernel's body), each with where it is.
@@ -106,8 +95,8 @@ fn loads_in(k: &Kernel, blk: tilegrad_ir::Block, within: Within, out: &mut Vec<(
         }
         for b in d.op.blocks() {
             let inner = match (&d.op, within) {
-                (Op::For { .. }, _) => Within::For(i),
-                (Op::While { .. }, _) => Within::While,
+                (Op::For { .. }, Within::Body | Within::Branch) => Within::For(i),
+                (Op::For { .. } | Op::While { .. }, _) => Within::Other,
                 // A branch's sides are in the same trip.
                 (_, Within::Body) => Within::Branch,
                 (_, w) => w,

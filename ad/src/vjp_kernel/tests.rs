@@ -683,10 +683,9 @@ fn what_is_not_supported_yet_is_refused_with_its_location() {
         let e = vjp_kernel(&k).unwrap_err().to_string();
         assert!(e.contains("reads a tensor the kernel writes") && e.contains("vjp_kernel/tests.rs"), "{e}");
     }
-    // A loop inside a loop.
+    // A loop inside a loop that loads what the kernel stores.
     let mut b = KernelBuilder::new("nested");
     let x = b.ptr_param("x", DType::F64);
-    let y = b.ptr_param("y", DType::F64);
     let (lo, hi, st) = (b.i32(0), b.i32(3), b.i32(1));
     let z = b.f64(0.0);
     let res = b.for_range(lo, hi, st, None, &[z], |b, _, c| {
@@ -694,13 +693,14 @@ fn what_is_not_supported_yet_is_refused_with_its_location() {
         b.for_range(lo, hi, st, None, &[c[0]], |b, j, c| {
             let p = b.add(x, j);
             let v = b.load(p, None, None);
+            let v = b.exp(v);
             vec![b.add(c[0], v)]
         })
     });
-    b.store(y, res[0], None);
+    b.store(x, res[0], None);
     let k = b.finish().unwrap();
     let e = vjp_kernel(&k).unwrap_err().to_string();
-    assert!(e.contains("loops inside loops") && e.contains("op `for`"), "{e}");
+    assert!(e.contains("a loop inside a loop") && e.contains("op `load`"), "{e}");
 }
 
 /// A gradient written in place over the logits it comes from, as fused cross-entropy kernels
@@ -893,6 +893,102 @@ fn in_place_loops_and_loads_in_their_branches_agree() {
         DType::F64,
         5,
     );
+}
+
+/// Loops inside loops: a persistent kernel whose programs walk rows `pid, pid + P, ...` and
+/// each row's column chunks twice (a sum of squares carried by the first inner loop; the second
+/// stores `x * tanh(norm)`), the inner trips growing with the outer trip (a triangle: row `r`'s
+/// first `r + 1` chunks at most), and a `while` loop inside a `for` loop.
+#[test]
+fn loops_inside_loops_agree() {
+    const C: i64 = 8;
+    let mut b = KernelBuilder::new("persistent_rows");
+    let (x, y, norm) = (b.ptr_param("x", DType::F64), b.ptr_param("y", DType::F64), b.ptr_param("norm", DType::F64));
+    let (rows, d) = (b.scalar_param("rows", DType::I32), b.scalar_param("d", DType::I32));
+    let (pid, progs) = (b.program_id(0), b.num_programs(0));
+    b.for_range(pid, rows, progs, None, &[], |b, row, _| {
+        let (lo, one, ct) = (b.i32(0), b.i32(1), b.i32(C as i32));
+        let chunks = b.cdiv(d, ct);
+        let upto = b.add(row, one);
+        let hi = b.minimum(chunks, upto);
+        let base = b.mul(row, d);
+        let at = |b: &mut KernelBuilder, t: Value| {
+            let ct = b.i32(C as i32);
+            let c0 = b.mul(t, ct);
+            let ar = b.arange(0, C);
+            let cols = b.add(c0, ar);
+            let m = b.lt(cols, d);
+            (b.add(base, cols), m)
+        };
+        let z = b.full(&[C as usize], 0.0, DType::F64);
+        let acc = b.for_range(lo, hi, one, None, &[z], |b, t, c| {
+            let (o, m) = at(b, t);
+            let p = b.add(x, o);
+            let zf = b.f64(0.0);
+            let v = b.load(p, Some(m), Some(zf));
+            let sq = b.mul(v, v);
+            vec![b.add(c[0], sq)]
+        });
+        let s = b.sum(acc[0], None, false);
+        let nrm = b.sqrt(s);
+        let pn = b.add(norm, row);
+        b.store(pn, nrm, None);
+        let th = b.tanh(nrm);
+        b.for_range(lo, hi, one, None, &[], |b, t, _| {
+            let (o, m) = at(b, t);
+            let p = b.add(x, o);
+            let zf = b.f64(0.0);
+            let v = b.load(p, Some(m), Some(zf));
+            let w = b.mul(v, th);
+            let q = b.add(y, o);
+            b.store(q, w, Some(m));
+            vec![]
+        });
+        vec![]
+    });
+    let k = b.finish().unwrap();
+    let (rows, dn) = (11usize, 37usize);
+    agree(
+        &k,
+        3,
+        &[t("x", rows * dn, true, false), t("y", rows * dn, false, true), t("norm", rows, false, true)],
+        &[("rows", rows as i32), ("d", dn as i32)],
+        DType::F64,
+        11,
+    );
+
+    // For each row, c -> c * (1 + x) until it passes 2 (a number of trips per row), inside a
+    // loop over rows; then y[row] = c.
+    let mut b = KernelBuilder::new("rows_while");
+    let (x, y) = (b.ptr_param("x", DType::F64), b.ptr_param("y", DType::F64));
+    let rows = b.scalar_param("rows", DType::I32);
+    let (pid, progs) = (b.program_id(0), b.num_programs(0));
+    b.for_range(pid, rows, progs, None, &[], |b, row, _| {
+        let px = b.add(x, row);
+        let v = b.load(px, None, None);
+        let v = b.abs(v);
+        let half = b.f64(0.5);
+        let g = b.add(v, half);
+        let one = b.f64(1.0);
+        let got = b.while_loop(
+            Some(64),
+            &[one],
+            |b, c| {
+                let two = b.f64(2.0);
+                b.lt(c[0], two)
+            },
+            |b, c| {
+                let one = b.f64(1.0);
+                let f = b.add(one, g);
+                vec![b.mul(c[0], f)]
+            },
+        );
+        let py = b.add(y, row);
+        b.store(py, got[0], None);
+        vec![]
+    });
+    let k = b.finish().unwrap();
+    agree(&k, 4, &[t("x", 13, true, false), t("y", 13, false, true)], &[("rows", 13)], DType::F64, 12);
 }
 
 /// A value loaded in a branch from a tensor the kernel only reads (`load(...) if c else 0.`):

@@ -65,10 +65,10 @@ fn against_the_evaluator(tol: f64, opts: impl Fn(CheckOptions) -> CheckOptions +
     alone
 }
 
-/// Example specs with a launch VJP kernels refuse, with the reason: a loop that advances a
-/// pointer (`p += BLOCK`; VJP kernels do not take loops that carry pointers yet). The evaluator
-/// differentiates that launch.
-const BY_EVALUATOR: &[&str] = &["row_sq_sum.toml"];
+/// Example specs with a launch VJP kernels refuse, with the reason: a `while` loop that reads
+/// back what it stored (Newton's iteration in place; VJP kernels recompute a `while` loop's
+/// loads from memory as the forward left it). The evaluator differentiates that launch.
+const BY_EVALUATOR: &[&str] = &["cube_root.toml"];
 
 #[test]
 fn vjp_kernels_give_the_evaluators_ground_truth_on_every_example() {
@@ -112,14 +112,14 @@ fn batched_vjp_launches_give_the_same_ground_truth_bit_for_bit() {
     }
 }
 
-/// A check with `--ground kernels` whose forward has a launch VJP kernels refuse (a loop that
-/// advances a pointer): that launch's ground truth comes from the evaluator, with a note naming
-/// the refused loop; the verdicts are those of `--ground
+/// A check with `--ground kernels` whose forward has a launch VJP kernels refuse (a `while` loop
+/// that reads back what it stored): that launch's ground truth comes from the evaluator, with a
+/// note naming the refused load; the verdicts are those of `--ground
 /// evaluator`: the correct backward passes, its broken variants fail alike.
 #[test]
 fn a_refused_launch_is_differentiated_by_the_evaluator_with_a_note() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/row_sq_sum.toml");
-    for variant in [None, Some("row_sq_sum_bwd_broken_factor"), Some("row_sq_sum_bwd_broken_last_chunk")] {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cube_root.toml");
+    for variant in [None, Some("cube_root_bwd_broken_factor"), Some("cube_root_bwd_broken_mask")] {
         let o: Vec<spec::KernelOverride> =
             variant.iter().map(|v| spec::KernelOverride { key: "bwd".into(), reference: format!("::{v}") }).collect();
         let sp = spec::load_with(&path, &o).unwrap();
@@ -134,7 +134,7 @@ fn a_refused_launch_is_differentiated_by_the_evaluator_with_a_note() {
         assert!(evaluator.notes.iter().all(|n| n.kind != FindingKind::GroundByEvaluator), "{evaluator}");
         let [n] = &kernels.notes[..] else { panic!("{variant:?}: one note expected:\n{kernels}") };
         assert_eq!((n.kind, n.pass, n.step), (FindingKind::GroundByEvaluator, "forward", Some(1)), "{n:?}");
-        assert_eq!((n.locations[0].op.as_str(), n.locations[0].line), ("for", 17), "{n:?}");
+        assert_eq!((n.locations[0].op.as_str(), n.locations[0].line), ("load", 21), "{n:?}");
         let text = kernels.to_string();
         assert!(text.contains("notes on the ground truth (not failures)") && text.contains("ground truth by the evaluator"), "{text}");
         // Strict checks fail on what kernels rely on, not on how the truth was computed.

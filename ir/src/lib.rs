@@ -32,6 +32,7 @@ pub mod analysis;
 mod builder;
 mod error;
 mod kernel;
+mod offsets;
 mod op;
 pub mod passes;
 pub mod text;

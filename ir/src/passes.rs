@@ -17,6 +17,8 @@ use std::collections::HashSet;
 mod dead_code;
 pub use dead_code::remove_dead_code;
 
+pub use crate::offsets::carry_offsets;
+
 /// A copy of `k` in which every float dtype (f16, bf16, f32, f64) becomes `to`:
 /// - value types, pointer element types and parameters (pointers, scalars, constexprs);
 /// - `dot` runs with [`DotPrecision::Ieee`] (no tf32 rounding of operands);

@@ -284,7 +284,7 @@ def test_loops_inside_a_loop_are_differentiated_by_their_vjp_kernel():
 
 
 def _row_sq_sum(x):
-    # Its loop advances a pointer (`p += BLOCK`): VJP kernels do not take that yet.
+    # Its loop advances a pointer (`p += BLOCK`): its VJP kernel carries the offset.
     from launchers import load
 
     y = torch.empty(x.shape[0], dtype=x.dtype)
@@ -292,16 +292,34 @@ def _row_sq_sum(x):
     return y
 
 
-def test_a_refused_vjp_kernel_gives_the_evaluator_truth_with_a_note():
+def test_a_loop_that_advances_a_pointer_is_differentiated_by_its_vjp_kernel():
     x = torch.randn(9, 77)
-    right = lambda x, g: (2 * x * g[:, None],)  # noqa: E731
-    kernels = tilegrad.check_backward(_row_sq_sum, right, [x], ground="kernels")
-    evaluator = tilegrad.check_backward(_row_sq_sum, right, [x], ground="evaluator")
+    kernels = tilegrad.check_backward(_row_sq_sum, lambda x, g: (2 * x * g[:, None],), [x], ground="kernels")
+    assert kernels.passed and not kernels.notes, f"{kernels}"
+    broken = tilegrad.check_backward(_row_sq_sum, lambda x, g: (x * g[:, None],), [x], ground="kernels")
+    assert not broken.passed, str(broken)
+
+
+def _cube_root(x):
+    # Newton's iteration in place: a `while` loop reads back what it stored (VJP kernels do not
+    # take that yet).
+    from launchers import load
+
+    y = torch.empty_like(x)
+    load("cube_root").cube_root_fwd[((x.numel() + 63) // 64,)](x, y, x.numel(), TOL=1e-6, BLOCK=64)
+    return y
+
+
+def test_a_refused_vjp_kernel_gives_the_evaluator_truth_with_a_note():
+    x = torch.rand(300) * 3 + 0.5
+    right = lambda x, g: (g / (3 * x.pow(2 / 3)),)  # noqa: E731
+    kernels = tilegrad.check_backward(_cube_root, right, [x], ground="kernels")
+    evaluator = tilegrad.check_backward(_cube_root, right, [x], ground="evaluator")
     assert kernels.passed and evaluator.passed, f"{kernels}\n{evaluator}"
     assert [n["kind"] for n in kernels.notes] == ["ground_by_evaluator"], kernels.notes
-    assert "ground truth by the evaluator" in str(kernels) and "`for`" in kernels.notes[0]["message"], kernels.notes
+    assert "ground truth by the evaluator" in str(kernels) and "`load`" in kernels.notes[0]["message"], kernels.notes
     assert not evaluator.notes
-    broken = tilegrad.check_backward(_row_sq_sum, lambda x, g: (x * g[:, None],), [x], ground="kernels")
+    broken = tilegrad.check_backward(_cube_root, lambda x, g: (g / x.pow(2 / 3),), [x], ground="kernels")
     assert not broken.passed, str(broken)
 
 

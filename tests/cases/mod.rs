@@ -159,8 +159,11 @@ pub const CASES: &[Case] = &[
     // A persistent kernel (loops inside a loop).
     ("row_norm_persistent_bwd_broken_no_norm", "row_norm_persistent", "bwd", Wrong { input: "x", line: 46 }, "a scale: blamed on the store"),
     ("row_norm_persistent_bwd_broken_first_chunk", "row_norm_persistent", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "loop start: each row's first chunk is never written"),
-    // A forward that advances a pointer in its loop (with `--ground kernels` its launch is
-    // differentiated by the evaluator, with a note: `tests/vjp_kernels.rs`).
+    // A forward that advances a pointer in its loop.
     ("row_sq_sum_bwd_broken_factor", "row_sq_sum", "bwd", Wrong { input: "x", line: 44 }, ""),
     ("row_sq_sum_bwd_broken_last_chunk", "row_sq_sum", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "loop bound: each row's last chunk is never written"),
+    // A forward whose `while` loop reads back what it stored (with `--ground kernels` its launch
+    // is differentiated by the evaluator, with a note: `tests/vjp_kernels.rs`).
+    ("cube_root_bwd_broken_factor", "cube_root", "bwd", Wrong { input: "x", line: 42 }, ""),
+    ("cube_root_bwd_broken_mask", "cube_root", "bwd", Unwritten { input: "x", tensor: "grad_x" }, "mask: the last element is never written"),
 ];

@@ -62,8 +62,11 @@
 //! recomputes its body, the inner loop included, then the inner loop's copy writes its tape
 //! (the same slots for every outer trip) and its reverse loop runs.
 //!
-//! Not yet: pointers carried by loops, and loads of a tensor the kernel writes in a `while`
-//! loop or a loop inside a loop; they are refused with the op and its location.
+//! A `for` loop that advances a pointer (`p += BLOCK`) carries its offset from where it started
+//! instead ([`tilegrad_ir::passes::carry_offsets`]), which its tape keeps.
+//!
+//! Not yet: pointers carried by loops otherwise, and loads of a tensor the kernel writes in a
+//! `while` loop or a loop inside a loop; they are refused with the op and its location.
 
 mod emit;
 mod launch;
@@ -79,7 +82,7 @@ use emit::{Emit, Tapes};
 use refuse::refuse_unsupported;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use tilegrad_ir::passes::{promote_floats, promote_floats_keeping_tensors_as, remove_dead_code};
+use tilegrad_ir::passes::{carry_offsets, promote_floats, promote_floats_keeping_tensors_as, remove_dead_code};
 use tilegrad_ir::{DType, Inst, Kernel, KernelBuilder, Loc, ParamKind};
 use tilegrad_reference::{Arg, Launch, Memory, TensorId};
 
@@ -222,6 +225,8 @@ fn build(k: &Kernel, keep: Option<&StoredDtype<'_>>, fl: DType, checkpoints: boo
         Some(stored) => promote_floats_keeping_tensors_as(k, fl, stored)?,
         None => (promote_floats(k, fl)?, Vec::new()),
     };
+    // Loops that advance a pointer carry its offset instead, which a tape keeps.
+    let p = carry_offsets(&p);
     let taped_loads = refuse_unsupported(&p)?;
     let forward: Vec<Inst> = p.block(p.body).insts.clone();
     let params = p.params.clone();

@@ -991,6 +991,55 @@ fn loops_inside_loops_agree() {
     agree(&k, 4, &[t("x", 13, true, false), t("y", 13, false, true)], &[("rows", 13)], DType::F64, 12);
 }
 
+/// A loop that advances pointers, as Triton's tutorials write it: a row's pointer (`p +=
+/// BLOCK`) and a tile of pointers into a second tensor advanced by a tile of strides; the loop
+/// carries their offsets in the VJP kernel.
+#[test]
+fn loops_that_advance_pointers_agree() {
+    const C: i64 = 16;
+    let mut b = KernelBuilder::new("advancing");
+    let (x, w, y) = (b.ptr_param("x", DType::F64), b.ptr_param("w", DType::F64), b.ptr_param("y", DType::F64));
+    let d = b.scalar_param("d", DType::I32);
+    let row = b.program_id(0);
+    let start = b.mul(row, d);
+    let p0 = b.add(x, start);
+    let ar = b.arange(0, C);
+    let q0 = b.add(w, ar);
+    let (lo, step) = (b.i32(0), b.i32(C as i32));
+    let z = b.f64(0.0);
+    let out = b.for_range(lo, d, step, None, &[z, p0, q0], |b, c0, c| {
+        let ar = b.arange(0, C);
+        let c0b = b.broadcast_to(c0, &[C as usize]);
+        let cols = b.add(c0b, ar);
+        let db = b.broadcast_to(d, &[C as usize]);
+        let m = b.lt(cols, db);
+        let ps = b.add(c[1], ar);
+        let zf = b.f64(0.0);
+        let v = b.load(ps, Some(m), Some(zf));
+        let wv = b.load(c[2], Some(m), Some(zf));
+        let e = b.tanh(v);
+        let e = b.mul(e, wv);
+        let s = b.sum(e, None, false);
+        let ct = b.i32(C as i32);
+        let p = b.add(c[1], ct);
+        let stride = b.broadcast_to(ct, &[C as usize]);
+        let q = b.add(c[2], stride);
+        vec![b.add(c[0], s), p, q]
+    });
+    let py = b.add(y, row);
+    b.store(py, out[0], None);
+    let k = b.finish().unwrap();
+    let (rows, dn) = (5usize, 45usize);
+    agree(
+        &k,
+        rows,
+        &[t("x", rows * dn, true, false), t("w", dn + C as usize, true, false), t("y", rows, false, true)],
+        &[("d", dn as i32)],
+        DType::F64,
+        13,
+    );
+}
+
 /// A value loaded in a branch from a tensor the kernel only reads (`load(...) if c else 0.`):
 /// the cotangent of what the branch yields reaches the load's tensor.
 #[test]

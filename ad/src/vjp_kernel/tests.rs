@@ -703,6 +703,17 @@ fn what_is_not_supported_yet_is_refused_with_its_location() {
     assert!(e.contains("a loop inside a loop") && e.contains("op `load`"), "{e}");
 }
 
+/// Trip `t` of a loop over a row's columns `size` at a time (the row starting at `base`, `d`
+/// columns): the columns, their offsets and the mask of those below `d`.
+fn columns(b: &mut KernelBuilder, t: Value, base: Value, d: Value, size: i64) -> (Value, Value, Value) {
+    let st = b.i32(size as i32);
+    let c0 = b.mul(t, st);
+    let ar = b.arange(0, size);
+    let cols = b.add(c0, ar);
+    let m = b.lt(cols, d);
+    (cols, b.add(base, cols), m)
+}
+
 /// A gradient written in place over the logits it comes from, as fused cross-entropy kernels
 /// write it: after an early return for ignored rows (the rest in a branch), the label's logit
 /// is read, a first loop reads a row's logits for its maximum and sum of exponentials, and a
@@ -721,12 +732,7 @@ fn loops_that_load_what_the_kernel_overwrites_agree() {
     let ignore = b.i32(-1);
     let skip = b.eq(label, ignore);
     let chunk = |b: &mut KernelBuilder, t: Value| {
-        let ct = b.i32(C as i32);
-        let c0 = b.mul(t, ct);
-        let ar = b.arange(0, C);
-        let cols = b.add(c0, ar);
-        let m = b.lt(cols, d);
-        let o = b.add(base, cols);
+        let (cols, o, m) = columns(b, t, base, d, C);
         (cols, m, b.add(x, o))
     };
     let out = b.if_else(
@@ -913,12 +919,8 @@ fn loops_inside_loops_agree() {
         let hi = b.minimum(chunks, upto);
         let base = b.mul(row, d);
         let at = |b: &mut KernelBuilder, t: Value| {
-            let ct = b.i32(C as i32);
-            let c0 = b.mul(t, ct);
-            let ar = b.arange(0, C);
-            let cols = b.add(c0, ar);
-            let m = b.lt(cols, d);
-            (b.add(base, cols), m)
+            let (_, o, m) = columns(b, t, base, d, C);
+            (o, m)
         };
         let z = b.full(&[C as usize], 0.0, DType::F64);
         let acc = b.for_range(lo, hi, one, None, &[z], |b, t, c| {

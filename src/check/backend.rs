@@ -448,6 +448,52 @@ fn duration(secs: u64) -> String {
     }
 }
 
+/// Whether kernel `k` may load, in a program, from a tensor it stored or added into before in
+/// that program (in instruction order; in a loop, a trip after another).
+pub(crate) fn loads_after_own_writes(k: &tilegrad_ir::Kernel) -> bool {
+    use tilegrad_ir::Op;
+    fn walk(k: &tilegrad_ir::Kernel, blk: tilegrad_ir::Block, src: &[Vec<bool>], written: &mut Vec<bool>) -> bool {
+        for &i in &k.block(blk).insts {
+            let d = k.inst(i);
+            match &d.op {
+                Op::Load { .. } => {
+                    if src[d.args[0].index()].iter().zip(written.iter()).any(|(&s, &w)| s && w) {
+                        return true;
+                    }
+                }
+                Op::Store { .. } | Op::AtomicAdd { .. } | Op::AtomicRmw { .. } | Op::AtomicCas => {
+                    for (w, &s) in written.iter_mut().zip(&src[d.args[0].index()]) {
+                        *w |= s;
+                    }
+                }
+                Op::If { then_block, else_block } => {
+                    let mut other = written.clone();
+                    if walk(k, *then_block, src, written) || walk(k, *else_block, src, &mut other) {
+                        return true;
+                    }
+                    for (w, o) in written.iter_mut().zip(other) {
+                        *w |= o;
+                    }
+                }
+                // Twice: a later trip after an earlier one.
+                op => {
+                    for _ in 0..2 {
+                        for b in op.blocks() {
+                            if walk(k, b, src, written) {
+                                return true;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        false
+    }
+    let src = tilegrad_ir::analysis::pointer_sources(k);
+    let mut written = vec![false; k.params.len()];
+    walk(k, k.body, &src, &mut written)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -520,58 +566,6 @@ mod tests {
         let taped = Launch::new(&k2, 1).arg("d_x", x).arg("n", n).options(opts);
         assert_eq!(differ(&taped, &ok(), &ok(), &a, &b, true), None);
     }
-}
-
-/// Whether kernel `k` may load, in a program, from a tensor it stored or added into before in
-/// that program (in instruction order; in a loop, a trip after another).
-pub(crate) fn loads_after_own_writes(k: &tilegrad_ir::Kernel) -> bool {
-    use tilegrad_ir::Op;
-    fn walk(k: &tilegrad_ir::Kernel, blk: tilegrad_ir::Block, src: &[Vec<bool>], written: &mut Vec<bool>) -> bool {
-        for &i in &k.block(blk).insts {
-            let d = k.inst(i);
-            match &d.op {
-                Op::Load { .. } => {
-                    if src[d.args[0].index()].iter().zip(written.iter()).any(|(&s, &w)| s && w) {
-                        return true;
-                    }
-                }
-                Op::Store { .. } | Op::AtomicAdd { .. } | Op::AtomicRmw { .. } | Op::AtomicCas => {
-                    for (w, &s) in written.iter_mut().zip(&src[d.args[0].index()]) {
-                        *w |= s;
-                    }
-                }
-                Op::If { then_block, else_block } => {
-                    let mut other = written.clone();
-                    if walk(k, *then_block, src, written) || walk(k, *else_block, src, &mut other) {
-                        return true;
-                    }
-                    for (w, o) in written.iter_mut().zip(other) {
-                        *w |= o;
-                    }
-                }
-                // Twice: a later trip after an earlier one.
-                op => {
-                    for _ in 0..2 {
-                        for b in op.blocks() {
-                            if walk(k, b, src, written) {
-                                return true;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        false
-    }
-    let src = tilegrad_ir::analysis::pointer_sources(k);
-    let mut written = vec![false; k.params.len()];
-    walk(k, k.body, &src, &mut written)
-}
-
-#[cfg(test)]
-mod order_tests {
-    use super::loads_after_own_writes;
-    use tilegrad_ir::{DType, KernelBuilder};
 
     /// Loads after the program's own stores: in order, or in a later trip of a loop; a load
     /// before the store (an in-place rotation) is not one.

@@ -546,6 +546,72 @@ fn out_of_bounds_lanes_fail_alike_in_every_flavor() {
     }
 }
 
+/// A program that loads an element another program stores is a race the device finds after the
+/// launch (its marks of reads against its stamps of stores, 32-bit and 64-bit), and the
+/// reference then reports, as it does alone; without it, a launch that reads, stores and adds
+/// atomically runs on the device. (The check read its arguments one slot off, so that it
+/// found no such race, and where a tensor was also updated atomically it looped over a device
+/// address's worth of elements: 2 s of every layer norm backward of a thousand rows.)
+#[test]
+fn a_read_of_what_another_program_stores_is_found_on_the_device() {
+    use tilegrad_gpu::{GpuOptions, RanOn};
+    use tilegrad_ir::KernelBuilder;
+    use tilegrad_reference::{HostTensor, Launch, Memory};
+    let Some(gpu) = a_gpu() else { return };
+    // x[i] = 2 x[i + shift] for the 256 lanes of each program, and z[i % 300] += x[i].
+    let mut b = KernelBuilder::new("shifted_double");
+    let x = b.ptr_param("x", DType::F32);
+    let z = b.ptr_param("z", DType::F32);
+    let shift = b.scalar_param("shift", DType::I32);
+    let n = b.scalar_param("n", DType::I32);
+    let pid = b.program_id(0);
+    let width = b.i32(256);
+    let base = b.mul(pid, width);
+    let lanes = b.arange(0, 256);
+    let offs = b.add(base, lanes);
+    let read = b.add(offs, shift);
+    let in_range = b.lt(read, n);
+    let px = b.add(x, read);
+    let v = b.load(px, Some(in_range), None);
+    let two = b.f32(2.0);
+    let v2 = b.mul(v, two);
+    let py = b.add(x, offs);
+    b.store(py, v2, Some(in_range));
+    let m300 = b.i32(300);
+    let zo = b.rem(offs, m300);
+    let pz = b.add(z, zo);
+    b.atomic_add(pz, v, Some(in_range));
+    let k = b.finish().unwrap();
+    let values: Vec<f32> = (0..2048).map(|i| ((i * 37 % 101) as f32) / 25.0 - 2.0).collect();
+    for ordered in [true, false] {
+        for shift in [0i64, 1] {
+            let mut mem = Memory::new();
+            let xt = mem.add("x", HostTensor::from_f32(&[2048], values.clone()));
+            let zt = mem.add("z", HostTensor::from_f32(&[300], vec![0.0; 300]));
+            let launch = Launch::new(&k, 8).arg("x", xt).arg("z", zt).arg("shift", shift).arg("n", 2048i64);
+            let mut want = mem.clone();
+            let reference = launch.run(&mut want).map(|_| ()).map_err(|e| e.to_string());
+            assert_eq!(reference.is_err(), shift == 1, "{reference:?}");
+            let opts = GpuOptions { races: true, ordered_atomics: ordered, exact_order: false };
+            // Timed once compiled.
+            let _ = gpu.run(&launch, &mut mem.clone(), opts);
+            let t = std::time::Instant::now();
+            let mut got = mem.clone();
+            let out = gpu.run(&launch, &mut got, opts);
+            let took = t.elapsed();
+            match &out {
+                Ok(o) if shift == 0 => {
+                    assert!(matches!(o.ran_on, RanOn::Gpu), "ordered {ordered}: {:?}", o.ran_on);
+                    assert_eq!(got[xt].as_f32().unwrap(), want[xt].as_f32().unwrap(), "ordered {ordered}");
+                }
+                _ => {}
+            }
+            assert_eq!(out.map(|_| ()).map_err(|e| e.to_string()), reference, "ordered {ordered}, shift {shift}");
+            assert!(took.as_secs_f64() < 1.0, "ordered {ordered}, shift {shift}: {took:?}");
+        }
+    }
+}
+
 /// The fuzzer's cumsum backward whose `while` never moves on (`tests/stuck_scan`): the GPU
 /// finds it at its first trip, as the reference does, with the same error at the same place
 /// (it ran to the 10^7-trip bound before the GPU followed the condition's inputs).

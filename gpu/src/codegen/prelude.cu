@@ -144,9 +144,11 @@ __device__ __forceinline__ void tg_mark(u32* m, u32 me) {
 
 // After a launch: an element some program stores (or updates atomically) that another program
 // also reads or writes. Any such conflict sends the launch to the reference, which reports it.
-extern "C" __global__ void tg_races(const u64* w, const u32* r, const u32* a, i64 n, u32* flags) {
+// `w` holds the stores' stamps: 64 bits `(program + 1) << 32 | count` where `wide`, else 32
+// bits `(program + 1) << 8 | count`.
+extern "C" __global__ void tg_races(const void* w, int wide, const u32* r, const u32* a, i64 n, u32* flags) {
     for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (i64)gridDim.x * blockDim.x) {
-        u32 wp = w ? (u32)(w[e] >> 32) : 0u;
+        u32 wp = !w ? 0u : wide ? (u32)(((const u64*)w)[e] >> 32) : ((const u32*)w)[e] >> 8;
         u32 rp = r ? r[e] : 0u;
         u32 ap = a ? a[e] : 0u;
         bool bad = (wp && rp && (rp == TG_MANY || rp != wp)) || (ap && (wp || rp));

@@ -9,6 +9,7 @@
 
 use crate::device::{data_from_device, driver, stored_bytes};
 use crate::{GpuError, GpuOptions, Outcome};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use tilegrad_ir::DType;
 use tilegrad_reference::{written_tensors, Data, HostTensor, Launch, Memory, TensorId};
 
@@ -115,6 +116,31 @@ impl DeviceBuffer {
 pub struct Backup {
     copies: Vec<(TensorId, cudarc::driver::CudaSlice<u8>)>,
 }
+
+impl Backup {
+    /// The tensors it holds copies of.
+    pub fn tensors(&self) -> impl Iterator<Item = TensorId> + '_ {
+        self.copies.iter().map(|(t, _)| *t)
+    }
+}
+
+/// `tg_first_diff`: the least index `i < n` at which elements of `size` bytes (1, 2, 4 or 8) of
+/// `a` and `b` differ in their bits, by `atomicMin` into `out` (left as is where none do).
+const FIRST_DIFFERENCE: &str = r#"
+typedef unsigned long long u64;
+extern "C" __global__ void tg_first_diff(const void* a, const void* b, int size, u64 n, u64* out) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        bool d;
+        switch (size) {
+            case 8: d = ((const u64*)a)[i] != ((const u64*)b)[i]; break;
+            case 4: d = ((const unsigned*)a)[i] != ((const unsigned*)b)[i]; break;
+            case 2: d = ((const unsigned short*)a)[i] != ((const unsigned short*)b)[i]; break;
+            default: d = ((const unsigned char*)a)[i] != ((const unsigned char*)b)[i];
+        }
+        if (d) { atomicMin(out, i); return; }
+    }
+}
+"#;
 
 impl crate::Gpu {
     /// Runs a launch on `mem`'s device tensors in place: on success they hold the launch's
@@ -280,6 +306,44 @@ impl crate::Gpu {
         // copy is ordered on the stream and waited for.
         unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, s.cu_stream()) }.map_err(driver)?;
         s.synchronize().map_err(driver)
+    }
+
+    /// The first element of tensor `t` of `mem` whose bits differ from its copy in `backup` (a
+    /// backup of `mem`), with the backup's value and `mem`'s as f64; `None` where all agree or
+    /// the backup holds no copy of `t`. Compared on the device: only the index and the two
+    /// elements come to the host.
+    pub fn first_difference(&self, backup: &Backup, mem: &DeviceMemory, t: TensorId) -> Result<Option<(usize, f64, f64)>, GpuError> {
+        use cudarc::driver::DevicePtr;
+        let Some((_, copy)) = backup.copies.iter().find(|(u, _)| *u == t) else { return Ok(None) };
+        let d = mem.get(t);
+        if d.numel == 0 {
+            return Ok(None);
+        }
+        let f = self.utility(FIRST_DIFFERENCE, "tg_first_diff")?;
+        let s = &self.cuda()?.stream;
+        let out = s.clone_htod(&[u64::MAX]).map_err(driver)?;
+        let (size, n) = (device_bytes(d.dtype) as i32, d.numel as u64);
+        let blocks = self.summary_blocks(d.numel);
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (a, sync) = copy.device_ptr(s);
+        // SAFETY: the copy and the tensor both hold `numel` elements of `size` bytes.
+        unsafe { s.launch_builder(&f).arg(&a).arg(&d.addr).arg(&size).arg(&n).arg(&out).launch(cfg) }.map_err(driver)?;
+        drop(sync);
+        let first = s.clone_dtoh(&out).map_err(driver)?[0];
+        if first == u64::MAX {
+            return Ok(None);
+        }
+        let i = first as usize;
+        Ok(Some((i, self.element_f64(a, d.dtype, i)?, self.element_f64(d.addr, d.dtype, i)?)))
+    }
+
+    /// Element `i` of the values of `dtype` at device address `addr`, as f64.
+    fn element_f64(&self, addr: u64, dtype: DType, i: usize) -> Result<f64, GpuError> {
+        self.bind()?;
+        let at = addr + (i * device_bytes(dtype)) as u64;
+        // SAFETY: the caller's values hold more than `i` elements; the copy is synchronous.
+        let data = data_from_device(dtype, 1, |dst| unsafe { cudarc::driver::result::memcpy_dtoh_sync(dst, at) }.map_err(driver))?;
+        Ok(HostTensor::new(dtype, &[1], data)?.get_f64(0))
     }
 
     /// Runs `launch` on the reference over host copies of `mem`, and copies the tensors it

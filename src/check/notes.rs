@@ -13,7 +13,7 @@ use super::backend::Executor;
 use super::report::{unravel, Finding, FindingKind, Location};
 use tilegrad_gpu::{Backup, DeviceMemory};
 use tilegrad_ir::{Inst, Kernel};
-use tilegrad_reference::{Arg, Grid, HostTensor, Launch, LaunchSummary, Memory, Options, Race, Site, TensorId, POISON_ALL};
+use tilegrad_reference::{Arg, Grid, Launch, LaunchSummary, Memory, Options, Race, Site, TensorId, POISON_ALL};
 
 /// The notes of one launch that ran from `before` to `after` with `summary` (for front ends
 /// that run launches themselves, as the Python package does): masked-off lanes its results
@@ -76,7 +76,7 @@ pub(crate) fn masked_lanes(
             Ok(_) => first_difference(&written, after, &mem),
         }
     };
-    masked_lanes_by(kernel, loads, after, at, &mut differs)
+    masked_lanes_by(kernel, loads, &|t| (after.name(t).to_string(), after.get(t).shape().to_vec()), at, &mut differs)
 }
 
 /// The launch of `kernel` over `args` with the masked-off lanes of the loads in `mask` poisoned.
@@ -91,12 +91,12 @@ fn poisoned<'k>(kernel: &'k Kernel, grid: Grid, args: &[(String, Arg)], opts: &O
 
 /// The note of a launch whose results depend on the masked-off lanes of its `loads` (the
 /// kernel's loads without `other`): `differs(mask)` runs it again with the loads of `mask`
-/// poisoned and says how its results (`after`, as they were) changed. All loads are poisoned
+/// poisoned and says how its results changed (`named` gives a tensor's name and shape). All loads are poisoned
 /// first, then (up to [`ATTRIBUTED`]) one at a time to name those the results depend on.
 fn masked_lanes_by(
     kernel: &Kernel,
     loads: Vec<Inst>,
-    after: &Memory,
+    named: &dyn Fn(TensorId) -> (String, Vec<usize>),
     at: At,
     differs: &mut dyn FnMut(u64) -> Option<Difference>,
 ) -> Option<Finding> {
@@ -113,14 +113,16 @@ fn masked_lanes_by(
     } else {
         loads
     };
-    Some(masked_note(kernel, &relied, &diff, after, at))
+    Some(masked_note(kernel, &relied, &diff, named, at))
 }
 
 /// The notes of a launch that ran in place on device memory `mem` (the GPU backend over CUDA
 /// tensors), as [`of_launch`] gives them: `before` holds what the launch writes as it was before
 /// it ran ([`tilegrad_gpu::Gpu::back_up`], taken where the kernel has loads without `other`;
-/// `None` otherwise). The poisoned runs go on the device from those contents, only the tensors
-/// the launch writes come to the host, and the launch's own results are put back. `at` is the
+/// `None` otherwise). The poisoned runs go on the device from those contents and are compared
+/// with the launch's results there (only a differing element comes to the host: copying a
+/// 1 GB tensor for each poisoned run made these notes 1.5 s of a cross entropy's check), and the
+/// launch's own results are put back. `at` is the
 /// pass, the step and what it is; `shape_of` gives a tensor's shape where known (an element is
 /// named by its flat index otherwise).
 pub fn of_launch_in_place(
@@ -136,24 +138,23 @@ pub fn of_launch_in_place(
     let loads = tilegrad_ir::analysis::unfilled_loads(launch.kernel());
     if let (Some(before), Some(gpu), false) = (before, exec.gpu(), loads.is_empty()) {
         let err = |e: tilegrad_gpu::GpuError| e.to_string();
+        // The results stay on the device: each poisoned run is compared with them there, and
+        // only the first differing element comes to the host.
         let written = super::steps::written_tensors(launch.kernel(), launch.args());
-        let mut after = gpu.download_written(launch, mem).map_err(err)?;
-        for &t in &written {
-            let h = after.get(t);
-            if let Some(shaped) = shape_of(t).and_then(|sh| HostTensor::new(h.dtype(), &sh, h.data().clone()).ok()) {
-                *after.get_mut(t) = shaped;
-            }
-        }
         let results = gpu.back_up(launch, mem).map_err(err)?;
         let mut differs = |mask: u64| -> Option<Difference> {
             let l = poisoned(launch.kernel(), launch.grid(), launch.args(), launch.get_options(), mask);
             let ran = gpu.restore(before, mem).map_err(err).and_then(|()| exec.run_in_place(&l, mem).map_err(err));
-            match ran.and_then(|_| gpu.download_written(&l, mem).map_err(err)) {
+            match ran.and_then(|_| first_change(gpu, &results, mem, &written)) {
                 Err(e) => Some(Difference::Failed(e)),
-                Ok(m) => first_difference(&written, &after, &m),
+                Ok(d) => d,
             }
         };
-        out.extend(masked_lanes_by(launch.kernel(), loads, &after, at, &mut differs));
+        let named = |t: TensorId| {
+            let d = mem.get(t);
+            (d.name.clone(), shape_of(t).unwrap_or_else(|| vec![d.numel]))
+        };
+        out.extend(masked_lanes_by(launch.kernel(), loads, &named, at, &mut differs));
         gpu.restore(&results, mem).map_err(err)?;
     }
     // The device's tensors are flat: the element by its tensor's shape.
@@ -163,6 +164,17 @@ pub fn of_launch_in_place(
     };
     out.extend(same_value(summary, at, &index_of));
     Ok(out)
+}
+
+/// The first element of `written` (in order) whose bits in `mem` differ from `results` (a
+/// backup of them), compared on the device.
+fn first_change(gpu: &tilegrad_gpu::Gpu, results: &Backup, mem: &DeviceMemory, written: &[TensorId]) -> Result<Option<Difference>, String> {
+    for &t in written {
+        if let Some((i, zero, poisoned)) = gpu.first_difference(results, mem, t).map_err(|e| e.to_string())? {
+            return Ok(Some(Difference::Element(t, i, zero, poisoned)));
+        }
+    }
+    Ok(None)
 }
 
 /// How a launch's results changed with masked-off lanes poisoned.
@@ -188,7 +200,7 @@ fn first_difference(tensors: &[TensorId], a: &Memory, b: &Memory) -> Option<Diff
     None
 }
 
-fn masked_note(kernel: &Kernel, loads: &[Inst], diff: &Difference, after: &Memory, at: At) -> Finding {
+fn masked_note(kernel: &Kernel, loads: &[Inst], diff: &Difference, named: &dyn Fn(TensorId) -> (String, Vec<usize>), at: At) -> Finding {
     let locations: Vec<Location> = loads.iter().map(|&l| location(kernel, l, "load")).collect();
     let lines = match locations.first() {
         Some(first) if locations.iter().all(|l| l.file == first.file) => {
@@ -200,8 +212,8 @@ fn masked_note(kernel: &Kernel, loads: &[Inst], diff: &Difference, after: &Memor
     let mut f = note(FindingKind::MaskedLanes, at);
     let effect = match diff {
         Difference::Element(t, i, zero, poisoned) => {
-            let tensor = after.name(*t).to_string();
-            let index = unravel(*i, after.get(*t).shape());
+            let (tensor, shape) = named(*t);
+            let index = unravel(*i, &shape);
             f.element = Some(index.iter().map(|&x| x as i64).collect());
             (f.expected, f.got) = (Some(*zero), Some(*poisoned));
             let r = format!("with them undefined (NaN here), `{tensor}`{index:?} is {poisoned:e}, not {zero:e}");

@@ -41,3 +41,20 @@ fn float_atomics_are_counted_ahead_with_each_loop_body_once() {
     assert!(looped.float_atomics);
     assert_eq!(looped.log_per_program, 128);
 }
+
+#[test]
+fn a_programs_log_is_added_through_a_shared_tile() {
+    let g = generated("rows");
+    let s = &g.source;
+    // Read into shared memory by the whole block, then scanned there; never scanned in global
+    // memory by every thread.
+    assert!(s.contains("__shared__ u64 tg_lt_own[192]") || s.contains("u64* tg_lt = (u64*)scr"), "{s}");
+    assert!(s.contains("tg_lt[q] = TG_LOG[3 * (u64)q0 + q]"), "{s}");
+    assert!(s.contains("const u64* le = tg_lt + 3 * q;"), "{s}");
+    assert!(!s.contains("const u64* le = TG_LOG + 3 * (u64)q;"), "{s}");
+    // Each entry names the thread that adds it: the others skip it at one comparison.
+    assert!(s.contains("if ((u32)(le[1] >> 32) != (u32)tid) continue;"), "{s}");
+    assert!(s.contains("le[1] = act ? (1ULL | ((((u64)(tg_b1 + off) / 4) % 32) << 32)) : ~0ULL;"), "{s}");
+    // Every thread loops over the tiles alike: the count is thread 0's.
+    assert!(s.contains("tg_sh_n = tg_alen"), "{s}");
+}

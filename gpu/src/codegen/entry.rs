@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Entries of a program's float-atomic log read into shared memory at a time (24 bytes each).
+const LOG_TILE: usize = 64;
+
 impl<'k> Gen<'k> {
     pub(super) fn emit_entry(&self, src: &mut String, body: &str) {
         let k = self.k;
@@ -23,7 +26,22 @@ impl<'k> Gen<'k> {
              \x20   u64 tg_cl = 0, tg_cs = 0, tg_ca = 0;\n",
         );
         let _ = writeln!(src, "#define TG_HALF {}", self.scratch);
-        match ScratchIn::of(2 * self.scratch) {
+        let scratch_in = ScratchIn::of(2 * self.scratch);
+        // Float atomics in program order add their log through a tile of it in shared memory:
+        // the block's scratch where that is shared and large enough (the body is done with it
+        // by then), else an array of its own.
+        let log_tile = if !self.float_atomics {
+            None
+        } else if scratch_in != ScratchIn::Global && 2 * self.scratch >= 24 * LOG_TILE {
+            Some("(u64*)scr")
+        } else {
+            let _ = writeln!(src, "    __shared__ u64 tg_lt_own[{}];", 3 * LOG_TILE);
+            Some("tg_lt_own")
+        };
+        if self.float_atomics {
+            src.push_str("    __shared__ u32 tg_sh_n;\n");
+        }
+        match scratch_in {
             // Small scratch in shared memory (a static size, so loads from it are `ld.shared`).
             ScratchIn::Shared => {
                 let _ = writeln!(src, "    __shared__ __align__(16) unsigned char scr[{}]; (void)scr;", (2 * self.scratch).max(16));
@@ -115,26 +133,38 @@ impl<'k> Gen<'k> {
             // then pass the turn on. Every program takes its turn, failed or not.
             // A log too short: the longest one wanted, for the launch run again.
             src.push_str("        if (tid == 0 && tg_alen > TG_LOGCAP) atomicMax(TG_LOGMAX, tg_alen);\n");
-            src.push_str("        if (tid == 0) { while (atomicAdd(TG_TICKET, 0u) != tg_p) { } }\n        __syncthreads();\n        __threadfence();\n");
+            // Thread 0's log length for all (every thread counts alike; the tile loop below
+            // must run as many times in each).
+            src.push_str("        if (tid == 0) { tg_sh_n = tg_alen; while (atomicAdd(TG_TICKET, 0u) != tg_p) { } }\n        __syncthreads();\n        __threadfence();\n");
             // Once some log ran out the launch runs again: no program adds its log.
             let _ =
                 writeln!(src, "        const int tg_full = __syncthreads_or(tid == 0 && (*(volatile u32*)TG_FLAGS & {FLAG_LOG_FULL}u));");
-            src.push_str("        if (!tg_stop && !tg_full) {\n            const u32 tg_n = tg_alen < TG_LOGCAP ? tg_alen : (u32)TG_LOGCAP;\n            for (u32 q = 0; q < tg_n; ++q) {\n                const u64* le = TG_LOG + 3 * (u64)q;\n                if (le[0] == ~0ULL) continue;\n                const i64 off = (i64)le[0];\n                switch ((int)le[1]) {\n");
+            // The log a tile at a time: read into shared memory by the whole block (coalesced),
+            // then scanned there by each thread for the entries whose addresses it owns (the
+            // entry names its owner: the address hashed over the threads), in order.
+            // Every thread reading the log from global memory made a layer norm backward of
+            // 4096 rows x 1000 columns (2048 entries a program) take 0.34 s, against 0.25 s so
+            // (H200); the turns themselves still cost about 0.5 ms a program.
+            let tile = log_tile.expect("a log tile where float atomics are logged");
+            let _ = write!(
+                src,
+                "        if (!tg_stop && !tg_full) {{\n            const u32 tg_n = tg_sh_n < TG_LOGCAP ? tg_sh_n : (u32)TG_LOGCAP;\n            u64* tg_lt = {tile};\n            for (u32 q0 = 0; q0 < tg_n; q0 += {LOG_TILE}u) {{\n                const u32 tg_m = tg_n - q0 < {LOG_TILE}u ? tg_n - q0 : {LOG_TILE}u;\n                for (u32 q = tid; q < 3u * tg_m; q += {nt}u) tg_lt[q] = TG_LOG[3 * (u64)q0 + q];\n                __syncthreads();\n                for (u32 q = 0; q < tg_m; ++q) {{\n                const u64* le = tg_lt + 3 * q;\n                if ((u32)(le[1] >> 32) != (u32)tid) continue;\n                const i64 off = (i64)le[0];\n                switch ((int)(u32)le[1]) {{\n"
+            );
             for (j, p) in k.params.iter().enumerate() {
                 if let tilegrad_ir::ParamKind::Ptr(dt) = &p.kind {
                     if !dt.is_float() {
                         continue;
                     }
                     let add = match dt {
-                        DType::F64 => format!("volatile double* x = (volatile double*)(tg_b{j} + off); if ((((u64)(tg_b{j} + off)) / 8) % {nt} == (u64)tid) *x = *x + __longlong_as_double((i64)le[2]);"),
-                        DType::F32 => format!("volatile float* x = (volatile float*)(tg_b{j} + off); if ((((u64)(tg_b{j} + off)) / 4) % {nt} == (u64)tid) *x = *x + __uint_as_float((u32)le[2]);"),
-                        DType::F16 => format!("volatile u16* x = (volatile u16*)(tg_b{j} + off); if ((((u64)(tg_b{j} + off)) / 2) % {nt} == (u64)tid) *x = tg_f2h(tg_f16((double)(tg_h2f(*x) + __uint_as_float((u32)le[2]))));"),
-                        _ => format!("volatile u16* x = (volatile u16*)(tg_b{j} + off); if ((((u64)(tg_b{j} + off)) / 2) % {nt} == (u64)tid) *x = tg_f2bf(tg_bf16((double)(tg_bf2f(*x) + __uint_as_float((u32)le[2]))));"),
+                        DType::F64 => format!("volatile double* x = (volatile double*)(tg_b{j} + off); *x = *x + __longlong_as_double((i64)le[2]);"),
+                        DType::F32 => format!("volatile float* x = (volatile float*)(tg_b{j} + off); *x = *x + __uint_as_float((u32)le[2]);"),
+                        DType::F16 => format!("volatile u16* x = (volatile u16*)(tg_b{j} + off); *x = tg_f2h(tg_f16((double)(tg_h2f(*x) + __uint_as_float((u32)le[2]))));"),
+                        _ => format!("volatile u16* x = (volatile u16*)(tg_b{j} + off); *x = tg_f2bf(tg_bf16((double)(tg_bf2f(*x) + __uint_as_float((u32)le[2]))));"),
                     };
                     let _ = writeln!(src, "                    case {j}: {{ {add} }} break;");
                 }
             }
-            src.push_str("                    default: break;\n                }\n            }\n        }\n        __threadfence();\n        __syncthreads();\n        if (tid == 0) atomicExch(TG_TICKET, tg_p + 1);\n");
+            src.push_str("                    default: break;\n                }\n                }\n                __syncthreads();\n            }\n        }\n        __threadfence();\n        __syncthreads();\n        if (tid == 0) atomicExch(TG_TICKET, tg_p + 1);\n");
         }
         src.push_str("        if (tg_stop) break;\n");
         if self.float_atomics {

@@ -224,7 +224,8 @@ impl<'k> Gen<'k> {
             DType::F64 if !self.ordered => format!("atomicAdd((double*)(tg_b{j} + off), {x});"),
             DType::F32 if !self.ordered => format!("atomicAdd((float*)(tg_b{j} + off), {x});"),
             _ => {
-                // Floats: logged, then added in program order when the program ends.
+                // Floats: logged, then added in program order when the program ends, each by the
+                // thread its address hashes to (named in the entry's high word).
                 self.float_atomics = true;
                 let per = self.numel(p).max(1) as u64;
                 self.log_per_program += per;
@@ -232,10 +233,12 @@ impl<'k> Gen<'k> {
                 let n = self.numel(p).max(1);
                 self.line(&format!("const u32 tg_base{} = tg_alen; tg_alen += {n};", i.0));
                 let body = format!(
-                    "const i64 off = v{}[j]; const bool act = ({m}) && (u64)off < (u64)tg_n{j}; if (({m}) && !act) {fail} u64* le = TG_LOG + 3 * (u64)(tg_base{} + e); if (tg_base{} + e < TG_LOGCAP) {{ le[0] = act ? (u64)off : ~0ULL; le[1] = {j}; le[2] = {bits}; }} else atomicOr(TG_FLAGS, {FLAG_LOG_FULL}u); if (act) {{ {mark} }}",
+                    "const i64 off = v{}[j]; const bool act = ({m}) && (u64)off < (u64)tg_n{j}; if (({m}) && !act) {fail} u64* le = TG_LOG + 3 * (u64)(tg_base{} + e); if (tg_base{} + e < TG_LOGCAP) {{ le[0] = act ? (u64)off : ~0ULL; le[1] = act ? ({j}ULL | ((((u64)(tg_b{j} + off) / {esize}) % {nt}) << 32)) : ~0ULL; le[2] = {bits}; }} else atomicOr(TG_FLAGS, {FLAG_LOG_FULL}u); if (act) {{ {mark} }}",
                     p.0,
                     i.0,
                     i.0,
+                    esize = crate::device_bytes(dt),
+                    nt = self.nt,
                 );
                 self.line("{ u32 tg_ok = 0;");
                 self.each_of(p, &body);

@@ -4,7 +4,8 @@ forward + backward on the GPU and (with `--cpu`) the same check on CPU tensors.
     python python/bench/cuda_check.py [--sizes 4096x4096,16384x4096] [--cpu] [--profile] [--liger]
 
 For each library-style Function (python/tests/functions_liger_style.py's RMS norm; with
-`--liger`, Liger-Kernel's RMSNorm, LayerNorm and SwiGLU Functions where the package imports)
+`--liger`, Liger-Kernel's RMSNorm, LayerNorm, SwiGLU and cross entropy Functions where the
+package imports; `--only NAME` keeps those whose name contains NAME)
 and size: the Function's own forward + backward (median of 10, CUDA events), the first check
 (kernels converted and compiled) and the second, with `backend="gpu"`, 2 trials, and how far
 the process's resident memory rose above where it started during the second (sampled every
@@ -39,6 +40,7 @@ def functions(liger: bool):
             from liger_kernel.ops.layer_norm import LigerLayerNormFunction
             from liger_kernel.ops.rms_norm import LigerRMSNormFunction
             from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+            from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
         except ImportError as e:
             print(f"Liger-Kernel skipped: {e}")
         else:
@@ -46,6 +48,8 @@ def functions(liger: bool):
                 ("Liger RMSNorm", LigerRMSNormFunction, lambda x: (x, _weight(x), 1e-6)),
                 ("Liger LayerNorm", LigerLayerNormFunction, lambda x: (x, _weight(x), _weight(x) - 1.0, 1e-6)),
                 ("Liger SiLUMul", LigerSiLUMulFunction, lambda x: (x, torch.randn_like(x))),
+                # Overwrites its logits with their gradient in place; columns are the vocabulary.
+                ("Liger CrossEntropy", LigerCrossEntropyFunction, lambda x: (x, _labels(x), None)),
             ]
     return out
 
@@ -54,9 +58,15 @@ def _weight(x: torch.Tensor) -> torch.Tensor:
     return torch.rand(x.shape[-1], device=x.device, dtype=x.dtype) + 0.5
 
 
+def _labels(x: torch.Tensor) -> torch.Tensor:
+    gen = torch.Generator(device=x.device).manual_seed(1)
+    return torch.randint(0, x.shape[-1], (x.shape[0],), device=x.device, generator=gen)
+
+
 def native_seconds(fn, args) -> float:
-    """Median of 10: the Function's forward and backward, with CUDA events."""
-    ins = [a.detach().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a for a in args]
+    """Median of 10: the Function's forward and backward, with CUDA events (on copies of the
+    inputs: a Function may overwrite them)."""
+    ins = [a.detach().clone().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a for a in args]
     times = []
     for _ in range(11):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -112,11 +122,12 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="also the check on CPU tensors")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--liger", action="store_true")
+    ap.add_argument("--only", default="", help="only Functions whose name contains this")
     a = ap.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| Function | size | own fwd+bwd | check gpu, first | second | ratio to own | host RSS rise, second / one gradient | check cpu | verdict |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name, fn, make in functions(a.liger):
+    for name, fn, make in (f for f in functions(a.liger) if a.only in f[0]):
         for size in a.sizes.split(","):
             rows, cols = (int(v) for v in size.split("x"))
             gen = torch.Generator(device="cuda").manual_seed(0)

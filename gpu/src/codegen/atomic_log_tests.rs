@@ -48,7 +48,7 @@ fn a_programs_log_is_added_through_a_shared_tile() {
     let s = &g.source;
     // Read into shared memory by the whole block, then scanned there; never scanned in global
     // memory by every thread.
-    assert!(s.contains("__shared__ u64 tg_lt_own[192]") || s.contains("u64* tg_lt = (u64*)scr"), "{s}");
+    assert!(s.contains("__shared__ u64 tg_lt_own[1536]") || s.contains("u64* tg_lt = (u64*)scr"), "{s}");
     assert!(s.contains("tg_lt[q] = TG_LOG[3 * (u64)q0 + q]"), "{s}");
     assert!(s.contains("const u64* le = tg_lt + 3 * q;"), "{s}");
     assert!(!s.contains("const u64* le = TG_LOG + 3 * (u64)q;"), "{s}");

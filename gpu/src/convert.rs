@@ -1,8 +1,10 @@
 //! Conversions between device tensors for checks whose tensors stay on the device: a tensor
 //! converted between float dtypes as the host converts it (widened to f64 for comparisons and
 //! the ground truth, to f32 for the replay that measures roundings, a drawn cotangent rounded
-//! to f16 or bf16), a sum over one axis, and an allocation filled with NaN (an `empty`
-//! allocation, as the reference poisons one).
+//! to f16 or bf16), a sum over one axis and its transpose (a broadcast along it), copies of
+//! the pieces of a tensor along one axis (a chunk, a concatenation, and in f64 their
+//! transposes, added), and an allocation filled with NaN (an `empty` allocation, as the
+//! reference poisons one).
 
 use crate::device::driver;
 use crate::{Gpu, GpuError};
@@ -52,7 +54,49 @@ extern "C" __global__ void tg_sum_axis(const void* src, void* dst, int f64, u64 
         if (f64) ((double*)dst)[e] = acc; else ((float*)dst)[e] = __double2float_rn(acc);
     }
 }
+extern "C" __global__ void tg_broadcast_add(const double* src, double* dst, u64 outer, u64 n, u64 inner) {
+    u64 total = outer * n * inner;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
+        u64 o = e / (n * inner), j = e % inner;
+        dst[e] = __dadd_rn(dst[e], src[o * inner + j]);
+    }
+}
+extern "C" __global__ void tg_copy_along(const void* src, void* dst, int size, int add, u64 outer, u64 len, u64 inner, u64 n_src, u64 src_at, u64 n_dst, u64 dst_at) {
+    u64 total = outer * len * inner;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
+        u64 o = e / (len * inner), r = e % (len * inner);
+        u64 s = (o * n_src + src_at) * inner + r, d = (o * n_dst + dst_at) * inner + r;
+        if (add) { ((double*)dst)[d] = __dadd_rn(((double*)dst)[d], ((const double*)src)[s]); continue; }
+        switch (size) {
+            case 8: ((u64*)dst)[d] = ((const u64*)src)[s]; break;
+            case 4: ((u32*)dst)[d] = ((const u32*)src)[s]; break;
+            case 2: ((u16*)dst)[d] = ((const u16*)src)[s]; break;
+            default: ((unsigned char*)dst)[d] = ((const unsigned char*)src)[s];
+        }
+    }
+}
 "#;
+
+/// Where a piece lies along one axis of two tensors of `outer x n x inner` elements (`n` their
+/// own): `len` positions from `src_at` in the source's axis of `n_src`, to `dst_at` in the
+/// destination's of `n_dst`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Along {
+    /// Elements before the axis (the product of the extents before it).
+    pub outer: usize,
+    /// Elements after the axis.
+    pub inner: usize,
+    /// Positions of the piece.
+    pub len: usize,
+    /// The source's extent along the axis.
+    pub n_src: usize,
+    /// The piece's first position in the source.
+    pub src_at: usize,
+    /// The destination's extent along the axis.
+    pub n_dst: usize,
+    /// The piece's first position in the destination.
+    pub dst_at: usize,
+}
 
 /// The CUDA C of the conversions: the prelude, then [`KERNELS`].
 pub(crate) fn source() -> &'static str {
@@ -126,6 +170,65 @@ impl Gpu {
         // SAFETY: `src` holds `outer * n * inner` values of `dtype` and `dst` room for
         // `outer * inner`, by the caller's word.
         unsafe { s.launch_builder(&f).arg(&src).arg(&dst).arg(&f64).arg(&outer).arg(&n).arg(&inner).launch(cfg) }.map_err(driver)?;
+        s.synchronize().map_err(driver)
+    }
+
+    /// Adds to each of the `outer x n x inner` f64 values at `dst` the value of the `outer x
+    /// inner` f64 values at `src` that has its outer and inner index (the transpose of a sum
+    /// over the middle axis). Complete when it returns.
+    pub fn broadcast_add(&self, src: u64, dst: u64, outer: usize, n: usize, inner: usize) -> Result<(), GpuError> {
+        let total = (outer * n * inner) as u64;
+        if total == 0 {
+            return Ok(());
+        }
+        let f = self.utility(source(), "tg_broadcast_add")?;
+        let s = &self.cuda()?.stream;
+        let blocks = total.div_ceil(u64::from(THREADS)).clamp(1, u64::from(self.sms()) * 8) as u32;
+        let (outer, n, inner) = (outer as u64, n as u64, inner as u64);
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: `src` holds `outer * inner` f64 values and `dst` `outer * n * inner`, by the
+        // caller's word.
+        unsafe { s.launch_builder(&f).arg(&src).arg(&dst).arg(&outer).arg(&n).arg(&inner).launch(cfg) }.map_err(driver)?;
+        s.synchronize().map_err(driver)
+    }
+
+    /// Copies the piece `at` of the values of `dtype` at `src` into its place at `dst` (a chunk,
+    /// a slice of step 1, a part of a concatenation), or with `add` (f64 only) adds it there.
+    /// Complete when it returns.
+    pub fn copy_along(&self, src: u64, dst: u64, dtype: DType, at: Along, add: bool) -> Result<(), GpuError> {
+        if add && dtype != DType::F64 {
+            return Err(GpuError::Driver(format!("adding {dtype} pieces on the device: only f64 is added there")));
+        }
+        let total = (at.outer * at.len * at.inner) as u64;
+        if total == 0 {
+            return Ok(());
+        }
+        let f = self.utility(source(), "tg_copy_along")?;
+        let s = &self.cuda()?.stream;
+        let blocks = total.div_ceil(u64::from(THREADS)).clamp(1, u64::from(self.sms()) * 8) as u32;
+        let (size, add) = (crate::device_bytes(dtype) as i32, i32::from(add));
+        let w = |v: usize| v as u64;
+        let (outer, len, inner, n_src, src_at, n_dst, dst_at) =
+            (w(at.outer), w(at.len), w(at.inner), w(at.n_src), w(at.src_at), w(at.n_dst), w(at.dst_at));
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: `src` holds `outer * n_src * inner` values of `dtype` and `dst` `outer * n_dst
+        // * inner`, with the piece inside both, by the caller's word.
+        unsafe {
+            s.launch_builder(&f)
+                .arg(&src)
+                .arg(&dst)
+                .arg(&size)
+                .arg(&add)
+                .arg(&outer)
+                .arg(&len)
+                .arg(&inner)
+                .arg(&n_src)
+                .arg(&src_at)
+                .arg(&n_dst)
+                .arg(&dst_at)
+                .launch(cfg)
+        }
+        .map_err(driver)?;
         s.synchronize().map_err(driver)
     }
 

@@ -33,6 +33,7 @@ mod runs;
 mod summary;
 
 pub use compile::{wait_for_background_compiles, Compile};
+pub use convert::Along;
 pub use device::{compile_generated, compile_only, nvrtc_present, usable, Gpu};
 pub use in_place::{device_bytes, Backup, DeviceBuffer, DeviceMemory, DeviceTensor};
 pub use summary::{Spread, Tallied, TallyRule};

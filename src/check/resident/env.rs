@@ -3,10 +3,12 @@
 //! once), so a launch's tensor ids stay valid for the rest of the check.
 
 use super::super::expr::{Scalar, Scope};
-use super::super::steps::{eval_shape, split_axis, Bindings, Init};
+use super::super::steps::pieces::chunk_sizes;
+use super::super::steps::{eval_shape, item, split_axis, Bindings, Env, Init, ItemReduce};
+use super::super::tensor_expr::TensorExpr;
 use super::super::Expr;
 use std::sync::Arc;
-use tilegrad_gpu::{device_bytes, DeviceBuffer, DeviceMemory, DeviceTensor, Gpu};
+use tilegrad_gpu::{device_bytes, Along, DeviceBuffer, DeviceMemory, DeviceTensor, Gpu};
 use tilegrad_ir::DType;
 use tilegrad_reference::{HostTensor, TensorId};
 
@@ -92,6 +94,75 @@ impl DeviceEnv {
         nshape.remove(a);
         let d = self.add_zeroed(gpu, dst, t.dtype, &nshape)?;
         gpu.sum_axis(t.addr, t.dtype, d.addr, outer, n, inner).map_err(dev)
+    }
+
+    /// A `chunk` step: each of torch's chunks of `src` along `axis` a new tensor, one per name
+    /// of `dsts` (a count torch would not give steps aside to the host, which explains it).
+    pub(crate) fn chunk(&mut self, gpu: &Gpu, src: &str, chunks: usize, axis: i64, dsts: &[String]) -> Result<(), Aside> {
+        let (t, shape) = self.tensor_and_shape(src)?;
+        let (a, outer, n, inner) = split_axis(&shape, axis).ok_or_else(|| format!("chunk along axis {axis} of `{src}`"))?;
+        let sizes = chunk_sizes(n, chunks);
+        if chunks == 0 || sizes.len() != dsts.len() {
+            return Err(format!("`{src}`.chunk({chunks}, {axis}) into {} tensors", dsts.len()));
+        }
+        let mut at = 0;
+        for (d, len) in dsts.iter().zip(sizes) {
+            let mut piece_shape = shape.clone();
+            piece_shape[a] = len;
+            let piece = self.add_zeroed(gpu, d, t.dtype, &piece_shape)?;
+            let along = Along { outer, inner, len, n_src: n, src_at: at, n_dst: len, dst_at: 0 };
+            gpu.copy_along(t.addr, piece.addr, t.dtype, along, false).map_err(dev)?;
+            at += len;
+        }
+        Ok(())
+    }
+
+    /// A `cat` step of tensors of one dtype (promotions step aside to the host).
+    pub(crate) fn cat(&mut self, gpu: &Gpu, srcs: &[String], axis: i64, dst: &str) -> Result<(), Aside> {
+        let parts = srcs.iter().map(|n| self.tensor_and_shape(n)).collect::<Result<Vec<_>, _>>()?;
+        let (first, first_shape) = parts.first().ok_or("a concatenation of no tensors")?;
+        let (a, outer, _, inner) = split_axis(first_shape, axis).ok_or_else(|| format!("cat along axis {axis}"))?;
+        let alike =
+            |sh: &[usize]| sh.len() == first_shape.len() && sh.iter().zip(first_shape).enumerate().all(|(k, (x, y))| k == a || x == y);
+        if parts.iter().any(|(t, sh)| t.dtype != first.dtype || !alike(sh)) {
+            return Err("a concatenation of tensors of other dtypes or shapes".into());
+        }
+        let n: usize = parts.iter().map(|(_, sh)| sh[a]).sum();
+        let mut shape = first_shape.clone();
+        shape[a] = n;
+        let out = self.add_zeroed(gpu, dst, first.dtype, &shape)?;
+        let mut at = 0;
+        for (t, sh) in &parts {
+            let along = Along { outer, inner, len: sh[a], n_src: sh[a], src_at: 0, n_dst: n, dst_at: at };
+            gpu.copy_along(t.addr, out.addr, t.dtype, along, false).map_err(dev)?;
+            at += sh[a];
+        }
+        Ok(())
+    }
+
+    /// An `item` step: computed on the host, as the host's check computes it, from copies of
+    /// only the tensors its expression names (a count of labels is a few KB).
+    pub(crate) fn item(&mut self, gpu: &Gpu, reduce: Option<ItemReduce>, expr: &TensorExpr, dst: &str) -> Result<(), Aside> {
+        if self.tensor_id(dst).is_some() {
+            return Err(format!("`{dst}` is already defined"));
+        }
+        let mut host = Env { constants: self.constants.clone(), ..Env::default() };
+        for name in expr.names() {
+            if let Ok((t, shape)) = self.tensor_and_shape(name) {
+                let h = gpu.download_tensor(&t).map_err(dev)?;
+                host.add(name, HostTensor::new(h.dtype(), &shape, h.data().clone()).map_err(|e| e.to_string())?)?;
+            }
+        }
+        item::run(&mut host, reduce, expr, dst)?;
+        let v = host.constant(dst).ok_or("no item")?;
+        self.constants.push((dst.to_string(), v));
+        Ok(())
+    }
+
+    /// Tensor `name` and its shape.
+    fn tensor_and_shape(&self, name: &str) -> Result<(DeviceTensor, Vec<usize>), Aside> {
+        let t = self.get(name).ok_or_else(|| format!("no tensor `{name}`"))?.clone();
+        Ok((t, self.shape_of(name).ok_or("no shape")?.to_vec()))
     }
 
     /// The tensor bound to `name`.

@@ -10,8 +10,9 @@
 //! too, and its blame runs the passes again on the host, traced ([`blamed`]). What this path
 //! does not compute itself it leaves to the host's check, which then runs from the start: a
 //! failing forward comparison, a spec the host must explain (an error), a forward that is not
-//! finite, a launch the evaluator must differentiate, host steps (but for sums over an axis in
-//! f32 or f64 in the backward), inputs or cotangents the device does not draw. Elements asked
+//! finite, a launch the evaluator must differentiate, host steps other than sums over an axis
+//! (f32 or f64), chunks, concatenations of one dtype and items (computed on the host from
+//! copies of their operands), inputs or cotangents the device does not draw. Elements asked
 //! about are explained from the same traced passes. Where the passes compute in f16 or bf16, or
 //! `dot` in tf32, the forward and the backward's first trial are also replayed with every float
 //! in f32 on the device, as the host replays them (the size of what roundings act on). A check's
@@ -51,8 +52,8 @@ fn spec_eligible(fwd: &Forward, bwd: &Backward, opts: &CheckOptions) -> bool {
         && opts.precision == Precision::F64
         && !opts.allow_non_finite
         && normal_cotangents
-        && pass::on_device(&fwd.steps, false)
-        && pass::on_device(&bwd.steps, true)
+        && pass::on_device(&fwd.steps)
+        && pass::on_device(&bwd.steps)
 }
 
 /// The check on the device, or `None` where it leaves the check to the host (see the module's

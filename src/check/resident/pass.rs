@@ -78,6 +78,9 @@ pub(crate) fn run(
                 }
             }
             Step::Sum { src, axis, dst } => env.sum(gpu, src, *axis, dst)?,
+            Step::Chunk { src, chunks, axis, dsts } => env.chunk(gpu, src, *chunks, *axis, dsts)?,
+            Step::Cat { srcs, axis, dst } => env.cat(gpu, srcs, *axis, dst)?,
+            Step::Item { reduce, expr, dst } => env.item(gpu, *reduce, expr, dst)?,
             _ => return Err(format!("step {i} ({}) runs on the host", step.describe())),
         }
     }
@@ -117,9 +120,11 @@ fn launch(
     })
 }
 
-/// Whether every step of `steps` runs on the device: allocations, launches and, where
-/// `sums`, sums over an axis (the forward's reverse sweep has no transpose of them on the
-/// device).
-pub(crate) fn on_device(steps: &[Step], sums: bool) -> bool {
-    steps.iter().all(|s| matches!(s, Step::Alloc { .. } | Step::Launch(_)) || (sums && matches!(s, Step::Sum { .. })))
+/// Whether every step of `steps` runs on the device: allocations, launches, sums over an axis,
+/// chunks, concatenations and items (an item's few operands are copied to the host; see
+/// [`DeviceEnv::item`]). The reverse sweep ([`super::sweep`]) has the transposes of each.
+pub(crate) fn on_device(steps: &[Step]) -> bool {
+    steps.iter().all(|s| {
+        matches!(s, Step::Alloc { .. } | Step::Launch(_) | Step::Sum { .. } | Step::Chunk { .. } | Step::Cat { .. } | Step::Item { .. })
+    })
 }

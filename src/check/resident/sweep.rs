@@ -1,17 +1,22 @@
-//! The ground truth's reverse sweep over a forward of allocations and launches whose tensors
-//! are in device memory: each launch's VJP kernel runs in place on the forward's tensors as they
-//! were before it (its backup put back), with cotangents in device buffers by tensor name, as
-//! [`crate::check::ground::reverse`] keeps them on the host.
+//! The ground truth's reverse sweep over a forward whose tensors are in device memory: each
+//! launch's VJP kernel runs in place on the forward's tensors as they were before it (its
+//! backup put back), with cotangents in device buffers by tensor name, as
+//! [`crate::check::ground::reverse`] keeps them on the host; a sum's cotangent is broadcast
+//! back along its axis, a chunk's pieces' and a concatenation's parts' go back to their
+//! positions, and an item has none.
 
 use super::env::{dev, Aside, DeviceEnv};
 use super::pass::Ran;
 use crate::check::backend::Executor;
 use crate::check::ground::contents_matter;
+use crate::check::steps::pieces::chunk_sizes;
+use crate::check::steps::split_axis;
 use crate::check::steps::Step;
 use crate::check::vjp_in_place::{vjp_in_place, vjp_kernel};
 use std::collections::HashMap;
 use tilegrad_ad::{Precision, VjpKernel};
-use tilegrad_gpu::DeviceBuffer;
+use tilegrad_gpu::{Along, DeviceBuffer, Gpu};
+use tilegrad_ir::DType;
 
 /// Each kept launch's VJP kernel (f64, over the f64 tensors of `env`), compiled ahead
 /// together. A launch the evaluator must differentiate (a refused VJP kernel, programs that
@@ -52,6 +57,19 @@ pub(crate) fn reverse(
                 continue;
             }
             Step::Launch(_) => ran.iter().find(|r| r.step == i).ok_or("a launch not kept")?,
+            Step::Item { .. } => continue,
+            Step::Sum { src, axis, dst } => {
+                sum_back(gpu, env, &mut cot, (src, *axis, dst))?;
+                continue;
+            }
+            Step::Chunk { src, chunks, axis, dsts } => {
+                chunk_back(gpu, env, &mut cot, (src, *chunks, *axis, dsts))?;
+                continue;
+            }
+            Step::Cat { srcs, axis, dst } => {
+                cat_back(gpu, env, &mut cot, (srcs, *axis, dst))?;
+                continue;
+            }
             _ => return Err(format!("step {i} runs on the host")),
         };
         // The launch's tensors as it found them.
@@ -78,4 +96,70 @@ pub(crate) fn reverse(
         }
     }
     Ok(cot)
+}
+
+/// The cotangent of tensor `name` of `env` in `cot`, zeros where it has none yet.
+fn cot_of<'c>(gpu: &Gpu, env: &DeviceEnv, cot: &'c mut HashMap<String, DeviceBuffer>, name: &str) -> Result<&'c DeviceBuffer, Aside> {
+    if !cot.contains_key(name) {
+        let t = env.get(name).ok_or_else(|| format!("no tensor `{name}`"))?;
+        cot.insert(name.to_string(), gpu.alloc_zeroed(t.numel * 8).map_err(dev)?);
+    }
+    Ok(&cot[name])
+}
+
+/// The shape of `name` split at `axis`: (outer, extent, inner).
+fn split(env: &DeviceEnv, name: &str, axis: i64) -> Result<(usize, usize, usize), Aside> {
+    let shape = env.shape_of(name).ok_or_else(|| format!("no tensor `{name}`"))?;
+    split_axis(shape, axis).map(|(_, o, n, i)| (o, n, i)).ok_or_else(|| format!("axis {axis} of `{name}`"))
+}
+
+/// `dst = src.sum(axis)` backwards: `dst`'s cotangent added to every position along the axis.
+fn sum_back(gpu: &Gpu, env: &DeviceEnv, cot: &mut HashMap<String, DeviceBuffer>, (src, axis, dst): (&str, i64, &str)) -> Result<(), Aside> {
+    let Some(c) = cot.remove(dst) else { return Ok(()) };
+    let (outer, n, inner) = split(env, src, axis)?;
+    let into = cot_of(gpu, env, cot, src)?;
+    gpu.broadcast_add(c.addr(), into.addr(), outer, n, inner).map_err(dev)
+}
+
+/// A chunk backwards: each piece's cotangent added into its positions in the source's.
+fn chunk_back(
+    gpu: &Gpu,
+    env: &DeviceEnv,
+    cot: &mut HashMap<String, DeviceBuffer>,
+    (src, chunks, axis, dsts): (&str, usize, i64, &[String]),
+) -> Result<(), Aside> {
+    let (outer, n, inner) = split(env, src, axis)?;
+    let mut at = 0;
+    for (d, len) in dsts.iter().zip(chunk_sizes(n, chunks)) {
+        if let Some(c) = cot.remove(d) {
+            let into = cot_of(gpu, env, cot, src)?;
+            let along = Along { outer, inner, len, n_src: len, src_at: 0, n_dst: n, dst_at: at };
+            gpu.copy_along(c.addr(), into.addr(), DType::F64, along, true).map_err(dev)?;
+        }
+        at += len;
+    }
+    Ok(())
+}
+
+/// A concatenation backwards: each source's positions of the result's cotangent added into
+/// the source's.
+fn cat_back(
+    gpu: &Gpu,
+    env: &DeviceEnv,
+    cot: &mut HashMap<String, DeviceBuffer>,
+    (srcs, axis, dst): (&[String], i64, &str),
+) -> Result<(), Aside> {
+    let Some(c) = cot.remove(dst) else { return Ok(()) };
+    let (outer, n, inner) = split(env, dst, axis)?;
+    let mut at = 0;
+    for s in srcs {
+        let (_, len, _) = split(env, s, axis)?;
+        if env.get(s).is_some_and(|t| t.dtype.is_float()) {
+            let into = cot_of(gpu, env, cot, s)?;
+            let along = Along { outer, inner, len, n_src: n, src_at: at, n_dst: len, dst_at: 0 };
+            gpu.copy_along(c.addr(), into.addr(), DType::F64, along, true).map_err(dev)?;
+        }
+        at += len;
+    }
+    Ok(())
 }

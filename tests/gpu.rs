@@ -785,8 +785,10 @@ fn checks_kept_on_the_device_give_the_host_copies_reports() {
         let opts = CheckOptions { trials: 2, backend: Backend::Gpu, ground: Ground::Kernels, ..s.options.clone() };
         let dev = check_backward(&s.forward, bwd, &s.inputs, &opts);
         let aside = dev.as_ref().ok().and_then(|r| r.timings.phases.iter().find(|(p, _)| p.contains("stepped aside")).cloned());
-        // Sums, chunks, concatenations and items run on the device (their transposes too).
-        let host_steps_on_device = ["block_sum.toml", "swiglu_chunk.toml", "cross_entropy_fused.toml"];
+        // Host steps keep a check on the device: sums, chunks and concatenations run there,
+        // other host steps on copies of what they read (their transposes likewise).
+        let host_steps_on_device =
+            ["block_sum.toml", "swiglu_chunk.toml", "cross_entropy_fused.toml", "cross_entropy_item.toml", "cross_entropy_mean.toml"];
         if let (Some((why, _)), true) = (&aside, host_steps_on_device.contains(&label.as_str())) {
             return Err(format!("{label}: stepped aside: {why}"));
         }

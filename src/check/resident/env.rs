@@ -2,10 +2,10 @@
 //! with the constants the size expressions read. Tensors only grow in number (a name is bound
 //! once), so a launch's tensor ids stay valid for the rest of the check.
 
+use super::super::backend::Executor;
 use super::super::expr::{Scalar, Scope};
 use super::super::steps::pieces::chunk_sizes;
-use super::super::steps::{eval_shape, item, split_axis, Bindings, Env, Init, ItemReduce};
-use super::super::tensor_expr::TensorExpr;
+use super::super::steps::{self, eval_shape, split_axis, Bindings, Env, Init, Mode, Step};
 use super::super::Expr;
 use std::sync::Arc;
 use tilegrad_gpu::{device_bytes, Along, DeviceBuffer, DeviceMemory, DeviceTensor, Gpu};
@@ -140,23 +140,39 @@ impl DeviceEnv {
         Ok(())
     }
 
-    /// An `item` step: computed on the host, as the host's check computes it, from copies of
-    /// only the tensors its expression names (a count of labels is a few KB).
-    pub(crate) fn item(&mut self, gpu: &Gpu, reduce: Option<ItemReduce>, expr: &TensorExpr, dst: &str) -> Result<(), Aside> {
-        if self.tensor_id(dst).is_some() {
-            return Err(format!("`{dst}` is already defined"));
+    /// A host step other than those the device runs itself (an item, an elementwise
+    /// computation, a cast, a reshape, a reduction, a slice), computed on the host as the host's
+    /// check computes it ([`steps::run`]), from copies of only the tensors it reads; what it
+    /// makes is copied to the device. A count of labels reads a few KB; a step over a large
+    /// tensor copies it both ways, which the check would otherwise do for every tensor.
+    pub(crate) fn on_host(&mut self, gpu: &Gpu, step: &Step, mode: Mode, exec: &Executor) -> Result<(), Aside> {
+        if matches!(step, Step::Accumulate { .. } | Step::Launch(_) | Step::Alloc { .. }) {
+            return Err(format!("step `{}` is not computed on the host for the device", step.describe()));
         }
+        let mut host = self.host_copies(gpu, &step.data_reads())?;
+        let (given, constants) = (host.names.len(), host.constants.len());
+        steps::run(&mut host, std::slice::from_ref(step), mode, None, None, None, exec).map_err(|f| f.error.message())?;
+        for (name, id) in &host.names[given..] {
+            self.add_host(gpu, name, host.mem.get(*id))?;
+        }
+        self.constants.extend(host.constants[constants..].iter().cloned());
+        Ok(())
+    }
+
+    /// A host environment of this one's constants and copies of the tensors among `names`
+    /// (others, constants and the like, are left out).
+    pub(crate) fn host_copies(&self, gpu: &Gpu, names: &[&str]) -> Result<Env, Aside> {
         let mut host = Env { constants: self.constants.clone(), ..Env::default() };
-        for name in expr.names() {
+        for &name in names {
+            if host.id(name).is_some() {
+                continue;
+            }
             if let Ok((t, shape)) = self.tensor_and_shape(name) {
                 let h = gpu.download_tensor(&t).map_err(dev)?;
                 host.add(name, HostTensor::new(h.dtype(), &shape, h.data().clone()).map_err(|e| e.to_string())?)?;
             }
         }
-        item::run(&mut host, reduce, expr, dst)?;
-        let v = host.constant(dst).ok_or("no item")?;
-        self.constants.push((dst.to_string(), v));
-        Ok(())
+        Ok(host)
     }
 
     /// Tensor `name` and its shape.

@@ -10,7 +10,7 @@ use crate::check::steps::{has_unfilled_loads, resolve, Mode, Step};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tilegrad_gpu::{Backup, Gpu};
-use tilegrad_ir::{Inst, Kernel};
+use tilegrad_ir::{DType, Inst, Kernel};
 use tilegrad_reference::{Arg, Grid, Launch, Options, RaceMode, TensorId};
 
 /// A launch of a pass as it ran, for the reverse sweep.
@@ -77,14 +77,22 @@ pub(crate) fn run(
                     out.push(Ran { step: i, kernel, grid, args, names, max_trips, same_value, before });
                 }
             }
-            Step::Sum { src, axis, dst } => env.sum(gpu, src, *axis, dst)?,
+            Step::Sum { src, axis, dst } if env.get(src).is_some_and(|t| matches!(t.dtype, DType::F32 | DType::F64)) => {
+                env.sum(gpu, src, *axis, dst)?
+            }
             Step::Chunk { src, chunks, axis, dsts } => env.chunk(gpu, src, *chunks, *axis, dsts)?,
-            Step::Cat { srcs, axis, dst } => env.cat(gpu, srcs, *axis, dst)?,
-            Step::Item { reduce, expr, dst } => env.item(gpu, *reduce, expr, dst)?,
-            _ => return Err(format!("step {i} ({}) runs on the host", step.describe())),
+            Step::Cat { srcs, axis, dst } if one_dtype(env, srcs) => env.cat(gpu, srcs, *axis, dst)?,
+            Step::Accumulate { .. } => return Err(format!("step {i} ({}) runs on the host", step.describe())),
+            _ => env.on_host(gpu, step, mode, exec).map_err(|e| format!("step {i} ({}): {e}", step.describe()))?,
         }
     }
     Ok(out)
+}
+
+/// Whether the tensors named are all of one dtype (a concatenation that promotes none).
+fn one_dtype(env: &DeviceEnv, names: &[String]) -> bool {
+    let dtypes: Vec<_> = names.iter().map(|n| env.get(n).map(|t| t.dtype)).collect();
+    dtypes.windows(2).all(|w| w[0] == w[1]) && dtypes.iter().all(Option::is_some)
 }
 
 /// What a kept launch tells the reverse sweep: its loops' trip counts, whether programs stored
@@ -120,11 +128,11 @@ fn launch(
     })
 }
 
-/// Whether every step of `steps` runs on the device: allocations, launches, sums over an axis,
-/// chunks, concatenations and items (an item's few operands are copied to the host; see
-/// [`DeviceEnv::item`]). The reverse sweep ([`super::sweep`]) has the transposes of each.
+/// Whether a check of `steps` keeps its tensors on the device: every step but an in-place
+/// accumulation (whose operand's earlier contents the reverse sweep would need). Allocations,
+/// launches, sums over an axis, chunks and concatenations run there; other host steps are
+/// computed on the host from copies of what they read ([`DeviceEnv::on_host`]). The reverse
+/// sweep ([`super::sweep`]) has the transposes of each.
 pub(crate) fn on_device(steps: &[Step]) -> bool {
-    steps.iter().all(|s| {
-        matches!(s, Step::Alloc { .. } | Step::Launch(_) | Step::Sum { .. } | Step::Chunk { .. } | Step::Cat { .. } | Step::Item { .. })
-    })
+    !steps.iter().any(|s| matches!(s, Step::Accumulate { .. }))
 }

@@ -3,18 +3,20 @@
 //! backup put back), with cotangents in device buffers by tensor name, as
 //! [`crate::check::ground::reverse`] keeps them on the host; a sum's cotangent is broadcast
 //! back along its axis, a chunk's pieces' and a concatenation's parts' go back to their
-//! positions, and an item has none.
+//! positions; other host steps go back on the host, as they went forward
+//! ([`DeviceEnv::on_host`]), from copies of what they read and made and of their cotangents.
 
 use super::env::{dev, Aside, DeviceEnv};
 use super::pass::Ran;
 use crate::check::backend::Executor;
+use crate::check::ground;
 use crate::check::ground::contents_matter;
 use crate::check::steps::pieces::chunk_sizes;
-use crate::check::steps::split_axis;
 use crate::check::steps::Step;
+use crate::check::steps::{split_axis, Records};
 use crate::check::vjp_in_place::{vjp_in_place, vjp_kernel};
 use std::collections::HashMap;
-use tilegrad_ad::{Precision, VjpKernel};
+use tilegrad_ad::{GradOptions, Precision, VjpKernel};
 use tilegrad_gpu::{Along, DeviceBuffer, Gpu};
 use tilegrad_ir::DType;
 
@@ -57,7 +59,6 @@ pub(crate) fn reverse(
                 continue;
             }
             Step::Launch(_) => ran.iter().find(|r| r.step == i).ok_or("a launch not kept")?,
-            Step::Item { .. } => continue,
             Step::Sum { src, axis, dst } => {
                 sum_back(gpu, env, &mut cot, (src, *axis, dst))?;
                 continue;
@@ -70,7 +71,10 @@ pub(crate) fn reverse(
                 cat_back(gpu, env, &mut cot, (srcs, *axis, dst))?;
                 continue;
             }
-            _ => return Err(format!("step {i} runs on the host")),
+            _ => {
+                host_back(gpu, env, &mut cot, step).map_err(|e| format!("forward step {i} ({}): {e}", step.describe()))?;
+                continue;
+            }
         };
         // The launch's tensors as it found them.
         gpu.restore(&r.before, &mem).map_err(dev)?;
@@ -160,6 +164,52 @@ fn cat_back(
             gpu.copy_along(c.addr(), into.addr(), DType::F64, along, true).map_err(dev)?;
         }
         at += len;
+    }
+    Ok(())
+}
+
+/// The tensors a host step makes.
+fn made_by(step: &Step) -> Vec<&str> {
+    match step {
+        Step::Sum { dst, .. }
+        | Step::Reshape { dst, .. }
+        | Step::Scale { dst, .. }
+        | Step::Compute { dst, .. }
+        | Step::Cast { dst, .. }
+        | Step::Reduce { dst, .. }
+        | Step::Slice { dst, .. }
+        | Step::Cat { dst, .. }
+        | Step::Accumulate { dst, .. } => vec![dst],
+        Step::Chunk { dsts, .. } => dsts.iter().map(String::as_str).collect(),
+        Step::Alloc { .. } | Step::Launch(_) | Step::Item { .. } => Vec::new(),
+    }
+}
+
+/// A host step computed on the host in the forward ([`DeviceEnv::on_host`]) backwards, by the
+/// host's reverse sweep ([`crate::check::ground::reverse`]) over copies of what it read and
+/// made and of their cotangents; the cotangents of what it read come back to the device.
+fn host_back(gpu: &Gpu, env: &DeviceEnv, cot: &mut HashMap<String, DeviceBuffer>, step: &Step) -> Result<(), Aside> {
+    let made = made_by(step);
+    if !made.iter().any(|n| cot.contains_key(*n)) {
+        return Ok(());
+    }
+    let mut names = step.data_reads();
+    names.extend(made.iter().copied());
+    let host = env.host_copies(gpu, &names)?;
+    let mut host_cot = HashMap::new();
+    for (name, id) in &host.names {
+        if let Some(b) = cot.get(name) {
+            host_cot.insert(name.clone(), gpu.download_f64(b.addr(), host.mem.get(*id).numel()).map_err(dev)?);
+        }
+    }
+    let records = Records::default();
+    let back = ground::reverse(std::slice::from_ref(step), &records, &host, host_cot, &GradOptions::default(), None, &mut Vec::new())
+        .map_err(|e| e.to_string())?;
+    for n in made {
+        cot.remove(n);
+    }
+    for (name, g) in back {
+        cot.insert(name, gpu.upload_f64(&g).map_err(dev)?);
     }
     Ok(())
 }

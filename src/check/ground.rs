@@ -301,25 +301,11 @@ pub(crate) fn contents_matter(steps: &[Step], i: usize, name: &str, launch_touch
                     return true;
                 }
             }
-            Step::Sum { dst, .. }
-            | Step::Reshape { dst, .. }
-            | Step::Scale { dst, .. }
-            | Step::Compute { dst, .. }
-            | Step::Cast { dst, .. }
-            | Step::Reduce { dst, .. }
-            | Step::Slice { dst, .. }
-            | Step::Cat { dst, .. }
-            | Step::Accumulate { dst, .. } => {
-                if dst == name {
+            host => {
+                if host.host_writes().contains(&name) {
                     return true;
                 }
             }
-            Step::Chunk { dsts, .. } => {
-                if dsts.iter().any(|d| d == name) {
-                    return true;
-                }
-            }
-            Step::Item { .. } => {}
         }
     }
     true

@@ -725,19 +725,7 @@ fn step_writes(step: &Step, name: &str) -> bool {
 
 /// Whether a step of `steps` makes the tensor `name` (an allocation or a host step's result).
 fn defined_by(steps: &[Step], name: &str) -> bool {
-    steps.iter().any(|s| match s {
-        Step::Alloc { name: n, .. } => n == name,
-        Step::Sum { dst, .. }
-        | Step::Reshape { dst, .. }
-        | Step::Scale { dst, .. }
-        | Step::Compute { dst, .. }
-        | Step::Cast { dst, .. }
-        | Step::Reduce { dst, .. }
-        | Step::Slice { dst, .. }
-        | Step::Cat { dst, .. } => dst == name,
-        Step::Chunk { dsts, .. } => dsts.iter().any(|d| d == name),
-        Step::Launch(_) | Step::Accumulate { .. } | Step::Item { .. } => false,
-    })
+    steps.iter().any(|s| !matches!(s, Step::Accumulate { .. }) && s.host_writes().contains(&name))
 }
 
 /// The dtype of an input tensor.

@@ -289,6 +289,25 @@ impl Step {
             Step::Cat { srcs, .. } => srcs.iter().map(String::as_str).collect(),
         }
     }
+
+    /// The tensors the step writes other than through a launch: an allocation's, a host step's
+    /// results, and the tensor an accumulation updates in place.
+    pub(crate) fn host_writes(&self) -> Vec<&str> {
+        match self {
+            Step::Alloc { name, .. } => vec![name],
+            Step::Sum { dst, .. }
+            | Step::Reshape { dst, .. }
+            | Step::Scale { dst, .. }
+            | Step::Compute { dst, .. }
+            | Step::Cast { dst, .. }
+            | Step::Reduce { dst, .. }
+            | Step::Slice { dst, .. }
+            | Step::Cat { dst, .. }
+            | Step::Accumulate { dst, .. } => vec![dst],
+            Step::Chunk { dsts, .. } => dsts.iter().map(String::as_str).collect(),
+            Step::Launch(_) | Step::Item { .. } => Vec::new(),
+        }
+    }
 }
 
 /// The tensors of a launch of `kernel` with `args` whose contents before it no program reads:

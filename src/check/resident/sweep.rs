@@ -168,28 +168,11 @@ fn cat_back(
     Ok(())
 }
 
-/// The tensors a host step makes.
-fn made_by(step: &Step) -> Vec<&str> {
-    match step {
-        Step::Sum { dst, .. }
-        | Step::Reshape { dst, .. }
-        | Step::Scale { dst, .. }
-        | Step::Compute { dst, .. }
-        | Step::Cast { dst, .. }
-        | Step::Reduce { dst, .. }
-        | Step::Slice { dst, .. }
-        | Step::Cat { dst, .. }
-        | Step::Accumulate { dst, .. } => vec![dst],
-        Step::Chunk { dsts, .. } => dsts.iter().map(String::as_str).collect(),
-        Step::Alloc { .. } | Step::Launch(_) | Step::Item { .. } => Vec::new(),
-    }
-}
-
 /// A host step computed on the host in the forward ([`DeviceEnv::on_host`]) backwards, by the
 /// host's reverse sweep ([`crate::check::ground::reverse`]) over copies of what it read and
 /// made and of their cotangents; the cotangents of what it read come back to the device.
 fn host_back(gpu: &Gpu, env: &DeviceEnv, cot: &mut HashMap<String, DeviceBuffer>, step: &Step) -> Result<(), Aside> {
-    let made = made_by(step);
+    let made = step.host_writes();
     if !made.iter().any(|n| cot.contains_key(*n)) {
         return Ok(());
     }

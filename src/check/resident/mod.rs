@@ -10,9 +10,10 @@
 //! too, and its blame runs the passes again on the host, traced ([`blamed`]). What this path
 //! does not compute itself it leaves to the host's check, which then runs from the start: a
 //! failing forward comparison, a spec the host must explain (an error), a forward that is not
-//! finite, a launch the evaluator must differentiate, host steps other than sums over an axis
-//! (f32 or f64), chunks, concatenations of one dtype and items (computed on the host from
-//! copies of their operands), inputs or cotangents the device does not draw. Elements asked
+//! finite, a launch the evaluator must differentiate, an in-place accumulation, inputs or
+//! cotangents the device does not draw. Host steps run on the device where it has them (sums
+//! over an axis in f32 or f64, chunks, concatenations of one dtype), else on the host from
+//! copies of only what they read and make ([`env::DeviceEnv::on_host`]). Elements asked
 //! about are explained from the same traced passes. Where the passes compute in f16 or bf16, or
 //! `dot` in tf32, the forward and the backward's first trial are also replayed with every float
 //! in f32 on the device, as the host replays them (the size of what roundings act on). A check's

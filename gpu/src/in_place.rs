@@ -117,13 +117,6 @@ pub struct Backup {
     copies: Vec<(TensorId, cudarc::driver::CudaSlice<u8>)>,
 }
 
-impl Backup {
-    /// The tensors it holds copies of.
-    pub fn tensors(&self) -> impl Iterator<Item = TensorId> + '_ {
-        self.copies.iter().map(|(t, _)| *t)
-    }
-}
-
 /// `tg_first_diff`: the least index `i < n` at which elements of `size` bytes (1, 2, 4 or 8) of
 /// `a` and `b` differ in their bits, by `atomicMin` into `out` (left as is where none do).
 const FIRST_DIFFERENCE: &str = r#"

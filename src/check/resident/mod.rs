@@ -454,10 +454,10 @@ mod tests {
     use super::spec_eligible;
     use crate::check::{CheckOptions, Ground};
 
-    /// Which example specs a GPU check keeps on the device: those of allocations and launches
-    /// (a backward's sums too), in any float dtype, tf32 `dot`s too, with the ground truth by VJP
-    /// kernels; not those with host steps in the forward, or the evaluator's ground truth, or
-    /// with the option off.
+    /// Which example specs a GPU check keeps on the device: those of allocations, launches and
+    /// host steps, in any float dtype, tf32 `dot`s too, with the ground truth by VJP kernels;
+    /// not those with an in-place accumulation, or the evaluator's ground truth, or with the
+    /// option off.
     #[test]
     fn checks_of_launches_stay_on_the_device_and_others_do_not() {
         let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
@@ -472,7 +472,13 @@ mod tests {
         for f in launches.iter().chain(&["rms_norm_f16.toml", "smooth_ce_bf16.toml", "linear_tf32.toml"]) {
             assert!(on(f, &same), "{f}");
         }
-        assert!(!on("cross_entropy_mean.toml", &same));
+        for f in ["block_sum.toml", "swiglu_chunk.toml", "cross_entropy_fused.toml", "cross_entropy_item.toml", "cross_entropy_mean.toml"] {
+            assert!(on(f, &same), "{f}");
+        }
+        let s = crate::spec::load(&examples.join("cross_entropy_mean.toml")).unwrap();
+        let mut bwd = s.backward.clone().unwrap();
+        bwd.steps.push(crate::check::Step::Accumulate { src: "grad_x".into(), dst: "grad_x".into() });
+        assert!(!spec_eligible(&s.forward, &bwd, &CheckOptions { ground: Ground::Kernels, ..s.options.clone() }));
         assert!(!on("softmax.toml", &|o| CheckOptions { ground: Ground::Evaluator, ..o }));
         assert!(!on("softmax.toml", &|o| CheckOptions { device_resident: false, ..o }));
         assert!(on("softmax.toml", &|o| CheckOptions { blame_elements: vec![("x".into(), vec![0, 0])], ..o }));

@@ -82,7 +82,6 @@ pub(crate) fn run(
             }
             Step::Chunk { src, chunks, axis, dsts } => env.chunk(gpu, src, *chunks, *axis, dsts)?,
             Step::Cat { srcs, axis, dst } if one_dtype(env, srcs) => env.cat(gpu, srcs, *axis, dst)?,
-            Step::Accumulate { .. } => return Err(format!("step {i} ({}) runs on the host", step.describe())),
             _ => env.on_host(gpu, step, mode, exec).map_err(|e| format!("step {i} ({}): {e}", step.describe()))?,
         }
     }

@@ -129,8 +129,20 @@ pub struct Compile {
     pub waited: std::time::Duration,
 }
 
+/// Writes `job`'s source into the folder `TILEGRAD_GPU_SOURCES` names, if any, as
+/// `<kernel>-<cache key>.cu`: to read what NVRTC compiles, and which forms of a kernel a process
+/// compiles (a name with two keys is two forms). Best effort: a write that fails is skipped.
+fn keep_source(job: &Job) {
+    let Some(dir) = std::env::var_os("TILEGRAD_GPU_SOURCES") else { return };
+    let name: String = job.what.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+    let dir = std::path::PathBuf::from(dir);
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join(format!("{name}-{:032x}.cu", job.key)), format!("// {}\n{}", job.what, job.source));
+}
+
 /// Runs NVRTC on `job`, writing down the compile in `log` (by cache key).
 fn logged(job: &Job, log: &Mutex<Vec<(u128, Compile)>>) -> Option<Vec<u8>> {
+    keep_source(job);
     let started = std::time::Instant::now();
     let image = nvrtc_cubin(&job.source, &job.target).ok();
     let c = Compile { what: job.what.clone(), started, ended: std::time::Instant::now(), waited: Default::default() };
@@ -287,6 +299,7 @@ impl Ahead {
     /// Compiles `job` now, on this thread (no compile ahead had it): the image, or NVRTC's log.
     /// The caller waits for all of it.
     pub(crate) fn compile_now(&self, job: &Job) -> Result<Vec<u8>, String> {
+        keep_source(job);
         let started = std::time::Instant::now();
         let image = nvrtc_cubin(&job.source, &job.target);
         let ended = std::time::Instant::now();
@@ -299,6 +312,11 @@ impl Ahead {
     pub(crate) fn compiles_since(&self, since: std::time::Instant) -> Vec<Compile> {
         let log = self.log.lock().expect("compile log");
         log.iter().filter(|(_, c)| c.started >= since).map(|(_, c)| c.clone()).collect()
+    }
+
+    /// Every compile, in the order they ended.
+    pub(crate) fn compiles(&self) -> Vec<Compile> {
+        self.log.lock().expect("compile log").iter().map(|(_, c)| c.clone()).collect()
     }
 }
 

@@ -385,6 +385,11 @@ impl Gpu {
         self.ahead.compiles_since(since)
     }
 
+    /// Every NVRTC compile of this device's kernels in this process, in the order they ended.
+    pub fn compiles(&self) -> Vec<Compile> {
+        self.ahead.compiles()
+    }
+
     /// The device's streaming multiprocessors.
     pub(crate) fn sms(&self) -> u32 {
         self.sms

@@ -1,7 +1,7 @@
 """The whole-check time of `tilegrad.check_function` on CUDA tensors, beside the Function's own
 forward + backward on the GPU and (with `--cpu`) the same check on CPU tensors.
 
-    python python/bench/cuda_check.py [--sizes 4096x4096,16384x4096] [--cpu] [--profile] [--liger]
+    python python/bench/cuda_check.py [--sizes 4096x4096,16384x4096] [--cpu] [--profile] [--liger] [--compiles]
 
 For each library-style Function (python/tests/functions_liger_style.py's RMS norm; with
 `--liger`, Liger-Kernel's RMSNorm, LayerNorm, SwiGLU and cross entropy Functions where the
@@ -10,7 +10,8 @@ and size: the Function's own forward + backward (median of 10, CUDA events), the
 (kernels converted and compiled) and the second, with `backend="gpu"`, 2 trials, and how far
 the process's resident memory rose above where it started during the second (sampled every
 millisecond from /proc/self/statm), beside the bytes of one gradient tensor. `--profile`
-prints where the second check's time goes (cProfile, by own time).
+prints where the second check's time goes (cProfile, by own time); `--compiles`, the first
+check's NVRTC compiles (what, how long, how long launches waited) and its profile.
 """
 
 from __future__ import annotations
@@ -123,7 +124,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--liger", action="store_true")
     ap.add_argument("--only", default="", help="only Functions whose name contains this")
+    ap.add_argument("--compiles", action="store_true", help="the first check's NVRTC compiles and its profile")
     a = ap.parse_args()
+    gpu = tilegrad._native.Executor("gpu")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| Function | size | own fwd+bwd | check gpu, first | second | ratio to own | host RSS rise, second / one gradient | check cpu | verdict |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -134,7 +137,13 @@ def main() -> None:
             x = torch.randn(rows, cols, device="cuda", generator=gen)
             args = make(x)
             own = native_seconds(fn, args)
+            before = len(gpu.compiles())
+            first_profile = cProfile.Profile() if a.compiles else None
+            if first_profile:
+                first_profile.enable()
             first, _, _ = timed_check(fn, args, "gpu")
+            if first_profile:
+                first_profile.disable()
             second, r, rise = timed_check(fn, args, "gpu")
             grad = x.numel() * x.element_size()
             cpu = ""
@@ -149,6 +158,11 @@ def main() -> None:
                 f"| {name} | {size} | {own * 1e3:.2f} ms | {first:.2f} s | {second:.2f} s | {second / own:.0f}x "
                 f"| {rise / mib:.0f} / {grad / mib:.0f} MiB | {cpu} | {verdict} |"
             )
+            if first_profile:
+                print(f"first check's compiles (seconds NVRTC took, seconds launches waited), {name} {size}:")
+                for what, took, waited in gpu.compiles()[before:]:
+                    print(f"    {took:6.2f} {waited:6.2f}  {what}")
+                pstats.Stats(first_profile).sort_stats("cumulative").print_stats(25)
             if a.profile:
                 p = cProfile.Profile()
                 p.enable()

@@ -355,10 +355,6 @@ impl LaunchRecord {
     }
 }
 
-/// Runs a launch in place on host memory. `ptr_args`: (parameter, storage index, element
-/// offset of the pointer in the storage); `mems`: (name, dtype, address, elements). With
-/// `promote`, floats compute in f64 (the ground truth's forward). Returns who wrote what when
-/// `record`.
 /// Where launches run: `Executor("cpu" | "gpu" | "auto" | "compare")`, the CLI's `--backend`
 /// choices. `gpu` (and `compare`) raise `UsageError` saying why when no GPU is usable; `auto`
 /// then uses the CPU. `describe()` says where the launches it ran went. With
@@ -411,10 +407,23 @@ impl PyExecutor {
     fn mismatches(&self) -> Vec<String> {
         self.0.mismatches()
     }
+
+    /// The GPU's NVRTC compiles in this process so far, in the order they ended: (what was
+    /// compiled, seconds NVRTC took, seconds launches waited for it). Empty on the CPU.
+    fn compiles(&self) -> Vec<(String, f64, f64)> {
+        let Some(g) = self.0.gpu() else { return Vec::new() };
+        g.compiles().into_iter().map(|c| (c.what, (c.ended - c.started).as_secs_f64(), c.waited.as_secs_f64())).collect()
+    }
 }
 
+/// Runs a launch in place on host memory (on device memory with `device`). `ptr_args`:
+/// (parameter, storage index, element offset of the pointer in the storage); `mems`: (name,
+/// dtype, address, elements). With `promote`, floats compute in f64 (the ground truth's
+/// forward). Returns who wrote what when `record`. `f64_kernel`: the kernel as the ground
+/// truth converts it, whose f64 forms the GPU compiles ahead during a check's launch in the
+/// kernels' dtypes (else this kernel's own).
 #[pyfunction]
-#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, *, poison=false, record=false, exact=false, promote=false, executor=None, notes=None, snapshot=false, device=false))]
+#[pyo3(signature = (kernel, grid, ptr_args, scalars, mems, *, poison=false, record=false, exact=false, promote=false, executor=None, notes=None, snapshot=false, device=false, f64_kernel=None))]
 #[allow(clippy::too_many_arguments)]
 fn launch(
     py: Python<'_>,
@@ -431,6 +440,7 @@ fn launch(
     notes: Option<(String, usize, String)>,
     snapshot: bool,
     device: bool,
+    f64_kernel: Option<PyRef<'_, PyKernel>>,
 ) -> PyResult<Option<LaunchRecord>> {
     // `notes`: (pass, step, what the step is) to note what the launch relies on.
     let pass: Option<&'static str> = match notes.as_ref().map(|n| n.0.as_str()) {
@@ -446,8 +456,10 @@ fn launch(
     exec.check_grid(&call.kernel.name, call.grid).map_err(usage)?;
     if let (Some(p), false, true) = (pass, promote, exec.on_gpu()) {
         // The check will launch the f64 forms next (and a forward's VJP kernel): their compiles
-        // overlap this launch and the host work after it.
-        kernel.inner.compile_ahead(&call.based, p == "forward", exec, call.grid.programs());
+        // overlap this launch and the host work after it. They are the forms of `f64_kernel`,
+        // the kernel as the ground truth converts it, where given.
+        let f64_kernel = f64_kernel.as_deref().unwrap_or(kernel);
+        f64_kernel.inner.compile_ahead(&call.based, p == "forward", exec, call.grid.programs());
     }
     let poison = if poison { tilegrad_reference::POISON_ALL } else { 0 };
     // The backward under test (`exact`, and every recorded launch) reports the first error in

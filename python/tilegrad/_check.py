@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import _native
-from ._intercept import LaunchCall, _is_descriptor, current_executor, intercepting, runs_on_triton
+from ._intercept import LaunchCall, _handler, _is_descriptor, current_executor, intercepting, runs_on_triton
 from ._modes import PoisonEmpty, PromoteFloats
 from ._configs import each_config
 from ._functions import GradientError, apply_under_test, checking, conform, inlining, refuse_opaque, requiring_grad
@@ -488,8 +488,9 @@ def _replay(backward: Callable[[list[Any], list[Any]], Sequence[Any]], inputs: S
         ins = [x.detach().to(wide, copy=True) if i in diff and x.is_floating_point() else _clone(x) for i, x in enumerate(inputs)]
         cs = [None if c is None else c.detach().to(wide, copy=True) for c in cots]
         promoting = PromoteFloats() if wide == torch.float64 else contextlib.nullcontext()
+        launch = _promoted_run if wide == torch.float64 else _f64_run
         try:
-            with torch.no_grad(), promoting, intercepting(lambda call: call.run(promote=True)):
+            with torch.no_grad(), promoting, intercepting(launch):
                 return _as_tuple(backward(ins, cs)), wide != torch.float64
         except Exception:  # noqa: BLE001 - a replay that fails gives no verdict; the run under test judges the backward
             continue
@@ -749,9 +750,25 @@ def _not_differentiable(outs: tuple) -> set[int]:
 
 
 def _forward_natively(forward: Callable[[], Any]) -> Any:
-    with intercepting(_native_run):
+    """Runs a Function's forward for its backward: its launches in the kernels' dtypes, or in
+    f64 within the backward's f64 replay (whose saved tensors are then the ground truth's)."""
+    with intercepting(_promoted_run if getattr(_handler(), "promoted", False) else _native_run):
         return forward()
 
 
 def _native_run(call: LaunchCall) -> None:
     call.run()
+
+
+def _f64_run(call: LaunchCall) -> None:
+    """A launch computing in f64 on tensors of the kernels' dtypes."""
+    call.run(promote=True)
+
+
+def _promoted_run(call: LaunchCall) -> None:
+    """A launch computing in f64 on f64 copies of the tensors, the host code promoting float
+    dtypes: converted as the ground truth's forward converts its kernels."""
+    call.run(promote=True)
+
+
+_promoted_run.promoted = True  # type: ignore[attr-defined]

@@ -15,7 +15,7 @@ import inspect
 import os
 import textwrap
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from . import _native
@@ -44,7 +44,7 @@ _LAUNCH_OPTIONS = {
 
 _state = threading.local()
 _source_cache: dict[str, tuple[float, str]] = {}
-_kernel_cache: dict[tuple, Any] = {}
+_kernel_cache: dict[Any, Any] = {}  # by `_Conversion`
 
 
 @dataclass
@@ -61,6 +61,8 @@ class LaunchCall:
     args: dict[str, Any]  # the bound arguments, by parameter name
     # Runs the launch on Triton itself, as the user's code called it (`backend="triton"`).
     on_triton: Callable[[], Any] | None = None
+    # What the kernel was converted from (`promoted_guess` gives the ground truth's kernel).
+    conversion: Any = None  # _Conversion
 
     def describe(self) -> str:
         g = ", ".join(str(x) for x in self.grid)
@@ -93,6 +95,9 @@ class LaunchCall:
         if in_place:
             # Work queued on other streams is done before the engine's launch reads the memory.
             _sync()
+        # A check's launch in the kernels' dtypes on the GPU: the f64 forms of the kernel the
+        # ground truth will launch compile meanwhile.
+        ahead = notes is not None and not promote and executor is not None and executor.on_gpu and self.conversion is not None
         rec = _native.launch(
             self.kernel,
             self.grid,
@@ -107,6 +112,7 @@ class LaunchCall:
             notes=None if notes is None else (notes[0], notes[1], self.describe()),
             snapshot=snapshot,
             device=in_place,
+            f64_kernel=self.conversion.promoted_guess() if ahead else None,
         )
         if widened is not None:
             self.storages.narrow_back(widened, self.written)
@@ -339,37 +345,86 @@ def bind(jit: Any, args: tuple, kwargs: dict, grid: Any) -> LaunchCall:
     file, src = _source(fn)
     # The ground truth's handlers run on f64 promotions of the user's tensors.
     promoted = bool(getattr(_handler(), "promoted", False))
-    # What the module-level names the kernel uses are here, over the converter's reading.
-    bindings = kernel_globals(fn, file)
-    key = (
+    conv = _Conversion(
         file,
-        hash(src),
+        src,
         fn.__name__,
         tuple(constexprs),
         tuple(ptr_dtypes),
         tuple(scalar_dtypes),
-        repr(descriptors),
+        tuple((n, d, tuple(b)) for n, d, b in descriptors),
         promoted,
-        tuple(bindings),
+        # What the module-level names the kernel uses are here, over the converter's reading.
+        tuple(kernel_globals(fn, file)),
     )
-    kernel = _kernel_cache.get(key)
-    if kernel is None:
-        kernel = _native.convert(
-            src,
-            file,
-            fn.__name__,
-            constexprs,
-            ptr_dtypes,
-            scalar_dtypes,
-            descriptors,
-            promoted,
-            *_program_facts(),
-            globals=bindings,
-        )
-        _kernel_cache[key] = kernel
+    kernel = conv.kernel()
     written_params = set(kernel.written())
     written = {i for (n, i, _) in ptr_args if n in written_params}
-    return LaunchCall(kernel, fn.__name__, g, ptr_args, scalars, storages, written, bound)
+    return LaunchCall(kernel, fn.__name__, g, ptr_args, scalars, storages, written, bound, conversion=conv)
+
+
+_FLOATS = ("f16", "bf16", "f32")
+
+
+@dataclass(frozen=True)
+class _Conversion:
+    """What a kernel's conversion depends on (the key of the converted kernels' cache)."""
+
+    file: str
+    src: str
+    name: str
+    constexprs: tuple
+    ptr_dtypes: tuple
+    scalar_dtypes: tuple
+    descriptors: tuple  # (name, dtype, block shape)
+    promoted: bool
+    bindings: tuple
+
+    def kernel(self) -> Any:
+        """The kernel converted, once for each key."""
+        kernel = _kernel_cache.get(self)
+        if kernel is None:
+            descriptors = [(n, d, list(b)) for n, d, b in self.descriptors]
+            kernel = _native.convert(
+                self.src,
+                self.file,
+                self.name,
+                list(self.constexprs),
+                list(self.ptr_dtypes),
+                list(self.scalar_dtypes),
+                descriptors,
+                self.promoted,
+                *_program_facts(),
+                globals=list(self.bindings),
+            )
+            _kernel_cache[self] = kernel
+        return kernel
+
+    def promoted_guess(self) -> Any:
+        """The kernel of this launch in the kernels' dtypes as the ground truth's run will
+        convert it: its float tensors f64 (the check's f64 copies), converted `promoted`. The
+        GPU compiles its f64 forms (and a forward's VJP kernel) while the launch in the kernels'
+        dtypes runs, so that the ground truth's launches and the backward's f64 replay find them
+        compiled rather than each waiting for its own compile (at 16384x4096, 1 to 2.5 s a
+        kernel). A guess: where host code picks other arguments for f64 tensors (a block size
+        from the element size), the truth converts another kernel, and this one was compiled
+        for nothing. None where the conversion fails (the truth's own launch reports it)."""
+        if self.promoted:
+            return self.kernel()
+        try:
+            return self.promoted_guess_key().kernel()
+        except _native.UsageError:
+            return None
+
+    def promoted_guess_key(self) -> _Conversion:
+        """The key of `promoted_guess`: float tensors f64, converted `promoted`."""
+
+        def f64(d: str) -> str:
+            return "f64" if d in _FLOATS else d
+
+        ptrs = tuple((n, f64(d)) for n, d in self.ptr_dtypes)
+        descriptors = tuple((n, f64(d), b) for n, d, b in self.descriptors)
+        return replace(self, ptr_dtypes=ptrs, descriptors=descriptors, promoted=True)
 
 
 def _program_facts() -> tuple[str, list[tuple[str, str]], tuple[int, int] | None]:

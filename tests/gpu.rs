@@ -546,6 +546,63 @@ fn out_of_bounds_lanes_fail_alike_in_every_flavor() {
     }
 }
 
+/// With `quick_first` (the Python package's), a large launch of a kernel new to every cache
+/// runs its quick form, compiled in line, while its optimised form compiles in the background;
+/// once that is compiled, later launches take it without compiling again. Both give the
+/// reference's results.
+#[test]
+fn quick_first_runs_the_quick_form_until_the_optimised_one_is_compiled() {
+    use tilegrad_gpu::GpuOptions;
+    use tilegrad_ir::KernelBuilder;
+    use tilegrad_reference::{HostTensor, Launch, Memory};
+    let Some(gpu) = a_gpu() else { return };
+    gpu.quick_first(true);
+    // y[i] = x[i] * x[i] + 1, 256 lanes a program, under a name (and so a source) no cache has.
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let name = format!("square_plus_one_{stamp}");
+    let mut b = KernelBuilder::new(&name);
+    let x = b.ptr_param("x", DType::F32);
+    let y = b.ptr_param("y", DType::F32);
+    let n = b.scalar_param("n", DType::I32);
+    let pid = b.program_id(0);
+    let width = b.i32(256);
+    let base = b.mul(pid, width);
+    let lanes = b.arange(0, 256);
+    let offs = b.add(base, lanes);
+    let mask = b.lt(offs, n);
+    let px = b.add(x, offs);
+    let v = b.load(px, Some(mask), None);
+    let sq = b.mul(v, v);
+    let one = b.f32(1.0);
+    let out = b.add(sq, one);
+    let py = b.add(y, offs);
+    b.store(py, out, Some(mask));
+    let k = b.finish().unwrap();
+    // More programs than any device has SMs: a large launch.
+    let len = 1000 * 256 - 37;
+    let mut mem = Memory::new();
+    let xt = mem.add("x", HostTensor::from_f32(&[len], (0..len).map(|i| ((i * 7919) % 1013) as f32 / 300.0 - 1.6).collect()));
+    let yt = mem.add("y", HostTensor::from_f32(&[len], vec![f32::NAN; len]));
+    let launch = Launch::new(&k, 1000).arg("x", xt).arg("y", yt).arg("n", len as i64);
+    let mut want = mem.clone();
+    launch.run(&mut want).unwrap();
+    let start = std::time::Instant::now();
+    let mut first = mem.clone();
+    gpu.run(&launch, &mut first, GpuOptions::default()).unwrap();
+    assert_eq!(first[yt].as_f32().unwrap(), want[yt].as_f32().unwrap(), "the quick form's results");
+    tilegrad_gpu::wait_for_background_compiles(std::time::Duration::from_secs(60));
+    let mine = |since| gpu.compiles_since(since).into_iter().filter(|c| c.what.starts_with(&name)).map(|c| c.what).collect::<Vec<_>>();
+    // The two compile side by side: either may end first.
+    let mut compiled = mine(start);
+    compiled.sort();
+    assert_eq!(compiled, [name.clone(), format!("{name}, compiled quickly")], "the quick form in line and the optimised one");
+    let again = std::time::Instant::now();
+    let mut second = mem.clone();
+    gpu.run(&launch, &mut second, GpuOptions::default()).unwrap();
+    assert_eq!(second[yt].as_f32().unwrap(), want[yt].as_f32().unwrap(), "the optimised form's results");
+    assert!(mine(again).is_empty(), "the optimised form, compiled, is taken without a compile: {:?}", mine(again));
+}
+
 /// A program that loads an element another program stores is a race the device finds after the
 /// launch (its marks of reads against its stamps of stores, 32-bit and 64-bit), and the
 /// reference then reports, as it does alone; without it, a launch that reads, stores and adds

@@ -95,6 +95,9 @@ pub struct Gpu {
     /// Whether kernels for small launches compile quickly ([`Target`]; on unless
     /// `TILEGRAD_GPU_QUICK=0`).
     quick: bool,
+    /// Whether every launch whose kernel's optimised form is not compiled yet runs its quick
+    /// form meanwhile ([`Gpu::quick_first`]).
+    quick_first: std::sync::atomic::AtomicBool,
 }
 
 /// A kernel's compile in words, for the compile log: its name, "in f64" where a tensor it takes
@@ -204,7 +207,28 @@ impl Gpu {
             Ok(Cuda { ctx, stream })
         });
         let quick = std::env::var("TILEGRAD_GPU_QUICK").map_or(true, |v| v != "0");
-        Ok(Gpu { cuda, name, arch, sms, modules: Mutex::new(HashMap::new()), ahead: Arc::default(), utilities: Mutex::default(), quick })
+        Ok(Gpu {
+            cuda,
+            name,
+            arch,
+            sms,
+            modules: Mutex::new(HashMap::new()),
+            ahead: Arc::default(),
+            utilities: Mutex::default(),
+            quick,
+            quick_first: Default::default(),
+        })
+    }
+
+    /// For a process that meets kernels one launch at a time and launches them again later (the
+    /// Python package): a launch whose kernel's optimised form is not compiled yet (neither in
+    /// memory nor on disk) runs its quick form ([`Target`]: several times less NVRTC time for
+    /// large tiles, code several times slower, the same results), and the optimised form
+    /// compiles in the background for later launches. Compiles ahead take the quick form too.
+    /// Off by default: a CLI check compiles each kernel once, ahead, and exits; its exit would
+    /// wait for optimised forms it never runs. No effect with `TILEGRAD_GPU_QUICK=0`.
+    pub fn quick_first(&self, on: bool) {
+        self.quick_first.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether kernels for small launches compile quickly ([`Target`]; on by default, off with
@@ -248,12 +272,19 @@ impl Gpu {
     /// quick for a small launch, unless its fully optimised form is compiled already.
     fn first_target(&self, source: &str, programs: u64) -> Target {
         let full = self.target(false);
-        let quick = self.quick && self.small(programs) && !self.available(source_key(&full, source));
+        let key = source_key(&full, source);
+        let quick_first = self.quick_first.load(std::sync::atomic::Ordering::Relaxed);
+        let quick = self.quick && !self.compiled_already(key) && (quick_first || (self.small(programs) && !self.available(key)));
         if quick {
             self.target(true)
         } else {
             full
         }
+    }
+
+    /// Whether `key` is compiled: loaded, on disk or compiled ahead (not compiling).
+    fn compiled_already(&self, key: u128) -> bool {
+        self.modules.lock().expect("module cache").contains_key(&key) || cache_file(key).is_some_and(|f| f.exists()) || self.ahead.has(key)
     }
 
     /// Whether `key` is compiled: loaded, on disk, compiled ahead or compiling.
@@ -284,6 +315,7 @@ impl Gpu {
             if let Some((c, _)) = self.modules.lock().expect("module cache").get(&key) {
                 return Ok(c.clone());
             }
+            self.optimise_later(k, &first, programs);
             let c = Arc::new(self.load(k, first, &target)?);
             self.modules.lock().expect("module cache").insert(key, (c.clone(), false));
             return Ok(c);
@@ -319,6 +351,22 @@ impl Gpu {
         }
         self.modules.lock().expect("module cache").insert(key, (c.clone(), provisional));
         Ok(c)
+    }
+
+    /// With [`Gpu::quick_first`], the optimised form of a large launch's kernel (`gen`), which
+    /// runs quickly compiled meanwhile, compiled in the background unless compiled or compiling.
+    fn optimise_later(&self, k: &Kernel, gen: &Generated, programs: u64) {
+        if !self.quick_first.load(std::sync::atomic::Ordering::Relaxed) || self.small(programs) {
+            return;
+        }
+        let target = self.target(false);
+        let key = source_key(&target, &gen.source);
+        if self.available(key) {
+            return;
+        }
+        let what = compile_what(k, false, false);
+        self.ahead.expect([key]);
+        self.ahead.compile_in_background(vec![Job { key, source: gen.source.clone(), target, what }]);
     }
 
     /// The kernels' forms in their flavors (see [`GpuOptions::flavor`]) compiled ahead, so that

@@ -387,6 +387,9 @@ impl PyExecutor {
             // The cotangents' draws and the comparisons' kernels, while the check's first
             // launches run.
             g.precompile_utilities(true);
+            // Kernels are met one launch at a time and launched again by later checks: each
+            // runs quickly compiled until its optimised form is.
+            g.quick_first(true);
         }
         let kernels = kernels.unwrap_or_else(|| e.on_gpu());
         Ok(PyExecutor(e, kernels))

@@ -604,7 +604,8 @@ fn quick_first_runs_the_quick_form_until_the_optimised_one_is_compiled() {
 }
 
 /// A program that loads an element another program stores is a race the device finds after the
-/// launch (its marks of reads against its stamps of stores, 32-bit and 64-bit), and the
+/// launch (its marks of reads against its stamps of stores, 32-bit and 64-bit; in f32, and in
+/// f64, whose marks loop over the lanes' offsets rather than being unrolled), and the
 /// reference then reports, as it does alone; without it, a launch that reads, stores and adds
 /// atomically runs on the device. (The check read its arguments one slot off, so that it
 /// found no such race, and where a tensor was also updated atomically it looped over a device
@@ -639,13 +640,19 @@ fn a_read_of_what_another_program_stores_is_found_on_the_device() {
     let pz = b.add(z, zo);
     b.atomic_add(pz, v, Some(in_range));
     let k = b.finish().unwrap();
+    // Its f64 form too, whose marks loop over the lanes' offsets (8 registers a value).
+    let k64 = tilegrad_ir::passes::promote_floats(&k, DType::F64).unwrap();
     let values: Vec<f32> = (0..2048).map(|i| ((i * 37 % 101) as f32) / 25.0 - 2.0).collect();
-    for ordered in [true, false] {
+    let tensor = |wide: bool, v: Vec<f32>| match wide {
+        true => HostTensor::from_f64(&[v.len()], v.iter().map(|&x| x as f64).collect()),
+        false => HostTensor::from_f32(&[v.len()], v),
+    };
+    for (k, wide, ordered) in [(&k, false, true), (&k, false, false), (&k64, true, true), (&k64, true, false)] {
         for shift in [0i64, 1] {
             let mut mem = Memory::new();
-            let xt = mem.add("x", HostTensor::from_f32(&[2048], values.clone()));
-            let zt = mem.add("z", HostTensor::from_f32(&[300], vec![0.0; 300]));
-            let launch = Launch::new(&k, 8).arg("x", xt).arg("z", zt).arg("shift", shift).arg("n", 2048i64);
+            let xt = mem.add("x", tensor(wide, values.clone()));
+            let zt = mem.add("z", tensor(wide, vec![0.0; 300]));
+            let launch = Launch::new(k, 8).arg("x", xt).arg("z", zt).arg("shift", shift).arg("n", 2048i64);
             let mut want = mem.clone();
             let reference = launch.run(&mut want).map(|_| ()).map_err(|e| e.to_string());
             assert_eq!(reference.is_err(), shift == 1, "{reference:?}");
@@ -658,13 +665,13 @@ fn a_read_of_what_another_program_stores_is_found_on_the_device() {
             let took = t.elapsed();
             match &out {
                 Ok(o) if shift == 0 => {
-                    assert!(matches!(o.ran_on, RanOn::Gpu), "ordered {ordered}: {:?}", o.ran_on);
-                    assert_eq!(got[xt].as_f32().unwrap(), want[xt].as_f32().unwrap(), "ordered {ordered}");
+                    assert!(matches!(o.ran_on, RanOn::Gpu), "f64 {wide}, ordered {ordered}: {:?}", o.ran_on);
+                    assert_eq!(got[xt].to_f64_vec(), want[xt].to_f64_vec(), "f64 {wide}, ordered {ordered}");
                 }
                 _ => {}
             }
-            assert_eq!(out.map(|_| ()).map_err(|e| e.to_string()), reference, "ordered {ordered}, shift {shift}");
-            assert!(took.as_secs_f64() < 1.0, "ordered {ordered}, shift {shift}: {took:?}");
+            assert_eq!(out.map(|_| ()).map_err(|e| e.to_string()), reference, "f64 {wide}, ordered {ordered}, shift {shift}");
+            assert!(took.as_secs_f64() < 1.0, "f64 {wide}, ordered {ordered}, shift {shift}: {took:?}");
         }
     }
 }

@@ -605,7 +605,7 @@ fn quick_first_runs_the_quick_form_until_the_optimised_one_is_compiled() {
 
 /// A program that loads an element another program stores is a race the device finds after the
 /// launch (its marks of reads against its stamps of stores, 32-bit and 64-bit; in f32, and in
-/// f64, whose marks loop over the lanes' offsets rather than being unrolled), and the
+/// the f64 form the ground truth runs), and the
 /// reference then reports, as it does alone; without it, a launch that reads, stores and adds
 /// atomically runs on the device. (The check read its arguments one slot off, so that it
 /// found no such race, and where a tensor was also updated atomically it looped over a device
@@ -640,7 +640,7 @@ fn a_read_of_what_another_program_stores_is_found_on_the_device() {
     let pz = b.add(z, zo);
     b.atomic_add(pz, v, Some(in_range));
     let k = b.finish().unwrap();
-    // Its f64 form too, whose marks loop over the lanes' offsets (8 registers a value).
+    // Its f64 form too, as the ground truth's forward runs it.
     let k64 = tilegrad_ir::passes::promote_floats(&k, DType::F64).unwrap();
     let values: Vec<f32> = (0..2048).map(|i| ((i * 37 % 101) as f32) / 25.0 - 2.0).collect();
     let tensor = |wide: bool, v: Vec<f32>| match wide {

@@ -26,9 +26,6 @@ impl<'k> Gen<'k> {
              #define TG_POISON (A.w[13])\n#define TG_WIDE (A.w[14] != 0)\n\
              \x20   u64 tg_cl = 0, tg_cs = 0, tg_ca = 0;\n",
         );
-        if self.mark_regs > 0 {
-            let _ = writeln!(src, "    i64 tg_mo[{}]; (void)tg_mo;", self.mark_regs);
-        }
         let _ = writeln!(src, "#define TG_HALF {}", self.scratch);
         let scratch_in = ScratchIn::of(2 * self.scratch);
         // Float atomics in program order add their log through a tile of it in shared memory:

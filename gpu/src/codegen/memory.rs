@@ -14,30 +14,6 @@ impl<'k> Gen<'k> {
         }
     }
 
-    /// `body` (reading the element's offset `off`, which it bounds-checks) for each active lane
-    /// of an access through the tile of pointers `p` under mask `m`: the race marks and
-    /// writers' records of loads and stores. Unrolled, one copy a register, these are most of
-    /// NVRTC's time for large tiles (a 4096-wide row's f32 backward: 1.31 s of which 0.78 s the
-    /// marks' copies). In the ground truth's f64 forms ([`takes_f64`]) past
-    /// [`STRAIGHT_REGISTERS`], the lanes' offsets go to the thread's array `tg_mo` first (-1 for
-    /// an inactive lane, which the body's bounds check excludes) and one copy of `body` loops
-    /// over them: the tile's own registers stay registers, and the array (local memory, one for
-    /// the kernel) is touched only where the launch keeps marks. That f64 backward took 1.22 s
-    /// in NVRTC unrolled, 0.73 s thus. Kernels in their own dtypes keep the unrolled marks:
-    /// looped, the softmax forward with marks ran 1.05 ms instead of 0.90 (H200).
-    fn each_mark(&mut self, p: Value, m: &str, body: &str) {
-        let r = self.regs(p);
-        // (Without marks, the flavor of VJP kernels, the code is dead and left as it was.)
-        if self.scalar(p) || r <= STRAIGHT_REGISTERS || !self.roll_marks || !self.marks {
-            return self.each_of(p, &format!("if ({m}) {{ const i64 off = v{}[j]; {body} }}", p.0));
-        }
-        self.mark_regs = self.mark_regs.max(r);
-        let (n, nt) = (self.numel(p), self.nt);
-        let active = if r * nt == n { m.to_string() } else { format!("tid + j * {nt} < {n} && {m}") };
-        self.line(&self.registers(r, &format!("tg_mo[j] = ({active}) ? v{}[j] : (i64)-1;", p.0)));
-        self.line(&format!("#pragma unroll 1\nfor (int j = 0; j < {r}; ++j) {{ const i64 off = tg_mo[j]; {body} }}"));
-    }
-
     pub(super) fn load(&mut self, i: Inst, mask: bool, other: bool) {
         let k = self.k;
         let d = k.inst(i);
@@ -60,11 +36,11 @@ impl<'k> Gen<'k> {
             t = ctype(dt),
         );
         self.line(&format!("if (tg_r{j} || tg_a{j}) {{"));
-        self.each_mark(
+        self.each_of(
             p,
-            &m,
             &format!(
-                "if ((u64)off < (u64)tg_n{j} && {lead}) {{ if (tg_r{j}) tg_mark(tg_r{j} + off, tg_p + 1); if (tg_a{j} && tg_a{j}[off] == tg_p + 1) atomicOr(TG_FLAGS, {FLAG_OWN_ATOMIC}u); }}"
+                "if ({m}) {{ const i64 off = v{}[j]; if ((u64)off < (u64)tg_n{j} && {lead}) {{ if (tg_r{j}) tg_mark(tg_r{j} + off, tg_p + 1); if (tg_a{j} && tg_a{j}[off] == tg_p + 1) atomicOr(TG_FLAGS, {FLAG_OWN_ATOMIC}u); }} }}",
+                p.0
             ),
         );
         self.line("}");
@@ -181,7 +157,8 @@ impl<'k> Gen<'k> {
                 ("u32", "((tg_p + 1u) << 8) | (tg_sseq & 0xffu)", format!("atomicExch((u32*)tg_w{j} + off, stamp)"), "(old >> 8)")
             };
             format!(
-                "if ((u64)off < (u64)tg_n{j}) {{ if (tg_w{j}) {{ const {ty} stamp = {stamp}; const {ty} old = {xchg}; tg_fl |= old == stamp ? {FLAG_DUPLICATE}u : (old != 0 && {other} != tg_p + 1u ? {FLAG_CONFLICT}u : 0u); }} if (tg_wi{j}) tg_wi{j}[off] = {}u; }}",
+                "if ({m}) {{ const i64 off = v{}[j]; if ((u64)off < (u64)tg_n{j}) {{ if (tg_w{j}) {{ const {ty} stamp = {stamp}; const {ty} old = {xchg}; tg_fl |= old == stamp ? {FLAG_DUPLICATE}u : (old != 0 && {other} != tg_p + 1u ? {FLAG_CONFLICT}u : 0u); }} if (tg_wi{j}) tg_wi{j}[off] = {}u; }} }}",
+                p.0,
                 i.0 + 1
             )
         };
@@ -205,9 +182,9 @@ impl<'k> Gen<'k> {
         self.line("tg_cs += tg_ok; }");
         let (narrow_marks, wide_marks) = (stamp_check(false), stamp_check(true));
         self.line(&format!("if (tg_w{j} || tg_wi{j}) {{ u32 tg_fl = 0; if (TG_WIDE) {{"));
-        self.each_mark(p, &m, &wide_marks);
+        self.each_of(p, &wide_marks);
         self.line("} else {");
-        self.each_mark(p, &m, &narrow_marks);
+        self.each_of(p, &narrow_marks);
         self.line("}");
         self.line("if (tg_fl) atomicOr(TG_FLAGS, tg_fl); }");
         self.check(i);

@@ -182,8 +182,7 @@ def k(x_ptr, y_ptr, R: tl.constexpr, C: tl.constexpr):
         let k = convert(SRC, "k.py", "k", &ConvertOptions { constexprs, ..ConvertOptions::default() }).unwrap();
         let g = generate_flavor_unrolling(&k, Flavor::default(), UNROLLED_REGISTERS).unwrap();
         assert_eq!(g.threads, 1024);
-        // (Race marks' offsets, `tg_mo`, have loops of their own.)
-        let loops: Vec<&str> = g.source.lines().filter(|l| l.starts_with("for (int j = 0; j < 32; ++j)") && !l.contains("tg_mo")).collect();
+        let loops: Vec<&str> = g.source.lines().filter(|l| l.starts_with("for (int j = 0; j < 32; ++j)")).collect();
         // `* 2.0`, `+ 1.0`, `> 0.0`, `-y` and `where` in one loop, with the offsets computed
         // before the load.
         let merged = loops.iter().find(|l| l.contains(" ? ")).expect("the where's loop");

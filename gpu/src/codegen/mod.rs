@@ -148,17 +148,10 @@ pub const PARTIAL_UNROLL_F64: usize = 1;
 
 /// Registers a loop past the full-unroll limit of kernel `k` handles an iteration.
 fn partial_unroll(k: &Kernel) -> usize {
-    match takes_f64(k) {
+    match k.params.iter().any(|p| p.kind == tilegrad_ir::ParamKind::Ptr(DType::F64)) {
         true => PARTIAL_UNROLL_F64,
         false => PARTIAL_UNROLL,
     }
-}
-
-/// Whether `k` takes an f64 tensor: one of the ground truth's forms, which a cold check waits
-/// for the compiles of and which run once, so that they trade speed for shorter compiles
-/// ([`PARTIAL_UNROLL_F64`], race marks looped over rather than unrolled: `Gen::each_mark`).
-fn takes_f64(k: &Kernel) -> bool {
-    k.params.iter().any(|p| p.kind == tilegrad_ir::ParamKind::Ptr(DType::F64))
 }
 
 /// [`UNROLLED_REGISTERS`], or `TILEGRAD_GPU_UNROLL` where set to a number.
@@ -367,7 +360,6 @@ pub fn generate_unrolling(
         messages: Vec::new(),
         scratch: 0,
         float_atomics: false,
-        mark_regs: 0,
         log_per_program: 0,
         ordered: flavor.ordered,
         marks: flavor.marks,
@@ -382,7 +374,6 @@ pub fn generate_unrolling(
         defs,
         unrolled,
         partial: partial_unroll(k),
-        roll_marks: takes_f64(k),
         merged: None,
     };
     g.check_pointers()?;
@@ -456,10 +447,6 @@ struct Gen<'k> {
     partial: usize,
     /// The loop over registers being merged ([`merge`]).
     merged: Option<merge::Merged>,
-    /// Race marks loop over their lanes' offsets rather than being unrolled ([`takes_f64`]).
-    roll_marks: bool,
-    /// Registers of the largest tile whose race marks go through `tg_mo` ([`Gen::each_mark`]).
-    mark_regs: usize,
 }
 
 impl<'k> Gen<'k> {

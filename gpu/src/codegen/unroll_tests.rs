@@ -149,32 +149,3 @@ fn vjp_kernels_take_twice_the_threads_with_twice_the_registers() {
     let k = softmax(8, 4096);
     assert_eq!(at(&k, vjp).0, at(&k, plain).0);
 }
-
-/// The race marks of the ground truth's f64 forms loop over the lanes' offsets (one copy of
-/// their code, through one array `tg_mo` for the kernel); a kernel in its own dtypes keeps them
-/// unrolled with its loads and stores.
-#[test]
-fn f64_forms_loop_over_their_race_marks_and_others_unroll_them() {
-    let k = softmax(1, 4096);
-    let f32_form = generate_flavor_unrolling(&k, Flavor::default(), UNROLLED_REGISTERS).unwrap();
-    assert_eq!(f32_form.threads, 256);
-    assert!(!f32_form.source.contains("tg_mo"), "a kernel in its own dtypes keeps its marks unrolled");
-    let wide = tilegrad_ir::passes::promote_floats(&k, DType::F64).unwrap();
-    let f64_form = generate_flavor_unrolling(&wide, Flavor::default(), UNROLLED_REGISTERS).unwrap();
-    let src = &f64_form.source;
-    assert_eq!(src.matches("i64 tg_mo[").count(), 1, "one array for the kernel");
-    assert!(src.contains("i64 tg_mo[16];"), "as many slots as the largest tile's registers");
-    // The load's read marks and the store's stamps (64-bit and 32-bit): each a loop that fills
-    // the offsets, unrolled, and one that marks, not unrolled.
-    let looped = src.matches("#pragma unroll 1\nfor (int j = 0; j < 16; ++j) { const i64 off = tg_mo[j]; ").count();
-    assert_eq!(looped, 3, "{src}");
-    assert_eq!(src.matches("tg_mo[j] = (true) ? v").count(), 3);
-    if crate::nvrtc_present() {
-        let target = crate::compile::Target { sm: "sm_90".into(), quick: false };
-        crate::compile::nvrtc_cubin(src, &target).expect("the f64 form compiles");
-    }
-    // Without marks (the VJP kernels' flavor) their code is dead, behind the marks' pointers
-    // (null constants there), and stays as it was.
-    let vjp = generate_flavor_unrolling(&wide, Flavor { ordered: false, marks: false }, UNROLLED_REGISTERS).unwrap();
-    assert!(vjp.source.contains("#define tg_r0 ((u32*)0)\n#define tg_a0 ((u32*)0)") && !vjp.source.contains("tg_mo"));
-}

@@ -488,11 +488,7 @@ fn out_of_bounds_lanes_fail_alike_in_every_flavor() {
     let y = b.ptr_param("y", DType::F32);
     let z = b.ptr_param("z", DType::F32);
     let limit = b.scalar_param("limit", DType::I32);
-    let pid = b.program_id(0);
-    let width = b.i32(256);
-    let base = b.mul(pid, width);
-    let lanes = b.arange(0, 256);
-    let offs = b.add(base, lanes);
+    let offs = lanes_of_the_program(&mut b);
     let mask = b.lt(offs, limit);
     let px = b.add(x, offs);
     let v = b.load(px, Some(mask), None);
@@ -564,11 +560,7 @@ fn quick_first_runs_the_quick_form_until_the_optimised_one_is_compiled() {
     let x = b.ptr_param("x", DType::F32);
     let y = b.ptr_param("y", DType::F32);
     let n = b.scalar_param("n", DType::I32);
-    let pid = b.program_id(0);
-    let width = b.i32(256);
-    let base = b.mul(pid, width);
-    let lanes = b.arange(0, 256);
-    let offs = b.add(base, lanes);
+    let offs = lanes_of_the_program(&mut b);
     let mask = b.lt(offs, n);
     let px = b.add(x, offs);
     let v = b.load(px, Some(mask), None);
@@ -622,11 +614,7 @@ fn a_read_of_what_another_program_stores_is_found_on_the_device() {
     let z = b.ptr_param("z", DType::F32);
     let shift = b.scalar_param("shift", DType::I32);
     let n = b.scalar_param("n", DType::I32);
-    let pid = b.program_id(0);
-    let width = b.i32(256);
-    let base = b.mul(pid, width);
-    let lanes = b.arange(0, 256);
-    let offs = b.add(base, lanes);
+    let offs = lanes_of_the_program(&mut b);
     let read = b.add(offs, shift);
     let in_range = b.lt(read, n);
     let px = b.add(x, read);
@@ -707,6 +695,15 @@ fn a_stuck_while_loop_fails_on_the_gpu_as_on_the_cpu() {
 }
 
 /// A GPU, or `None` (the test then says so and checks nothing).
+/// The element offsets of a program's 256 lanes: `program_id(0) * 256 + arange(0, 256)`.
+fn lanes_of_the_program(b: &mut tilegrad_ir::KernelBuilder) -> tilegrad_ir::Value {
+    let pid = b.program_id(0);
+    let width = b.i32(256);
+    let base = b.mul(pid, width);
+    let lanes = b.arange(0, 256);
+    b.add(base, lanes)
+}
+
 fn a_gpu() -> Option<tilegrad_gpu::Gpu> {
     match tilegrad_gpu::usable().and_then(|()| tilegrad_gpu::Gpu::new().map_err(|e| e.to_string())) {
         Ok(g) => Some(g),

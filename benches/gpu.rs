@@ -28,7 +28,9 @@
 //! causal attention (16 heads x 8192 x 64, 32x16 tiles), whose VJP kernel's loop is the longest.
 //!
 //! `--source DIR [--unroll N,...]` writes the CUDA C of those kernels to `DIR` instead (no GPU
-//! needed), for reading what NVRTC is given or timing it with other options.
+//! needed), for reading what NVRTC is given or timing it with other options. With both,
+//! `--kernel FILE::NAME [--constexpr NAME=VALUE]... [--pointer NAME=DTYPE]...` takes a Triton
+//! kernel of one's own instead (and its f64 VJP kernel).
 
 use tilegrad_gpu::{Gpu, GpuOptions};
 use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
@@ -188,6 +190,7 @@ fn main() {
     let mut source: Option<std::path::PathBuf> = None;
     let mut jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut unroll = vec![tilegrad_gpu::codegen::UNROLLED_REGISTERS];
+    let mut extra = Extra::default();
     let mut i = 1;
     while i < args.len() {
         match args[i].as_str() {
@@ -215,6 +218,18 @@ fn main() {
                 unroll = args[i + 1].split(',').map(|n| n.parse().expect("--unroll N,M,...")).collect();
                 i += 1;
             }
+            "--kernel" => {
+                extra.kernel = Some(args[i + 1].clone());
+                i += 1;
+            }
+            "--constexpr" => {
+                extra.constexprs.push(args[i + 1].clone());
+                i += 1;
+            }
+            "--pointer" => {
+                extra.pointers.push(args[i + 1].clone());
+                i += 1;
+            }
             "--reps" => {
                 reps = args[i + 1].parse().expect("--reps N");
                 i += 1;
@@ -224,7 +239,7 @@ fn main() {
         i += 1;
     }
     if let Some(dir) = source {
-        write_sources(&dir, &unroll, only.as_deref());
+        write_sources(&dir, &unroll, only.as_deref(), &extra);
         return;
     }
     let gpu = match Gpu::new() {
@@ -236,7 +251,7 @@ fn main() {
     };
     println!("device: {}", gpu.describe());
     if compile {
-        compile_times(&gpu, &unroll, only.as_deref(), jobs);
+        compile_times(&gpu, &unroll, only.as_deref(), jobs, &extra);
         return;
     }
     if grad {
@@ -391,23 +406,118 @@ fn time_gradient(
 
 /// The kernels `--compile` times, for the forward and the f64 VJP kernel of each case: name,
 /// form, kernel, flavour.
-fn compiled_kernels(only: Option<&str>) -> Vec<(&'static str, &'static str, tilegrad_ir::Kernel, tilegrad_gpu::codegen::Flavor)> {
+fn compiled_kernels(
+    only: Option<&str>,
+    extra: &Extra,
+) -> Vec<(&'static str, &'static str, tilegrad_ir::Kernel, tilegrad_gpu::codegen::Flavor)> {
     use tilegrad_gpu::codegen::Flavor;
     let mut out = Vec::new();
+    if let Some(k) = extra.convert() {
+        let vk = tilegrad_ad::vjp_kernel(&k).unwrap_or_else(|e| panic!("{}: {e}", k.name)).kernel;
+        out.push(("kernel", "forward", k, Flavor { ordered: true, marks: true }));
+        out.push(("kernel", "vjp f64", vk, Flavor { ordered: false, marks: false }));
+        return out;
+    }
     for c in cases().into_iter().filter(|c| only.is_none_or(|o| o == c.name)) {
         let k = kernel_of(&c);
         let vk = tilegrad_ad::vjp_kernel(&k).unwrap_or_else(|e| panic!("{}: {e}", c.name)).kernel;
         out.push((c.name, "forward", k, Flavor { ordered: true, marks: true }));
         out.push((c.name, "vjp f64", vk, Flavor { ordered: false, marks: false }));
     }
+    for (name, k) in compile_only().into_iter().filter(|(n, _)| only.is_none_or(|o| o == *n)) {
+        if name == "cross_entropy" {
+            let vk = tilegrad_ad::vjp_kernel(&k).unwrap_or_else(|e| panic!("{name}: {e}")).kernel;
+            out.push((name, "vjp f64", vk, Flavor { ordered: false, marks: false }));
+        }
+        out.push((name, "forward", k, Flavor { ordered: true, marks: true }));
+    }
     out
+}
+
+/// `--kernel FILE::NAME` (with `--constexpr NAME=VALUE` and `--pointer NAME=DTYPE`, each
+/// repeatable): a Triton kernel of one's own for `--compile` and `--source`, instead of the
+/// cases (a VALUE is an int, a float, `True`/`False`, a string in single quotes, or a dtype as
+/// `tl.float16`).
+#[derive(Default)]
+struct Extra {
+    kernel: Option<String>,
+    constexprs: Vec<String>,
+    pointers: Vec<String>,
+}
+
+impl Extra {
+    fn convert(&self) -> Option<tilegrad_ir::Kernel> {
+        let (file, name) = self.kernel.as_deref()?.rsplit_once("::").expect("--kernel FILE::NAME");
+        let src = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("--kernel {file}: {e}"));
+        let pair = |s: &String| s.split_once('=').map(|(n, v)| (n.to_string(), v.to_string())).expect("NAME=VALUE");
+        let constexprs = self.constexprs.iter().map(pair).map(|(n, v)| {
+            let value = match (v.parse::<i64>(), v.parse::<f64>(), v.as_str()) {
+                (Ok(i), ..) => ConstValue::Int(i),
+                (_, Ok(f), _) => ConstValue::Float(f),
+                (.., "True") => ConstValue::Bool(true),
+                (.., "False") => ConstValue::Bool(false),
+                (.., q) if q.starts_with('\'') => ConstValue::Str(q.trim_matches('\'').to_string()),
+                (.., d) => ConstValue::DType(d.trim_start_matches("tl.").to_string()),
+            };
+            (n, value)
+        });
+        let pointers = self.pointers.iter().map(pair).map(|(n, d)| {
+            let dtype = tilegrad_ir::DType::from_name(&d).unwrap_or_else(|| panic!("--pointer {n}={d}: not a dtype"));
+            (n, dtype)
+        });
+        let opts = ConvertOptions { constexprs: constexprs.collect(), pointer_dtypes: pointers.collect(), ..ConvertOptions::default() };
+        Some(convert(&src, file, name, &opts).unwrap_or_else(|e| panic!("{e}")))
+    }
+}
+
+/// Kernels `--compile` and `--source` take besides the cases (their launches are not timed):
+/// the fused cross entropy (`examples/cross_entropy_fused.toml`: two passes over a row of
+/// logits in 4096-wide tiles, the gradient stored by the forward), with its f64 VJP kernel, and
+/// the RMS norm's backward over rows of 4096 (`examples/rms_norm.toml`), which a check launches
+/// with race marks.
+fn compile_only() -> Vec<(&'static str, tilegrad_ir::Kernel)> {
+    use tilegrad_ir::DType;
+    let convert_one = |file: &str, kernel: &str, constexprs: Vec<(&str, ConstValue)>, pointers: Vec<(&str, DType)>| {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/triton").join(file);
+        let src = std::fs::read_to_string(&path).expect("example source");
+        let opts = ConvertOptions {
+            constexprs: constexprs.into_iter().map(|(n, v)| (n.to_string(), v)).collect(),
+            pointer_dtypes: pointers.into_iter().map(|(n, d)| (n.to_string(), d)).collect(),
+            ..ConvertOptions::default()
+        };
+        convert(&src, &path.display().to_string(), kernel, &opts).unwrap_or_else(|e| panic!("{e}"))
+    };
+    vec![
+        (
+            "cross_entropy",
+            convert_one(
+                "cross_entropy_fused.py",
+                "cross_entropy_fwd_grad_kernel",
+                vec![("BLOCK_SIZE", ConstValue::Int(4096))],
+                vec![("Y_ptr", DType::I64)],
+            ),
+        ),
+        (
+            "rms_norm_bwd",
+            convert_one(
+                "rms_norm_bwd.py",
+                "_rms_norm_backward_kernel",
+                vec![
+                    ("BLOCK_SIZE", ConstValue::Int(4096)),
+                    ("offset", ConstValue::Float(0.0)),
+                    ("X_dtype", ConstValue::DType("float32".into())),
+                ],
+                vec![],
+            ),
+        ),
+    ]
 }
 
 /// `--source DIR`: the CUDA C of each kernel `--compile` times, written to `DIR/NAME.FORM.UNROLL.cu`
 /// (no GPU needed), to read what NVRTC is given.
-fn write_sources(dir: &std::path::Path, unroll: &[usize], only: Option<&str>) {
+fn write_sources(dir: &std::path::Path, unroll: &[usize], only: Option<&str>, extra: &Extra) {
     std::fs::create_dir_all(dir).expect("--source DIR");
-    for (name, what, k, flavor) in compiled_kernels(only) {
+    for (name, what, k, flavor) in compiled_kernels(only, extra) {
         for &n in unroll {
             let g = tilegrad_gpu::codegen::generate_flavor_unrolling(&k, flavor, n).unwrap_or_else(|e| panic!("{name}: {e}"));
             let file = dir.join(format!("{name}.{}.{n}.cu", what.replace(' ', "_")));
@@ -420,10 +530,10 @@ fn write_sources(dir: &std::path::Path, unroll: &[usize], only: Option<&str>) {
 /// The `--compile` table: NVRTC's seconds for each case's forward and f64 VJP kernel with loops
 /// over up to each of `unroll` registers unrolled fully, compiled side by side on `threads`
 /// threads (`--jobs N`; by default as many as the host has cores; 1 times each alone).
-fn compile_times(gpu: &Gpu, unroll: &[usize], only: Option<&str>, threads: usize) {
+fn compile_times(gpu: &Gpu, unroll: &[usize], only: Option<&str>, threads: usize, extra: &Extra) {
     use tilegrad_gpu::codegen::generate_flavor_unrolling;
     let mut jobs = Vec::new();
-    for (name, what, k, flavor) in compiled_kernels(only) {
+    for (name, what, k, flavor) in compiled_kernels(only, extra) {
         for &n in unroll {
             jobs.push((name, what, k.clone(), flavor, n));
         }

@@ -46,72 +46,72 @@ impl<'k> Gen<'k> {
         self.line("}");
         // Counted in 32 bits, added once an op (a 64-bit count per lane costs an instruction).
         self.line("{ u32 tg_ok = 0;");
-        self.slow_path(p, &m, j);
-        self.each(r, &body);
-        if self.fast_path() {
+        if self.bounds_first(p, &m, j, &fail, Some(r)) {
             let fast = format!(
                 "if ({m}) {{ const i64 off = v{p}[j]; v{r}[j] = {read}; if ({lead}) tg_ok++; }} else v{r}[j] = {fill};",
                 p = p.0,
                 r = r.0,
             );
             self.each(r, &fast);
+        } else {
+            self.each(r, &body);
         }
-        self.end_paths();
-        self.line("tg_cl += tg_ok; }");
+        self.line("} tg_cl += tg_ok; }");
         self.check(i);
     }
 
-    /// Opens the split of a memory op into a fast path and a slow one, in the flavor VJP
-    /// kernels run in (no race marks, float atomics in the device's order): `tg_bad` is set
-    /// where some active lane of this thread is out of bounds. The slow path (the op's lanes
-    /// checked one by one, each failure recorded) runs only then; the fast path, with no
-    /// bounds check and no failure code between its accesses, is what runs. Close with
-    /// [`Gen::fast_path`] and [`Gen::end_paths`]; in other flavors only the slow path is
-    /// emitted.
+    /// Opens a memory op's accesses (close with `}`). In the flavor VJP kernels run in (no race
+    /// marks, float atomics in the device's order) every active lane's bounds are tested first,
+    /// in every thread (a scalar access is made by every thread, and recorded by thread 0): a
+    /// thread with an out-of-bounds lane records its failures and makes none of the op's
+    /// accesses (a load's `result` gets zeros). The accesses of the other threads (returns
+    /// true) have no bounds check and no failure code between them. A failing program ends at
+    /// its next check ([`Gen::flush`]) with nothing it computed seen, so the accesses skipped
+    /// change no result. In other flavors (returns false) the caller checks each lane as it
+    /// accesses it.
     ///
-    /// Measured on an H100 against the one path (same machine, alternating): the weighted
-    /// sum's VJP kernel 0.628-0.635 ms in f32 (was 0.693-0.695) and 0.838 in f64 (0.911), the
-    /// softmax's 0.901-0.905 (0.943-0.948) and 2.280 (2.433); the matmul's f32 10.36-10.39
-    /// (10.22-10.27). In forward kernels it made the weighted sum slower (0.306-0.322 ms
-    /// against 0.269-0.272, with fewer registers: its loads predicated, issued together) and the
-    /// softmax with race marks (1.165 against 0.967), the softmax without them faster (0.466
-    /// against 0.491-0.498): forward kernels keep the one path.
-    fn slow_path(&mut self, p: Value, m: &str, j: usize) {
-        if !self.split_paths() {
-            self.line("{ {");
-            return;
+    /// Measured on an H100 against checking each lane at its access (same machine,
+    /// alternating): the weighted sum's VJP kernel 0.628-0.635 ms in f32 (was 0.693-0.695) and
+    /// 0.838 in f64 (0.911), the softmax's 0.901-0.905 (0.943-0.948) and 2.280 (2.433); the
+    /// matmul's f32 10.36-10.39 (10.22-10.27). In forward kernels it made the weighted sum
+    /// slower (0.306-0.322 ms against 0.269-0.272, with fewer registers: its loads predicated,
+    /// issued together) and the softmax with race marks (1.165 against 0.967), the softmax
+    /// without them faster (0.466 against 0.491-0.498): forward kernels check at the access.
+    /// (Those figures had a failing thread make its in-bounds accesses too, in a second copy of
+    /// the op's code; without it Liger-Kernel's cross-entropy VJP kernel is 3.6% less CUDA C,
+    /// its machine code 0.5% smaller.)
+    fn bounds_first(&mut self, p: Value, m: &str, j: usize, fail: &str, result: Option<Value>) -> bool {
+        if self.marks || self.ordered {
+            self.line("{");
+            return false;
         }
-        // Every thread tests, also for a scalar pointer ([`Gen::each_of`] would test in thread 0
-        // only): a scalar load reads in every thread, so each must take the slow path.
-        let test = format!("if (({m}) && (u64)v{}[j] >= (u64)tg_n{j}) tg_bad = true;", p.0);
-        self.line("{ bool tg_bad = false;");
-        if self.scalar(p) {
-            self.line(&format!("{{ const int j = 0; {test} }}"));
+        let bad = format!("({m}) && (u64)off >= (u64)tg_n{j}");
+        // The test sets a flag only (no branch a lane), so that it stays out of the accesses'
+        // way; the failures are recorded apart, where it is set.
+        self.line("bool tg_bad = false;");
+        let (test, record) = (format!("tg_bad |= {bad};"), format!("if ({bad}) {fail}"));
+        let (tests, records) = if self.scalar(p) {
+            let at = |body: &str| format!("{{ const int j = 0; const i64 off = v{}[j]; {body} }}", p.0);
+            (at(&test), format!("if (tid == 0) {}", at(&record)))
         } else {
             let (r, n, nt) = (self.regs(p), self.numel(p), self.nt);
             let guard = if r * nt == n { String::new() } else { format!("if (e < {n}) ") };
-            self.line(&self.registers(r, &format!("{{ const int e = tid + j * {nt}; {guard}{{ {test} }} }}")));
-        }
+            let at = |body: &str| {
+                self.registers(r, &format!("{{ const int e = tid + j * {nt}; const i64 off = v{}[j]; {guard}{{ {body} }} }}", p.0))
+            };
+            (at(&test), at(&record))
+        };
+        self.line(&tests);
         self.line("if (tg_bad) {");
-    }
-
-    /// Whether memory ops have a fast path: see [`Gen::slow_path`].
-    fn split_paths(&self) -> bool {
-        !self.marks && !self.ordered
-    }
-
-    /// See [`Gen::slow_path`]: whether to emit the fast path.
-    fn fast_path(&mut self) -> bool {
-        if !self.split_paths() {
-            return false;
+        self.line(&records);
+        if let Some(r) = result {
+            // A stand-in for the load's result: left unset, its previous value would be kept
+            // alive for this path (the attention's VJP kernel's stack frame grew from 304 to
+            // 456 bytes a thread, and it ran 5% slower).
+            self.each(r, &format!("v{}[j] = ({})0;", r.0, ctype(self.dtype(r))));
         }
         self.line("} else {");
         true
-    }
-
-    /// See [`Gen::slow_path`].
-    fn end_paths(&mut self) {
-        self.line("} }");
     }
 
     /// What a masked-off lane of load `i` without `other` reads: NaN for floats where the launch
@@ -167,19 +167,18 @@ impl<'k> Gen<'k> {
         // is a conflict the reference then settles). The check's barrier also makes the writes
         // visible to the block's later loads.
         self.line("{ u32 tg_ok = 0;");
-        self.slow_path(p, &m, j);
-        self.each_of(
-            p,
-            &format!(
-                "if ({m}) {{ const i64 off = v{}[j]; if ((u64)off >= (u64)tg_n{j}) {fail} else {{ tg_b{j}[off] = {val}; tg_ok++; }} }}",
-                p.0
-            ),
-        );
-        if self.fast_path() {
+        if self.bounds_first(p, &m, j, &fail, None) {
             self.each_of(p, &format!("if ({m}) {{ const i64 off = v{}[j]; tg_b{j}[off] = {val}; tg_ok++; }}", p.0));
+        } else {
+            self.each_of(
+                p,
+                &format!(
+                    "if ({m}) {{ const i64 off = v{}[j]; if ((u64)off >= (u64)tg_n{j}) {fail} else {{ tg_b{j}[off] = {val}; tg_ok++; }} }}",
+                    p.0
+                ),
+            );
         }
-        self.end_paths();
-        self.line("tg_cs += tg_ok; }");
+        self.line("} tg_cs += tg_ok; }");
         let (narrow_marks, wide_marks) = (stamp_check(false), stamp_check(true));
         self.line(&format!("if (tg_w{j} || tg_wi{j}) {{ u32 tg_fl = 0; if (TG_WIDE) {{"));
         self.each_of(p, &wide_marks);
@@ -248,16 +247,15 @@ impl<'k> Gen<'k> {
             }
         };
         self.line("{ u32 tg_ok = 0;");
-        self.slow_path(p, &m, j);
-        self.each_of(
-            p,
-            &format!("if ({m}) {{ const i64 off = v{}[j]; if ((u64)off >= (u64)tg_n{j}) {fail} else {{ {body} {mark} }} }}", p.0),
-        );
-        if self.fast_path() {
+        if self.bounds_first(p, &m, j, &fail, None) {
             self.each_of(p, &format!("if ({m}) {{ const i64 off = v{}[j]; {body} {mark} }}", p.0));
+        } else {
+            self.each_of(
+                p,
+                &format!("if ({m}) {{ const i64 off = v{}[j]; if ((u64)off >= (u64)tg_n{j}) {fail} else {{ {body} {mark} }} }}", p.0),
+            );
         }
-        self.end_paths();
-        self.line("tg_ca += tg_ok; }");
+        self.line("} tg_ca += tg_ok; }");
         self.check(i);
         Ok(())
     }

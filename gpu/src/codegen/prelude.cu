@@ -101,6 +101,27 @@ template <typename T, bool MAX> __device__ __forceinline__ void tg_pick(T& a, in
     else take = ib < ia;
     if (take) { a = b; ia = ib; }
 }
+// `tg_pick` where `b` comes after `a` in order (`ib > ia`): a thread's own elements, folded in
+// order. The same choice with fewer tests: a NaN `a` gives way, else the strictly greater
+// (smaller) `b` is taken.
+template <typename T, bool MAX> __device__ __forceinline__ void tg_pick_next(T& a, int& ia, T b, int ib) {
+    if (a != a || (MAX ? b > a : b < a)) { a = b; ia = ib; }
+}
+// The `n` warps' partials (a power of two up to 32) folded by every warp, a tree of shuffles:
+// lane `l` starts from partial `l % n`, so each group of `n` lanes holds them all and ends with
+// the pick of them all. Every thread gets the result, in fewer steps and less code than folding
+// the partials one after another.
+template <typename T, bool MAX> __device__ __forceinline__ T tg_fold_warps(const T* p, const int* pi, int n) {
+    const int w = (threadIdx.x % 32) % n;
+    T a = p[w];
+    int ia = pi[w];
+    for (int s = n / 2; s >= 1; s /= 2) {
+        const T ob = __shfl_xor_sync(0xffffffffu, a, s);
+        const int oi = __shfl_xor_sync(0xffffffffu, ia, s);
+        tg_pick<T, MAX>(a, ia, ob, oi);
+    }
+    return a;
+}
 template <typename T, bool MAX> __device__ __forceinline__ T tg_fold(const T* p, const int* pi, int n) {
     T a = p[0];
     int ia = pi[0];

@@ -32,19 +32,32 @@ impl<'k> Gen<'k> {
         if matches!(kind, ReduceOp::Max | ReduceOp::Min) && inner == 1 && !self.scalar(x) && n % self.nt == 0 {
             // Rows of whole multiples of the block: each thread folds its registers of a row,
             // a warp its threads by shuffles, and one barrier later every output folds the
-            // warps' partials. Pairs of value and index pick what the in-order fold would.
+            // warps' partials (a single output: by shuffles in every warp). Pairs of value and
+            // index pick what the in-order fold would.
             let mx = if kind == ReduceOp::Max { "true" } else { "false" };
             let (nw, per, nt) = (self.nt / 32, n / self.nt, self.nt);
             let ioff = (outer * nw * reg_bytes(xd)).div_ceil(16) * 16;
             self.need_scratch(ioff + outer * nw * 4);
+            if outer == 1 {
+                self.line_before(&format!("{t} tg_m{};", r.0));
+            }
             self.open_scratch();
             let base = self.scratch_base();
             let (uo, uq) = (self.unroll(outer * per), self.unroll(per));
             self.line(&format!(
-                "{{ const int lane = tid % 32, warp = tid / 32;\n{uo}for (int o = 0; o < {outer}; ++o) {{ {t} m = v{x}[o * {per}]; int mi = tid;\n{uq}for (int q = 1; q < {per}; ++q) tg_pick<{t}, {mx}>(m, mi, v{x}[o * {per} + q], tid + q * {nt});\nfor (int w = 16; w >= 1; w /= 2) {{ const {t} om = __shfl_xor_sync(0xffffffffu, m, w); const int oi = __shfl_xor_sync(0xffffffffu, mi, w); tg_pick<{t}, {mx}>(m, mi, om, oi); }}\nif (lane == 0) {{ (({t}*)sb)[o * {nw} + warp] = m; ((int*)(sb + {ioff}))[o * {nw} + warp] = mi; }} }} }}",
+                "{{ const int lane = tid % 32, warp = tid / 32;\n{uo}for (int o = 0; o < {outer}; ++o) {{ {t} m = v{x}[o * {per}]; int mi = tid;\n{uq}for (int q = 1; q < {per}; ++q) tg_pick_next<{t}, {mx}>(m, mi, v{x}[o * {per} + q], tid + q * {nt});\nfor (int w = 16; w >= 1; w /= 2) {{ const {t} om = __shfl_xor_sync(0xffffffffu, m, w); const int oi = __shfl_xor_sync(0xffffffffu, mi, w); tg_pick<{t}, {mx}>(m, mi, om, oi); }}\nif (lane == 0) {{ (({t}*)sb)[o * {nw} + warp] = m; ((int*)(sb + {ioff}))[o * {nw} + warp] = mi; }} }} }}",
                 x = x.0
             ));
             self.sync();
+            if outer == 1 {
+                // One output: every thread folds the warps' partials, by shuffles, and holds it.
+                self.line(&format!("tg_m{} = tg_fold_warps<{t}, {mx}>((const {t}*)({base}), (const int*)({base} + {ioff}), {nw});", r.0));
+                let all = narrow(rd, &format!("tg_m{}", r.0));
+                self.each(r, &format!("v{}[j] = {all};", r.0));
+                self.resident.insert(r.0, all);
+                self.close_scratch();
+                return Ok(());
+            }
             let at_index = narrow(
                 rd,
                 &format!("(tg_fold<{t}, {mx}>((const {t}*)({base}) + (@) * {nw}, (const int*)({base} + {ioff}) + (@) * {nw}, {nw}))"),
@@ -75,9 +88,8 @@ impl<'k> Gen<'k> {
                 let first = |q: &str| f(plus, &zero, &at("o", q, "0"));
                 let pp: Box<dyn Fn(&str) -> String> = if chunks >= 2 {
                     self.line(&format!(
-                        "for (int q = tid; q < {}; q += {}) {{ const int o = q / {L}; const int c = q % {L}; {t} acc = ({t})0; for (int ch = 0; ch < {chunks}; ++ch) acc = {}; (({t}*)(sb + {part}))[q] = acc; }}",
-                        outer * L,
-                        self.nt,
+                        "{} const int o = q / {L}; const int c = q % {L}; {t} acc = ({t})0; for (int ch = 0; ch < {chunks}; ++ch) acc = {}; (({t}*)(sb + {part}))[q] = acc; }}",
+                        strided("q", "tid", outer * L, self.nt),
                         f(plus, "acc", &at("o", &format!("(ch * {L} + c)"), "0"))
                     ));
                     self.sync();
@@ -87,13 +99,16 @@ impl<'k> Gen<'k> {
                 } else {
                     Box::new(|_: &str| format!("({t})0"))
                 };
+                // What is left past the chunks, added in order.
+                let rest = match chunks * L < n {
+                    true => format!("for (int kk = {}; kk < {n}; ++kk) s = {};", chunks * L, f(plus, "s", &at("o", "kk", "0"))),
+                    false => String::new(),
+                };
                 self.line(&format!(
-                    "for (int o = tid / 32; o < {outer}; o += {}) {{ const int lane = tid % 32; {t} s = {}; for (int w = 16; w >= 1; w /= 2) {{ const {t} other = __shfl_down_sync(0xffffffffu, s, w); s = {}; }} if (lane == 0) {{ for (int kk = {}; kk < {n}; ++kk) s = {}; (({t}*)(sb + {res}))[o] = s; }} }}",
-                    self.nt / 32,
+                    "{} const int lane = tid % 32; {t} s = {}; for (int w = 16; w >= 1; w /= 2) {{ const {t} other = __shfl_down_sync(0xffffffffu, s, w); s = {}; }} if (lane == 0) {{ {rest} (({t}*)(sb + {res}))[o] = s; }} }}",
+                    strided("o", "tid / 32", outer, self.nt / 32),
                     f(plus, &pp("lane"), &pp("lane + 32")),
                     f(plus, "s", "other"),
-                    chunks * L,
-                    f(plus, "s", &at("o", "kk", "0")),
                 ));
                 self.sync();
                 let at_index = narrow(rd, &format!("(({t}*)({} + {res}))[@]", self.scratch_base()));
@@ -117,9 +132,8 @@ impl<'k> Gen<'k> {
                 self.need_scratch(part + outputs * ch * reg_bytes(xd));
                 let op = if kind == ReduceOp::Max { max2 } else { min2 };
                 self.line(&format!(
-                    "for (int q = tid; q < {}; q += {}) {{ const int ov = q / {ch}; const int c = q % {ch}; const int o = ov / {inner}; const int ii = ov % {inner}; {t} acc = {}; for (int kk = c + {ch}; kk < {n}; kk += {ch}) acc = {}; (({t}*)(sb + {part}))[q] = acc; }}",
-                    outputs * ch,
-                    self.nt,
+                    "{} const int ov = q / {ch}; const int c = q % {ch}; const int o = ov / {inner}; const int ii = ov % {inner}; {t} acc = {}; for (int kk = c + {ch}; kk < {n}; kk += {ch}) acc = {}; (({t}*)(sb + {part}))[q] = acc; }}",
+                    strided("q", "tid", outputs * ch, self.nt),
                     at("o", "c", "ii"),
                     f(op, "acc", &at("o", "kk", "ii"))
                 ));
@@ -194,9 +208,8 @@ impl<'k> Gen<'k> {
         self.sync();
         let step = plus.replace('P', &at(&prev_of)).replace('C', &at(&k_of));
         self.line(&format!(
-            "for (int q = tid; q < {}; q += {}) {{ const int o = q / {inner}; const int ii = q % {inner}; for (int st = 1; st < {n}; ++st) {} = {step}; }}",
-            outer * inner,
-            self.nt,
+            "{} const int o = q / {inner}; const int ii = q % {inner}; for (int st = 1; st < {n}; ++st) {} = {step}; }}",
+            strided("q", "tid", outer * inner, self.nt),
             at(&k_of)
         ));
         self.sync();
@@ -305,5 +318,16 @@ impl<'k> Gen<'k> {
         self.line("}");
         self.close_scratch();
         Ok(())
+    }
+}
+
+/// Opens (with `{`) a block that runs `var` from `first` to below `count` in steps of `step`, a
+/// loop where a thread may take several values, else an `if` (`count <= step`): the compiler
+/// then neither unrolls nor peels a loop that runs at most once (a fifth of the machine code
+/// of a cross-entropy VJP kernel went in such loops).
+fn strided(var: &str, first: &str, count: usize, step: usize) -> String {
+    match count <= step {
+        true => format!("if ({first} < {count}) {{ const int {var} = {first};"),
+        false => format!("for (int {var} = {first}; {var} < {count}; {var} += {step}) {{"),
     }
 }

@@ -1114,3 +1114,125 @@ fn device_conversions_are_the_host_conversions() {
         assert!((0..7).all(|i| got.get_f64(i).is_nan()), "{d}");
     }
 }
+
+/// Max and min reductions give the reference's results bit for bit where picking shows: signed
+/// zeros tied at the extreme (-0 < +0, wherever they are), NaNs among numbers (ignored), rows of
+/// NaNs only (the last kept, by payload: the one place the order shows), infinities. Rows of
+/// 2048 in blocks that hold them in whole registers (the path that folds each thread's
+/// registers in order, then the warps'), one row a program (one output: the warps' partials
+/// folded by shuffles) and four (several outputs), f32 and f64.
+#[test]
+fn max_and_min_reductions_pick_as_the_reference_where_order_shows() {
+    const PICK: &str = r#"
+import triton
+import triton.language as tl
+
+@triton.jit
+def row_pick(x_ptr, mx_ptr, mn_ptr, R: tl.constexpr, C: tl.constexpr):
+    r = tl.program_id(0) * R + tl.arange(0, R)
+    c = tl.arange(0, C)
+    x = tl.load(x_ptr + r[:, None] * C + c[None, :])
+    tl.store(mx_ptr + r, tl.max(x, axis=1))
+    tl.store(mn_ptr + r, tl.min(x, axis=1))
+"#;
+    use tilegrad_ir::triton::{convert, ConstValue, ConvertOptions};
+    use tilegrad_reference::{HostTensor, Launch, Memory};
+    let gpu = a_gpu();
+    let (rows, cols) = (64usize, 2048usize);
+    let mut s = 0x2545f4914f6cdd1du64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    // NaNs told apart by payload, so that which one a fold keeps shows.
+    let nan = |k: u64| f64::from_bits(0x7ff8_0000_0000_0000 | (k & 0xffff) << 29);
+    let mut x = Vec::with_capacity(rows * cols);
+    for row in 0..rows {
+        let at = |next: &mut dyn FnMut() -> u64| (next() % cols as u64) as usize;
+        let mut v: Vec<f64> = (0..cols).map(|_| (next() >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0).collect();
+        match row % 8 {
+            0 => {}
+            // The maximum a zero of both signs, at random places (the min likewise below).
+            1 => {
+                v.iter_mut().for_each(|e| *e = -e.abs() - 0.5);
+                for k in 0..6 {
+                    let i = at(&mut next);
+                    v[i] = if (k + row / 8) % 2 == 0 { 0.0 } else { -0.0 };
+                }
+            }
+            2 => v.iter_mut().enumerate().for_each(|(i, e)| *e = nan(i as u64 * 7 + row as u64)),
+            3 => {
+                for _ in 0..50 {
+                    let i = at(&mut next);
+                    v[i] = nan(next());
+                }
+            }
+            4 => v[0] = nan(row as u64),
+            5 => {
+                v.iter_mut().for_each(|e| *e = if next() % 2 == 0 { 0.0 } else { -0.0 });
+            }
+            6 => {
+                v.iter_mut().for_each(|e| *e = e.abs() + 0.5);
+                for k in 0..6 {
+                    let i = at(&mut next);
+                    v[i] = if (k + row / 8) % 2 == 0 { -0.0 } else { 0.0 };
+                }
+            }
+            _ => {
+                for _ in 0..20 {
+                    let (i, j, k) = (at(&mut next), at(&mut next), at(&mut next));
+                    (v[i], v[j], v[k]) = (f64::INFINITY, f64::NEG_INFINITY, nan(next()));
+                }
+            }
+        }
+        x.extend(v);
+    }
+    for d in [DType::F32, DType::F64] {
+        for r in [1usize, 4] {
+            let constexprs = vec![("R".to_string(), ConstValue::Int(r as i64)), ("C".to_string(), ConstValue::Int(cols as i64))];
+            let ptrs = ["x_ptr", "mx_ptr", "mn_ptr"].iter().map(|n| (n.to_string(), d)).collect();
+            let k = convert(PICK, "pick.py", "row_pick", &ConvertOptions { constexprs, pointer_dtypes: ptrs, ..ConvertOptions::default() })
+                .unwrap();
+            let source = tilegrad_gpu::codegen::generate(&k).unwrap().source;
+            let fold = if r == 1 { "tg_fold_warps<" } else { "tg_fold<" };
+            assert!(source.contains(&format!("{fold}{}, true>(", if d == DType::F32 { "float" } else { "double" })), "{d} R={r}: {fold}");
+            let tensor = |len: usize, v: &[f64]| match d {
+                DType::F32 => HostTensor::from_f32(&[len], v.iter().map(|&e| e as f32).collect()),
+                _ => HostTensor::from_f64(&[len], v.to_vec()),
+            };
+            let mut mem = Memory::new();
+            let xt = mem.add("x", tensor(rows * cols, &x));
+            let mx = mem.add("mx", tensor(rows, &vec![0.0; rows]));
+            let mn = mem.add("mn", tensor(rows, &vec![0.0; rows]));
+            let launch = Launch::new(&k, rows / r).arg("x_ptr", xt).arg("mx_ptr", mx).arg("mn_ptr", mn);
+            let mut want = mem.clone();
+            launch.run(&mut want).unwrap();
+            // The reference itself: +0 is row 1's maximum and -0 row 6's minimum, both zeros
+            // being there; the last NaN of row 2 (NaNs only) is its maximum and its minimum.
+            let last_nan = x[2 * cols + cols - 1];
+            let kept = |t, i: usize| match d {
+                DType::F32 => want[t].as_f32().unwrap()[i].to_bits() as u64,
+                _ => want[t].as_f64().unwrap()[i].to_bits(),
+            };
+            let as_d = |e: f64| if d == DType::F32 { (e as f32).to_bits() as u64 } else { e.to_bits() };
+            assert_eq!((kept(mx, 1), kept(mn, 6)), (as_d(0.0), as_d(-0.0)), "{d}: rows 1 and 6");
+            assert_eq!((kept(mx, 2), kept(mn, 2)), (as_d(last_nan), as_d(last_nan)), "{d}: row 2");
+            let Some(gpu) = &gpu else { continue };
+            let mut got = mem.clone();
+            gpu.run(&launch, &mut got, tilegrad_gpu::GpuOptions::default()).unwrap();
+            for t in [mx, mn] {
+                let bits = |m: &Memory| -> Vec<u64> {
+                    match d {
+                        DType::F32 => m[t].as_f32().unwrap().iter().map(|e| e.to_bits() as u64).collect(),
+                        _ => m[t].as_f64().unwrap().iter().map(|e| e.to_bits()).collect(),
+                    }
+                };
+                let (w, g) = (bits(&want), bits(&got));
+                let differ: Vec<usize> = (0..rows).filter(|&i| w[i] != g[i]).collect();
+                assert!(differ.is_empty(), "{d} R={r}: rows {differ:?} differ: want {w:x?}, got {g:x?}");
+            }
+        }
+    }
+}

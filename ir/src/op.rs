@@ -90,9 +90,10 @@ named_enum! {
         FloorDiv => "floordiv",
         /// Remainder with the sign of the dividend (C `%`, `fmod` for floats).
         Mod => "mod",
-        /// Elementwise minimum (for floats, a NaN operand yields the other one).
+        /// Elementwise minimum (for floats IEEE 754-2019 `minimumNumber`: a NaN operand yields
+        /// the other one, and -0 < +0).
         Min => "min",
-        /// Elementwise maximum.
+        /// Elementwise maximum (for floats `maximumNumber`, as `min`).
         Max => "max",
         /// a^b (floats only).
         Pow => "pow",
@@ -146,9 +147,9 @@ named_enum! {
     ReduceOp {
         /// Sum.
         Sum => "sum",
-        /// Maximum.
+        /// Maximum (by the elementwise `max`'s rule, in order).
         Max => "max",
-        /// Minimum.
+        /// Minimum (by the elementwise `min`'s rule, in order).
         Min => "min",
         /// Index (i32) of the maximum; ties go to the lowest index.
         Argmax => "argmax",

@@ -82,30 +82,37 @@ __device__ __forceinline__ i64 tg_abs64(i64 a) { return a < 0 ? tg_neg64(a) : a;
 __device__ __forceinline__ i64 tg_div64(i64 a, i64 b) { return b == -1 ? tg_neg64(a) : a / b; }
 __device__ __forceinline__ i64 tg_rem64(i64 a, i64 b) { return b == -1 ? 0 : a % b; }
 
-// Float min/max as Rust's f32::min/max: a NaN operand yields the other.
-__device__ __forceinline__ float tg_minf(float a, float b) { return isnan(a) ? b : (isnan(b) ? a : (b < a ? b : a)); }
-__device__ __forceinline__ float tg_maxf(float a, float b) { return isnan(a) ? b : (isnan(b) ? a : (b > a ? b : a)); }
-__device__ __forceinline__ double tg_mind(double a, double b) { return isnan(a) ? b : (isnan(b) ? a : (b < a ? b : a)); }
-__device__ __forceinline__ double tg_maxd(double a, double b) { return isnan(a) ? b : (isnan(b) ? a : (b > a ? b : a)); }
+// Float min/max as the reference's (IEEE 754-2019 minimumNumber/maximumNumber): a NaN operand
+// yields the other, and -0 < +0.
+__device__ __forceinline__ float tg_minf(float a, float b) { return isnan(a) ? b : (isnan(b) ? a : (b < a || (b == a && signbit(b)) ? b : a)); }
+__device__ __forceinline__ float tg_maxf(float a, float b) { return isnan(a) ? b : (isnan(b) ? a : (b > a || (b == a && signbit(a)) ? b : a)); }
+__device__ __forceinline__ double tg_mind(double a, double b) { return isnan(a) ? b : (isnan(b) ? a : (b < a || (b == a && signbit(b)) ? b : a)); }
+__device__ __forceinline__ double tg_maxd(double a, double b) { return isnan(a) ? b : (isnan(b) ? a : (b > a || (b == a && signbit(a)) ? b : a)); }
 
 // Max and min reductions in any order, as the reference's in-order fold picks (with the
-// reference's max and min, which keep the first of equal operands such as +0 and -0): of
-// (value, index) pairs, a number over a NaN, the last of NaNs, the greater (smaller) number,
-// the first of equal ones. The choice is associative, so a tree of picks gives the fold's.
+// reference's max and min): of (value, index) pairs, a number over a NaN, the last of NaNs, the
+// greater (smaller) number, +0 over -0 (-0 over +0), the first of equal ones. The choice is
+// associative, so a tree of picks gives the fold's. (Integers have no NaN and no signed zero.)
+__device__ __forceinline__ bool tg_signbit(float x) { return signbit(x); }
+__device__ __forceinline__ bool tg_signbit(double x) { return signbit(x); }
+__device__ __forceinline__ bool tg_signbit(int x) { return x < 0; }
+__device__ __forceinline__ bool tg_signbit(i64 x) { return x < 0; }
 template <typename T, bool MAX> __device__ __forceinline__ void tg_pick(T& a, int& ia, T b, int ib) {
     const bool an = a != a, bn = b != b;
     bool take;
     if (an || bn) take = an && bn ? ib > ia : an;
     else if (MAX ? b > a : b < a) take = true;
     else if (MAX ? a > b : a < b) take = false;
+    else if (tg_signbit(a) != tg_signbit(b)) take = MAX ? tg_signbit(a) : tg_signbit(b);
     else take = ib < ia;
     if (take) { a = b; ia = ib; }
 }
 // `tg_pick` where `b` comes after `a` in order (`ib > ia`): a thread's own elements, folded in
 // order. The same choice with fewer tests: a NaN `a` gives way, else the strictly greater
-// (smaller) `b` is taken.
+// (smaller) `b` is taken, or +0 after -0 (-0 after +0).
 template <typename T, bool MAX> __device__ __forceinline__ void tg_pick_next(T& a, int& ia, T b, int ib) {
-    if (a != a || (MAX ? b > a : b < a)) { a = b; ia = ib; }
+    const bool zeros = b == a && tg_signbit(MAX ? a : b) && !tg_signbit(MAX ? b : a);
+    if (a != a || (MAX ? b > a : b < a) || zeros) { a = b; ia = ib; }
 }
 // The `n` warps' partials (a power of two up to 32) folded by every warp, a tree of shuffles:
 // lane `l` starts from partial `l % n`, so each group of `n` lanes holds them all and ends with

@@ -166,8 +166,8 @@ macro_rules! float_binary {
             Mul => map2($a, $x, $b, $y, |p: $t, q: $t| p * q),
             Div => map2($a, $x, $b, $y, |p: $t, q: $t| p / q),
             Mod => map2($a, $x, $b, $y, |p: $t, q: $t| p % q),
-            Min => map2($a, $x, $b, $y, <$t>::min),
-            Max => map2($a, $x, $b, $y, <$t>::max),
+            Min => map2($a, $x, $b, $y, <$t as MinMaxNum>::min_num),
+            Max => map2($a, $x, $b, $y, <$t as MinMaxNum>::max_num),
             Pow => map2($a, $x, $b, $y, |p: $t, q: $t| (p as f64).powf(q as f64) as $t),
             FloorDiv | And | Or | Xor | UMulHi => return Err(format!("`{}` is not defined on floats", $op.name())),
         }
@@ -379,21 +379,58 @@ trait Reducible: Copy + Default + PartialOrd {
     fn min2(a: Self, b: Self) -> Self;
 }
 macro_rules! reducible {
-    ($($t:ty => $plus:expr),*) => {$(
+    ($($t:ty => $plus:expr, $max:expr, $min:expr);*) => {$(
         impl Reducible for $t {
             fn plus(a: $t, b: $t) -> $t {
                 $plus(a, b)
             }
             fn max2(a: $t, b: $t) -> $t {
-                a.max(b)
+                $max(a, b)
             }
             fn min2(a: $t, b: $t) -> $t {
-                a.min(b)
+                $min(a, b)
             }
         }
     )*};
 }
-reducible!(f32 => |a, b| a + b, f64 => |a, b| a + b, i32 => i32::wrapping_add, i64 => i64::wrapping_add);
+reducible!(
+    f32 => |a, b| a + b, f32::max_num, f32::min_num;
+    f64 => |a, b| a + b, f64::max_num, f64::min_num;
+    i32 => i32::wrapping_add, i32::max, i32::min;
+    i64 => i64::wrapping_add, i64::max, i64::min
+);
+
+/// Float max and min as IEEE 754-2019 `maximumNumber` and `minimumNumber`, the rule of a GPU's
+/// `max.f32`: a NaN operand gives the other (two NaNs: the second), and -0 < +0. Written out
+/// because Rust's `f32::max` orders signed zeros only from some toolchains on (an older one
+/// kept either), and the reference's results must not depend on the compiler.
+pub(crate) trait MinMaxNum: Copy {
+    fn max_num(self, b: Self) -> Self;
+    fn min_num(self, b: Self) -> Self;
+}
+macro_rules! min_max_num {
+    ($($t:ty),*) => {$(
+        impl MinMaxNum for $t {
+            fn max_num(self, b: $t) -> $t {
+                match (self.is_nan(), b.is_nan()) {
+                    (true, _) => b,
+                    (_, true) => self,
+                    _ if b > self || (b == self && self.is_sign_negative()) => b,
+                    _ => self,
+                }
+            }
+            fn min_num(self, b: $t) -> $t {
+                match (self.is_nan(), b.is_nan()) {
+                    (true, _) => b,
+                    (_, true) => self,
+                    _ if b < self || (b == self && b.is_sign_negative()) => b,
+                    _ => self,
+                }
+            }
+        }
+    )*};
+}
+min_max_num!(f32, f64);
 
 /// Reduces `v` laid out as [outer, n, inner] along the middle; arg-reductions return i32 indices
 /// (first index among ties; NaN is never selected unless every element is NaN).
@@ -650,6 +687,31 @@ pub(crate) fn permute(x: &Tile, perm: &[u8]) -> Tile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Max and min order signed zeros and ignore a NaN operand, in either operand order, and
+    /// keep the second of two NaNs (its payload), in f32 and f64 alike; reductions fold with them.
+    #[test]
+    fn max_and_min_order_signed_zeros_and_ignore_nans() {
+        for (a, b) in [(0.0f64, -0.0f64), (-0.0, 0.0)] {
+            assert_eq!(a.max_num(b).to_bits(), 0.0f64.to_bits(), "max({a:?}, {b:?})");
+            assert_eq!(a.min_num(b).to_bits(), (-0.0f64).to_bits(), "min({a:?}, {b:?})");
+            let (x, y) = (a as f32, b as f32);
+            assert_eq!(x.max_num(y).to_bits(), 0.0f32.to_bits());
+            assert_eq!(x.min_num(y).to_bits(), (-0.0f32).to_bits());
+        }
+        let (p, q) = (f64::from_bits(0x7ff8_0000_0000_0001), f64::from_bits(0x7ff8_0000_0000_0002));
+        assert_eq!(p.max_num(q).to_bits(), q.to_bits());
+        assert_eq!(q.min_num(p).to_bits(), p.to_bits());
+        assert_eq!(p.max_num(-3.5), -3.5);
+        assert_eq!(2.5f64.min_num(q), 2.5);
+        assert_eq!(1.5f32.max_num(-7.0), 1.5);
+        assert_eq!(1.5f32.min_num(-7.0), -7.0);
+        let row = [-1.0f32, -0.0, -2.0, 0.0, -0.0, f32::NAN];
+        let folded = row.iter().copied().reduce(<f32 as Reducible>::max2).unwrap();
+        assert_eq!(folded.to_bits(), 0.0f32.to_bits());
+        let folded = [0.0f32, 3.0, -0.0, 1.0].into_iter().reduce(<f32 as Reducible>::min2).unwrap();
+        assert_eq!(folded.to_bits(), (-0.0f32).to_bits());
+    }
 
     #[test]
     fn tf32_rounding_keeps_ten_bits() {

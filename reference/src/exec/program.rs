@@ -4,7 +4,7 @@
 //! same initial memory whatever the execution order, and the driver commits them afterwards.
 
 use super::offs::{self, with_offs, Off};
-use super::ops;
+use super::ops::{self, MinMaxNum};
 use super::plan::Plan;
 use super::scratch::Overlay;
 use super::tile::{PtrTile, Tile, RV};
@@ -214,7 +214,7 @@ pub(crate) fn rmw_bits(rmw: Rmw, dtype: DType, cur: u64, v: u64) -> u64 {
             }
             DType::F64 => {
                 let (a, b) = (f64::from_bits(cur), f64::from_bits(v));
-                (if max { a.max(b) } else { a.min(b) }).to_bits()
+                (if max { a.max_num(b) } else { a.min_num(b) }).to_bits()
             }
             DType::I1 => {
                 if max {
@@ -223,7 +223,7 @@ pub(crate) fn rmw_bits(rmw: Rmw, dtype: DType, cur: u64, v: u64) -> u64 {
                     cur & v
                 }
             }
-            _ => narrow(if max { f(cur).max(f(v)) } else { f(cur).min(f(v)) }),
+            _ => narrow(if max { f(cur).max_num(f(v)) } else { f(cur).min_num(f(v)) }),
         }
     };
     match rmw {

@@ -1212,10 +1212,13 @@ def row_pick(x_ptr, mx_ptr, mn_ptr, R: tl.constexpr, C: tl.constexpr):
             // The reference itself: +0 is row 1's maximum and -0 row 6's minimum, both zeros
             // being there; the last NaN of row 2 (NaNs only) is its maximum and its minimum.
             let last_nan = x[2 * cols + cols - 1];
-            let kept = |t, i: usize| match d {
-                DType::F32 => want[t].as_f32().unwrap()[i].to_bits() as u64,
-                _ => want[t].as_f64().unwrap()[i].to_bits(),
+            let bits = |m: &Memory, t| -> Vec<u64> {
+                match d {
+                    DType::F32 => m[t].as_f32().unwrap().iter().map(|e| e.to_bits() as u64).collect(),
+                    _ => m[t].as_f64().unwrap().iter().map(|e| e.to_bits()).collect(),
+                }
             };
+            let kept = |t, i: usize| bits(&want, t)[i];
             let as_d = |e: f64| if d == DType::F32 { (e as f32).to_bits() as u64 } else { e.to_bits() };
             assert_eq!((kept(mx, 1), kept(mn, 6)), (as_d(0.0), as_d(-0.0)), "{d}: rows 1 and 6");
             assert_eq!((kept(mx, 2), kept(mn, 2)), (as_d(last_nan), as_d(last_nan)), "{d}: row 2");
@@ -1223,13 +1226,7 @@ def row_pick(x_ptr, mx_ptr, mn_ptr, R: tl.constexpr, C: tl.constexpr):
             let mut got = mem.clone();
             gpu.run(&launch, &mut got, tilegrad_gpu::GpuOptions::default()).unwrap();
             for t in [mx, mn] {
-                let bits = |m: &Memory| -> Vec<u64> {
-                    match d {
-                        DType::F32 => m[t].as_f32().unwrap().iter().map(|e| e.to_bits() as u64).collect(),
-                        _ => m[t].as_f64().unwrap().iter().map(|e| e.to_bits()).collect(),
-                    }
-                };
-                let (w, g) = (bits(&want), bits(&got));
+                let (w, g) = (bits(&want, t), bits(&got, t));
                 let differ: Vec<usize> = (0..rows).filter(|&i| w[i] != g[i]).collect();
                 assert!(differ.is_empty(), "{d} R={r}: rows {differ:?} differ: want {w:x?}, got {g:x?}");
             }

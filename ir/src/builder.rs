@@ -100,6 +100,13 @@ impl KernelBuilder {
         self.k.blocks[cur.index()].insts.len()
     }
 
+    /// The current block's last instruction so far: what an op just emitted (a loop, a branch)
+    /// is, for a later [`KernelBuilder::move_after`] to it.
+    pub fn last_inst(&self) -> Option<crate::kernel::Inst> {
+        let cur = *self.stack.last().expect("builder block stack is never empty");
+        self.k.blocks[cur.index()].insts.last().copied()
+    }
+
     /// Moves the current block's instructions from position `from` (a [`KernelBuilder::block_len`]
     /// mark) to its end so that they come right after instruction `after` of the same block, and
     /// makes every use of `old[n]` a use of `new[n]`: a pass that built, at the end of a kernel,

@@ -98,6 +98,10 @@ pub(super) struct Emit<'k, 'b> {
     pub(super) b: &'b mut KernelBuilder,
     pub(super) shadow: HashMap<Value, Value>,
     pub(super) adj: HashMap<Value, Value>,
+    /// The loops and branches of the forward this scope has recomputed, each with its copy
+    /// here: a loop's reverse puts its tape-writing copy in the recomputed loop's place
+    /// ([`Emit::reverse_loop`]).
+    pub(super) recomputed: HashMap<Inst, Inst>,
     pub(super) map: HashMap<Value, Value>,
     pub(super) tapes: &'k Tapes,
     /// The dtype of the arithmetic, cotangents and shadows (f64, or f32).
@@ -302,7 +306,7 @@ impl Emit<'_, '_> {
                      map: HashMap<Value, Value>,
                      trip: Option<Value>|
          -> Vec<Value> {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl, trip };
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), map, tapes, fl, trip };
             let bd = k.block(blk);
             for (&f, &v) in bd.params.iter().zip(params) {
                 e.map.insert(f, v);
@@ -342,6 +346,11 @@ impl Emit<'_, '_> {
                 self.b.push(d.op.clone(), &args, tys).to_vec()
             }
         };
+        if !d.op.blocks().is_empty() {
+            if let Some(here) = self.b.last_inst() {
+                self.recomputed.insert(i, here);
+            }
+        }
         for (&r, &o) in d.results.iter().zip(out.iter()) {
             self.map.insert(r, o);
         }
@@ -373,7 +382,7 @@ impl Emit<'_, '_> {
         let err: RefCell<Option<AdError>> = RefCell::new(None);
         let (tapes, fl, trip) = (self.tapes, self.fl, self.trip);
         let side = |b: &mut KernelBuilder, blk: tilegrad_ir::Block, shadow: HashMap<Value, Value>, map: HashMap<Value, Value>| {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl, trip };
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), map, tapes, fl, trip };
             e.b.set_loc(Some(d.loc.clone()));
             let bd = k.block(blk);
             for &j in &bd.insts {
@@ -534,7 +543,7 @@ impl Emit<'_, '_> {
         // segment's first trip to its checkpoint.
         let copy = |b: &mut KernelBuilder, iv: Option<Value>, cs: &[Value], shadow, map, slot_of: Option<&SlotOf<'_>>| {
             let t = cs[cs.len() - 1];
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl, trip: Some(t) };
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), map, tapes, fl, trip: Some(t) };
             e.b.set_loc(Some(d.loc.clone()));
             match (slot_of, &ck) {
                 (Some(slot_of), _) => {
@@ -626,7 +635,7 @@ impl Emit<'_, '_> {
                     max_iters,
                     &init_c,
                     |b, cs| {
-                        let mut e = Emit { k, b, shadow: s1, adj: HashMap::new(), map: m1, tapes, fl, trip: None };
+                        let mut e = Emit { k, b, shadow: s1, adj: HashMap::new(), recomputed: HashMap::new(), map: m1, tapes, fl, trip: None };
                         for (&p, &v) in cblk.params.iter().zip(cs) {
                             e.map.insert(p, v);
                         }
@@ -644,9 +653,22 @@ impl Emit<'_, '_> {
         // A loop that stores nothing, in the kernel's body: its copy (and what the copy needs)
         // moves to the loop's place and takes the uses of its results, so that the forward's
         // loop is left unused (dead-code removal drops it) and its trips run once before the
-        // reverse, not twice. The causal attention's VJP kernel: a third of its code.
-        if ck.is_none() && !has_effects(k, body) {
-            self.b.move_after(from, i, &d.results, &res[..d.results.len()]);
+        // reverse, not twice. The causal attention's VJP kernel: a third of its code. So does a
+        // loop this scope recomputed (in a branch's reverse, a reverse trip), stores or not: the
+        // recomputation stores nothing, and memory is as the forward left it until the end.
+        let results = &res[..d.results.len()];
+        let place = match self.recomputed.get(&i) {
+            Some(&here) => Some((here, d.results.iter().map(|&r| self.v(r)).collect::<Vec<_>>())),
+            None => (!has_effects(k, body)).then(|| (i, d.results.to_vec())),
+        };
+        if let (None, Some((after, old))) = (&ck, place) {
+            if self.b.move_after(from, after, &old, results) {
+                for (&r, &o) in d.results.iter().zip(results) {
+                    if self.map.contains_key(&r) {
+                        self.map.insert(r, o);
+                    }
+                }
+            }
         }
         let trips = res[res.len() - 1];
 
@@ -695,7 +717,7 @@ impl Emit<'_, '_> {
         // see `reverse_steps`), carrying the cotangents.
         let first_err = RefCell::new(None);
         let rev = |b: &mut KernelBuilder, t: Value, kept: &[Value], cs: &[Value], shadow, map| {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), map, tapes, fl, trip: Some(t) };
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), map, tapes, fl, trip: Some(t) };
             e.b.set_loc(Some(d.loc.clone()));
             for (&c, &v) in taped.iter().zip(kept) {
                 let dt = k.ty(c).dtype().expect("carried numbers");

@@ -238,7 +238,7 @@ fn build(k: &Kernel, keep: Option<&StoredDtype<'_>>, fl: DType, checkpoints: boo
     let tapes = Tapes { list: RefCell::new(Vec::new()), first, checkpoints, loads: RefCell::new(HashMap::new()) };
     let slots = taped::instrument(&mut b, &p, &taped_loads, &tapes, fl);
     tapes.loads.replace(slots);
-    let mut e = Emit { k: &p, b: &mut b, shadow: HashMap::new(), adj: HashMap::new(), map: HashMap::new(), tapes: &tapes, fl, trip: None };
+    let mut e = Emit { k: &p, b: &mut b, shadow: HashMap::new(), adj: HashMap::new(), recomputed: HashMap::new(), map: HashMap::new(), tapes: &tapes, fl, trip: None };
 
     // Shadow parameters, named apart from every parameter.
     let mut shadows = Vec::new();

@@ -634,6 +634,10 @@ fn branches_agree_with_loops_inside() {
     let pl = b.add(loss, row);
     b.store(pl, out[0], None);
     let k = b.finish().unwrap();
+    // The forward's loop feeds only a store that nothing loads (removed); the branch's reverse
+    // recomputes the loop's result and writes its tape in one run, then runs it backwards: two
+    // loops, not a third for the tape alone.
+    assert_eq!(all_loops(&vjp_kernel(&k).unwrap()), 2);
     let (rows, dn) = (9usize, 37usize);
     // Flags: rows 2 and 5 skipped.
     let mut rng = StdRng::seed_from_u64(9);
@@ -1154,6 +1158,13 @@ fn while_loops_agree() {
         DType::F32,
         12,
     );
+}
+
+/// Every loop of a VJP kernel, in any block.
+fn all_loops(vk: &VjpKernel) -> usize {
+    let mut n = 0;
+    vk.kernel.walk(&mut |_, d| n += usize::from(matches!(d.op, Op::For { .. } | Op::While { .. })));
+    n
 }
 
 /// The top-level loops of a VJP kernel.

@@ -149,6 +149,75 @@ impl KernelBuilder {
         true
     }
 
+    /// Moves instruction `i` of the current block to its end, where no later instruction of the
+    /// block uses its results: a pass that appends code to an `if` that ends the kernel
+    /// ([`KernelBuilder::extend_if`]) puts the `if` after the code it built for it. Returns
+    /// whether it moved.
+    pub fn move_to_end(&mut self, i: crate::kernel::Inst) -> bool {
+        let cur = *self.stack.last().expect("builder block stack is never empty");
+        let list = &self.k.blocks[cur.index()].insts;
+        let Some(at) = list.iter().position(|&j| j == i) else { return false };
+        let results = &self.k.inst(i).results;
+        let used_after = list[at + 1..].iter().any(|&j| {
+            let mut used = false;
+            let mut visit = |d: &InstData| used |= d.args.iter().any(|a| results.contains(a));
+            visit(self.k.inst(j));
+            for b in self.k.inst(j).op.blocks() {
+                self.k.walk_block(b, &mut |_, d| visit(d));
+            }
+            used
+        });
+        if used_after {
+            return false;
+        }
+        let list = &mut self.k.blocks[cur.index()].insts;
+        list.remove(at);
+        list.push(i);
+        true
+    }
+
+    /// Appends to each side of `inst`, an `if` of the kernel being continued, what `then_more`
+    /// and `else_more` emit there (before the side's closing `yield`), and makes the values
+    /// they return (of the same types on both sides) more results of the `if`, which it
+    /// returns: a pass that runs code on each side's values where they are (the VJP kernels'
+    /// reverse of an `if` that ends the kernel).
+    #[track_caller]
+    pub fn extend_if(
+        &mut self,
+        inst: crate::kernel::Inst,
+        then_more: impl FnOnce(&mut KernelBuilder) -> Vec<Value>,
+        else_more: impl FnOnce(&mut KernelBuilder) -> Vec<Value>,
+    ) -> Vec<Value> {
+        let loc = Loc::caller();
+        let Op::If { then_block, else_block } = self.k.inst(inst).op else {
+            self.error("if", &loc, "extend_if takes an if".into());
+            return Vec::new();
+        };
+        let tv = self.append_to_side(then_block, then_more);
+        let tys: Vec<Type> = tv.iter().map(|&v| self.ty(v)).collect();
+        let ev = self.append_to_side(else_block, |b| {
+            let ev = else_more(b);
+            b.coerce_yield(&ev, &tys, "if", &loc)
+        });
+        for (blk, vals) in [(then_block, &tv), (else_block, &ev)] {
+            let y = *self.k.blocks[blk.index()].insts.last().expect("a side ends in yield");
+            self.k.insts[y.0 as usize].args.extend_from_slice(vals);
+        }
+        let more: Vec<Value> = tys.into_iter().map(|t| self.k.new_value(t)).collect();
+        self.k.insts[inst.0 as usize].results.extend_from_slice(&more);
+        more
+    }
+
+    /// Emits `f` into side `blk` of an `if`, before its closing `yield`; returns what `f` does.
+    fn append_to_side(&mut self, blk: Block, f: impl FnOnce(&mut KernelBuilder) -> Vec<Value>) -> Vec<Value> {
+        let y = self.k.blocks[blk.index()].insts.pop().expect("a side ends in yield");
+        self.stack.push(blk);
+        let vals = f(self);
+        self.stack.pop();
+        self.k.blocks[blk.index()].insts.push(y);
+        vals
+    }
+
     /// Emits instructions with `f` into block `blk` of the kernel being continued, right after
     /// its instruction `after` (at the block's start where `None`), rather than at the end of
     /// the current block: a pass that instruments a kernel built before (the VJP kernels'

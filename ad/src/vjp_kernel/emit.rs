@@ -102,6 +102,10 @@ pub(super) struct Emit<'k, 'b> {
     /// here: a loop's reverse puts its tape-writing copy in the recomputed loop's place
     /// ([`Emit::reverse_loop`]).
     pub(super) recomputed: HashMap<Inst, Inst>,
+    /// This scope is where the forward ran, once a program: the kernel's body, or a side of a
+    /// branch reversed in place ([`Emit::reverse_if_in_place`]). Its `for` loops write their
+    /// own tapes.
+    pub(super) in_place: bool,
     pub(super) map: HashMap<Value, Value>,
     pub(super) tapes: &'k Tapes,
     /// The dtype of the arithmetic, cotangents and shadows (f64, or f32).
@@ -156,6 +160,78 @@ pub(super) fn trip_slots(b: &mut KernelBuilder, k: &Kernel, sl: Slots<'_>, t: Va
             b.add(p, r)
         })
         .collect()
+}
+
+/// Stores a trip's kept values `vals` (of `taped`, in the tape's dtype) to their slots of trip
+/// `at_t`: the scalars in one store (one bounds check a trip, not one a value: on a GPU each
+/// check waits for the block), the tiles one by one.
+fn write_trip(b: &mut KernelBuilder, k: &Kernel, sl: Slots<'_>, at_t: Value, taped: &[Value], vals: &[Value]) {
+    let ptrs = trip_slots(b, k, sl, at_t, taped);
+    let scalars: Vec<usize> = (0..taped.len()).filter(|&j| k.ty(taped[j]).shape.is_empty()).collect();
+    if scalars.len() > 1 {
+        let n = scalars.len().next_power_of_two();
+        let ar = b.arange(0, n as i64);
+        // They take the trip's first slots, in order (see `at`).
+        let p = b.add(ptrs[scalars[0]], ar);
+        let mut v = b.broadcast_to(vals[scalars[scalars.len() - 1]], &[n]);
+        for &j in scalars[..scalars.len() - 1].iter().rev() {
+            let q = b.i32(sl.at[j] as i32);
+            let here = b.eq(ar, q);
+            let vj = b.broadcast_to(vals[j], &[n]);
+            v = b.where_(here, vj, v);
+        }
+        let ns = b.i32(scalars.len() as i32);
+        let m = b.lt(ar, ns);
+        b.store(p, v, Some(m));
+    }
+    for j in 0..taped.len() {
+        if scalars.len() <= 1 || !scalars.contains(&j) {
+            b.store(ptrs[j], vals[j], None);
+        }
+    }
+}
+
+/// A `for` loop that runs once a program where the forward ran it (the kernel's body, a branch
+/// reversed in place) writes its own tape: each trip of the forward's loop (its `body`, its
+/// induction variable, lower bound and step in `ivs`) first stores its kept carried values
+/// `taped`, as no copy need run again. Liger-Kernel's cross entropy, whose loops sit after an
+/// early return, runs its first loop twice in its VJP kernel instead of three times.
+fn tape_in_place(
+    b: &mut KernelBuilder,
+    k: &Kernel,
+    body: tilegrad_ir::Block,
+    ivs: (Value, Value, Value),
+    sl: Slots<'_>,
+    taped: &[Value],
+    tdt: DType,
+) {
+    if taped.is_empty() {
+        return;
+    }
+    let (iv, lo, st) = ivs;
+    b.insert_into(body, None, |b| {
+        let t = super::taped::trip_of(b, iv, lo, st);
+        let vals: Vec<Value> = taped.iter().map(|&c| if k.ty(c).dtype() == Some(tdt) { c } else { b.cast(c, tdt) }).collect();
+        write_trip(b, k, sl, t, taped, &vals);
+    });
+}
+
+/// The trips (i32) of `for` loop bounds `lo`, `hi`, `step`, as the forward counts them: `0`
+/// where the span is empty, else `cdiv(span, |step|)`. (A zero step failed in the forward.)
+fn trip_count(b: &mut KernelBuilder, lo: Value, hi: Value, st: Value) -> Value {
+    let (lo, hi, st) = (b.cast(lo, DType::I64), b.cast(hi, DType::I64), b.cast(st, DType::I64));
+    let (z, one) = (b.i64(0), b.i64(1));
+    let up = b.gt(st, z);
+    let (fwd, back) = (b.sub(hi, lo), b.sub(lo, hi));
+    let span = b.where_(up, fwd, back);
+    let span = b.maximum(span, z);
+    let neg = b.sub(z, st);
+    let ast = b.where_(up, st, neg);
+    let ast = b.maximum(ast, one);
+    let n = b.add(span, ast);
+    let n = b.sub(n, one);
+    let n = b.floordiv(n, ast);
+    b.cast(n, DType::I32)
 }
 
 /// The program's index in the grid, as an i64 scalar.
@@ -306,7 +382,7 @@ impl Emit<'_, '_> {
                      map: HashMap<Value, Value>,
                      trip: Option<Value>|
          -> Vec<Value> {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), map, tapes, fl, trip };
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), in_place: false, map, tapes, fl, trip };
             let bd = k.block(blk);
             for (&f, &v) in bd.params.iter().zip(params) {
                 e.map.insert(f, v);
@@ -382,7 +458,7 @@ impl Emit<'_, '_> {
         let err: RefCell<Option<AdError>> = RefCell::new(None);
         let (tapes, fl, trip) = (self.tapes, self.fl, self.trip);
         let side = |b: &mut KernelBuilder, blk: tilegrad_ir::Block, shadow: HashMap<Value, Value>, map: HashMap<Value, Value>| {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), map, tapes, fl, trip };
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), in_place: false, map, tapes, fl, trip };
             e.b.set_loc(Some(d.loc.clone()));
             let bd = k.block(blk);
             for &j in &bd.insts {
@@ -400,16 +476,7 @@ impl Emit<'_, '_> {
                 }
             }
             e.b.set_loc(Some(d.loc.clone()));
-            outer
-                .iter()
-                .map(|&o| match e.adj.get(&o) {
-                    Some(&g) => g,
-                    None => {
-                        let shape = e.shape(o);
-                        e.b.full(&shape, 0.0, e.fl)
-                    }
-                })
-                .collect::<Vec<Value>>()
+            e.outer_cotangents(&outer)
         };
         let c = self.v(d.args[0]);
         let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
@@ -421,6 +488,75 @@ impl Emit<'_, '_> {
             self.acc(o, out[q]);
         }
         Ok(())
+    }
+
+    /// The reverse of an `if` that ends the kernel (the rest of a kernel after an early
+    /// return): nothing runs after it, so each side's reverse follows that side's forward in the
+    /// forward's own branch, on the values it computed there, not recomputed; its `for` loops
+    /// write their own tapes ([`Emit::reverse_loop`]). The `if` moves to the end, after the
+    /// shadow pointers its sides use, and yields the cotangents of the values from outside it.
+    /// Where it cannot move, [`Emit::reverse_if`].
+    pub(super) fn reverse_if_in_place(&mut self, i: Inst) -> Result<(), AdError> {
+        let d = self.k.inst(i).clone();
+        let Op::If { then_block, else_block } = d.op else { unreachable!("an if") };
+        if !self.b.move_to_end(i) {
+            return self.reverse_if(i);
+        }
+        let k = self.k;
+        let mut outer: Vec<Value> = Vec::new();
+        for b in [then_block, else_block] {
+            for v in outer_uses(k, b) {
+                if self.is_float(v) && !outer.contains(&v) {
+                    outer.push(v);
+                }
+            }
+        }
+        let res_adj: Vec<Option<Value>> = d.results.iter().map(|r| self.adj.get(r).copied()).collect();
+        let err: RefCell<Option<AdError>> = RefCell::new(None);
+        let (tapes, fl, trip) = (self.tapes, self.fl, self.trip);
+        let side = |b: &mut KernelBuilder, blk: tilegrad_ir::Block, shadow: HashMap<Value, Value>, map: HashMap<Value, Value>| {
+            let mut e = Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), in_place: true, map, tapes, fl, trip };
+            let bd = k.block(blk);
+            for &j in &bd.insts {
+                e.shadow_pointer(j);
+            }
+            let ys = &k.inst(*bd.insts.last().expect("a block ends in yield")).args;
+            for (q, g) in res_adj.iter().enumerate() {
+                if let Some(g) = g {
+                    e.acc(ys[q], *g);
+                }
+            }
+            for &j in bd.insts.iter().rev() {
+                if let Err(x) = e.reverse(j) {
+                    err.borrow_mut().get_or_insert(x);
+                }
+            }
+            e.b.set_loc(Some(d.loc.clone()));
+            e.outer_cotangents(&outer)
+        };
+        let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
+        let out = self.b.extend_if(i, |b| side(b, then_block, s1, m1), |b| side(b, else_block, s2, m2));
+        if let Some(e) = err.into_inner() {
+            return Err(e);
+        }
+        for (q, &o) in outer.iter().enumerate() {
+            self.acc(o, out[q]);
+        }
+        Ok(())
+    }
+
+    /// The cotangents of `outer` this scope gathered (zeros where none).
+    fn outer_cotangents(&mut self, outer: &[Value]) -> Vec<Value> {
+        outer
+            .iter()
+            .map(|&o| match self.adj.get(&o) {
+                Some(&g) => g,
+                None => {
+                    let shape = self.shape(o);
+                    self.b.full(&shape, 0.0, self.fl)
+                }
+            })
+            .collect()
     }
 
     /// The program's index in the grid, as an i64 scalar.
@@ -513,13 +649,28 @@ impl Emit<'_, '_> {
             Some(v) => v,
             None => self.b.scalar_param(&self.tapes.first, DType::I64),
         };
-        let pix = self.program_index();
-        let pix = self.b.sub(pix, first);
-        let s = self.b.i64(per_trip as i64);
-        // A program's slots: a trip each, or with checkpoints a trip of one segment each.
-        let slots = ck.as_ref().map_or(cap, |c| c.0);
-        let base = self.b.mul(pix, slots);
-        let base = self.b.mul(base, s);
+        // A `for` loop where the forward ran it, once a program (in the kernel's body, or a
+        // branch reversed in place): it writes its own tape, no copy runs (see `tape_in_place`).
+        let once = self.in_place && ck.is_none() && cond.is_none();
+        let (pix, s, base) = match once {
+            // The program's slots from the kernel's start, before the loop that writes them.
+            true => self.b.insert_into(k.body, None, |b| {
+                let pix = program_index(b);
+                let pix = b.sub(pix, first);
+                let s = b.i64(per_trip as i64);
+                let base = b.mul(pix, cap);
+                (pix, s, b.mul(base, s))
+            }),
+            false => {
+                let pix = self.program_index();
+                let pix = self.b.sub(pix, first);
+                let s = self.b.i64(per_trip as i64);
+                // A program's slots: a trip each, or with checkpoints a trip of one segment each.
+                let slots = ck.as_ref().map_or(cap, |c| c.0);
+                let base = self.b.mul(pix, slots);
+                (pix, s, self.b.mul(base, s))
+            }
+        };
         // With checkpoints: the program's checkpoints, `cdiv(cap, seg)` of `full` values each.
         let ck = ck.map(|(seg, tape, at_full, full)| {
             let nck = self.b.cdiv(cap, seg);
@@ -543,12 +694,12 @@ impl Emit<'_, '_> {
         // segment's first trip to its checkpoint.
         let copy = |b: &mut KernelBuilder, iv: Option<Value>, cs: &[Value], shadow, map, slot_of: Option<&SlotOf<'_>>| {
             let t = cs[cs.len() - 1];
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), map, tapes, fl, trip: Some(t) };
+            let mut e =
+                Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), in_place: false, map, tapes, fl, trip: Some(t) };
             e.b.set_loc(Some(d.loc.clone()));
             match (slot_of, &ck) {
                 (Some(slot_of), _) => {
                     let at_t = slot_of(e.b, t);
-                    let ptrs = trip_slots(e.b, k, Slots { tape, base, per_trip: s, at: &at }, at_t, &taped);
                     let vals: Vec<Value> = taped
                         .iter()
                         .map(|c| {
@@ -560,30 +711,7 @@ impl Emit<'_, '_> {
                             }
                         })
                         .collect();
-                    // The scalars in one store (one bounds check a trip, not one a value: on a
-                    // GPU each check waits for the block), the tiles one by one.
-                    let scalars: Vec<usize> = (0..taped.len()).filter(|&j| k.ty(taped[j]).shape.is_empty()).collect();
-                    if scalars.len() > 1 {
-                        let n = scalars.len().next_power_of_two();
-                        let ar = e.b.arange(0, n as i64);
-                        // They take the trip's first slots, in order (see `at`).
-                        let p = e.b.add(ptrs[scalars[0]], ar);
-                        let mut v = e.b.broadcast_to(vals[scalars[scalars.len() - 1]], &[n]);
-                        for &j in scalars[..scalars.len() - 1].iter().rev() {
-                            let q = e.b.i32(at[j] as i32);
-                            let here = e.b.eq(ar, q);
-                            let vj = e.b.broadcast_to(vals[j], &[n]);
-                            v = e.b.where_(here, vj, v);
-                        }
-                        let ns = e.b.i32(scalars.len() as i32);
-                        let m = e.b.lt(ar, ns);
-                        e.b.store(p, v, Some(m));
-                    }
-                    for j in 0..taped.len() {
-                        if scalars.len() <= 1 || !scalars.contains(&j) {
-                            e.b.store(ptrs[j], vals[j], None);
-                        }
-                    }
+                    write_trip(e.b, k, Slots { tape, base, per_trip: s, at: &at }, at_t, &taped, &vals);
                 }
                 (None, Some((seg32, ctape, at_full, fs, cbase))) => {
                     let q = e.b.floordiv(t, *seg32);
@@ -625,6 +753,11 @@ impl Emit<'_, '_> {
         let plain_slot = |_: &mut KernelBuilder, t: Value| t;
         let first_slot: Option<&SlotOf<'_>> = if ck.is_some() { None } else { Some(&plain_slot) };
         let res = match (bounds, cond) {
+            (Some((lo, hi, st)), _) if once => {
+                let iv = blk.params[0];
+                tape_in_place(self.b, k, body, (iv, lo, st), Slots { tape, base, per_trip: s, at: &at }, &taped, tdt);
+                vec![trip_count(self.b, lo, hi, st)]
+            }
             (Some((lo, hi, st)), _) => {
                 self.b.for_range(lo, hi, st, max_iters, &init_c, |b, iv, cs| copy(b, Some(iv), cs, shadow, map, first_slot))
             }
@@ -635,7 +768,18 @@ impl Emit<'_, '_> {
                     max_iters,
                     &init_c,
                     |b, cs| {
-                        let mut e = Emit { k, b, shadow: s1, adj: HashMap::new(), recomputed: HashMap::new(), map: m1, tapes, fl, trip: None };
+                        let mut e = Emit {
+                            k,
+                            b,
+                            shadow: s1,
+                            adj: HashMap::new(),
+                            recomputed: HashMap::new(),
+                            in_place: false,
+                            map: m1,
+                            tapes,
+                            fl,
+                            trip: None,
+                        };
                         for (&p, &v) in cblk.params.iter().zip(cs) {
                             e.map.insert(p, v);
                         }
@@ -656,12 +800,12 @@ impl Emit<'_, '_> {
         // reverse, not twice. The causal attention's VJP kernel: a third of its code. So does a
         // loop this scope recomputed (in a branch's reverse, a reverse trip), stores or not: the
         // recomputation stores nothing, and memory is as the forward left it until the end.
-        let results = &res[..d.results.len()];
+        let results = &res[..res.len() - 1];
         let place = match self.recomputed.get(&i) {
             Some(&here) => Some((here, d.results.iter().map(|&r| self.v(r)).collect::<Vec<_>>())),
             None => (!has_effects(k, body)).then(|| (i, d.results.to_vec())),
         };
-        if let (None, Some((after, old))) = (&ck, place) {
+        if let (false, None, Some((after, old))) = (once, &ck, place) {
             if self.b.move_after(from, after, &old, results) {
                 for (&r, &o) in d.results.iter().zip(results) {
                     if self.map.contains_key(&r) {
@@ -717,7 +861,8 @@ impl Emit<'_, '_> {
         // see `reverse_steps`), carrying the cotangents.
         let first_err = RefCell::new(None);
         let rev = |b: &mut KernelBuilder, t: Value, kept: &[Value], cs: &[Value], shadow, map| {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), map, tapes, fl, trip: Some(t) };
+            let mut e =
+                Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), in_place: false, map, tapes, fl, trip: Some(t) };
             e.b.set_loc(Some(d.loc.clone()));
             for (&c, &v) in taped.iter().zip(kept) {
                 let dt = k.ty(c).dtype().expect("carried numbers");

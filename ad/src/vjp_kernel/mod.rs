@@ -83,7 +83,7 @@ use refuse::refuse_unsupported;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use tilegrad_ir::passes::{carry_offsets, promote_floats, promote_floats_keeping_tensors_as, remove_dead_code};
-use tilegrad_ir::{DType, Inst, Kernel, KernelBuilder, Loc, ParamKind};
+use tilegrad_ir::{DType, Inst, Kernel, KernelBuilder, Loc, Op, ParamKind};
 use tilegrad_reference::{Arg, Launch, Memory, TensorId};
 
 /// A VJP kernel and the parameters it adds.
@@ -238,7 +238,18 @@ fn build(k: &Kernel, keep: Option<&StoredDtype<'_>>, fl: DType, checkpoints: boo
     let tapes = Tapes { list: RefCell::new(Vec::new()), first, checkpoints, loads: RefCell::new(HashMap::new()) };
     let slots = taped::instrument(&mut b, &p, &taped_loads, &tapes, fl);
     tapes.loads.replace(slots);
-    let mut e = Emit { k: &p, b: &mut b, shadow: HashMap::new(), adj: HashMap::new(), recomputed: HashMap::new(), map: HashMap::new(), tapes: &tapes, fl, trip: None };
+    let mut e = Emit {
+        k: &p,
+        b: &mut b,
+        shadow: HashMap::new(),
+        adj: HashMap::new(),
+        recomputed: HashMap::new(),
+        in_place: true,
+        map: HashMap::new(),
+        tapes: &tapes,
+        fl,
+        trip: None,
+    };
 
     // Shadow parameters, named apart from every parameter.
     let mut shadows = Vec::new();
@@ -259,9 +270,13 @@ fn build(k: &Kernel, keep: Option<&StoredDtype<'_>>, fl: DType, checkpoints: boo
     for &i in &forward {
         e.shadow_pointer(i);
     }
-    // The reverse sweep.
-    for &i in forward.iter().rev() {
-        e.reverse(i)?;
+    // The reverse sweep. An `if` that ends the kernel (the rest of it after an early return)
+    // is reversed in its own branch.
+    for (n, &i) in forward.iter().enumerate().rev() {
+        match p.inst(i).op {
+            Op::If { .. } if n + 1 == forward.len() => e.reverse_if_in_place(i)?,
+            _ => e.reverse(i)?,
+        }
     }
     let (tapes, first) = (tapes.list.into_inner(), tapes.first);
     // Only the shadows are read back: what reaches nothing else goes (the forward's stores that

@@ -722,9 +722,18 @@ fn columns(b: &mut KernelBuilder, t: Value, base: Value, d: Value, size: i64) ->
 /// write it: after an early return for ignored rows (the rest in a branch), the label's logit
 /// is read, a first loop reads a row's logits for its maximum and sum of exponentials, and a
 /// second reads them again and overwrites them with `softmax - onehot`. The three load a
-/// tensor the kernel writes: their values come back from the forward's tapes.
+/// tensor the kernel writes: their values come back from the forward's tapes. With the loss
+/// stored in the branch and the ignored rows' logits zeroed by a loop of their own (as
+/// Liger-Kernel writes it), the branch ends the kernel and is reversed in place: each loop runs
+/// in the forward, writing its tape, and backwards, twice in all.
 #[test]
 fn loops_that_load_what_the_kernel_overwrites_agree() {
+    for trailing in [false, true] {
+        ce_in_place(trailing);
+    }
+}
+
+fn ce_in_place(trailing: bool) {
     const C: i64 = 16;
     let mut b = KernelBuilder::new("ce_in_place");
     let (x, y, loss) = (b.ptr_param("x", DType::F64), b.ptr_param("y", DType::I32), b.ptr_param("loss", DType::F64));
@@ -739,9 +748,22 @@ fn loops_that_load_what_the_kernel_overwrites_agree() {
         let (cols, o, m) = columns(b, t, base, d, C);
         (cols, m, b.add(x, o))
     };
+    let pl = b.add(loss, row);
     let out = b.if_else(
         skip,
-        |b| vec![b.f64(0.0)],
+        |b| {
+            if trailing {
+                let (lo, one, ct) = (b.i32(0), b.i32(1), b.i32(C as i32));
+                let hi = b.cdiv(d, ct);
+                b.for_range(lo, hi, one, None, &[], |b, t, _| {
+                    let (_, m, p) = chunk(b, t);
+                    let z = b.full(&[C as usize], 0.0, DType::F64);
+                    b.store(p, z, Some(m));
+                    vec![]
+                });
+            }
+            vec![b.f64(0.0)]
+        },
         |b| {
             // The label's logit, read after the early return and before the loops overwrite it.
             let at = b.add(base, label);
@@ -783,13 +805,21 @@ fn loops_that_load_what_the_kernel_overwrites_agree() {
             let lse = b.add(lse, md[0]);
             // Not linear in the label's logit, so that its value read back matters.
             let xy = b.tanh(xy);
-            vec![b.sub(lse, xy)]
+            let l = b.sub(lse, xy);
+            if trailing {
+                b.store(pl, l, None);
+            }
+            vec![l]
         },
     );
-    let pl = b.add(loss, row);
-    b.store(pl, out[0], None);
+    if !trailing {
+        b.store(pl, out[0], None);
+    }
     let k = b.finish().unwrap();
     let vk = vjp_kernel(&k).unwrap();
+    if trailing {
+        assert_eq!(all_loops(&vk), 6, "each of three loops forward and backwards");
+    }
     assert_eq!(vk.tapes.iter().filter(|t| t.per_trip == C as usize).count(), 2, "a tape of loaded values a loop");
     assert!(vk.tapes.iter().any(|t| t.per_trip == 1 && t.max_iters == Some(1)), "the branch's tape of one slot");
     let (rows, dn) = (7usize, 45usize);
@@ -805,10 +835,11 @@ fn loops_that_load_what_the_kernel_overwrites_agree() {
     let cl: Vec<f64> = (0..rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let cx: Vec<f64> = (0..rows * dn).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let got = same_gradients(&launch, &mem, &[xt], &[(lt, cl), (xt, cx.clone())]);
-    // The ignored row's logits are left as they were: their cotangent passes through (within
-    // f32's rounding: the last run computes in f32).
+    // The ignored row's logits are left as they were, their cotangent passing through (within
+    // f32's rounding: the last run computes in f32), or zeroed, their cotangent stopped.
     for (g, c) in got[0][3 * dn..4 * dn].iter().zip(&cx[3 * dn..4 * dn]) {
-        assert!((g - c).abs() <= 1e-7 * c.abs().max(1.0), "{g} against {c}");
+        let want = if trailing { 0.0 } else { *c };
+        assert!((g - want).abs() <= 1e-7 * c.abs().max(1.0), "{g} against {want}");
     }
 }
 
@@ -1173,12 +1204,11 @@ fn top_level_loops(vk: &VjpKernel) -> usize {
     k.block(k.body).insts.iter().filter(|&&i| matches!(k.inst(i).op, Op::For { .. } | Op::While { .. })).count()
 }
 
-/// A loop whose results the reverse of what follows it needs (`acc * m`): the copy that writes
-/// the tape takes the forward loop's place and its uses, so that the loop runs once before the
-/// reverse loop, not twice; a loop that stores keeps its own run (the copy leaves stores out).
-/// Both agree with the evaluator.
+/// A loop in the kernel's body whose results the reverse of what follows it needs (`acc * m`):
+/// the forward's loop writes the tape itself, so that the loop runs once before the reverse
+/// loop, not twice, whether or not it stores. Both agree with the evaluator.
 #[test]
-fn the_tape_loop_takes_the_place_of_a_loop_that_stores_nothing() {
+fn a_loop_in_the_kernels_body_writes_its_own_tape() {
     const R: i64 = 4;
     const D: i64 = 8;
     let build = |store_inside: bool| {
@@ -1211,7 +1241,7 @@ fn the_tape_loop_takes_the_place_of_a_loop_that_stores_nothing() {
         b.finish().unwrap()
     };
     let (rows_n, d_n) = (9usize, 21usize);
-    for (store_inside, loops) in [(false, 2), (true, 3)] {
+    for (store_inside, loops) in [(false, 2), (true, 2)] {
         let k = build(store_inside);
         let vk = vjp_kernel(&k).unwrap();
         assert_eq!(top_level_loops(&vk), loops, "store inside: {store_inside}");

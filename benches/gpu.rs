@@ -1,6 +1,6 @@
 //! Kernel times of the GPU backend beside Triton's own, on the forward kernels of `examples/`
 //! at training sizes: the weighted sum (65536x1024), matmul (2048^3, 64x64x32 tiles, `ieee`
-//! dots) and a row softmax (16384x4096, one row per program).
+//! dots), a row softmax (16384x4096, one row per program), and the others below.
 //!
 //! `cargo bench --bench gpu [-- --triton FILE.json] [--reps N] [--only NAME]` on a machine with a GPU. Each
 //! kernel runs (after a warm-up) `reps` times with the device's race marks off and on; the
@@ -26,7 +26,8 @@
 //! rows a program (16384-element tiles) and a layer norm of 8 rows of 4096 a program
 //! (`layer_norm_rows`), whose tiles are the largest the examples use at training sizes, and the
 //! causal attention (16 heads x 8192 x 64, 32x16 tiles), whose VJP kernel's loop is the longest;
-//! and, compiled only, the fused cross entropy and a 4096-wide RMS-norm backward
+//! the fused cross entropy (4096 rows of 32000 logits in 4096-wide tiles, the most work an
+//! element of the examples' forwards); and, compiled only, a 4096-wide RMS-norm backward
 //! ([`compile_only`]).
 //!
 //! `--source DIR [--unroll N,...]` writes the CUDA C of those kernels to `DIR` instead (no GPU
@@ -49,6 +50,8 @@ struct Case {
     scalars: Vec<(&'static str, i64)>,
     /// Float scalar arguments.
     floats: Vec<(&'static str, f64)>,
+    /// Integer tensors (i64): name, elements, and the bound their values are drawn below.
+    labels: Vec<(&'static str, usize, i64)>,
     grid: [u32; 3],
 }
 
@@ -72,6 +75,7 @@ fn cases() -> Vec<Case> {
                 ("D", d as i64),
             ],
             floats: vec![],
+            labels: vec![],
             grid: [(rows / 16) as u32, 1, 1],
         },
         Case {
@@ -92,6 +96,7 @@ fn cases() -> Vec<Case> {
                 ("stride_cn", 1),
             ],
             floats: vec![],
+            labels: vec![],
             grid: [(n / 64) as u32, (n / 64) as u32, 1],
         },
         Case {
@@ -102,6 +107,7 @@ fn cases() -> Vec<Case> {
             tensors: vec![("x_ptr", vec![sr, sc]), ("y_ptr", vec![sr, sc])],
             scalars: vec![("x_row_stride", sc as i64), ("y_row_stride", sc as i64), ("n_rows", sr as i64), ("n_cols", sc as i64)],
             floats: vec![],
+            labels: vec![],
             grid: [sr as u32, 1, 1],
         },
         Case {
@@ -112,6 +118,7 @@ fn cases() -> Vec<Case> {
             tensors: vec![("x_ptr", vec![sr, sc]), ("y_ptr", vec![sr, sc])],
             scalars: vec![("x_row_stride", sc as i64), ("y_row_stride", sc as i64), ("n_rows", sr as i64), ("n_cols", sc as i64)],
             floats: vec![],
+            labels: vec![],
             grid: [(sr / 4) as u32, 1, 1],
         },
         Case {
@@ -122,9 +129,11 @@ fn cases() -> Vec<Case> {
             tensors: vec![("x_ptr", vec![sr, sc]), ("w_ptr", vec![sc]), ("b_ptr", vec![sc]), ("y_ptr", vec![sr, sc])],
             scalars: vec![("n_rows", sr as i64), ("n_cols", sc as i64), ("x_row_stride", sc as i64), ("y_row_stride", sc as i64)],
             floats: vec![("eps", 1e-5)],
+            labels: vec![],
             grid: [(sr / 8) as u32, 1, 1],
         },
         attention_causal(),
+        cross_entropy(),
     ]
 }
 
@@ -152,7 +161,32 @@ fn attention_causal() -> Case {
         tensors: vec![("q_ptr", shape.clone()), ("k_ptr", shape.clone()), ("v_ptr", shape.clone()), ("o_ptr", shape)],
         scalars,
         floats: vec![("sm_scale", 0.125)],
+        labels: vec![],
         grid: [(ctx / 32) as u32, heads as u32, 1],
+    }
+}
+
+/// The fused cross entropy (`examples/cross_entropy_fused.toml`): a row of 32000 logits a
+/// program, in two passes of 4096-wide tiles, the gradient stored by the forward; 4096 rows,
+/// labels i64.
+fn cross_entropy() -> Case {
+    let (rows, cols) = (4096usize, 32000usize);
+    Case {
+        name: "cross_entropy",
+        file: "cross_entropy_fused.py",
+        kernel: "cross_entropy_fwd_grad_kernel",
+        constexprs: vec![("BLOCK_SIZE", 4096)],
+        tensors: vec![("X_ptr", vec![rows, cols]), ("DX_ptr", vec![rows, cols]), ("loss_ptr", vec![rows])],
+        scalars: vec![
+            ("X_stride", cols as i64),
+            ("DX_stride", cols as i64),
+            ("n_cols", cols as i64),
+            ("n_non_ignore", rows as i64),
+            ("ignore_index", -100),
+        ],
+        floats: vec![],
+        labels: vec![("Y_ptr", rows, cols as i64)],
+        grid: [rows as u32, 1, 1],
     }
 }
 
@@ -163,6 +197,7 @@ fn kernel_of(c: &Case) -> tilegrad_ir::Kernel {
     let opts = ConvertOptions {
         constexprs: c.constexprs.iter().map(|(n, v)| (n.to_string(), ConstValue::Int(*v))).collect(),
         scalar_dtypes: c.floats.iter().map(|(n, _)| (n.to_string(), tilegrad_ir::DType::F32)).collect(),
+        pointer_dtypes: c.labels.iter().map(|(n, _, _)| (n.to_string(), tilegrad_ir::DType::I64)).collect(),
         ..ConvertOptions::default()
     };
     convert(&src, &path.display().to_string(), c.kernel, &opts).unwrap_or_else(|e| panic!("{e}"))
@@ -280,6 +315,11 @@ fn main() {
         let mut launch = Launch::new(&k, c.grid);
         for (n, id) in &ids {
             launch = launch.arg(n, *id);
+        }
+        for (j, &(n, len, bound)) in c.labels.iter().enumerate() {
+            let vals = random(len, 50 + j as u64).into_iter().map(|x| ((f64::from(x) + 1.0) / 2.0 * bound as f64) as i64);
+            let t = mem.add(n, HostTensor::from_i64(&[len], vals.map(|v| v.clamp(0, bound - 1)).collect()));
+            launch = launch.arg(n, t);
         }
         for (n, v) in &c.scalars {
             launch = launch.arg(n, *v);
@@ -429,10 +469,6 @@ fn compiled_kernels(
         out.push((c.name, "vjp f64", vk, Flavor { ordered: false, marks: false }));
     }
     for (name, k) in compile_only().into_iter().filter(|(n, _)| only.is_none_or(|o| o == *n)) {
-        if name == "cross_entropy" {
-            let vk = tilegrad_ad::vjp_kernel(&k).unwrap_or_else(|e| panic!("{name}: {e}")).kernel;
-            out.push((name, "vjp f64", vk, Flavor { ordered: false, marks: false }));
-        }
         out.push((name, "forward", k, Flavor { ordered: true, marks: true }));
     }
     out
@@ -475,8 +511,6 @@ impl Extra {
 }
 
 /// Kernels `--compile` and `--source` take besides the cases (their launches are not timed):
-/// the fused cross entropy (`examples/cross_entropy_fused.toml`: two passes over a row of
-/// logits in 4096-wide tiles, the gradient stored by the forward), with its f64 VJP kernel, and
 /// the RMS norm's backward over rows of 4096 (`examples/rms_norm.toml`), which a check launches
 /// with race marks.
 fn compile_only() -> Vec<(&'static str, tilegrad_ir::Kernel)> {
@@ -491,30 +525,19 @@ fn compile_only() -> Vec<(&'static str, tilegrad_ir::Kernel)> {
         };
         convert(&src, &path.display().to_string(), kernel, &opts).unwrap_or_else(|e| panic!("{e}"))
     };
-    vec![
-        (
-            "cross_entropy",
-            convert_one(
-                "cross_entropy_fused.py",
-                "cross_entropy_fwd_grad_kernel",
-                vec![("BLOCK_SIZE", ConstValue::Int(4096))],
-                vec![("Y_ptr", DType::I64)],
-            ),
+    vec![(
+        "rms_norm_bwd",
+        convert_one(
+            "rms_norm_bwd.py",
+            "_rms_norm_backward_kernel",
+            vec![
+                ("BLOCK_SIZE", ConstValue::Int(4096)),
+                ("offset", ConstValue::Float(0.0)),
+                ("X_dtype", ConstValue::DType("float32".into())),
+            ],
+            vec![],
         ),
-        (
-            "rms_norm_bwd",
-            convert_one(
-                "rms_norm_bwd.py",
-                "_rms_norm_backward_kernel",
-                vec![
-                    ("BLOCK_SIZE", ConstValue::Int(4096)),
-                    ("offset", ConstValue::Float(0.0)),
-                    ("X_dtype", ConstValue::DType("float32".into())),
-                ],
-                vec![],
-            ),
-        ),
-    ]
+    )]
 }
 
 /// `--source DIR`: the CUDA C of each kernel `--compile` times, written to `DIR/NAME.FORM.UNROLL.cu`

@@ -194,44 +194,71 @@ fn write_trip(b: &mut KernelBuilder, k: &Kernel, sl: Slots<'_>, at_t: Value, tap
 /// A `for` loop that runs once a program where the forward ran it (the kernel's body, a branch
 /// reversed in place) writes its own tape: each trip of the forward's loop (its `body`, its
 /// induction variable, lower bound and step in `ivs`) first stores its kept carried values
-/// `taped`, as no copy need run again. Liger-Kernel's cross entropy, whose loops sit after an
-/// early return, runs its first loop twice in its VJP kernel instead of three times.
+/// `taped` (at `at` among a trip's `per_trip` slots of `tape`, whose program slots start from
+/// parameters `first` and `cap` in `tc`), as no copy need run again. Liger-Kernel's cross entropy, whose
+/// loops sit after an early return, runs its first loop twice in its VJP kernel instead of
+/// four times. The trip finds its slots itself: a program's first slot kept from the kernel's
+/// start would hold registers through it all (2% slower matmul VJP kernel, from spills).
+#[allow(clippy::too_many_arguments)]
 fn tape_in_place(
     b: &mut KernelBuilder,
     k: &Kernel,
     body: tilegrad_ir::Block,
     ivs: (Value, Value, Value),
-    sl: Slots<'_>,
+    tc: (Value, Value, Value),
+    (at, per_trip): (&[usize], usize),
     taped: &[Value],
     tdt: DType,
 ) {
     if taped.is_empty() {
         return;
     }
-    let (iv, lo, st) = ivs;
+    let ((iv, lo, st), (tape, first, cap)) = (ivs, tc);
     b.insert_into(body, None, |b| {
+        let pix = program_index(b);
+        let pix = b.sub(pix, first);
+        let s = b.i64(per_trip as i64);
+        let base = b.mul(pix, cap);
+        let base = b.mul(base, s);
         let t = super::taped::trip_of(b, iv, lo, st);
         let vals: Vec<Value> = taped.iter().map(|&c| if k.ty(c).dtype() == Some(tdt) { c } else { b.cast(c, tdt) }).collect();
-        write_trip(b, k, sl, t, taped, &vals);
+        write_trip(b, k, Slots { tape, base, per_trip: s, at }, t, taped, &vals);
     });
 }
 
 /// The trips (i32) of `for` loop bounds `lo`, `hi`, `step`, as the forward counts them: `0`
-/// where the span is empty, else `cdiv(span, |step|)`. (A zero step failed in the forward.)
-fn trip_count(b: &mut KernelBuilder, lo: Value, hi: Value, st: Value) -> Value {
+/// where the span is empty, else `cdiv(span, |step|)` (a zero step failed in the forward); with
+/// a step known `positive` (a constant, as loops over tiles have), `cdiv(max(hi - lo, 0), step)`.
+fn trip_count(b: &mut KernelBuilder, lo: Value, hi: Value, st: Value, positive: bool) -> Value {
     let (lo, hi, st) = (b.cast(lo, DType::I64), b.cast(hi, DType::I64), b.cast(st, DType::I64));
     let (z, one) = (b.i64(0), b.i64(1));
-    let up = b.gt(st, z);
-    let (fwd, back) = (b.sub(hi, lo), b.sub(lo, hi));
-    let span = b.where_(up, fwd, back);
+    let (span, ast) = match positive {
+        true => (b.sub(hi, lo), st),
+        false => {
+            let up = b.gt(st, z);
+            let (fwd, back) = (b.sub(hi, lo), b.sub(lo, hi));
+            let span = b.where_(up, fwd, back);
+            let neg = b.sub(z, st);
+            let ast = b.where_(up, st, neg);
+            (span, b.maximum(ast, one))
+        }
+    };
     let span = b.maximum(span, z);
-    let neg = b.sub(z, st);
-    let ast = b.where_(up, st, neg);
-    let ast = b.maximum(ast, one);
     let n = b.add(span, ast);
     let n = b.sub(n, one);
     let n = b.floordiv(n, ast);
     b.cast(n, DType::I32)
+}
+
+/// Whether `v` is an integer constant above zero in `k`.
+fn positive_const(k: &Kernel, v: Value) -> bool {
+    let mut found = false;
+    k.walk(&mut |_, d| {
+        if let (Op::Const { value: tilegrad_ir::Lit::Int(n) }, Some(&r)) = (&d.op, d.results.first()) {
+            found |= r == v && *n > 0;
+        }
+    });
+    found
 }
 
 /// The program's index in the grid, as an i64 scalar.
@@ -652,25 +679,13 @@ impl Emit<'_, '_> {
         // A `for` loop where the forward ran it, once a program (in the kernel's body, or a
         // branch reversed in place): it writes its own tape, no copy runs (see `tape_in_place`).
         let once = self.in_place && ck.is_none() && cond.is_none();
-        let (pix, s, base) = match once {
-            // The program's slots from the kernel's start, before the loop that writes them.
-            true => self.b.insert_into(k.body, None, |b| {
-                let pix = program_index(b);
-                let pix = b.sub(pix, first);
-                let s = b.i64(per_trip as i64);
-                let base = b.mul(pix, cap);
-                (pix, s, b.mul(base, s))
-            }),
-            false => {
-                let pix = self.program_index();
-                let pix = self.b.sub(pix, first);
-                let s = self.b.i64(per_trip as i64);
-                // A program's slots: a trip each, or with checkpoints a trip of one segment each.
-                let slots = ck.as_ref().map_or(cap, |c| c.0);
-                let base = self.b.mul(pix, slots);
-                (pix, s, self.b.mul(base, s))
-            }
-        };
+        let pix = self.program_index();
+        let pix = self.b.sub(pix, first);
+        let s = self.b.i64(per_trip as i64);
+        // A program's slots: a trip each, or with checkpoints a trip of one segment each.
+        let slots = ck.as_ref().map_or(cap, |c| c.0);
+        let base = self.b.mul(pix, slots);
+        let base = self.b.mul(base, s);
         // With checkpoints: the program's checkpoints, `cdiv(cap, seg)` of `full` values each.
         let ck = ck.map(|(seg, tape, at_full, full)| {
             let nck = self.b.cdiv(cap, seg);
@@ -755,8 +770,8 @@ impl Emit<'_, '_> {
         let res = match (bounds, cond) {
             (Some((lo, hi, st)), _) if once => {
                 let iv = blk.params[0];
-                tape_in_place(self.b, k, body, (iv, lo, st), Slots { tape, base, per_trip: s, at: &at }, &taped, tdt);
-                vec![trip_count(self.b, lo, hi, st)]
+                tape_in_place(self.b, k, body, (iv, lo, st), (tape, first, cap), (&at, per_trip), &taped, tdt);
+                vec![trip_count(self.b, lo, hi, st, positive_const(k, d.args[2]))]
             }
             (Some((lo, hi, st)), _) => {
                 self.b.for_range(lo, hi, st, max_iters, &init_c, |b, iv, cs| copy(b, Some(iv), cs, shadow, map, first_slot))

@@ -30,10 +30,15 @@
 //! start of each trip are kept on a *tape*: where the reverse sweep reaches the loop, a copy of
 //! the loop runs again (its stores and atomics left out: they happened) and writes them to the
 //! tape parameter `tg_tape<n>` (i64 where every kept value is an integer, f32 in f32 kernels
-//! where that is exact, else f64: [`LoopTape`]; a trip's scalars in one store). A loop that
-//! stores nothing, in the kernel's body, runs once: that copy moves to the loop's place and
-//! takes the uses of its results ([`tilegrad_ir::KernelBuilder::move_after`]), leaving the
-//! forward's loop to dead-code removal. The reverse loop reads them back (a trip ahead, so that the trip's loads need not wait for them),
+//! where that is exact, else f64: [`LoopTape`]; a trip's scalars in one store). A `for` loop
+//! where the forward ran it, once a program (in the kernel's body), needs no copy: each of its
+//! trips writes its own slots first, and its trip count comes from its bounds. An `if` that
+//! ends the kernel (the rest of a kernel after an early return) is reversed in its own branch,
+//! after the branch's forward and on its values, so that its loops are such loops too. Where a
+//! branch's reverse or a reverse trip recomputes a loop, the copy is that recomputation: it
+//! moves to the recomputed loop's place ([`tilegrad_ir::KernelBuilder::move_after`]); so does a
+//! `while` loop's that stores nothing, in the kernel's body, leaving the forward's loop to
+//! dead-code removal. The reverse loop reads them back (a trip ahead, so that the trip's loads need not wait for them),
 //! recomputes the trip's body from them, and runs the body's rules, carrying the cotangents of
 //! the carried values and of the values from outside the loop that the body uses. The copy's
 //! and the reverse trips' loads read memory as the forward left it at its end; where a `for`

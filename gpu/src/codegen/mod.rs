@@ -154,6 +154,51 @@ fn partial_unroll(k: &Kernel) -> usize {
     }
 }
 
+/// Registers of its tile values a thread of a kernel with race marks (a check's forward) may
+/// hold in all where its loops are unrolled fully; past it the block takes twice the threads
+/// (up to [`MAX_THREADS`]), each holding half as many. NVRTC's time grows with the code a
+/// thread's elements unroll to, and a kernel with much work an element (a cross entropy's two
+/// passes, exponentials and divisions over a 4096-wide tile) took over 2 s in 256 threads.
+/// Measured with NVRTC 13.2 on one core (`docs/benchmarks.md`): Liger-Kernel's cross-entropy
+/// forward, 784 registers a thread in 256 threads, 1.45 s; in 512, 0.73-0.80 s. The examples'
+/// other forwards hold 96 to 496 and keep their blocks. `TILEGRAD_GPU_WORK` sets it; it scales
+/// with the registers of a value unrolled fully (`TILEGRAD_GPU_UNROLL`).
+pub const UNROLLED_WORK: usize = 512;
+
+/// [`UNROLLED_WORK`], or `TILEGRAD_GPU_WORK` where set to a number.
+pub fn unrolled_work() -> usize {
+    std::env::var("TILEGRAD_GPU_WORK").ok().and_then(|v| v.parse().ok()).unwrap_or(UNROLLED_WORK)
+}
+
+/// Registers a thread of `threads` holds of kernel `k`'s tile values, one per element of each.
+fn thread_work(k: &Kernel, threads: usize) -> usize {
+    let mut w = 0;
+    k.walk(&mut |_, d| {
+        for &r in &d.results {
+            let n = k.ty(r).numel();
+            if n > 1 {
+                w += n.div_ceil(threads);
+            }
+        }
+    });
+    w
+}
+
+/// `shape` ([`block_shape`]'s) with twice the threads, as often as a thread of a kernel whose
+/// loops are unrolled fully would hold more than `work` registers of tile values (see
+/// [`UNROLLED_WORK`]), up to [`MAX_THREADS`].
+fn spread(k: &Kernel, largest: usize, shape: (usize, usize, usize), work: usize) -> (usize, usize, usize) {
+    let (threads, _, unrolled) = shape;
+    let mut t = threads;
+    while t < MAX_THREADS && largest.div_ceil(t) <= unrolled && thread_work(k, t) > work {
+        t *= 2;
+    }
+    match t == threads {
+        true => shape,
+        false => (t, (MAX_THREADS / t).max(1), unrolled),
+    }
+}
+
 /// [`UNROLLED_REGISTERS`], or `TILEGRAD_GPU_UNROLL` where set to a number.
 pub fn unrolled_registers() -> usize {
     std::env::var("TILEGRAD_GPU_UNROLL").ok().and_then(|v| v.parse().ok()).unwrap_or(UNROLLED_REGISTERS)
@@ -267,9 +312,12 @@ pub fn generate_flavor(k: &Kernel, flavor: Flavor) -> Result<Generated, GpuError
 /// [`generate_flavor`] with loops over up to `unrolled` registers of a value unrolled fully
 /// (see [`UNROLLED_REGISTERS`]), for measurements.
 pub fn generate_flavor_unrolling(k: &Kernel, flavor: Flavor, unrolled: usize) -> Result<Generated, GpuError> {
+    let largest = largest_tile(k);
     let (threads, blocks, unrolled) = match flavor.marks {
-        true => block_shape(largest_tile(k), unrolled),
-        false => vjp_block_shape(largest_tile(k), unrolled),
+        // The budget in proportion to the registers of a value unrolled fully (all of them
+        // where every loop is).
+        true => spread(k, largest, block_shape(largest, unrolled), unrolled_work().saturating_mul(unrolled) / UNROLLED_REGISTERS),
+        false => vjp_block_shape(largest, unrolled),
     };
     generate_unrolling(k, threads, Some(blocks), flavor, unrolled)
 }

@@ -149,3 +149,56 @@ fn vjp_kernels_take_twice_the_threads_with_twice_the_registers() {
     let k = softmax(8, 4096);
     assert_eq!(at(&k, vjp).0, at(&k, plain).0);
 }
+
+/// Cross entropy's forward in the style of fused-loss kernels: two passes over a row of
+/// logits, exponentials, divisions and a gradient stored, a 4096-wide tile.
+const CROSS_ENTROPY: &str = r#"
+import triton
+import triton.language as tl
+
+@triton.jit
+def ce_fwd(x_ptr, dx_ptr, y_ptr, loss_ptr, n_cols, n_rows, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    y = tl.load(y_ptr + row)
+    m = float("-inf")
+    d = 0.0
+    for i in range(0, n_cols, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * n_cols + offs, mask=offs < n_cols, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(x))
+        d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new))
+        m = m_new
+    for i in range(0, n_cols, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * n_cols + offs, mask=offs < n_cols, other=float("-inf"))
+        p = tl.exp(x - m) / d
+        g = tl.where(offs == y, p - 1.0, p) / n_rows
+        tl.store(dx_ptr + row * n_cols + offs, g, mask=offs < n_cols)
+    x_y = tl.load(x_ptr + row * n_cols + y)
+    tl.store(loss_ptr + row, (m + tl.log(d) - x_y) / n_rows)
+"#;
+
+/// A forward whose tile values would take a thread over [`UNROLLED_WORK`] registers in all gets
+/// twice the threads, half the registers each; the row softmax of the same tile, within it,
+/// keeps its block; VJP kernels keep theirs.
+#[test]
+fn a_forward_with_much_work_an_element_takes_more_threads() {
+    let opts = ConvertOptions {
+        constexprs: vec![("BLOCK".to_string(), ConstValue::Int(4096))],
+        pointer_dtypes: vec![("y_ptr".to_string(), DType::I64)],
+        ..ConvertOptions::default()
+    };
+    let ce = convert(CROSS_ENTROPY, "ce.py", "ce_fwd", &opts).unwrap();
+    assert!(thread_work(&ce, 256) > UNROLLED_WORK && thread_work(&ce, 512) <= UNROLLED_WORK, "{}", thread_work(&ce, 256));
+    let g = generate_flavor_unrolling(&ce, Flavor::default(), UNROLLED_REGISTERS).unwrap();
+    assert_eq!((g.threads, g.min_blocks), (512, 2));
+    // Every loop over a value's 8 registers still unrolled fully.
+    assert!(register_loops(&g.source).iter().all(|&(n, full, _)| full && n <= 8), "{:?}", register_loops(&g.source));
+    let sm = softmax(1, 4096);
+    assert!(thread_work(&sm, 256) <= UNROLLED_WORK);
+    assert_eq!(generate_flavor_unrolling(&sm, Flavor::default(), UNROLLED_REGISTERS).unwrap().threads, 256);
+    let vjp = Flavor { ordered: false, marks: false };
+    assert_eq!(generate_flavor_unrolling(&ce, vjp, UNROLLED_REGISTERS).unwrap().threads, 512);
+    // With the budget as large as the work, the block it had.
+    assert_eq!(spread(&ce, 4096, block_shape(4096, UNROLLED_REGISTERS), usize::MAX).0, 256);
+}

@@ -195,10 +195,10 @@ fn write_trip(b: &mut KernelBuilder, k: &Kernel, sl: Slots<'_>, at_t: Value, tap
 /// reversed in place) writes its own tape: each trip of the forward's loop (its `body`, its
 /// induction variable, lower bound and step in `ivs`) first stores its kept carried values
 /// `taped` (at `at` among a trip's `per_trip` slots of `tape`, whose program slots start from
-/// parameters `first` and `cap` in `tc`), as no copy need run again. Liger-Kernel's cross entropy, whose
-/// loops sit after an early return, runs its first loop twice in its VJP kernel instead of
-/// four times. The trip finds its slots itself: a program's first slot kept from the kernel's
-/// start would hold registers through it all (2% slower matmul VJP kernel, from spills).
+/// parameters `first` and `cap` in `tc`), as no copy need run again. Liger-Kernel's cross
+/// entropy, whose loops sit after an early return, runs its first loop twice in its VJP kernel
+/// instead of four times. Each trip finds its slots (a few integer ops) rather than keep them
+/// in registers from the kernel's start.
 #[allow(clippy::too_many_arguments)]
 fn tape_in_place(
     b: &mut KernelBuilder,
@@ -809,10 +809,10 @@ impl Emit<'_, '_> {
             }
             (None, None) => unreachable!("a for loop has bounds"),
         };
-        // A loop that stores nothing, in the kernel's body: its copy (and what the copy needs)
-        // moves to the loop's place and takes the uses of its results, so that the forward's
-        // loop is left unused (dead-code removal drops it) and its trips run once before the
-        // reverse, not twice. The causal attention's VJP kernel: a third of its code. So does a
+        // A `while` loop that stores nothing, in the kernel's body (a `for` loop there writes
+        // its own tape, above): its copy (and what the copy needs) moves to the loop's place and
+        // takes the uses of its results, so that the forward's loop is left unused (dead-code
+        // removal drops it) and its trips run once before the reverse, not twice. So does a
         // loop this scope recomputed (in a branch's reverse, a reverse trip), stores or not: the
         // recomputation stores nothing, and memory is as the forward left it until the end.
         let results = &res[..res.len() - 1];

@@ -282,8 +282,22 @@ fn cst(b: &mut KernelBuilder, fl: DType, x: f64) -> Value {
     }
 }
 
-impl Emit<'_, '_> {
+impl<'k, 'b> Emit<'k, 'b> {
     /// What stands for forward value `x` here.
+    /// A scope of the sweep (a loop body's, a branch side's, a copy's) over kernel `k` with its
+    /// `tapes`, computing in `fl`: the shadows and forward values it starts from, the trip it
+    /// recomputes where it is one; no cotangents yet, nothing recomputed, not where the forward
+    /// ran.
+    pub(super) fn scope(
+        (k, tapes, fl): (&'k Kernel, &'k Tapes, DType),
+        b: &'b mut KernelBuilder,
+        shadow: HashMap<Value, Value>,
+        map: HashMap<Value, Value>,
+        trip: Option<Value>,
+    ) -> Self {
+        Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), in_place: false, map, tapes, fl, trip }
+    }
+
     fn v(&self, x: Value) -> Value {
         self.map.get(&x).copied().unwrap_or(x)
     }
@@ -409,7 +423,7 @@ impl Emit<'_, '_> {
                      map: HashMap<Value, Value>,
                      trip: Option<Value>|
          -> Vec<Value> {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), in_place: false, map, tapes, fl, trip };
+            let mut e = Emit::scope((k, tapes, fl), b, shadow, map, trip);
             let bd = k.block(blk);
             for (&f, &v) in bd.params.iter().zip(params) {
                 e.map.insert(f, v);
@@ -485,7 +499,7 @@ impl Emit<'_, '_> {
         let err: RefCell<Option<AdError>> = RefCell::new(None);
         let (tapes, fl, trip) = (self.tapes, self.fl, self.trip);
         let side = |b: &mut KernelBuilder, blk: tilegrad_ir::Block, shadow: HashMap<Value, Value>, map: HashMap<Value, Value>| {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), in_place: false, map, tapes, fl, trip };
+            let mut e = Emit::scope((k, tapes, fl), b, shadow, map, trip);
             e.b.set_loc(Some(d.loc.clone()));
             let bd = k.block(blk);
             for &j in &bd.insts {
@@ -542,7 +556,7 @@ impl Emit<'_, '_> {
         let err: RefCell<Option<AdError>> = RefCell::new(None);
         let (tapes, fl, trip) = (self.tapes, self.fl, self.trip);
         let side = |b: &mut KernelBuilder, blk: tilegrad_ir::Block, shadow: HashMap<Value, Value>, map: HashMap<Value, Value>| {
-            let mut e = Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), in_place: true, map, tapes, fl, trip };
+            let mut e = Emit { in_place: true, ..Emit::scope((k, tapes, fl), b, shadow, map, trip) };
             let bd = k.block(blk);
             for &j in &bd.insts {
                 e.shadow_pointer(j);
@@ -709,8 +723,7 @@ impl Emit<'_, '_> {
         // segment's first trip to its checkpoint.
         let copy = |b: &mut KernelBuilder, iv: Option<Value>, cs: &[Value], shadow, map, slot_of: Option<&SlotOf<'_>>| {
             let t = cs[cs.len() - 1];
-            let mut e =
-                Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), in_place: false, map, tapes, fl, trip: Some(t) };
+            let mut e = Emit::scope((k, tapes, fl), b, shadow, map, Some(t));
             e.b.set_loc(Some(d.loc.clone()));
             match (slot_of, &ck) {
                 (Some(slot_of), _) => {
@@ -783,18 +796,7 @@ impl Emit<'_, '_> {
                     max_iters,
                     &init_c,
                     |b, cs| {
-                        let mut e = Emit {
-                            k,
-                            b,
-                            shadow: s1,
-                            adj: HashMap::new(),
-                            recomputed: HashMap::new(),
-                            in_place: false,
-                            map: m1,
-                            tapes,
-                            fl,
-                            trip: None,
-                        };
+                        let mut e = Emit::scope((k, tapes, fl), b, s1, m1, None);
                         for (&p, &v) in cblk.params.iter().zip(cs) {
                             e.map.insert(p, v);
                         }
@@ -876,8 +878,7 @@ impl Emit<'_, '_> {
         // see `reverse_steps`), carrying the cotangents.
         let first_err = RefCell::new(None);
         let rev = |b: &mut KernelBuilder, t: Value, kept: &[Value], cs: &[Value], shadow, map| {
-            let mut e =
-                Emit { k, b, shadow, adj: HashMap::new(), recomputed: HashMap::new(), in_place: false, map, tapes, fl, trip: Some(t) };
+            let mut e = Emit::scope((k, tapes, fl), b, shadow, map, Some(t));
             e.b.set_loc(Some(d.loc.clone()));
             for (&c, &v) in taped.iter().zip(kept) {
                 let dt = k.ty(c).dtype().expect("carried numbers");

@@ -243,18 +243,7 @@ fn build(k: &Kernel, keep: Option<&StoredDtype<'_>>, fl: DType, checkpoints: boo
     let tapes = Tapes { list: RefCell::new(Vec::new()), first, checkpoints, loads: RefCell::new(HashMap::new()) };
     let slots = taped::instrument(&mut b, &p, &taped_loads, &tapes, fl);
     tapes.loads.replace(slots);
-    let mut e = Emit {
-        k: &p,
-        b: &mut b,
-        shadow: HashMap::new(),
-        adj: HashMap::new(),
-        recomputed: HashMap::new(),
-        in_place: true,
-        map: HashMap::new(),
-        tapes: &tapes,
-        fl,
-        trip: None,
-    };
+    let mut e = Emit { in_place: true, ..Emit::scope((&p, &tapes, fl), &mut b, HashMap::new(), HashMap::new(), None) };
 
     // Shadow parameters, named apart from every parameter.
     let mut shadows = Vec::new();

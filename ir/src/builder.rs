@@ -211,6 +211,7 @@ impl KernelBuilder {
     /// Emits `f` into side `blk` of an `if`, before its closing `yield`; returns what `f` does.
     fn append_to_side(&mut self, blk: Block, f: impl FnOnce(&mut KernelBuilder) -> Vec<Value>) -> Vec<Value> {
         let y = self.k.blocks[blk.index()].insts.pop().expect("a side ends in yield");
+        debug_assert!(matches!(self.k.inst(y).op, Op::Yield), "a side ends in yield");
         self.stack.push(blk);
         let vals = f(self);
         self.stack.pop();
@@ -1431,6 +1432,67 @@ mod move_tests {
             assert_eq!(loops.len(), 2);
             assert_eq!(uses == k.inst(body[copy_at]).results[0], !uses_later);
             assert!(uses_later || copy_at < mul);
+        }
+    }
+
+    /// An `if` moved to the end of its block and given a result more on each side, computed
+    /// there from that side's values: the kernel verifies and the new result is each side's;
+    /// an `if` whose result a later instruction uses does not move.
+    #[test]
+    fn an_if_moves_to_the_end_and_yields_more_from_each_side() {
+        let mut b = KernelBuilder::new("k");
+        let (out, n) = (b.ptr_param("out", DType::F32), b.scalar_param("n", DType::I32));
+        let zero = b.i32(0);
+        let c = b.gt(n, zero);
+        let (two, three) = (b.f32(2.0), b.f32(3.0));
+        let r = b.if_else(c, |b| vec![b.mul(two, two)], |b| vec![b.add(three, three)]);
+        let the_if = b.last_inst().unwrap();
+        b.store(out, r[0], None);
+        assert!(!b.move_to_end(the_if), "its result is stored after it");
+        let mut b = KernelBuilder::new("k");
+        let (out, n) = (b.ptr_param("out", DType::F32), b.scalar_param("n", DType::I32));
+        let zero = b.i32(0);
+        let c = b.gt(n, zero);
+        let (two, three) = (b.f32(2.0), b.f32(3.0));
+        let (mut t, mut e) = (None, None);
+        b.if_else(
+            c,
+            |b| {
+                let v = b.mul(two, two);
+                t = Some(v);
+                b.store(out, v, None);
+                vec![]
+            },
+            |b| {
+                let v = b.add(three, three);
+                e = Some(v);
+                b.store(out, v, None);
+                vec![]
+            },
+        );
+        let sides = [t.unwrap(), e.unwrap()];
+        let the_if = b.last_inst().unwrap();
+        let later = b.f32(5.0);
+        assert!(b.move_to_end(the_if));
+        let more = b.extend_if(the_if, |b| vec![b.mul(sides[0], later)], |b| vec![b.sub(sides[1], later)]);
+        assert_eq!(more.len(), 1);
+        let po = b.add(out, zero);
+        b.store(po, more[0], None);
+        let k = b.finish().unwrap();
+        let body = &k.block(k.body).insts;
+        let at = body.iter().position(|&i| matches!(k.inst(i).op, Op::If { .. })).unwrap();
+        // After the constant made after it, before the store of what it yields.
+        let five = |i: crate::kernel::Inst| matches!(k.inst(i).op, Op::Const { value: Lit::Float(x) } if x == 5.0);
+        assert!(body[..at].iter().any(|&i| five(i)));
+        assert!(body[at..].iter().any(|&i| matches!(k.inst(i).op, Op::Store { .. })));
+        assert_eq!(k.inst(body[at]).results.len(), 1);
+        let Op::If { then_block, else_block } = k.inst(body[at]).op else { unreachable!() };
+        for (blk, op) in [(then_block, BinaryOp::Mul), (else_block, BinaryOp::Sub)] {
+            let insts = &k.block(blk).insts;
+            let y = k.inst(*insts.last().unwrap());
+            assert!(matches!(y.op, Op::Yield) && y.args.len() == 1);
+            let made = insts.iter().find(|&&i| k.inst(i).results.contains(&y.args[0])).unwrap();
+            assert_eq!(k.inst(*made).op, Op::Binary(op));
         }
     }
 

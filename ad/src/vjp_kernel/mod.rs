@@ -36,9 +36,10 @@
 //! ends the kernel (the rest of a kernel after an early return) is reversed in its own branch,
 //! after the branch's forward and on its values, so that its loops are such loops too. Where a
 //! branch's reverse or a reverse trip recomputes a loop, the copy is that recomputation: it
-//! moves to the recomputed loop's place ([`tilegrad_ir::KernelBuilder::move_after`]); so does a
-//! `while` loop's that stores nothing, in the kernel's body, leaving the forward's loop to
-//! dead-code removal. The reverse loop reads them back (a trip ahead, so that the trip's loads need not wait for them),
+//! moves to the recomputed loop's place ([`tilegrad_ir::KernelBuilder::move_after`]); so does
+//! the copy of a `while` loop that stores nothing, in the kernel's body, leaving the forward's
+//! loop to dead-code removal. The reverse loop reads them back (a trip ahead, so that the
+//! trip's loads need not wait for them),
 //! recomputes the trip's body from them, and runs the body's rules, carrying the cotangents of
 //! the carried values and of the values from outside the loop that the body uses. The copy's
 //! and the reverse trips' loads read memory as the forward left it at its end; where a `for`

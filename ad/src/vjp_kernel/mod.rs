@@ -46,7 +46,8 @@
 //! loop loads a tensor the kernel writes (in its body or its branches: a gradient written in
 //! place over the logits, a rotation in place, a running total read back), the forward's loop
 //! keeps each such load's values on a tape of their own, and every recomputation reads them
-//! back from there ([`taped`]); so does a branch outside loops, in one slot a program.
+//! back from there (the private `taped` module); so does a branch outside loops, in one slot
+//! a program.
 //!
 //! The rules follow the evaluator's conventions (see [`crate::rules::vjp`]): symbolic zeros (a
 //! zero cotangent or a zero partial contributes zero, even beside an infinite or NaN factor),

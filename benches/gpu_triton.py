@@ -23,6 +23,7 @@ from softmax import softmax  # noqa: E402
 from weighted_sum import weighted_sum_fwd  # noqa: E402
 from flash_attention_causal import attn_fwd_causal  # noqa: E402
 from flash_attention_causal_bwd import attn_bwd_causal  # noqa: E402
+from cross_entropy_fused import cross_entropy_fwd_grad_kernel  # noqa: E402
 
 
 def main(out):
@@ -87,6 +88,16 @@ def main(out):
         gv.zero_()
         attn_bwd_causal[grid](q, k, v, o, go, gq, gk, gv, dh ** -0.5, *strides(q, k, v, o), t, HEAD_DIM=dh, BLOCK_M=bm, BLOCK_N=bn)
     times["attention_causal_bwd"] = triton.testing.do_bench(attn_bwd)
+    # The fused cross entropy: 4096 rows of 32000 logits in 4096-wide tiles, the gradient stored
+    # by the forward (no backward of its own to time: it only scales that gradient).
+    rows, cols = 4096, 32000
+    x = torch.rand(rows, cols, device=dev) * 2 - 1
+    dx = torch.empty_like(x)
+    labels = torch.randint(0, cols, (rows,), device=dev)
+    loss = torch.empty(rows, device=dev)
+    times["cross_entropy"] = triton.testing.do_bench(
+        lambda: cross_entropy_fwd_grad_kernel[(rows,)](x, x.stride(0), dx, dx.stride(0), labels, loss, cols, rows, -100,
+                                                       BLOCK_SIZE=4096))
     times["device"] = torch.cuda.get_device_name()
     with open(out, "w") as f:
         json.dump(times, f)

@@ -78,7 +78,7 @@ def main(out):
 
     def strides(*ts):
         return [s for x in ts for s in x.stride()]
-    times["attention_causal"] = triton.testing.do_bench(
+    times["attention"] = triton.testing.do_bench(
         lambda: attn_fwd_causal[grid](q, k, v, o, dh ** -0.5, *strides(q, k, v, o), t, HEAD_DIM=dh, BLOCK_M=bm, BLOCK_N=bn))
     go = torch.randn_like(o)
     gq, gk, gv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -87,7 +87,7 @@ def main(out):
         gk.zero_()
         gv.zero_()
         attn_bwd_causal[grid](q, k, v, o, go, gq, gk, gv, dh ** -0.5, *strides(q, k, v, o), t, HEAD_DIM=dh, BLOCK_M=bm, BLOCK_N=bn)
-    times["attention_causal_bwd"] = triton.testing.do_bench(attn_bwd)
+    times["attention_bwd"] = triton.testing.do_bench(attn_bwd)
     # The fused cross entropy: 4096 rows of 32000 logits in 4096-wide tiles, the gradient stored
     # by the forward (no backward of its own to time: it only scales that gradient).
     rows, cols = 4096, 32000

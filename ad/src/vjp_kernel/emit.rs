@@ -480,14 +480,7 @@ impl<'k, 'b> Emit<'k, 'b> {
         let d = self.k.inst(i).clone();
         let Op::If { then_block, else_block } = d.op else { unreachable!("an if") };
         let k = self.k;
-        let mut outer: Vec<Value> = Vec::new();
-        for b in [then_block, else_block] {
-            for v in outer_uses(k, b) {
-                if self.is_float(v) && !outer.contains(&v) {
-                    outer.push(v);
-                }
-            }
-        }
+        let outer = self.float_outer_uses([then_block, else_block]);
         let res_adj: Vec<Option<Value>> = d.results.iter().map(|r| self.adj.get(r).copied()).collect();
         // Nothing to do where no cotangent leaves the branch: no float from outside it, no
         // memory adjoint of its own (stores, atomics), and no load that a cotangent of what it
@@ -499,25 +492,7 @@ impl<'k, 'b> Emit<'k, 'b> {
         let err: RefCell<Option<AdError>> = RefCell::new(None);
         let (tapes, fl, trip) = (self.tapes, self.fl, self.trip);
         let side = |b: &mut KernelBuilder, blk: tilegrad_ir::Block, shadow: HashMap<Value, Value>, map: HashMap<Value, Value>| {
-            let mut e = Emit::scope((k, tapes, fl), b, shadow, map, trip);
-            e.b.set_loc(Some(d.loc.clone()));
-            let bd = k.block(blk);
-            for &j in &bd.insts {
-                e.recompute(j);
-            }
-            let ys = &k.inst(*bd.insts.last().expect("a block ends in yield")).args;
-            for (q, g) in res_adj.iter().enumerate() {
-                if let Some(g) = g {
-                    e.acc(ys[q], *g);
-                }
-            }
-            for &j in bd.insts.iter().rev() {
-                if let Err(x) = e.reverse(j) {
-                    err.borrow_mut().get_or_insert(x);
-                }
-            }
-            e.b.set_loc(Some(d.loc.clone()));
-            e.outer_cotangents(&outer)
+            Emit::scope((k, tapes, fl), b, shadow, map, trip).reverse_side(blk, &res_adj, &outer, &d.loc, &err)
         };
         let c = self.v(d.args[0]);
         let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
@@ -544,36 +519,13 @@ impl<'k, 'b> Emit<'k, 'b> {
             return self.reverse_if(i);
         }
         let k = self.k;
-        let mut outer: Vec<Value> = Vec::new();
-        for b in [then_block, else_block] {
-            for v in outer_uses(k, b) {
-                if self.is_float(v) && !outer.contains(&v) {
-                    outer.push(v);
-                }
-            }
-        }
+        let outer = self.float_outer_uses([then_block, else_block]);
         let res_adj: Vec<Option<Value>> = d.results.iter().map(|r| self.adj.get(r).copied()).collect();
         let err: RefCell<Option<AdError>> = RefCell::new(None);
         let (tapes, fl, trip) = (self.tapes, self.fl, self.trip);
         let side = |b: &mut KernelBuilder, blk: tilegrad_ir::Block, shadow: HashMap<Value, Value>, map: HashMap<Value, Value>| {
             let mut e = Emit { in_place: true, ..Emit::scope((k, tapes, fl), b, shadow, map, trip) };
-            let bd = k.block(blk);
-            for &j in &bd.insts {
-                e.shadow_pointer(j);
-            }
-            let ys = &k.inst(*bd.insts.last().expect("a block ends in yield")).args;
-            for (q, g) in res_adj.iter().enumerate() {
-                if let Some(g) = g {
-                    e.acc(ys[q], *g);
-                }
-            }
-            for &j in bd.insts.iter().rev() {
-                if let Err(x) = e.reverse(j) {
-                    err.borrow_mut().get_or_insert(x);
-                }
-            }
-            e.b.set_loc(Some(d.loc.clone()));
-            e.outer_cotangents(&outer)
+            e.reverse_side(blk, &res_adj, &outer, &d.loc, &err)
         };
         let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
         let out = self.b.extend_if(i, |b| side(b, then_block, s1, m1), |b| side(b, else_block, s2, m2));
@@ -584,6 +536,55 @@ impl<'k, 'b> Emit<'k, 'b> {
             self.acc(o, out[q]);
         }
         Ok(())
+    }
+
+    /// The float values from outside `blocks` (a branch's sides) that they use, each once.
+    fn float_outer_uses(&self, blocks: [tilegrad_ir::Block; 2]) -> Vec<Value> {
+        let mut outer: Vec<Value> = Vec::new();
+        for b in blocks {
+            for v in outer_uses(self.k, b) {
+                if self.is_float(v) && !outer.contains(&v) {
+                    outer.push(v);
+                }
+            }
+        }
+        outer
+    }
+
+    /// One side `blk` of a branch's reverse, in this scope (the side's own): its forward values
+    /// (recomputed, or where the forward left them where the scope is `in_place`), the
+    /// cotangents `res_adj` of what it yields, and its ops' rules from the last (the first error
+    /// into `err`); returns the cotangents of `outer` it gathered.
+    fn reverse_side(
+        &mut self,
+        blk: tilegrad_ir::Block,
+        res_adj: &[Option<Value>],
+        outer: &[Value],
+        loc: &tilegrad_ir::Loc,
+        err: &RefCell<Option<AdError>>,
+    ) -> Vec<Value> {
+        let k = self.k;
+        self.b.set_loc(Some(loc.clone()));
+        let bd = k.block(blk);
+        for &j in &bd.insts {
+            match self.in_place {
+                true => self.shadow_pointer(j),
+                false => self.recompute(j),
+            }
+        }
+        let ys = &k.inst(*bd.insts.last().expect("a block ends in yield")).args;
+        for (q, g) in res_adj.iter().enumerate() {
+            if let Some(g) = g {
+                self.acc(ys[q], *g);
+            }
+        }
+        for &j in bd.insts.iter().rev() {
+            if let Err(x) = self.reverse(j) {
+                err.borrow_mut().get_or_insert(x);
+            }
+        }
+        self.b.set_loc(Some(loc.clone()));
+        self.outer_cotangents(outer)
     }
 
     /// The cotangents of `outer` this scope gathered (zeros where none).

@@ -170,6 +170,23 @@ pub fn unrolled_work() -> usize {
     std::env::var("TILEGRAD_GPU_WORK").ok().and_then(|v| v.parse().ok()).unwrap_or(UNROLLED_WORK)
 }
 
+/// Elements of its tile values a thread of a VJP kernel may hold in all where its loops are
+/// unrolled fully (an element of f64 takes two registers); past it the block takes twice the
+/// threads (up to [`MAX_THREADS`]), as [`UNROLLED_WORK`] does for forwards. Measured on an
+/// H200 (`docs/benchmarks.md`): Liger-Kernel's cross-entropy VJP kernel (4096-wide tiles, an
+/// early return, its gradient written over its logits), 1654 elements a thread in 512
+/// threads, took 2.5-2.8 s in NVRTC and 1.16-1.18 ms to run; in 1024 threads (64 registers
+/// each, spilling) 1.6-2.0 s and 1.82 ms. Spreading costs run time, so the limit is high: the
+/// fused cross entropy's (1098) would compile in 1.2-1.7 s instead of 1.4-2.2, but run in
+/// 6.54 ms instead of 4.61, and keeps its block, as every example's VJP kernel does.
+/// `TILEGRAD_GPU_VJP_WORK` sets it; it scales with `TILEGRAD_GPU_UNROLL` as that does.
+pub const UNROLLED_VJP_WORK: usize = 1536;
+
+/// [`UNROLLED_VJP_WORK`], or `TILEGRAD_GPU_VJP_WORK` where set to a number.
+pub fn unrolled_vjp_work() -> usize {
+    std::env::var("TILEGRAD_GPU_VJP_WORK").ok().and_then(|v| v.parse().ok()).unwrap_or(UNROLLED_VJP_WORK)
+}
+
 /// Registers a thread of `threads` holds of kernel `k`'s tile values, one per element of each.
 fn thread_work(k: &Kernel, threads: usize) -> usize {
     let mut w = 0;
@@ -317,7 +334,7 @@ pub fn generate_flavor_unrolling(k: &Kernel, flavor: Flavor, unrolled: usize) ->
         // The budget in proportion to the registers of a value unrolled fully (all of them
         // where every loop is).
         true => spread(k, largest, block_shape(largest, unrolled), unrolled_work().saturating_mul(unrolled) / UNROLLED_REGISTERS),
-        false => vjp_block_shape(largest, unrolled),
+        false => spread(k, largest, vjp_block_shape(largest, unrolled), unrolled_vjp_work().saturating_mul(unrolled) / UNROLLED_REGISTERS),
     };
     generate_unrolling(k, threads, Some(blocks), flavor, unrolled)
 }

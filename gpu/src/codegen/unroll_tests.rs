@@ -202,3 +202,67 @@ fn a_forward_with_much_work_an_element_takes_more_threads() {
     // With the budget as large as the work, the block it had.
     assert_eq!(spread(&ce, 4096, block_shape(4096, UNROLLED_REGISTERS), usize::MAX).0, 256);
 }
+
+/// [`CROSS_ENTROPY`] with label smoothing and a z-loss, as fused-loss libraries write it: more
+/// work an element in both passes.
+const CROSS_ENTROPY_SMOOTHED: &str = r#"
+import triton
+import triton.language as tl
+
+@triton.jit
+def ce_smooth_fwd(x_ptr, y_ptr, loss_ptr, n_cols, n_rows, eps, z_scale, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    y = tl.load(y_ptr + row)
+    if y == -100:
+        for i in range(0, n_cols, BLOCK):
+            offs = i + tl.arange(0, BLOCK)
+            tl.store(x_ptr + row * n_cols + offs, 0.0, mask=offs < n_cols)
+        return
+    m = float("-inf")
+    d = 0.0
+    x_sum = 0.0
+    for i in range(0, n_cols, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * n_cols + offs, mask=offs < n_cols, other=float("-inf"))
+        x_sum += tl.sum(tl.where(offs < n_cols, -eps * x, 0.0))
+        m_new = tl.maximum(m, tl.max(x))
+        d = d * tl.exp2((m - m_new) * 1.4426950408889634) + tl.sum(tl.exp2((x - m_new) * 1.4426950408889634))
+        m = m_new
+    lse = m + tl.log(d)
+    x_y = tl.load(x_ptr + row * n_cols + y)
+    for i in range(0, n_cols, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * n_cols + offs, mask=offs < n_cols, other=float("-inf"))
+        p = tl.exp2((x - m) * 1.4426950408889634) / d
+        g = (p + 2 * z_scale * lse * p - eps) / n_rows
+        g = tl.where(offs == y, g - (1.0 - eps * n_cols) / n_rows, g)
+        tl.store(x_ptr + row * n_cols + offs, g, mask=offs < n_cols)
+    loss = lse - x_y
+    loss = loss * (1.0 - eps * n_cols) + x_sum + eps * n_cols * lse
+    tl.store(loss_ptr + row, (loss + z_scale * lse * lse) / n_rows)
+"#;
+
+/// A VJP kernel whose tile values would take a thread over [`UNROLLED_VJP_WORK`] elements in
+/// all (the smoothed cross entropy's, with its early return and its gradient written over its
+/// logits) gets twice the threads, its loops still unrolled fully; the plain cross entropy's,
+/// within it, keeps its 512.
+#[test]
+fn a_vjp_kernel_with_much_work_an_element_takes_more_threads() {
+    let opts = ConvertOptions {
+        constexprs: vec![("BLOCK".to_string(), ConstValue::Int(4096))],
+        pointer_dtypes: vec![("y_ptr".to_string(), DType::I64)],
+        scalar_dtypes: vec![("eps".to_string(), DType::F32), ("z_scale".to_string(), DType::F32)],
+        ..ConvertOptions::default()
+    };
+    let vjp = Flavor { ordered: false, marks: false };
+    let heavy = convert(CROSS_ENTROPY_SMOOTHED, "ce.py", "ce_smooth_fwd", &opts).unwrap();
+    let heavy = tilegrad_ad::vjp_kernel(&heavy).unwrap().kernel;
+    assert!(thread_work(&heavy, 512) > UNROLLED_VJP_WORK, "{}", thread_work(&heavy, 512));
+    let g = generate_flavor_unrolling(&heavy, vjp, UNROLLED_REGISTERS).unwrap();
+    assert_eq!((g.threads, g.min_blocks), (1024, 1));
+    assert!(register_loops(&g.source).iter().all(|&(n, full, _)| full && n <= 4), "{:?}", register_loops(&g.source));
+    let plain = convert(CROSS_ENTROPY, "ce.py", "ce_fwd", &opts).unwrap();
+    let plain = tilegrad_ad::vjp_kernel(&plain).unwrap().kernel;
+    assert!(thread_work(&plain, 512) <= UNROLLED_VJP_WORK, "{}", thread_work(&plain, 512));
+    assert_eq!(generate_flavor_unrolling(&plain, vjp, UNROLLED_REGISTERS).unwrap().threads, 512);
+}

@@ -430,7 +430,8 @@ fn time_gradient(
     eprintln!(
         "{}: VJP kernel {}; output `{out_name}`",
         c.name,
-        gpu.describe_kernel(&vk.kernel, tilegrad_gpu::codegen::Flavor { ordered: false, marks: false }).unwrap_or_else(|e| e.to_string())
+        gpu.describe_kernel(&vk.kernel, tilegrad_gpu::codegen::Flavor { ordered: false, marks: false, wide: false })
+            .unwrap_or_else(|e| e.to_string())
     );
     println!(
         "{:<14} {:>13} {:>12.3} {:>12.3} {:>9} {:>9} {:>12.2} {:>12.0} {:>8.2}x",
@@ -456,20 +457,20 @@ fn compiled_kernels(
     let mut out = Vec::new();
     if let Some(k) = extra.convert() {
         match tilegrad_ad::vjp_kernel(&k) {
-            Ok(v) => out.push(("kernel", "vjp f64", v.kernel, Flavor { ordered: false, marks: false })),
+            Ok(v) => out.push(("kernel", "vjp f64", v.kernel, Flavor { ordered: false, marks: false, wide: false })),
             Err(e) => eprintln!("{}: no VJP kernel: {e}", k.name),
         }
-        out.push(("kernel", "forward", k, Flavor { ordered: true, marks: true }));
+        out.push(("kernel", "forward", k, Flavor::default()));
         return out;
     }
     for c in cases().into_iter().filter(|c| only.is_none_or(|o| o == c.name)) {
         let k = kernel_of(&c);
         let vk = tilegrad_ad::vjp_kernel(&k).unwrap_or_else(|e| panic!("{}: {e}", c.name)).kernel;
-        out.push((c.name, "forward", k, Flavor { ordered: true, marks: true }));
-        out.push((c.name, "vjp f64", vk, Flavor { ordered: false, marks: false }));
+        out.push((c.name, "forward", k, Flavor::default()));
+        out.push((c.name, "vjp f64", vk, Flavor { ordered: false, marks: false, wide: false }));
     }
     for (name, k) in compile_only().into_iter().filter(|(n, _)| only.is_none_or(|o| o == *n)) {
-        out.push((name, "forward", k, Flavor { ordered: true, marks: true }));
+        out.push((name, "forward", k, Flavor::default()));
     }
     out
 }

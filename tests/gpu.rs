@@ -664,6 +664,54 @@ fn a_read_of_what_another_program_stores_is_found_on_the_device() {
     }
 }
 
+/// A launch of 2^24 programs or more stamps its store marks in 64 bits (a form of its own, see
+/// `Flavor::wide`): a batch of the last programs of such a grid (program ids past 2^24, which
+/// 32-bit stamps cannot hold) writes on the device what the reference writes where each
+/// stores twice to an element of its own, and where pairs of them store to one element, fails
+/// as the reference does.
+#[test]
+fn store_marks_of_launches_past_2_24_programs_take_64_bits() {
+    use tilegrad_gpu::GpuOptions;
+    use tilegrad_ir::KernelBuilder;
+    use tilegrad_reference::{HostTensor, Launch, Memory, Options};
+    let gpu = a_gpu();
+    // x[(pid - base) // per] = pid, then pid + 1
+    let mut b = KernelBuilder::new("last_programs");
+    let x = b.ptr_param("x", DType::I32);
+    let base = b.scalar_param("base", DType::I32);
+    let per = b.scalar_param("per", DType::I32);
+    let pid = b.program_id(0);
+    let from = b.sub(pid, base);
+    let at = b.floordiv(from, per);
+    let px = b.add(x, at);
+    b.store(px, pid, None);
+    // A program's second store of an element is no race: a stamp that dropped the program's
+    // high bits would take it for another program's.
+    let one = b.i32(1);
+    let v1 = b.add(pid, one);
+    b.store(px, v1, None);
+    let k = b.finish().unwrap();
+    let base = tilegrad_gpu::codegen::WIDE_PROGRAMS;
+    let batch = base..base + 300;
+    for per in [1i64, 2] {
+        let mut mem = Memory::new();
+        let xt = mem.add("x", HostTensor::from_i32(&[300], (0..300).map(|i| 7 * i - 1000).collect()));
+        let opts = Options { programs: Some(batch.clone()), ..Options::default() };
+        let launch = Launch::new(&k, (base + 300) as u32).options(opts).arg("x", xt).arg("base", base as i64).arg("per", per);
+        let mut want = mem.clone();
+        let reference = launch.run(&mut want).map(|_| ()).map_err(|e| e.to_string());
+        assert_eq!(reference.is_err(), per == 2, "{reference:?}");
+        let Some(gpu) = &gpu else { continue };
+        let mut got = mem.clone();
+        let out = gpu.run(&launch, &mut got, GpuOptions::default());
+        assert_eq!(out.as_ref().map(|_| ()).map_err(|e| e.to_string()), reference, "{per} a element");
+        if per == 1 {
+            assert!(matches!(out.unwrap().ran_on, tilegrad_gpu::RanOn::Gpu));
+            assert_eq!(got[xt].to_f64_vec(), want[xt].to_f64_vec());
+        }
+    }
+}
+
 /// The fuzzer's cumsum backward whose `while` never moves on (`tests/stuck_scan`): the GPU
 /// finds it at its first trip, as the reference does, with the same error at the same place
 /// (it ran to the 10^7-trip bound before the GPU followed the condition's inputs).

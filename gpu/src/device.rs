@@ -404,6 +404,7 @@ impl Gpu {
             let Ok((first, alt)) = forms(k, *flavor) else { continue };
             // A launch whose float atomics are known too many for program order runs in the
             // device's order (see `Gpu::known_too_long`): that form is the one it takes.
+            let flavor = &flavor.for_programs(*programs);
             let unordered = Flavor { ordered: false, ..*flavor };
             let (first, alt) = match flavor.ordered && *programs != u64::MAX && ordered_too_long(&first, *programs) {
                 true => match forms(k, unordered) {
@@ -768,8 +769,16 @@ impl Gpu {
         // Writers (for blame) are read off the race marks, with the storing instruction and the
         // last atomic's key of each element.
         let writers = launch.get_options().record_writers;
-        // Store stamps of 32 bits hold programs + 1 below 2^24.
-        let wide = total >= 1 << 24;
+        // Store stamps of 32 bits hold programs + 1 below 2^24: past that the form stamps in 64
+        // (the flavor a launch asks for, `GpuOptions::flavor`).
+        let wide = c.gen.wide;
+        if (opts.races || writers) && wide != (total >= codegen::WIDE_PROGRAMS) {
+            return Err(GpuError::Driver(format!(
+                "`{}`: a form with {}-bit store stamps for {total} programs",
+                k.name,
+                if wide { 64 } else { 32 }
+            )));
+        }
         if opts.races || writers {
             for (_, sl) in &mut slots {
                 if sl.stored || sl.atomic {
@@ -825,7 +834,6 @@ impl Gpu {
         words[11] = log.device_ptr(s).0;
         words[12] = log_cap;
         words[13] = launch.get_options().poison_masked_loads;
-        words[14] = wide as u64;
         for (j, p) in k.params.iter().enumerate() {
             if let Some(at) = param_slot[j] {
                 let sl = &slots[at].1;

@@ -118,7 +118,8 @@ impl GpuOptions {
     /// The form of a kernel a launch with these options runs: with race marks where it finds
     /// races or records writers (for blame), without otherwise.
     pub fn flavor(&self, launch: &tilegrad_reference::Launch) -> codegen::Flavor {
-        codegen::Flavor { ordered: self.ordered_atomics, marks: self.races || launch.get_options().record_writers }
+        let marks = self.races || launch.get_options().record_writers;
+        codegen::Flavor { ordered: self.ordered_atomics, marks, wide: false }.for_programs(launch.grid().programs())
     }
 }
 

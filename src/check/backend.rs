@@ -154,7 +154,7 @@ impl Executor {
         &self,
         kernels: &[(&'k tilegrad_ir::Kernel, bool, u64)],
     ) -> Vec<(&'k tilegrad_ir::Kernel, tilegrad_gpu::codegen::Flavor, u64)> {
-        let flavor = |vjp: bool| tilegrad_gpu::codegen::Flavor { ordered: !vjp || self.ordered_vjp, marks: !vjp };
+        let flavor = |vjp: bool| tilegrad_gpu::codegen::Flavor { ordered: !vjp || self.ordered_vjp, marks: !vjp, wide: false };
         kernels.iter().map(|&(k, vjp, programs)| (k, flavor(vjp), programs)).collect()
     }
 

@@ -23,7 +23,7 @@ impl<'k> Gen<'k> {
              #define TG_NEXT ((u32*)A.w[4])\n#define TG_TICKET ((u32*)A.w[5])\n#define TG_LOGMAX ((u32*)A.w[4] + 2)\n#define TG_ERR ((u64*)A.w[6])\n\
              #define TG_FLAGS ((u32*)A.w[7])\n#define TG_COUNT ((u64*)A.w[8])\n#define TG_TRIPS ((u64*)A.w[8] + 3)\n\
              #define TG_LOG ((u64*)A.w[11] + 3 * A.w[12] * (u64)blockIdx.x)\n#define TG_LOGCAP (A.w[12])\n\
-             #define TG_POISON (A.w[13])\n#define TG_WIDE (A.w[14] != 0)\n\
+             #define TG_POISON (A.w[13])\n\
              \x20   u64 tg_cl = 0, tg_cs = 0, tg_ca = 0;\n",
         );
         let _ = writeln!(src, "#define TG_HALF {}", self.scratch);

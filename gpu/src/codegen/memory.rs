@@ -179,12 +179,8 @@ impl<'k> Gen<'k> {
             );
         }
         self.line("} tg_cs += tg_ok; }");
-        let (narrow_marks, wide_marks) = (stamp_check(false), stamp_check(true));
-        self.line(&format!("if (tg_w{j} || tg_wi{j}) {{ u32 tg_fl = 0; if (TG_WIDE) {{"));
-        self.each_of(p, &wide_marks);
-        self.line("} else {");
-        self.each_of(p, &narrow_marks);
-        self.line("}");
+        self.line(&format!("if (tg_w{j} || tg_wi{j}) {{ u32 tg_fl = 0;"));
+        self.each_of(p, &stamp_check(self.wide));
         self.line("if (tg_fl) atomicOr(TG_FLAGS, tg_fl); }");
         self.check(i);
     }

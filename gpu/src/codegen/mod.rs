@@ -72,6 +72,8 @@ pub struct Generated {
     pub messages: Vec<String>,
     /// Some `atomic_add` on floats: their contributions are applied in program order.
     pub float_atomics: bool,
+    /// Its store marks stamp in 64 bits ([`Flavor::wide`]).
+    pub wide: bool,
     /// The float atomics a program logs (the lanes of each) with each branch taken and each
     /// loop's body run once: with the programs, what adding them in program order costs at
     /// least, known before a run, where every loop runs. A loop of more trips logs more, which
@@ -283,11 +285,28 @@ pub struct Flavor {
     /// constants, so that the compiler drops their code: fewer registers and instructions, and
     /// a faster compile (VJP kernels run so).
     pub marks: bool,
+    /// Store marks stamped in 64 bits, for launches of [`WIDE_PROGRAMS`] programs or more
+    /// ([`Flavor::for_programs`]); 32 bits otherwise. One kind's code a form, not both behind a
+    /// branch: a library-style RMS-norm backward's marked form took 1.28 s in NVRTC with both,
+    /// 1.04 s with one (`docs/benchmarks.md`).
+    pub wide: bool,
+}
+
+/// Programs of a launch from which its store marks' stamps take 64 bits: a 32-bit stamp holds
+/// the program + 1 in 24 bits (and the store's count in 8).
+pub const WIDE_PROGRAMS: u64 = 1 << 24;
+
+impl Flavor {
+    /// This flavor for a launch of `programs` programs (its grid's; `u64::MAX` where not known
+    /// yet, taken as fewer than [`WIDE_PROGRAMS`]): wide where it keeps marks and has that many.
+    pub fn for_programs(self, programs: u64) -> Flavor {
+        Flavor { wide: self.marks && programs != u64::MAX && programs >= WIDE_PROGRAMS, ..self }
+    }
 }
 
 impl Default for Flavor {
     fn default() -> Flavor {
-        Flavor { ordered: true, marks: true }
+        Flavor { ordered: true, marks: true, wide: false }
     }
 }
 
@@ -318,7 +337,7 @@ pub fn generate(k: &Kernel) -> Result<Generated, GpuError> {
 /// rounding of their order, without turns. VJP kernels, whose every load adds into a shadow,
 /// run unordered.
 pub fn generate_ordered(k: &Kernel, ordered: bool) -> Result<Generated, GpuError> {
-    generate_flavor(k, Flavor { ordered, marks: true })
+    generate_flavor(k, Flavor { ordered, ..Flavor::default() })
 }
 
 /// [`generate`] in a [`Flavor`].
@@ -428,6 +447,7 @@ pub fn generate_unrolling(
         log_per_program: 0,
         ordered: flavor.ordered,
         marks: flavor.marks,
+        wide: flavor.wide,
         upper: false,
         sites: Vec::new(),
         pending: false,
@@ -462,6 +482,7 @@ pub fn generate_unrolling(
         loops: g.loops,
         messages: g.messages,
         float_atomics: g.float_atomics,
+        wide: g.wide,
         log_per_program: g.log_per_program,
         sites: g.sites,
     })
@@ -485,6 +506,8 @@ struct Gen<'k> {
     ordered: bool,
     /// Race marks can be kept (see [`Flavor::marks`]).
     marks: bool,
+    /// Store marks' stamps in 64 bits (see [`Flavor::wide`]).
+    wide: bool,
     /// Which half of the (double-buffered) scratch the next op uses.
     upper: bool,
     /// Failure sites emitted so far, by number (from 1; the numbers order the failures between
@@ -1142,6 +1165,8 @@ fn multi_source_pointer(k: &Kernel, sources: &[Vec<bool>]) -> Option<Inst> {
 mod atomic_log_tests;
 #[cfg(test)]
 mod scratch_tests;
+#[cfg(test)]
+mod stamp_tests;
 #[cfg(test)]
 mod unroll_tests;
 #[cfg(test)]

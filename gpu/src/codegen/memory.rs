@@ -14,28 +14,6 @@ impl<'k> Gen<'k> {
         }
     }
 
-    /// How a memory op that checks each lane as it accesses it records an out-of-bounds lane:
-    /// the line before the op's lanes, what a lane's check runs, and the line after them. A tile access keeps its
-    /// thread's first such lane (register and offset, `tg_fj`, `tg_fo`: a lane's failure
-    /// only fills two registers) and reports it once after the lanes, rather than expanding the
-    /// report (`fail`) in every lane: the same failure (a thread's first lane, its site's
-    /// earliest), less code. A library-style RMS-norm backward's marked form, 16 lanes a
-    /// thread, took 1.00 s in NVRTC (one core) with a report each lane, 0.81 s with one
-    /// (`docs/benchmarks.md`). A scalar access has one lane: its report is inline.
-    fn first_failure(&self, p: Value, fail: &str) -> (&'static str, String, String) {
-        if self.scalar(p) {
-            return ("", fail.to_string(), String::new());
-        }
-        let nt = self.nt;
-        (
-            "int tg_fj = -1; i64 tg_fo = 0;",
-            "{ if (tg_fj < 0) { tg_fj = j; tg_fo = off; } }".to_string(),
-            format!(
-                "if (tg_fj >= 0) {{ const int j = tg_fj; const int e = tid + j * {nt}; const i64 off = tg_fo; (void)j; (void)e; {fail} }}"
-            ),
-        )
-    }
-
     pub(super) fn load(&mut self, i: Inst, mask: bool, other: bool) {
         let k = self.k;
         let d = k.inst(i);
@@ -51,9 +29,8 @@ impl<'k> Gen<'k> {
         // Where the launch keeps them, the read marks and the check for reads of this
         // program's own atomics; then the reads, with nothing between them that waits (so that
         // a thread's loads are in flight together, and its offsets then free).
-        let (before, record, recorded) = self.first_failure(p, &fail);
         let body = format!(
-            "if ({m}) {{ const i64 off = v{p}[j]; if ((u64)off >= (u64)tg_n{j}) {{ if ({lead}) {record} v{r}[j] = ({t})0; }} else {{ v{r}[j] = {read}; if ({lead}) tg_ok++; }} }} else v{r}[j] = {fill};",
+            "if ({m}) {{ const i64 off = v{p}[j]; if ((u64)off >= (u64)tg_n{j}) {{ if ({lead}) {fail} v{r}[j] = ({t})0; }} else {{ v{r}[j] = {read}; if ({lead}) tg_ok++; }} }} else v{r}[j] = {fill};",
             p = p.0,
             r = r.0,
             t = ctype(dt),
@@ -77,13 +54,7 @@ impl<'k> Gen<'k> {
             );
             self.each(r, &fast);
         } else {
-            if !before.is_empty() {
-                self.line(before);
-            }
             self.each(r, &body);
-            if !recorded.is_empty() {
-                self.line(&recorded);
-            }
         }
         self.line("} tg_cl += tg_ok; }");
         self.check(i);
@@ -199,20 +170,13 @@ impl<'k> Gen<'k> {
         if self.bounds_first(p, &m, j, &fail, None) {
             self.each_of(p, &format!("if ({m}) {{ const i64 off = v{}[j]; tg_b{j}[off] = {val}; tg_ok++; }}", p.0));
         } else {
-            let (before, record, recorded) = self.first_failure(p, &fail);
-            if !before.is_empty() {
-                self.line(before);
-            }
             self.each_of(
                 p,
                 &format!(
-                    "if ({m}) {{ const i64 off = v{}[j]; if ((u64)off >= (u64)tg_n{j}) {record} else {{ tg_b{j}[off] = {val}; tg_ok++; }} }}",
+                    "if ({m}) {{ const i64 off = v{}[j]; if ((u64)off >= (u64)tg_n{j}) {fail} else {{ tg_b{j}[off] = {val}; tg_ok++; }} }}",
                     p.0
                 ),
             );
-            if !recorded.is_empty() {
-                self.line(&recorded);
-            }
         }
         self.line("} tg_cs += tg_ok; }");
         self.line(&format!("if (tg_w{j} || tg_wi{j}) {{ u32 tg_fl = 0;"));

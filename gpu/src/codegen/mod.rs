@@ -286,9 +286,9 @@ pub struct Flavor {
     /// a faster compile (VJP kernels run so).
     pub marks: bool,
     /// Store marks stamped in 64 bits, for launches of [`WIDE_PROGRAMS`] programs or more
-    /// ([`Flavor::for_programs`]); 32 bits otherwise. One kind's code a form, not both behind a
-    /// branch: a library-style RMS-norm backward's marked form took 1.28 s in NVRTC with both,
-    /// 1.04 s with one (`docs/benchmarks.md`).
+    /// ([`Flavor::for_programs`]); 32 bits otherwise. One kind's code a form, not both behind
+    /// a branch: a library-style RMS-norm backward's marked form took 1.18 s in NVRTC (one
+    /// core) with both, 1.00 s with one (`docs/benchmarks.md`).
     pub wide: bool,
 }
 

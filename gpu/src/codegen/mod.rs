@@ -287,8 +287,8 @@ pub struct Flavor {
     pub marks: bool,
     /// Store marks stamped in 64 bits, for launches of [`WIDE_PROGRAMS`] programs or more
     /// ([`Flavor::for_programs`]); 32 bits otherwise. One kind's code a form, not both behind
-    /// a branch: a library-style RMS-norm backward's marked form took 1.18 s in NVRTC (one
-    /// core) with both, 1.00 s with one (`docs/benchmarks.md`).
+    /// a branch: a library-style RMS-norm backward's marked form took 1.19 s in NVRTC (one
+    /// core) with both, 0.97 s with one (`docs/benchmarks.md`).
     pub wide: bool,
 }
 

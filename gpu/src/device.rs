@@ -401,10 +401,11 @@ impl Gpu {
         let mut now: Vec<Job> = Vec::new();
         let mut later: Vec<Job> = Vec::new();
         for (k, flavor, programs) in kernels {
+            // The stamps' width its launch will ask for (`GpuOptions::flavor`).
+            let flavor = &flavor.for_programs(*programs);
             let Ok((first, alt)) = forms(k, *flavor) else { continue };
             // A launch whose float atomics are known too many for program order runs in the
             // device's order (see `Gpu::known_too_long`): that form is the one it takes.
-            let flavor = &flavor.for_programs(*programs);
             let unordered = Flavor { ordered: false, ..*flavor };
             let (first, alt) = match flavor.ordered && *programs != u64::MAX && ordered_too_long(&first, *programs) {
                 true => match forms(k, unordered) {

@@ -645,12 +645,17 @@ fn a_read_of_what_another_program_stores_is_found_on_the_device() {
             let reference = launch.run(&mut want).map(|_| ()).map_err(|e| e.to_string());
             assert_eq!(reference.is_err(), shift == 1, "{reference:?}");
             let opts = GpuOptions { races: true, ordered_atomics: ordered, exact_order: false };
-            // Timed once compiled.
+            // Timed once compiled, the fastest of three runs (the suite's other tests compile
+            // and launch beside it).
             let _ = gpu.run(&launch, &mut mem.clone(), opts);
-            let t = std::time::Instant::now();
-            let mut got = mem.clone();
-            let out = gpu.run(&launch, &mut got, opts);
-            let took = t.elapsed();
+            let mut took = std::time::Duration::MAX;
+            let (mut got, mut out) = (mem.clone(), Err(tilegrad_gpu::GpuError::Driver("not run".into())));
+            for _ in 0..3 {
+                got = mem.clone();
+                let t = std::time::Instant::now();
+                out = gpu.run(&launch, &mut got, opts);
+                took = took.min(t.elapsed());
+            }
             match &out {
                 Ok(o) if shift == 0 => {
                     assert!(matches!(o.ran_on, RanOn::Gpu), "f64 {wide}, ordered {ordered}: {:?}", o.ran_on);
@@ -733,6 +738,8 @@ fn a_stuck_while_loop_fails_on_the_gpu_as_on_the_cpu() {
         (r, t.elapsed())
     };
     let (cpu, _) = run(Backend::Cpu);
+    // Timed warm: the first run's compiles wait on those of the suite's other tests.
+    let _ = run(Backend::Gpu);
     let (gpu, took) = run(Backend::Gpu);
     let message = &gpu.failure.as_ref().expect("the backward fails").message;
     assert!(message.contains("k.py:19:5: kernel `scan_bwd_stuck`, op `while`, program (0, 0, 0)"), "{gpu}");

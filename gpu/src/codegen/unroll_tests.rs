@@ -178,17 +178,23 @@ def ce_fwd(x_ptr, dx_ptr, y_ptr, loss_ptr, n_cols, n_rows, BLOCK: tl.constexpr):
     tl.store(loss_ptr + row, (m + tl.log(d) - x_y) / n_rows)
 "#;
 
+/// Kernel `name` of a cross-entropy source, over 4096-wide tiles (i64 labels, f32 scalars).
+fn cross_entropy(source: &str, name: &str) -> Kernel {
+    let opts = ConvertOptions {
+        constexprs: vec![("BLOCK".to_string(), ConstValue::Int(4096))],
+        pointer_dtypes: vec![("y_ptr".to_string(), DType::I64)],
+        scalar_dtypes: ["eps", "z_scale"].iter().map(|n| (n.to_string(), DType::F32)).collect(),
+        ..ConvertOptions::default()
+    };
+    convert(source, "ce.py", name, &opts).unwrap()
+}
+
 /// A forward whose tile values would take a thread over [`UNROLLED_WORK`] registers in all gets
 /// twice the threads, half the registers each; the row softmax of the same tile, within it,
 /// keeps its block; VJP kernels keep theirs.
 #[test]
 fn a_forward_with_much_work_an_element_takes_more_threads() {
-    let opts = ConvertOptions {
-        constexprs: vec![("BLOCK".to_string(), ConstValue::Int(4096))],
-        pointer_dtypes: vec![("y_ptr".to_string(), DType::I64)],
-        ..ConvertOptions::default()
-    };
-    let ce = convert(CROSS_ENTROPY, "ce.py", "ce_fwd", &opts).unwrap();
+    let ce = cross_entropy(CROSS_ENTROPY, "ce_fwd");
     assert!(thread_work(&ce, 256) > UNROLLED_WORK && thread_work(&ce, 512) <= UNROLLED_WORK, "{}", thread_work(&ce, 256));
     let g = generate_flavor_unrolling(&ce, Flavor::default(), UNROLLED_REGISTERS).unwrap();
     assert_eq!((g.threads, g.min_blocks), (512, 2));
@@ -248,21 +254,13 @@ def ce_smooth_fwd(x_ptr, y_ptr, loss_ptr, n_cols, n_rows, eps, z_scale, BLOCK: t
 /// within it, keeps its 512.
 #[test]
 fn a_vjp_kernel_with_much_work_an_element_takes_more_threads() {
-    let opts = ConvertOptions {
-        constexprs: vec![("BLOCK".to_string(), ConstValue::Int(4096))],
-        pointer_dtypes: vec![("y_ptr".to_string(), DType::I64)],
-        scalar_dtypes: vec![("eps".to_string(), DType::F32), ("z_scale".to_string(), DType::F32)],
-        ..ConvertOptions::default()
-    };
     let vjp = Flavor { ordered: false, marks: false, wide: false };
-    let heavy = convert(CROSS_ENTROPY_SMOOTHED, "ce.py", "ce_smooth_fwd", &opts).unwrap();
-    let heavy = tilegrad_ad::vjp_kernel(&heavy).unwrap().kernel;
+    let heavy = tilegrad_ad::vjp_kernel(&cross_entropy(CROSS_ENTROPY_SMOOTHED, "ce_smooth_fwd")).unwrap().kernel;
     assert!(thread_work(&heavy, 512) > UNROLLED_VJP_WORK, "{}", thread_work(&heavy, 512));
     let g = generate_flavor_unrolling(&heavy, vjp, UNROLLED_REGISTERS).unwrap();
     assert_eq!((g.threads, g.min_blocks), (1024, 1));
     assert!(register_loops(&g.source).iter().all(|&(n, full, _)| full && n <= 4), "{:?}", register_loops(&g.source));
-    let plain = convert(CROSS_ENTROPY, "ce.py", "ce_fwd", &opts).unwrap();
-    let plain = tilegrad_ad::vjp_kernel(&plain).unwrap().kernel;
+    let plain = tilegrad_ad::vjp_kernel(&cross_entropy(CROSS_ENTROPY, "ce_fwd")).unwrap().kernel;
     assert!(thread_work(&plain, 512) <= UNROLLED_VJP_WORK, "{}", thread_work(&plain, 512));
     assert_eq!(generate_flavor_unrolling(&plain, vjp, UNROLLED_REGISTERS).unwrap().threads, 512);
 }

@@ -497,13 +497,7 @@ impl<'k, 'b> Emit<'k, 'b> {
         let c = self.v(d.args[0]);
         let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
         let out = self.b.if_else(c, |b| side(b, then_block, s1, m1), |b| side(b, else_block, s2, m2));
-        if let Some(e) = err.into_inner() {
-            return Err(e);
-        }
-        for (q, &o) in outer.iter().enumerate() {
-            self.acc(o, out[q]);
-        }
-        Ok(())
+        self.gather_sides(err, &outer, &out)
     }
 
     /// The reverse of an `if` that ends the kernel (the rest of a kernel after an early
@@ -529,11 +523,18 @@ impl<'k, 'b> Emit<'k, 'b> {
         };
         let (s1, m1, s2, m2) = (self.shadow.clone(), self.map.clone(), self.shadow.clone(), self.map.clone());
         let out = self.b.extend_if(i, |b| side(b, then_block, s1, m1), |b| side(b, else_block, s2, m2));
+        self.gather_sides(err, &outer, &out)
+    }
+
+    /// After a branch's two reverses: the first error either side met, else the cotangents
+    /// the `if` yields (`out`) added to those of the values from outside it (`outer`).
+    fn gather_sides(&mut self, err: RefCell<Option<AdError>>, outer: &[Value], out: &[Value]) -> Result<(), AdError> {
         if let Some(e) = err.into_inner() {
             return Err(e);
         }
-        for (q, &o) in outer.iter().enumerate() {
-            self.acc(o, out[q]);
+        debug_assert_eq!(outer.len(), out.len(), "a cotangent yielded for each value from outside");
+        for (&o, &v) in outer.iter().zip(out) {
+            self.acc(o, v);
         }
         Ok(())
     }

@@ -98,9 +98,14 @@ impl<'k> Gen<'k> {
              \x20       (void)tg_eo; (void)tg_ea; (void)tg_key;\n",
         );
         // A thread keeps its first failure; the block's first is the smallest key (failure
-        // site, then lane). A failed program ends its block's work: the key is never reset.
-        let _ = writeln!(src, "#define TG_FAIL(site, lane, off, aux) {{ if (tg_key == ~0ULL) {{ tg_key = ((u64)(site) << 32) | (u64)(u32)(lane); tg_eo = (off); tg_ea = (aux); atomicMin((unsigned long long*)&tg_sh_key, (unsigned long long)tg_key); }} }}");
-        let _ = writeln!(src, "#define TG_SYNC {{ if (__syncthreads_or(tg_key != ~0ULL)) {{ if (tg_key == tg_sh_key) {{ u64* er = TG_ERR + {ERR_WORDS} * (u64)blockIdx.x; er[0] = tg_p; er[1] = tg_key >> 32; er[2] = 0; er[3] = tg_key & 0xffffffffULL; er[4] = tg_eo; er[5] = tg_ea; }} tg_stopped = 1; goto tg_end; }} }}");
+        // site, then lane), posted before the check's barrier (see `Failure`). A check that
+        // finds one leaves through the one exit at the body's end (less code for NVRTC than an
+        // exit a check), which reports it. A failed program ends its block's work: the key is
+        // never reset.
+        src.push_str("#define TG_NOTE(site, lane, off, aux) { if (tg_key == ~0ULL) { tg_key = ((u64)(site) << 32) | (u64)(u32)(lane); tg_eo = (off); tg_ea = (aux); } }\n");
+        src.push_str("#define TG_POST { if (tg_key != ~0ULL) atomicMin((unsigned long long*)&tg_sh_key, (unsigned long long)tg_key); }\n");
+        src.push_str("#define TG_FAIL(site, lane, off, aux) { if (tg_key == ~0ULL) { tg_key = ((u64)(site) << 32) | (u64)(u32)(lane); tg_eo = (off); tg_ea = (aux); atomicMin((unsigned long long*)&tg_sh_key, (unsigned long long)tg_key); } }\n");
+        src.push_str("#define TG_SYNC { if (__syncthreads_or(tg_key != ~0ULL)) goto tg_fail; }\n");
         for (j, p) in k.params.iter().enumerate() {
             let v = p.value.0;
             match &p.kind {
@@ -123,7 +128,9 @@ impl<'k> Gen<'k> {
         }
         src.push_str("        {\n");
         src.push_str(body);
-        src.push_str("        }\n        tg_end: ;\n");
+        src.push_str("        }\n        goto tg_end;\n");
+        let _ = writeln!(src, "        tg_fail: {{ if (tg_key == tg_sh_key) {{ u64* er = TG_ERR + {ERR_WORDS} * (u64)blockIdx.x; er[0] = tg_p; er[1] = tg_key >> 32; er[2] = 0; er[3] = tg_key & 0xffffffffULL; er[4] = tg_eo; er[5] = tg_ea; }} tg_stopped = 1; }}");
+        src.push_str("        tg_end: ;\n");
         if !self.float_atomics {
             src.push_str("        if (tid == 0 && !tg_stopped) tg_sh_p[(tg_it + 1u) & 1u] = atomicAdd(TG_NEXT, 1u);\n");
         }

@@ -63,8 +63,8 @@ impl<'k> Gen<'k> {
     /// Opens a memory op's accesses (close with `}`). In the flavor VJP kernels run in (no race
     /// marks, float atomics in the device's order) every active lane's bounds are tested first,
     /// in every thread (a scalar access is made by every thread, and recorded by thread 0): a
-    /// thread with an out-of-bounds lane records its failures and makes none of the op's
-    /// accesses (a load's `result` gets zeros). The accesses of the other threads (returns
+    /// thread with an out-of-bounds lane notes its failures, posts its key once
+    /// ([`Failure::noted`]) and makes none of the op's accesses (a load's `result` gets zeros). The accesses of the other threads (returns
     /// true) have no bounds check and no failure code between them. A failing program ends at
     /// its next check ([`Gen::flush`]) with nothing it computed seen, so the accesses skipped
     /// change no result. In other flavors (returns false) the caller checks each lane as it
@@ -80,7 +80,7 @@ impl<'k> Gen<'k> {
     /// (Those figures had a failing thread make its in-bounds accesses too, in a second copy of
     /// the op's code; without it Liger-Kernel's cross-entropy VJP kernel is 1% less CUDA C and
     /// 6% less machine code, NVRTC 13.2.)
-    fn bounds_first(&mut self, p: Value, m: &str, j: usize, fail: &str, result: Option<Value>) -> bool {
+    fn bounds_first(&mut self, p: Value, m: &str, j: usize, fail: &Failure, result: Option<Value>) -> bool {
         if self.marks || self.ordered {
             self.line("{");
             return false;
@@ -89,7 +89,7 @@ impl<'k> Gen<'k> {
         // The test sets a flag only (no branch a lane), so that it stays out of the accesses'
         // way; the failures are recorded apart, where it is set.
         self.line("bool tg_bad = false;");
-        let (test, record) = (format!("tg_bad |= {bad};"), format!("if ({bad}) {fail}"));
+        let (test, record) = (format!("tg_bad |= {bad};"), format!("if ({bad}) {}", fail.noted()));
         let (tests, records) = if self.scalar(p) {
             let at = |body: &str| format!("{{ const int j = 0; const i64 off = v{}[j]; {body} }}", p.0);
             (at(&test), format!("if (tid == 0) {}", at(&record)))
@@ -104,6 +104,7 @@ impl<'k> Gen<'k> {
         self.line(&tests);
         self.line("if (tg_bad) {");
         self.line(&records);
+        self.line("TG_POST;");
         if let Some(r) = result {
             // A stand-in for the load's result: left unset, its previous value would be kept
             // alive for this path (the attention's VJP kernel's stack frame grew from 304 to

@@ -488,6 +488,25 @@ pub fn generate_unrolling(
     })
 }
 
+/// A failure site's arguments (site, lane, offset, aux word). Shown, it records the failure
+/// where it stands (`TG_FAIL`: the thread's key, then the block's smallest by an atomic); a
+/// path run only when some lane failed notes each lane's ([`Failure::noted`]) and posts the key
+/// once after them (`TG_POST`). In a hot path the atomic keeps each lane's record a branch
+/// that is not taken; in a cold one, noting spares NVRTC a branch and an atomic a lane.
+struct Failure(String);
+
+impl Failure {
+    fn noted(&self) -> String {
+        format!("TG_NOTE({})", self.0)
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TG_FAIL({})", self.0)
+    }
+}
+
 struct Gen<'k> {
     k: &'k Kernel,
     nt: usize,
@@ -720,9 +739,9 @@ impl<'k> Gen<'k> {
     /// A failure of lane `lane` (an expression) of instruction `i` with the given kind, offset
     /// and aux word. Each failure site has a number, increasing in the order the sites run
     /// between two checks, so that the first failing site and its lowest lane can be told.
-    fn fail(&mut self, i: Inst, kind: u64, lane: &str, off: &str, aux: &str) -> String {
+    fn fail(&mut self, i: Inst, kind: u64, lane: &str, off: &str, aux: &str) -> Failure {
         self.sites.push((i, kind));
-        format!("TG_FAIL({}u, {lane}, (u64)({off}), (u64)({aux}))", self.sites.len())
+        Failure(format!("{}u, {lane}, (u64)({off}), (u64)({aux})", self.sites.len()))
     }
 
     /// After an op that may fail: a check is due. It is made at the next barrier the block
@@ -1163,6 +1182,8 @@ fn multi_source_pointer(k: &Kernel, sources: &[Vec<bool>]) -> Option<Inst> {
 
 #[cfg(test)]
 mod atomic_log_tests;
+#[cfg(test)]
+mod failure_tests;
 #[cfg(test)]
 mod scratch_tests;
 #[cfg(test)]

@@ -64,8 +64,9 @@ impl<'k> Gen<'k> {
     /// marks, float atomics in the device's order) every active lane's bounds are tested first,
     /// in every thread (a scalar access is made by every thread, and recorded by thread 0): a
     /// thread with an out-of-bounds lane notes its failures, posts its key once
-    /// ([`Failure::noted`]) and makes none of the op's accesses (a load's `result` gets zeros). The accesses of the other threads (returns
-    /// true) have no bounds check and no failure code between them. A failing program ends at
+    /// ([`Failure::noted`]) and makes none of the op's accesses (a load's `result` gets
+    /// zeros). The accesses of the other threads (returns true) have no bounds check and no
+    /// failure code between them. A failing program ends at
     /// its next check ([`Gen::flush`]) with nothing it computed seen, so the accesses skipped
     /// change no result. In other flavors (returns false) the caller checks each lane as it
     /// accesses it.

@@ -127,7 +127,7 @@ impl Gpu {
     }
 
     /// Writes the `n` float values of `from` at device address `src` as values of `to` at
-    /// `dst` (both valid for them), as the host's `round_to` converts them (see [`KERNELS`]);
+    /// `dst` (both valid for them), as the host's `round_to` converts them (see `KERNELS`);
     /// the same dtype is copied. Integer dtypes are an error. Complete when it returns.
     pub fn convert(&self, src: u64, from: DType, dst: u64, to: DType, n: usize) -> Result<(), GpuError> {
         let (Some(sk), Some(dk)) = (kind(from), kind(to)) else {
@@ -152,7 +152,7 @@ impl Gpu {
 
     /// Sums the `outer x n x inner` values of `dtype` (f32 or f64) at `src` over their middle
     /// axis into the `outer x inner` values of `dtype` at `dst`, as the host's `sum` step does
-    /// (see [`KERNELS`]). Complete when it returns.
+    /// (see `KERNELS`). Complete when it returns.
     #[allow(clippy::too_many_arguments)]
     pub fn sum_axis(&self, src: u64, dtype: DType, dst: u64, outer: usize, n: usize, inner: usize) -> Result<(), GpuError> {
         if !matches!(dtype, DType::F32 | DType::F64) {

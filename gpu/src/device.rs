@@ -222,7 +222,7 @@ impl Gpu {
 
     /// For a process that meets kernels one launch at a time and launches them again later (the
     /// Python package): a launch whose kernel's optimised form is not compiled yet (neither in
-    /// memory nor on disk) runs its quick form ([`Target`]: several times less NVRTC time for
+    /// memory nor on disk) runs its quick form (`Target`: several times less NVRTC time for
     /// large tiles, code several times slower, the same results), and the optimised form
     /// compiles in the background for later launches. Compiles ahead take the quick form too.
     /// Off by default: a CLI check compiles each kernel once, ahead, and exits; its exit would
@@ -231,7 +231,7 @@ impl Gpu {
         self.quick_first.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Whether kernels for small launches compile quickly ([`Target`]; on by default, off with
+    /// Whether kernels for small launches compile quickly (`Target`; on by default, off with
     /// `TILEGRAD_GPU_QUICK=0`). Results do not depend on it.
     pub fn quick_compiles(mut self, on: bool) -> Gpu {
         self.quick = on;
@@ -372,7 +372,7 @@ impl Gpu {
     /// The kernels' forms in their flavors (see [`GpuOptions::flavor`]) compiled ahead, so that
     /// a check's first launches find them compiled: NVRTC takes a fraction of a second for each
     /// (without its own cache, up to a second). The first form of each is compiled now, on
-    /// threads: quickly for a kernel whose launches will be small ([`Gpu::small`]; `programs`
+    /// threads: quickly for a kernel whose launches will be small (`Gpu::small`; `programs`
     /// is an estimate of its largest). The other form of a large kernel (for fewer blocks, used
     /// where the first spills) is left to the first launch that finds the first form spilling,
     /// which starts it in the background (see `Gpu::compiled`): compiled ahead for every large

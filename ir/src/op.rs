@@ -254,14 +254,14 @@ pub enum Op {
         /// Scan from the end.
         reverse: bool,
     },
-    /// `dot(a, b, acc)`: ([M,K], [K,N], [M,N]) -> [M,N] in acc's dtype.
+    /// `dot(a, b, acc)`: (`[M,K]`, `[K,N]`, `[M,N]`) -> `[M,N]` in acc's dtype.
     Dot {
         /// Treatment of f32 operands.
         precision: DotPrecision,
     },
     /// Pointer arithmetic: (ptr, int offsets) -> ptr; offsets are in elements.
     AddPtr,
-    /// Read memory: (ptr, [mask], [other]) -> pointee tile. Masked-off lanes yield `other`, or
+    /// Read memory: (ptr, `[mask]`, `[other]`) -> pointee tile. Masked-off lanes yield `other`, or
     /// 0 when absent.
     Load {
         /// A mask operand follows the pointer.
@@ -269,19 +269,19 @@ pub enum Op {
         /// An `other` operand follows (requires `mask`).
         other: bool,
     },
-    /// Write memory: (ptr, value, [mask]) -> ().
+    /// Write memory: (ptr, value, `[mask]`) -> ().
     Store {
         /// A mask operand follows the value.
         mask: bool,
     },
-    /// Atomically add to memory: (ptr, value, [mask]) -> [old]. The optional result is the
+    /// Atomically add to memory: (ptr, value, `[mask]`) -> `[old]`. The optional result is the
     /// element's value before the addition (masked-off lanes read 0); it depends on the order of
     /// programs, which the reference fixes as program order (see `tilegrad-reference`).
     AtomicAdd {
         /// A mask operand follows the value.
         mask: bool,
     },
-    /// Atomic read-modify-write: (ptr, value, [mask]) -> [old], like [`Op::AtomicAdd`] with
+    /// Atomic read-modify-write: (ptr, value, `[mask]`) -> `[old]`, like [`Op::AtomicAdd`] with
     /// another combination of the element and the value.
     AtomicRmw {
         /// The combination.

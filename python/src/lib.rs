@@ -1,9 +1,10 @@
 //! `tilegrad._native`: the engine behind the `tilegrad` Python package.
 //!
 //! The Python side intercepts the user's kernel launches and hands them here as a converted
-//! kernel ([`convert`]), a grid, arguments and raw host storages ([`memory`]); [`launch`] runs
-//! them in place on the reference interpreter (or on a GPU, through an [`Executor`]), [`vjp`] gives the ground-truth f64 VJP of a launch,
-//! and [`compare`] / [`make_report`] build the same report as the CLI.
+//! kernel (`convert`), a grid, arguments and raw host storages (`memory`); `launch` runs them
+//! in place on the reference interpreter (or on a GPU, through an [`Executor`]), `vjp` gives
+//! the ground-truth f64 VJP of a launch, and `compare` / `make_report` build the same report as
+//! the CLI.
 #![warn(missing_docs)]
 
 mod kernel;

@@ -95,9 +95,9 @@ impl Executor {
     /// Why `launch`'s VJP kernel cannot run here, where it cannot: on the GPU in program order
     /// (`--deterministic`) a program keeps its float adds in a log until its turn, so a VJP
     /// kernel would miss its own adds into the cotangent of what its launch loads after storing
-    /// it ([`loads_after_own_writes`]): the reverse adds the load's cotangent, then reads it back
+    /// it (`loads_after_own_writes`): the reverse adds the load's cotangent, then reads it back
     /// at the store. The
-    /// evaluator differentiates such a launch instead (see [`super::ground`]).
+    /// evaluator differentiates such a launch instead (see `check::ground`).
     pub fn refuses_vjp_kernel(&self, launch: &Launch) -> Option<tilegrad_ad::AdError> {
         if !(self.on_gpu() && self.ordered_vjp && loads_after_own_writes(launch.kernel())) {
             return None;
@@ -221,12 +221,12 @@ impl Executor {
         out
     }
 
-    /// Runs a VJP kernel's launch ([`tilegrad_ad::vjp_kernel`]): on the GPU without race marks
+    /// Runs a VJP kernel's launch ([`tilegrad_ad::vjp_kernel()`]): on the GPU without race marks
     /// and with float atomics in the hardware's order unless [`Executor::deterministic`] (the
     /// forward it differentiates was run with every check). With [`Backend::Compare`] the
     /// reference runs it too: in program order the two must agree bit for bit; in the
     /// hardware's order the shadows' sums differ by rounding, so float tensors must agree
-    /// within [`VJP_F64_TOLERANCE`] (f64) or [`VJP_F32_TOLERANCE`] of their largest element.
+    /// within `VJP_F64_TOLERANCE` (f64) or `VJP_F32_TOLERANCE` of their largest element.
     pub fn run_vjp(&self, launch: &Launch, mem: &mut Memory) -> Result<LaunchSummary, ExecError> {
         let Some(g) = &self.gpu else { return launch.run(mem) };
         let before = self.compare.then(|| mem.clone());

@@ -345,7 +345,7 @@ pub enum Ground {
     Auto,
     /// The evaluator of `tilegrad-ad` on the CPU (authoritative).
     Evaluator,
-    /// Each launch's VJP kernel ([`tilegrad_ad::vjp_kernel`]), run on the check's backend: on
+    /// Each launch's VJP kernel ([`tilegrad_ad::vjp_kernel()`]), run on the check's backend: on
     /// the GPU with `--backend gpu`. Kernels it does not take yet (loops inside loops, loops
     /// carrying pointers, loops or branches loading what the kernel writes) are an
     /// error that names the op. At native precision ([`CheckOptions::precision`]) they compute

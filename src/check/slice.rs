@@ -85,7 +85,7 @@ pub struct SliceLine {
     /// Why it is ranked where it is, or what else is known about it.
     pub note: Option<String>,
     /// Evidence across elements, 0 to 1: the Ochiai score of the line (or of a condition on
-    /// it) over the slices of a sample of wrong and right elements ([`super::spectrum`]).
+    /// it) over the slices of a sample of wrong and right elements (`check::spectrum`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub score: Option<f64>,
     /// What the score counts, e.g. "feeds 32 of 32 wrong elements and 3 of 32 right ones".

@@ -141,7 +141,7 @@ pub enum Step {
         /// Existing tensor, updated.
         dst: String,
     },
-    /// `dsts = src.chunk(chunks, axis)`: torch's chunk sizes (see [`pieces::chunk_sizes`]), each
+    /// `dsts = src.chunk(chunks, axis)`: torch's chunk sizes (see `pieces::chunk_sizes`), each
     /// chunk a new tensor (a copy, where torch gives a view).
     Chunk {
         /// Source tensor.

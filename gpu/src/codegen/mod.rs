@@ -117,7 +117,7 @@ pub const ELEMENTS_PER_THREAD: usize = 8;
 pub const VJP_ELEMENTS_PER_THREAD: usize = 4;
 
 /// Registers a thread holds of one value up to which the loops over them are unrolled fully.
-/// Past it (at [`DEFAULT_THREADS`] threads), a kernel's block grows to up to [`MAX_THREADS`]
+/// Past it (at [`DEFAULT_THREADS`] threads), a kernel's block grows to up to `MAX_THREADS`
 /// threads (fewer registers each), and in such blocks loops over more than half as many
 /// registers are unrolled [`PARTIAL_UNROLL`] at a time: their arrays live in local memory, and
 /// NVRTC's time no longer grows with the tile. Measured on an H200 (`cargo bench --bench gpu --
@@ -158,7 +158,7 @@ fn partial_unroll(k: &Kernel) -> usize {
 
 /// Registers of its tile values a thread of a kernel with race marks (a check's forward) may
 /// hold in all where its loops are unrolled fully; past it the block takes twice the threads
-/// (up to [`MAX_THREADS`]), each holding half as many. NVRTC's time grows with the code a
+/// (up to `MAX_THREADS`), each holding half as many. NVRTC's time grows with the code a
 /// thread's elements unroll to, and a kernel with much work an element (a cross entropy's two
 /// passes, exponentials and divisions over a 4096-wide tile) took over 2 s in 256 threads.
 /// Measured with NVRTC 13.2 on one core (`docs/benchmarks.md`): Liger-Kernel's cross-entropy
@@ -174,7 +174,7 @@ pub fn unrolled_work() -> usize {
 
 /// Elements of its tile values a thread of a VJP kernel may hold in all where its loops are
 /// unrolled fully (an element of f64 takes two registers); past it the block takes twice the
-/// threads (up to [`MAX_THREADS`]), as [`UNROLLED_WORK`] does for forwards. Measured on an
+/// threads (up to `MAX_THREADS`), as [`UNROLLED_WORK`] does for forwards. Measured on an
 /// H200 (`docs/benchmarks.md`): Liger-Kernel's cross-entropy VJP kernel (4096-wide tiles, an
 /// early return, its gradient written over its logits), 1654 elements a thread in 512
 /// threads, took 2.5-2.8 s in NVRTC and 1.16-1.18 ms to run; in 1024 threads (64 registers

@@ -1,5 +1,5 @@
 //! The Triton front end: reads `@triton.jit` Python source (parsed with `ruff_python_parser`, never
-//! executed) and converts one kernel to the tile IR by driving the [`KernelBuilder`], which applies
+//! executed) and converts one kernel to the tile IR by driving the [`KernelBuilder`](crate::KernelBuilder), which applies
 //! Triton's surface rules (broadcasting, promotion, pointer arithmetic, block pointers).
 //!
 //! Parameters of the kernel become IR parameters in order:

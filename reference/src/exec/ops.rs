@@ -337,7 +337,7 @@ fn split(shape: &[usize], axis: usize) -> (usize, usize, usize) {
     (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
 }
 
-/// Interleaved accumulators of a sum (see [`sum_run`]).
+/// Interleaved accumulators of a sum (see `sum_run`).
 pub const SUM_LANES: usize = 64;
 
 /// Sum of a contiguous run, in the order every backend uses: [`SUM_LANES`] interleaved

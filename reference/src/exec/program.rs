@@ -1046,7 +1046,7 @@ pub fn long_for_message() -> String {
     format!("this `for` loop's bounds give more than {WHILE_LIMIT} trips (give it a `max_iters` bound if it is meant to)")
 }
 
-/// The error of a `while` loop found never ending (see [`Program::run_while`]): one text for the
+/// The error of a `while` loop found never ending (see `Program::run_while`): one text for the
 /// reference and every backend.
 pub fn endless_message(reads_memory: bool) -> String {
     if reads_memory {

@@ -6,7 +6,7 @@
 //! into at most [`MAX_ROW_BINS`] x [`MAX_COL_BINS`] cells (a 1-D tensor is one row; the leading
 //! axes of a tensor of more than two are *folded*: a cell counts its elements in every slice of
 //! them), records per cell the fraction of elements over tolerance, whether one is a NaN, and its
-//! worst element, and names the pattern in one line when it is a simple one ([`pattern`]).
+//! worst element, and names the pattern in one line when it is a simple one (`pattern`).
 //!
 //! The map is built in one pass over the elements from the comparison's own elementwise test
 //! ([`super::report::compare_by`]), and only for tensors with elements over tolerance.
@@ -95,7 +95,7 @@ fn bin_of(i: usize, n: usize, bins: usize) -> usize {
 }
 
 /// The `[start, end)` of each of `bins` bins of an axis of `n` (every bin non-empty when
-/// `bins <= n`), consistent with [`bin_of`].
+/// `bins <= n`), consistent with `bin_of`.
 pub fn bins(n: usize, bins: usize) -> Vec<[usize; 2]> {
     let start = |b: usize| (b * n).div_ceil(bins);
     (0..bins).map(|b| [start(b), start(b + 1)]).collect()

@@ -77,7 +77,7 @@ pub fn parse(text: &str) -> Result<(Option<ItemReduce>, TensorExpr), ExprError> 
 }
 
 impl super::Step {
-    /// `dst = REDUCE(EXPR).item()` from its text (see [`parse`]).
+    /// `dst = REDUCE(EXPR).item()` from its text (see `parse`).
     pub fn item(dst: &str, text: &str) -> Result<super::Step, crate::check::CheckError> {
         let (reduce, expr) = parse(text).map_err(|e| crate::check::CheckError::Spec(format!("item `{text}`: {e}")))?;
         Ok(super::Step::Item { reduce, expr, dst: dst.into() })

@@ -430,8 +430,7 @@ fn time_gradient(
     eprintln!(
         "{}: VJP kernel {}; output `{out_name}`",
         c.name,
-        gpu.describe_kernel(&vk.kernel, tilegrad_gpu::codegen::Flavor { ordered: false, marks: false, wide: false })
-            .unwrap_or_else(|e| e.to_string())
+        gpu.describe_kernel(&vk.kernel, tilegrad_gpu::codegen::Flavor::VJP).unwrap_or_else(|e| e.to_string())
     );
     println!(
         "{:<14} {:>13} {:>12.3} {:>12.3} {:>9} {:>9} {:>12.2} {:>12.0} {:>8.2}x",
@@ -457,7 +456,7 @@ fn compiled_kernels(
     let mut out = Vec::new();
     if let Some(k) = extra.convert() {
         match tilegrad_ad::vjp_kernel(&k) {
-            Ok(v) => out.push(("kernel", "vjp f64", v.kernel, Flavor { ordered: false, marks: false, wide: false })),
+            Ok(v) => out.push(("kernel", "vjp f64", v.kernel, Flavor::VJP)),
             Err(e) => eprintln!("{}: no VJP kernel: {e}", k.name),
         }
         out.push(("kernel", "forward", k, Flavor::default()));
@@ -467,7 +466,7 @@ fn compiled_kernels(
         let k = kernel_of(&c);
         let vk = tilegrad_ad::vjp_kernel(&k).unwrap_or_else(|e| panic!("{}: {e}", c.name)).kernel;
         out.push((c.name, "forward", k, Flavor::default()));
-        out.push((c.name, "vjp f64", vk, Flavor { ordered: false, marks: false, wide: false }));
+        out.push((c.name, "vjp f64", vk, Flavor::VJP));
     }
     for (name, k) in compile_only().into_iter().filter(|(n, _)| only.is_none_or(|o| o == *n)) {
         out.push((name, "forward", k, Flavor::default()));

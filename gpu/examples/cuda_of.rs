@@ -45,7 +45,7 @@ fn main() {
         (true, true) => tilegrad_ad::vjp_kernel_with(&k, true, tilegrad_ir::DType::F32).unwrap_or_else(|e| panic!("{e}")).kernel,
     };
     // VJP kernels run as checks run them: atomics in the hardware's order, no race marks.
-    let flavor = tilegrad_gpu::codegen::Flavor { ordered: !vjp, marks: !vjp, wide: false };
+    let flavor = if vjp { tilegrad_gpu::codegen::Flavor::VJP } else { tilegrad_gpu::codegen::Flavor::default() };
     let generated = match threads {
         Some((n, b)) => tilegrad_gpu::codegen::generate_full(&k, n, Some(b), flavor),
         None => tilegrad_gpu::codegen::generate_flavor(&k, flavor),

@@ -35,7 +35,7 @@ fn body(source: &str) -> &str {
 #[test]
 fn lanes_tested_first_note_their_failures_and_post_once() {
     let k = incremented();
-    let vjp_like = generate_flavor(&k, Flavor { marks: false, ordered: false, wide: false }).unwrap();
+    let vjp_like = generate_flavor(&k, Flavor::VJP).unwrap();
     let code = body(&vjp_like.source);
     // The load and the store: tested first, noted lane by lane, posted once each.
     assert_eq!(code.matches("if (tg_bad) {").count(), 2, "{code}");
@@ -64,7 +64,7 @@ fn lanes_checked_at_their_accesses_post_each_failure() {
 #[test]
 fn every_check_leaves_through_one_exit() {
     let k = incremented();
-    for flavor in [Flavor::default(), Flavor { marks: false, ordered: false, wide: false }] {
+    for flavor in [Flavor::default(), Flavor::VJP] {
         let src = generate_flavor(&k, flavor).unwrap().source;
         let sync = src.lines().find(|l| l.starts_with("#define TG_SYNC")).unwrap();
         assert!(sync.contains("goto tg_fail;") && !sync.contains("TG_ERR"), "{sync}");

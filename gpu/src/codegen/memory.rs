@@ -66,9 +66,8 @@ impl<'k> Gen<'k> {
     /// thread with an out-of-bounds lane notes its failures, posts its key once
     /// ([`Failure::noted`]) and makes none of the op's accesses (a load's `result` gets
     /// zeros). The accesses of the other threads (returns true) have no bounds check and no
-    /// failure code between them. A failing program ends at
-    /// its next check ([`Gen::flush`]) with nothing it computed seen, so the accesses skipped
-    /// change no result. In other flavors (returns false) the caller checks each lane as it
+    /// failure code between them. A failing program ends at its next check ([`Gen::flush`])
+    /// with nothing it computed seen, so the accesses skipped change no result. In other flavors (returns false) the caller checks each lane as it
     /// accesses it.
     ///
     /// Measured on an H100 against checking each lane at its access (same machine,

@@ -297,6 +297,10 @@ pub struct Flavor {
 pub const WIDE_PROGRAMS: u64 = 1 << 24;
 
 impl Flavor {
+    /// The flavor VJP kernels run in (a check's ground truth): no race marks, float atomics in
+    /// the device's order.
+    pub const VJP: Flavor = Flavor { ordered: false, marks: false, wide: false };
+
     /// This flavor for a launch of `programs` programs (its grid's; `u64::MAX` where not known
     /// yet, taken as fewer than [`WIDE_PROGRAMS`]): wide where it keeps marks and has that many.
     pub fn for_programs(self, programs: u64) -> Flavor {

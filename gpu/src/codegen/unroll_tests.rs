@@ -55,7 +55,7 @@ fn unrolled_bodies(source: &str) -> usize {
 #[test]
 fn registers_within_the_limit_are_written_out_and_past_it_looped() {
     // 1 x 1024 in a VJP kernel's 256 threads: 4 registers a value, written out one block each.
-    let vjp = Flavor { ordered: false, marks: false, wide: false };
+    let vjp = Flavor::VJP;
     let g = generate_flavor_unrolling(&softmax(1, 1024), vjp, UNROLLED_REGISTERS).unwrap();
     assert_eq!(g.threads, 256);
     assert!(!g.source.contains("for (int j = 0;"), "a loop over registers left");
@@ -131,7 +131,7 @@ fn blocks_grow_before_loops_stop_being_unrolled() {
 #[test]
 fn vjp_kernels_take_twice_the_threads_with_twice_the_registers() {
     let plain = Flavor::default();
-    let vjp = Flavor { ordered: false, marks: false, wide: false };
+    let vjp = Flavor::VJP;
     let at = |k: &Kernel, f: Flavor| {
         let g = generate_flavor_unrolling(k, f, UNROLLED_REGISTERS).unwrap();
         (g.threads, g.min_blocks)
@@ -203,7 +203,7 @@ fn a_forward_with_much_work_an_element_takes_more_threads() {
     let sm = softmax(1, 4096);
     assert!(thread_work(&sm, 256) <= UNROLLED_WORK);
     assert_eq!(generate_flavor_unrolling(&sm, Flavor::default(), UNROLLED_REGISTERS).unwrap().threads, 256);
-    let vjp = Flavor { ordered: false, marks: false, wide: false };
+    let vjp = Flavor::VJP;
     assert_eq!(generate_flavor_unrolling(&ce, vjp, UNROLLED_REGISTERS).unwrap().threads, 512);
     // With the budget as large as the work, the block it had.
     assert_eq!(spread(&ce, 4096, block_shape(4096, UNROLLED_REGISTERS), usize::MAX).0, 256);
@@ -254,7 +254,7 @@ def ce_smooth_fwd(x_ptr, y_ptr, loss_ptr, n_cols, n_rows, eps, z_scale, BLOCK: t
 /// within it, keeps its 512.
 #[test]
 fn a_vjp_kernel_with_much_work_an_element_takes_more_threads() {
-    let vjp = Flavor { ordered: false, marks: false, wide: false };
+    let vjp = Flavor::VJP;
     let heavy = tilegrad_ad::vjp_kernel(&cross_entropy(CROSS_ENTROPY_SMOOTHED, "ce_smooth_fwd")).unwrap().kernel;
     assert!(thread_work(&heavy, 512) > UNROLLED_VJP_WORK, "{}", thread_work(&heavy, 512));
     let g = generate_flavor_unrolling(&heavy, vjp, UNROLLED_REGISTERS).unwrap();
